@@ -1,0 +1,3 @@
+from sortpack.cli import main
+
+main()

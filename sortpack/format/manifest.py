@@ -1,0 +1,73 @@
+"""Manifests: the JSON file that describes a sortpack directory, written last."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from ..errors import SortpackError
+
+VERSION = 1
+MANIFEST = "manifest.json"
+FORMATS = {"metrics": "sortpack-metrics", "sorted": "sortpack-sorted", "index": "sortpack-index"}
+SHARD_PREFIX = {"metrics": "metrics", "sorted": "sorted", "index": "microbatches"}
+KIND_OF_FORMAT = {v: k for k, v in FORMATS.items()}
+
+
+def canonical_json(obj) -> bytes:
+    """Return the canonical JSON bytes used for hashing (sorted keys, no spaces)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def content_hash(manifest: dict) -> str:
+    """Return the sha256 of a manifest without its ``content_hash`` and ``provenance``."""
+    body = {k: v for k, v in manifest.items()
+            if k not in ("content_hash", "provenance") and not k.startswith("_")}
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def shard_name(kind: str, index: int) -> str:
+    """Return the file name of shard ``index`` of a directory of ``kind``."""
+    return f"{SHARD_PREFIX[kind]}-{index:05d}.arrow"
+
+
+def read_manifest(directory: str | os.PathLike, expect: str | tuple[str, ...] | None = None) -> dict:
+    """Return the parsed manifest of ``directory``, refusing unknown formats and versions.
+
+    ``expect`` names the accepted kinds ("metrics", "sorted", "index").
+    """
+    path = Path(directory) / MANIFEST
+    if not Path(directory).is_dir():
+        raise SortpackError(f"{directory}: no such directory")
+    if not path.is_file():
+        raise SortpackError(f"{directory}: not a sortpack directory (no {MANIFEST})")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SortpackError(f"{path}: unreadable manifest ({exc})") from None
+    fmt = manifest.get("format")
+    kind = KIND_OF_FORMAT.get(fmt)
+    if kind is None:
+        raise SortpackError(f"{path}: unknown format {fmt!r}")
+    if manifest.get("version") != VERSION:
+        raise SortpackError(
+            f"{path}: {fmt} version {manifest.get('version')!r} is not supported "
+            f"(this sortpack reads version {VERSION})"
+        )
+    if expect is not None:
+        kinds = (expect,) if isinstance(expect, str) else expect
+        if kind not in kinds:
+            want = " or ".join(FORMATS[k] for k in kinds)
+            raise SortpackError(f"{directory}: is a {fmt} directory, expected {want}")
+    manifest["_kind"] = kind
+    return manifest
+
+
+def write_manifest(directory: str | os.PathLike, manifest: dict) -> dict:
+    """Write ``manifest`` (adding ``content_hash``) into ``directory`` and return it."""
+    manifest = {k: v for k, v in manifest.items() if not k.startswith("_")}
+    manifest["content_hash"] = content_hash(manifest)
+    text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False)
+    (Path(directory) / MANIFEST).write_text(text + "\n")
+    return manifest

@@ -1,0 +1,48 @@
+"""Arrow schemas of the three directory kinds (see docs/format.md)."""
+from __future__ import annotations
+
+import pyarrow as pa
+
+
+def metrics_schema(difficulty_type: pa.DataType) -> pa.Schema:
+    """Return the schema of a metrics table."""
+    return pa.schema([("sample_id", pa.int64()), ("size", pa.int64()), ("difficulty", difficulty_type)])
+
+
+def sorted_schema(difficulty_type: pa.DataType) -> pa.Schema:
+    """Return the schema of a sorted table."""
+    return metrics_schema(difficulty_type).append(pa.field("stage", pa.int16()))
+
+
+def index_schema(rows: bool = False) -> pa.Schema:
+    """Return the schema of an index's micro-batch table (``rows``: with ``row_splits``)."""
+    fields = [
+        ("microbatch", pa.int64()),
+        ("sample_ids", pa.list_(pa.int64())),
+        ("num_samples", pa.int32()),
+        ("batch_size", pa.int32()),
+        ("max_size", pa.int64()),
+        ("padded_size", pa.int64()),
+        ("tokens", pa.int64()),
+        ("min_key", pa.float64()),
+        ("max_key", pa.float64()),
+        ("stage", pa.int16()),
+    ]
+    if rows:
+        fields.append(("row_splits", pa.list_(pa.int32())))
+    return pa.schema(fields)
+
+
+def schema_for(manifest: dict) -> pa.Schema:
+    """Return the shard schema a manifest describes."""
+    kind = manifest.get("_kind") or {"sortpack-metrics": "metrics", "sortpack-sorted": "sorted",
+                                     "sortpack-index": "index"}[manifest["format"]]
+    if kind == "index":
+        return index_schema(rows="row_splits" in manifest.get("schema", {}))
+    dtype = pa.float64() if manifest.get("schema", {}).get("difficulty") == "double" else pa.int64()
+    return metrics_schema(dtype) if kind == "metrics" else sorted_schema(dtype)
+
+
+def schema_json(schema: pa.Schema) -> dict:
+    """Return the manifest's ``schema`` object: column name to Arrow type string."""
+    return {f.name: str(f.type) for f in schema}

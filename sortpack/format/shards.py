@@ -1,0 +1,217 @@
+"""Shard files: atomic output directories, Arrow IPC shards written by their owner ranks,
+and reads of global row ranges."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import SortpackError
+from ..parallel import Comm
+from .manifest import read_manifest, shard_name, write_manifest
+
+ROWS_PER_SHARD = {"metrics": 1 << 20, "sorted": 1 << 20, "index": 1 << 16}
+
+
+def shard_starts(total_rows: int, rows_per_shard: int) -> np.ndarray:
+    """Return the first global row of every shard, plus ``total_rows`` at the end."""
+    n = -(-total_rows // rows_per_shard) if total_rows else 0
+    starts = np.arange(n + 1, dtype=np.int64) * rows_per_shard
+    starts[-1] = total_rows
+    return starts
+
+
+def owner_starts(total_rows: int, rows_per_shard: int, ranks: int) -> np.ndarray:
+    """Return, for each rank, the first global row it owns when ranks own whole shards.
+
+    Shards go to ranks in contiguous blocks as even as whole shards allow, so every
+    rank's share is within one shard of even.
+    """
+    num_shards = -(-total_rows // rows_per_shard) if total_rows else 0
+    first_shard = (np.arange(ranks + 1, dtype=np.int64) * num_shards) // ranks
+    return np.minimum(first_shard * rows_per_shard, total_rows)
+
+
+class OutputDir:
+    """An output directory that appears only when complete.
+
+    Every rank writes into one temporary sibling; ``commit`` has rank 0 write the manifest
+    and rename it into place (replacing an old one only with ``overwrite``).
+    """
+
+    def __init__(self, comm: Comm, path: str | os.PathLike, overwrite: bool = False):
+        self.comm = comm
+        self.path = Path(path)
+        self.overwrite = overwrite
+        err = None
+        if comm.is_root():
+            if self.path.exists() and not overwrite:
+                err = SortpackError(f"{self.path}: output exists (use --overwrite to replace it)")
+            elif not self.path.parent.exists():
+                err = SortpackError(f"{self.path}: parent directory {self.path.parent} does not exist")
+        comm.check(err)
+        token = comm.bcast_obj(uuid.uuid4().hex[:12] if comm.is_root() else None)
+        self.tmp = self.path.parent / f".{self.path.name}.tmp-{token}"
+        self._created = False
+
+    def ensure(self) -> Path:
+        """Create the temporary directory (collective) and return it."""
+        if not self._created:
+            if self.comm.is_root():
+                self.tmp.mkdir()
+            self.comm.barrier()
+            self._created = True
+        return self.tmp
+
+    def commit(self, manifest: dict) -> dict | None:
+        """Write the manifest and move the directory into place; return the manifest on rank 0."""
+        self.ensure()
+        self.comm.barrier()
+        written = None
+        if self.comm.is_root():
+            written = write_manifest(self.tmp, manifest)
+            old = None
+            if self.path.exists():
+                old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:8]}"
+                os.rename(self.path, old)
+            os.rename(self.tmp, self.path)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        self.comm.barrier()
+        return written
+
+    def discard(self) -> None:
+        """Remove the temporary directory (rank 0, best effort)."""
+        if self.comm.is_root() and self.tmp.exists():
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def write_shard(path: Path, table: pa.Table) -> dict:
+    """Write ``table`` as one-batch Arrow IPC file; return its ``bytes`` and ``sha256``."""
+    batch = table.combine_chunks().to_batches()
+    with pa.OSFile(str(path), "wb") as sink:
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            for b in batch or [pa.RecordBatch.from_pylist([], schema=table.schema)]:
+                writer.write_batch(b)
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def write_owned_shards(
+    comm: Comm,
+    out: OutputDir,
+    kind: str,
+    table: pa.Table,
+    first_row: int,
+    total_rows: int,
+    rows_per_shard: int,
+    samples_per_row: np.ndarray | None = None,
+) -> list[dict]:
+    """Write this rank's whole shards of a table; return every shard's entry on all ranks.
+
+    ``table`` holds global rows ``[first_row, first_row + len(table))``, which must be whole
+    shards. ``samples_per_row`` (index only) counts samples per row for the entries.
+    """
+    directory = out.ensure()
+    starts = shard_starts(total_rows, rows_per_shard)
+    lo = int(np.searchsorted(starts, first_row))
+    hi = int(np.searchsorted(starts, first_row + table.num_rows)) if table.num_rows else lo
+    entries = []
+    for k in range(lo, hi):
+        a, b = int(starts[k]) - first_row, int(starts[k + 1]) - first_row
+        part = table.slice(a, b - a)
+        meta = write_shard(directory / shard_name(kind, k), part)
+        nsamp = int(samples_per_row[a:b].sum()) if samples_per_row is not None else b - a
+        entries.append({"file": shard_name(kind, k), "first": int(starts[k]), "rows": b - a,
+                        "num_samples": nsamp, **meta})
+    gathered = comm.allgather_obj(entries)
+    return [e for part in gathered for e in part]
+
+
+def open_shard(directory: str | os.PathLike, entry: dict) -> pa.RecordBatch:
+    """Return the memory-mapped record batch of one shard, checking its size."""
+    path = Path(directory) / entry["file"]
+    try:
+        size = path.stat().st_size
+    except OSError:
+        raise SortpackError(f"{path}: shard listed in the manifest is missing") from None
+    if size != entry["bytes"]:
+        raise SortpackError(f"{path}: {size} bytes, the manifest says {entry['bytes']}")
+    reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+    if reader.num_record_batches == 1:
+        return reader.get_batch(0)
+    return pa.Table.from_batches([reader.get_batch(i) for i in range(reader.num_record_batches)],
+                                 schema=reader.schema).combine_chunks().to_batches()[0]
+
+
+def read_rows(directory: str | os.PathLike, manifest: dict, start: int, stop: int,
+              columns: list[str] | None = None) -> pa.Table:
+    """Return global rows ``[start, stop)`` of a sortpack directory as one table."""
+    parts = []
+    for entry in manifest["shards"]:
+        a, b = entry["first"], entry["first"] + entry["rows"]
+        if b <= start or a >= stop:
+            continue
+        batch = open_shard(directory, entry)
+        if columns is not None:
+            batch = batch.select(columns)
+        lo, hi = max(start, a) - a, min(stop, b) - a
+        parts.append(batch.slice(lo, hi - lo))
+    if not parts:
+        schema = _schema_of(directory, manifest)
+        if columns is not None:
+            schema = pa.schema([schema.field(c) for c in columns])
+        return schema.empty_table()
+    return pa.Table.from_batches(parts)
+
+
+def _schema_of(directory, manifest) -> pa.Schema:
+    if manifest["shards"]:
+        return open_shard(directory, manifest["shards"][0]).schema
+    from .schemas import schema_for
+
+    return schema_for(manifest)
+
+
+def verify_directory(directory: str | os.PathLike) -> list[str]:
+    """Return a list of problems found by re-hashing every shard (empty when all is well)."""
+    from .manifest import content_hash
+
+    manifest = read_manifest(directory)
+    problems = []
+    expected_first = 0
+    for entry in manifest["shards"]:
+        path = Path(directory) / entry["file"]
+        if not path.is_file():
+            problems.append(f"{entry['file']}: missing")
+            continue
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(chunk)
+        if path.stat().st_size != entry["bytes"]:
+            problems.append(f"{entry['file']}: {path.stat().st_size} bytes, manifest says {entry['bytes']}")
+        if digest.hexdigest() != entry["sha256"]:
+            problems.append(f"{entry['file']}: sha256 mismatch")
+        if entry["first"] != expected_first:
+            problems.append(f"{entry['file']}: starts at row {entry['first']}, expected {expected_first}")
+        expected_first = entry["first"] + entry["rows"]
+        try:
+            rows = open_shard(directory, entry).num_rows
+            if rows != entry["rows"]:
+                problems.append(f"{entry['file']}: {rows} rows, manifest says {entry['rows']}")
+        except Exception as exc:  # noqa: BLE001 - report any unreadable shard as a problem
+            problems.append(f"{entry['file']}: unreadable ({exc})")
+    if expected_first != manifest["num_rows"]:
+        problems.append(f"shards hold {expected_first} rows, manifest says {manifest['num_rows']}")
+    if content_hash(manifest) != manifest.get("content_hash"):
+        problems.append("manifest content_hash does not match its contents")
+    return problems

@@ -1,0 +1,268 @@
+"""The communicator: the only module that touches mpi4py.
+
+Stages receive a ``Comm`` and call plain methods on numpy arrays (``alltoallv``,
+``allgather``, ``exscan`` ...). ``SerialComm`` implements the same interface for one
+process, so a stage reads the same with or without MPI. ``get_comm()`` picks MPI when
+mpi4py can load an MPI library and falls back to one rank with a one-line warning.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import SortpackError
+
+# MPI counts and displacements are C ints; one round of an exchange moves at most this
+# many elements per peer, further rounds carry the rest (the "64-bit counts" guard).
+_MAX_COUNT = 2**31 - 1
+
+
+class Comm:
+    """Interface shared by the MPI and the one-rank communicator."""
+
+    rank: int = 0
+    size: int = 1
+    max_count: int = _MAX_COUNT
+
+    # --- primitives, implemented by subclasses -------------------------------------
+    def allgather_obj(self, obj: Any) -> list:
+        """Return the list of every rank's ``obj`` (small Python objects only)."""
+        raise NotImplementedError
+
+    def bcast_obj(self, obj: Any, root: int = 0) -> Any:
+        """Return root's ``obj`` on every rank."""
+        raise NotImplementedError
+
+    def allreduce(self, value, op: str = "sum"):
+        """Return the reduction (sum, max, min) of a scalar or numpy array over ranks."""
+        raise NotImplementedError
+
+    def exscan(self, value: int) -> int:
+        """Return the sum of ``value`` over lower ranks (0 on rank 0)."""
+        raise NotImplementedError
+
+    def alltoallv(self, arr: np.ndarray, sendcounts) -> np.ndarray:
+        """Return what every rank sent here, concatenated in rank order.
+
+        ``arr`` is ordered by destination; ``sendcounts[p]`` elements go to rank p.
+        """
+        raise NotImplementedError
+
+    def allgatherv(self, arr: np.ndarray) -> np.ndarray:
+        """Return every rank's 1-D ``arr`` concatenated in rank order (small arrays)."""
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+
+    def abort(self, code: int) -> None:
+        """End every rank of the job with exit status ``code``."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    # --- helpers built on the primitives ---------------------------------------------
+    def check(self, error: BaseException | None) -> None:
+        """Raise, on every rank, the lowest rank's user error if any rank had one.
+
+        Call it after local work that may fail on some ranks only: all ranks then
+        leave together with the same message instead of hanging in the next collective.
+        """
+        messages = self.allgather_obj(None if error is None else _one_line(error))
+        for msg in messages:
+            if msg is not None:
+                raise SortpackError(msg, collective=True)
+
+    def alltoallv_many(self, arrays: list[np.ndarray], sendcounts) -> list[np.ndarray]:
+        """Return ``alltoallv`` of each array (all ordered by destination, same counts)."""
+        return [self.alltoallv(a, sendcounts) for a in arrays]
+
+    def is_root(self) -> bool:
+        """Return whether this is rank 0."""
+        return self.rank == 0
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+class SerialComm(Comm):
+    """One rank, no MPI: every collective is the identity."""
+
+    def allgather_obj(self, obj):
+        return [obj]
+
+    def bcast_obj(self, obj, root=0):
+        return obj
+
+    def allreduce(self, value, op="sum"):
+        return value.copy() if isinstance(value, np.ndarray) else value
+
+    def exscan(self, value):
+        return 0
+
+    def alltoallv(self, arr, sendcounts):
+        counts = np.asarray(sendcounts, dtype=np.int64)
+        if counts.shape != (1,) or counts[0] != len(arr):
+            raise ValueError("sendcounts must hold len(arr) for the one rank")
+        return arr
+
+    def allgatherv(self, arr):
+        return np.asarray(arr)
+
+
+class MPIComm(Comm):
+    """mpi4py behind the ``Comm`` interface, on a private duplicate of the world."""
+
+    def __init__(self, mpi_comm=None):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self._c = (mpi_comm or MPI.COMM_WORLD).Dup()
+        self.rank = self._c.Get_rank()
+        self.size = self._c.Get_size()
+        self._ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+
+    def allgather_obj(self, obj):
+        return self._c.allgather(obj)
+
+    def bcast_obj(self, obj, root=0):
+        return self._c.bcast(obj, root=root)
+
+    def allreduce(self, value, op="sum"):
+        if isinstance(value, np.ndarray):
+            value = np.ascontiguousarray(value)
+            out = np.empty_like(value)
+            self._c.Allreduce(value, out, op=self._ops[op])
+            return out
+        return self._c.allreduce(value, op=self._ops[op])
+
+    def exscan(self, value):
+        out = self._c.exscan(int(value), op=self._MPI.SUM)
+        return 0 if self.rank == 0 or out is None else int(out)
+
+    def barrier(self):
+        self._c.Barrier()
+
+    def abort(self, code):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._c.Abort(code)
+
+    def _elem_type(self, dtype: np.dtype):
+        # One MPI element per numpy element keeps counts small (bytes would overflow
+        # the int count 8x sooner) and works for structured dtypes too.
+        t = self._MPI.BYTE.Create_contiguous(dtype.itemsize)
+        t.Commit()
+        return t
+
+    def alltoallv(self, arr, sendcounts):
+        arr = np.ascontiguousarray(arr)
+        if arr.ndim != 1:
+            raise ValueError("alltoallv takes 1-D arrays")
+        send = np.ascontiguousarray(sendcounts, dtype=np.int64)
+        if send.shape != (self.size,) or int(send.sum()) != len(arr):
+            raise ValueError("sendcounts must have one entry per rank and sum to len(arr)")
+        recv = np.empty(self.size, dtype=np.int64)
+        self._c.Alltoall(send, recv)
+        out = np.empty(int(recv.sum()), dtype=arr.dtype)
+        if arr.dtype.itemsize == 0:
+            return out
+        sdispl = np.concatenate(([0], np.cumsum(send)[:-1]))
+        rdispl = np.concatenate(([0], np.cumsum(recv)[:-1]))
+        local_rounds = -(-max(int(send.max()), int(recv.max())) // self.max_count)
+        rounds = max(1, self._c.allreduce(local_rounds, op=self._MPI.MAX))
+        etype = self._elem_type(arr.dtype)
+        sbuf = arr.view(np.uint8) if arr.size else np.empty(0, np.uint8)
+        rbuf = out.view(np.uint8) if out.size else np.empty(0, np.uint8)
+        try:
+            for k in range(rounds):
+                off = k * self.max_count
+                sc = np.clip(send - off, 0, self.max_count)
+                rc = np.clip(recv - off, 0, self.max_count)
+                # Displacements past 2**31 elements need MPI-4 large-count routines,
+                # which mpi4py picks when the values do not fit a C int.
+                self._c.Alltoallv(
+                    [sbuf, (sc, sdispl + np.minimum(off, send)), etype],
+                    [rbuf, (rc, rdispl + np.minimum(off, recv)), etype],
+                )
+        finally:
+            etype.Free()
+        return out
+
+    def allgatherv(self, arr):
+        arr = np.ascontiguousarray(arr)
+        counts = np.asarray(self._c.allgather(len(arr)), dtype=np.int64)
+        if counts.max(initial=0) > self.max_count or counts.sum() > self.max_count:
+            raise ValueError("allgatherv is for small arrays")
+        out = np.empty(int(counts.sum()), dtype=arr.dtype)
+        if out.size == 0:
+            return out
+        etype = self._elem_type(arr.dtype)
+        displ = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        sbuf = arr.view(np.uint8) if arr.size else np.empty(0, np.uint8)
+        try:
+            self._c.Allgatherv([sbuf, len(arr), etype], [out.view(np.uint8), (counts, displ), etype])
+        finally:
+            etype.Free()
+        return out
+
+
+_WORLD: Comm | None = None
+
+
+def get_comm() -> Comm:
+    """Return the job's communicator: MPI when an MPI library loads, else one rank.
+
+    ``SORTPACK_NO_MPI=1`` forces the one-rank communicator.
+    """
+    global _WORLD
+    if _WORLD is not None:
+        return _WORLD
+    if os.environ.get("SORTPACK_NO_MPI", "") not in ("", "0"):
+        _WORLD = SerialComm()
+        return _WORLD
+    try:
+        _WORLD = MPIComm()
+    except Exception as exc:  # ImportError, or RuntimeError when libmpi cannot load
+        print(
+            f"sortpack: warning: MPI unavailable ({_one_line(exc)}); running as one rank",
+            file=sys.stderr,
+        )
+        _WORLD = SerialComm()
+    return _WORLD
+
+
+def run_guarded(comm: Comm, fn: Callable[[], Any], echo: Callable[[str], None]) -> int:
+    """Run ``fn`` and turn errors into exit codes without ever leaving ranks hanging.
+
+    A user error raised together on every rank exits 2 after rank 0 prints it once. A
+    user error on one rank prints its line there and aborts the job with status 2; any
+    other exception prints its traceback and aborts with status 1.
+    """
+    try:
+        fn()
+        return 0
+    except SortpackError as exc:
+        if exc.collective or comm.size == 1:
+            if comm.rank == 0:
+                echo(f"Error: {_one_line(exc)}")
+            return 2
+        echo(f"Error: {_one_line(exc)}")
+        comm.abort(2)
+        return 2
+    except KeyboardInterrupt:
+        if comm.size > 1:
+            comm.abort(130)
+        raise
+    except BaseException as exc:  # noqa: BLE001 - every other failure must end all ranks
+        if isinstance(exc, SystemExit) and comm.size == 1:
+            raise
+        traceback.print_exc()
+        sys.stderr.write(f"sortpack: rank {comm.rank} failed; aborting all ranks\n")
+        comm.abort(1)
+        return 1

@@ -1,0 +1,174 @@
+"""Input discovery and reading: files, directories and globs of Parquet, Arrow IPC/Feather,
+JSONL and CSV, split into units (row groups, record batches, whole files)."""
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from .errors import SortpackError
+
+FORMATS = ("parquet", "arrow", "jsonl", "csv")
+_EXTENSIONS = {
+    ".parquet": "parquet", ".pq": "parquet",
+    ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow",
+    ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+    ".csv": "csv",
+}
+
+
+@dataclass
+class SourceFile:
+    """One input file: its format, byte size and units (row groups / batches / whole file)."""
+
+    path: str
+    format: str
+    bytes: int
+    # rows per unit, or None where the format does not say without parsing (jsonl, csv)
+    unit_rows: list[int] | None = field(default=None)
+
+    @property
+    def num_units(self) -> int:
+        """Return the number of units this file splits into."""
+        return len(self.unit_rows) if self.unit_rows is not None else 1
+
+    def fingerprint(self, rows: int) -> dict:
+        """Return the manifest's record of this file."""
+        return {"path": self.path, "format": self.format, "rows": int(rows), "bytes": self.bytes}
+
+
+def _format_of(path: str, forced: str) -> str | None:
+    if forced != "auto":
+        return forced
+    return _EXTENSIONS.get(Path(path).suffix.lower())
+
+
+def expand_inputs(inputs: list[str], input_format: str = "auto") -> list[tuple[str, str]]:
+    """Return (path, format) of every input file, in sample-id order.
+
+    Files keep command-line order; directories expand recursively in sorted path order
+    (files of unknown extension skipped); globs expand in sorted order.
+    """
+    if input_format not in ("auto",) + FORMATS:
+        raise SortpackError(f"--input-format: unknown format {input_format!r}")
+    out: list[tuple[str, str]] = []
+    for item in inputs:
+        if os.path.isdir(item):
+            found = []
+            for root, dirs, files in os.walk(item):
+                dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+                for name in files:
+                    if name.startswith((".", "_")):
+                        continue
+                    p = os.path.join(root, name)
+                    fmt = _format_of(p, input_format)
+                    if fmt is not None:
+                        found.append((p, fmt))
+            if not found:
+                raise SortpackError(f"{item}: directory holds no parquet, arrow, jsonl or csv files")
+            out.extend(sorted(found))
+        elif os.path.isfile(item):
+            fmt = _format_of(item, input_format)
+            if fmt is None:
+                raise SortpackError(
+                    f"{item}: cannot tell the format from the extension (use --input-format)")
+            out.append((item, fmt))
+        elif glob.has_magic(item):
+            matches = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise SortpackError(f"{item}: no file matches this pattern")
+            for p in matches:
+                fmt = _format_of(p, input_format)
+                if fmt is None:
+                    raise SortpackError(f"{p}: cannot tell the format from the extension (use --input-format)")
+                out.append((p, fmt))
+        else:
+            raise SortpackError(f"{item}: no such file or directory")
+    return [(os.path.abspath(p), f) for p, f in out]
+
+
+def _arrow_reader(path: str):
+    source = pa.memory_map(path, "r")
+    try:
+        return pa.ipc.open_file(source)
+    except pa.ArrowInvalid:
+        source.seek(0)
+        return pa.ipc.open_stream(source)
+
+
+def describe(path: str, fmt: str) -> SourceFile:
+    """Return the SourceFile for one path, reading only metadata."""
+    try:
+        size = os.path.getsize(path)
+        if fmt == "parquet":
+            md = pq.ParquetFile(path).metadata
+            rows = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+            return SourceFile(path, fmt, size, rows)
+        if fmt == "arrow":
+            reader = _arrow_reader(path)
+            if isinstance(reader, pa.ipc.RecordBatchFileReader):
+                rows = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+                return SourceFile(path, fmt, size, rows)
+            return SourceFile(path, fmt, size, None)
+        return SourceFile(path, fmt, size, None)
+    except (pa.ArrowException, OSError) as exc:
+        raise SortpackError(f"{path}: cannot read as {fmt} ({' '.join(str(exc).split())})") from None
+
+
+def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None) -> pa.Table:
+    """Return units ``[first, last)`` of a file as one table (only ``columns`` when given)."""
+    try:
+        if src.format == "parquet":
+            return pq.ParquetFile(src.path).read_row_groups(list(range(first, last)), columns=columns)
+        if src.format == "arrow":
+            reader = _arrow_reader(src.path)
+            if isinstance(reader, pa.ipc.RecordBatchFileReader):
+                batches = [reader.get_batch(i) for i in range(first, last)]
+                table = pa.Table.from_batches(batches, schema=reader.schema)
+            else:
+                table = reader.read_all()
+            return table.select(columns) if columns is not None else table
+        fmt = "json" if src.format == "jsonl" else "csv"
+        dataset = ds.dataset(src.path, format=fmt)
+        return dataset.to_table(columns=columns)
+    except KeyError as exc:
+        raise SortpackError(f"{src.path}: no column {exc}") from None
+    except (pa.ArrowException, OSError) as exc:
+        msg = " ".join(str(exc).split())
+        if "No match for FieldRef" in msg or "not found" in msg.lower():
+            raise SortpackError(f"{src.path}: missing column ({msg})") from None
+        raise SortpackError(f"{src.path}: cannot read as {src.format} ({msg})") from None
+
+
+def file_columns(src: SourceFile) -> list[str]:
+    """Return the column names of a file."""
+    if src.format == "parquet":
+        return pq.ParquetFile(src.path).schema_arrow.names
+    if src.format == "arrow":
+        return _arrow_reader(src.path).schema.names
+    return ds.dataset(src.path, format="json" if src.format == "jsonl" else "csv").schema.names
+
+
+def split_units(weights: np.ndarray, ranks: int) -> np.ndarray:
+    """Return, for each rank, the first unit of its contiguous run (plus the end).
+
+    Runs are balanced by weight (rows where known, else bytes): a unit goes to the rank
+    whose share of the cumulative weight contains the unit's midpoint.
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    n = len(weights)
+    if n == 0:
+        return np.zeros(ranks + 1, dtype=np.int64)
+    total = weights.sum()
+    if total <= 0:
+        weights = np.ones(n)
+        total = float(n)
+    mid = np.cumsum(weights) - weights / 2
+    owner = np.minimum((mid * ranks / total).astype(np.int64), ranks - 1)
+    return np.searchsorted(owner, np.arange(ranks + 1), side="left").astype(np.int64)
