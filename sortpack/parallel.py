@@ -45,10 +45,17 @@ class Comm:
         """Return the sum of ``value`` over lower ranks (0 on rank 0)."""
         raise NotImplementedError
 
-    def alltoallv(self, arr: np.ndarray, sendcounts) -> np.ndarray:
+    bytes_sent: int = 0  # payload bytes this rank sent to other ranks by alltoallv
+
+    def exchange_counts(self, sendcounts) -> np.ndarray:
+        """Return, per source rank, how many elements it sends here (an Alltoall of counts)."""
+        raise NotImplementedError
+
+    def alltoallv(self, arr: np.ndarray, sendcounts, recvcounts=None) -> np.ndarray:
         """Return what every rank sent here, concatenated in rank order.
 
         ``arr`` is ordered by destination; ``sendcounts[p]`` elements go to rank p.
+        Pass ``recvcounts`` from ``exchange_counts`` to skip exchanging the counts again.
         """
         raise NotImplementedError
 
@@ -77,9 +84,10 @@ class Comm:
             if msg is not None:
                 raise SortpackError(msg, collective=True)
 
-    def alltoallv_many(self, arrays: list[np.ndarray], sendcounts) -> list[np.ndarray]:
+    def alltoallv_many(self, arrays: dict[str, np.ndarray], sendcounts) -> dict[str, np.ndarray]:
         """Return ``alltoallv`` of each array (all ordered by destination, same counts)."""
-        return [self.alltoallv(a, sendcounts) for a in arrays]
+        recv = self.exchange_counts(sendcounts)
+        return {k: self.alltoallv(a, sendcounts, recv) for k, a in arrays.items()}
 
     def is_root(self) -> bool:
         """Return whether this is rank 0."""
@@ -105,7 +113,10 @@ class SerialComm(Comm):
     def exscan(self, value):
         return 0
 
-    def alltoallv(self, arr, sendcounts):
+    def exchange_counts(self, sendcounts):
+        return np.asarray(sendcounts, dtype=np.int64).copy()
+
+    def alltoallv(self, arr, sendcounts, recvcounts=None):
         counts = np.asarray(sendcounts, dtype=np.int64)
         if counts.shape != (1,) or counts[0] != len(arr):
             raise ValueError("sendcounts must hold len(arr) for the one rank")
@@ -160,15 +171,21 @@ class MPIComm(Comm):
         t.Commit()
         return t
 
-    def alltoallv(self, arr, sendcounts):
+    def exchange_counts(self, sendcounts):
+        send = np.ascontiguousarray(sendcounts, dtype=np.int64)
+        recv = np.empty(self.size, dtype=np.int64)
+        self._c.Alltoall(send, recv)
+        return recv
+
+    def alltoallv(self, arr, sendcounts, recvcounts=None):
         arr = np.ascontiguousarray(arr)
         if arr.ndim != 1:
             raise ValueError("alltoallv takes 1-D arrays")
         send = np.ascontiguousarray(sendcounts, dtype=np.int64)
         if send.shape != (self.size,) or int(send.sum()) != len(arr):
             raise ValueError("sendcounts must have one entry per rank and sum to len(arr)")
-        recv = np.empty(self.size, dtype=np.int64)
-        self._c.Alltoall(send, recv)
+        recv = self.exchange_counts(send) if recvcounts is None else np.asarray(recvcounts, np.int64)
+        self.bytes_sent += int(send.sum() - send[self.rank]) * arr.dtype.itemsize
         out = np.empty(int(recv.sum()), dtype=arr.dtype)
         if arr.dtype.itemsize == 0:
             return out

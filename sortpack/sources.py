@@ -123,6 +123,11 @@ def describe(path: str, fmt: str) -> SourceFile:
 
 def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None) -> pa.Table:
     """Return units ``[first, last)`` of a file as one table (only ``columns`` when given)."""
+    if columns is not None:
+        names = file_columns(src)
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise SortpackError(f"{src.path}: no column {missing[0]!r} (columns: {', '.join(names)})")
     try:
         if src.format == "parquet":
             return pq.ParquetFile(src.path).read_row_groups(list(range(first, last)), columns=columns)
@@ -148,6 +153,13 @@ def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None
 
 def file_columns(src: SourceFile) -> list[str]:
     """Return the column names of a file."""
+    try:
+        return _file_columns(src)
+    except (pa.ArrowException, OSError) as exc:
+        raise SortpackError(f"{src.path}: cannot read as {src.format} ({' '.join(str(exc).split())})") from None
+
+
+def _file_columns(src: SourceFile) -> list[str]:
     if src.format == "parquet":
         return pq.ParquetFile(src.path).schema_arrow.names
     if src.format == "arrow":

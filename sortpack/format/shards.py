@@ -16,6 +16,9 @@ from ..parallel import Comm
 from .manifest import read_manifest, shard_name, write_manifest
 
 ROWS_PER_SHARD = {"metrics": 1 << 20, "sorted": 1 << 20, "index": 1 << 16}
+if os.environ.get("SORTPACK_TEST_SHARD_ROWS"):
+    # tests shrink shards to exercise many-shard layouts on small data
+    ROWS_PER_SHARD = {k: int(os.environ["SORTPACK_TEST_SHARD_ROWS"]) for k in ROWS_PER_SHARD}
 
 
 def shard_starts(total_rows: int, rows_per_shard: int) -> np.ndarray:
@@ -93,11 +96,11 @@ class OutputDir:
 
 def write_shard(path: Path, table: pa.Table) -> dict:
     """Write ``table`` as one-batch Arrow IPC file; return its ``bytes`` and ``sha256``."""
-    batch = table.combine_chunks().to_batches()
+    batch = pa.RecordBatch.from_arrays([c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+                                        for c in table.columns], schema=table.schema)
     with pa.OSFile(str(path), "wb") as sink:
         with pa.ipc.new_file(sink, table.schema) as writer:
-            for b in batch or [pa.RecordBatch.from_pylist([], schema=table.schema)]:
-                writer.write_batch(b)
+            writer.write_batch(batch)
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 22), b""):
@@ -109,27 +112,29 @@ def write_owned_shards(
     comm: Comm,
     out: OutputDir,
     kind: str,
-    table: pa.Table,
+    make_table,
     first_row: int,
+    num_rows: int,
     total_rows: int,
     rows_per_shard: int,
-    samples_per_row: np.ndarray | None = None,
+    samples_in=None,
 ) -> list[dict]:
-    """Write this rank's whole shards of a table; return every shard's entry on all ranks.
+    """Write this rank's whole shards; return every shard's manifest entry on all ranks.
 
-    ``table`` holds global rows ``[first_row, first_row + len(table))``, which must be whole
-    shards. ``samples_per_row`` (index only) counts samples per row for the entries.
+    This rank holds global rows ``[first_row, first_row + num_rows)``, which must be whole
+    shards; ``make_table(a, b)`` returns local rows ``[a, b)`` as a table. Each shard is
+    built on its own, so its bytes never depend on how rows were split between ranks.
+    ``samples_in(a, b)`` (index only) counts the samples in local rows ``[a, b)``.
     """
     directory = out.ensure()
     starts = shard_starts(total_rows, rows_per_shard)
     lo = int(np.searchsorted(starts, first_row))
-    hi = int(np.searchsorted(starts, first_row + table.num_rows)) if table.num_rows else lo
+    hi = int(np.searchsorted(starts, first_row + num_rows)) if num_rows else lo
     entries = []
     for k in range(lo, hi):
         a, b = int(starts[k]) - first_row, int(starts[k + 1]) - first_row
-        part = table.slice(a, b - a)
-        meta = write_shard(directory / shard_name(kind, k), part)
-        nsamp = int(samples_per_row[a:b].sum()) if samples_per_row is not None else b - a
+        meta = write_shard(directory / shard_name(kind, k), make_table(a, b))
+        nsamp = int(samples_in(a, b)) if samples_in is not None else b - a
         entries.append({"file": shard_name(kind, k), "first": int(starts[k]), "rows": b - a,
                         "num_samples": nsamp, **meta})
     gathered = comm.allgather_obj(entries)

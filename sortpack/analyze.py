@@ -1,0 +1,198 @@
+"""Stage 1: read the inputs in parallel and measure every sample's size and difficulty."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import SortpackError
+from .parallel import Comm
+from .progress import progress
+from .sources import SourceFile, describe, expand_inputs, file_columns, read_units, split_units
+from .specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
+
+
+@dataclass
+class AnalyzeOptions:
+    """What to measure: the column and the size/difficulty SPECs."""
+
+    column: str | None = None
+    size: str = "length"
+    difficulty: str | None = None
+    tokenizer: str | None = None
+    input_format: str = "auto"
+
+    def as_dict(self) -> dict:
+        """Return the options as recorded in manifests (tokenizer by file name only)."""
+        return {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
+                "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
+                "input_format": self.input_format}
+
+
+@dataclass
+class Samples:
+    """One rank's contiguous slice of per-sample arrays, with its place in the whole."""
+
+    start: int  # global position of the first local row
+    total: int  # rows over all ranks
+    sample_id: np.ndarray
+    size: np.ndarray
+    difficulty: np.ndarray
+    stage: np.ndarray | None = None
+    files: list[dict] = field(default_factory=list)  # source fingerprint (every rank)
+
+    def __len__(self) -> int:
+        return len(self.sample_id)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Return the per-sample arrays by column name."""
+        cols = {"sample_id": self.sample_id, "size": self.size, "difficulty": self.difficulty}
+        if self.stage is not None:
+            cols["stage"] = self.stage
+        return cols
+
+
+def _describe_all(comm: Comm, inputs: list[str], input_format: str) -> list[SourceFile]:
+    err, paths = None, None
+    if comm.is_root():
+        try:
+            paths = expand_inputs(inputs, input_format)
+        except SortpackError as exc:
+            err = exc
+    comm.check(err)
+    paths = comm.bcast_obj(paths)
+    # Metadata reads are spread over ranks: a cluster job may name thousands of files.
+    mine, err = [], None
+    try:
+        mine = [(i, describe(p, f)) for i, (p, f) in enumerate(paths) if i % comm.size == comm.rank]
+    except SortpackError as exc:
+        err = exc
+    comm.check(err)
+    found = dict(pair for part in comm.allgather_obj(mine) for pair in part)
+    return [found[i] for i in range(len(paths))]
+
+
+def _resolve_column(opts: AnalyzeOptions, first: SourceFile) -> str | None:
+    if opts.column:
+        return opts.column
+    names = file_columns(first)
+    if len(names) == 1:
+        return names[0]
+    if "text" in names:
+        return "text"
+    return None
+
+
+def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False) -> Samples:
+    """Return this rank's slice of (sample_id, size, difficulty) for the inputs.
+
+    Ranks take disjoint contiguous runs of units (row groups, record batches, whole
+    files) balanced by rows (bytes where rows are unknown), so each rank's samples are a
+    contiguous range of global ids.
+    """
+    files = _describe_all(comm, inputs, opts.input_format)
+    err = None
+    try:
+        needs_column = opts.size in ("length", "bytes", "words", "tokens") or (
+            (opts.difficulty or opts.size) in ("length", "bytes", "words", "tokens"))
+        column = _resolve_column(opts, files[0]) if needs_column else opts.column
+        size_spec = parse_spec(opts.size, column, "--size")
+        diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
+        tokenizer = None
+        if "tokens" in (size_spec.kind, diff_spec.kind if diff_spec else None):
+            tokenizer = load_tokenizer(opts.tokenizer)
+        funcs = {s.text: load_function(s) for s in (size_spec, diff_spec) if s and s.kind == "python"}
+    except SortpackError as exc:
+        err = exc
+    comm.check(err)
+
+    # Units in global order; unit rows where metadata knows them.
+    unit_file = np.concatenate([np.full(f.num_units, i, dtype=np.int64) for i, f in enumerate(files)])
+    unit_local = np.concatenate([np.arange(f.num_units, dtype=np.int64) for f in files])
+    known = np.concatenate([np.asarray(f.unit_rows if f.unit_rows is not None else [-1], dtype=np.int64)
+                            for f in files])
+    weights = np.where(known >= 0, known, 0).astype(np.float64)
+    unknown = known < 0
+    if unknown.any():
+        # Without row counts, weigh a file's bytes as rows at the average bytes per known row.
+        byte_w = np.asarray([files[i].bytes for i in unit_file[unknown]], dtype=np.float64)
+        known_rows, known_bytes = weights.sum(), sum(f.bytes for f in files if f.unit_rows is not None)
+        weights[unknown] = byte_w * (known_rows / known_bytes if known_rows and known_bytes else 1.0)
+    bounds = split_units(weights, comm.size)
+    lo, hi = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
+
+    columns = sorted({c for s in (size_spec, diff_spec) if s for c in (s.columns() or [])}) or None
+    if any(s and s.kind == "python" for s in (size_spec, diff_spec)):
+        columns = None
+    sizes, diffs, my_rows, err = [], [], [], None
+    try:
+        runs = _file_runs(unit_file[lo:hi], unit_local[lo:hi], known[lo:hi])
+        for fidx, first, last in progress(runs, show_progress and comm.is_root(), desc="analyze", unit="part"):
+            src = files[fidx]
+            table = read_units(src, first, last, columns)
+            size = as_size(evaluate(size_spec, table, src.path, tokenizer, funcs.get(size_spec.text)),
+                           src.path, f"--size {size_spec.text}")
+            if diff_spec is None:
+                diff = size
+            else:
+                diff = as_difficulty(evaluate(diff_spec, table, src.path, tokenizer, funcs.get(diff_spec.text)),
+                                     src.path, f"--difficulty {diff_spec.text}")
+            sizes.append(size)
+            diffs.append(diff)
+            if src.unit_rows is None:
+                my_rows.append(table.num_rows)
+            elif sum(src.unit_rows[first:last]) != table.num_rows:
+                raise SortpackError(f"{src.path}: read {table.num_rows} rows, metadata says "
+                                    f"{sum(src.unit_rows[first:last])}")
+    except SortpackError as exc:
+        err = exc
+    comm.check(err)
+
+    # Rows of whole-file units are known only now: share them, then number the samples.
+    unit_rows = known.copy()
+    found = comm.allgather_obj([(int(u), r) for u, r in zip(np.flatnonzero(unknown[lo:hi]) + lo, my_rows)])
+    for part in found:
+        for u, r in part:
+            unit_rows[u] = r
+    start = int(unit_rows[:lo].sum())
+    total = int(unit_rows.sum())
+    err = SortpackError("the input holds no rows") if total == 0 else None
+    comm.check(err)
+    file_rows = np.bincount(unit_file, weights=unit_rows, minlength=len(files)).astype(np.int64)
+    fingerprint = [f.fingerprint(r) for f, r in zip(files, file_rows)]
+
+    size = np.concatenate(sizes) if sizes else np.empty(0, np.int64)
+    diff_dtype = _common_dtype(comm, diffs)
+    diff = np.concatenate(diffs).astype(diff_dtype, copy=False) if diffs else np.empty(0, diff_dtype)
+    sample_id = np.arange(start, start + len(size), dtype=np.int64)
+    return Samples(start, total, sample_id, size, diff, None, fingerprint)
+
+
+def _common_dtype(comm: Comm, parts: list[np.ndarray]) -> np.dtype:
+    # One rank may see only integer values where another sees floats; all must agree.
+    is_float = any(p.dtype.kind == "f" for p in parts)
+    return np.dtype(np.float64) if comm.allreduce(int(is_float), "max") else np.dtype(np.int64)
+
+
+READ_ROWS = 1 << 20  # rows read at once: bounds memory on ranks with many row groups
+
+
+def _file_runs(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndarray) -> list[tuple[int, int, int]]:
+    """Return (file, first unit, end unit) reads covering a contiguous unit range.
+
+    A read stays within one file and holds at most READ_ROWS rows (or one unit).
+    """
+    if len(unit_file) == 0:
+        return []
+    rows = np.maximum(unit_rows, 0)
+    # a new read starts at every file change and whenever the running row count of the
+    # current file's run crosses a multiple of READ_ROWS
+    file_change = np.concatenate(([True], unit_file[1:] != unit_file[:-1]))
+    run_id = np.cumsum(file_change) - 1
+    run_start_rows = np.cumsum(rows) - rows
+    base = run_start_rows[np.flatnonzero(file_change)][run_id]
+    bucket = (run_start_rows - base) // READ_ROWS
+    new = file_change | np.concatenate(([True], bucket[1:] != bucket[:-1]))
+    starts = np.flatnonzero(new)
+    ends = np.concatenate((starts[1:], [len(unit_file)]))
+    return [(int(unit_file[a]), int(unit_local[a]), int(unit_local[b - 1]) + 1) for a, b in zip(starts, ends)]

@@ -1,0 +1,314 @@
+"""The ``sortpack`` command line: parse options, call the library, print results."""
+from __future__ import annotations
+
+import os
+
+# One thread per rank is the HPC norm (ranks = cores); set before numpy loads BLAS.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import functools  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+
+import click  # noqa: E402
+
+from .errors import SortpackError  # noqa: E402
+
+
+def _env_rank() -> int:
+    """Return this process's rank from the launcher's environment (0 when unknown)."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
+        if var in os.environ:
+            try:
+                return int(os.environ[var])
+            except ValueError:
+                pass
+    return 0
+
+
+def _echo_err(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _shapes(ctx, param, value):
+    if value is None or value == "":
+        return ()
+    try:
+        return tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+
+
+def analyze_options(f):
+    """Add the analyze options to a command."""
+    opts = [
+        click.option("--column", help="Column holding the samples (text, list or binary)."),
+        click.option("--size", "size_spec", default="length", show_default=True,
+                     help="Size SPEC (the budget unit): length, bytes, words, tokens, column:NAME[*SCALE], "
+                          "python:MODULE:FUNC."),
+        click.option("--difficulty", "difficulty_spec", default=None,
+                     help="Difficulty SPEC (curriculum key); defaults to the size."),
+        click.option("--tokenizer", type=click.Path(dir_okay=False), help="HF tokenizers JSON file for SPEC tokens."),
+        click.option("--input-format", type=click.Choice(["auto", "parquet", "arrow", "jsonl", "csv"]),
+                     default="auto", show_default=True, help="Input format (auto: by file extension)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def sort_options(f):
+    """Add the sort options to a command."""
+    opts = [
+        click.option("--key", type=click.Choice(["size", "difficulty"]), default="size", show_default=True,
+                     help="Sort key."),
+        click.option("--descending", is_flag=True, help="Largest key first (ties still by sample id)."),
+        click.option("--stages", type=int, default=1, show_default=True,
+                     help="Curriculum stages: exact difficulty quantiles, each ordered by size."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def pack_options(required: bool):
+    """Add the pack options to a command (``--max-tokens`` required or not)."""
+
+    def deco(f):
+        opts = [
+            click.option("--max-tokens", type=int, required=required,
+                         help="Token budget of one micro-batch."),
+            click.option("--budget", type=click.Choice(["padded", "tokens", "quadratic"]), default="padded",
+                         show_default=True,
+                         help="padded: count*max_size; tokens: sum of sizes; quadratic: sum of size+size^2/Q."),
+            click.option("--quadratic-scale", type=float, help="Q of the quadratic budget."),
+            click.option("--max-samples", type=int, default=0, help="Most samples per micro-batch (0: no limit)."),
+            click.option("--batch-multiple", type=int, default=1, show_default=True,
+                         help="Sample count a multiple of M (unless fewer than M)."),
+            click.option("--pad-to-multiple", type=int, default=0,
+                         help="Round each micro-batch's padded length up to a multiple of K."),
+            click.option("--shapes", callback=_shapes, help="Round padded lengths up to the next of L1,L2,..."),
+            click.option("--group-size", type=int, default=1, show_default=True,
+                         help="With --same-shape: runs of G micro-batches share (samples, padded length)."),
+            click.option("--same-shape", is_flag=True, help="Make every G-run of micro-batches one shape."),
+            click.option("--oversize", type=click.Choice(["error", "skip", "truncate"]), default="error",
+                         show_default=True, help="What to do with samples larger than the budget."),
+            click.option("--segment-size", type=int, default=None, hidden=True,
+                         help="Packing segment (testing only; default 2^20)."),
+        ]
+        for o in reversed(opts):
+            f = o(f)
+        return f
+
+    return deco
+
+
+def common_options(f):
+    """Add -o, --overwrite, --quiet, --threads and --profile to a command."""
+    opts = [
+        click.option("-o", "--output", required=True, type=click.Path(file_okay=False),
+                     help="Output directory (written atomically)."),
+        click.option("--overwrite", is_flag=True, help="Replace an existing output directory."),
+        click.option("--quiet", is_flag=True, help="Print nothing but errors."),
+        click.option("--threads", type=int, default=1, show_default=True,
+                     help="Arrow threads per rank (0: Arrow's default, all cores)."),
+        click.option("--profile", is_flag=True, help="Print per-stage wall time and bytes moved (max over ranks)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _make_pack(kw) -> "PackOptions":
+    from .pack import SEGMENT_SIZE, PackOptions
+
+    return PackOptions(max_tokens=kw["max_tokens"], budget=kw["budget"], max_samples=kw["max_samples"],
+                       batch_multiple=kw["batch_multiple"], quadratic_scale=kw["quadratic_scale"],
+                       pad_to_multiple=kw["pad_to_multiple"], shapes=kw["shapes"], group_size=kw["group_size"],
+                       same_shape=kw["same_shape"], oversize=kw["oversize"],
+                       segment_size=kw["segment_size"] or SEGMENT_SIZE)
+
+
+def _make_analyze(kw):
+    from .analyze import AnalyzeOptions
+
+    return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
+                          tokenizer=kw["tokenizer"], input_format=kw["input_format"])
+
+
+def _make_sort(kw):
+    from .sort import SortOptions
+
+    return SortOptions(key=kw["key"], descending=kw["descending"], stages=kw["stages"])
+
+
+def _job(fn):
+    """Run a stage command on the job's communicator with the error and exit-code rules."""
+
+    @functools.wraps(fn)
+    def wrapper(**kw):
+        import pyarrow as pa
+
+        from .parallel import get_comm, run_guarded
+        from .pipeline import JobInfo
+
+        threads = kw.pop("threads")
+        if threads < 0:
+            raise click.BadParameter("must be >= 0", param_hint="--threads")
+        if threads:
+            pa.set_cpu_count(threads)
+            pa.set_io_thread_count(max(threads, 1))
+        comm = get_comm()
+        job = JobInfo(argv=["sortpack"] + sys.argv[1:], quiet=kw["quiet"])
+        result = {}
+
+        def body():
+            result["manifest"] = fn(comm, job, **kw)
+
+        code = run_guarded(comm, body, _echo_err)
+        if code:
+            sys.exit(code)
+        manifest = result.get("manifest")
+        if comm.is_root() and manifest is not None and not kw["quiet"]:
+            click.echo(_summary(kw["output"], manifest))
+            if kw.get("profile"):
+                click.echo(_profile_table(manifest["provenance"]["profile"]))
+
+    return wrapper
+
+
+def _summary(path: str, m: dict) -> str:
+    s = m["stats"]
+    if m["format"] == "sortpack-index":
+        return (f"wrote {path}: {m['num_microbatches']} micro-batches, {m['num_samples']} samples, "
+                f"padding {100 * s['padding_ratio']:.2f}%, {s['distinct_shapes']} shapes, "
+                f"{len(m['shards'])} shards, content_hash {m['content_hash'][:16]}")
+    return (f"wrote {path}: {m['num_samples']} samples, sizes {s['size_min']}..{s['size_max']}, "
+            f"{len(m['shards'])} shards, content_hash {m['content_hash'][:16]}")
+
+
+def _profile_table(p: dict) -> str:
+    lines = [f"{'stage':<10} {'wall s':>9} {'alltoallv MB (max rank)':>24}"]
+    for name, v in p.items():
+        if isinstance(v, dict):
+            lines.append(f"{name:<10} {v['wall_s']:>9.3f} {v['alltoallv_bytes_max'] / 1e6:>24.1f}")
+    lines.append(f"peak RSS (max rank): {p['peak_rss_bytes_max'] / 2**20:.1f} MiB")
+    return "\n".join(lines)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="sortpack")
+def cli():
+    """Sort variable-length datasets by size and pack them into token-budgeted micro-batches.
+
+    Every command runs as one process or under mpiexec/srun with any number of ranks and
+    writes byte-identical data either way.
+    """
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True)
+@analyze_options
+@common_options
+@_job
+def analyze(comm, job, inputs, output, overwrite, quiet, profile, **kw):
+    """Measure every sample's size and difficulty; write a metrics directory."""
+    from .pipeline import run_analyze
+
+    return run_analyze(comm, list(inputs), output, _make_analyze(kw), overwrite, job, progress=not quiet)
+
+
+@cli.command()
+@click.argument("metrics", type=click.Path(file_okay=False))
+@sort_options
+@common_options
+@_job
+def sort(comm, job, metrics, output, overwrite, quiet, profile, **kw):
+    """Sort a metrics directory by (key, sample_id); write a sorted directory."""
+    from .pipeline import run_sort
+
+    return run_sort(comm, metrics, output, _make_sort(kw), overwrite, job)
+
+
+@cli.command()
+@click.argument("sorted_dir", metavar="SORTED", type=click.Path(file_okay=False))
+@pack_options(required=True)
+@common_options
+@_job
+def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
+    """Cut a sorted directory into micro-batches; write the index."""
+    from .pipeline import run_pack
+
+    return run_pack(comm, sorted_dir, output, _make_pack(kw), overwrite, job)
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True)
+@analyze_options
+@sort_options
+@pack_options(required=True)
+@click.option("--keep-intermediate", is_flag=True, help="Also write OUTPUT.metrics and OUTPUT.sorted.")
+@common_options
+@_job
+def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate, **kw):
+    """Analyze, sort and pack in one job; write the index."""
+    from .pipeline import run_all
+
+    return run_all(comm, list(inputs), output, _make_analyze(kw), _make_sort(kw), _make_pack(kw), overwrite,
+                   job, keep_intermediate, progress=not quiet)
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--world-size", type=int, default=None, help="Data-parallel ranks: report steps and step imbalance.")
+@click.option("--grad-accum", type=int, default=1, show_default=True, help="Micro-batches per rank per step.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of the size distribution (matplotlib).")
+def inspect(directory, world_size, grad_accum, as_json, plot):
+    """Report on a metrics, sorted or index directory."""
+    from .inspect import inspect_directory, plot_directory, render
+
+    try:
+        report = inspect_directory(directory, world_size, grad_accum)
+        if plot:
+            plot_directory(directory, plot)
+    except SortpackError as exc:
+        _fail(exc)
+    click.echo(json.dumps(report, indent=1) if as_json else render(report))
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+def verify(directory):
+    """Re-check every shard's sha256 and the manifest; exit 1 on any mismatch."""
+    from .format.shards import verify_directory
+
+    try:
+        problems = verify_directory(directory)
+    except SortpackError as exc:
+        _fail(exc)
+    if problems:
+        for p in problems:
+            click.echo(f"{directory}: {p}", err=True)
+        sys.exit(1)
+    click.echo(f"{directory}: ok")
+
+
+def _fail(exc: Exception):
+    _echo_err(f"Error: {' '.join(str(exc).split())}")
+    sys.exit(2)
+
+
+def main(argv=None):
+    """Entry point of the ``sortpack`` console script."""
+    try:
+        cli.main(args=argv, prog_name="sortpack", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        # one line, printed once: under mpiexec every rank parses the same arguments
+        if _env_rank() == 0:
+            ctx_cmd = getattr(getattr(exc, "ctx", None), "command_path", "sortpack")
+            _echo_err(f"Error: {ctx_cmd}: {' '.join(exc.format_message().split())}")
+        sys.exit(exc.exit_code)

@@ -1,0 +1,301 @@
+"""Stage 3: cut the sorted order into token-budgeted micro-batches.
+
+Packing is greedy within fixed global pieces: segments of ``segment_size`` sorted samples
+(2^20 by default), also cut where the curriculum stage changes. Ranks own whole segments,
+so each packs its own with no communication, and the result does not depend on the rank
+count; a dataset of one segment gives exactly the sequential greedy's micro-batches.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import kernels
+from .analyze import Samples
+from .distribute import global_start, redistribute
+from .errors import SortpackError
+from .format.shards import owner_starts
+from .parallel import Comm
+
+SEGMENT_SIZE = 1 << 20
+
+
+@dataclass
+class PackOptions:
+    """How to cut micro-batches: budget, shape rules, oversize policy."""
+
+    max_tokens: int
+    budget: str = "padded"
+    max_samples: int = 0
+    batch_multiple: int = 1
+    quadratic_scale: float | None = None
+    pad_to_multiple: int = 0
+    shapes: tuple[int, ...] = field(default_factory=tuple)
+    group_size: int = 1
+    same_shape: bool = False
+    oversize: str = "error"
+    segment_size: int = SEGMENT_SIZE
+
+    def validate(self) -> None:
+        """Raise SortpackError for option values that make no sense."""
+        if self.max_tokens is None or self.max_tokens <= 0:
+            raise SortpackError(f"--max-tokens {self.max_tokens}: must be a positive integer")
+        if self.budget not in kernels.BUDGETS:
+            raise SortpackError(f"--budget {self.budget!r}: expected padded, tokens or quadratic")
+        if self.budget == "quadratic" and not (self.quadratic_scale and self.quadratic_scale > 0):
+            raise SortpackError("--budget quadratic needs --quadratic-scale Q > 0 (cost = size + size^2/Q)")
+        if self.max_samples < 0:
+            raise SortpackError(f"--max-samples {self.max_samples}: must be >= 0")
+        if self.batch_multiple < 1:
+            raise SortpackError(f"--batch-multiple {self.batch_multiple}: must be >= 1")
+        if self.pad_to_multiple < 0:
+            raise SortpackError(f"--pad-to-multiple {self.pad_to_multiple}: must be >= 0")
+        if self.pad_to_multiple > 1 and self.shapes:
+            raise SortpackError("--pad-to-multiple and --shapes exclude each other")
+        if self.shapes and (any(s <= 0 for s in self.shapes) or list(self.shapes) != sorted(set(self.shapes))):
+            raise SortpackError("--shapes: expected increasing positive lengths, e.g. 128,256,512")
+        if self.group_size < 1:
+            raise SortpackError(f"--group-size {self.group_size}: must be >= 1")
+        if self.same_shape and self.group_size < 2:
+            raise SortpackError("--same-shape needs --group-size G with G >= 2")
+        if self.oversize not in ("error", "skip", "truncate"):
+            raise SortpackError(f"--oversize {self.oversize!r}: expected error, skip or truncate")
+        if self.segment_size < 1:
+            raise SortpackError("--segment-size must be positive")
+
+    def as_dict(self) -> dict:
+        """Return the options as recorded in manifests."""
+        return {"max_tokens": self.max_tokens, "budget": self.budget, "max_samples": self.max_samples,
+                "batch_multiple": self.batch_multiple, "quadratic_scale": self.quadratic_scale,
+                "pad_to_multiple": self.pad_to_multiple, "shapes": list(self.shapes),
+                "group_size": self.group_size, "same_shape": self.same_shape, "oversize": self.oversize,
+                "segment_size": self.segment_size}
+
+    @property
+    def rounding(self) -> bool:
+        """Return whether padded lengths are rounded to a fixed set."""
+        return self.pad_to_multiple > 1 or bool(self.shapes)
+
+    def round(self, lengths: np.ndarray) -> np.ndarray:
+        """Return padded lengths for raw lengths (-1 where no shape fits)."""
+        return kernels.round_lengths(lengths, self.pad_to_multiple,
+                                     np.asarray(self.shapes, np.int64) if self.shapes else None)
+
+    def alone_cost(self, sizes: np.ndarray) -> np.ndarray:
+        """Return each sample's cost alone in a micro-batch (inf where no shape fits)."""
+        lengths = self.round(sizes) if self.rounding else np.asarray(sizes, np.int64)
+        cost = kernels.sample_cost(lengths, self.budget, self.quadratic_scale or 1.0).astype(np.float64)
+        cost[lengths < 0] = np.inf
+        return cost
+
+    def truncate_length(self) -> int:
+        """Return the largest sample length that fits the budget alone (for --oversize truncate)."""
+        b = self.max_tokens
+        if self.budget == "quadratic":
+            q = self.quadratic_scale
+            cap = int(math.floor(q * (math.sqrt(1.0 + 4.0 * b / q) - 1.0) / 2.0)) + 2
+            while cap > 0 and cap + cap * cap / q > b:
+                cap -= 1
+        else:
+            cap = b
+        if self.shapes:
+            fitting = [s for s in self.shapes if s <= cap]
+            if not fitting:
+                raise SortpackError(f"--shapes: no shape fits --max-tokens {b} alone")
+            return fitting[-1]
+        if self.pad_to_multiple > 1:
+            cap = (cap // self.pad_to_multiple) * self.pad_to_multiple
+            if cap <= 0:
+                raise SortpackError(f"--pad-to-multiple {self.pad_to_multiple} exceeds --max-tokens {b}")
+        return cap
+
+
+@dataclass
+class Microbatches:
+    """One rank's micro-batches: per-micro-batch columns and the flat sample ids."""
+
+    first: int  # global number of the first local micro-batch
+    total: int  # micro-batches over all ranks
+    sample_start: int  # global position of the first local sample id
+    sample_ids: np.ndarray
+    offsets: np.ndarray  # len M+1, local offsets into sample_ids
+    columns: dict[str, np.ndarray]
+    stats: dict
+
+
+def _oversize(comm: Comm, samples: Samples, opts: PackOptions) -> tuple[Samples, dict]:
+    """Return the samples after the --oversize policy, and counts of what it did."""
+    over = opts.alone_cost(samples.size) > opts.max_tokens
+    count = comm.allreduce(int(over.sum()), "sum")
+    largest = comm.allreduce(int(samples.size[over].max()) if over.any() else 0, "max")
+    info = {"oversize": count, "skipped": 0, "truncated": 0}
+    if count == 0:
+        return samples, info
+    if opts.oversize == "error":
+        raise SortpackError(
+            f"{count} samples do not fit --max-tokens {opts.max_tokens} alone (largest size {largest}); "
+            "raise --max-tokens or use --oversize skip|truncate", collective=True)
+    if opts.oversize == "skip":
+        keep = ~over
+        info["skipped"] = count
+        return Samples(samples.start, samples.total, samples.sample_id[keep], samples.size[keep],
+                       samples.difficulty[keep], samples.stage[keep], samples.files), info
+    size = samples.size.copy()
+    size[over] = opts.truncate_length()
+    info["truncated"] = count
+    return Samples(samples.start, samples.total, samples.sample_id, size, samples.difficulty,
+                   samples.stage, samples.files), info
+
+
+def _piece_starts(positions: np.ndarray, stage: np.ndarray, segment_size: int) -> np.ndarray:
+    """Return local indices where a packing piece starts (new segment or new stage)."""
+    if len(positions) == 0:
+        return np.zeros(0, np.int64)
+    seg = positions // segment_size
+    new = np.ones(len(positions), dtype=bool)
+    new[1:] = (seg[1:] != seg[:-1]) | (stage[1:] != stage[:-1])
+    return np.flatnonzero(new)
+
+
+def _greedy(sizes: np.ndarray, opts: PackOptions) -> np.ndarray:
+    """Return micro-batch (or same-shape super-batch) boundaries for one piece."""
+    g = opts.group_size if opts.same_shape else 1
+    budget = opts.budget
+    if opts.same_shape and budget == "tokens" and not opts.rounding:
+        # a same-shape group pads every sample to one length, so tokens cost c * L
+        budget = "padded"
+    return kernels.greedy_pack(sizes, opts.max_tokens * g, budget, opts.max_samples * g,
+                               opts.batch_multiple * g, opts.quadratic_scale or 1.0,
+                               opts.pad_to_multiple, np.asarray(opts.shapes, np.int64) if opts.shapes else None)
+
+
+def pack_samples(comm: Comm, samples: Samples, opts: PackOptions, key: str = "size") -> Microbatches:
+    """Return this rank's micro-batches of globally sorted samples.
+
+    ``samples`` must be in global sorted order (rank r holding the r-th range);
+    ``key`` names the sort key recorded as ``min_key``/``max_key``.
+    """
+    opts.validate()
+    if samples.stage is None:
+        samples.stage = np.zeros(len(samples), np.int16)
+    # ranks must own whole segments so that pieces never straddle ranks
+    cols = redistribute(comm, samples.columns(), samples.start,
+                        owner_starts(samples.total, opts.segment_size, comm.size))
+    start, total = global_start(comm, len(cols["sample_id"]))
+    samples = Samples(start, total, cols["sample_id"], cols["size"], cols["difficulty"], cols["stage"],
+                      samples.files)
+    positions = np.arange(start, start + len(samples), dtype=np.int64)
+    pieces = _piece_starts(positions, samples.stage, opts.segment_size)
+    piece_of = np.zeros(len(samples), np.int64)
+    piece_of[pieces[1:]] = 1
+    piece_of = np.cumsum(piece_of)
+    samples, info = _oversize(comm, samples, opts)
+    if info["skipped"]:
+        piece_of = piece_of[opts.alone_cost(cols["size"]) <= opts.max_tokens]
+
+    sizes = samples.size
+    n = len(sizes)
+    starts = np.flatnonzero(np.concatenate(([True], piece_of[1:] != piece_of[:-1]))) if n else np.zeros(0, np.int64)
+    ends = np.concatenate((starts[1:], [n])) if n else np.zeros(0, np.int64)
+    bounds = [np.zeros(1, np.int64)]
+    for a, b in zip(starts, ends):
+        bounds.append(_greedy(sizes[a:b], opts)[1:] + a)
+    bounds = np.concatenate(bounds)
+    if opts.same_shape:
+        mb = _split_groups(bounds, sizes, opts)
+    else:
+        mb = _describe(bounds, sizes, opts)
+    keyvals = (samples.size if key == "size" else samples.difficulty).astype(np.float64)
+    offsets = mb["offsets"]
+    m = len(offsets) - 1
+    min_key = _segment_reduce(np.minimum, keyvals, offsets)
+    max_key = _segment_reduce(np.maximum, keyvals, offsets)
+    real_starts = offsets[:-1]
+    stage = samples.stage[np.minimum(real_starts, max(n - 1, 0))] if n else np.zeros(m, np.int16)
+    columns = {
+        "num_samples": mb["num_samples"].astype(np.int32),
+        "batch_size": mb["batch_size"].astype(np.int32),
+        "max_size": mb["max_size"],
+        "padded_size": mb["padded_size"],
+        "tokens": mb["tokens"],
+        "min_key": min_key,
+        "max_key": max_key,
+        "stage": stage.astype(np.int16),
+    }
+    first, total_mb = global_start(comm, m)
+    sample_start, _ = global_start(comm, n)
+    stats = _stats(comm, columns, info)
+    return Microbatches(first, total_mb, sample_start, samples.sample_id, mb["offsets"], columns, stats)
+
+
+def _describe(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> dict:
+    """Return per-micro-batch arrays for plain micro-batches ``sizes[b[i]:b[i+1]]``."""
+    starts = bounds[:-1]
+    count = np.diff(bounds)
+    if len(starts):
+        max_size = np.maximum.reduceat(sizes, starts)
+        tokens = np.add.reduceat(sizes, starts)
+    else:
+        max_size = tokens = np.zeros(0, np.int64)
+    padded = opts.round(max_size) if opts.rounding else max_size
+    return {"offsets": bounds, "num_samples": count, "batch_size": count, "max_size": max_size,
+            "padded_size": padded, "tokens": tokens}
+
+
+def _split_groups(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> dict:
+    """Return per-micro-batch arrays after splitting each super-batch into G equal shapes.
+
+    A super-batch of c samples becomes G micro-batches of ceil(c/G) slots each; the first
+    c % G get one more real sample than the rest, whose spare slot is padding.
+    """
+    g = opts.group_size
+    count = np.diff(bounds)
+    slots = -(-count // g)
+    base, extra = count // g, count % g
+    j = np.tile(np.arange(g, dtype=np.int64), len(count))
+    real = np.repeat(base, g) + (j < np.repeat(extra, g))
+    offsets = np.concatenate(([0], np.cumsum(real)))
+    max_size = _segment_reduce(np.maximum, sizes, offsets)
+    tokens = _segment_reduce(np.add, sizes, offsets)
+    group_max = np.maximum.reduceat(sizes, bounds[:-1]) if len(count) else np.zeros(0, np.int64)
+    padded = opts.round(group_max) if opts.rounding else group_max
+    return {"offsets": offsets.astype(np.int64), "num_samples": real, "batch_size": np.repeat(slots, g),
+            "max_size": max_size.astype(np.int64), "padded_size": np.repeat(padded, g),
+            "tokens": tokens.astype(np.int64)}
+
+
+def _segment_reduce(ufunc, values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Return ``ufunc.reduce`` of ``values[offsets[i]:offsets[i+1]]`` per segment (0 when empty)."""
+    out = np.zeros(len(offsets) - 1, dtype=values.dtype)
+    nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
+    if len(nonempty):
+        # reduceat runs each range up to the next index it is given; skipping the empty
+        # segments (which hold no values) makes that exactly each segment's end
+        out[nonempty] = ufunc.reduceat(values, offsets[nonempty])
+    return out
+
+
+def _stats(comm: Comm, columns: dict, info: dict) -> dict:
+    """Return the index summary (integers and ratios of integers: identical for any rank count)."""
+    ns = columns["num_samples"].astype(np.int64)
+    padded_tokens = int((columns["batch_size"].astype(np.int64) * columns["padded_size"]).sum())
+    sums = comm.allreduce(np.array([len(ns), int(ns.sum()), int(columns["tokens"].sum()), padded_tokens],
+                                   np.int64), "sum")
+    m, nsamp, tokens, padded = (int(x) for x in sums)
+    lo = comm.allreduce(int(ns.min()) if len(ns) else 2**62, "min")
+    hi = comm.allreduce(int(ns.max()) if len(ns) else 0, "max")
+    shapes = np.unique(np.stack([columns["batch_size"].astype(np.int64), columns["padded_size"]]), axis=1) \
+        if len(ns) else np.zeros((2, 0), np.int64)
+    all_shapes = {tuple(x) for part in comm.allgather_obj(shapes.T.tolist()) for x in part}
+    return {
+        "num_microbatches": m,
+        "num_samples": nsamp,
+        "tokens": tokens,
+        "padded_tokens": padded,
+        "padding_ratio": (1.0 - tokens / padded) if padded else 0.0,
+        "distinct_shapes": len(all_shapes),
+        "samples_per_microbatch": {"min": lo if m else 0, "max": hi, "mean": (nsamp / m) if m else 0.0},
+        **info,
+    }

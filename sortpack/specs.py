@@ -1,0 +1,203 @@
+"""Size and difficulty SPECs: how a per-sample number is computed from a record batch.
+
+``length``, ``bytes``, ``words``, ``tokens`` (needs a tokenizer), ``column:NAME[*SCALE]``,
+``python:MODULE:FUNC``. Everything is vectorised with pyarrow.compute except the
+tokenizer and user functions.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import SortpackError
+
+KINDS = ("length", "bytes", "words", "tokens")
+_COLUMN_RE = re.compile(r"^column:([^*]+?)(?:\*([-+0-9.eE]+))?$")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A parsed SPEC: ``kind`` plus the column, scale or function it needs."""
+
+    kind: str  # length | bytes | words | tokens | column | python
+    column: str | None = None
+    scale: float | None = None
+    func: str | None = None
+    text: str = ""
+
+    def columns(self) -> list[str] | None:
+        """Return the input columns this spec reads (None: every column)."""
+        return None if self.kind == "python" else [self.column]
+
+
+def parse_spec(text: str, column: str | None, option: str) -> Spec:
+    """Return the Spec for ``text`` (``option`` names the CLI option in errors)."""
+    if text in KINDS:
+        if not column:
+            raise SortpackError(f"{option} {text} needs --column (the text, list or binary column)")
+        return Spec(text, column=column, text=text)
+    m = _COLUMN_RE.match(text)
+    if m:
+        scale = None
+        if m.group(2) is not None:
+            try:
+                scale = float(m.group(2))
+            except ValueError:
+                raise SortpackError(f"{option} {text}: bad scale {m.group(2)!r}") from None
+            if not math.isfinite(scale) or scale <= 0:
+                raise SortpackError(f"{option} {text}: scale must be a positive number")
+        return Spec("column", column=m.group(1), scale=scale, text=text)
+    if text.startswith("python:"):
+        parts = text.split(":")
+        if len(parts) != 3 or not parts[1] or not parts[2]:
+            raise SortpackError(f"{option} {text}: expected python:MODULE:FUNC")
+        return Spec("python", func=text[len("python:"):], text=text)
+    raise SortpackError(
+        f"{option} {text!r}: expected length, bytes, words, tokens, column:NAME[*SCALE] or python:MODULE:FUNC")
+
+
+def load_function(spec: Spec) -> Callable:
+    """Return the user function a ``python:MODULE:FUNC`` spec names."""
+    module, func = spec.func.split(":")
+    try:
+        return getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as exc:
+        raise SortpackError(f"{spec.text}: cannot load {module}.{func} ({exc})") from None
+
+
+def load_tokenizer(path: str | None):
+    """Return an HF ``tokenizers.Tokenizer`` loaded from a tokenizer.json file."""
+    if not path:
+        raise SortpackError("--size tokens needs --tokenizer tokenizer.json")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise SortpackError("--tokenizer needs the tokenizers package (pip install 'sortpack[tokenizers]')") from None
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception type
+        raise SortpackError(f"--tokenizer {path}: cannot load ({' '.join(str(exc).split())})") from None
+
+
+def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
+    if name not in table.column_names:
+        raise SortpackError(f"{where}: no column {name!r} (columns: {', '.join(table.column_names)})")
+    col = table.column(name)
+    if col.null_count:
+        raise SortpackError(f"{where}: column {name!r} has {col.null_count} null values")
+    return col
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _: False)(t)
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _to_numpy(arr) -> np.ndarray:
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None) -> np.ndarray:
+    """Return the spec's value per row of ``table`` (int64, or float64 for scaled/float columns).
+
+    ``where`` (file name) prefixes error messages.
+    """
+    if spec.kind == "python":
+        try:
+            out = func(table.combine_chunks().to_batches()[0] if table.num_rows else table)
+        except Exception as exc:  # noqa: BLE001 - user code may raise anything
+            raise SortpackError(f"{where}: {spec.text} raised {type(exc).__name__}: {exc}") from None
+        values = np.asarray(out.to_numpy(zero_copy_only=False) if hasattr(out, "to_numpy") else out)
+        if values.shape != (table.num_rows,):
+            raise SortpackError(f"{where}: {spec.text} returned {values.shape[0] if values.ndim else 'a scalar'}"
+                                f" values for {table.num_rows} rows")
+        return _numeric(values, where, spec.text)
+    col = _column(table, spec.column, where)
+    t = col.type
+    if spec.kind == "column":
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+            raise SortpackError(f"{where}: column {spec.column!r} is {t}, not numeric ({spec.text})")
+        values = _to_numpy(col)
+        if spec.scale is not None:
+            values = values.astype(np.float64) * spec.scale
+        return _numeric(values, where, spec.text)
+    if spec.kind == "length":
+        if _is_text(t):
+            return _to_numpy(pc.utf8_length(col)).astype(np.int64, copy=False)
+        if _is_binary(t):
+            return _to_numpy(pc.binary_length(col)).astype(np.int64, copy=False)
+        if _is_list(t):
+            return _to_numpy(pc.list_value_length(col)).astype(np.int64, copy=False)
+    elif spec.kind == "bytes":
+        if _is_text(t) or _is_binary(t):
+            return _to_numpy(pc.binary_length(col)).astype(np.int64, copy=False)
+    elif spec.kind == "words":
+        if _is_text(t):
+            return _to_numpy(pc.count_substring_regex(col, r"\S+")).astype(np.int64, copy=False)
+    elif spec.kind == "tokens":
+        if _is_text(t):
+            return _token_counts(tokenizer, col)
+    raise SortpackError(f"{where}: column {spec.column!r} is {t}; {spec.kind} needs "
+                        + ("a string, binary or list column" if spec.kind == "length" else "a string column"))
+
+
+def _token_counts(tokenizer, col: pa.ChunkedArray) -> np.ndarray:
+    out = np.empty(len(col), dtype=np.int64)
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    pos = 0
+    for chunk in col.chunks:
+        texts = chunk.to_pylist()
+        for a in range(0, len(texts), 4096):
+            encs = encode(texts[a:a + 4096])
+            out[pos:pos + len(encs)] = [len(e.ids) for e in encs]
+            pos += len(encs)
+    return out
+
+
+def _numeric(values: np.ndarray, where: str, what: str) -> np.ndarray:
+    if values.dtype == object:
+        raise SortpackError(f"{where}: {what} gave non-numeric or null values")
+    if values.dtype.kind == "b":
+        values = values.astype(np.int64)
+    if values.dtype.kind == "f":
+        bad = ~np.isfinite(values)
+        if bad.any():
+            raise SortpackError(f"{where}: {what} has {int(bad.sum())} NaN or infinite values")
+        return values.astype(np.float64, copy=False)
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64, copy=False)
+    raise SortpackError(f"{where}: {what} gave values of type {values.dtype}, not numbers")
+
+
+def as_size(values: np.ndarray, where: str, what: str) -> np.ndarray:
+    """Return values as non-negative int64 sizes (floats rounded up), or raise."""
+    if values.size and values.min() < 0:
+        raise SortpackError(f"{where}: {what} has {int((values < 0).sum())} negative values")
+    if values.dtype.kind == "f":
+        if values.size and values.max() >= 2**62:
+            raise SortpackError(f"{where}: {what} has values too large for a size")
+        values = np.ceil(values).astype(np.int64)
+    return values
+
+
+def as_difficulty(values: np.ndarray, where: str, what: str) -> np.ndarray:
+    """Return values as a difficulty (int64 or float64), refusing negative values."""
+    if values.size and values.min() < 0:
+        raise SortpackError(f"{where}: {what} has {int((values < 0).sum())} negative values")
+    return values
