@@ -283,3 +283,13 @@ def run_guarded(comm: Comm, fn: Callable[[], Any], echo: Callable[[str], None]) 
         sys.stderr.write(f"sortpack: rank {comm.rank} failed; aborting all ranks\n")
         comm.abort(1)
         return 1
+
+
+def fault_point(comm: Comm, name: str) -> None:
+    """Raise here on the rank that ``SORTPACK_FAULT=name:rank`` names (fault-injection for tests).
+
+    Tests use it to prove that one failing rank ends the whole job instead of hanging it.
+    """
+    spec = os.environ.get("SORTPACK_FAULT")
+    if spec and spec == f"{name}:{comm.rank}":
+        raise RuntimeError(f"injected fault at {name} on rank {comm.rank}")

@@ -16,7 +16,7 @@ from .analyze import Samples
 from .distribute import global_start, redistribute
 from .errors import SortpackError
 from .format.shards import owner_starts
-from .parallel import Comm
+from .parallel import Comm, fault_point
 
 SAMPLES_PER_RANK = 1024  # regular samples each rank contributes to choose splitters
 
@@ -88,6 +88,7 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
         hi = hi[order]
         lo = None if lo is None else lo[order]
         payload = {k: v[order] for k, v in payload.items()}
+    fault_point(comm, "sort")
     if comm.size == 1:
         return hi, lo, payload
 

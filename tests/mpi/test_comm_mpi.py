@@ -1,0 +1,50 @@
+"""Collectives of the job's communicator; runs at 1 rank in-process and at 2-4 under mpiexec."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sortpack.errors import SortpackError
+from sortpack.parallel import get_comm
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return get_comm()
+
+
+@pytest.mark.parametrize("max_count", [None, 3])
+def test_alltoallv_delivers_in_rank_order(comm, max_count):
+    if max_count is not None:
+        comm.max_count = max_count  # forces several rounds: the large-count path
+    try:
+        p, r = comm.size, comm.rank
+        # rank r sends (r + d) % 5 + d elements to rank d, valued r * 1000 + d
+        counts = np.array([(r + d) % 5 + d for d in range(p)], dtype=np.int64)
+        send = np.concatenate([np.full(c, r * 1000 + d, np.int64) for d, c in enumerate(counts)])
+        got = comm.alltoallv(send, counts)
+        expect = np.concatenate([np.full((s + r) % 5 + r, s * 1000 + r, np.int64) for s in range(p)])
+        assert np.array_equal(got, expect)
+        structured = np.zeros(len(send), dtype=[("a", np.int32), ("b", np.float64)])
+        structured["a"] = send
+        assert np.array_equal(comm.alltoallv(structured, counts)["a"], expect)
+    finally:
+        if max_count is not None:
+            comm.max_count = 2**31 - 1
+
+
+def test_scans_and_gathers(comm):
+    p, r = comm.size, comm.rank
+    assert comm.exscan(r + 1) == sum(range(1, r + 1))
+    assert comm.allreduce(r, "max") == p - 1
+    assert np.array_equal(comm.allreduce(np.array([r, 1]), "sum"), np.array([p * (p - 1) // 2, p]))
+    assert np.array_equal(comm.allgatherv(np.arange(r)), np.concatenate([np.arange(k) for k in range(p)]))
+    assert comm.allgather_obj(r) == list(range(p))
+
+
+def test_check_raises_the_same_error_everywhere(comm):
+    err = SortpackError(f"bad value on rank {comm.rank}") if comm.rank == comm.size - 1 else None
+    with pytest.raises(SortpackError, match=f"bad value on rank {comm.size - 1}") as info:
+        comm.check(err)
+    assert info.value.collective
+    comm.check(None)

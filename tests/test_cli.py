@@ -1,0 +1,139 @@
+"""The CLI end to end under real mpiexec: identical bytes for 1-4 ranks, atomic outputs,
+a failing rank ends the job, inspect and verify."""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from conftest import run_sortpack
+
+# small shards and segments so that 2-4 ranks really split the work
+SMALL = {"SORTPACK_TEST_SHARD_ROWS": "100"}
+
+
+def data_files(d):
+    return sorted(p.name for p in d.iterdir() if p.name != "manifest.json")
+
+
+def read_manifest(d):
+    return json.loads((d / "manifest.json").read_text())
+
+
+def assert_identical(a, b):
+    assert data_files(a) == data_files(b)
+    for name in data_files(a):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert read_manifest(a)["content_hash"] == read_manifest(b)["content_hash"]
+
+
+@pytest.mark.mpi
+def test_run_is_byte_identical_for_1_to_4_ranks(tmp_path, text_dataset):
+    files, lengths = text_dataset
+    outs = []
+    for ranks in (1, 2, 3, 4):
+        out = tmp_path / f"plan{ranks}"
+        run_sortpack(["run", *files, "-o", out, "--column", "text", "--max-tokens", "1500",
+                      "--segment-size", "700", "--quiet"], ranks=ranks, env=SMALL, timeout=120)
+        outs.append(out)
+    m = read_manifest(outs[0])
+    assert len(m["shards"]) >= 2 and m["num_samples"] == len(lengths)
+    for other in outs[1:]:
+        assert_identical(outs[0], other)
+    assert {read_manifest(o)["provenance"]["world_size"] for o in outs} == {1, 2, 3, 4}
+
+
+@pytest.mark.mpi
+def test_three_stages_are_byte_identical_for_1_to_4_ranks(tmp_path, text_dataset):
+    files, _ = text_dataset
+    first = None
+    for ranks in (1, 2, 3, 4):
+        m, s, p = (tmp_path / f"{x}{ranks}" for x in ("metrics", "sorted", "index"))
+        run_sortpack(["analyze", *files, "-o", m, "--column", "text", "--quiet"], ranks=ranks, env=SMALL)
+        run_sortpack(["sort", m, "-o", s, "--descending", "--quiet"], ranks=ranks, env=SMALL)
+        run_sortpack(["pack", s, "-o", p, "--max-tokens", "1500", "--segment-size", "700", "--quiet"],
+                     ranks=ranks, env=SMALL)
+        if first is None:
+            first = (m, s, p)
+        else:
+            for a, b in zip(first, (m, s, p)):
+                assert_identical(a, b)
+    # the run-in-one-job result equals the three stages
+    run_sortpack(["run", *files, "-o", tmp_path / "one", "--column", "text", "--descending",
+                  "--max-tokens", "1500", "--segment-size", "700", "--quiet"], ranks=2, env=SMALL)
+    assert_identical(first[2], tmp_path / "one")
+
+
+def test_sorted_directory_is_a_sorted_permutation(tmp_path, text_dataset):
+    files, lengths = text_dataset
+    run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500",
+                  "--keep-intermediate", "--quiet"])
+    s = tmp_path / "plan.sorted"
+    table = pa.concat_tables(pa.ipc.open_file(str(s / e["file"])).read_all() for e in read_manifest(s)["shards"])
+    ids, size = table["sample_id"].to_numpy(), table["size"].to_numpy()
+    assert sorted(ids.tolist()) == list(range(len(lengths)))
+    assert np.array_equal(size, lengths[ids])
+    assert np.all((np.diff(size) > 0) | ((np.diff(size) == 0) & (np.diff(ids) > 0)))
+    index = tmp_path / "plan"
+    mb = pa.concat_tables(pa.ipc.open_file(str(index / e["file"])).read_all()
+                          for e in read_manifest(index)["shards"])
+    assert np.array_equal(np.concatenate(mb["sample_ids"].to_numpy(zero_copy_only=False)), ids)
+
+
+@pytest.mark.mpi
+def test_a_failing_rank_ends_the_job_quickly(tmp_path, text_dataset):
+    files, _ = text_dataset
+    t0 = time.monotonic()
+    proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500"],
+                        ranks=3, env={"SORTPACK_FAULT": "sort:1"}, check=False, timeout=60)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 30
+    assert "injected fault" in proc.stderr
+    assert not (tmp_path / "plan").exists()
+
+
+def test_output_exists_needs_overwrite(tmp_path, text_dataset):
+    files, _ = text_dataset
+    args = ["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500", "--quiet"]
+    run_sortpack(args)
+    proc = run_sortpack(args, check=False)
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr
+    run_sortpack(args + ["--overwrite"])
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_inspect_json_and_verify(tmp_path, text_dataset):
+    files, lengths = text_dataset
+    plan = tmp_path / "plan"
+    run_sortpack(["run", *files, "-o", plan, "--column", "text", "--max-tokens", "1500", "--quiet"])
+    report = json.loads(run_sortpack(["inspect", plan, "--world-size", "4", "--json"]).stdout)
+    for field in ("num_samples", "num_microbatches", "padding_ratio", "distinct_shapes",
+                  "samples_per_microbatch", "steps", "step_imbalance"):
+        assert field in report
+    assert report["num_samples"] == len(lengths)
+    assert set(report["samples_per_microbatch"]) == {"min", "median", "max"}
+    assert report["steps"] == -(-report["num_microbatches"] // 4)
+    assert report["step_imbalance"] >= 1.0
+    assert "padding_ratio" in run_sortpack(["inspect", plan]).stdout
+    assert run_sortpack(["verify", plan]).returncode == 0
+    shard = plan / read_manifest(plan)["shards"][0]["file"]
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    proc = run_sortpack(["verify", plan], check=False)
+    assert proc.returncode == 1 and "sha256" in proc.stderr
+
+
+def test_unknown_version_is_refused(tmp_path, text_dataset):
+    files, _ = text_dataset
+    plan = tmp_path / "plan"
+    run_sortpack(["run", *files, "-o", plan, "--column", "text", "--max-tokens", "1500", "--quiet"])
+    m = read_manifest(plan)
+    m["version"] = 99
+    (plan / "manifest.json").write_text(json.dumps(m))
+    proc = run_sortpack(["inspect", plan], check=False)
+    assert proc.returncode == 2 and "version 99" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
