@@ -77,8 +77,8 @@ def pack_options(required: bool):
 
     def deco(f):
         opts = [
-            click.option("--max-tokens", type=int, required=required,
-                         help="Token budget of one micro-batch."),
+            click.option("--max-tokens", type=int, default=None,
+                         help="Token budget of one micro-batch" + (" (required unless --rows)." if required else ".")),
             click.option("--budget", type=click.Choice(["padded", "tokens", "quadratic"]), default="padded",
                          show_default=True,
                          help="padded: count*max_size; tokens: sum of sizes; quadratic: sum of size+size^2/Q."),
@@ -94,6 +94,13 @@ def pack_options(required: bool):
             click.option("--same-shape", is_flag=True, help="Make every G-run of micro-batches one shape."),
             click.option("--oversize", type=click.Choice(["error", "skip", "truncate"]), default="error",
                          show_default=True, help="What to do with samples larger than the budget."),
+            click.option("--rows", type=int, default=0,
+                         help="Row packing: bin-pack samples into rows of ROW_LEN tokens (multipack).",
+                         metavar="ROW_LEN"),
+            click.option("--rows-per-microbatch", type=int, default=1, show_default=True,
+                         help="With --rows: rows per micro-batch."),
+            click.option("--max-segments", type=int, default=0,
+                         help="With --rows: most samples per row (0: no limit)."),
             click.option("--segment-size", type=int, default=None, hidden=True,
                          help="Packing segment (testing only; default 2^20)."),
         ]
@@ -127,7 +134,8 @@ def _make_pack(kw) -> "PackOptions":
                        batch_multiple=kw["batch_multiple"], quadratic_scale=kw["quadratic_scale"],
                        pad_to_multiple=kw["pad_to_multiple"], shapes=kw["shapes"], group_size=kw["group_size"],
                        same_shape=kw["same_shape"], oversize=kw["oversize"],
-                       segment_size=kw["segment_size"] or SEGMENT_SIZE)
+                       segment_size=kw["segment_size"] or SEGMENT_SIZE, rows=kw["rows"],
+                       rows_per_microbatch=kw["rows_per_microbatch"], max_segments=kw["max_segments"])
 
 
 def _make_analyze(kw):

@@ -37,10 +37,21 @@ class PackOptions:
     same_shape: bool = False
     oversize: str = "error"
     segment_size: int = SEGMENT_SIZE
+    rows: int = 0  # row length for row packing (0: off)
+    rows_per_microbatch: int = 1
+    max_segments: int = 0
+    row_window: int = 0  # samples per best-fit window (0: the kernels' default)
+
+    def __post_init__(self):
+        if self.rows and self.rows > 0 and not self.max_tokens:
+            # a row-packed micro-batch holds R rows of ROW_LEN tokens: that is its budget
+            self.max_tokens = self.rows * max(self.rows_per_microbatch, 1)
 
     def validate(self) -> None:
         """Raise SortpackError for option values that make no sense."""
-        if self.max_tokens is None or self.max_tokens <= 0:
+        if self.max_tokens is None:
+            raise SortpackError("--max-tokens N is required (or --rows ROW_LEN for row packing)")
+        if self.max_tokens <= 0:
             raise SortpackError(f"--max-tokens {self.max_tokens}: must be a positive integer")
         if self.budget not in kernels.BUDGETS:
             raise SortpackError(f"--budget {self.budget!r}: expected padded, tokens or quadratic")
@@ -64,6 +75,21 @@ class PackOptions:
             raise SortpackError(f"--oversize {self.oversize!r}: expected error, skip or truncate")
         if self.segment_size < 1:
             raise SortpackError("--segment-size must be positive")
+        if self.rows < 0:
+            raise SortpackError(f"--rows {self.rows}: must be a positive row length")
+        if self.rows:
+            if self.rows_per_microbatch < 1:
+                raise SortpackError(f"--rows-per-microbatch {self.rows_per_microbatch}: must be >= 1")
+            if self.max_segments < 0:
+                raise SortpackError(f"--max-segments {self.max_segments}: must be >= 0")
+            clash = [name for name, on in (("--same-shape", self.same_shape), ("--shapes", bool(self.shapes)),
+                                           ("--pad-to-multiple", self.pad_to_multiple > 1),
+                                           ("--max-samples", self.max_samples > 0),
+                                           ("--batch-multiple", self.batch_multiple > 1)) if on]
+            if clash:
+                raise SortpackError(f"--rows packs fixed-length rows; {clash[0]} does not apply to it")
+        elif self.max_segments or self.rows_per_microbatch != 1:
+            raise SortpackError("--max-segments and --rows-per-microbatch need --rows ROW_LEN")
 
     def as_dict(self) -> dict:
         """Return the options as recorded in manifests."""
@@ -71,7 +97,21 @@ class PackOptions:
                 "batch_multiple": self.batch_multiple, "quadratic_scale": self.quadratic_scale,
                 "pad_to_multiple": self.pad_to_multiple, "shapes": list(self.shapes),
                 "group_size": self.group_size, "same_shape": self.same_shape, "oversize": self.oversize,
-                "segment_size": self.segment_size}
+                "segment_size": self.segment_size, "rows": self.rows,
+                "rows_per_microbatch": self.rows_per_microbatch, "max_segments": self.max_segments,
+                "row_window": self.window()}
+
+    def window(self) -> int:
+        """Return the best-fit window of row packing (samples), 0 when rows are off."""
+        if not self.rows:
+            return 0
+        return self.row_window or kernels.DEFAULT_ROW_WINDOW
+
+    def oversize_mask(self, sizes: np.ndarray) -> np.ndarray:
+        """Return which samples cannot fit a micro-batch (or a row) alone."""
+        if self.rows:
+            return np.asarray(sizes) > self.rows
+        return self.alone_cost(sizes) > self.max_tokens
 
     @property
     def rounding(self) -> bool:
@@ -93,6 +133,8 @@ class PackOptions:
     def truncate_length(self) -> int:
         """Return the largest sample length that fits the budget alone (for --oversize truncate)."""
         b = self.max_tokens
+        if self.rows:
+            return self.rows
         if self.budget == "quadratic":
             q = self.quadratic_scale
             cap = int(math.floor(q * (math.sqrt(1.0 + 4.0 * b / q) - 1.0) / 2.0)) + 2
@@ -123,11 +165,12 @@ class Microbatches:
     offsets: np.ndarray  # len M+1, local offsets into sample_ids
     columns: dict[str, np.ndarray]
     stats: dict
+    row_sizes: np.ndarray | None = None  # rows mode: samples per row, rows in order
 
 
 def _oversize(comm: Comm, samples: Samples, opts: PackOptions) -> tuple[Samples, dict]:
     """Return the samples after the --oversize policy, and counts of what it did."""
-    over = opts.alone_cost(samples.size) > opts.max_tokens
+    over = opts.oversize_mask(samples.size)
     count = comm.allreduce(int(over.sum()), "sum")
     largest = comm.allreduce(int(samples.size[over].max()) if over.any() else 0, "max")
     info = {"oversize": count, "skipped": 0, "truncated": 0}
@@ -135,8 +178,8 @@ def _oversize(comm: Comm, samples: Samples, opts: PackOptions) -> tuple[Samples,
         return samples, info
     if opts.oversize == "error":
         raise SortpackError(
-            f"{count} samples do not fit --max-tokens {opts.max_tokens} alone (largest size {largest}); "
-            "raise --max-tokens or use --oversize skip|truncate", collective=True)
+            f"{count} samples do not fit {f'--rows {opts.rows}' if opts.rows else f'--max-tokens {opts.max_tokens}'}"
+            f" alone (largest size {largest}); raise the budget or use --oversize skip|truncate", collective=True)
     if opts.oversize == "skip":
         keep = ~over
         info["skipped"] = count
@@ -193,27 +236,30 @@ def pack_samples(comm: Comm, samples: Samples, opts: PackOptions, key: str = "si
     piece_of = np.cumsum(piece_of)
     samples, info = _oversize(comm, samples, opts)
     if info["skipped"]:
-        piece_of = piece_of[opts.alone_cost(cols["size"]) <= opts.max_tokens]
+        piece_of = piece_of[~opts.oversize_mask(cols["size"])]
 
     sizes = samples.size
     n = len(sizes)
     starts = np.flatnonzero(np.concatenate(([True], piece_of[1:] != piece_of[:-1]))) if n else np.zeros(0, np.int64)
     ends = np.concatenate((starts[1:], [n])) if n else np.zeros(0, np.int64)
-    bounds = [np.zeros(1, np.int64)]
-    for a, b in zip(starts, ends):
-        bounds.append(_greedy(sizes[a:b], opts)[1:] + a)
-    bounds = np.concatenate(bounds)
-    if opts.same_shape:
-        mb = _split_groups(bounds, sizes, opts)
-    else:
-        mb = _describe(bounds, sizes, opts)
     keyvals = (samples.size if key == "size" else samples.difficulty).astype(np.float64)
+    sample_ids, stage_of = samples.sample_id, samples.stage
+    row_sizes = None
+    if opts.rows:
+        mb, perm, row_sizes = _pack_rows(starts, ends, sizes, opts)
+        sample_ids, keyvals, stage_of = sample_ids[perm], keyvals[perm], stage_of[perm]
+    else:
+        bounds = [np.zeros(1, np.int64)]
+        for a, b in zip(starts, ends):
+            bounds.append(_greedy(sizes[a:b], opts)[1:] + a)
+        bounds = np.concatenate(bounds)
+        mb = _split_groups(bounds, sizes, opts) if opts.same_shape else _describe(bounds, sizes, opts)
     offsets = mb["offsets"]
     m = len(offsets) - 1
     min_key = _segment_reduce(np.minimum, keyvals, offsets)
     max_key = _segment_reduce(np.maximum, keyvals, offsets)
     real_starts = offsets[:-1]
-    stage = samples.stage[np.minimum(real_starts, max(n - 1, 0))] if n else np.zeros(m, np.int16)
+    stage = stage_of[np.minimum(real_starts, max(n - 1, 0))] if n else np.zeros(m, np.int16)
     columns = {
         "num_samples": mb["num_samples"].astype(np.int32),
         "batch_size": mb["batch_size"].astype(np.int32),
@@ -227,7 +273,7 @@ def pack_samples(comm: Comm, samples: Samples, opts: PackOptions, key: str = "si
     first, total_mb = global_start(comm, m)
     sample_start, _ = global_start(comm, n)
     stats = _stats(comm, columns, info)
-    return Microbatches(first, total_mb, sample_start, samples.sample_id, mb["offsets"], columns, stats)
+    return Microbatches(first, total_mb, sample_start, sample_ids, mb["offsets"], columns, stats, row_sizes)
 
 
 def _describe(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> dict:
@@ -242,6 +288,33 @@ def _describe(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> dict:
     padded = opts.round(max_size) if opts.rounding else max_size
     return {"offsets": bounds, "num_samples": count, "batch_size": count, "max_size": max_size,
             "padded_size": padded, "tokens": tokens}
+
+
+def _pack_rows(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, opts: PackOptions):
+    """Return (per-micro-batch arrays, sample permutation, samples per row) of row packing.
+
+    Each piece is packed best-fit-decreasing in windows of consecutive sorted samples;
+    every ``rows_per_microbatch`` consecutive rows of a piece make one micro-batch.
+    """
+    perms, splits, mb_rows = [], [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+    rows_done = 0
+    for a, b in zip(starts, ends):
+        order, row_splits = kernels.pack_rows_windows(sizes[a:b], opts.rows, opts.max_segments, opts.window())
+        perms.append(order + a)
+        splits.append(row_splits[1:] + a)
+        nrows = len(row_splits) - 1
+        cut = np.arange(opts.rows_per_microbatch, nrows, opts.rows_per_microbatch, dtype=np.int64)
+        mb_rows.append(np.concatenate((cut, [nrows])) + rows_done)
+        rows_done += nrows
+    perm = np.concatenate(perms) if perms else np.zeros(0, np.int64)
+    row_splits = np.concatenate(splits)
+    mb_rows = np.concatenate(mb_rows)
+    offsets = row_splits[mb_rows]
+    ordered = sizes[perm]
+    return ({"offsets": offsets, "num_samples": np.diff(offsets), "batch_size": np.diff(mb_rows),
+             "max_size": _segment_reduce(np.maximum, ordered, offsets),
+             "padded_size": np.full(len(offsets) - 1, opts.rows, np.int64),
+             "tokens": _segment_reduce(np.add, ordered, offsets)}, perm, np.diff(row_splits))
 
 
 def _split_groups(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> dict:

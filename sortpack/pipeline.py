@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from . import __version__
 from .analyze import AnalyzeOptions, Samples, analyze
-from .distribute import redistribute
+from .distribute import global_start, redistribute
 from .format.manifest import FORMATS, VERSION, read_manifest
 from .format.schemas import index_schema, metrics_schema, schema_json, sorted_schema
 from .format.shards import ROWS_PER_SHARD, OutputDir, owner_starts, read_rows, write_owned_shards
@@ -139,34 +139,71 @@ def read_samples(comm: Comm, directory: str, expect: str) -> tuple[Samples, dict
     return samples, manifest
 
 
+def _owner_offsets(comm: Comm, dest: np.ndarray, first: int, m: int, flat_start: int, local_offsets: np.ndarray,
+                   flat_total: int) -> np.ndarray:
+    """Return where each owner's first micro-batch starts in a flat per-micro-batch list.
+
+    Only the rank holding that micro-batch knows it; a max-reduction shares it.
+    """
+    known = np.full(comm.size + 1, -1, dtype=np.int64)
+    local = (dest >= first) & (dest < first + m)
+    known[local] = flat_start + local_offsets[dest[local] - first]
+    known[dest >= dest[-1]] = flat_total  # owners starting at the end own nothing
+    return comm.allreduce(known, "max")
+
+
+def _move_ragged(comm: Comm, values: np.ndarray, lengths: np.ndarray, first: int, dest: np.ndarray) -> np.ndarray:
+    """Return the flat values of the micro-batches this rank owns after the move to ``dest``."""
+    m = len(lengths)
+    offsets = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
+    flat_start, flat_total = global_start(comm, len(values))
+    starts = _owner_offsets(comm, dest, first, m, flat_start, offsets, flat_total)
+    return redistribute(comm, {"v": values}, flat_start, starts)["v"]
+
+
+def _list_array(offsets: np.ndarray, values: np.ndarray, a: int, b: int, value_type) -> pa.Array:
+    lo, hi = int(offsets[a]), int(offsets[b])
+    return pa.ListArray.from_arrays(pa.array((offsets[a:b + 1] - lo).astype(np.int32)),
+                                    pa.array(values[lo:hi], value_type))
+
+
 def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, files: list[dict],
                 profile: Profile, job: JobInfo) -> dict | None:
     """Write the index directory from this rank's micro-batches; return the manifest on rank 0."""
     rows = ROWS_PER_SHARD["index"]
     m = len(mbs.offsets) - 1
     dest = owner_starts(mbs.total, rows, comm.size)
-    total_samples = mbs.stats["num_samples"]
-    # where each owner's first micro-batch starts in the flat sample order: known to the
-    # rank holding that micro-batch, shared with a max-reduction
-    known = np.full(comm.size + 1, -1, dtype=np.int64)
-    local = (dest >= mbs.first) & (dest < mbs.first + m)
-    known[local] = mbs.sample_start + mbs.offsets[dest[local] - mbs.first]
-    known[dest >= mbs.total] = total_samples
-    sample_dest = comm.allreduce(known, "max")
+    ids = _move_ragged(comm, mbs.sample_ids, np.diff(mbs.offsets), mbs.first, dest)
+    row_sizes = None
+    if mbs.row_sizes is not None:
+        row_sizes = _move_ragged(comm, mbs.row_sizes, mbs.columns["batch_size"].astype(np.int64), mbs.first, dest)
     cols = dict(mbs.columns)
     cols["microbatch"] = np.arange(mbs.first, mbs.first + m, dtype=np.int64)
     cols = redistribute(comm, cols, mbs.first, dest)
-    ids = redistribute(comm, {"ids": mbs.sample_ids}, mbs.sample_start, sample_dest)["ids"]
-    offsets = np.concatenate(([0], np.cumsum(cols["num_samples"].astype(np.int64))))
-    schema = index_schema()
+    offsets = np.concatenate(([0], np.cumsum(cols["num_samples"], dtype=np.int64)))
+    schema = index_schema(rows=row_sizes is not None)
+    if row_sizes is not None:
+        row_offsets = np.concatenate(([0], np.cumsum(cols["batch_size"], dtype=np.int64)))
+        # row_splits of a micro-batch: where each of its rows starts in its sample_ids, plus the end
+        row_start_in_mb = np.concatenate(([0], np.cumsum(row_sizes, dtype=np.int64)))
     first = int(dest[comm.rank])
 
     def make_table(a, b):
-        lo, hi = int(offsets[a]), int(offsets[b])
-        lists = pa.ListArray.from_arrays(pa.array((offsets[a:b + 1] - lo).astype(np.int32)),
-                                         pa.array(ids[lo:hi], pa.int64()))
-        data = {name: (lists if name == "sample_ids" else pa.array(cols[name][a:b], schema.field(name).type))
-                for name in schema.names}
+        data = {}
+        for name in schema.names:
+            if name == "sample_ids":
+                data[name] = _list_array(offsets, ids, a, b, pa.int64())
+            elif name == "row_splits":
+                # per micro-batch: where each row starts in its sample_ids, then the end
+                counts = cols["batch_size"][a:b].astype(np.int64)
+                row_starts = row_start_in_mb[int(row_offsets[a]):int(row_offsets[b])]
+                rel = row_starts - np.repeat(offsets[a:b], counts)
+                values = np.insert(rel, np.cumsum(counts), offsets[a + 1:b + 1] - offsets[a:b])
+                list_off = np.concatenate(([0], np.cumsum(counts + 1)))
+                data[name] = pa.ListArray.from_arrays(pa.array(list_off.astype(np.int32)),
+                                                      pa.array(values.astype(np.int32)))
+            else:
+                data[name] = pa.array(cols[name][a:b], schema.field(name).type)
         return pa.table(data, schema=schema)
 
     shards = write_owned_shards(comm, out, "index", make_table, first, len(cols["microbatch"]), mbs.total,
@@ -174,7 +211,7 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
     prov = _provenance(comm, profile, job)
     manifest = {
         "format": FORMATS["index"], "version": VERSION,
-        "num_rows": mbs.total, "num_samples": total_samples, "num_microbatches": mbs.total,
+        "num_rows": mbs.total, "num_samples": mbs.stats["num_samples"], "num_microbatches": mbs.total,
         "rows_per_shard": rows, "schema": schema_json(schema), "options": options,
         "source": {"num_rows": int(sum(f["rows"] for f in files)), "files": files},
         "shards": shards, "stats": mbs.stats, "provenance": prov,

@@ -137,3 +137,19 @@ def test_unknown_version_is_refused(tmp_path, text_dataset):
     proc = run_sortpack(["inspect", plan], check=False)
     assert proc.returncode == 2 and "version 99" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_runs_as_one_rank_with_a_warning_when_mpi_cannot_load(tmp_path, text_dataset):
+    files, lengths = text_dataset
+    fake = tmp_path / "fake"
+    (fake / "mpi4py").mkdir(parents=True)
+    (fake / "mpi4py" / "__init__.py").write_text("")
+    (fake / "mpi4py" / "MPI.py").write_text("raise RuntimeError('cannot load MPI library libmpi.so.12')\n")
+    import os
+
+    from conftest import ROOT
+    proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500"],
+                        env={"PYTHONPATH": f"{fake}{os.pathsep}{ROOT}"})
+    warnings = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 1 and "running as one rank" in warnings[0]
+    assert read_manifest(tmp_path / "plan")["num_samples"] == len(lengths)
