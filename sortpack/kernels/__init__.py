@@ -1,10 +1,21 @@
-"""Numeric kernels: greedy packing and merging of sorted runs.
+"""Numeric kernels: greedy packing, merging of sorted runs, bin packing into rows.
 
 The public functions here are the contract the stages use. They run the compiled C
-kernels (``_ckernels``, built by ``pip install``) when present and fall back to the
-reference implementations below, which are correct but slow.
+kernels (``_ckernels``, built by ``pip install``; called through ctypes, with the GIL
+released) when present, and otherwise fall back, after one warning, to the numpy and
+pure-Python implementations below, which give identical results, more slowly.
+Set ``SORTPACK_NO_CKERNELS=1`` to force the fallback. ``backend()`` says which is in use.
 """
 from __future__ import annotations
+
+import ctypes
+import importlib.util
+import math
+import operator
+import os
+import sys
+import warnings
+from bisect import bisect_left, insort
 
 import numpy as np
 
@@ -95,22 +106,470 @@ def greedy_pack_reference(sizes, max_tokens, budget="padded", max_samples=0, bat
     return np.asarray(bounds, dtype=np.int64)
 
 
+# --------------------------------------------------------------------------------------
+# loading the compiled kernels
+
+_ABI_VERSION = 3  # must equal SP_ABI_VERSION in _ckernels.c
+_UNLOADED = object()
+_clib = _UNLOADED
+_fallback_reason = ""
+_warned = False
+
+_I64 = ctypes.c_int64
+_PTR = ctypes.c_void_p
+_SIGNATURES = {
+    "sp_abi_version": ([], _I64),
+    "sp_greedy_pack": ([_PTR, _I64, _I64, _I64, _I64, ctypes.c_double, _I64, _I64,
+                        ctypes.c_double, _I64, _PTR, _I64, _PTR], _I64),
+    "sp_merge_runs_u64": ([_PTR, _PTR, _I64, _PTR, _PTR], _I64),
+    "sp_merge_runs_pair": ([_PTR, _PTR, _PTR, _I64, _PTR], _I64),
+    "sp_corank_u64": ([_PTR, _I64, _PTR, _I64, _I64], _I64),
+    "sp_merge2_slice_u64": ([_PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64],
+                            _I64),
+    "sp_pack_rows": ([_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR], _I64),
+}
+
+
+def _load_clib():
+    """Return the ctypes handle of the compiled kernels, or None with the reason recorded."""
+    global _fallback_reason
+    if os.environ.get("SORTPACK_NO_CKERNELS", "") not in ("", "0"):
+        _fallback_reason = "SORTPACK_NO_CKERNELS is set"
+        return None
+    try:
+        spec = importlib.util.find_spec(__name__ + "._ckernels")
+    except (ImportError, ValueError) as exc:
+        spec = None
+        _fallback_reason = f"cannot locate _ckernels ({exc})"
+    if spec is None or not spec.origin:
+        _fallback_reason = _fallback_reason or "the _ckernels extension was not built"
+        return None
+    try:
+        lib = ctypes.CDLL(spec.origin)
+        for name, (args, res) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+    except (OSError, AttributeError) as exc:
+        _fallback_reason = f"cannot load {spec.origin} ({exc})"
+        return None
+    if lib.sp_abi_version() != _ABI_VERSION:
+        # an in-place build left over from another checkout: calling it would be unsafe
+        _fallback_reason = f"{spec.origin} is stale (ABI {lib.sp_abi_version()}, want {_ABI_VERSION})"
+        return None
+    return lib
+
+
+def _c():
+    """Return the compiled library, or None (after warning once) when it is unavailable."""
+    global _clib, _warned
+    if _clib is _UNLOADED:
+        _clib = _load_clib()
+    if _clib is None and not _warned:
+        _warned = True
+        warnings.warn(f"sortpack.kernels: compiled kernels unavailable ({_fallback_reason}); "
+                      "using the slower numpy fallback", RuntimeWarning, stacklevel=3)
+    return _clib
+
+
+def backend() -> str:
+    """Return ``"c"`` when the compiled kernels are in use, else ``"numpy"``."""
+    global _clib
+    if _clib is _UNLOADED:
+        _clib = _load_clib()
+    return "numpy" if _clib is None else "c"
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def _i64(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------
+# greedy packing
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# sum() of floats is Neumaier-compensated from Python 3.12 on; the reference's quadratic
+# budget uses sum(), so the kernels follow the running interpreter
+_COMPENSATED_SUM = sys.version_info >= (3, 12)
+
+
+def _limits(max_tokens) -> tuple[int, float]:
+    """Return (int limit, float limit) such that cost <= max_tokens exactly as Python compares.
+
+    An int cost fits iff it is <= floor(max_tokens); a float cost iff it is <= the largest
+    double not above max_tokens (Python compares int and float exactly, without rounding).
+    """
+    if isinstance(max_tokens, (float, np.floating)):
+        d = float(max_tokens)
+        if math.isnan(d):
+            return _INT64_MIN, d
+        li = _INT64_MAX if d >= 2.0**63 else _INT64_MIN if d < -(2.0**63) else math.floor(d)
+        return li, d
+    m = operator.index(max_tokens)
+    li = min(max(m, _INT64_MIN), _INT64_MAX)
+    try:
+        d = float(m)
+    except OverflowError:
+        return li, (sys.float_info.max if m > 0 else -math.inf)
+    if d > m:
+        d = math.nextafter(d, -math.inf)
+    return li, d
+
+
+def _shape_records(shapes) -> np.ndarray | None:
+    """Return the shapes the reference's rounding can pick, increasing, or None for no shapes.
+
+    The reference rounds x to the first shape >= x in list order. That shape is larger than
+    every shape before it, so only prefix-maximum records can be picked, and the first one
+    >= x is the smallest record >= x: rounding is a monotone lookup in the records.
+    """
+    if shapes is None or len(shapes) == 0:
+        return None
+    vals = [int(x) for x in shapes]
+    rec, best = [], None
+    for v in vals:
+        if best is None or v > best:
+            rec.append(v)
+            best = v
+    return np.asarray(rec, dtype=np.int64)
+
+
+def _pack_args(max_tokens, budget, max_samples, batch_multiple, quadratic_scale, pad_multiple,
+               shapes) -> dict:
+    """Validate the options of greedy_pack; return them normalised."""
+    if budget not in BUDGETS:
+        raise ValueError(f"unknown budget {budget!r}; expected one of {', '.join(BUDGETS)}")
+    max_samples = 0 if max_samples is None else operator.index(max_samples)
+    batch_multiple = 1 if batch_multiple is None else operator.index(batch_multiple)
+    if batch_multiple < 1:
+        raise ValueError(f"batch_multiple must be >= 1, got {batch_multiple}")
+    pad = 0 if not pad_multiple else int(pad_multiple)
+    if pad != (pad_multiple or 0):
+        raise ValueError(f"pad_multiple must be an integer, got {pad_multiple!r}")
+    q = float(quadratic_scale)
+    if budget == "quadratic" and not (q > 0 and math.isfinite(q)):
+        raise ValueError(f"quadratic_scale must be positive and finite, got {quadratic_scale!r}")
+    lim_i, lim_d = _limits(max_tokens)
+    rec = _shape_records(shapes)
+    return dict(budget=budget, lim_i=lim_i, lim_d=lim_d, max_samples=max_samples,
+                multiple=batch_multiple, q=q, pad=pad if pad > 1 else 0, records=rec,
+                rounding=rec is not None or pad > 1)
+
+
 def greedy_pack(sizes, max_tokens, budget="padded", max_samples=0, batch_multiple=1,
                 quadratic_scale=1.0, pad_multiple=0, shapes=None) -> np.ndarray:
-    """Return micro-batch boundaries of the sequential greedy (see ``greedy_pack_reference``)."""
-    return greedy_pack_reference(sizes, max_tokens, budget, max_samples, batch_multiple,
-                                 quadratic_scale, pad_multiple, shapes)
+    """Return micro-batch boundaries of the sequential greedy (see ``greedy_pack_reference``).
+
+    Identical to the reference for every option; sizes must be non-negative (ValueError).
+    """
+    a = _pack_args(max_tokens, budget, max_samples, batch_multiple, quadratic_scale,
+                   pad_multiple, shapes)
+    sizes = _i64(sizes).ravel()
+    lib = _c()
+    if lib is None:
+        return _greedy_pack_fallback(sizes, a)
+    n = len(sizes)
+    # n + 1 is the worst case (all singletons); untouched pages of np.empty cost nothing
+    out = np.empty(n + 1, dtype=np.int64)
+    rec = a["records"] if a["records"] is not None else np.zeros(1, dtype=np.int64)
+    nb = lib.sp_greedy_pack(_ptr(sizes), n, BUDGETS.index(a["budget"]), int(_COMPENSATED_SUM),
+                            a["lim_i"], a["lim_d"], a["max_samples"], a["multiple"], a["q"],
+                            a["pad"], _ptr(rec), 0 if a["records"] is None else len(rec),
+                            _ptr(out))
+    if nb < 0:
+        raise ValueError("greedy_pack: sizes must be non-negative")
+    return out[:nb].copy()
+
+
+def _round_np(x: np.ndarray, a: dict) -> np.ndarray:
+    """Return the reference's rounding of lengths x (records lookup or pad multiple)."""
+    rec = a["records"]
+    if rec is not None:
+        pos = np.searchsorted(rec, x, side="left")
+        return np.where(pos < len(rec), rec[np.minimum(pos, len(rec) - 1)], x)
+    if a["pad"]:
+        return -(-x // a["pad"]) * a["pad"]
+    return x
+
+
+def _prefix_fits(w: np.ndarray, a: dict) -> np.ndarray:
+    """Return ok[t]: do the samples w[:t+1], as one micro-batch, fit the budget?"""
+    count = np.arange(1, len(w) + 1, dtype=np.int64)
+    budget = a["budget"]
+    if budget == "padded" or a["rounding"]:
+        L = _round_np(np.maximum.accumulate(w), a)
+        if budget == "quadratic":
+            Lf = L.astype(np.float64)
+            ok = count.astype(np.float64) * (Lf + (L * L).astype(np.float64) / a["q"]) <= a["lim_d"]
+        else:
+            ok = count * L <= a["lim_i"]
+    elif budget == "tokens":
+        ok = np.cumsum(w) <= a["lim_i"]
+    else:
+        # add.accumulate adds left to right, as sum() over a generator on Python < 3.12
+        x = w.astype(np.float64) + (w * w).astype(np.float64) / a["q"]
+        ok = np.cumsum(x) <= a["lim_d"]
+    if a["max_samples"] > 0:
+        ok &= count <= a["max_samples"]
+    ok[0] = True
+    return ok
+
+
+def _greedy_pack_fallback(sizes: np.ndarray, a: dict) -> np.ndarray:
+    """Return the greedy boundaries with numpy work per micro-batch, not per sample.
+
+    A micro-batch starting at j holds the longest prefix of sizes[j:] whose every prefix
+    fits. Every cost is monotone under taking a sub-run of a micro-batch (non-negative
+    sizes, monotone rounding), so restarting at the first leftover sample after a
+    batch_multiple cut reproduces the reference, which re-tests the leftover as a group.
+    """
+    if len(sizes) and sizes.min() < 0:
+        raise ValueError("greedy_pack: sizes must be non-negative")
+    if a["budget"] == "quadratic" and not a["rounding"] and _COMPENSATED_SUM:
+        return _greedy_pack_loop(sizes, a, compensated=True)
+    n = len(sizes)
+    bounds = [0]
+    j, guess, M = 0, 64, a["multiple"]
+    while j < n:
+        K = min(n - j, guess)
+        while True:
+            bad = np.flatnonzero(~_prefix_fits(sizes[j:j + K], a))
+            if bad.size:
+                c = int(bad[0])
+                break
+            if j + K >= n:
+                c = K
+                break
+            K = min(n - j, 2 * K)
+        if j + c >= n:
+            bounds.append(n)
+            break
+        keep = c if c < M else M * (c // M)
+        j += keep
+        bounds.append(j)
+        guess = 2 * c + 16
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def _greedy_pack_loop(sizes: np.ndarray, a: dict, compensated: bool) -> np.ndarray:
+    """Return the greedy boundaries with an O(1)-state Python loop (the C algorithm, slowly).
+
+    Used for the quadratic budget where the float sum must follow sum() exactly, also when
+    sum() is compensated (Python >= 3.12), which numpy's cumsum is not.
+    """
+    sizes_l = sizes.tolist()
+    q, lim_d, ms, M = a["q"], a["lim_d"], a["max_samples"], a["multiple"]
+    terms = [s + s * s / q for s in sizes_l]
+    bounds = [0]
+    start = 0
+    t = c = 0.0
+    cnt = 0
+
+    def add(t, c, x):
+        if not compensated:
+            return t + x, c
+        u = t + x
+        c += (t - u) + x if abs(t) >= abs(x) else (x - u) + t
+        return u, c
+
+    for i, x in enumerate(terms):
+        while cnt:
+            u, v = add(t, c, x)
+            total = u + v if (v and math.isfinite(v)) else u
+            if total <= lim_d and (ms <= 0 or cnt + 1 <= ms):
+                break
+            keep = cnt if cnt < M else M * (cnt // M)
+            start += keep
+            bounds.append(start)
+            cnt -= keep
+            t = c = 0.0
+            for y in terms[start:i]:
+                t, c = add(t, c, y)
+        t, c = add(t, c, x)
+        cnt += 1
+    if cnt:
+        bounds.append(len(sizes_l))
+    return np.asarray(bounds, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------
+# merging sorted runs
+
+def _check_offsets(offsets, n: int) -> np.ndarray:
+    offsets = _i64(offsets).ravel()
+    if len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 0):
+        raise ValueError(f"offsets must rise from 0 to {n} (the number of keys)")
+    return offsets
 
 
 def merge_sorted_runs(keys: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return (merged keys, permutation) of sorted uint64 runs ``keys[offsets[i]:offsets[i+1]]``.
 
-    ``merged == keys[perm]``; equal keys keep run order.
+    ``merged == keys[perm]``; equal keys keep run order. The result always equals
+    ``np.argsort(keys, kind="stable")``: runs found unsorted are sorted that way instead.
     """
-    perm = np.argsort(keys, kind="stable")
-    return keys[perm], perm
+    keys = np.ascontiguousarray(keys, dtype=np.uint64).ravel()
+    offsets = _check_offsets(offsets, len(keys))
+    lib = _c()
+    if lib is None:
+        perm = np.argsort(keys, kind="stable")
+        return keys[perm], perm
+    n = len(keys)
+    merged = np.empty(n, dtype=np.uint64)
+    perm = np.empty(n, dtype=np.int64)
+    rc = lib.sp_merge_runs_u64(_ptr(keys), _ptr(offsets), len(offsets) - 1, _ptr(merged),
+                               _ptr(perm))
+    if rc == -1:
+        raise MemoryError("merge_sorted_runs")
+    if rc != 0:
+        perm = np.argsort(keys, kind="stable")
+        return keys[perm], perm
+    return merged, perm
 
 
 def merge_sorted_runs2(hi: np.ndarray, lo: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Return the permutation merging runs sorted by the pair (hi, lo) of uint64 arrays."""
-    return np.lexsort((lo, hi))
+    """Return the permutation merging runs sorted by the pair (hi, lo) of uint64 arrays.
+
+    Stable by run on equal pairs; always equals ``np.lexsort((lo, hi))``.
+    """
+    hi = np.ascontiguousarray(hi, dtype=np.uint64).ravel()
+    lo = np.ascontiguousarray(lo, dtype=np.uint64).ravel()
+    if len(hi) != len(lo):
+        raise ValueError("hi and lo must have the same length")
+    offsets = _check_offsets(offsets, len(hi))
+    lib = _c()
+    if lib is None:
+        return np.lexsort((lo, hi))
+    perm = np.empty(len(hi), dtype=np.int64)
+    rc = lib.sp_merge_runs_pair(_ptr(hi), _ptr(lo), _ptr(offsets), len(offsets) - 1, _ptr(perm))
+    if rc == -1:
+        raise MemoryError("merge_sorted_runs2")
+    if rc != 0:
+        return np.lexsort((lo, hi))
+    return perm
+
+
+# --------------------------------------------------------------------------------------
+# bin packing into fixed-length rows
+
+# 65536 consecutive samples per window: on the log-normal benchmark (median 300 tokens,
+# rows of 8192) a window fills ~4000 rows, so its one partial last row costs ~0.01% fill,
+# while the window stays small enough that a row holds only neighbouring samples of the
+# sorted order. See pack_rows_windows.
+DEFAULT_ROW_WINDOW = 65536
+
+
+def pack_rows_reference(sizes, row_len: int, max_segments: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Return (order, row_splits) of best-fit-decreasing packing (the oracle; a Python loop).
+
+    Samples are placed by size descending, ties by position; each goes into the open row
+    with the least remaining room that still fits it (among equals, the row that was put
+    back last), or opens a new row. A row closes at ``max_segments`` samples (0: never).
+    Rows are returned in the order of the position of their first (largest) sample, and
+    the samples of a row in position order: ``order[row_splits[r]:row_splits[r+1]]``.
+    """
+    sizes_l = [int(s) for s in _i64(sizes).ravel()]
+    _check_rows(sizes_l, row_len, max_segments)
+    n = len(sizes_l)
+    caps: list[int] = []  # distinct remaining room values that have open rows, ascending
+    stacks: dict[int, list[int]] = {}
+    rem: list[int] = []
+    seg: list[int] = []
+    first: list[int] = []
+    rowof = [0] * n
+    for p in sorted(range(n), key=lambda p: (-sizes_l[p], p)):
+        s = sizes_l[p]
+        k = bisect_left(caps, s)
+        if k < len(caps):
+            c = caps[k]
+            row = stacks[c].pop()
+            if not stacks[c]:
+                del stacks[c]
+                del caps[k]
+            rem[row] -= s
+            seg[row] += 1
+        else:
+            row = len(rem)
+            rem.append(row_len - s)
+            seg.append(1)
+            first.append(p)
+        rowof[p] = row
+        if max_segments <= 0 or seg[row] < max_segments:
+            c = rem[row]
+            if c in stacks:
+                stacks[c].append(row)
+            else:
+                stacks[c] = [row]
+                insort(caps, c)
+    members: list[list[int]] = [[] for _ in rem]
+    for p in range(n):
+        members[rowof[p]].append(p)
+    order: list[int] = []
+    splits = [0]
+    for row in sorted(range(len(rem)), key=first.__getitem__):
+        order += members[row]
+        splits.append(len(order))
+    return np.asarray(order, dtype=np.int64), np.asarray(splits, dtype=np.int64)
+
+
+def _check_rows(sizes, row_len, max_segments) -> None:
+    if row_len < 0:
+        raise ValueError(f"row_len must be >= 0, got {row_len}")
+    if max_segments < 0:
+        raise ValueError(f"max_segments must be >= 0, got {max_segments}")
+    arr = np.asarray(sizes, dtype=np.int64)
+    bad = np.flatnonzero((arr < 0) | (arr > row_len))
+    if bad.size:
+        raise ValueError(f"sample {int(bad[0])} has size {int(arr[bad[0]])}, outside [0, {row_len}] "
+                         "(remove or truncate samples longer than a row first)")
+
+
+def pack_rows(sizes, row_len: int, max_segments: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Return (order, row_splits) packing all samples into rows by best-fit-decreasing.
+
+    Semantics and output order as ``pack_rows_reference``; ``order`` is a permutation of
+    0..n-1, ``row_splits`` int64 ``[0, ..., n]``. ValueError if a size is outside
+    [0, row_len]. O(n log row_len).
+    """
+    return pack_rows_windows(sizes, row_len, max_segments, window=0)
+
+
+def pack_rows_windows(sizes, row_len: int, max_segments: int = 0,
+                      window: int = DEFAULT_ROW_WINDOW) -> tuple[np.ndarray, np.ndarray]:
+    """Return (order, row_splits) of ``pack_rows`` applied to each run of ``window`` samples.
+
+    Windows are ``sizes[0:window]``, ``sizes[window:2*window]``, ...; their rows are
+    concatenated and ``order`` holds global positions, so a row never mixes windows and the
+    result for a window does not depend on the others (nor on how ranks split the data, as
+    long as window boundaries are global). ``window <= 0`` packs everything at once.
+    """
+    row_len, max_segments, window = (operator.index(row_len), operator.index(max_segments),
+                                     operator.index(window))
+    sizes = _i64(sizes).ravel()
+    n = len(sizes)
+    lib = _c()
+    if lib is None:
+        _check_rows(sizes, row_len, max_segments)
+        w = n if window <= 0 or window > n else window
+        orders, splits, done = [], [np.zeros(1, dtype=np.int64)], 0
+        for w0 in range(0, n, max(w, 1)):
+            o, s = pack_rows_reference(sizes[w0:w0 + w], row_len, max_segments)
+            orders.append(o + w0)
+            splits.append(s[1:] + w0)
+        order = np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
+        return order, np.concatenate(splits)
+    if row_len < 0 or max_segments < 0:
+        _check_rows(sizes, row_len, max_segments)
+    order = np.empty(n, dtype=np.int64)
+    splits = np.empty(n + 1, dtype=np.int64)
+    nrows = lib.sp_pack_rows(_ptr(sizes), n, row_len, max_segments, window, _ptr(order),
+                             _ptr(splits))
+    if nrows == -1:
+        raise MemoryError("pack_rows")
+    if nrows < 0:
+        _check_rows(sizes, row_len, max_segments)
+        raise ValueError("pack_rows: invalid sizes")  # pragma: no cover - caught above
+    return order, splits[:nrows + 1].copy()

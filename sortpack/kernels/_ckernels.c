@@ -1,0 +1,703 @@
+/* Compiled numeric kernels for sortpack.kernels.
+ *
+ * This is built as a Python extension only so that setuptools compiles and installs it
+ * next to the package; the module itself is empty and the functions below are called
+ * through ctypes (see sortpack/kernels/__init__.py). Every function takes plain C arrays
+ * and int64 counts, never touches Python objects and so runs with the GIL released.
+ *
+ * Floating-point code must reproduce the Python reference bit for bit: build without
+ * -ffast-math and with -ffp-contract=off (an FMA would round differently).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(_WIN32)
+#define SP_API __declspec(dllexport)
+#else
+#define SP_API __attribute__((visibility("default")))
+#endif
+
+/* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
+ * detected by the Python side and ignored instead of being called with the wrong ABI. */
+#define SP_ABI_VERSION 3
+
+SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
+
+/* ------------------------------------------------------------------------------------ */
+/* checked integer arithmetic: an overflowing cost can never fit an int64 budget         */
+
+#if defined(__GNUC__) || defined(__clang__)
+static inline int mul_ovf(int64_t a, int64_t b, int64_t *r) { return __builtin_mul_overflow(a, b, r); }
+static inline int add_ovf(int64_t a, int64_t b, int64_t *r) { return __builtin_add_overflow(a, b, r); }
+#define SP_LIKELY(x) __builtin_expect(!!(x), 1)
+#define SP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+/* operands here are non-negative (sizes, counts) */
+static inline int mul_ovf(int64_t a, int64_t b, int64_t *r) {
+    if (a != 0 && b > INT64_MAX / a) return 1;
+    *r = a * b;
+    return 0;
+}
+static inline int add_ovf(int64_t a, int64_t b, int64_t *r) {
+    if (b > INT64_MAX - a) return 1;
+    *r = a + b;
+    return 0;
+}
+#define SP_LIKELY(x) (x)
+#define SP_UNLIKELY(x) (x)
+#endif
+
+/* (double)(v*v) with Python's semantics: Python squares exactly (big int) and rounds once
+ * to the nearest double. An int64 product is exact up to 3037000499, and the conversion
+ * rounds to nearest-even like PyLong_AsDouble; beyond that square in 128 bits. */
+static inline double sq_to_double(int64_t v) {
+    uint64_t a = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    if (a <= 3037000499u) return (double)(int64_t)(a * a);
+#if defined(__SIZEOF_INT128__)
+    return (double)((unsigned __int128)a * a);
+#else
+    return (double)a * (double)a;
+#endif
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* greedy packing                                                                          */
+
+enum { B_PADDED = 0, B_TOKENS = 1, B_QUADRATIC = 2 };
+
+typedef struct {
+    int budget;
+    int compensated;      /* Python >= 3.12: sum() of floats is Neumaier-compensated */
+    int64_t lim_i;        /* floor(max_tokens): int cost <= max_tokens  <=>  cost <= lim_i */
+    double lim_d;         /* largest double <= max_tokens, same for float costs */
+    int64_t max_samples;  /* <= 0: unlimited */
+    int64_t multiple;     /* batch_multiple, >= 1 */
+    double q;             /* quadratic_scale */
+    int64_t pad;          /* pad_multiple (> 1) or 0 */
+    const int64_t *shapes; /* strictly increasing "record" shapes, or NULL */
+    int64_t nshapes;
+} gp_params;
+
+typedef struct {
+    int64_t cnt, mx, rmx, sum;
+    double fs, fc; /* running float sum of the quadratic budget and its compensation */
+} gp_state;
+
+static inline int64_t round_len(const gp_params *p, int64_t x) {
+    if (p->shapes) {
+        /* first record >= x; a length above every shape stays as is, like the reference */
+        int64_t lo = 0, hi = p->nshapes;
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (p->shapes[mid] < x) lo = mid + 1; else hi = mid;
+        }
+        return lo < p->nshapes ? p->shapes[lo] : x;
+    }
+    if (p->pad > 1) return (x / p->pad + (x % p->pad != 0)) * p->pad;
+    return x;
+}
+
+static inline int rounding(const gp_params *p) { return p->shapes != NULL || p->pad > 1; }
+
+static inline double qterm(const gp_params *p, int64_t s) {
+    return (double)s + sq_to_double(s) / p->q;
+}
+
+static inline void neumaier(double *t, double *c, double x) {
+    double u = *t + x;
+    if (fabs(*t) >= fabs(x)) *c += (*t - u) + x; else *c += (x - u) + *t;
+    *t = u;
+}
+
+/* Would the current micro-batch plus a sample of size s (rounded r) still fit? */
+static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int64_t r) {
+    int64_t c1 = st->cnt + 1;
+    if (p->max_samples > 0 && c1 > p->max_samples) return 0;
+    if (p->budget == B_PADDED || rounding(p)) {
+        int64_t L = rounding(p) ? (s > st->mx ? r : st->rmx) : (s > st->mx ? s : st->mx);
+        if (p->budget == B_QUADRATIC) {
+            double cost = (double)c1 * ((double)L + sq_to_double(L) / p->q);
+            return cost <= p->lim_d;
+        }
+        int64_t cost;
+        if (mul_ovf(c1, L, &cost)) return 0;
+        return cost <= p->lim_i;
+    }
+    if (p->budget == B_TOKENS) {
+        int64_t t;
+        if (add_ovf(st->sum, s, &t)) return 0;
+        return t <= p->lim_i;
+    }
+    double x = qterm(p, s);
+    if (!p->compensated) return st->fs + x <= p->lim_d;
+    double t = st->fs, c = st->fc;
+    neumaier(&t, &c, x);
+    /* as CPython: the compensation is added only when non-zero and finite */
+    double total = (c != 0.0 && isfinite(c)) ? t + c : t;
+    return total <= p->lim_d;
+}
+
+static inline void gp_add(const gp_params *p, gp_state *st, int64_t s, int64_t r) {
+    if (st->cnt == 0 || s > st->mx) {
+        st->mx = s;
+        st->rmx = r;
+    }
+    st->sum += s;
+    if (p->budget == B_QUADRATIC && !rounding(p)) {
+        double x = qterm(p, s);
+        if (p->compensated) neumaier(&st->fs, &st->fc, x); else st->fs += x;
+    }
+    st->cnt++;
+}
+
+/* The plain padded budget without rounding or batch_multiple: the hot path of `pack`.
+ * Returns the number of boundaries written, or -1 on a negative size. */
+static int64_t greedy_padded(const int64_t *sizes, int64_t n, int64_t lim, int64_t max_samples,
+                             int64_t *bounds) {
+    int64_t nb = 0;
+    bounds[nb++] = 0;
+    if (n == 0) return nb;
+    int64_t ms = max_samples > 0 ? max_samples : INT64_MAX;
+    int64_t cnt = 1, mx = sizes[0];
+    int64_t neg = sizes[0];
+    for (int64_t i = 1; i < n; i++) {
+        int64_t s = sizes[i];
+        int64_t m = s > mx ? s : mx;
+        int64_t cost;
+        neg |= s;
+        int ovf = mul_ovf(cnt + 1, m, &cost);
+        if (SP_LIKELY(!ovf && cost <= lim && cnt < ms)) {
+            cnt++;
+            mx = m;
+        } else {
+            bounds[nb++] = i;
+            cnt = 1;
+            mx = s;
+        }
+    }
+    if (neg < 0) return -1;
+    bounds[nb++] = n;
+    return nb;
+}
+
+/* Sequential greedy of greedy_pack_reference for every budget and option.
+ * bounds must hold n + 1 values. Returns the number written, -1 on a negative size. */
+SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t budget, int64_t compensated,
+                              int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
+                              double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
+                              int64_t nshapes, int64_t *bounds) {
+    gp_params p;
+    p.budget = (int)budget;
+    p.compensated = compensated != 0;
+    p.lim_i = lim_i;
+    p.lim_d = lim_d;
+    p.max_samples = max_samples;
+    p.multiple = multiple < 1 ? 1 : multiple;
+    p.q = quadratic_scale;
+    p.pad = pad_multiple > 1 ? pad_multiple : 0;
+    p.shapes = nshapes > 0 ? shapes : NULL;
+    p.nshapes = nshapes > 0 ? nshapes : 0;
+
+    if (p.budget == B_PADDED && !rounding(&p) && p.multiple == 1)
+        return greedy_padded(sizes, n, lim_i, max_samples, bounds);
+
+    int64_t nb = 0, start = 0;
+    gp_state st = {0, 0, 0, 0, 0.0, 0.0};
+    bounds[nb++] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = sizes[i];
+        if (SP_UNLIKELY(s < 0)) return -1;
+        int64_t r = rounding(&p) ? round_len(&p, s) : s;
+        while (st.cnt > 0 && !gp_fits(&p, &st, s, r)) {
+            int64_t c = st.cnt;
+            int64_t keep = c < p.multiple ? c : p.multiple * (c / p.multiple);
+            start += keep;
+            bounds[nb++] = start;
+            /* the leftover (fewer than `multiple` samples) opens the next micro-batch; its
+             * cost is recomputed from scratch, in order, exactly as the reference does */
+            gp_state fresh = {0, 0, 0, 0, 0.0, 0.0};
+            st = fresh;
+            for (int64_t j = start; j < i; j++)
+                gp_add(&p, &st, sizes[j], rounding(&p) ? round_len(&p, sizes[j]) : sizes[j]);
+        }
+        gp_add(&p, &st, s, r);
+    }
+    if (st.cnt > 0) bounds[nb++] = n;
+    return nb;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* merging sorted runs                                                                     */
+
+/* Two-way stable merge of a (global positions a0..) and b (b0..), keys and positions out.
+ * Returns non-zero when the output is not sorted, i.e. when an input run was not. */
+static int merge2_u64(const uint64_t *a, int64_t na, int64_t a0, const uint64_t *b, int64_t nb,
+                      int64_t b0, uint64_t *ok, int64_t *op) {
+    int64_t i = 0, j = 0, o = 0;
+    uint64_t prev = 0;
+    int bad = 0;
+    while (i < na && j < nb) {
+        /* this many steps cannot exhaust either run, so the inner loop needs no bounds test */
+        int64_t steps = (na - i) < (nb - j) ? (na - i) : (nb - j);
+        for (int64_t t = 0; t < steps; t++) {
+            uint64_t x = a[i], y = b[j];
+            int64_t tb = y < x; /* ties take a: stable by run */
+            uint64_t v = tb ? y : x;
+            op[o] = tb ? b0 + j : a0 + i;
+            ok[o] = v;
+            bad |= v < prev;
+            prev = v;
+            o++;
+            j += tb;
+            i += 1 - tb;
+        }
+    }
+    for (; i < na; i++, o++) {
+        bad |= a[i] < prev;
+        prev = ok[o] = a[i];
+        op[o] = a0 + i;
+    }
+    for (; j < nb; j++, o++) {
+        bad |= b[j] < prev;
+        prev = ok[o] = b[j];
+        op[o] = b0 + j;
+    }
+    return bad;
+}
+
+static int merge2_pair(const uint64_t *ah, const uint64_t *al, int64_t na, int64_t a0,
+                       const uint64_t *bh, const uint64_t *bl, int64_t nb, int64_t b0,
+                       int64_t *op) {
+    int64_t i = 0, j = 0, o = 0;
+    uint64_t ph = 0, pl = 0;
+    int bad = 0;
+    while (i < na && j < nb) {
+        int64_t steps = (na - i) < (nb - j) ? (na - i) : (nb - j);
+        for (int64_t t = 0; t < steps; t++) {
+            uint64_t xh = ah[i], xl = al[i], yh = bh[j], yl = bl[j];
+            int64_t tb = (yh < xh) | ((yh == xh) & (yl < xl));
+            uint64_t vh = tb ? yh : xh, vl = tb ? yl : xl;
+            op[o] = tb ? b0 + j : a0 + i;
+            bad |= (vh < ph) | ((vh == ph) & (vl < pl));
+            ph = vh;
+            pl = vl;
+            o++;
+            j += tb;
+            i += 1 - tb;
+        }
+    }
+    for (; i < na; i++, o++) {
+        bad |= (ah[i] < ph) | ((ah[i] == ph) & (al[i] < pl));
+        ph = ah[i];
+        pl = al[i];
+        op[o] = a0 + i;
+    }
+    for (; j < nb; j++, o++) {
+        bad |= (bh[j] < ph) | ((bh[j] == ph) & (bl[j] < pl));
+        ph = bh[j];
+        pl = bl[j];
+        op[o] = b0 + j;
+    }
+    return bad;
+}
+
+/* Loser tree over k runs. A node holds the key of the run that lost there; an exhausted
+ * run gets the largest key and run id k_pow2 + run so that it loses every tie, including
+ * one against a real UINT64_MAX key. */
+typedef struct {
+    uint64_t hi, lo;
+    int64_t src;
+} lt_node;
+
+static inline int lt_less(const lt_node *a, const lt_node *b, int pair) {
+    if (a->hi != b->hi) return a->hi < b->hi;
+    if (pair && a->lo != b->lo) return a->lo < b->lo;
+    return a->src < b->src;
+}
+
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((always_inline))
+#endif
+static inline int64_t mergek_impl(const uint64_t *hi, const uint64_t *lo, const int64_t *offsets,
+                                  int64_t k, uint64_t *ok, int64_t *op, int pair) {
+    int64_t K = 1;
+    while (K < k) K <<= 1;
+    lt_node *tree = (lt_node *)malloc(sizeof(lt_node) * 2 * (size_t)K);
+    int64_t *pos = (int64_t *)malloc(sizeof(int64_t) * 2 * (size_t)K);
+    if (!tree || !pos) {
+        free(tree);
+        free(pos);
+        return -1;
+    }
+    int64_t *end = pos + K;
+    for (int64_t r = 0; r < K; r++) {
+        pos[r] = r < k ? offsets[r] : 0;
+        end[r] = r < k ? offsets[r + 1] : 0;
+        lt_node *leaf = &tree[K + r];
+        if (pos[r] < end[r]) {
+            leaf->hi = hi[pos[r]];
+            leaf->lo = pair ? lo[pos[r]] : 0;
+            leaf->src = r;
+        } else {
+            leaf->hi = leaf->lo = UINT64_MAX;
+            leaf->src = K + r;
+        }
+    }
+    /* build bottom-up: win[] kept in a scratch copy so that tree[] ends up holding losers */
+    lt_node *win = (lt_node *)malloc(sizeof(lt_node) * 2 * (size_t)K);
+    if (!win) {
+        free(tree);
+        free(pos);
+        return -1;
+    }
+    for (int64_t r = 0; r < K; r++) win[K + r] = tree[K + r];
+    for (int64_t node = K - 1; node >= 1; node--) {
+        lt_node *l = &win[2 * node], *rr = &win[2 * node + 1];
+        if (lt_less(l, rr, pair)) {
+            win[node] = *l;
+            tree[node] = *rr;
+        } else {
+            win[node] = *rr;
+            tree[node] = *l;
+        }
+    }
+    lt_node cur = K > 1 ? win[1] : win[K];
+    free(win);
+
+    int64_t n = offsets[k] - offsets[0];
+    int bad = 0;
+    for (int64_t o = 0; o < n; o++) {
+        int64_t r = cur.src;
+        int64_t p = pos[r]++;
+        op[o] = p;
+        if (ok) ok[o] = cur.hi;
+        lt_node prev = cur;
+        if (pos[r] < end[r]) {
+            cur.hi = hi[pos[r]];
+            cur.lo = pair ? lo[pos[r]] : 0;
+            bad |= lt_less(&cur, &prev, pair);
+        } else {
+            cur.hi = cur.lo = UINT64_MAX;
+            cur.src = K + r;
+        }
+        for (int64_t node = (K + r) >> 1; node >= 1; node >>= 1) {
+            if (lt_less(&tree[node], &cur, pair)) {
+                lt_node t = tree[node];
+                tree[node] = cur;
+                cur = t;
+            }
+        }
+    }
+    free(tree);
+    free(pos);
+    return bad;
+}
+
+static int64_t runs_check(const int64_t *offsets, int64_t k) {
+    for (int64_t r = 0; r < k; r++)
+        if (offsets[r + 1] < offsets[r]) return -2;
+    return 0;
+}
+
+/* Merges sorted runs keys[offsets[r]:offsets[r+1]] (r < k), stable by run: merged keys to
+ * ok, source positions to op. Returns 0, 1 when some run was not sorted (outputs are then
+ * unspecified), -1 when out of memory, -2 on decreasing offsets. */
+SP_API int64_t sp_merge_runs_u64(const uint64_t *keys, const int64_t *offsets, int64_t k,
+                                 uint64_t *ok, int64_t *op) {
+    if (runs_check(offsets, k)) return -2;
+    if (k <= 0) return 0;
+    if (k == 1) {
+        int64_t o0 = offsets[0], n = offsets[1] - o0;
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            ok[i] = keys[o0 + i];
+            op[i] = o0 + i;
+            if (i) bad |= keys[o0 + i] < keys[o0 + i - 1];
+        }
+        return bad;
+    }
+    if (k == 2)
+        return merge2_u64(keys + offsets[0], offsets[1] - offsets[0], offsets[0], keys + offsets[1],
+                          offsets[2] - offsets[1], offsets[1], ok, op);
+    return mergek_impl(keys, NULL, offsets, k, ok, op, 0);
+}
+
+/* As sp_merge_runs_u64 with keys ordered by the pair (hi, lo); positions only. */
+SP_API int64_t sp_merge_runs_pair(const uint64_t *hi, const uint64_t *lo, const int64_t *offsets,
+                                  int64_t k, int64_t *op) {
+    if (runs_check(offsets, k)) return -2;
+    if (k <= 0) return 0;
+    if (k == 1) {
+        int64_t o0 = offsets[0], n = offsets[1] - o0;
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t g = o0 + i;
+            op[i] = g;
+            if (i) bad |= (hi[g] < hi[g - 1]) | ((hi[g] == hi[g - 1]) & (lo[g] < lo[g - 1]));
+        }
+        return bad;
+    }
+    if (k == 2) {
+        int64_t a0 = offsets[0], b0 = offsets[1];
+        return merge2_pair(hi + a0, lo + a0, b0 - a0, a0, hi + b0, lo + b0, offsets[2] - b0, b0, op);
+    }
+    return mergek_impl(hi, lo, offsets, k, NULL, op, 1);
+}
+
+/* Co-rank for splitting a stable two-way merge between threads: the number of elements of
+ * a among the first `k` outputs of merge(a, b) (ties take a). */
+SP_API int64_t sp_corank_u64(const uint64_t *a, int64_t na, const uint64_t *b, int64_t nb, int64_t k) {
+    int64_t lo = k > nb ? k - nb : 0, hi = k < na ? k : na;
+    /* smallest i with a[i] > b[k-i-1] (so b[k-i-1] comes before a[i]) */
+    while (lo < hi) {
+        int64_t i = lo + (hi - lo) / 2;
+        int64_t j = k - i;
+        if (j > 0 && i < na && a[i] <= b[j - 1]) lo = i + 1; else hi = i;
+    }
+    return lo;
+}
+
+/* Merges a slice of a two-way merge (used by the threaded caller): outputs
+ * [k0, k0 + (ia1-ia0) + (ib1-ib0)) from a[ia0:ia1] and b[ib0:ib1]. */
+SP_API int64_t sp_merge2_slice_u64(const uint64_t *a, int64_t ia0, int64_t ia1, int64_t a_base,
+                                   const uint64_t *b, int64_t ib0, int64_t ib1, int64_t b_base,
+                                   uint64_t *ok, int64_t *op, int64_t k0) {
+    return merge2_u64(a + ia0, ia1 - ia0, a_base + ia0, b + ib0, ib1 - ib0, b_base + ib0, ok + k0,
+                      op + k0);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* best-fit-decreasing row packing                                                         */
+
+/* A hierarchical bitset over 0..cap: "smallest set index >= x" in O(log64 cap). */
+typedef struct {
+    int nlev;
+    int64_t nw[8];
+    uint64_t *w[8];
+    uint64_t *mem;
+} bitset;
+
+static int bs_init(bitset *b, int64_t nbits) {
+    int64_t total = 0, m = nbits;
+    b->nlev = 0;
+    do {
+        int64_t words = (m + 63) / 64;
+        b->nw[b->nlev++] = words;
+        total += words;
+        m = words;
+    } while (m > 1 && b->nlev < 8);
+    b->mem = (uint64_t *)calloc((size_t)total, sizeof(uint64_t));
+    if (!b->mem) return -1;
+    uint64_t *p = b->mem;
+    for (int l = 0; l < b->nlev; l++) {
+        b->w[l] = p;
+        p += b->nw[l];
+    }
+    return 0;
+}
+
+static inline int ctz64(uint64_t x) {
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_ctzll(x);
+#else
+    int n = 0;
+    while (!(x & 1)) { x >>= 1; n++; }
+    return n;
+#endif
+}
+
+static inline void bs_set(bitset *b, int64_t x) {
+    for (int l = 0; l < b->nlev; l++) {
+        uint64_t *word = &b->w[l][x >> 6];
+        int was = *word != 0;
+        *word |= (uint64_t)1 << (x & 63);
+        if (was) return;
+        x >>= 6;
+    }
+}
+
+static inline void bs_clear(bitset *b, int64_t x) {
+    for (int l = 0; l < b->nlev; l++) {
+        uint64_t *word = &b->w[l][x >> 6];
+        *word &= ~((uint64_t)1 << (x & 63));
+        if (*word) return;
+        x >>= 6;
+    }
+}
+
+static inline int64_t bs_next(const bitset *b, int64_t x) {
+    int l;
+    for (l = 0; l < b->nlev; l++) {
+        int64_t wi = x >> 6;
+        if (wi >= b->nw[l]) return -1;
+        uint64_t bits = b->w[l][wi] & (~(uint64_t)0 << (x & 63));
+        if (bits) {
+            x = (wi << 6) | ctz64(bits);
+            break;
+        }
+        x = wi + 1;
+    }
+    if (l == b->nlev) return -1;
+    while (l > 0) {
+        l--;
+        x = (x << 6) | ctz64(b->w[l][x]);
+    }
+    return x;
+}
+
+typedef struct {
+    int64_t size, pos;
+} sp_pair;
+
+static int cmp_desc_size(const void *pa, const void *pb) {
+    const sp_pair *a = (const sp_pair *)pa, *b = (const sp_pair *)pb;
+    if (a->size != b->size) return a->size > b->size ? -1 : 1;
+    return (a->pos > b->pos) - (a->pos < b->pos);
+}
+
+typedef struct {
+    int64_t R, maxseg;
+    int64_t *seq, *rowof, *rem, *seg, *first, *next, *head, *cnt;
+    sp_pair *pairs;
+    bitset bs;
+} bfd_ws;
+
+/* Packs one window sz[0:m] (positions local); appends to order/splits at the given offsets.
+ * Returns the number of rows. */
+static int64_t bfd_window(bfd_ws *ws, const int64_t *sz, int64_t m, int64_t gbase, int64_t *order,
+                          int64_t *splits) {
+    const int64_t R = ws->R;
+    int64_t *seq = ws->seq, *rowof = ws->rowof, *rem = ws->rem, *seg = ws->seg;
+    int64_t *first = ws->first, *next = ws->next, *head = ws->head;
+
+    /* visit order: size descending, position ascending. Counting sort costs O(m + R), so
+     * a window much smaller than the row length is sorted by comparison instead. */
+    if (m * 4 >= R) {
+        int64_t *cnt = ws->cnt;
+        memset(cnt, 0, sizeof(int64_t) * (size_t)(R + 1));
+        for (int64_t p = 0; p < m; p++) cnt[sz[p]]++;
+        int64_t off = 0;
+        for (int64_t v = R; v >= 0; v--) {
+            int64_t c = cnt[v];
+            cnt[v] = off;
+            off += c;
+        }
+        for (int64_t p = 0; p < m; p++) seq[cnt[sz[p]]++] = p;
+    } else {
+        for (int64_t p = 0; p < m; p++) {
+            ws->pairs[p].size = sz[p];
+            ws->pairs[p].pos = p;
+        }
+        qsort(ws->pairs, (size_t)m, sizeof(sp_pair), cmp_desc_size);
+        for (int64_t p = 0; p < m; p++) seq[p] = ws->pairs[p].pos;
+    }
+
+    int64_t nrows = 0;
+    for (int64_t t = 0; t < m; t++) {
+        int64_t p = seq[t], s = sz[p], row;
+        int64_t c = bs_next(&ws->bs, s);
+        if (c >= 0) {
+            /* best fit: the tightest open row; among equally tight rows the last one pushed */
+            row = head[c];
+            head[c] = next[row];
+            if (head[c] < 0) bs_clear(&ws->bs, c);
+            rem[row] -= s;
+            seg[row]++;
+        } else {
+            row = nrows++;
+            rem[row] = R - s;
+            seg[row] = 1;
+            first[row] = p;
+        }
+        rowof[p] = row;
+        if (ws->maxseg <= 0 || seg[row] < ws->maxseg) {
+            int64_t r = rem[row];
+            next[row] = head[r];
+            if (head[r] < 0) bs_set(&ws->bs, r);
+            head[r] = row;
+        }
+    }
+    /* leave the buckets empty for the next window */
+    for (int64_t row = 0; row < nrows; row++) {
+        head[rem[row]] = -1;
+        bs_clear(&ws->bs, rem[row]);
+    }
+
+    /* rows in the order of their opening (largest) sample's position, samples within a row
+     * in position order: both follow the input order, so sorted input stays sorted-ish */
+    int64_t *mark = seq, *emit = next, *fill = rem;
+    for (int64_t p = 0; p < m; p++) mark[p] = -1;
+    for (int64_t row = 0; row < nrows; row++) mark[first[row]] = row;
+    int64_t e = 0;
+    for (int64_t p = 0; p < m; p++)
+        if (mark[p] >= 0) emit[mark[p]] = e++;
+    /* seg[] (per old row id) -> sizes per emitted row -> fill pointers */
+    for (int64_t row = 0; row < nrows; row++) first[emit[row]] = seg[row];
+    int64_t acc = splits[0];
+    for (int64_t q = 0; q < nrows; q++) {
+        int64_t c = first[q];
+        fill[q] = acc;
+        acc += c;
+        splits[q + 1] = acc;
+    }
+    for (int64_t p = 0; p < m; p++) order[fill[emit[rowof[p]]]++] = gbase + p;
+    return nrows;
+}
+
+/* Best-fit-decreasing packing of consecutive windows of `window` samples (<= 0: one window)
+ * into rows of at most row_len tokens and max_segments samples (<= 0: unlimited).
+ * order (n) receives positions grouped by row, row_splits (n + 1) the row boundaries.
+ * Returns the number of rows, -1 when out of memory, -2 when a size is outside [0, row_len]. */
+SP_API int64_t sp_pack_rows(const int64_t *sizes, int64_t n, int64_t row_len, int64_t max_segments,
+                            int64_t window, int64_t *order, int64_t *row_splits) {
+    row_splits[0] = 0;
+    if (row_len < 0) return -2;
+    for (int64_t i = 0; i < n; i++)
+        if (sizes[i] < 0 || sizes[i] > row_len) return -2;
+    if (n == 0) return 0;
+    int64_t W = (window <= 0 || window > n) ? n : window;
+    bfd_ws ws;
+    memset(&ws, 0, sizeof ws);
+    ws.R = row_len;
+    ws.maxseg = max_segments;
+    size_t mw = (size_t)W;
+    ws.seq = (int64_t *)malloc(sizeof(int64_t) * mw * 6);
+    ws.head = (int64_t *)malloc(sizeof(int64_t) * (size_t)(row_len + 1));
+    ws.cnt = (int64_t *)malloc(sizeof(int64_t) * (size_t)(row_len + 1));
+    ws.pairs = (sp_pair *)malloc(sizeof(sp_pair) * mw);
+    int64_t nrows = -1;
+    if (!ws.seq || !ws.head || !ws.cnt || !ws.pairs || bs_init(&ws.bs, row_len + 1)) goto done;
+    ws.rowof = ws.seq + mw;
+    ws.rem = ws.seq + 2 * mw;
+    ws.seg = ws.seq + 3 * mw;
+    ws.first = ws.seq + 4 * mw;
+    ws.next = ws.seq + 5 * mw;
+    for (int64_t c = 0; c <= row_len; c++) ws.head[c] = -1;
+    nrows = 0;
+    for (int64_t w0 = 0; w0 < n; w0 += W) {
+        int64_t m = n - w0 < W ? n - w0 : W;
+        nrows += bfd_window(&ws, sizes + w0, m, w0, order, row_splits + nrows);
+    }
+done:
+    free(ws.seq);
+    free(ws.head);
+    free(ws.cnt);
+    free(ws.pairs);
+    free(ws.bs.mem);
+    return nrows;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* An empty module, so that the file is a valid extension for setuptools to build.       */
+
+static struct PyModuleDef ckernels_module = {
+    PyModuleDef_HEAD_INIT, "_ckernels",
+    "Compiled kernels of sortpack.kernels, called through ctypes.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__ckernels(void) { return PyModule_Create(&ckernels_module); }
