@@ -26,7 +26,7 @@ SEGMENT_SIZE = 1 << 20
 class PackOptions:
     """How to cut micro-batches: budget, shape rules, oversize policy."""
 
-    max_tokens: int
+    max_tokens: int | None = None
     budget: str = "padded"
     max_samples: int = 0
     batch_multiple: int = 1
@@ -223,37 +223,16 @@ def pack_samples(comm: Comm, samples: Samples, opts: PackOptions, key: str = "si
     opts.validate()
     if samples.stage is None:
         samples.stage = np.zeros(len(samples), np.int16)
-    # ranks must own whole segments so that pieces never straddle ranks
-    cols = redistribute(comm, samples.columns(), samples.start,
-                        owner_starts(samples.total, opts.segment_size, comm.size))
-    start, total = global_start(comm, len(cols["sample_id"]))
-    samples = Samples(start, total, cols["sample_id"], cols["size"], cols["difficulty"], cols["stage"],
-                      samples.files)
-    positions = np.arange(start, start + len(samples), dtype=np.int64)
-    pieces = _piece_starts(positions, samples.stage, opts.segment_size)
-    piece_of = np.zeros(len(samples), np.int64)
-    piece_of[pieces[1:]] = 1
-    piece_of = np.cumsum(piece_of)
-    samples, info = _oversize(comm, samples, opts)
-    if info["skipped"]:
-        piece_of = piece_of[~opts.oversize_mask(cols["size"])]
-
-    sizes = samples.size
-    n = len(sizes)
-    starts = np.flatnonzero(np.concatenate(([True], piece_of[1:] != piece_of[:-1]))) if n else np.zeros(0, np.int64)
-    ends = np.concatenate((starts[1:], [n])) if n else np.zeros(0, np.int64)
-    keyvals = (samples.size if key == "size" else samples.difficulty).astype(np.float64)
-    sample_ids, stage_of = samples.sample_id, samples.stage
-    row_sizes = None
     if opts.rows:
+        samples, info = _oversize(comm, samples, opts)
+        keyvals = (samples.size if key == "size" else samples.difficulty).astype(np.float64)
+        sample_ids, sizes, keyvals, stage_of, starts, ends = _deal_to_windows(comm, samples, keyvals, opts)
         mb, perm, row_sizes = _pack_rows(starts, ends, sizes, opts)
         sample_ids, keyvals, stage_of = sample_ids[perm], keyvals[perm], stage_of[perm]
     else:
-        bounds = [np.zeros(1, np.int64)]
-        for a, b in zip(starts, ends):
-            bounds.append(_greedy(sizes[a:b], opts)[1:] + a)
-        bounds = np.concatenate(bounds)
-        mb = _split_groups(bounds, sizes, opts) if opts.same_shape else _describe(bounds, sizes, opts)
+        sample_ids, keyvals, stage_of, mb, info = _pack_greedy(comm, samples, opts, key)
+        row_sizes = None
+    n = len(sample_ids)
     offsets = mb["offsets"]
     m = len(offsets) - 1
     min_key = _segment_reduce(np.minimum, keyvals, offsets)
@@ -276,6 +255,67 @@ def pack_samples(comm: Comm, samples: Samples, opts: PackOptions, key: str = "si
     return Microbatches(first, total_mb, sample_start, sample_ids, mb["offsets"], columns, stats, row_sizes)
 
 
+def _pack_greedy(comm: Comm, samples: Samples, opts: PackOptions, key: str):
+    """Return (sample ids, keys, stages, per-micro-batch arrays, oversize info) of greedy packing."""
+    # ranks must own whole segments so that pieces never straddle ranks
+    cols = redistribute(comm, samples.columns(), samples.start,
+                        owner_starts(samples.total, opts.segment_size, comm.size))
+    start, total = global_start(comm, len(cols["sample_id"]))
+    samples = Samples(start, total, cols["sample_id"], cols["size"], cols["difficulty"], cols["stage"],
+                      samples.files)
+    positions = np.arange(start, start + len(samples), dtype=np.int64)
+    piece_of = np.zeros(len(samples), np.int64)
+    piece_of[_piece_starts(positions, samples.stage, opts.segment_size)[1:]] = 1
+    piece_of = np.cumsum(piece_of)
+    samples, info = _oversize(comm, samples, opts)
+    if info["skipped"]:
+        piece_of = piece_of[~opts.oversize_mask(cols["size"])]
+    sizes = samples.size
+    n = len(sizes)
+    starts = np.flatnonzero(np.concatenate(([True], piece_of[1:] != piece_of[:-1]))) if n else np.zeros(0, np.int64)
+    ends = np.concatenate((starts[1:], [n])) if n else np.zeros(0, np.int64)
+    bounds = [np.zeros(1, np.int64)]
+    for a, b in zip(starts, ends):
+        bounds.append(_greedy(sizes[a:b], opts)[1:] + a)
+    bounds = np.concatenate(bounds)
+    mb = _split_groups(bounds, sizes, opts) if opts.same_shape else _describe(bounds, sizes, opts)
+    keyvals = (samples.size if key == "size" else samples.difficulty).astype(np.float64)
+    return samples.sample_id, keyvals, samples.stage, mb, info
+
+
+def _deal_to_windows(comm: Comm, samples: Samples, keyvals: np.ndarray, opts: PackOptions):
+    """Return this rank's row-packing windows: (ids, sizes, keys, stages, window starts, ends).
+
+    A window takes every K-th sample of a curriculum stage in sorted order (K windows per
+    stage of ``window`` samples each), so each window spans the stage's whole size range:
+    best-fit then fills rows as well as over the whole stage. Windows are numbered
+    globally and dealt to ranks in contiguous blocks (one Alltoallv); inside a window
+    samples keep their sorted order. Nothing depends on the number of ranks.
+    """
+    n = len(samples.sample_id)
+    start, total = global_start(comm, n)
+    stage = samples.stage.astype(np.int64)
+    width = comm.allreduce(int(stage.max()) + 1 if n else 1, "max")
+    per_stage = comm.allreduce(np.bincount(stage, minlength=width).astype(np.int64), "sum")
+    stage_first = np.concatenate(([0], np.cumsum(per_stage)[:-1]))
+    windows = -(-per_stage // opts.window())
+    window_first = np.concatenate(([0], np.cumsum(windows)[:-1]))
+    total_windows = max(int(windows.sum()), 1)
+    pos = np.arange(start, start + n, dtype=np.int64)
+    window = window_first[stage] + (pos - stage_first[stage]) % np.maximum(windows[stage], 1)
+    dest = (window * comm.size) // total_windows
+    order = np.argsort(dest, kind="stable")
+    cols = {"id": samples.sample_id[order], "size": samples.size[order], "key": keyvals[order],
+            "stage": samples.stage[order], "window": window[order], "pos": pos[order]}
+    cols = comm.alltoallv_many(cols, np.bincount(dest, minlength=comm.size))
+    order = np.lexsort((cols["pos"], cols["window"]))
+    cols = {k: v[order] for k, v in cols.items()}
+    w = cols["window"]
+    starts = np.flatnonzero(np.concatenate(([True], w[1:] != w[:-1]))) if len(w) else np.zeros(0, np.int64)
+    ends = np.concatenate((starts[1:], [len(w)])) if len(w) else np.zeros(0, np.int64)
+    return cols["id"], cols["size"], cols["key"], cols["stage"], starts, ends
+
+
 def _describe(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> dict:
     """Return per-micro-batch arrays for plain micro-batches ``sizes[b[i]:b[i+1]]``."""
     starts = bounds[:-1]
@@ -293,13 +333,13 @@ def _describe(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> dict:
 def _pack_rows(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, opts: PackOptions):
     """Return (per-micro-batch arrays, sample permutation, samples per row) of row packing.
 
-    Each piece is packed best-fit-decreasing in windows of consecutive sorted samples;
-    every ``rows_per_microbatch`` consecutive rows of a piece make one micro-batch.
+    Each window ``[starts[i], ends[i])`` is packed best-fit-decreasing; every
+    ``rows_per_microbatch`` consecutive rows of a window make one micro-batch.
     """
     perms, splits, mb_rows = [], [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
     rows_done = 0
     for a, b in zip(starts, ends):
-        order, row_splits = kernels.pack_rows_windows(sizes[a:b], opts.rows, opts.max_segments, opts.window())
+        order, row_splits = kernels.pack_rows(sizes[a:b], opts.rows, opts.max_segments)
         perms.append(order + a)
         splits.append(row_splits[1:] + a)
         nrows = len(row_splits) - 1

@@ -153,3 +153,30 @@ def test_runs_as_one_rank_with_a_warning_when_mpi_cannot_load(tmp_path, text_dat
     warnings = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(warnings) == 1 and "running as one rank" in warnings[0]
     assert read_manifest(tmp_path / "plan")["num_samples"] == len(lengths)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", [
+    ["--budget", "tokens"],
+    ["--budget", "quadratic", "--quadratic-scale", "256"],
+    ["--shapes", "64,128,256,512", "--batch-multiple", "2"],
+    ["--group-size", "4", "--same-shape", "--pad-to-multiple", "32"],
+    ["--rows", "1024", "--rows-per-microbatch", "2", "--max-segments", "16"],
+    ["--key", "difficulty", "--difficulty", "column:n*0.5", "--stages", "3", "--descending"],
+])
+def test_every_mode_is_identical_at_1_and_3_ranks(tmp_path, text_dataset, mode):
+    files, lengths = text_dataset
+    outs = []
+    for ranks in (1, 3):
+        out = tmp_path / f"plan{ranks}"
+        run_sortpack(["run", *files, "-o", out, "--column", "text", "--max-tokens", "1500",
+                      "--segment-size", "700", "--quiet", *mode], ranks=ranks, env=SMALL)
+        outs.append(out)
+    assert_identical(*outs)
+    m = read_manifest(outs[0])
+    table = pa.concat_tables(pa.ipc.open_file(str(outs[0] / e["file"])).read_all() for e in m["shards"])
+    ids = np.concatenate(table["sample_ids"].to_numpy(zero_copy_only=False))
+    assert sorted(ids.tolist()) == list(range(len(lengths)))
+    if "--rows" in mode:
+        splits = table["row_splits"].to_pylist()
+        assert all(s[0] == 0 and s[-1] == n for s, n in zip(splits, table["num_samples"].to_pylist()))

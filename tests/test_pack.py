@@ -60,7 +60,7 @@ def test_padded_budget_equals_sequential_greedy(sizes, max_tokens, max_samples, 
     got = mbs.columns
     assert np.all(got["num_samples"].astype(np.int64) * got["max_size"] <= max_tokens)
     if batch_multiple > 1:
-        counts = got["num_samples"]
+        counts = got["num_samples"][:-1]  # the last micro-batch takes whatever is left
         assert np.all((counts % batch_multiple == 0) | (counts < batch_multiple))
 
 
@@ -176,3 +176,41 @@ def test_edge_cases_single_sample_and_equal_sizes():
 def test_bad_options_are_refused(bad):
     with pytest.raises(SortpackError):
         PackOptions(**bad).validate()
+
+
+def lognormal_sizes(n, seed=5):
+    rng = np.random.default_rng(seed)
+    return np.clip(np.ceil(rng.lognormal(np.log(300), 1.0, n)), 1, 8192).astype(np.int64)
+
+
+@pytest.mark.parametrize("max_segments", [0, 8])
+def test_row_packing_fills_rows_and_keeps_every_sample_once(max_segments):
+    sizes = lognormal_sizes(100_000)
+    samples, mbs = pack(sizes, rows=8192, rows_per_microbatch=2, max_segments=max_segments)
+    ids = mbs.sample_ids
+    assert np.array_equal(np.sort(ids), np.arange(len(sizes)))
+    c = mbs.columns
+    assert np.all(c["padded_size"] == 8192) and np.all(c["batch_size"] <= 2)
+    # rows: consecutive groups of sample ids; check each row's length and segment count
+    row_sizes = mbs.row_sizes
+    assert row_sizes.sum() == len(ids) and len(row_sizes) == c["batch_size"].sum()
+    row_tokens = np.add.reduceat(sizes[ids], np.concatenate(([0], np.cumsum(row_sizes)[:-1])))
+    assert row_tokens.max() <= 8192
+    if max_segments:
+        assert row_sizes.max() <= max_segments
+    fill = sizes.sum() / (len(row_sizes) * 8192)
+    if max_segments == 0:
+        assert fill >= 0.997
+    else:  # 8 samples of median 300 cannot fill 8192: most rows close on the segment cap
+        assert np.mean(row_sizes == max_segments) > 0.8
+
+
+def test_row_packing_oversize_and_options():
+    with pytest.raises(SortpackError, match="--rows 100"):
+        pack([10, 200, 30], rows=100)
+    _, mbs = pack([10, 200, 30], rows=100, oversize="truncate")
+    assert mbs.columns["tokens"].sum() == 140
+    with pytest.raises(SortpackError, match="does not apply"):
+        PackOptions(max_tokens=None, rows=100, same_shape=True, group_size=2).validate()
+    with pytest.raises(SortpackError, match="need --rows"):
+        PackOptions(max_tokens=100, max_segments=3).validate()
