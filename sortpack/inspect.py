@@ -61,6 +61,7 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         "tokens": int(tok.sum()),
         "padded_tokens": total_padded,
         "padding_ratio": (1.0 - tok.sum() / total_padded) if total_padded else 0.0,
+        "fill": float(tok.sum() / total_padded) if total_padded else 1.0,
         "distinct_shapes": int(shapes.shape[1]),
         "samples_per_microbatch": _quantiles(ns),
         "padded_size": _quantiles(ps),
@@ -85,7 +86,7 @@ def render(report: dict) -> str:
         elif isinstance(value, dict):
             value = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
         elif isinstance(value, float):
-            value = f"{100 * value:.2f}%" if key == "padding_ratio" else f"{value:.4f}"
+            value = f"{100 * value:.2f}%" if key in ("padding_ratio", "fill") else f"{value:.4f}"
         rows.append((key, str(value)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -206,12 +206,18 @@ def _greedy(sizes: np.ndarray, opts: PackOptions) -> np.ndarray:
     """Return micro-batch (or same-shape super-batch) boundaries for one piece."""
     g = opts.group_size if opts.same_shape else 1
     budget = opts.budget
-    if opts.same_shape and budget == "tokens" and not opts.rounding:
-        # a same-shape group pads every sample to one length, so tokens cost c * L
-        budget = "padded"
+    shapes = np.asarray(opts.shapes, np.int64) if opts.shapes else None
+    if opts.same_shape and not opts.rounding:
+        # A same-shape group pads every sample to one length L, so each costs as if it
+        # were L long: tokens becomes c*L (the padded rule) and quadratic c*(L + L^2/Q),
+        # which the kernel applies when lengths are rounded -- here to themselves.
+        if budget == "tokens":
+            budget = "padded"
+        elif budget == "quadratic":
+            shapes = np.unique(sizes)
     return kernels.greedy_pack(sizes, opts.max_tokens * g, budget, opts.max_samples * g,
                                opts.batch_multiple * g, opts.quadratic_scale or 1.0,
-                               opts.pad_to_multiple, np.asarray(opts.shapes, np.int64) if opts.shapes else None)
+                               opts.pad_to_multiple, shapes)
 
 
 def pack_samples(comm: Comm, samples: Samples, opts: PackOptions, key: str = "size") -> Microbatches:

@@ -214,3 +214,15 @@ def test_row_packing_oversize_and_options():
         PackOptions(max_tokens=None, rows=100, same_shape=True, group_size=2).validate()
     with pytest.raises(SortpackError, match="need --rows"):
         PackOptions(max_tokens=100, max_segments=3).validate()
+
+
+@pytest.mark.parametrize("budget,q", [("tokens", None), ("quadratic", 300.0)])
+def test_same_shape_groups_respect_every_budget_per_microbatch(budget, q):
+    rng = np.random.default_rng(6)
+    sizes = rng.integers(1, 600, size=2000)
+    _, mbs = pack(sizes, max_tokens=6000, budget=budget, quadratic_scale=q, group_size=3, same_shape=True)
+    c = mbs.columns
+    b, length = c["batch_size"].astype(np.float64), c["padded_size"].astype(np.float64)
+    per_mb = b * length if budget == "tokens" else b * (length + length * length / q)
+    assert np.all(per_mb <= 6000)
+    assert np.all(c["batch_size"].reshape(-1, 3) == c["batch_size"].reshape(-1, 3)[:, :1])
