@@ -163,7 +163,10 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
 
     size = np.concatenate(sizes) if sizes else np.empty(0, np.int64)
     diff_dtype = _common_dtype(comm, diffs)
-    diff = np.concatenate(diffs).astype(diff_dtype, copy=False) if diffs else np.empty(0, diff_dtype)
+    if diff_spec is None:
+        diff = size  # the same array: later stages see it and move nothing twice
+    else:
+        diff = np.concatenate(diffs).astype(diff_dtype, copy=False) if diffs else np.empty(0, diff_dtype)
     sample_id = np.arange(start, start + len(size), dtype=np.int64)
     return Samples(start, total, sample_id, size, diff, None, fingerprint)
 

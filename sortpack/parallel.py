@@ -117,6 +117,7 @@ class SerialComm(Comm):
         return np.asarray(sendcounts, dtype=np.int64).copy()
 
     def alltoallv(self, arr, sendcounts, recvcounts=None):
+        # one rank keeps its data: returned as is, not copied
         counts = np.asarray(sendcounts, dtype=np.int64)
         if counts.shape != (1,) or counts[0] != len(arr):
             raise ValueError("sendcounts must hold len(arr) for the one rank")
@@ -172,12 +173,16 @@ class MPIComm(Comm):
         return t
 
     def exchange_counts(self, sendcounts):
+        if self.size == 1:
+            return SerialComm.exchange_counts(self, sendcounts)
         send = np.ascontiguousarray(sendcounts, dtype=np.int64)
         recv = np.empty(self.size, dtype=np.int64)
         self._c.Alltoall(send, recv)
         return recv
 
     def alltoallv(self, arr, sendcounts, recvcounts=None):
+        if self.size == 1:
+            return SerialComm.alltoallv(self, arr, sendcounts)
         arr = np.ascontiguousarray(arr)
         if arr.ndim != 1:
             raise ValueError("alltoallv takes 1-D arrays")

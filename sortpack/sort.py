@@ -41,20 +41,41 @@ class SortOptions:
         return {"key": self.key, "descending": self.descending, "stages": self.stages}
 
 
-def _order_preserving_u64(comm: Comm, values: np.ndarray, descending: bool) -> tuple[np.ndarray, int]:
-    """Return (uint64 codes whose order is the values' order, bits needed), shifted to start at 0."""
-    if values.dtype.kind == "f":
-        bits = values.astype(np.float64).view(np.uint64)
-        sign = (bits >> np.uint64(63)).astype(bool)
-        codes = np.where(sign, ~bits, bits | np.uint64(1 << 63))
+@dataclass
+class KeyCodec:
+    """Maps key values to uint64 codes in the same order (starting at 0) and back, exactly."""
+
+    offset: int
+    descending: bool
+    is_float: bool
+    bits: int  # bits the largest code needs
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """Return the key values of ``codes`` (int64, or float64 for float keys)."""
+        raw = codes + np.uint64(self.offset)
+        if self.descending:
+            np.invert(raw, out=raw)
+        if not self.is_float:
+            return raw.view(np.int64)
+        top = (raw >> np.uint64(63)).astype(bool)
+        return np.where(top, raw ^ np.uint64(1 << 63), ~raw).view(np.float64)
+
+
+def encode_keys(comm: Comm, values: np.ndarray, descending: bool) -> tuple[np.ndarray, KeyCodec]:
+    """Return (fresh uint64 codes whose order is the values' order, their codec)."""
+    is_float = values.dtype.kind == "f"
+    if is_float:
+        # IEEE order: flip every bit of negatives, only the sign bit of the rest
+        bits = values.astype(np.float64, copy=False).view(np.uint64)
+        codes = np.where((bits >> np.uint64(63)).astype(bool), ~bits, bits | np.uint64(1 << 63))
     else:
         codes = values.astype(np.uint64)
     if descending:
-        codes = ~codes
+        np.invert(codes, out=codes)
     lo = comm.allreduce(np.array([codes.min() if codes.size else np.iinfo(np.uint64).max], np.uint64), "min")[0]
-    codes = codes - lo
+    codes -= lo
     hi = comm.allreduce(np.array([codes.max() if codes.size else 0], np.uint64), "max")[0]
-    return codes, int(hi).bit_length()
+    return codes, KeyCodec(int(lo), descending, is_float, int(hi).bit_length())
 
 
 def _splitter_cuts(hi: np.ndarray, lo: np.ndarray | None, split_hi: np.ndarray,
@@ -78,7 +99,7 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     """
     n = len(hi)
     if lo is None and ids_from is not None:
-        hi = np.sort(hi)
+        hi.sort()
         if payload:
             first, id_bits = ids_from
             pos = (hi & np.uint64((1 << id_bits) - 1)).astype(np.int64) - first
@@ -117,52 +138,71 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     return r_hi, r_lo, {k: v[perm] for k, v in r_payload.items()}
 
 
-def _sort_by(comm: Comm, key_codes: np.ndarray, key_bits: int, samples: Samples,
+def _sort_by(comm: Comm, codes: np.ndarray, key_bits: int, samples: Samples,
              payload: dict[str, np.ndarray], contiguous: bool):
-    """Return (sample_id, payload) sorted by (key code, sample_id) over all ranks."""
+    """Return (sample_id, key codes, payload) sorted by (key code, sample_id) over all ranks.
+
+    ``codes`` is consumed (modified in place).
+    """
     id_bits = max(1, int(samples.total - 1).bit_length())
-    ids = samples.sample_id
+    ids = samples.sample_id.astype(np.int64, copy=False)
     if key_bits + id_bits <= 64:
-        packed = (key_codes << np.uint64(id_bits)) | ids.astype(np.uint64)
-        hi, _, payload = sample_sort(comm, packed, None, payload,
-                                     (samples.start, id_bits) if contiguous else None)
-        out_ids = (hi & np.uint64((1 << id_bits) - 1)).astype(np.int64)
-        return out_ids, hi >> np.uint64(id_bits), payload
-    hi, lo, payload = sample_sort(comm, key_codes, ids.astype(np.uint64), payload)
-    return lo.astype(np.int64), hi, payload
+        codes <<= np.uint64(id_bits)
+        codes |= ids.view(np.uint64)
+        hi, _, payload = sample_sort(comm, codes, None, payload, (samples.start, id_bits) if contiguous else None)
+        out_ids = (hi & np.uint64((1 << id_bits) - 1)).view(np.int64)
+        hi >>= np.uint64(id_bits)
+        return out_ids, hi, payload
+    hi, lo, payload = sample_sort(comm, codes, ids.view(np.uint64), payload)
+    return lo.view(np.int64), hi, payload
+
+
+def _is_contiguous(comm: Comm, samples: Samples) -> bool:
+    """Return whether every rank's ids are ``start + arange(n)`` (then positions come from ids)."""
+    ids, n = samples.sample_id, len(samples.sample_id)
+    ok = n == 0 or (int(ids[0]) == samples.start and int(ids[-1]) == samples.start + n - 1
+                    and bool(np.all(ids[1:] > ids[:-1])))
+    return bool(comm.allreduce(int(ok), "min"))
 
 
 def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard: int) -> Samples:
-    """Return the samples globally sorted by (key, sample_id), ranks holding whole output shards."""
+    """Return the samples globally sorted by (key, sample_id), ranks holding whole output shards.
+
+    Keys travel packed with the ids and are decoded afterwards, so with the default key
+    (size, difficulty = size) nothing but one uint64 per sample is moved or gathered.
+    """
     opts.validate()
-    contiguous = bool(np.array_equal(samples.sample_id,
-                                     np.arange(samples.start, samples.start + len(samples), dtype=np.int64)))
-    contiguous = bool(comm.allreduce(int(contiguous), "min"))
+    contiguous = _is_contiguous(comm, samples)
     same = samples.difficulty is samples.size or (
         samples.difficulty.dtype == samples.size.dtype and np.array_equal(samples.difficulty, samples.size))
     same = bool(comm.allreduce(int(same), "min"))
-
+    payload = {}
     if opts.stages > 1:
-        samples = _assign_stages(comm, samples, opts, contiguous)
+        samples = _assign_stages(comm, samples, opts, contiguous, same)
         contiguous = False
-    key = samples.size if opts.key == "size" and opts.stages == 1 else samples.difficulty
-    if opts.stages > 1:
         # order inside a stage by size: the stage is the most significant part of the key
-        size_codes, size_bits = _order_preserving_u64(comm, samples.size, opts.descending)
-        codes = (samples.stage.astype(np.uint64) << np.uint64(size_bits)) | size_codes
-        bits = size_bits + max(1, int(opts.stages - 1).bit_length())
+        codes, codec = encode_keys(comm, samples.size, opts.descending)
+        stage_bits = max(1, int(opts.stages - 1).bit_length())
+        codes |= samples.stage.astype(np.uint64) << np.uint64(codec.bits)
+        if not same:
+            payload["difficulty"] = samples.difficulty
+        ids, codes, payload = _sort_by(comm, codes, codec.bits + stage_bits, samples, payload, False)
+        stage = (codes >> np.uint64(codec.bits)).astype(np.int16)
+        size = codec.decode(codes & np.uint64((1 << codec.bits) - 1))
+        difficulty = payload.get("difficulty", size)
     else:
-        codes, bits = _order_preserving_u64(comm, key, opts.descending)
-
-    payload = {"size": samples.size}
-    if not same or opts.stages > 1:
-        payload["difficulty"] = samples.difficulty
-    if samples.stage is not None:
-        payload["stage"] = samples.stage
-    ids, _, payload = _sort_by(comm, codes, bits, samples, payload, contiguous)
-    size = payload["size"]
-    difficulty = payload.get("difficulty", size)
-    stage = payload.get("stage", np.zeros(len(ids), np.int16))
+        by_size = opts.key == "size"
+        codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending)
+        if not by_size:
+            payload["size"] = samples.size
+        elif not same:
+            payload["difficulty"] = samples.difficulty
+        ids, codes, payload = _sort_by(comm, codes, codec.bits, samples, payload, contiguous)
+        keys = codec.decode(codes)
+        del codes
+        size = keys if by_size else payload["size"]
+        difficulty = keys if not by_size else (size if same else payload["difficulty"])
+        stage = np.zeros(len(ids), np.int16)
 
     start, total = global_start(comm, len(ids))
     cols = redistribute(comm, {"sample_id": ids, "size": size, "difficulty": difficulty, "stage": stage},
@@ -172,12 +212,14 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
                    samples.files)
 
 
-def _assign_stages(comm: Comm, samples: Samples, opts: SortOptions, contiguous: bool) -> Samples:
+def _assign_stages(comm: Comm, samples: Samples, opts: SortOptions, contiguous: bool, same: bool) -> Samples:
     """Return the samples in (difficulty, id) order with stage = exact global quantile bucket."""
-    codes, bits = _order_preserving_u64(comm, samples.difficulty, opts.descending)
-    payload = {"size": samples.size, "difficulty": samples.difficulty}
-    ids, _, payload = _sort_by(comm, codes, bits, samples, payload, contiguous)
+    codes, codec = encode_keys(comm, samples.difficulty, opts.descending)
+    payload = {} if same else {"size": samples.size}
+    ids, codes, payload = _sort_by(comm, codes, codec.bits, samples, payload, contiguous)
+    difficulty = codec.decode(codes)
+    size = difficulty if same else payload["size"]
     start, total = global_start(comm, len(ids))
     pos = np.arange(start, start + len(ids), dtype=np.int64)
     stage = ((pos * opts.stages) // max(total, 1)).astype(np.int16)
-    return Samples(start, total, ids, payload["size"], payload["difficulty"], stage, samples.files)
+    return Samples(start, total, ids, size, difficulty, stage, samples.files)
