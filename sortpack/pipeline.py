@@ -112,8 +112,9 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: Samples, optio
     def make_table(a, b):
         return pa.table({name: cols[name][a:b] for name in schema.names}, schema=schema)
 
-    shards = write_owned_shards(comm, out, kind, make_table, first, len(cols["sample_id"]),
-                                samples.total, rows)
+    with profile.stage(f"write_{kind}"):
+        shards = write_owned_shards(comm, out, kind, make_table, first, len(cols["sample_id"]),
+                                    samples.total, rows)
     stats = _sample_stats(comm, samples)
     prov = _provenance(comm, profile, job)
     manifest = {
@@ -206,8 +207,9 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
                 data[name] = pa.array(cols[name][a:b], schema.field(name).type)
         return pa.table(data, schema=schema)
 
-    shards = write_owned_shards(comm, out, "index", make_table, first, len(cols["microbatch"]), mbs.total,
-                                rows, samples_in=lambda a, b: offsets[b] - offsets[a])
+    with profile.stage("write_index"):
+        shards = write_owned_shards(comm, out, "index", make_table, first, len(cols["microbatch"]), mbs.total,
+                                    rows, samples_in=lambda a, b: offsets[b] - offsets[a])
     prov = _provenance(comm, profile, job)
     manifest = {
         "format": FORMATS["index"], "version": VERSION,
@@ -237,8 +239,7 @@ def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOption
     def work():
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress)
-        with prof.stage("write"):
-            return write_samples(comm, out, "metrics", samples, aopts.as_dict(), prof, job)
+        return write_samples(comm, out, "metrics", samples, aopts.as_dict(), prof, job)
 
     return _guarded(out, work)
 
@@ -255,9 +256,8 @@ def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrit
             samples, manifest = read_samples(comm, metrics, "metrics")
         with prof.stage("sort"):
             ordered = sort_samples(comm, samples, sopts, ROWS_PER_SHARD["sorted"])
-        with prof.stage("write"):
-            options = {**manifest["options"], **sopts.as_dict()}
-            return write_samples(comm, out, "sorted", ordered, options, prof, job)
+        options = {**manifest["options"], **sopts.as_dict()}
+        return write_samples(comm, out, "sorted", ordered, options, prof, job)
 
     return _guarded(out, work)
 
@@ -275,9 +275,8 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         key = manifest["options"].get("key", "size")
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key)
-        with prof.stage("write"):
-            options = {**manifest["options"], **popts.as_dict()}
-            return write_index(comm, out, mbs, options, manifest["source"]["files"], prof, job)
+        options = {**manifest["options"], **popts.as_dict()}
+        return write_index(comm, out, mbs, options, manifest["source"]["files"], prof, job)
 
     return _guarded(out, work)
 
@@ -309,7 +308,6 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
             mbs = pack_samples(comm, ordered, popts, sopts.key)
         files = ordered.files
         del ordered
-        with prof.stage("write"):
-            return write_index(comm, out, mbs, {**options, **popts.as_dict()}, files, prof, job)
+        return write_index(comm, out, mbs, {**options, **popts.as_dict()}, files, prof, job)
 
     return _guarded(out, work)
