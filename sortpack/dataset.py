@@ -59,7 +59,8 @@ class SourceDataset:
             src = describe(path, entry["format"])
             unit_rows = src.unit_rows if src.unit_rows is not None else [int(entry["rows"])]
             if sum(unit_rows) != int(entry["rows"]):
-                raise SortpackError(f"{path}: {sum(unit_rows)} rows, the index was built from {entry['rows']}")
+                raise SortpackError(f"{path}: {sum(unit_rows)} rows, the index was built from "
+                                    f"{entry['rows']}")
             got = (src, np.concatenate(([0], np.cumsum(unit_rows))).astype(np.int64))
             self._units[k] = got
         return got
@@ -91,7 +92,7 @@ class SourceDataset:
         return self.__getitems__([int(i)])[0]
 
     def __getitems__(self, ids) -> Samples:
-        """Return the rows of many sample ids, reading each needed unit once (keeps a ``MicroBatch``'s shape)."""
+        """Return the rows of many sample ids as ``Samples``, reading each needed unit once."""
         arr, files = self._where(np.asarray(list(ids), dtype=np.int64))
         out = [None] * len(arr)
         for k in np.unique(files).tolist():
@@ -110,7 +111,7 @@ class SourceDataset:
 def _source_files(source) -> list[dict]:
     if isinstance(source, PackedIndex):
         return list(source.manifest["source"]["files"])
-    if isinstance(source, (str, os.PathLike)) and Path(source).is_dir() and (Path(source) / "manifest.json").is_file():
+    if isinstance(source, (str, os.PathLike)) and (Path(source) / "manifest.json").is_file():
         return list(read_manifest(source)["source"]["files"])
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     if items and all(isinstance(f, dict) for f in items):

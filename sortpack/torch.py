@@ -141,7 +141,8 @@ class VariableBatchSizeLR:
             self.scheduler.load_state_dict(state["scheduler"])
         self.base_lrs = [float(v) for v in state["base_lrs"]]
         self.scale = float(state["scale"])
-        self.ref_batch_size, self.method, self.by = float(state["ref_batch_size"]), state["method"], state["by"]
+        self.ref_batch_size = float(state["ref_batch_size"])
+        self.method, self.by = state["method"], state["by"]
         self._refresh()
 
 

@@ -24,7 +24,7 @@ def _list_array(counts: np.ndarray, values: np.ndarray, value_type) -> pa.Array:
 def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, batch_size=None,
                 stage=None, row_splits=None, options=None, source_files=None,
                 rows_per_shard: int | None = None) -> Path:
-    """Write an index whose micro-batch i holds ``counts[i]`` consecutive entries of ``sample_ids``; return its path.
+    """Write an index whose micro-batch i is the next ``counts[i]`` of ``sample_ids``; return its path.
 
     ``sizes`` maps a sample id to its size (default 1); ``row_splits`` is a list of per-micro-batch
     offset arrays (rows mode); ``source_files`` the manifest's ``source.files``.
@@ -33,7 +33,9 @@ def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, 
     m = len(counts)
     total = int(counts.sum())
     ids = np.arange(total, dtype=np.int64) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
-    sizes = np.ones(int(ids.max(initial=-1)) + 1, dtype=np.int64) if sizes is None else np.asarray(sizes, np.int64)
+    if sizes is None:
+        sizes = np.ones(int(ids.max(initial=-1)) + 1, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
     starts = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     s = sizes[ids]
@@ -64,7 +66,7 @@ def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, 
     ]
     if rows:
         rs_counts = np.array([len(r) for r in row_splits], dtype=np.int64)
-        rs_values = np.concatenate([np.asarray(r, dtype=np.int32) for r in row_splits]) if m else np.zeros(0, np.int32)
+        rs_values = np.concatenate([np.asarray(r, dtype=np.int32) for r in row_splits] or [np.zeros(0, np.int32)])
         columns.append(_list_array(rs_counts, rs_values, pa.int32()))
     schema = index_schema(rows=rows)
     table = pa.Table.from_arrays(columns, schema=schema)
@@ -77,7 +79,8 @@ def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, 
     manifest = {
         "format": FORMATS["index"], "version": VERSION,
         "num_rows": m, "num_samples": total, "num_microbatches": m, "rows_per_shard": rps,
-        "schema": schema_json(schema), "options": options or {"max_tokens": int(padded.max(initial=0) * bsz.max(initial=0)), "budget": "padded"},
+        "schema": schema_json(schema),
+        "options": options or {"max_tokens": int(padded.max(initial=0) * bsz.max(initial=0)), "budget": "padded"},
         "source": {"num_rows": int(sum(f["rows"] for f in files)) if files else len(sizes), "files": files},
         "shards": shards, "stats": {}, "provenance": {"created": "test"},
     }

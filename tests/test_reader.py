@@ -302,7 +302,8 @@ def test_largest_first_puts_the_costliest_step_first(tmp_path):
         assert cost[first].max() == cost.max()
         plain = all_ranks(ix, 2, 2, order=order)
         rest = sorted(np.concatenate([x.schedule()[1:].ravel() for x in s]).tolist())
-        assert sorted(np.concatenate([x.schedule().ravel() for x in plain]).tolist()) == sorted(first.tolist() + rest)
+        everything = np.concatenate([x.schedule().ravel() for x in plain]).tolist()
+        assert sorted(everything) == sorted(first.tolist() + rest)
 
 
 def test_curriculum_walks_stages_in_order_and_shuffles_within(tmp_path):
@@ -342,7 +343,8 @@ def test_warmup_shapes_show_every_rank_every_shape_first(tmp_path, uniform):
             plain = all_ranks(ix, world, accum, order=order, seed=2)
             for s in ranks:
                 first = s.schedule()[:distinct].ravel()
-                assert len(set(zip(ix["batch_size"][first].tolist(), ix["padded_size"][first].tolist()))) == distinct
+                shown = set(zip(ix["batch_size"][first].tolist(), ix["padded_size"][first].tolist()))
+                assert len(shown) == distinct
             warm = ranks[0].plan()
             head = [warm.block(t) for t in range(warm.num_blocks)]
             moved = [b for b in head[:distinct] if b >= 0]

@@ -87,7 +87,8 @@ def test_lr_state_and_grad_accum_change(tmp_path):
     state, sstate = sched.state_dict(), sampler.state_dict()
     sampler2 = PackedBatchSampler(path, rank=0, world_size=2)
     opt2 = _optimizer(1.0)
-    sched2 = VariableBatchSizeLR(torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0 / (s + 1)), sampler2, 1)
+    base2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 1.0 / (s + 1))
+    sched2 = VariableBatchSizeLR(base2, sampler2, 1)
     sampler2.load_state_dict(sstate)
     sched2.load_state_dict(state)
     assert opt2.param_groups[0]["lr"] == pytest.approx(opt.param_groups[0]["lr"])
@@ -114,7 +115,8 @@ def test_pad_collate_pads_to_the_shape_and_masks_padding_slots():
     assert mask[0, 1].tolist() == [True, True, False, False, False, False]
     assert mask[0, 4].tolist() == [False] * 4 + [True, False]  # padding query: itself only
     q = torch.randn(4, 1, 6, 8)
-    assert torch.isfinite(torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask[:, None])).all()
+    att = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask[:, None])
+    assert torch.isfinite(att).all()
     full = pad_collate(attn_mask="full")(items)["attn_mask"]
     assert full[0, 0].tolist() == [True] * 3 + [False] * 3
     plain = pad_collate(pad_to_multiple=4)([[1], [2, 3, 4, 5, 6]])  # no shape known: longest, rounded
