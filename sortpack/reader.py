@@ -39,19 +39,36 @@ class PackedIndex:
         if sum(int(e["rows"]) for e in entries) != self.num_microbatches or any(
                 firsts[k] != firsts[k - 1] + int(entries[k - 1]["rows"]) for k in range(1, len(firsts))):
             raise SortpackError(f"{self.path}: manifest shards do not tile its micro-batches")
-        # open_shard memory-maps and checks the byte size; only footers and batch headers
-        # are read here, column data pages are touched when a step needs them.
-        self._shards = [open_shard(self.path, e) for e in entries]
-        for batch, entry in zip(self._shards, entries):
-            if batch.num_rows != int(entry["rows"]):
-                raise SortpackError(f"{self.path / entry['file']}: {batch.num_rows} rows, "
-                                    f"the manifest says {entry['rows']}")
+        # Refuse a damaged index now (a stat per shard); map a shard when a step first needs
+        # it. Only Arrow footers and batch headers are read then, column pages on use.
+        for entry in entries:
+            shard = self.path / entry["file"]
+            size = shard.stat().st_size if shard.is_file() else None
+            if size != int(entry["bytes"]):
+                found = "missing" if size is None else f"{size} bytes"
+                raise SortpackError(f"{shard}: {found}, the manifest says {entry['bytes']} bytes")
+        self._entries = entries
+        self._shards: list = [None] * len(entries)
         self._firsts = firsts
         self._starts = np.array(firsts + [self.num_microbatches], dtype=np.int64)
         self._views: dict = {}
         self._columns: dict = {}
-        names = self._shards[0].schema.names if self._shards else list(self.manifest.get("schema", {}))
+        names = list(self.manifest.get("schema") or {}) or (self._shard(0).schema.names if entries else [])
+        missing = {"sample_ids", "num_samples", "batch_size", "padded_size", "tokens"} - set(names)
+        if missing:
+            raise SortpackError(f"{self.path}: index lacks column(s) {', '.join(sorted(missing))}")
         self.has_rows = "row_splits" in names
+
+    def _shard(self, k: int):
+        batch = self._shards[k]
+        if batch is None:
+            entry = self._entries[k]
+            batch = open_shard(self.path, entry)
+            if batch.num_rows != int(entry["rows"]):
+                raise SortpackError(f"{self.path / entry['file']}: {batch.num_rows} rows, "
+                                    f"the manifest says {entry['rows']}")
+            self._shards[k] = batch
+        return batch
 
     def __reduce__(self):
         return (PackedIndex, (str(self.path),))
@@ -73,7 +90,7 @@ class PackedIndex:
         key = (k, name)
         view = self._views.get(key)
         if view is None:
-            col = self._shards[k].column(name)
+            col = self._shard(k).column(name)
             if name in ("sample_ids", "row_splits"):
                 view = (col.offsets.to_numpy(zero_copy_only=True), col.values.to_numpy(zero_copy_only=True))
             else:
