@@ -53,6 +53,7 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
     def forward(self, x, mask):
+        """Return the block's output for x (B, T, D) under mask (B, T, T; True = may attend)."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
@@ -70,6 +71,7 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(dim, 256)
 
     def forward(self, ids, mask):
+        """Return next-byte logits (B, T, 256)."""
         x = self.embed(ids) + self.pos(torch.arange(ids.shape[1]))[None]
         for block in self.blocks:
             x = block(x, mask)
@@ -77,6 +79,7 @@ class TinyLM(nn.Module):
 
 
 def main() -> None:
+    """Train for ``--steps`` optimizer steps, printing each rank's shapes, tokens and LR per step."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("index")
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps to run")

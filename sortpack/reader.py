@@ -520,6 +520,7 @@ class PackedSampler:
 
     @track_steps.setter
     def track_steps(self, on: bool) -> None:
+        """Switch between following ``step()`` calls and following hand-outs, from the current position."""
         if on and not self._track:
             self._position = self._issued
         elif not on and self._track:

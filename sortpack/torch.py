@@ -153,6 +153,9 @@ def _tokens(item, key, tokenize) -> np.ndarray:
         return np.frombuffer(seq, dtype=np.uint8).astype(np.int64)
     if isinstance(seq, str):
         raise TypeError("collate got text: pass tokenize= (e.g. lambda s: s.encode()) or a key of token ids")
+    if isinstance(seq, dict):
+        raise TypeError(f"collate got a row with columns {sorted(seq)}: pass key= (a column of token ids) "
+                        "or tokenize= (a function from the row to token ids)")
     return np.asarray(seq, dtype=np.int64).reshape(-1)
 
 

@@ -41,6 +41,7 @@ def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, 
     s = sizes[ids]
     nonempty = counts > 0
     def seg(fn, empty):
+        """Return ``fn`` reduced over each micro-batch's sizes (``empty`` for none)."""
         out = np.full(m, empty, dtype=s.dtype)
         if nonempty.any():
             out[nonempty] = fn.reduceat(s, starts[:-1][nonempty])
