@@ -123,6 +123,21 @@ def test_pad_collate_pads_to_the_shape_and_masks_padding_slots():
     assert plain["input_ids"].shape == (2, 8)
 
 
+def test_padding_slots_through_a_dataloader(tmp_path):
+    # same-shape groups of 2: micro-batch 1 has 2 real samples in a shape of 3 slots
+    path = write_index(tmp_path / "ix", [3, 2, 1, 1], sizes=[2, 3, 4, 5, 5, 6, 7],
+                       padded_size=[4, 4, 8, 8], batch_size=[3, 3, 1, 1],
+                       options={"same_shape": True, "group_size": 2})
+    data = [list(range(1, n + 1)) for n in (2, 3, 4, 5, 5, 6, 7)]
+    sampler = PackedBatchSampler(path, rank=0, world_size=2)
+    batches = list(DataLoader(PackedDataset(data), batch_sampler=sampler, collate_fn=pad_collate()))
+    assert [tuple(b["input_ids"].shape) for b in batches] == [(3, 4), (1, 8)]
+    sampler = PackedBatchSampler(path, rank=1, world_size=2)
+    first = next(iter(DataLoader(PackedDataset(data), batch_sampler=sampler, collate_fn=pad_collate())))
+    assert first["real"].tolist() == [True, True, False] and first["sample_ids"].tolist() == [3, 4, -1]
+    assert first["key_padding_mask"][2].all() and first["input_ids"][2].tolist() == [0] * 4
+
+
 def test_varlen_collate_reproduces_samples():
     seqs = [[1, 2, 3], [4], [5, 6, 7, 8], [9, 10]]
     out = varlen_collate()(seqs)
