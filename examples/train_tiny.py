@@ -1,0 +1,143 @@
+"""Train a tiny byte-level transformer on a sortpack index for a few steps (CPU, gloo).
+
+    torchrun --nproc_per_node 2 examples/train_tiny.py INDEX --steps 4
+    mpiexec -n 2 python examples/train_tiny.py INDEX --steps 4
+
+The index must have been built over a column ``text`` with sizes = character length
+(``sortpack run data/ -o INDEX --column text --max-tokens 2048``). Tokens are UTF-8 bytes,
+so nothing is downloaded; a sample with multi-byte characters is cut to the micro-batch's
+``padded_size``. Rank and world size come from RANK/WORLD_SIZE (torchrun), PMI_RANK/PMI_SIZE
+(MPICH) or OMPI_COMM_WORLD_RANK/SIZE (Open MPI); MASTER_ADDR/MASTER_PORT default to
+127.0.0.1:29500.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from sortpack.dataset import SourceDataset
+from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, pad_collate
+
+PAD = 0  # byte 0 does not occur in text
+
+
+def utf8_bytes(row: dict) -> bytes:
+    """Return the byte-level tokens of a row (module level, so DataLoader workers can pickle it)."""
+    return row["text"].encode("utf-8")
+
+
+def rank_and_world() -> tuple[int, int]:
+    """Return (rank, world size) from the launcher's environment."""
+    for r, w in (("RANK", "WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                 ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if r in os.environ and w in os.environ:
+            return int(os.environ[r]), int(os.environ[w])
+    return 0, 1
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block using a per-sample (B, T, T) attention mask."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x, mask):
+        """Return the block's output for x (B, T, D) under mask (B, T, T; True = may attend)."""
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+        x = x + self.out(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyLM(nn.Module):
+    """A two-block byte-level language model."""
+
+    def __init__(self, dim: int = 32, heads: int = 2, max_len: int = 4096):
+        super().__init__()
+        self.embed, self.pos = nn.Embedding(256, dim), nn.Embedding(max_len, dim)
+        self.blocks = nn.ModuleList([Block(dim, heads) for _ in range(2)])
+        self.head = nn.Linear(dim, 256)
+
+    def forward(self, ids, mask):
+        """Return next-byte logits (B, T, 256)."""
+        x = self.embed(ids) + self.pos(torch.arange(ids.shape[1]))[None]
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(x)
+
+
+def main() -> None:
+    """Train for ``--steps`` optimizer steps, printing each rank's shapes, tokens and LR per step."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("index")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps to run")
+    parser.add_argument("--grad-accum", type=int, default=2)
+    parser.add_argument("--order", default="shuffle", choices=["index", "shuffle", "curriculum"])
+    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=1e-3, help="LR at the reference batch")
+    parser.add_argument("--method", default="sqrt", choices=["linear", "sqrt", "none"])
+    args = parser.parse_args()
+
+    rank, world = rank_and_world()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+    sampler = PackedBatchSampler(args.index, rank=rank, world_size=world, grad_accum=args.grad_accum,
+                                 order=args.order, seed=0)
+    dataset = SourceDataset(args.index, columns=["text"])
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
+                        collate_fn=pad_collate(pad_id=PAD, tokenize=utf8_bytes, attn_mask="causal"))
+    max_len = int(sampler.index["padded_size"].max(initial=1))
+    model = nn.parallel.DistributedDataParallel(TinyLM(max_len=max_len))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 10))
+    ref = max(1, round(sampler.index.num_samples / max(1, sampler.steps_per_epoch)))
+    sched = VariableBatchSizeLR(warmup, sampler, ref_batch_size=ref, method=args.method)
+
+    step, epoch, shapes, tokens = 0, 0, [], 0
+    while step < args.steps:
+        sampler.set_epoch(epoch)
+        for i, batch in enumerate(loader):
+            ids, mask = batch["input_ids"], batch["attn_mask"]
+            targets = ids[:, 1:].masked_fill(batch["key_padding_mask"][:, 1:], -100)
+            sync = (i + 1) % args.grad_accum == 0
+            with contextlib.nullcontext() if sync else model.no_sync():  # all-reduce once per step
+                logits = model(ids, mask)
+                loss = F.cross_entropy(logits[:, :-1].reshape(-1, 256), targets.reshape(-1),
+                                       ignore_index=-100, reduction="sum")
+                loss = loss / max(1, int((targets != -100).sum()))
+                (loss / args.grad_accum).backward()
+            shapes.append(tuple(ids.shape))
+            tokens += int(batch["lengths"].sum())
+            if sync:
+                lr = opt.param_groups[0]["lr"]
+                opt.step()
+                opt.zero_grad()
+                sched.step()
+                print(f"rank {rank} step {step}: batch shapes {shapes} tokens {tokens} lr {lr:.3e} "
+                      f"loss {loss.item():.3f}", flush=True)
+                step, shapes, tokens = step + 1, [], 0
+                if step >= args.steps:
+                    break
+        epoch += 1
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Helpers that write small, valid sortpack index directories (and text corpora) for the reader tests."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sortpack.format import FORMATS, VERSION, OutputDir, index_schema
+from sortpack.format.schemas import schema_json
+from sortpack.format.shards import ROWS_PER_SHARD, write_owned_shards
+from sortpack.parallel import SerialComm
+
+
+def _list_array(counts: np.ndarray, values: np.ndarray, value_type) -> pa.Array:
+    offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type))
+
+
+def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, batch_size=None,
+                stage=None, row_splits=None, options=None, source_files=None,
+                rows_per_shard: int | None = None) -> Path:
+    """Write an index whose micro-batch i is the next ``counts[i]`` of ``sample_ids``; return its path.
+
+    ``sizes`` maps a sample id to its size (default 1); ``row_splits`` is a list of per-micro-batch
+    offset arrays (rows mode); ``source_files`` the manifest's ``source.files``.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    m = len(counts)
+    total = int(counts.sum())
+    ids = np.arange(total, dtype=np.int64) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
+    if sizes is None:
+        sizes = np.ones(int(ids.max(initial=-1)) + 1, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    starts = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    s = sizes[ids]
+    nonempty = counts > 0
+    def seg(fn, empty):
+        """Return ``fn`` reduced over each micro-batch's sizes (``empty`` for none)."""
+        out = np.full(m, empty, dtype=s.dtype)
+        if nonempty.any():
+            out[nonempty] = fn.reduceat(s, starts[:-1][nonempty])
+        return out
+    max_size = seg(np.maximum, 0)
+    tokens = seg(np.add, 0)
+    min_key = seg(np.minimum, 0).astype(np.float64)
+    padded = max_size if padded_size is None else np.asarray(padded_size, dtype=np.int64)
+    bsz = counts if batch_size is None else np.asarray(batch_size, dtype=np.int64)
+    stg = np.zeros(m, dtype=np.int16) if stage is None else np.asarray(stage, dtype=np.int16)
+    rows = row_splits is not None
+    columns = [
+        pa.array(np.arange(m, dtype=np.int64)),
+        _list_array(counts, ids, pa.int64()),
+        pa.array(counts.astype(np.int32)),
+        pa.array(bsz.astype(np.int32)),
+        pa.array(max_size.astype(np.int64)),
+        pa.array(padded.astype(np.int64)),
+        pa.array(tokens.astype(np.int64)),
+        pa.array(min_key),
+        pa.array(max_size.astype(np.float64)),
+        pa.array(stg),
+    ]
+    if rows:
+        rs_counts = np.array([len(r) for r in row_splits], dtype=np.int64)
+        rs_values = np.concatenate([np.asarray(r, dtype=np.int32) for r in row_splits] or [np.zeros(0, np.int32)])
+        columns.append(_list_array(rs_counts, rs_values, pa.int32()))
+    schema = index_schema(rows=rows)
+    table = pa.Table.from_arrays(columns, schema=schema)
+    rps = rows_per_shard or ROWS_PER_SHARD["index"]
+    comm = SerialComm()
+    out = OutputDir(comm, path, overwrite=True)
+    out.ensure()
+    shards = write_owned_shards(comm, out, "index", table, 0, m, rps, samples_per_row=counts)
+    files = source_files or []
+    manifest = {
+        "format": FORMATS["index"], "version": VERSION,
+        "num_rows": m, "num_samples": total, "num_microbatches": m, "rows_per_shard": rps,
+        "schema": schema_json(schema),
+        "options": options or {"max_tokens": int(padded.max(initial=0) * bsz.max(initial=0)), "budget": "padded"},
+        "source": {"num_rows": int(sum(f["rows"] for f in files)) if files else len(sizes), "files": files},
+        "shards": shards, "stats": {}, "provenance": {"created": "test"},
+    }
+    out.commit(manifest)
+    return Path(path)
+
+
+def random_index(path, rng: np.random.Generator, m: int, rows_per_shard: int | None = None, **kw) -> Path:
+    """Write an index of ``m`` micro-batches of 1..8 random-size samples; return its path."""
+    counts = rng.integers(1, 9, size=m)
+    sizes = rng.integers(1, 200, size=int(counts.sum()))
+    return write_index(path, counts, sizes=sizes, rows_per_shard=rows_per_shard, **kw)
+
+
+def pack_greedy(sizes: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """Return micro-batches (sample ids) of samples sorted by size under the padded budget (test oracle)."""
+    order = np.argsort(sizes, kind="stable")
+    batches, cur, cur_max = [], [], 0
+    for i in order.tolist():
+        size = int(sizes[i])
+        if cur and (len(cur) + 1) * max(cur_max, size) > max_tokens:
+            batches.append(np.array(cur))
+            cur, cur_max = [], 0
+        cur.append(i)
+        cur_max = max(cur_max, size)
+    if cur:
+        batches.append(np.array(cur))
+    return batches
+
+
+def write_text_corpus(directory, n: int = 60, seed: int = 0) -> list[dict]:
+    """Write ``n`` text rows as two parquet files (several row groups) and one JSONL; return source.files."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    words = ["alpha", "beta", "gamma", "delta", "épsilon", "zeta", "eta", "theta"]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 12)))) + f" #{i}" for i in range(n)]
+    a, b = n // 3, 2 * n // 3
+    parts = [
+        ("part-0.parquet", texts[:a]),
+        ("part-1.parquet", texts[a:b]),
+        ("part-2.jsonl", texts[b:]),
+    ]
+    files = []
+    for name, chunk in parts:
+        path = directory / name
+        if name.endswith(".parquet"):
+            pq.write_table(pa.table({"text": chunk, "n": list(range(len(chunk)))}), path, row_group_size=7)
+            fmt = "parquet"
+        else:
+            path.write_text("".join(json.dumps({"text": t, "n": k}) + "\n" for k, t in enumerate(chunk)))
+            fmt = "jsonl"
+        files.append({"path": os.path.abspath(path), "format": fmt, "rows": len(chunk),
+                      "bytes": path.stat().st_size})
+    return files
+
+
+def corpus_texts(files: list[dict]) -> list[str]:
+    """Return the texts of a corpus written by ``write_text_corpus``, in sample-id order."""
+    out = []
+    for f in files:
+        if f["format"] == "parquet":
+            out.extend(pq.read_table(f["path"], columns=["text"]).column("text").to_pylist())
+        else:
+            out.extend(json.loads(line)["text"] for line in Path(f["path"]).read_text().splitlines())
+    return out
+
+
+def write_text_index(path, files: list[dict], max_tokens: int = 120, **kw) -> Path:
+    """Write an index over a text corpus, sizes = character length of ``text``; return its path."""
+    texts = corpus_texts(files)
+    sizes = np.array([len(t) for t in texts], dtype=np.int64)
+    batches = pack_greedy(sizes, max_tokens)
+    counts = [len(b) for b in batches]
+    ids = np.concatenate(batches)
+    options = {"max_tokens": max_tokens, "budget": "padded", "size": "length", "column": "text"}
+    return write_index(path, counts, ids, sizes, options=options, source_files=files, **kw)
