@@ -75,7 +75,9 @@ def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, 
     comm = SerialComm()
     out = OutputDir(comm, path, overwrite=True)
     out.ensure()
-    shards = write_owned_shards(comm, out, "index", table, 0, m, rps, samples_per_row=counts)
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    shards = write_owned_shards(comm, out, "index", lambda a, b: table.slice(a, b - a), 0, m, m, rps,
+                                samples_in=lambda a, b: offsets[b] - offsets[a])
     files = source_files or []
     manifest = {
         "format": FORMATS["index"], "version": VERSION,
