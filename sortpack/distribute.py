@@ -13,7 +13,11 @@ def redistribute(comm: Comm, columns: dict[str, np.ndarray], my_start: int,
     This rank holds global rows ``[my_start, my_start + n)``; rows keep their global order.
     """
     n = len(next(iter(columns.values())))
-    cuts = np.clip(np.asarray(dest_starts, dtype=np.int64) - my_start, 0, n)
+    dest_starts = np.asarray(dest_starts, dtype=np.int64)
+    in_place = int(dest_starts[comm.rank]) == my_start and int(dest_starts[comm.rank + 1]) == my_start + n
+    if comm.allreduce(int(in_place), "min"):
+        return dict(columns)  # every rank already holds its range: nothing moves, nothing is copied
+    cuts = np.clip(dest_starts - my_start, 0, n)
     return comm.alltoallv_many(columns, np.diff(cuts))
 
 

@@ -111,6 +111,8 @@ class PackOptions:
         """Return which samples cannot fit a micro-batch (or a row) alone."""
         if self.rows:
             return np.asarray(sizes) > self.rows
+        if self.budget != "quadratic" and not self.rounding:
+            return np.asarray(sizes) > self.max_tokens  # cost alone is the size: no temporaries
         return self.alone_cost(sizes) > self.max_tokens
 
     @property
@@ -192,14 +194,18 @@ def _oversize(comm: Comm, samples: Samples, opts: PackOptions) -> tuple[Samples,
                    samples.stage, samples.files), info
 
 
-def _piece_starts(positions: np.ndarray, stage: np.ndarray, segment_size: int) -> np.ndarray:
-    """Return local indices where a packing piece starts (new segment or new stage)."""
-    if len(positions) == 0:
+def _piece_starts(start: int, stage: np.ndarray, segment_size: int) -> np.ndarray:
+    """Return local indices where a packing piece starts (a new segment or a new stage).
+
+    This rank holds global positions ``[start, start + len(stage))``.
+    """
+    n = len(stage)
+    if n == 0:
         return np.zeros(0, np.int64)
-    seg = positions // segment_size
-    new = np.ones(len(positions), dtype=bool)
-    new[1:] = (seg[1:] != seg[:-1]) | (stage[1:] != stage[:-1])
-    return np.flatnonzero(new)
+    first_seg = -(-start // segment_size) * segment_size - start
+    seg = np.arange(first_seg, n, segment_size, dtype=np.int64)
+    changes = np.flatnonzero(stage[1:] != stage[:-1]) + 1
+    return np.unique(np.concatenate(([0], seg, changes)))
 
 
 def _greedy(sizes: np.ndarray, opts: PackOptions) -> np.ndarray:
@@ -269,17 +275,17 @@ def _pack_greedy(comm: Comm, samples: Samples, opts: PackOptions, key: str):
     start, total = global_start(comm, len(cols["sample_id"]))
     samples = Samples(start, total, cols["sample_id"], cols["size"], cols["difficulty"], cols["stage"],
                       samples.files)
-    positions = np.arange(start, start + len(samples), dtype=np.int64)
-    piece_of = np.zeros(len(samples), np.int64)
-    piece_of[_piece_starts(positions, samples.stage, opts.segment_size)[1:]] = 1
-    piece_of = np.cumsum(piece_of)
+    starts = _piece_starts(start, samples.stage, opts.segment_size)
+    n_before = len(samples)
     samples, info = _oversize(comm, samples, opts)
-    if info["skipped"]:
-        piece_of = piece_of[~opts.oversize_mask(cols["size"])]
     sizes = samples.size
     n = len(sizes)
-    starts = np.flatnonzero(np.concatenate(([True], piece_of[1:] != piece_of[:-1]))) if n else np.zeros(0, np.int64)
-    ends = np.concatenate((starts[1:], [n])) if n else np.zeros(0, np.int64)
+    if n != n_before:
+        # skipped samples shift the pieces: a piece now starts at the first kept sample
+        kept_before = np.concatenate(([0], np.cumsum(~opts.oversize_mask(cols["size"]))))
+        starts = np.unique(kept_before[starts])
+        starts = starts[starts < n]
+    ends = np.concatenate((starts[1:], [n])) if len(starts) else np.zeros(0, np.int64)
     bounds = [np.zeros(1, np.int64)]
     for a, b in zip(starts, ends):
         bounds.append(_greedy(sizes[a:b], opts)[1:] + a)

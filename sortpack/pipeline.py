@@ -255,7 +255,7 @@ def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrit
         with prof.stage("read"):
             samples, manifest = read_samples(comm, metrics, "metrics")
         with prof.stage("sort"):
-            ordered = sort_samples(comm, samples, sopts, ROWS_PER_SHARD["sorted"])
+            ordered = sort_samples(comm, samples, sopts, ROWS_PER_SHARD["sorted"], consume=True)
         options = {**manifest["options"], **sopts.as_dict()}
         return write_samples(comm, out, "sorted", ordered, options, prof, job)
 
@@ -299,7 +299,7 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         if keep_intermediate:
             write_samples(comm, extra[0], "metrics", samples, aopts.as_dict(), prof, job)
         with prof.stage("sort"):
-            ordered = sort_samples(comm, samples, sopts, ROWS_PER_SHARD["sorted"])
+            ordered = sort_samples(comm, samples, sopts, ROWS_PER_SHARD["sorted"], consume=True)
         del samples
         options = {**aopts.as_dict(), **sopts.as_dict()}
         if keep_intermediate:

@@ -50,9 +50,16 @@ class KeyCodec:
     is_float: bool
     bits: int  # bits the largest code needs
 
-    def decode(self, codes: np.ndarray) -> np.ndarray:
-        """Return the key values of ``codes`` (int64, or float64 for float keys)."""
-        raw = codes + np.uint64(self.offset)
+    def decode(self, codes: np.ndarray, in_place: bool = False) -> np.ndarray:
+        """Return the key values of ``codes`` (int64, or float64 for float keys).
+
+        ``in_place`` reuses the codes' memory for integer keys.
+        """
+        if in_place:
+            codes += np.uint64(self.offset)
+            raw = codes
+        else:
+            raw = codes + np.uint64(self.offset)
         if self.descending:
             np.invert(raw, out=raw)
         if not self.is_float:
@@ -130,6 +137,10 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     r_lo = comm.alltoallv(lo, send, recv) if lo is not None else None
     r_payload = {k: comm.alltoallv(v, send, recv) for k, v in payload.items()}
     offsets = np.concatenate(([0], np.cumsum(recv))).astype(np.int64)
+    if r_lo is None and not r_payload:
+        # nothing rides along: merge the sorted runs in place (timsort finds the runs)
+        r_hi.sort(kind="stable")
+        return r_hi, None, {}
     if r_lo is None:
         r_hi, perm = kernels.merge_sorted_runs(r_hi, offsets)
     else:
@@ -139,20 +150,26 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
 
 
 def _sort_by(comm: Comm, codes: np.ndarray, key_bits: int, samples: Samples,
-             payload: dict[str, np.ndarray], contiguous: bool):
+             payload: dict[str, np.ndarray], contiguous: bool, ids_fill: bool = False):
     """Return (sample_id, key codes, payload) sorted by (key code, sample_id) over all ranks.
 
-    ``codes`` is consumed (modified in place).
+    ``codes`` is consumed (modified in place). ``ids_fill``: the ids are
+    ``start + arange(len(codes))`` and ``samples.sample_id`` may be empty.
     """
     id_bits = max(1, int(samples.total - 1).bit_length())
-    ids = samples.sample_id.astype(np.int64, copy=False)
     if key_bits + id_bits <= 64:
         codes <<= np.uint64(id_bits)
-        codes |= ids.view(np.uint64)
+        if ids_fill:
+            codes |= np.arange(samples.start, samples.start + len(codes), dtype=np.uint64)
+        else:
+            codes |= samples.sample_id.astype(np.int64, copy=False).view(np.uint64)
         hi, _, payload = sample_sort(comm, codes, None, payload, (samples.start, id_bits) if contiguous else None)
         out_ids = (hi & np.uint64((1 << id_bits) - 1)).view(np.int64)
         hi >>= np.uint64(id_bits)
         return out_ids, hi, payload
+    ids = samples.sample_id.astype(np.int64, copy=False)
+    if ids_fill:
+        ids = np.arange(samples.start, samples.start + len(codes), dtype=np.int64)
     hi, lo, payload = sample_sort(comm, codes, ids.view(np.uint64), payload)
     return lo.view(np.int64), hi, payload
 
@@ -165,13 +182,17 @@ def _is_contiguous(comm: Comm, samples: Samples) -> bool:
     return bool(comm.allreduce(int(ok), "min"))
 
 
-def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard: int) -> Samples:
+def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard: int,
+                 consume: bool = False) -> Samples:
     """Return the samples globally sorted by (key, sample_id), ranks holding whole output shards.
 
     Keys travel packed with the ids and are decoded afterwards, so with the default key
     (size, difficulty = size) nothing but one uint64 per sample is moved or gathered.
+    ``consume=True`` lets the sort drop the input arrays as soon as they are encoded
+    (the caller's ``samples`` is emptied), which bounds a rank's peak memory.
     """
     opts.validate()
+    files = samples.files
     contiguous = _is_contiguous(comm, samples)
     same = samples.difficulty is samples.size or (
         samples.difficulty.dtype == samples.size.dtype and np.array_equal(samples.difficulty, samples.size))
@@ -197,19 +218,33 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
             payload["size"] = samples.size
         elif not same:
             payload["difficulty"] = samples.difficulty
-        ids, codes, payload = _sort_by(comm, codes, codec.bits, samples, payload, contiguous)
-        keys = codec.decode(codes)
+        if consume and not payload and contiguous:
+            # the ids are start + arange(n) and the keys are in the codes: free the input now
+            consumed = samples
+            samples = Samples(samples.start, samples.total, np.zeros(0, np.int64), None, None, None, files)
+            consumed.sample_id = consumed.size = consumed.difficulty = consumed.stage = None
+            ids_fill = True
+        else:
+            ids_fill = False
+        ids, codes, payload = _sort_by(comm, codes, codec.bits, samples, payload, contiguous, ids_fill)
+        keys = codec.decode(codes, in_place=True)
         del codes
         size = keys if by_size else payload["size"]
         difficulty = keys if not by_size else (size if same else payload["difficulty"])
         stage = np.zeros(len(ids), np.int16)
 
     start, total = global_start(comm, len(ids))
-    cols = redistribute(comm, {"sample_id": ids, "size": size, "difficulty": difficulty, "stage": stage},
-                        start, owner_starts(total, rows_per_shard, comm.size))
+    cols = {"sample_id": ids, "size": size}
+    if difficulty is not size:
+        cols["difficulty"] = difficulty
+    if opts.stages > 1:
+        cols["stage"] = stage
+    del ids, size, difficulty, stage
+    cols = redistribute(comm, cols, start, owner_starts(total, rows_per_shard, comm.size))
     start, _ = global_start(comm, len(cols["sample_id"]))
-    return Samples(start, total, cols["sample_id"], cols["size"], cols["difficulty"], cols["stage"],
-                   samples.files)
+    n = len(cols["sample_id"])
+    return Samples(start, total, cols["sample_id"], cols["size"], cols.get("difficulty", cols["size"]),
+                   cols.get("stage", np.zeros(n, np.int16)), files)
 
 
 def _assign_stages(comm: Comm, samples: Samples, opts: SortOptions, contiguous: bool, same: bool) -> Samples:
