@@ -57,6 +57,8 @@ def expand_inputs(inputs: list[str], input_format: str = "auto") -> list[tuple[s
     """
     if input_format not in ("auto",) + FORMATS:
         raise SortpackError(f"--input-format: unknown format {input_format!r}")
+    if not inputs:
+        raise SortpackError("no input files given")
     out: list[tuple[str, str]] = []
     for item in inputs:
         if os.path.isdir(item):
