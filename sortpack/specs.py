@@ -68,14 +68,15 @@ def load_function(spec: Spec) -> Callable:
     module, func = spec.func.split(":")
     try:
         return getattr(importlib.import_module(module), func)
-    except (ImportError, AttributeError) as exc:
-        raise SortpackError(f"{spec.text}: cannot load {module}.{func} ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - importing user code may raise anything
+        raise SortpackError(f"{spec.text}: cannot load {module}.{func} "
+                            f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None
 
 
-def load_tokenizer(path: str | None):
+def load_tokenizer(path: str | None, option: str = "--size"):
     """Return an HF ``tokenizers.Tokenizer`` loaded from a tokenizer.json file."""
     if not path:
-        raise SortpackError("--size tokens needs --tokenizer tokenizer.json")
+        raise SortpackError(f"{option} tokens needs --tokenizer tokenizer.json")
     try:
         from tokenizers import Tokenizer
     except ImportError:
