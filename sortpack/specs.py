@@ -93,11 +93,25 @@ def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
     col = table.column(name)
     if col.null_count:
         raise SortpackError(f"{where}: column {name!r} has {col.null_count} null values")
+    return _plain(col)
+
+
+def _plain(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    # The string kernels used below have no view or dictionary variants: polars writes
+    # string_view to Arrow IPC, pandas categoricals arrive dictionary-encoded.
+    t = col.type
+    if pa.types.is_dictionary(t):
+        col = col.cast(t.value_type)
+        t = col.type
+    view = {"is_string_view": pa.large_string(), "is_binary_view": pa.large_binary()}
+    for test, target in view.items():
+        if getattr(pa.types, test, lambda _: False)(t):
+            return col.cast(target)
     return col
 
 
 def _is_text(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _: False)(t)
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 def _is_binary(t: pa.DataType) -> bool:
@@ -105,7 +119,10 @@ def _is_binary(t: pa.DataType) -> bool:
 
 
 def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    # list views go to list_value_length as they are: pyarrow's cast of a list view to a
+    # list gives a broken array
+    views = any(getattr(pa.types, name, lambda _: False)(t) for name in ("is_list_view", "is_large_list_view"))
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or views
 
 
 def _to_numpy(arr) -> np.ndarray:
