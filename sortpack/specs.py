@@ -137,11 +137,18 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None)
     ``where`` (file name) prefixes error messages.
     """
     if spec.kind == "python":
+        # to_batches() of a zero-row table is empty: build the empty batch so the function
+        # always receives a RecordBatch
+        batches = table.combine_chunks().to_batches()
+        batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
         try:
-            out = func(table.combine_chunks().to_batches()[0] if table.num_rows else table)
+            out = func(batch)
+            if isinstance(out, (pa.Array, pa.ChunkedArray)):
+                out = out.to_numpy(zero_copy_only=False)
+            values = np.asarray(out)
         except Exception as exc:  # noqa: BLE001 - user code may raise anything
-            raise SortpackError(f"{where}: {spec.text} raised {type(exc).__name__}: {exc}") from None
-        values = np.asarray(out.to_numpy(zero_copy_only=False) if hasattr(out, "to_numpy") else out)
+            raise SortpackError(f"{where}: {spec.text} raised {type(exc).__name__}: "
+                                f"{' '.join(str(exc).split())}") from None
         if values.shape != (table.num_rows,):
             raise SortpackError(f"{where}: {spec.text} returned {values.shape[0] if values.ndim else 'a scalar'}"
                                 f" values for {table.num_rows} rows")
