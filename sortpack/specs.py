@@ -174,12 +174,28 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None)
             return _to_numpy(pc.binary_length(col)).astype(np.int64, copy=False)
     elif spec.kind == "words":
         if _is_text(t):
-            return _to_numpy(pc.count_substring_regex(col, r"\S+")).astype(np.int64, copy=False)
+            return _word_counts(col)
     elif spec.kind == "tokens":
         if _is_text(t):
             return _token_counts(tokenizer, col)
+    needs = {"length": "a string, binary or list column", "bytes": "a string or binary column"}
     raise SortpackError(f"{where}: column {spec.column!r} is {t}; {spec.kind} needs "
-                        + ("a string, binary or list column" if spec.kind == "length" else "a string column"))
+                        + needs.get(spec.kind, "a string column"))
+
+
+def _word_counts(col: pa.ChunkedArray) -> np.ndarray:
+    # Words as len(text.split()): utf8_split_whitespace splits on the same Unicode
+    # whitespace as str.split (RE2's \S takes U+3000, U+00A0 and \v for word characters)
+    # and is ~3x faster than a regex count; it leaves empty pieces around leading and
+    # trailing whitespace, which are not words.
+    parts = [np.empty(0, np.int64)]
+    for chunk in col.chunks:
+        lists = pc.utf8_split_whitespace(chunk)
+        starts = lists.offsets.to_numpy().astype(np.int64)
+        words = pc.not_equal(pc.binary_length(lists.values), 0).to_numpy(zero_copy_only=False)
+        before = np.concatenate(([0], np.cumsum(words, dtype=np.int64)))
+        parts.append(before[starts[1:]] - before[starts[:-1]])
+    return np.concatenate(parts)
 
 
 def _token_counts(tokenizer, col: pa.ChunkedArray) -> np.ndarray:
