@@ -233,7 +233,11 @@ def as_size(values: np.ndarray, where: str, what: str) -> np.ndarray:
     if values.dtype.kind == "f":
         if values.size and values.max() >= 2**62:
             raise SortpackError(f"{where}: {what} has values too large for a size")
-        values = np.ceil(values).astype(np.int64)
+        # 0.07 * 100 is 7.000000000000001 in binary floating point: a value within float
+        # noise of an integer is that integer, anything else rounds up
+        nearest = np.rint(values)
+        noise = np.abs(values - nearest) <= 1e-9 * np.maximum(1.0, np.abs(values))
+        values = np.where(noise, nearest, np.ceil(values)).astype(np.int64)
     return values
 
 
