@@ -186,7 +186,7 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None)
 def _word_counts(col: pa.ChunkedArray) -> np.ndarray:
     # Words as len(text.split()): utf8_split_whitespace splits on the same Unicode
     # whitespace as str.split (RE2's \S takes U+3000, U+00A0 and \v for word characters)
-    # and is ~3x faster than a regex count; it leaves empty pieces around leading and
+    # and is about 2x faster than a regex count; it leaves empty pieces around leading and
     # trailing whitespace, which are not words.
     parts = [np.empty(0, np.int64)]
     for chunk in col.chunks:
