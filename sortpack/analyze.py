@@ -12,6 +12,9 @@ from .sources import SourceFile, describe, expand_inputs, file_columns, read_uni
 from .specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 
 
+_TEXT_KINDS = ("length", "bytes", "words", "tokens")
+
+
 @dataclass
 class AnalyzeOptions:
     """What to measure: the column and the size/difficulty SPECs."""
@@ -72,10 +75,11 @@ def _describe_all(comm: Comm, inputs: list[str], input_format: str) -> list[Sour
     return [found[i] for i in range(len(paths))]
 
 
-def _resolve_column(opts: AnalyzeOptions, first: SourceFile) -> str | None:
+def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None:
     if opts.column:
         return opts.column
-    names = file_columns(first)
+    # an empty jsonl/csv shard has no columns to choose from: look at the next file
+    names = next((n for n in map(file_columns, files) if n), [])
     if len(names) == 1:
         return names[0]
     if "text" in names:
@@ -93,14 +97,13 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     files = _describe_all(comm, inputs, opts.input_format)
     err = None
     try:
-        needs_column = opts.size in ("length", "bytes", "words", "tokens") or (
-            (opts.difficulty or opts.size) in ("length", "bytes", "words", "tokens"))
-        column = _resolve_column(opts, files[0]) if needs_column else opts.column
+        needs_column = opts.size in _TEXT_KINDS or (opts.difficulty or opts.size) in _TEXT_KINDS
+        column = _resolve_column(opts, files) if needs_column else opts.column
         size_spec = parse_spec(opts.size, column, "--size")
         diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
         tokenizer = None
         if "tokens" in (size_spec.kind, diff_spec.kind if diff_spec else None):
-            tokenizer = load_tokenizer(opts.tokenizer)
+            tokenizer = load_tokenizer(opts.tokenizer, "--size" if size_spec.kind == "tokens" else "--difficulty")
         funcs = {s.text: load_function(s) for s in (size_spec, diff_spec) if s and s.kind == "python"}
     except SortpackError as exc:
         err = exc
@@ -124,12 +127,21 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     columns = sorted({c for s in (size_spec, diff_spec) if s for c in (s.columns() or [])}) or None
     if any(s and s.kind == "python" for s in (size_spec, diff_spec)):
         columns = None
+    text_columns = sorted({s.column for s in (size_spec, diff_spec) if s and s.kind in _TEXT_KINDS})
     sizes, diffs, my_rows, err = [], [], [], None
     try:
         runs = _file_runs(unit_file[lo:hi], unit_local[lo:hi], known[lo:hi])
         for fidx, first, last in progress(runs, show_progress and comm.is_root(), desc="analyze", unit="part"):
             src = files[fidx]
-            table = read_units(src, first, last, columns)
+            table = read_units(src, first, last, columns, text_columns)
+            if src.unit_rows is None:
+                my_rows.append(table.num_rows)
+            elif sum(src.unit_rows[first:last]) != table.num_rows:
+                raise SortpackError(f"{src.path}: read {table.num_rows} rows, metadata says "
+                                    f"{sum(src.unit_rows[first:last])}")
+            if table.num_rows == 0:
+                # an empty file or row group: its columns may not even exist (empty jsonl)
+                continue
             size = as_size(evaluate(size_spec, table, src.path, tokenizer, funcs.get(size_spec.text)),
                            src.path, f"--size {size_spec.text}")
             if diff_spec is None:
@@ -139,11 +151,6 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
                                      src.path, f"--difficulty {diff_spec.text}")
             sizes.append(size)
             diffs.append(diff)
-            if src.unit_rows is None:
-                my_rows.append(table.num_rows)
-            elif sum(src.unit_rows[first:last]) != table.num_rows:
-                raise SortpackError(f"{src.path}: read {table.num_rows} rows, metadata says "
-                                    f"{sum(src.unit_rows[first:last])}")
     except SortpackError as exc:
         err = exc
     comm.check(err)
@@ -156,7 +163,10 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
             unit_rows[u] = r
     start = int(unit_rows[:lo].sum())
     total = int(unit_rows.sum())
-    err = SortpackError("the input holds no rows") if total == 0 else None
+    err = None
+    if total == 0:
+        names = ", ".join(inputs[:3]) + (f" and {len(inputs) - 3} more" if len(inputs) > 3 else "")
+        err = SortpackError(f"{names}: the input holds no rows")
     comm.check(err)
     file_rows = np.bincount(unit_file, weights=unit_rows, minlength=len(files)).astype(np.int64)
     fingerprint = [f.fingerprint(r) for f, r in zip(files, file_rows)]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
+import pyarrow.csv as pcsv
+import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
 from .errors import SortpackError
@@ -57,6 +58,8 @@ def expand_inputs(inputs: list[str], input_format: str = "auto") -> list[tuple[s
     """
     if input_format not in ("auto",) + FORMATS:
         raise SortpackError(f"--input-format: unknown format {input_format!r}")
+    if not inputs:
+        raise SortpackError("no input files given")
     out: list[tuple[str, str]] = []
     for item in inputs:
         if os.path.isdir(item):
@@ -121,13 +124,19 @@ def describe(path: str, fmt: str) -> SourceFile:
         raise SortpackError(f"{path}: cannot read as {fmt} ({' '.join(str(exc).split())})") from None
 
 
-def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None) -> pa.Table:
-    """Return units ``[first, last)`` of a file as one table (only ``columns`` when given)."""
-    if columns is not None:
-        names = file_columns(src)
-        missing = [c for c in columns if c not in names]
-        if missing:
-            raise SortpackError(f"{src.path}: no column {missing[0]!r} (columns: {', '.join(names)})")
+def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None,
+               text_columns: list[str] | None = None) -> pa.Table:
+    """Return units ``[first, last)`` of a file as one table (only ``columns`` when given).
+
+    ``text_columns`` are read as strings where the format guesses types (csv).
+    """
+    if src.format in ("jsonl", "csv") and src.bytes == 0:
+        # an empty shard (common among jsonl/csv part files) holds no rows, not an error
+        return pa.table({c: pa.nulls(0) for c in columns or []})
+    if columns is not None and src.format != "jsonl":
+        # jsonl is checked after reading: a key may first appear past the block that
+        # open_json guesses the schema from
+        _check_columns(src, file_columns(src), columns)
     try:
         if src.format == "parquet":
             return pq.ParquetFile(src.path).read_row_groups(list(range(first, last)), columns=columns)
@@ -139,20 +148,32 @@ def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None
             else:
                 table = reader.read_all()
             return table.select(columns) if columns is not None else table
-        fmt = "json" if src.format == "jsonl" else "csv"
-        dataset = ds.dataset(src.path, format=fmt)
-        return dataset.to_table(columns=columns)
-    except KeyError as exc:
-        raise SortpackError(f"{src.path}: no column {exc}") from None
+        if src.format == "jsonl":
+            # read_json widens a column's type across blocks (int then float); the dataset
+            # API fixes the type from the first block and fails on a later one
+            table = pjson.read_json(src.path)
+            if columns is None:
+                return table
+            if table.num_rows == 0:
+                return pa.table({c: pa.nulls(0) for c in columns})
+            _check_columns(src, table.column_names, columns)
+            return table.select(columns)
+        text = {c: pa.string() for c in text_columns or []}
+        return pcsv.read_csv(src.path, convert_options=pcsv.ConvertOptions(include_columns=columns,
+                                                                            column_types=text))
     except (pa.ArrowException, OSError) as exc:
         msg = " ".join(str(exc).split())
-        if "No match for FieldRef" in msg or "not found" in msg.lower():
-            raise SortpackError(f"{src.path}: missing column ({msg})") from None
         raise SortpackError(f"{src.path}: cannot read as {src.format} ({msg})") from None
 
 
+def _check_columns(src: SourceFile, names: list[str], columns: list[str]) -> None:
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise SortpackError(f"{src.path}: no column {missing[0]!r} (columns: {', '.join(names)})")
+
+
 def file_columns(src: SourceFile) -> list[str]:
-    """Return the column names of a file."""
+    """Return the column names of a file (none for an empty jsonl/csv file)."""
     try:
         return _file_columns(src)
     except (pa.ArrowException, OSError) as exc:
@@ -164,7 +185,12 @@ def _file_columns(src: SourceFile) -> list[str]:
         return pq.ParquetFile(src.path).schema_arrow.names
     if src.format == "arrow":
         return _arrow_reader(src.path).schema.names
-    return ds.dataset(src.path, format="json" if src.format == "jsonl" else "csv").schema.names
+    if src.bytes == 0:
+        return []
+    # the first block is enough for the names; types are left to read_units
+    if src.format == "jsonl":
+        return pjson.open_json(src.path).schema.names
+    return pcsv.open_csv(src.path).schema.names
 
 
 def split_units(weights: np.ndarray, ranks: int) -> np.ndarray:
