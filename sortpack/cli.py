@@ -167,6 +167,8 @@ def _job(fn):
         if threads:
             pa.set_cpu_count(threads)
             pa.set_io_thread_count(max(threads, 1))
+            # the tokenizers library sizes its (rayon) pool from this when first used
+            os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         comm = get_comm()
         job = JobInfo(argv=["sortpack"] + sys.argv[1:], quiet=kw["quiet"])
         result = {}

@@ -84,6 +84,20 @@ class Comm:
             if msg is not None:
                 raise SortpackError(msg, collective=True)
 
+    def collectively(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
+        """Return ``fn(*args, **kwargs)``, turning a user error on any rank into one on all.
+
+        For checks that every rank runs (option validation, reading a manifest), so the
+        job exits with one ``Error:`` line instead of one per rank.
+        """
+        err, out = None, None
+        try:
+            out = fn(*args, **kwargs)
+        except SortpackError as exc:
+            err = exc
+        self.check(err)
+        return out
+
     def alltoallv_many(self, arrays: dict[str, np.ndarray], sendcounts) -> dict[str, np.ndarray]:
         """Return ``alltoallv`` of each array (all ordered by destination, same counts)."""
         recv = self.exchange_counts(sendcounts)

@@ -129,7 +129,7 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: Samples, optio
 
 def read_samples(comm: Comm, directory: str, expect: str) -> tuple[Samples, dict]:
     """Return this rank's shard-aligned slice of a metrics or sorted directory, and its manifest."""
-    manifest = read_manifest(directory, expect)
+    manifest = comm.collectively(read_manifest, directory, expect)
     total = manifest["num_rows"]
     starts = owner_starts(total, manifest["rows_per_shard"], comm.size)
     a, b = int(starts[comm.rank]), int(starts[comm.rank + 1])
@@ -247,7 +247,7 @@ def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOption
 def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrite: bool,
              job: JobInfo) -> dict | None:
     """Sort a metrics directory into a sorted directory."""
-    sopts.validate()
+    comm.collectively(sopts.validate)
     out = OutputDir(comm, output, overwrite)
     prof = Profile(comm)
 
@@ -265,7 +265,7 @@ def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrit
 def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overwrite: bool,
              job: JobInfo) -> dict | None:
     """Pack a sorted directory into an index directory."""
-    popts.validate()
+    comm.collectively(popts.validate)
     out = OutputDir(comm, output, overwrite)
     prof = Profile(comm)
 
@@ -285,8 +285,8 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
             popts: PackOptions, overwrite: bool, job: JobInfo, keep_intermediate: bool = False,
             progress: bool = False) -> dict | None:
     """Analyze, sort and pack in one job (no intermediate files unless asked)."""
-    sopts.validate()
-    popts.validate()
+    comm.collectively(sopts.validate)
+    comm.collectively(popts.validate)
     out = OutputDir(comm, output, overwrite)
     extra = []
     if keep_intermediate:

@@ -216,8 +216,6 @@ def test_mpi_good_input_matches_one_rank(data):
 
 @pytest.mark.mpi
 @needs_mpi
-@pytest.mark.xfail(strict=True, reason="pipeline.run_all validates options outside comm.check: every rank "
-                                       "prints the error and MPI_Abort adds a line per rank")
 def test_mpi_bad_pack_option(data):
     proc = sortpack(["run", "good.parquet", "-o", "out", "--max-tokens", "0"], data, ranks=2, timeout=120)
     assert_clean_failure(proc, data, contains="--max-tokens 0")
