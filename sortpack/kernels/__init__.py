@@ -109,7 +109,7 @@ def greedy_pack_reference(sizes, max_tokens, budget="padded", max_samples=0, bat
 # --------------------------------------------------------------------------------------
 # loading the compiled kernels
 
-_ABI_VERSION = 3  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 4  # must equal SP_ABI_VERSION in _ckernels.c
 _UNLOADED = object()
 _clib = _UNLOADED
 _fallback_reason = ""
@@ -123,9 +123,6 @@ _SIGNATURES = {
                         ctypes.c_double, _I64, _PTR, _I64, _PTR], _I64),
     "sp_merge_runs_u64": ([_PTR, _PTR, _I64, _PTR, _PTR], _I64),
     "sp_merge_runs_pair": ([_PTR, _PTR, _PTR, _I64, _PTR], _I64),
-    "sp_corank_u64": ([_PTR, _I64, _PTR, _I64, _I64], _I64),
-    "sp_merge2_slice_u64": ([_PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _I64, _PTR, _PTR, _I64],
-                            _I64),
     "sp_pack_rows": ([_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR], _I64),
 }
 
