@@ -407,6 +407,8 @@ def merge_sorted_runs(keys: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray
 
     ``merged == keys[perm]``; equal keys keep run order. The result always equals
     ``np.argsort(keys, kind="stable")``: runs found unsorted are sorted that way instead.
+    C: one branchless two-way merge for k <= 2; for k >= 3, ceil(log2 k) such passes over
+    neighbouring runs, with a temporary copy of keys and positions (2n words).
     """
     keys = np.ascontiguousarray(keys, dtype=np.uint64).ravel()
     offsets = _check_offsets(offsets, len(keys))
@@ -430,7 +432,8 @@ def merge_sorted_runs(keys: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray
 def merge_sorted_runs2(hi: np.ndarray, lo: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Return the permutation merging runs sorted by the pair (hi, lo) of uint64 arrays.
 
-    Stable by run on equal pairs; always equals ``np.lexsort((lo, hi))``.
+    Stable by run on equal pairs; always equals ``np.lexsort((lo, hi))``. For k >= 3 the
+    C passes need temporaries of 5n words (hi, lo and positions, ping-pong).
     """
     hi = np.ascontiguousarray(hi, dtype=np.uint64).ravel()
     lo = np.ascontiguousarray(lo, dtype=np.uint64).ravel()
@@ -452,10 +455,13 @@ def merge_sorted_runs2(hi: np.ndarray, lo: np.ndarray, offsets: np.ndarray) -> n
 # --------------------------------------------------------------------------------------
 # bin packing into fixed-length rows
 
-# 65536 consecutive samples per window: on the log-normal benchmark (median 300 tokens,
-# rows of 8192) a window fills ~4000 rows, so its one partial last row costs ~0.01% fill,
-# while the window stays small enough that a row holds only neighbouring samples of the
-# sorted order. See pack_rows_windows.
+# Samples per best-fit window. Fill is lost mostly to each window's last, partial row, so it
+# grows with the rows a window makes. Log-normal sizes (median 300, max 8192), rows of 8192,
+# 1M samples in random order: window 4096 -> 99.79%, 16384 -> 99.94%, 65536 -> 99.98%
+# (~4000 rows a window), the whole set -> 99.998%; the time is flat (~17 ms) up to 2^18.
+# 65536 leaves a wide margin over 99.7% for smaller or larger samples. Windows of a
+# *size-sorted* order hold samples of nearly one size, which no window size fixes short of
+# the whole set (95.8% at 65536 on the same data): pack windows of an order that mixes sizes.
 DEFAULT_ROW_WINDOW = 65536
 
 
