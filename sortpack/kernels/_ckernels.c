@@ -685,7 +685,7 @@ done:
 
 static struct PyModuleDef ckernels_module = {
     PyModuleDef_HEAD_INIT, "_ckernels",
-    "Compiled kernels of sortpack.kernels, called through ctypes.", -1, NULL,
+    "Compiled kernels of sortpack.kernels, called through ctypes.", -1, NULL, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__ckernels(void) { return PyModule_Create(&ckernels_module); }
