@@ -109,7 +109,7 @@ def greedy_pack_reference(sizes, max_tokens, budget="padded", max_samples=0, bat
 # --------------------------------------------------------------------------------------
 # loading the compiled kernels
 
-_ABI_VERSION = 4  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 5  # must equal SP_ABI_VERSION in _ckernels.c
 _UNLOADED = object()
 _clib = _UNLOADED
 _fallback_reason = ""
@@ -121,9 +121,11 @@ _SIGNATURES = {
     "sp_abi_version": ([], _I64),
     "sp_greedy_pack": ([_PTR, _I64, _I64, _I64, _I64, ctypes.c_double, _I64, _I64,
                         ctypes.c_double, _I64, _PTR, _I64, _PTR], _I64),
-    "sp_merge_runs_u64": ([_PTR, _PTR, _I64, _PTR, _PTR], _I64),
-    "sp_merge_runs_pair": ([_PTR, _PTR, _PTR, _I64, _PTR], _I64),
-    "sp_pack_rows": ([_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR], _I64),
+    "sp_merge_scratch_words": ([_I64, _I64, _I64], _I64),
+    "sp_merge_runs_u64": ([_PTR, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
+    "sp_merge_runs_pair": ([_PTR, _PTR, _PTR, _I64, _PTR, _PTR], _I64),
+    "sp_pack_rows_scratch_words": ([_I64, _I64, _I64], _I64),
+    "sp_pack_rows": ([_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR], _I64),
 }
 
 
@@ -182,6 +184,15 @@ def _ptr(a: np.ndarray) -> int:
 
 def _i64(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _scratch(words: int, dtype=np.uint64) -> np.ndarray:
+    """Return uninitialised scratch memory for a C kernel.
+
+    Allocated by numpy rather than malloc: numpy asks for transparent huge pages on large
+    arrays, and first-touch faults of small pages can cost as much as the kernel itself.
+    """
+    return np.empty(max(int(words), 1), dtype=dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -419,8 +430,9 @@ def merge_sorted_runs(keys: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray
     n = len(keys)
     merged = np.empty(n, dtype=np.uint64)
     perm = np.empty(n, dtype=np.int64)
-    rc = lib.sp_merge_runs_u64(_ptr(keys), _ptr(offsets), len(offsets) - 1, _ptr(merged),
-                               _ptr(perm))
+    k = len(offsets) - 1
+    scratch = _scratch(lib.sp_merge_scratch_words(n, k, 0))
+    rc = lib.sp_merge_runs_u64(_ptr(keys), _ptr(offsets), k, _ptr(merged), _ptr(perm), _ptr(scratch))
     if rc == -1:
         raise MemoryError("merge_sorted_runs")
     if rc != 0:
@@ -444,7 +456,9 @@ def merge_sorted_runs2(hi: np.ndarray, lo: np.ndarray, offsets: np.ndarray) -> n
     if lib is None:
         return np.lexsort((lo, hi))
     perm = np.empty(len(hi), dtype=np.int64)
-    rc = lib.sp_merge_runs_pair(_ptr(hi), _ptr(lo), _ptr(offsets), len(offsets) - 1, _ptr(perm))
+    k = len(offsets) - 1
+    scratch = _scratch(lib.sp_merge_scratch_words(len(hi), k, 1))
+    rc = lib.sp_merge_runs_pair(_ptr(hi), _ptr(lo), _ptr(offsets), k, _ptr(perm), _ptr(scratch))
     if rc == -1:
         raise MemoryError("merge_sorted_runs2")
     if rc != 0:
@@ -568,10 +582,9 @@ def pack_rows_windows(sizes, row_len: int, max_segments: int = 0,
         _check_rows(sizes, row_len, max_segments)
     order = np.empty(n, dtype=np.int64)
     splits = np.empty(n + 1, dtype=np.int64)
+    scratch = _scratch(lib.sp_pack_rows_scratch_words(n, row_len, window), np.int64)
     nrows = lib.sp_pack_rows(_ptr(sizes), n, row_len, max_segments, window, _ptr(order),
-                             _ptr(splits))
-    if nrows == -1:
-        raise MemoryError("pack_rows")
+                             _ptr(splits), _ptr(scratch))
     if nrows < 0:
         _check_rows(sizes, row_len, max_segments)
         raise ValueError("pack_rows: invalid sizes")  # pragma: no cover - caught above

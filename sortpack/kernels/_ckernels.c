@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 4
+#define SP_ABI_VERSION 5
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -373,46 +373,44 @@ SP_INLINE int pass_step(int first, int last, int pair, const uint64_t *kh, const
     return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 1, 1);
 }
 
+static int merge_passes(int64_t k) {
+    int passes = 0;
+    while (((int64_t)1 << passes) < k) passes++;
+    return passes;
+}
+
+/* Words of scratch memory the merge of n keys in k runs needs (0 for k <= 2). */
+SP_API int64_t sp_merge_scratch_words(int64_t n, int64_t k, int64_t pair) {
+    if (merge_passes(k) < 2) return 0;
+    return (pair ? 5 : 2) * (n > 0 ? n : 1);
+}
+
 /* k-way merge as ceil(log2 k) passes of two-way merges of neighbouring runs. A loser tree
  * reads the data once, but its per-level compare is a serial chain (branchless) or a coin
  * flip (branchy); a two-way pass streams at ~2-3 ns per element, so for the k the sort
- * stage sees (ranks) the passes win, at the cost of one temporary copy of keys and payload.
- * The passes ping-pong between the caller's output arrays and the temporaries, starting on
- * the side that makes the last pass land in the output. */
+ * stage sees (ranks) the passes win, at the cost of a temporary copy of keys and payload.
+ * The passes ping-pong between the caller's output arrays and the scratch, starting on the
+ * side that makes the last pass land in the output. The scratch comes from the caller
+ * (numpy), whose large allocations are backed by huge pages: first-touch page faults of a
+ * plain malloc cost as much as a whole pass on some machines. */
 SP_INLINE int64_t merge_cascade(const uint64_t *hi, const uint64_t *lo, const int64_t *offsets,
-                                int64_t k, uint64_t *ok, int64_t *op, int pair) {
+                                int64_t k, uint64_t *ok, int64_t *op, int pair, uint64_t *scratch) {
     const int64_t n = offsets[k];
-    int passes = 0;
-    while (((int64_t)1 << passes) < k) passes++;
+    const int passes = merge_passes(k);
+    if (passes == 0) return pass_step(1, 1, pair, hi, lo, NULL, 0, n, n, ok, NULL, op);
+    if (passes == 1)
+        return pass_step(1, 1, pair, hi, lo, NULL, 0, offsets[1], n, ok, NULL, op);
     int64_t *bnd = (int64_t *)malloc(sizeof(int64_t) * (size_t)(k + 1));
     if (!bnd) return -1;
     memcpy(bnd, offsets, sizeof(int64_t) * (size_t)(k + 1));
-    if (passes == 0) {
-        int bad = pass_step(1, 1, pair, hi, lo, NULL, 0, n, n, ok, NULL, op);
-        free(bnd);
-        return bad;
-    }
-    /* side 0: the output (keys ok, or for pairs a temporary hi/lo pair) with payload op;
-     * side 1: temporaries. The pair merge keeps hi and lo on both sides. */
-    size_t nn = (size_t)(n > 0 ? n : 1);
-    uint64_t *t0h = NULL, *t0l = NULL, *t1h = NULL, *t1l = NULL;
-    int64_t *t1p = NULL;
-    int need_side1 = passes >= 2;
-    if (pair && passes >= 2) {
-        t0h = (uint64_t *)malloc(sizeof(uint64_t) * nn);
-        t0l = (uint64_t *)malloc(sizeof(uint64_t) * nn);
-    }
-    if (need_side1) {
-        t1h = (uint64_t *)malloc(sizeof(uint64_t) * nn);
-        t1p = (int64_t *)malloc(sizeof(int64_t) * nn);
-        if (pair) t1l = (uint64_t *)malloc(sizeof(uint64_t) * nn);
-    }
-    if ((pair && passes >= 2 && (!t0h || !t0l)) || (need_side1 && (!t1h || !t1p || (pair && !t1l)))) {
-        free(bnd); free(t0h); free(t0l); free(t1h); free(t1l); free(t1p);
-        return -1;
-    }
-    uint64_t *sh[2] = {pair ? t0h : ok, t1h}, *sl[2] = {t0l, t1l};
-    int64_t *sp[2] = {op, t1p};
+    /* side 0: the output keys (for pairs, scratch hi/lo) with the output positions;
+     * side 1: scratch keys (and lo) and positions */
+    const int64_t nn = n > 0 ? n : 1;
+    uint64_t *t1h = scratch, *t1p = scratch + nn;
+    uint64_t *t1l = pair ? scratch + 2 * nn : NULL;
+    uint64_t *t0h = pair ? scratch + 3 * nn : ok, *t0l = pair ? scratch + 4 * nn : NULL;
+    uint64_t *sh[2] = {t0h, t1h}, *sl[2] = {t0l, t1l};
+    int64_t *sp[2] = {op, (int64_t *)t1p};
     int bad = 0;
     int64_t nr = k;
     const uint64_t *ch = hi, *cl = lo;
@@ -432,7 +430,7 @@ SP_INLINE int64_t merge_cascade(const uint64_t *hi, const uint64_t *lo, const in
         cl = sl[side];
         cp = sp[side];
     }
-    free(bnd); free(t0h); free(t0l); free(t1h); free(t1l); free(t1p);
+    free(bnd);
     return bad;
 }
 
@@ -444,19 +442,20 @@ static int64_t runs_check(const int64_t *offsets, int64_t k) {
 }
 
 /* Merges sorted runs keys[offsets[r]:offsets[r+1]] (r < k, offsets[0] == 0), stable by
- * run: merged keys to ok, source positions to op. Returns 0, 1 when some run was not
- * sorted (outputs are then unspecified), -1 when out of memory, -2 on bad offsets. */
+ * run: merged keys to ok, source positions to op; scratch holds sp_merge_scratch_words.
+ * Returns 0, 1 when some run was not sorted (outputs are then unspecified), -1 when out of
+ * memory, -2 on bad offsets. */
 SP_API int64_t sp_merge_runs_u64(const uint64_t *keys, const int64_t *offsets, int64_t k,
-                                 uint64_t *ok, int64_t *op) {
+                                 uint64_t *ok, int64_t *op, uint64_t *scratch) {
     if (runs_check(offsets, k)) return -2;
-    return merge_cascade(keys, NULL, offsets, k, ok, op, 0);
+    return merge_cascade(keys, NULL, offsets, k, ok, op, 0, scratch);
 }
 
 /* As sp_merge_runs_u64 with keys ordered by the pair (hi, lo); positions only. */
 SP_API int64_t sp_merge_runs_pair(const uint64_t *hi, const uint64_t *lo, const int64_t *offsets,
-                                  int64_t k, int64_t *op) {
+                                  int64_t k, int64_t *op, uint64_t *scratch) {
     if (runs_check(offsets, k)) return -2;
-    return merge_cascade(hi, lo, offsets, k, NULL, op, 1);
+    return merge_cascade(hi, lo, offsets, k, NULL, op, 1, scratch);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -467,10 +466,10 @@ typedef struct {
     int nlev;
     int64_t nw[8];
     uint64_t *w[8];
-    uint64_t *mem;
 } bitset;
 
-static int bs_init(bitset *b, int64_t nbits) {
+/* Words of a bitset over nbits (all levels); with mem, lays the levels out there, zeroed. */
+static int64_t bs_layout(bitset *b, int64_t nbits, uint64_t *mem) {
     int64_t total = 0, m = nbits;
     b->nlev = 0;
     do {
@@ -479,14 +478,15 @@ static int bs_init(bitset *b, int64_t nbits) {
         total += words;
         m = words;
     } while (m > 1 && b->nlev < 8);
-    b->mem = (uint64_t *)calloc((size_t)total, sizeof(uint64_t));
-    if (!b->mem) return -1;
-    uint64_t *p = b->mem;
-    for (int l = 0; l < b->nlev; l++) {
-        b->w[l] = p;
-        p += b->nw[l];
+    if (mem) {
+        memset(mem, 0, sizeof(uint64_t) * (size_t)total);
+        uint64_t *p = mem;
+        for (int l = 0; l < b->nlev; l++) {
+            b->w[l] = p;
+            p += b->nw[l];
+        }
     }
-    return 0;
+    return total;
 }
 
 static inline int ctz64(uint64_t x) {
@@ -637,46 +637,52 @@ static int64_t bfd_window(bfd_ws *ws, const int64_t *sz, int64_t m, int64_t gbas
     return nrows;
 }
 
+static int64_t pack_window_len(int64_t n, int64_t window) {
+    return (window <= 0 || window > n) ? n : window;
+}
+
+/* Words of scratch memory sp_pack_rows needs. */
+SP_API int64_t sp_pack_rows_scratch_words(int64_t n, int64_t row_len, int64_t window) {
+    bitset b;
+    int64_t W = pack_window_len(n, window);
+    if (W < 1) W = 1;
+    if (row_len < 0) row_len = 0;
+    /* seq, rowof, rem, seg, first, next (W each), pairs (2W), head and cnt (R+1 each) */
+    return 8 * W + 2 * (row_len + 1) + bs_layout(&b, row_len + 1, NULL);
+}
+
 /* Best-fit-decreasing packing of consecutive windows of `window` samples (<= 0: one window)
  * into rows of at most row_len tokens and max_segments samples (<= 0: unlimited).
- * order (n) receives positions grouped by row, row_splits (n + 1) the row boundaries.
- * Returns the number of rows, -1 when out of memory, -2 when a size is outside [0, row_len]. */
+ * order (n) receives positions grouped by row, row_splits (n + 1) the row boundaries;
+ * scratch holds sp_pack_rows_scratch_words. Returns the number of rows, or -2 when a size
+ * is outside [0, row_len]. */
 SP_API int64_t sp_pack_rows(const int64_t *sizes, int64_t n, int64_t row_len, int64_t max_segments,
-                            int64_t window, int64_t *order, int64_t *row_splits) {
+                            int64_t window, int64_t *order, int64_t *row_splits, int64_t *scratch) {
     row_splits[0] = 0;
     if (row_len < 0) return -2;
     for (int64_t i = 0; i < n; i++)
         if (sizes[i] < 0 || sizes[i] > row_len) return -2;
     if (n == 0) return 0;
-    int64_t W = (window <= 0 || window > n) ? n : window;
+    const int64_t W = pack_window_len(n, window);
     bfd_ws ws;
-    memset(&ws, 0, sizeof ws);
     ws.R = row_len;
     ws.maxseg = max_segments;
-    size_t mw = (size_t)W;
-    ws.seq = (int64_t *)malloc(sizeof(int64_t) * mw * 6);
-    ws.head = (int64_t *)malloc(sizeof(int64_t) * (size_t)(row_len + 1));
-    ws.cnt = (int64_t *)malloc(sizeof(int64_t) * (size_t)(row_len + 1));
-    ws.pairs = (sp_pair *)malloc(sizeof(sp_pair) * mw);
-    int64_t nrows = -1;
-    if (!ws.seq || !ws.head || !ws.cnt || !ws.pairs || bs_init(&ws.bs, row_len + 1)) goto done;
-    ws.rowof = ws.seq + mw;
-    ws.rem = ws.seq + 2 * mw;
-    ws.seg = ws.seq + 3 * mw;
-    ws.first = ws.seq + 4 * mw;
-    ws.next = ws.seq + 5 * mw;
+    ws.seq = scratch;
+    ws.rowof = scratch + W;
+    ws.rem = scratch + 2 * W;
+    ws.seg = scratch + 3 * W;
+    ws.first = scratch + 4 * W;
+    ws.next = scratch + 5 * W;
+    ws.pairs = (sp_pair *)(scratch + 6 * W);
+    ws.head = scratch + 8 * W;
+    ws.cnt = ws.head + row_len + 1;
+    bs_layout(&ws.bs, row_len + 1, (uint64_t *)(ws.cnt + row_len + 1));
     for (int64_t c = 0; c <= row_len; c++) ws.head[c] = -1;
-    nrows = 0;
+    int64_t nrows = 0;
     for (int64_t w0 = 0; w0 < n; w0 += W) {
         int64_t m = n - w0 < W ? n - w0 : W;
         nrows += bfd_window(&ws, sizes + w0, m, w0, order, row_splits + nrows);
     }
-done:
-    free(ws.seq);
-    free(ws.head);
-    free(ws.cnt);
-    free(ws.pairs);
-    free(ws.bs.mem);
     return nrows;
 }
 
