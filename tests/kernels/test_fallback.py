@@ -94,9 +94,8 @@ def test_loading(monkeypatch):
     monkeypatch.delenv("SORTPACK_NO_CKERNELS")
     if importlib.util.find_spec("sortpack.kernels._ckernels") is None:
         pytest.skip("compiled kernels not built")
-    # built: it must load and be the backend in use (a broken build would silently be slow)
-    assert K._load_clib() is not None
-    assert K.backend() == "c"
+    # built: it must load (a broken build would silently fall back and be slow)
+    assert K._load_clib() is not None, K._fallback_reason
     monkeypatch.setattr(K, "_ABI_VERSION", -1)
     assert K._load_clib() is None
     assert "stale" in K._fallback_reason
