@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 3
+#define SP_ABI_VERSION 5
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -234,241 +234,228 @@ SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t budget, i
 /* ------------------------------------------------------------------------------------ */
 /* merging sorted runs                                                                     */
 
-/* Two-way stable merge of a (global positions a0..) and b (b0..), keys and positions out.
- * Returns non-zero when the output is not sorted, i.e. when an input run was not. */
-static int merge2_u64(const uint64_t *a, int64_t na, int64_t a0, const uint64_t *b, int64_t nb,
-                      int64_t b0, uint64_t *ok, int64_t *op) {
-    int64_t i = 0, j = 0, o = 0;
-    uint64_t prev = 0;
-    int bad = 0;
-    while (i < na && j < nb) {
-        /* this many steps cannot exhaust either run, so the inner loop needs no bounds test */
-        int64_t steps = (na - i) < (nb - j) ? (na - i) : (nb - j);
-        for (int64_t t = 0; t < steps; t++) {
-            uint64_t x = a[i], y = b[j];
-            int64_t tb = y < x; /* ties take a: stable by run */
-            uint64_t v = tb ? y : x;
-            op[o] = tb ? b0 + j : a0 + i;
-            ok[o] = v;
-            bad |= v < prev;
-            prev = v;
-            o++;
-            j += tb;
-            i += 1 - tb;
-        }
-    }
-    for (; i < na; i++, o++) {
-        bad |= a[i] < prev;
-        prev = ok[o] = a[i];
-        op[o] = a0 + i;
-    }
-    for (; j < nb; j++, o++) {
-        bad |= b[j] < prev;
-        prev = ok[o] = b[j];
-        op[o] = b0 + j;
-    }
-    return bad;
-}
-
-static int merge2_pair(const uint64_t *ah, const uint64_t *al, int64_t na, int64_t a0,
-                       const uint64_t *bh, const uint64_t *bl, int64_t nb, int64_t b0,
-                       int64_t *op) {
-    int64_t i = 0, j = 0, o = 0;
-    uint64_t ph = 0, pl = 0;
-    int bad = 0;
-    while (i < na && j < nb) {
-        int64_t steps = (na - i) < (nb - j) ? (na - i) : (nb - j);
-        for (int64_t t = 0; t < steps; t++) {
-            uint64_t xh = ah[i], xl = al[i], yh = bh[j], yl = bl[j];
-            int64_t tb = (yh < xh) | ((yh == xh) & (yl < xl));
-            uint64_t vh = tb ? yh : xh, vl = tb ? yl : xl;
-            op[o] = tb ? b0 + j : a0 + i;
-            bad |= (vh < ph) | ((vh == ph) & (vl < pl));
-            ph = vh;
-            pl = vl;
-            o++;
-            j += tb;
-            i += 1 - tb;
-        }
-    }
-    for (; i < na; i++, o++) {
-        bad |= (ah[i] < ph) | ((ah[i] == ph) & (al[i] < pl));
-        ph = ah[i];
-        pl = al[i];
-        op[o] = a0 + i;
-    }
-    for (; j < nb; j++, o++) {
-        bad |= (bh[j] < ph) | ((bh[j] == ph) & (bl[j] < pl));
-        ph = bh[j];
-        pl = bl[j];
-        op[o] = b0 + j;
-    }
-    return bad;
-}
-
-/* Loser tree over k runs. A node holds the key of the run that lost there; an exhausted
- * run gets the largest key and run id k_pow2 + run so that it loses every tie, including
- * one against a real UINT64_MAX key. */
-typedef struct {
-    uint64_t hi, lo;
-    int64_t src;
-} lt_node;
-
-static inline int lt_less(const lt_node *a, const lt_node *b, int pair) {
-    if (a->hi != b->hi) return a->hi < b->hi;
-    if (pair && a->lo != b->lo) return a->lo < b->lo;
-    return a->src < b->src;
-}
-
 #if defined(__GNUC__) || defined(__clang__)
-__attribute__((always_inline))
+#define SP_INLINE static inline __attribute__((always_inline))
+#else
+#define SP_INLINE static inline
 #endif
-static inline int64_t mergek_impl(const uint64_t *hi, const uint64_t *lo, const int64_t *offsets,
-                                  int64_t k, uint64_t *ok, int64_t *op, int pair) {
-    int64_t K = 1;
-    while (K < k) K <<= 1;
-    lt_node *tree = (lt_node *)malloc(sizeof(lt_node) * 2 * (size_t)K);
-    int64_t *pos = (int64_t *)malloc(sizeof(int64_t) * 2 * (size_t)K);
-    if (!tree || !pos) {
-        free(tree);
-        free(pos);
-        return -1;
-    }
-    int64_t *end = pos + K;
-    for (int64_t r = 0; r < K; r++) {
-        pos[r] = r < k ? offsets[r] : 0;
-        end[r] = r < k ? offsets[r + 1] : 0;
-        lt_node *leaf = &tree[K + r];
-        if (pos[r] < end[r]) {
-            leaf->hi = hi[pos[r]];
-            leaf->lo = pair ? lo[pos[r]] : 0;
-            leaf->src = r;
-        } else {
-            leaf->hi = leaf->lo = UINT64_MAX;
-            leaf->src = K + r;
-        }
-    }
-    /* build bottom-up: win[] kept in a scratch copy so that tree[] ends up holding losers */
-    lt_node *win = (lt_node *)malloc(sizeof(lt_node) * 2 * (size_t)K);
-    if (!win) {
-        free(tree);
-        free(pos);
-        return -1;
-    }
-    for (int64_t r = 0; r < K; r++) win[K + r] = tree[K + r];
-    for (int64_t node = K - 1; node >= 1; node--) {
-        lt_node *l = &win[2 * node], *rr = &win[2 * node + 1];
-        if (lt_less(l, rr, pair)) {
-            win[node] = *l;
-            tree[node] = *rr;
-        } else {
-            win[node] = *rr;
-            tree[node] = *l;
-        }
-    }
-    lt_node cur = K > 1 ? win[1] : win[K];
-    free(win);
 
-    int64_t n = offsets[k] - offsets[0];
-    int bad = 0;
-    for (int64_t o = 0; o < n; o++) {
-        int64_t r = cur.src;
-        int64_t p = pos[r]++;
-        op[o] = p;
-        if (ok) ok[o] = cur.hi;
-        lt_node prev = cur;
-        if (pos[r] < end[r]) {
-            cur.hi = hi[pos[r]];
-            cur.lo = pair ? lo[pos[r]] : 0;
-            bad |= lt_less(&cur, &prev, pair);
-        } else {
-            cur.hi = cur.lo = UINT64_MAX;
-            cur.src = K + r;
-        }
-        for (int64_t node = (K + r) >> 1; node >= 1; node >>= 1) {
-            if (lt_less(&tree[node], &cur, pair)) {
-                lt_node t = tree[node];
-                tree[node] = cur;
-                cur = t;
-            }
-        }
+/* c ? x : y without a branch: gcc otherwise often emits a jump, mispredicted half the time
+ * in a merge. */
+SP_INLINE uint64_t sel_u(int64_t c, uint64_t x, uint64_t y) {
+    uint64_t m = (uint64_t)0 - (uint64_t)c;
+    return (x & m) | (y & ~m);
+}
+SP_INLINE int64_t sel_i(int64_t c, int64_t x, int64_t y) { return (int64_t)sel_u(c, (uint64_t)x, (uint64_t)y); }
+
+/* Key order: the uint64 hi, then (pair) the uint64 lo. Written to compile to setcc/cmov. */
+SP_INLINE int key_lt(uint64_t ah, uint64_t al, uint64_t bh, uint64_t bl, int pair) {
+    if (!pair) return ah < bh;
+#if defined(__SIZEOF_INT128__)
+    return (((unsigned __int128)ah << 64) | al) < (((unsigned __int128)bh << 64) | bl);
+#else
+    return (ah < bh) | ((ah == bh) & (al < bl));
+#endif
+}
+
+/* One pass step: stable merge of the adjacent runs [a, m) and [m, e) of (kh, kl, pay) into
+ * positions [a, e) of (oh, ol, op). Without pay the payload is the index itself (the first
+ * pass, reading the caller's keys); without outkeys only the payload is written (the last
+ * pass of the pair merge). Ties take the left run: stable by run.
+ *
+ * A branchless merge is bound by the latency of its load-compare-advance chain, so the first
+ * half of the output is merged from the front and the second half from the back in the same
+ * loop: two independent chains. Indexes are global, which keeps the live values within
+ * x86-64's 15 registers. Returns non-zero when an input run was not sorted. */
+SP_INLINE int merge2_gen(const uint64_t *kh, const uint64_t *kl, const int64_t *pay, int64_t a,
+                         int64_t m, int64_t e, uint64_t *oh, uint64_t *ol, int64_t *op, int pair,
+                         int haspay, int outkeys) {
+    const int64_t h = a + (e - a) / 2;
+    int64_t i = a, j = m, of = a;          /* front: next of each run, next output */
+    int64_t ia = m - 1, jb = e - 1, ob = e - 1; /* back: the same, walking down */
+    uint64_t fh = 0, fl = 0, bh = UINT64_MAX, bl = UINT64_MAX; /* last output each way */
+    uint64_t bad = 0;
+    for (;;) {
+        /* steps that exhaust neither run from either end nor pass the middle */
+        int64_t T = h - of;
+        if (ob - h + 1 < T) T = ob - h + 1;
+        if (m - i < T) T = m - i;
+        if (e - j < T) T = e - j;
+        if (ia - a + 1 < T) T = ia - a + 1;
+        if (jb - m + 1 < T) T = jb - m + 1;
+        if (T <= 0) break;
+        const int64_t stop = of + T;
+        do {
+            uint64_t xh = kh[i], yh = kh[j], xl = pair ? kl[i] : 0, yl = pair ? kl[j] : 0;
+            int64_t tb = key_lt(yh, yl, xh, xl, pair);
+            uint64_t vh = sel_u(tb, yh, xh), vl = pair ? sel_u(tb, yl, xl) : 0;
+            op[of] = haspay ? sel_i(tb, pay[j], pay[i]) : sel_i(tb, j, i);
+            if (outkeys) oh[of] = vh;
+            if (outkeys && pair) ol[of] = vl;
+            bad |= key_lt(vh, vl, fh, fl, pair);
+            fh = vh;
+            fl = vl;
+            of++;
+            j += tb;
+            i += 1 - tb;
+
+            uint64_t uh = kh[ia], wh = kh[jb], ul = pair ? kl[ia] : 0, wl = pair ? kl[jb] : 0;
+            int64_t ta = key_lt(wh, wl, uh, ul, pair); /* ties take the right run: it goes last */
+            uint64_t zh = sel_u(ta, uh, wh), zl = pair ? sel_u(ta, ul, wl) : 0;
+            op[ob] = haspay ? sel_i(ta, pay[ia], pay[jb]) : sel_i(ta, ia, jb);
+            if (outkeys) oh[ob] = zh;
+            if (outkeys && pair) ol[ob] = zl;
+            bad |= key_lt(bh, bl, zh, zl, pair);
+            bh = zh;
+            bl = zl;
+            ob--;
+            ia -= ta;
+            jb -= 1 - ta;
+        } while (of < stop);
     }
-    free(tree);
-    free(pos);
+    while (of < h) {
+        int tb = i >= m || (j < e && key_lt(kh[j], pair ? kl[j] : 0, kh[i], pair ? kl[i] : 0, pair));
+        int64_t q = tb ? j++ : i++;
+        uint64_t vh = kh[q], vl = pair ? kl[q] : 0;
+        op[of] = haspay ? pay[q] : q;
+        if (outkeys) oh[of] = vh;
+        if (outkeys && pair) ol[of] = vl;
+        bad |= key_lt(vh, vl, fh, fl, pair);
+        fh = vh;
+        fl = vl;
+        of++;
+    }
+    while (ob >= h) {
+        int ta = jb < m || (ia >= a && key_lt(kh[jb], pair ? kl[jb] : 0, kh[ia], pair ? kl[ia] : 0, pair));
+        int64_t q = ta ? ia-- : jb--;
+        uint64_t zh = kh[q], zl = pair ? kl[q] : 0;
+        op[ob] = haspay ? pay[q] : q;
+        if (outkeys) oh[ob] = zh;
+        if (outkeys && pair) ol[ob] = zl;
+        bad |= key_lt(bh, bl, zh, zl, pair);
+        bh = zh;
+        bl = zl;
+        ob--;
+    }
+    /* the halves must meet in order and, which only unsorted runs can break, must have
+     * consumed each run exactly once between them */
+    if (h > a && h < e) bad |= key_lt(bh, bl, fh, fl, pair);
+    bad |= i != ia + 1;
+    return bad != 0;
+}
+
+/* Copies run [a, e) through a pass unmerged (an odd run out), checking that it is sorted. */
+SP_INLINE int copy_run(const uint64_t *kh, const uint64_t *kl, const int64_t *pay, int64_t a,
+                       int64_t e, uint64_t *oh, uint64_t *ol, int64_t *op, int pair, int haspay,
+                       int outkeys) {
+    uint64_t bad = 0;
+    for (int64_t q = a; q < e; q++) {
+        if (q > a) bad |= key_lt(kh[q], pair ? kl[q] : 0, kh[q - 1], pair ? kl[q - 1] : 0, pair);
+        op[q] = haspay ? pay[q] : q;
+        if (outkeys) oh[q] = kh[q];
+        if (outkeys && pair) ol[q] = kl[q];
+    }
+    return bad != 0;
+}
+
+SP_INLINE int pass_step(int first, int last, int pair, const uint64_t *kh, const uint64_t *kl,
+                        const int64_t *pay, int64_t a, int64_t m, int64_t e, uint64_t *oh,
+                        uint64_t *ol, int64_t *op) {
+    /* the flags become constants in each call below, so every variant is compiled lean */
+    int outkeys = !(last && pair);
+    if (m == e) {
+        if (first) return copy_run(kh, kl, pay, a, e, oh, ol, op, pair, 0, outkeys);
+        return copy_run(kh, kl, pay, a, e, oh, ol, op, pair, 1, outkeys);
+    }
+    if (first && last) return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 0, outkeys);
+    if (first) return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 0, 1);
+    if (last) return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 1, outkeys);
+    return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 1, 1);
+}
+
+static int merge_passes(int64_t k) {
+    int passes = 0;
+    while (((int64_t)1 << passes) < k) passes++;
+    return passes;
+}
+
+/* Words of scratch memory the merge of n keys in k runs needs (0 for k <= 2). */
+SP_API int64_t sp_merge_scratch_words(int64_t n, int64_t k, int64_t pair) {
+    if (merge_passes(k) < 2) return 0;
+    return (pair ? 5 : 2) * (n > 0 ? n : 1);
+}
+
+/* k-way merge as ceil(log2 k) passes of two-way merges of neighbouring runs. A loser tree
+ * reads the data once, but its per-level compare is a serial chain (branchless) or a coin
+ * flip (branchy); a two-way pass streams at ~2-3 ns per element, so for the k the sort
+ * stage sees (ranks) the passes win, at the cost of a temporary copy of keys and payload.
+ * The passes ping-pong between the caller's output arrays and the scratch, starting on the
+ * side that makes the last pass land in the output. The scratch comes from the caller
+ * (numpy), whose large allocations are backed by huge pages: first-touch page faults of a
+ * plain malloc cost as much as a whole pass on some machines. */
+SP_INLINE int64_t merge_cascade(const uint64_t *hi, const uint64_t *lo, const int64_t *offsets,
+                                int64_t k, uint64_t *ok, int64_t *op, int pair, uint64_t *scratch) {
+    const int64_t n = offsets[k];
+    const int passes = merge_passes(k);
+    if (passes == 0) return pass_step(1, 1, pair, hi, lo, NULL, 0, n, n, ok, NULL, op);
+    if (passes == 1)
+        return pass_step(1, 1, pair, hi, lo, NULL, 0, offsets[1], n, ok, NULL, op);
+    int64_t *bnd = (int64_t *)malloc(sizeof(int64_t) * (size_t)(k + 1));
+    if (!bnd) return -1;
+    memcpy(bnd, offsets, sizeof(int64_t) * (size_t)(k + 1));
+    /* side 0: the output keys (for pairs, scratch hi/lo) with the output positions;
+     * side 1: scratch keys (and lo) and positions */
+    const int64_t nn = n > 0 ? n : 1;
+    uint64_t *t1h = scratch, *t1p = scratch + nn;
+    uint64_t *t1l = pair ? scratch + 2 * nn : NULL;
+    uint64_t *t0h = pair ? scratch + 3 * nn : ok, *t0l = pair ? scratch + 4 * nn : NULL;
+    uint64_t *sh[2] = {t0h, t1h}, *sl[2] = {t0l, t1l};
+    int64_t *sp[2] = {op, (int64_t *)t1p};
+    int bad = 0;
+    int64_t nr = k;
+    const uint64_t *ch = hi, *cl = lo;
+    const int64_t *cp = NULL;
+    for (int p = 0; p < passes; p++) {
+        int first = p == 0, last = p == passes - 1;
+        int side = (passes - 1 - p) & 1;
+        for (int64_t r = 0; r < nr; r += 2) {
+            int64_t a = bnd[r], m = bnd[r + 1], e = r + 2 <= nr ? bnd[r + 2] : m;
+            bad |= pass_step(first, last, pair, ch, cl, cp, a, m, e, sh[side], sl[side], sp[side]);
+        }
+        int64_t w = 0;
+        for (int64_t r = 0; r <= nr; r += 2) bnd[w++] = bnd[r];
+        if (nr & 1) bnd[w++] = bnd[nr];
+        nr = (nr + 1) / 2;
+        ch = sh[side];
+        cl = sl[side];
+        cp = sp[side];
+    }
+    free(bnd);
     return bad;
 }
 
 static int64_t runs_check(const int64_t *offsets, int64_t k) {
+    if (k < 1 || offsets[0] != 0) return -2;
     for (int64_t r = 0; r < k; r++)
         if (offsets[r + 1] < offsets[r]) return -2;
     return 0;
 }
 
-/* Merges sorted runs keys[offsets[r]:offsets[r+1]] (r < k), stable by run: merged keys to
- * ok, source positions to op. Returns 0, 1 when some run was not sorted (outputs are then
- * unspecified), -1 when out of memory, -2 on decreasing offsets. */
+/* Merges sorted runs keys[offsets[r]:offsets[r+1]] (r < k, offsets[0] == 0), stable by
+ * run: merged keys to ok, source positions to op; scratch holds sp_merge_scratch_words.
+ * Returns 0, 1 when some run was not sorted (outputs are then unspecified), -1 when out of
+ * memory, -2 on bad offsets. */
 SP_API int64_t sp_merge_runs_u64(const uint64_t *keys, const int64_t *offsets, int64_t k,
-                                 uint64_t *ok, int64_t *op) {
+                                 uint64_t *ok, int64_t *op, uint64_t *scratch) {
     if (runs_check(offsets, k)) return -2;
-    if (k <= 0) return 0;
-    if (k == 1) {
-        int64_t o0 = offsets[0], n = offsets[1] - o0;
-        int bad = 0;
-        for (int64_t i = 0; i < n; i++) {
-            ok[i] = keys[o0 + i];
-            op[i] = o0 + i;
-            if (i) bad |= keys[o0 + i] < keys[o0 + i - 1];
-        }
-        return bad;
-    }
-    if (k == 2)
-        return merge2_u64(keys + offsets[0], offsets[1] - offsets[0], offsets[0], keys + offsets[1],
-                          offsets[2] - offsets[1], offsets[1], ok, op);
-    return mergek_impl(keys, NULL, offsets, k, ok, op, 0);
+    return merge_cascade(keys, NULL, offsets, k, ok, op, 0, scratch);
 }
 
 /* As sp_merge_runs_u64 with keys ordered by the pair (hi, lo); positions only. */
 SP_API int64_t sp_merge_runs_pair(const uint64_t *hi, const uint64_t *lo, const int64_t *offsets,
-                                  int64_t k, int64_t *op) {
+                                  int64_t k, int64_t *op, uint64_t *scratch) {
     if (runs_check(offsets, k)) return -2;
-    if (k <= 0) return 0;
-    if (k == 1) {
-        int64_t o0 = offsets[0], n = offsets[1] - o0;
-        int bad = 0;
-        for (int64_t i = 0; i < n; i++) {
-            int64_t g = o0 + i;
-            op[i] = g;
-            if (i) bad |= (hi[g] < hi[g - 1]) | ((hi[g] == hi[g - 1]) & (lo[g] < lo[g - 1]));
-        }
-        return bad;
-    }
-    if (k == 2) {
-        int64_t a0 = offsets[0], b0 = offsets[1];
-        return merge2_pair(hi + a0, lo + a0, b0 - a0, a0, hi + b0, lo + b0, offsets[2] - b0, b0, op);
-    }
-    return mergek_impl(hi, lo, offsets, k, NULL, op, 1);
-}
-
-/* Co-rank for splitting a stable two-way merge between threads: the number of elements of
- * a among the first `k` outputs of merge(a, b) (ties take a). */
-SP_API int64_t sp_corank_u64(const uint64_t *a, int64_t na, const uint64_t *b, int64_t nb, int64_t k) {
-    int64_t lo = k > nb ? k - nb : 0, hi = k < na ? k : na;
-    /* smallest i with a[i] > b[k-i-1] (so b[k-i-1] comes before a[i]) */
-    while (lo < hi) {
-        int64_t i = lo + (hi - lo) / 2;
-        int64_t j = k - i;
-        if (j > 0 && i < na && a[i] <= b[j - 1]) lo = i + 1; else hi = i;
-    }
-    return lo;
-}
-
-/* Merges a slice of a two-way merge (used by the threaded caller): outputs
- * [k0, k0 + (ia1-ia0) + (ib1-ib0)) from a[ia0:ia1] and b[ib0:ib1]. */
-SP_API int64_t sp_merge2_slice_u64(const uint64_t *a, int64_t ia0, int64_t ia1, int64_t a_base,
-                                   const uint64_t *b, int64_t ib0, int64_t ib1, int64_t b_base,
-                                   uint64_t *ok, int64_t *op, int64_t k0) {
-    return merge2_u64(a + ia0, ia1 - ia0, a_base + ia0, b + ib0, ib1 - ib0, b_base + ib0, ok + k0,
-                      op + k0);
+    return merge_cascade(hi, lo, offsets, k, NULL, op, 1, scratch);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -479,10 +466,10 @@ typedef struct {
     int nlev;
     int64_t nw[8];
     uint64_t *w[8];
-    uint64_t *mem;
 } bitset;
 
-static int bs_init(bitset *b, int64_t nbits) {
+/* Words of a bitset over nbits (all levels); with mem, lays the levels out there, zeroed. */
+static int64_t bs_layout(bitset *b, int64_t nbits, uint64_t *mem) {
     int64_t total = 0, m = nbits;
     b->nlev = 0;
     do {
@@ -491,14 +478,15 @@ static int bs_init(bitset *b, int64_t nbits) {
         total += words;
         m = words;
     } while (m > 1 && b->nlev < 8);
-    b->mem = (uint64_t *)calloc((size_t)total, sizeof(uint64_t));
-    if (!b->mem) return -1;
-    uint64_t *p = b->mem;
-    for (int l = 0; l < b->nlev; l++) {
-        b->w[l] = p;
-        p += b->nw[l];
+    if (mem) {
+        memset(mem, 0, sizeof(uint64_t) * (size_t)total);
+        uint64_t *p = mem;
+        for (int l = 0; l < b->nlev; l++) {
+            b->w[l] = p;
+            p += b->nw[l];
+        }
     }
-    return 0;
+    return total;
 }
 
 static inline int ctz64(uint64_t x) {
@@ -649,46 +637,52 @@ static int64_t bfd_window(bfd_ws *ws, const int64_t *sz, int64_t m, int64_t gbas
     return nrows;
 }
 
+static int64_t pack_window_len(int64_t n, int64_t window) {
+    return (window <= 0 || window > n) ? n : window;
+}
+
+/* Words of scratch memory sp_pack_rows needs. */
+SP_API int64_t sp_pack_rows_scratch_words(int64_t n, int64_t row_len, int64_t window) {
+    bitset b;
+    int64_t W = pack_window_len(n, window);
+    if (W < 1) W = 1;
+    if (row_len < 0) row_len = 0;
+    /* seq, rowof, rem, seg, first, next (W each), pairs (2W), head and cnt (R+1 each) */
+    return 8 * W + 2 * (row_len + 1) + bs_layout(&b, row_len + 1, NULL);
+}
+
 /* Best-fit-decreasing packing of consecutive windows of `window` samples (<= 0: one window)
  * into rows of at most row_len tokens and max_segments samples (<= 0: unlimited).
- * order (n) receives positions grouped by row, row_splits (n + 1) the row boundaries.
- * Returns the number of rows, -1 when out of memory, -2 when a size is outside [0, row_len]. */
+ * order (n) receives positions grouped by row, row_splits (n + 1) the row boundaries;
+ * scratch holds sp_pack_rows_scratch_words. Returns the number of rows, or -2 when a size
+ * is outside [0, row_len]. */
 SP_API int64_t sp_pack_rows(const int64_t *sizes, int64_t n, int64_t row_len, int64_t max_segments,
-                            int64_t window, int64_t *order, int64_t *row_splits) {
+                            int64_t window, int64_t *order, int64_t *row_splits, int64_t *scratch) {
     row_splits[0] = 0;
     if (row_len < 0) return -2;
     for (int64_t i = 0; i < n; i++)
         if (sizes[i] < 0 || sizes[i] > row_len) return -2;
     if (n == 0) return 0;
-    int64_t W = (window <= 0 || window > n) ? n : window;
+    const int64_t W = pack_window_len(n, window);
     bfd_ws ws;
-    memset(&ws, 0, sizeof ws);
     ws.R = row_len;
     ws.maxseg = max_segments;
-    size_t mw = (size_t)W;
-    ws.seq = (int64_t *)malloc(sizeof(int64_t) * mw * 6);
-    ws.head = (int64_t *)malloc(sizeof(int64_t) * (size_t)(row_len + 1));
-    ws.cnt = (int64_t *)malloc(sizeof(int64_t) * (size_t)(row_len + 1));
-    ws.pairs = (sp_pair *)malloc(sizeof(sp_pair) * mw);
-    int64_t nrows = -1;
-    if (!ws.seq || !ws.head || !ws.cnt || !ws.pairs || bs_init(&ws.bs, row_len + 1)) goto done;
-    ws.rowof = ws.seq + mw;
-    ws.rem = ws.seq + 2 * mw;
-    ws.seg = ws.seq + 3 * mw;
-    ws.first = ws.seq + 4 * mw;
-    ws.next = ws.seq + 5 * mw;
+    ws.seq = scratch;
+    ws.rowof = scratch + W;
+    ws.rem = scratch + 2 * W;
+    ws.seg = scratch + 3 * W;
+    ws.first = scratch + 4 * W;
+    ws.next = scratch + 5 * W;
+    ws.pairs = (sp_pair *)(scratch + 6 * W);
+    ws.head = scratch + 8 * W;
+    ws.cnt = ws.head + row_len + 1;
+    bs_layout(&ws.bs, row_len + 1, (uint64_t *)(ws.cnt + row_len + 1));
     for (int64_t c = 0; c <= row_len; c++) ws.head[c] = -1;
-    nrows = 0;
+    int64_t nrows = 0;
     for (int64_t w0 = 0; w0 < n; w0 += W) {
         int64_t m = n - w0 < W ? n - w0 : W;
         nrows += bfd_window(&ws, sizes + w0, m, w0, order, row_splits + nrows);
     }
-done:
-    free(ws.seq);
-    free(ws.head);
-    free(ws.cnt);
-    free(ws.pairs);
-    free(ws.bs.mem);
     return nrows;
 }
 
@@ -697,7 +691,7 @@ done:
 
 static struct PyModuleDef ckernels_module = {
     PyModuleDef_HEAD_INIT, "_ckernels",
-    "Compiled kernels of sortpack.kernels, called through ctypes.", -1, NULL,
+    "Compiled kernels of sortpack.kernels, called through ctypes.", -1, NULL, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__ckernels(void) { return PyModule_Create(&ckernels_module); }
