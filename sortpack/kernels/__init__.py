@@ -85,7 +85,12 @@ def greedy_pack_reference(sizes, max_tokens, budget="padded", max_samples=0, bat
             return c * L
         if budget == "tokens":
             return sum(batch)
-        return sum(s + s * s / quadratic_scale for s in batch)
+        # plain left-to-right addition, not sum(): sum() is compensated from Python 3.12
+        # on, and micro-batch boundaries must not depend on the interpreter
+        total = 0.0
+        for s in batch:
+            total += s + s * s / quadratic_scale
+        return total
 
     bounds = [0]
     start = 0
@@ -109,7 +114,7 @@ def greedy_pack_reference(sizes, max_tokens, budget="padded", max_samples=0, bat
 # --------------------------------------------------------------------------------------
 # loading the compiled kernels
 
-_ABI_VERSION = 5  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 6  # must equal SP_ABI_VERSION in _ckernels.c
 _UNLOADED = object()
 _clib = _UNLOADED
 _fallback_reason = ""
@@ -119,7 +124,7 @@ _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _SIGNATURES = {
     "sp_abi_version": ([], _I64),
-    "sp_greedy_pack": ([_PTR, _I64, _I64, _I64, _I64, ctypes.c_double, _I64, _I64,
+    "sp_greedy_pack": ([_PTR, _I64, _I64, _I64, ctypes.c_double, _I64, _I64,
                         ctypes.c_double, _I64, _PTR, _I64, _PTR], _I64),
     "sp_merge_scratch_words": ([_I64, _I64, _I64], _I64),
     "sp_merge_runs_u64": ([_PTR, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
@@ -199,9 +204,6 @@ def _scratch(words: int, dtype=np.uint64) -> np.ndarray:
 # greedy packing
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-# sum() of floats is Neumaier-compensated from Python 3.12 on; the reference's quadratic
-# budget uses sum(), so the kernels follow the running interpreter
-_COMPENSATED_SUM = sys.version_info >= (3, 12)
 
 
 def _limits(max_tokens) -> tuple[int, float]:
@@ -283,7 +285,7 @@ def greedy_pack(sizes, max_tokens, budget="padded", max_samples=0, batch_multipl
     # n + 1 is the worst case (all singletons); untouched pages of np.empty cost nothing
     out = np.empty(n + 1, dtype=np.int64)
     rec = a["records"] if a["records"] is not None else np.zeros(1, dtype=np.int64)
-    nb = lib.sp_greedy_pack(_ptr(sizes), n, BUDGETS.index(a["budget"]), int(_COMPENSATED_SUM),
+    nb = lib.sp_greedy_pack(_ptr(sizes), n, BUDGETS.index(a["budget"]),
                             a["lim_i"], a["lim_d"], a["max_samples"], a["multiple"], a["q"],
                             a["pad"], _ptr(rec), 0 if a["records"] is None else len(rec),
                             _ptr(out))
@@ -317,7 +319,7 @@ def _prefix_fits(w: np.ndarray, a: dict) -> np.ndarray:
     elif budget == "tokens":
         ok = np.cumsum(w) <= a["lim_i"]
     else:
-        # add.accumulate adds left to right, as sum() over a generator on Python < 3.12
+        # cumsum adds left to right, as the reference does
         x = w.astype(np.float64) + (w * w).astype(np.float64) / a["q"]
         ok = np.cumsum(x) <= a["lim_d"]
     if a["max_samples"] > 0:
@@ -336,8 +338,6 @@ def _greedy_pack_fallback(sizes: np.ndarray, a: dict) -> np.ndarray:
     """
     if len(sizes) and sizes.min() < 0:
         raise ValueError("greedy_pack: sizes must be non-negative")
-    if a["budget"] == "quadratic" and not a["rounding"] and _COMPENSATED_SUM:
-        return _greedy_pack_loop(sizes, a, compensated=True)
     n = len(sizes)
     bounds = [0]
     j, guess, M = 0, 64, a["multiple"]
@@ -359,47 +359,6 @@ def _greedy_pack_fallback(sizes: np.ndarray, a: dict) -> np.ndarray:
         j += keep
         bounds.append(j)
         guess = 2 * c + 16
-    return np.asarray(bounds, dtype=np.int64)
-
-
-def _greedy_pack_loop(sizes: np.ndarray, a: dict, compensated: bool) -> np.ndarray:
-    """Return the greedy boundaries with an O(1)-state Python loop (the C algorithm, slowly).
-
-    Used for the quadratic budget where the float sum must follow sum() exactly, also when
-    sum() is compensated (Python >= 3.12), which numpy's cumsum is not.
-    """
-    sizes_l = sizes.tolist()
-    q, lim_d, ms, M = a["q"], a["lim_d"], a["max_samples"], a["multiple"]
-    terms = [s + s * s / q for s in sizes_l]
-    bounds = [0]
-    start = 0
-    t = c = 0.0
-    cnt = 0
-
-    def add(t, c, x):
-        if not compensated:
-            return t + x, c
-        u = t + x
-        c += (t - u) + x if abs(t) >= abs(x) else (x - u) + t
-        return u, c
-
-    for i, x in enumerate(terms):
-        while cnt:
-            u, v = add(t, c, x)
-            total = u + v if (v and math.isfinite(v)) else u
-            if total <= lim_d and (ms <= 0 or cnt + 1 <= ms):
-                break
-            keep = cnt if cnt < M else M * (cnt // M)
-            start += keep
-            bounds.append(start)
-            cnt -= keep
-            t = c = 0.0
-            for y in terms[start:i]:
-                t, c = add(t, c, y)
-        t, c = add(t, c, x)
-        cnt += 1
-    if cnt:
-        bounds.append(len(sizes_l))
     return np.asarray(bounds, dtype=np.int64)
 
 

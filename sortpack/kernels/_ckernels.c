@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 5
+#define SP_ABI_VERSION 6
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -72,7 +72,6 @@ enum { B_PADDED = 0, B_TOKENS = 1, B_QUADRATIC = 2 };
 
 typedef struct {
     int budget;
-    int compensated;      /* Python >= 3.12: sum() of floats is Neumaier-compensated */
     int64_t lim_i;        /* floor(max_tokens): int cost <= max_tokens  <=>  cost <= lim_i */
     double lim_d;         /* largest double <= max_tokens, same for float costs */
     int64_t max_samples;  /* <= 0: unlimited */
@@ -85,7 +84,7 @@ typedef struct {
 
 typedef struct {
     int64_t cnt, mx, rmx, sum;
-    double fs, fc; /* running float sum of the quadratic budget and its compensation */
+    double fs; /* running float sum of the quadratic budget, added left to right */
 } gp_state;
 
 static inline int64_t round_len(const gp_params *p, int64_t x) {
@@ -108,12 +107,6 @@ static inline double qterm(const gp_params *p, int64_t s) {
     return (double)s + sq_to_double(s) / p->q;
 }
 
-static inline void neumaier(double *t, double *c, double x) {
-    double u = *t + x;
-    if (fabs(*t) >= fabs(x)) *c += (*t - u) + x; else *c += (x - u) + *t;
-    *t = u;
-}
-
 /* Would the current micro-batch plus a sample of size s (rounded r) still fit? */
 static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int64_t r) {
     int64_t c1 = st->cnt + 1;
@@ -133,13 +126,7 @@ static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int
         if (add_ovf(st->sum, s, &t)) return 0;
         return t <= p->lim_i;
     }
-    double x = qterm(p, s);
-    if (!p->compensated) return st->fs + x <= p->lim_d;
-    double t = st->fs, c = st->fc;
-    neumaier(&t, &c, x);
-    /* as CPython: the compensation is added only when non-zero and finite */
-    double total = (c != 0.0 && isfinite(c)) ? t + c : t;
-    return total <= p->lim_d;
+    return st->fs + qterm(p, s) <= p->lim_d;
 }
 
 static inline void gp_add(const gp_params *p, gp_state *st, int64_t s, int64_t r) {
@@ -149,8 +136,7 @@ static inline void gp_add(const gp_params *p, gp_state *st, int64_t s, int64_t r
     }
     st->sum += s;
     if (p->budget == B_QUADRATIC && !rounding(p)) {
-        double x = qterm(p, s);
-        if (p->compensated) neumaier(&st->fs, &st->fc, x); else st->fs += x;
+        st->fs += qterm(p, s);
     }
     st->cnt++;
 }
@@ -187,13 +173,12 @@ static int64_t greedy_padded(const int64_t *sizes, int64_t n, int64_t lim, int64
 
 /* Sequential greedy of greedy_pack_reference for every budget and option.
  * bounds must hold n + 1 values. Returns the number written, -1 on a negative size. */
-SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t budget, int64_t compensated,
+SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t budget,
                               int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
                               double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
                               int64_t nshapes, int64_t *bounds) {
     gp_params p;
     p.budget = (int)budget;
-    p.compensated = compensated != 0;
     p.lim_i = lim_i;
     p.lim_d = lim_d;
     p.max_samples = max_samples;
@@ -207,7 +192,7 @@ SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t budget, i
         return greedy_padded(sizes, n, lim_i, max_samples, bounds);
 
     int64_t nb = 0, start = 0;
-    gp_state st = {0, 0, 0, 0, 0.0, 0.0};
+    gp_state st = {0, 0, 0, 0, 0.0};
     bounds[nb++] = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t s = sizes[i];
@@ -220,7 +205,7 @@ SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t budget, i
             bounds[nb++] = start;
             /* the leftover (fewer than `multiple` samples) opens the next micro-batch; its
              * cost is recomputed from scratch, in order, exactly as the reference does */
-            gp_state fresh = {0, 0, 0, 0, 0.0, 0.0};
+            gp_state fresh = {0, 0, 0, 0, 0.0};
             st = fresh;
             for (int64_t j = start; j < i; j++)
                 gp_add(&p, &st, sizes[j], rounding(&p) ? round_len(&p, sizes[j]) : sizes[j]);

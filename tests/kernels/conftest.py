@@ -37,14 +37,6 @@ def neumaier_sum(iterable):
     return total
 
 
-@pytest.fixture(params=[False, True], ids=["plain-sum", "compensated-sum"])
-def sum_mode(request, monkeypatch):
-    """Run under both sum() semantics: the reference's sum() and the kernels follow along."""
-    monkeypatch.setattr(K, "_COMPENSATED_SUM", request.param)
-    monkeypatch.setattr(K, "sum", neumaier_sum if request.param else sum, raising=False)
-    return request.param
-
-
 @pytest.fixture
 def neumaier():
     """Return the emulation of CPython >= 3.12's float sum()."""

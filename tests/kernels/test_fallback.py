@@ -30,27 +30,18 @@ def random_cases(count, seed=0):
         )
 
 
-def test_greedy_fallback_matches_reference(fallback, sum_mode):
+def test_greedy_fallback_matches_reference(fallback):
     for sizes, kw in random_cases(600):
         np.testing.assert_array_equal(K.greedy_pack(sizes, **kw), K.greedy_pack_reference(sizes, **kw))
 
 
-def test_greedy_fallback_long_batches(fallback, sum_mode):
+def test_greedy_fallback_long_batches(fallback):
     # batches far longer than the first guess of the per-batch window
     rng = np.random.default_rng(1)
     for budget in K.BUDGETS:
         sizes = np.sort(rng.integers(0, 20, 1500))
         kw = dict(max_tokens=6000, budget=budget, quadratic_scale=10.0, batch_multiple=3)
         np.testing.assert_array_equal(K.greedy_pack(sizes, **kw), K.greedy_pack_reference(sizes, **kw))
-
-
-def test_python_loop_matches_reference(sum_mode):
-    # the O(1)-state loop serves the quadratic budget on Python >= 3.12; test it on any Python
-    for sizes, kw in random_cases(300, seed=2):
-        kw.update(budget="quadratic", pad_multiple=0, shapes=None)
-        a = K._pack_args(**kw)
-        np.testing.assert_array_equal(K._greedy_pack_loop(np.asarray(sizes, np.int64), a, sum_mode),
-                                      K.greedy_pack_reference(sizes, **kw))
 
 
 def test_merge_and_pack_rows_fallback(fallback):
