@@ -1,53 +1,10 @@
-"""Shared fixtures: small datasets on disk and a runner for the CLI under mpiexec."""
+"""Shared fixtures: small datasets on disk."""
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import sysconfig
-from pathlib import Path
-
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = shutil.which("mpiexec") or shutil.which("mpiexec", path=sysconfig.get_path("scripts"))
-
-
-def write_text_parquet(path: Path, lengths, row_group_size: int = 1000, extra: dict | None = None) -> Path:
-    """Write a parquet file whose `text` column has strings of the given lengths."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
-    texts = [letters[np.arange(n) % 26].tobytes().decode() for n in lengths]
-    cols = {"text": texts, "n": lengths}
-    cols.update(extra or {})
-    pq.write_table(pa.table(cols), path, row_group_size=row_group_size)
-    return path
-
-
-def sortpack_cmd(args: list[str], ranks: int | None = None) -> list[str]:
-    """Return the command line running sortpack, under mpiexec when ranks is given."""
-    cmd = [sys.executable, "-m", "sortpack", *map(str, args)]
-    if ranks is not None:
-        if MPIEXEC is None:
-            pytest.skip("mpiexec not found (pip install mpich)")
-        cmd = [MPIEXEC, "-n", str(ranks), *cmd]
-    return cmd
-
-
-def run_sortpack(args: list[str], ranks: int | None = None, timeout: float = 120, env: dict | None = None,
-                 check: bool = True) -> subprocess.CompletedProcess:
-    """Run the sortpack CLI (under ``mpiexec -n ranks`` when given) and return the result."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    proc = subprocess.run(sortpack_cmd(args, ranks), capture_output=True, text=True, timeout=timeout,
-                          env=full_env, cwd=str(ROOT))
-    if check and proc.returncode != 0:
-        raise AssertionError(f"sortpack {' '.join(map(str, args))} failed ({proc.returncode}):\n"
-                             f"{proc.stdout}\n{proc.stderr}")
-    return proc
+from support import write_text_parquet
 
 
 @pytest.fixture

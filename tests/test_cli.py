@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from conftest import run_sortpack
+from support import run_sortpack
 
 # small shards and segments so that 2-4 ranks really split the work
 SMALL = {"SORTPACK_TEST_SHARD_ROWS": "100"}
@@ -147,7 +147,7 @@ def test_runs_as_one_rank_with_a_warning_when_mpi_cannot_load(tmp_path, text_dat
     (fake / "mpi4py" / "MPI.py").write_text("raise RuntimeError('cannot load MPI library libmpi.so.12')\n")
     import os
 
-    from conftest import ROOT
+    from support import ROOT
     proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500"],
                         env={"PYTHONPATH": f"{fake}{os.pathsep}{ROOT}"})
     warnings = [line for line in proc.stderr.splitlines() if line.strip()]

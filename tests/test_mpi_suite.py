@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import MPIEXEC, ROOT
+from support import MPIEXEC, ROOT
 
 
 @pytest.mark.mpi
