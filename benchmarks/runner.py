@@ -68,11 +68,17 @@ def launch(cmd: list[str], timeout: float, ranks: int | None = None, pin_rayon: 
 
 def worker(kind: str, args: dict, timeout: float, ranks: int | None = None, pin_rayon: bool = True) -> dict:
     """Run a worker (one plain process, or ``ranks`` under mpiexec); return its JSON result."""
+    return timed_worker(kind, args, timeout, ranks, pin_rayon)[1]
+
+
+def timed_worker(kind: str, args: dict, timeout: float, ranks: int | None = None,
+                 pin_rayon: bool = True) -> tuple[float, dict]:
+    """Run a worker; return (the whole command's wall seconds, its JSON result)."""
     cmd = [sys.executable, "-m", "benchmarks.workers", kind, json.dumps(args)]
-    _, out = launch(cmd, timeout, ranks, pin_rayon)
+    wall, out = launch(cmd, timeout, ranks, pin_rayon)
     for line in reversed(out.splitlines()):
         if line.startswith(PREFIX):
-            return json.loads(line[len(PREFIX):])
+            return wall, json.loads(line[len(PREFIX):])
     raise BenchError(f"worker {kind} printed no result line")
 
 
