@@ -131,12 +131,11 @@ def machine(root: Path) -> dict:
     mpi = shutil.which("mpiexec")
     commit = _first_line(["git", "rev-parse", "--short", "HEAD"], root)
     changed = _first_line(["git", "status", "--porcelain", "--", "sortpack"], root) not in ("", "unknown")
-    try:
-        from sortpack.kernels import _ckernels  # noqa: F401
+    import sortpack
+    from sortpack import kernels as _k
 
-        kernels = "compiled C (_ckernels)"
-    except ImportError:
-        kernels = "Python reference (no _ckernels)"
+    backend = getattr(_k, "backend", lambda: "numpy")()
+    kernels = "compiled C (_ckernels)" if backend == "c" else "numpy/Python fallback (C kernels not built)"
     return {
         "CPU": _cpu_model(),
         "cores": str(os.cpu_count()),
@@ -147,6 +146,7 @@ def machine(root: Path) -> dict:
         "MPI": (_first_line([mpi, "--version"]) + f" ({mpi})") if mpi else "mpiexec not found",
         "sortpack commit": commit + (" (+ uncommitted changes in sortpack/)" if changed else ""),
         "sortpack kernels": kernels,
+        "sortpack imported from": str(Path(sortpack.__file__).parent),
     }
 
 

@@ -134,7 +134,10 @@ def bench_sort(ctx: Context) -> list[Row]:
 
 
 def _compiled_kernels() -> bool:
-    return importlib.util.find_spec("sortpack.kernels._ckernels") is not None
+    from sortpack import kernels
+
+    backend = getattr(kernels, "backend", None)
+    return backend is not None and backend() == "c"
 
 
 def bench_pack(ctx: Context) -> list[Row]:
@@ -147,7 +150,7 @@ def bench_pack(ctx: Context) -> list[Row]:
     per10m = r["kernel_s"] * 1e7 / r["n"]
     same = r["kernel_equal"]
     check = "full data" if r["oracle_n"] == r["n"] else f"first {_millions(r['oracle_n'])}"
-    kind = "compiled C kernel" if r["compiled"] else "Python reference kernel (C kernels not merged yet)"
+    kind = "compiled C kernel" if r["compiled"] else "numpy/Python fallback kernel (C kernels not built)"
     oracle_scaled = r["oracle_s"] * r["n"] / r["oracle_n"]
     return [
         Row("pack", f"greedy_pack, {_millions(r['n'])} sorted sizes U(128..4096), budget {MAX_TOKENS}", 1,
@@ -200,7 +203,7 @@ def bench_run(ctx: Context) -> list[Row]:
                 prof.rows.append([str(p), name, secs(v["wall_s"]), f"{v['alltoallv_bytes_max'] / 1e6:.1f}",
                                   f"{v['alltoallv_bytes_total'] / 1e6:.1f}"])
                 ctx.time_at(f"run: {name}", p, v["wall_s"])
-        prof.rows.append([str(p), "(rest of the command: write, launch, imports; not in the profile)",
+        prof.rows.append([str(p), "(rest: launch, imports, work outside the profiled stages)",
                           secs(wall - stage_sum), "", ""])
         ctx.time_at("run: whole command", p, wall)
         rss = max(profile["peak_rss_bytes_per_rank"])
@@ -297,20 +300,23 @@ def bench_reader(ctx: Context) -> list[Row]:
     inputs = data.size_parquet(n)
     out = data.work_dir("reader") / "index"
     ctx.log(f"building an index of about {_millions(s.reader_mbs)} micro-batches")
-    _, man = _run_index(ctx, inputs, out, max(p for p in ctx.ranks if p <= (os.cpu_count() or 1)) if any(
-        p <= (os.cpu_count() or 1) for p in ctx.ranks) else 1, ["--max-tokens", "4096"])
-    r = worker("reader", {"path": str(out), "world_size": 8, "grad_accum": 1, "max_steps": 100_000}, s.timeout)
-    mbs = man["num_microbatches"]
+    _run_index(ctx, inputs, out, max([p for p in ctx.ranks if p <= (os.cpu_count() or 1)] or [1]),
+               ["--max-tokens", "4096"])
+    r = worker("reader", {"path": str(out), "world_size": 8, "grad_accum": 1, "max_steps": 100_000,
+                          "repeats": s.repeats}, s.timeout)
+    shutil.rmtree(out.parent, ignore_errors=True)
     if "open_s" not in r:
         return [Row("reader", "reader: open index / per step", None, "skipped", note=r.get("skipped", ""))]
+    mbs = r["microbatches"]
     rows = [Row("reader", f"open PackedIndex, {_millions(mbs)} micro-batches", None, secs(r["open_s"]),
-                target="≤ 50 ms", met=r["open_s"] <= 0.05)]
+                target="≤ 50 ms", met=r["open_s"] <= 0.05, note=f"first open {secs(r['open_first_s'])}")]
     if "per_step_s" in r:
-        rows.append(Row("reader", "per-step cost (W=8, A=1, rank 0)", None, secs(r["per_step_s"]),
-                        target="≤ 20 µs", met=r["per_step_s"] <= 20e-6, note=f"{r['steps']} steps via {r['api']}"))
+        rows.append(Row("reader", "reader per-step cost (W=8, A=1, rank 0)", None, secs(r["per_step_s"]),
+                        target="≤ 20 µs", met=r["per_step_s"] <= 20e-6,
+                        note=f"{r['steps']} of {r['steps_total']} steps; building the epoch plan took "
+                             f"{secs(r['plan_s'])}; {r['api']}"))
     else:
-        rows.append(Row("reader", "per-step cost", None, "skipped", note=r.get("skipped", "")))
-    shutil.rmtree(out.parent, ignore_errors=True)
+        rows.append(Row("reader", "reader per-step cost", None, "skipped", note=r.get("skipped", "")))
     return rows
 
 

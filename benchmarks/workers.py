@@ -36,14 +36,18 @@ class _World:
         """Return this rank's slice ``[a, b)`` of ``n`` global rows."""
         return (self.rank * n) // self.size, ((self.rank + 1) * n) // self.size
 
-    def timed(self, fn, repeats: int) -> tuple[float, object]:
-        """Return (best over repeats of the max-over-ranks wall time of ``fn()``, last result)."""
+    def timed(self, fn, repeats: int, setup=None) -> tuple[float, object]:
+        """Return (best over repeats of the max-over-ranks wall time of ``fn(setup())``, last result).
+
+        ``setup`` (untimed) gives each repeat fresh inputs: sortpack sorts some in place.
+        """
         best, out = float("inf"), None
         for _ in range(repeats):
             out = None  # free the previous result before the next run
+            arg = setup() if setup else None
             self.mpi.Barrier()
             t0 = time.perf_counter()
-            out = fn()
+            out = fn(arg) if setup else fn()
             self.mpi.Barrier()
             dt = self.mpi.allreduce(time.perf_counter() - t0, op=_max())
             best = min(best, dt)
@@ -85,7 +89,7 @@ def sort_sortpack(a: dict) -> dict:
     lo, hi = w.span(total)
     keys = data.packed_keys(lo, hi, total)
     bits = data.id_bits(total)
-    secs, (out, _, _) = w.timed(lambda: sample_sort(comm, keys, None, {}, (lo, bits)), a["repeats"])
+    secs, (out, _, _) = w.timed(lambda k: sample_sort(comm, k, None, {}, (lo, bits)), a["repeats"], keys.copy)
     ok = bool(np.all(out[1:] >= out[:-1]))
     ok = _sorted_across(w, int(out[0]) if len(out) else 0, int(out[-1]) if len(out) else 0, len(out), ok)
     n_out = w.mpi.allreduce(len(out))
@@ -105,11 +109,17 @@ def sort_stage(a: dict) -> dict:
     total = a["total"]
     lo, hi = w.span(total)
     size = data.sizes_range(lo, hi)
-    samples = Samples(lo, total, np.arange(lo, hi, dtype=np.int64), size, size)
-    secs, out = w.timed(lambda: sort_samples(comm, samples, SortOptions(), ROWS_PER_SHARD["sorted"]),
-                        a["repeats"])
+    ids = np.arange(lo, hi, dtype=np.int64)
+    secs, out = w.timed(lambda smp: sort_samples(comm, smp, SortOptions(), ROWS_PER_SHARD["sorted"]),
+                        a["repeats"], lambda: _fresh_samples(Samples, lo, total, ids, size))
     return {"seconds": secs, "records": total,
             "alltoallv_bytes_max": w.mpi.allreduce(comm.bytes_sent // max(a["repeats"], 1), op=_max())}
+
+
+def _fresh_samples(cls, lo: int, total: int, ids: np.ndarray, size: np.ndarray):
+    """Return new Samples over copies (difficulty = size, the default key), for one repeat."""
+    fresh = size.copy()
+    return cls(lo, total, ids.copy(), fresh, fresh)
 
 
 def sort_published(a: dict) -> dict:
@@ -128,7 +138,7 @@ def sort_published(a: dict) -> dict:
 def sort_floor(a: dict) -> dict:
     """Time one-process ``np.sort`` of all ``total`` packed records."""
     keys = data.packed_keys(0, a["total"], a["total"])
-    secs, _ = _best(lambda: baselines.local_sort_floor(keys), a["repeats"])
+    secs, _ = _best(lambda: baselines.local_sort_floor(keys), a["repeats"])  # np.sort copies: keys stay unsorted
     return {"seconds": secs, "records": a["total"]}
 
 
@@ -152,11 +162,10 @@ def pack(a: dict) -> dict:
 
 
 def _compiled() -> bool:
-    try:
-        from sortpack.kernels import _ckernels  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    from sortpack import kernels
+
+    backend = getattr(kernels, "backend", None)
+    return backend is not None and backend() == "c"
 
 
 def io_floor(a: dict) -> dict:
@@ -208,44 +217,40 @@ def encode(a: dict) -> dict:
 
 
 def reader(a: dict) -> dict:
-    """Time opening an index with ``sortpack.reader.PackedIndex`` and walking its step plan."""
+    """Time opening an index (``PackedIndex``) and walking rank 0's steps (``PackedSampler``)."""
     try:
         from sortpack import reader as rd
     except ImportError as exc:
         return {"skipped": f"sortpack.reader not importable ({exc})"}
-    cls = getattr(rd, "PackedIndex", None)
-    if cls is None:
+    if not hasattr(rd, "PackedIndex"):
         return {"skipped": "sortpack.reader has no PackedIndex"}
-    t0 = time.perf_counter()
-    index = cls(a["path"])
-    open_s = time.perf_counter() - t0
-    steps, how = None, None
     world, accum = a["world_size"], a["grad_accum"]
-    # the reader's API is young: try the plausible spellings, say which one worked
-    for name, kwargs in (("steps", {"world_size": world, "grad_accum": accum, "rank": 0}),
-                         ("steps", {"world_size": world, "rank": 0}),
-                         ("plan", {"world_size": world, "grad_accum": accum, "rank": 0}),
-                         ("rank_steps", {"world_size": world, "grad_accum": accum, "rank": 0})):
-        fn = getattr(index, name, None)
-        if fn is None:
-            continue
-        try:
-            steps = fn(**kwargs)
-            how = f"PackedIndex.{name}({', '.join(f'{k}={v}' for k, v in kwargs.items())})"
-            break
-        except TypeError:
-            continue
-    if steps is None:
-        return {"open_s": open_s, "skipped": "no step-plan method recognised on PackedIndex"}
-    limit = a["max_steps"]
-    count = 0
+    opens = []
+    for _ in range(a["repeats"]):
+        t0 = time.perf_counter()
+        index = rd.PackedIndex(a["path"])
+        opens.append(time.perf_counter() - t0)
+    result = {"open_s": min(opens), "open_first_s": opens[0], "microbatches": index.num_microbatches}
+    sampler_cls = getattr(rd, "PackedSampler", None)
+    if sampler_cls is None:
+        return {**result, "skipped": "sortpack.reader has no PackedSampler"}
     t0 = time.perf_counter()
-    for _ in steps:
+    sampler = sampler_cls(index, rank=0, world_size=world, grad_accum=accum)
+    steps_total = sampler.num_steps
+    plan_s = time.perf_counter() - t0
+    count, limit = 0, a["max_steps"] * accum
+    t0 = time.perf_counter()
+    for mb in sampler:
         count += 1
+        if count % accum == 0:
+            sampler.lr_scale(1.0)  # a training loop asks each step's LR scale
         if count >= limit:
             break
     walk = time.perf_counter() - t0
-    return {"open_s": open_s, "steps": count, "per_step_s": walk / max(count, 1), "api": how}
+    steps = count // accum
+    return {**result, "plan_s": plan_s, "steps": steps, "steps_total": steps_total,
+            "per_step_s": walk / max(steps, 1),
+            "api": f"PackedSampler(index, rank=0, world_size={world}, grad_accum={accum}), iterated, lr_scale per step"}
 
 
 KINDS = {f.__name__: f for f in (sort_sortpack, sort_stage, sort_published, sort_floor, pack, io_floor,
