@@ -180,14 +180,22 @@ def bench_run(ctx: Context) -> list[Row]:
     ctx.log("I/O floor: read the column, write one Arrow IPC file (alone, and as a whole command)")
     floor_args = {"dir": str(inputs), "column": "ntokens", "out": str(out_dir / "floor.arrow")}
     floor = worker("io_floor", {**floor_args, "repeats": s.repeats}, s.timeout)
-    # like for like with a whole `sortpack run`: interpreter start, imports, then the I/O
-    floor_cmd = min(timed_worker("io_floor", {**floor_args, "repeats": 1}, s.timeout)[0] for _ in range(s.rounds))
-    prof = Section(f"`sortpack run` stage profile, {_millions(s.run_n)} samples (manifest provenance.profile, "
-                   "max over ranks)", ["P", "stage", "wall", "Alltoallv MB (max rank)", "Alltoallv MB (total)"])
+    # like for like with a whole `sortpack run`: interpreter start, imports, then the I/O;
+    # floor and runs alternate over rounds so that both see the same background load
+    floor_cmd, best = float("inf"), {}
+    for r in range(s.rounds):
+        floor_cmd = min(floor_cmd, timed_worker("io_floor", {**floor_args, "repeats": 1}, s.timeout)[0])
+        for p in ctx.ranks:
+            ctx.log(f"round {r + 1}/{s.rounds}, P={p}: sortpack run, {_millions(s.run_n)} samples")
+            wall, man = _run_index(ctx, inputs, out_dir / f"run-P{p}", p, ["--max-tokens", str(MAX_TOKENS)])
+            if p not in best or wall < best[p][0]:
+                best[p] = (wall, man)
+    prof = Section(f"`sortpack run` stage profile, {_millions(s.run_n)} samples (manifest provenance.profile of "
+                   "the fastest round, max over ranks)",
+                   ["P", "stage", "wall", "Alltoallv MB (max rank)", "Alltoallv MB (total)"])
     hashes = {}
     for p in ctx.ranks:
-        ctx.log(f"P={p}: sortpack run, {_millions(s.run_n)} samples")
-        wall, man = _run_index(ctx, inputs, out_dir / f"run-P{p}", p, ["--max-tokens", str(MAX_TOKENS)])
+        wall, man = best[p]
         hashes[p] = man["content_hash"]
         profile = man["provenance"]["profile"]
         ratio = wall / floor_cmd
