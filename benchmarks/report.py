@@ -111,6 +111,18 @@ def _first_line(cmd: list[str], cwd: Path | None = None) -> str:
         return "unknown"
 
 
+def _mpi_version(mpiexec: str) -> str:
+    """Return the launcher's version line (MPICH's hydra prints it after a header)."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    versioned = [ln for ln in lines if ln.lower().startswith(("version", "mpiexec", "hydra build")) and
+                 any(ch.isdigit() for ch in ln)]
+    return " ".join((versioned or lines or ["unknown"])[0].split())
+
+
 def machine(root: Path) -> dict:
     """Return what the results depend on: CPU, cores, RAM, software versions, sortpack commit."""
     import numpy
@@ -143,7 +155,7 @@ def machine(root: Path) -> dict:
         "OS": platform.platform(),
         "Python": sys.version.split()[0],
         "numpy / pyarrow / mpi4py / tokenizers": f"{numpy.__version__} / {pyarrow.__version__} / {mpi4py_v} / {tok_v}",
-        "MPI": (_first_line([mpi, "--version"]) + f" ({mpi})") if mpi else "mpiexec not found",
+        "MPI": (_mpi_version(mpi) + f" ({mpi})") if mpi else "mpiexec not found",
         "sortpack commit": commit + (" (+ uncommitted changes in sortpack/)" if changed else ""),
         "sortpack kernels": kernels,
         "sortpack imported from": str(Path(sortpack.__file__).parent),
