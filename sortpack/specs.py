@@ -14,7 +14,6 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .errors import SortpackError
 
@@ -162,6 +161,8 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None)
         if spec.scale is not None:
             values = values.astype(np.float64) * spec.scale
         return _numeric(values, where, spec.text)
+    import pyarrow.compute as pc  # here, not at the top: 40 ms of start-up that column: specs skip
+
     if spec.kind == "length":
         if _is_text(t):
             return _to_numpy(pc.utf8_length(col)).astype(np.int64, copy=False)
@@ -184,6 +185,8 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None)
 
 
 def _word_counts(col: pa.ChunkedArray) -> np.ndarray:
+    import pyarrow.compute as pc
+
     # Words as len(text.split()): utf8_split_whitespace splits on the same Unicode
     # whitespace as str.split (RE2's \S takes U+3000, U+00A0 and \v for word characters)
     # and is about 2x faster than a regex count; it leaves empty pieces around leading and
