@@ -221,12 +221,13 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
     return out.commit(manifest)
 
 
-def _guarded(out: OutputDir, fn):
+def _guarded(outs: OutputDir | list[OutputDir], fn):
     try:
         return fn()
     except BaseException:
-        # a collective error leaves every rank here: drop the half-written directory
-        out.discard()
+        # a collective error leaves every rank here: drop the half-written directories
+        for out in outs if isinstance(outs, list) else [outs]:
+            out.discard()
         raise
 
 
@@ -310,4 +311,4 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         del ordered
         return write_index(comm, out, mbs, {**options, **popts.as_dict()}, files, prof, job)
 
-    return _guarded(out, work)
+    return _guarded([out, *extra], work)
