@@ -290,7 +290,7 @@ def bench_tokens(ctx: Context) -> list[Row]:
                      "runs with RAYON_NUM_THREADS=1 (one thread per rank).")
     if p2 is not None:
         loose = res["loose"]
-        rows.append(Row("tokens", "same, RAYON_NUM_THREADS unset (sortpack does not pin it)", p2,
+        rows.append(Row("tokens", "same, RAYON_NUM_THREADS left to the library default (what pinning saves)", p2,
                         secs(loose["seconds"]), f"pinned, same P: {secs(per_p[p2])}",
                         f"{loose['seconds'] / per_p[p2]:.2f}× pinned time",
                         note=f"{p2} ranks × {cores} Rayon threads on {cores} cores"))
