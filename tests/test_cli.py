@@ -180,3 +180,23 @@ def test_every_mode_is_identical_at_1_and_3_ranks(tmp_path, text_dataset, mode):
     if "--rows" in mode:
         splits = table["row_splits"].to_pylist()
         assert all(s[0] == 0 and s[-1] == n for s, n in zip(splits, table["num_samples"].to_pylist()))
+
+
+def test_threads_profile_and_plot_options(tmp_path, text_dataset):
+    files, _ = text_dataset
+    proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500",
+                         "--threads", "2", "--profile"])
+    assert "wall s" in proc.stdout and "peak RSS" in proc.stdout
+    profile = read_manifest(tmp_path / "plan")["provenance"]["profile"]
+    assert {"analyze", "sort", "pack", "write_index"} <= set(profile)
+    bad = run_sortpack(["run", *files, "-o", tmp_path / "x", "--column", "text", "--max-tokens", "1500",
+                        "--threads", "-1"], check=False)
+    assert bad.returncode == 2 and "--threads" in bad.stderr and not (tmp_path / "x").exists()
+    png = tmp_path / "plan.png"
+    proc = run_sortpack(["inspect", tmp_path / "plan", "--plot", png], check=False)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert proc.returncode == 2 and "matplotlib" in proc.stderr
+    else:
+        assert proc.returncode == 0 and png.stat().st_size > 0
