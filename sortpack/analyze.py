@@ -48,11 +48,20 @@ class Samples:
         return len(self.sample_id)
 
     def columns(self) -> dict[str, np.ndarray]:
-        """Return the per-sample arrays by column name."""
-        cols = {"sample_id": self.sample_id, "size": self.size, "difficulty": self.difficulty}
+        """Return the per-sample arrays by column name (no ``difficulty`` when it is the size)."""
+        cols = {"sample_id": self.sample_id, "size": self.size}
+        if self.difficulty is not self.size:
+            # the same array would otherwise be moved between ranks twice
+            cols["difficulty"] = self.difficulty
         if self.stage is not None:
             cols["stage"] = self.stage
         return cols
+
+    @classmethod
+    def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict]) -> "Samples":
+        """Return Samples rebuilt from ``columns()`` output (difficulty defaults to the size)."""
+        return cls(start, total, cols["sample_id"], cols["size"], cols.get("difficulty", cols["size"]),
+                   cols.get("stage"), files)
 
 
 def _describe_all(comm: Comm, inputs: list[str], input_format: str) -> list[SourceFile]:

@@ -170,7 +170,7 @@ def _job(fn):
             # the tokenizers library sizes its (rayon) pool from this when first used
             os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         comm = get_comm()
-        job = JobInfo(argv=["sortpack"] + sys.argv[1:], quiet=kw["quiet"])
+        job = JobInfo(argv=["sortpack"] + sys.argv[1:])
         result = {}
 
         def body():

@@ -273,8 +273,7 @@ def _pack_greedy(comm: Comm, samples: Samples, opts: PackOptions, key: str):
     cols = redistribute(comm, samples.columns(), samples.start,
                         owner_starts(samples.total, opts.segment_size, comm.size))
     start, total = global_start(comm, len(cols["sample_id"]))
-    samples = Samples(start, total, cols["sample_id"], cols["size"], cols["difficulty"], cols["stage"],
-                      samples.files)
+    samples = Samples.from_columns(start, total, cols, samples.files)
     starts = _piece_starts(start, samples.stage, opts.segment_size)
     n_before = len(samples)
     samples, info = _oversize(comm, samples, opts)
@@ -330,13 +329,9 @@ def _deal_to_windows(comm: Comm, samples: Samples, keyvals: np.ndarray, opts: Pa
 
 def _describe(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> dict:
     """Return per-micro-batch arrays for plain micro-batches ``sizes[b[i]:b[i+1]]``."""
-    starts = bounds[:-1]
     count = np.diff(bounds)
-    if len(starts):
-        max_size = np.maximum.reduceat(sizes, starts)
-        tokens = np.add.reduceat(sizes, starts)
-    else:
-        max_size = tokens = np.zeros(0, np.int64)
+    max_size = _segment_reduce(np.maximum, sizes, bounds)
+    tokens = _segment_reduce(np.add, sizes, bounds)
     padded = opts.round(max_size) if opts.rounding else max_size
     return {"offsets": bounds, "num_samples": count, "batch_size": count, "max_size": max_size,
             "padded_size": padded, "tokens": tokens}

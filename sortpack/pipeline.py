@@ -63,7 +63,6 @@ class JobInfo:
     """What every output records about the job that made it."""
 
     argv: list[str]
-    quiet: bool = False
 
 
 def _provenance(comm: Comm, profile: Profile, job: JobInfo) -> dict:
@@ -102,8 +101,10 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: Samples, optio
                   profile: Profile, job: JobInfo) -> dict | None:
     """Write a metrics or sorted directory from this rank's slice; return the manifest on rank 0."""
     rows = ROWS_PER_SHARD[kind]
-    cols = redistribute(comm, samples.columns(), samples.start, owner_starts(samples.total, rows, comm.size))
-    first = int(owner_starts(samples.total, rows, comm.size)[comm.rank])
+    dest = owner_starts(samples.total, rows, comm.size)
+    cols = redistribute(comm, samples.columns(), samples.start, dest)
+    cols.setdefault("difficulty", cols["size"])
+    first = int(dest[comm.rank])
     diff_type = pa.float64() if cols["difficulty"].dtype.kind == "f" else pa.int64()
     schema = metrics_schema(diff_type) if kind == "metrics" else sorted_schema(diff_type)
     if kind == "sorted" and "stage" not in cols:

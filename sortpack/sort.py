@@ -234,17 +234,14 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
         stage = np.zeros(len(ids), np.int16)
 
     start, total = global_start(comm, len(ids))
-    cols = {"sample_id": ids, "size": size}
-    if difficulty is not size:
-        cols["difficulty"] = difficulty
-    if opts.stages > 1:
-        cols["stage"] = stage
+    out = Samples(start, total, ids, size, difficulty, stage if opts.stages > 1 else None, files)
     del ids, size, difficulty, stage
-    cols = redistribute(comm, cols, start, owner_starts(total, rows_per_shard, comm.size))
+    cols = redistribute(comm, out.columns(), start, owner_starts(total, rows_per_shard, comm.size))
     start, _ = global_start(comm, len(cols["sample_id"]))
-    n = len(cols["sample_id"])
-    return Samples(start, total, cols["sample_id"], cols["size"], cols.get("difficulty", cols["size"]),
-                   cols.get("stage", np.zeros(n, np.int16)), files)
+    out = Samples.from_columns(start, total, cols, files)
+    if out.stage is None:
+        out.stage = np.zeros(len(out.sample_id), np.int16)
+    return out
 
 
 def _assign_stages(comm: Comm, samples: Samples, opts: SortOptions, contiguous: bool, same: bool) -> Samples:
