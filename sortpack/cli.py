@@ -277,7 +277,7 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of the size distribution (matplotlib).")
 def inspect(directory, world_size, grad_accum, as_json, plot):
     """Report on a metrics, sorted or index directory."""
-    from .inspect import inspect_directory, plot_directory, render
+    from .report import inspect_directory, plot_directory, render
 
     try:
         report = inspect_directory(directory, world_size, grad_accum)
