@@ -99,7 +99,7 @@ def sort_sortpack(a: dict) -> dict:
 
 def sort_stage(a: dict) -> dict:
     """Time ``sortpack.sort.sort_samples`` (the whole stage: payload, redistribution)."""
-    from sortpack.analyze import Samples
+    from sortpack.samples import Samples
     from sortpack.format.shards import ROWS_PER_SHARD
     from sortpack.parallel import MPIComm
     from sortpack.sort import SortOptions, sort_samples

@@ -1,13 +1,14 @@
 """Stage 1: read the inputs in parallel and measure every sample's size and difficulty."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import SortpackError
 from .parallel import Comm
 from .progress import progress
+from .samples import Samples
 from .sources import SourceFile, describe, expand_inputs, file_columns, read_units, split_units
 from .specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 
@@ -30,38 +31,6 @@ class AnalyzeOptions:
         return {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
                 "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
                 "input_format": self.input_format}
-
-
-@dataclass
-class Samples:
-    """One rank's contiguous slice of per-sample arrays, with its place in the whole."""
-
-    start: int  # global position of the first local row
-    total: int  # rows over all ranks
-    sample_id: np.ndarray
-    size: np.ndarray
-    difficulty: np.ndarray
-    stage: np.ndarray | None = None
-    files: list[dict] = field(default_factory=list)  # source fingerprint (every rank)
-
-    def __len__(self) -> int:
-        return len(self.sample_id)
-
-    def columns(self) -> dict[str, np.ndarray]:
-        """Return the per-sample arrays by column name (no ``difficulty`` when it is the size)."""
-        cols = {"sample_id": self.sample_id, "size": self.size}
-        if self.difficulty is not self.size:
-            # the same array would otherwise be moved between ranks twice
-            cols["difficulty"] = self.difficulty
-        if self.stage is not None:
-            cols["stage"] = self.stage
-        return cols
-
-    @classmethod
-    def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict]) -> "Samples":
-        """Return Samples rebuilt from ``columns()`` output (difficulty defaults to the size)."""
-        return cls(start, total, cols["sample_id"], cols["size"], cols.get("difficulty", cols["size"]),
-                   cols.get("stage"), files)
 
 
 def _describe_all(comm: Comm, inputs: list[str], input_format: str) -> list[SourceFile]:

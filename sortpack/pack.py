@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import kernels
-from .analyze import Samples
+from .samples import Samples
 from .distribute import global_start, redistribute
 from .errors import SortpackError
 from .format.shards import owner_starts

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sortpack.analyze import Samples
+from sortpack.samples import Samples
 from sortpack.errors import SortpackError
 from sortpack.pack import PackOptions, pack_samples
 from sortpack.parallel import SerialComm

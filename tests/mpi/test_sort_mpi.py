@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sortpack.analyze import Samples
+from sortpack.samples import Samples
 from sortpack.parallel import get_comm
 from sortpack.sort import SortOptions, sort_samples
 

@@ -1,0 +1,42 @@
+"""Samples: one rank's slice of the per-sample columns, the data every stage passes on.
+
+Neutral ground between the stages: analyze makes it, sort reorders it, pack consumes it,
+so sort and pack need not import analyze.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Samples:
+    """One rank's contiguous slice of per-sample arrays, with its place in the whole."""
+
+    start: int  # global position of the first local row
+    total: int  # rows over all ranks
+    sample_id: np.ndarray
+    size: np.ndarray
+    difficulty: np.ndarray
+    stage: np.ndarray | None = None
+    files: list[dict] = field(default_factory=list)  # source fingerprint (every rank)
+
+    def __len__(self) -> int:
+        return len(self.sample_id)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Return the per-sample arrays by column name (no ``difficulty`` when it is the size)."""
+        cols = {"sample_id": self.sample_id, "size": self.size}
+        if self.difficulty is not self.size:
+            # the same array would otherwise be moved between ranks twice
+            cols["difficulty"] = self.difficulty
+        if self.stage is not None:
+            cols["stage"] = self.stage
+        return cols
+
+    @classmethod
+    def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict]) -> Samples:
+        """Return Samples rebuilt from ``columns()`` output (difficulty defaults to the size)."""
+        return cls(start, total, cols["sample_id"], cols["size"], cols.get("difficulty", cols["size"]),
+                   cols.get("stage"), files)
