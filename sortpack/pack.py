@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import kernels
-from .samples import Samples
 from .distribute import global_start, redistribute
 from .errors import SortpackError
-from .format.shards import owner_starts
 from .parallel import Comm
+from .partition import owner_starts
+from .samples import Samples
 
 SEGMENT_SIZE = 1 << 20
 

@@ -21,9 +21,10 @@ from .analyze import AnalyzeOptions, analyze
 from .distribute import global_start, redistribute
 from .format.manifest import FORMATS, VERSION, read_manifest
 from .format.schemas import index_schema, metrics_schema, schema_json, sorted_schema
-from .format.shards import ROWS_PER_SHARD, OutputDir, owner_starts, read_rows, write_owned_shards
+from .format.shards import ROWS_PER_SHARD, OutputDir, read_rows, write_owned_shards
 from .pack import Microbatches, PackOptions, pack_samples
 from .parallel import Comm
+from .partition import owner_starts
 from .samples import Samples
 from .sort import SortOptions, sort_samples
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels
-from .samples import Samples
 from .distribute import global_start, redistribute
 from .errors import SortpackError
-from .format.shards import owner_starts
 from .parallel import Comm, fault_point
+from .partition import owner_starts
+from .samples import Samples
 
 SAMPLES_PER_RANK = 1024  # regular samples each rank contributes to choose splitters
 

@@ -13,31 +13,13 @@ import pyarrow as pa
 
 from ..errors import SortpackError
 from ..parallel import Comm
+from ..partition import shard_starts
 from .manifest import read_manifest, shard_name, write_manifest
 
 ROWS_PER_SHARD = {"metrics": 1 << 20, "sorted": 1 << 20, "index": 1 << 16}
 if os.environ.get("SORTPACK_TEST_SHARD_ROWS"):
     # tests shrink shards to exercise many-shard layouts on small data
     ROWS_PER_SHARD = {k: int(os.environ["SORTPACK_TEST_SHARD_ROWS"]) for k in ROWS_PER_SHARD}
-
-
-def shard_starts(total_rows: int, rows_per_shard: int) -> np.ndarray:
-    """Return the first global row of every shard, plus ``total_rows`` at the end."""
-    n = -(-total_rows // rows_per_shard) if total_rows else 0
-    starts = np.arange(n + 1, dtype=np.int64) * rows_per_shard
-    starts[-1] = total_rows
-    return starts
-
-
-def owner_starts(total_rows: int, rows_per_shard: int, ranks: int) -> np.ndarray:
-    """Return, for each rank, the first global row it owns when ranks own whole shards.
-
-    Shards go to ranks in contiguous blocks as even as whole shards allow, so every
-    rank's share is within one shard of even.
-    """
-    num_shards = -(-total_rows // rows_per_shard) if total_rows else 0
-    first_shard = (np.arange(ranks + 1, dtype=np.int64) * num_shards) // ranks
-    return np.minimum(first_shard * rows_per_shard, total_rows)
 
 
 class OutputDir:
