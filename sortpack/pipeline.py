@@ -19,9 +19,10 @@ import pyarrow as pa
 from . import __version__
 from .analyze import AnalyzeOptions, analyze
 from .distribute import global_start, redistribute
-from .format.manifest import FORMATS, VERSION, read_manifest
+from .format.kinds import FORMATS, rows_per_shard
+from .format.manifest import VERSION, read_manifest
 from .format.schemas import index_schema, metrics_schema, schema_json, sorted_schema
-from .format.shards import ROWS_PER_SHARD, OutputDir, read_rows, write_owned_shards
+from .format.shards import OutputDir, read_rows, write_owned_shards
 from .pack import Microbatches, PackOptions, pack_samples
 from .parallel import Comm
 from .partition import owner_starts
@@ -102,7 +103,7 @@ def _sample_stats(comm: Comm, s: Samples) -> dict:
 def write_samples(comm: Comm, out: OutputDir, kind: str, samples: Samples, options: dict,
                   profile: Profile, job: JobInfo) -> dict | None:
     """Write a metrics or sorted directory from this rank's slice; return the manifest on rank 0."""
-    rows = ROWS_PER_SHARD[kind]
+    rows = rows_per_shard(kind)
     dest = owner_starts(samples.total, rows, comm.size)
     cols = redistribute(comm, samples.columns(), samples.start, dest)
     cols.setdefault("difficulty", cols["size"])
@@ -174,7 +175,7 @@ def _list_array(offsets: np.ndarray, values: np.ndarray, a: int, b: int, value_t
 def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, files: list[dict],
                 profile: Profile, job: JobInfo) -> dict | None:
     """Write the index directory from this rank's micro-batches; return the manifest on rank 0."""
-    rows = ROWS_PER_SHARD["index"]
+    rows = rows_per_shard("index")
     m = len(mbs.offsets) - 1
     dest = owner_starts(mbs.total, rows, comm.size)
     ids = _move_ragged(comm, mbs.sample_ids, np.diff(mbs.offsets), mbs.first, dest)
@@ -259,7 +260,7 @@ def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrit
         with prof.stage("read"):
             samples, manifest = read_samples(comm, metrics, "metrics")
         with prof.stage("sort"):
-            ordered = sort_samples(comm, samples, sopts, ROWS_PER_SHARD["sorted"], consume=True)
+            ordered = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
         options = {**manifest["options"], **sopts.as_dict()}
         return write_samples(comm, out, "sorted", ordered, options, prof, job)
 
@@ -303,7 +304,7 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         if keep_intermediate:
             write_samples(comm, extra[0], "metrics", samples, aopts.as_dict(), prof, job)
         with prof.stage("sort"):
-            ordered = sort_samples(comm, samples, sopts, ROWS_PER_SHARD["sorted"], consume=True)
+            ordered = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
         del samples
         options = {**aopts.as_dict(), **sopts.as_dict()}
         if keep_intermediate:

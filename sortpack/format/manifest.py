@@ -7,12 +7,10 @@ import os
 from pathlib import Path
 
 from ..errors import SortpackError
+from .kinds import FORMATS, KIND_OF_FORMAT, SHARD_PREFIX
 
 VERSION = 1
 MANIFEST = "manifest.json"
-FORMATS = {"metrics": "sortpack-metrics", "sorted": "sortpack-sorted", "index": "sortpack-index"}
-SHARD_PREFIX = {"metrics": "metrics", "sorted": "sorted", "index": "microbatches"}
-KIND_OF_FORMAT = {v: k for k, v in FORMATS.items()}
 
 
 def canonical_json(obj) -> bytes:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from .kinds import KIND_OF_FORMAT
+
 
 def metrics_schema(difficulty_type: pa.DataType) -> pa.Schema:
     """Return the schema of a metrics table."""
@@ -33,14 +35,20 @@ def index_schema(rows: bool = False) -> pa.Schema:
     return pa.schema(fields)
 
 
+def kind_schema(kind: str, difficulty_type: pa.DataType | None = None, rows: bool = False) -> pa.Schema:
+    """Return the shard schema of a ``kind`` directory (``difficulty_type`` and ``rows`` where they apply)."""
+    difficulty_type = difficulty_type or pa.int64()
+    if kind == "index":
+        return index_schema(rows=rows)
+    return metrics_schema(difficulty_type) if kind == "metrics" else sorted_schema(difficulty_type)
+
+
 def schema_for(manifest: dict) -> pa.Schema:
     """Return the shard schema a manifest describes."""
-    kind = manifest.get("_kind") or {"sortpack-metrics": "metrics", "sortpack-sorted": "sorted",
-                                     "sortpack-index": "index"}[manifest["format"]]
-    if kind == "index":
-        return index_schema(rows="row_splits" in manifest.get("schema", {}))
-    dtype = pa.float64() if manifest.get("schema", {}).get("difficulty") == "double" else pa.int64()
-    return metrics_schema(dtype) if kind == "metrics" else sorted_schema(dtype)
+    kind = manifest.get("_kind") or KIND_OF_FORMAT[manifest["format"]]
+    described = manifest.get("schema", {})
+    dtype = pa.float64() if described.get("difficulty") == "double" else pa.int64()
+    return kind_schema(kind, dtype, rows="row_splits" in described)
 
 
 def schema_json(schema: pa.Schema) -> dict:

@@ -14,12 +14,8 @@ import pyarrow as pa
 from ..errors import SortpackError
 from ..parallel import Comm
 from ..partition import shard_starts
+from .kinds import ROWS_PER_SHARD  # noqa: F401 - re-exported for callers of the old home
 from .manifest import read_manifest, shard_name, write_manifest
-
-ROWS_PER_SHARD = {"metrics": 1 << 20, "sorted": 1 << 20, "index": 1 << 16}
-if os.environ.get("SORTPACK_TEST_SHARD_ROWS"):
-    # tests shrink shards to exercise many-shard layouts on small data
-    ROWS_PER_SHARD = {k: int(os.environ["SORTPACK_TEST_SHARD_ROWS"]) for k in ROWS_PER_SHARD}
 
 
 class OutputDir:
