@@ -25,12 +25,10 @@ def _num(v):
 
 def step_costs(cost: np.ndarray, world_size: int, grad_accum: int) -> np.ndarray:
     """Return the (steps, world_size) cost of each rank in each step (tail padded from the start)."""
-    per_step = world_size * grad_accum
-    m = len(cost)
-    steps = max(1, -(-m // per_step))
-    idx = np.arange(steps * per_step) % m
-    # rank r takes micro-batches s*W*A + a*W + r: reshape to (steps, A, W) and sum over A
-    return cost[idx].reshape(steps, grad_accum, world_size).sum(axis=1)
+    from .train.plan import step_positions
+
+    # the sampler's layout, (steps, A, W); a short tail repeats micro-batches from the start
+    return cost[step_positions(len(cost), world_size, grad_accum) % len(cost)].sum(axis=1)
 
 
 def inspect_directory(directory: str, world_size: int | None = None, grad_accum: int = 1) -> dict:

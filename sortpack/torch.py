@@ -1,295 +1,36 @@
-"""torch side of the reader: ``PackedBatchSampler``, ``VariableBatchSizeLR`` and collate helpers.
+"""torch side of the reader, public face: ``PackedBatchSampler``, ``VariableBatchSizeLR``, collate helpers.
 
-torch is imported only inside the functions that need it, so importing this module is
-cheap and works without torch. Everything here works with any map-style ``Dataset``;
-collate helpers learn a micro-batch's shape (``batch_size``, ``padded_size``,
-``row_splits``) when the dataset passes it through (``SourceDataset`` and
-``PackedDataset`` do), and fall back to the items' own lengths otherwise.
+The implementation lives in ``sortpack.train`` (``sampler``, ``lr``, ``collate``); torch is
+imported only where it is used, so importing this module is cheap and works without torch.
+
+This file is named ``torch.py``: when the ``sortpack/`` directory itself is on ``sys.path``
+(``python sortpack/some_script.py``), ``import torch`` would find it instead of PyTorch.
+Loaded that way (as the top-level module ``torch``), it hands ``import torch`` the real
+PyTorch, so no ``import torch`` anywhere ever gets this file.
 """
 from __future__ import annotations
 
-import os
+if __name__ == "torch":  # loaded as top-level ``torch`` because sortpack/ is on sys.path
+    import importlib as _importlib
+    import os as _os
+    import sys as _sys
 
-import numpy as np
-
-from .reader import LR_METHODS, MicroBatch, PackedIndex, PackedSampler, Samples
-
-__all__ = ["PackedBatchSampler", "VariableBatchSizeLR", "PackedDataset", "pad_collate",
-           "varlen_collate", "PadCollate", "VarlenCollate", "MicroBatch", "PackedIndex"]
-
-
-def _world(rank, world_size) -> tuple[int, int]:
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    _saved = list(_sys.path)
+    _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or _os.getcwd()) != _here]
+    del _sys.modules["torch"]
     try:
-        import torch.distributed as dist
+        _real = _importlib.import_module("torch")
+    finally:
+        _sys.path[:] = _saved
+    # the import system returns sys.modules["torch"]: the real package
+    _sys.modules["torch"] = _real
+else:
+    from .train.collate import PackedDataset, PadCollate, VarlenCollate, pad_collate, varlen_collate
+    from .train.index import PackedIndex
+    from .train.lr import LR_METHODS, VariableBatchSizeLR
+    from .train.sampler import MicroBatch, PackedBatchSampler, PackedSampler, Samples, _world
 
-        if dist.is_available() and dist.is_initialized():
-            return (dist.get_rank() if rank is None else int(rank),
-                    dist.get_world_size() if world_size is None else int(world_size))
-    except ImportError:
-        pass
-    env_rank = int(os.environ.get("RANK", 0))
-    env_world = int(os.environ.get("WORLD_SIZE", 1))
-    return (env_rank if rank is None else int(rank), env_world if world_size is None else int(world_size))
-
-
-class PackedBatchSampler(PackedSampler):
-    """A ``DataLoader`` ``batch_sampler``: yields this rank's micro-batches (lists of sample ids).
-
-    ``rank``/``world_size`` default to ``torch.distributed`` when initialised, else to the
-    ``RANK``/``WORLD_SIZE`` environment. ``len()`` is the micro-batches left in the epoch
-    (``steps * grad_accum``); see ``PackedSampler`` for ordering, stepping and resume.
-    """
-
-    def __init__(self, index, rank: int | None = None, world_size: int | None = None,
-                 grad_accum: int = 1, order: str = "index", seed: int = 0, drop_last: bool = False,
-                 largest_first: bool = False, warmup_shapes: bool = False):
-        rank, world_size = _world(rank, world_size)
-        super().__init__(index, rank=rank, world_size=world_size, grad_accum=grad_accum, order=order,
-                         seed=seed, drop_last=drop_last, largest_first=largest_first,
-                         warmup_shapes=warmup_shapes)
-
-
-class PackedDataset:
-    """Wraps any map-style dataset so collate helpers receive the micro-batch's shape with its items."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        """Return the wrapped dataset's length."""
-        return len(self.dataset)
-
-    def __getitem__(self, i):
-        """Return the wrapped dataset's item ``i``."""
-        return self.dataset[i]
-
-    def __getitems__(self, ids) -> Samples:
-        """Return the items of ``ids`` as ``Samples`` carrying the ``MicroBatch`` (when ``ids`` is one)."""
-        return Samples([self.dataset[i] for i in ids], ids if isinstance(ids, MicroBatch) else None)
-
-
-class VariableBatchSizeLR:
-    """Rescales the LR every step by the step's batch: base schedule LR x ``scale(batch / ref)``.
-
-    Wraps any torch LR scheduler (or a bare optimizer, whose LRs then are the base). Call
-    ``step()`` once per optimizer step: it steps the base schedule, records the step in the
-    sampler (so the sampler's state ignores DataLoader prefetch; ``step_sampler=False`` to
-    do that yourself) and sets every param group's LR for the next step. The scale is the
-    same on every rank. Changing the sampler (``set_epoch``, ``set_grad_accum``,
-    ``load_state_dict``) re-applies it at once.
-    """
-
-    def __init__(self, scheduler, sampler: PackedSampler, ref_batch_size: float, method: str = "linear",
-                 by: str = "samples", step_sampler: bool = True):
-        import torch
-
-        if method not in LR_METHODS:
-            raise ValueError(f"method must be one of {', '.join(LR_METHODS)}, not {method!r}")
-        if by not in ("samples", "tokens"):
-            raise ValueError(f"by must be 'samples' or 'tokens', not {by!r}")
-        if isinstance(scheduler, torch.optim.Optimizer):
-            self.scheduler, self.optimizer = None, scheduler
-        else:
-            self.scheduler, self.optimizer = scheduler, scheduler.optimizer
-        self.sampler = sampler
-        self.ref_batch_size, self.method, self.by = float(ref_batch_size), method, by
-        self.step_sampler = step_sampler
-        if step_sampler:
-            sampler.track_steps = True
-        # the unscaled LRs of the base schedule; the groups hold these times the scale
-        self.base_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
-        self.scale = 1.0
-        self._last_lr: list[float] = []
-        sampler.add_listener(self._refresh)
-        self._refresh()
-
-    def _refresh(self) -> None:
-        if self.sampler.num_steps > 0:
-            self.scale = self.sampler.lr_scale(self.ref_batch_size, self.method, self.by)
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
-            group["lr"] = base * self.scale
-        self._last_lr = [float(g["lr"]) for g in self.optimizer.param_groups]
-
-    def step(self, *args, **kwargs) -> None:
-        """Advance the base schedule and the sampler by one step and set the next step's LR."""
-        if self.step_sampler:
-            self.sampler.step()
-        if self.scheduler is not None:
-            # hand the base schedule its own LRs: recursive schedules (ExponentialLR,
-            # ReduceLROnPlateau) multiply what the groups hold
-            for group, base in zip(self.optimizer.param_groups, self.base_lrs):
-                group["lr"] = base
-            self.scheduler.step(*args, **kwargs)
-            self.base_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
-        self._refresh()
-
-    def get_last_lr(self) -> list[float]:
-        """Return the LR of every param group for the coming step (scaled)."""
-        return list(self._last_lr)
-
-    def state_dict(self) -> dict:
-        """Return the base schedule's state, the unscaled LRs and the scaling settings."""
-        return {"scheduler": None if self.scheduler is None else self.scheduler.state_dict(),
-                "base_lrs": list(self.base_lrs), "scale": self.scale, "ref_batch_size": self.ref_batch_size,
-                "method": self.method, "by": self.by}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore the state and re-apply the scale of the sampler's current step."""
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        self.base_lrs = [float(v) for v in state["base_lrs"]]
-        self.scale = float(state["scale"])
-        self.ref_batch_size = float(state["ref_batch_size"])
-        self.method, self.by = state["method"], state["by"]
-        self._refresh()
-
-
-# --- collate helpers ---------------------------------------------------------------------
-def _tokens(item, key, tokenize) -> np.ndarray:
-    seq = tokenize(item) if tokenize is not None else item[key] if key is not None else item
-    if isinstance(seq, (bytes, bytearray, memoryview)):
-        return np.frombuffer(seq, dtype=np.uint8).astype(np.int64)
-    if isinstance(seq, str):
-        raise TypeError("collate got text: pass tokenize= (e.g. lambda s: s.encode()) or a key of token ids")
-    if isinstance(seq, dict):
-        raise TypeError(f"collate got a row with columns {sorted(seq)}: pass key= (a column of token ids) "
-                        "or tokenize= (a function from the row to token ids)")
-    return np.asarray(seq, dtype=np.int64).reshape(-1)
-
-
-def _round_up(n: int, k: int | None) -> int:
-    return -(-n // k) * k if k and k > 1 else n
-
-
-class PadCollate:
-    """Collate a micro-batch into a padded ``(batch_size, padded_size)`` batch (see ``pad_collate``)."""
-
-    def __init__(self, pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None = None,
-                 pad_to_multiple: int | None = None):
-        if attn_mask not in (None, "causal", "full"):
-            raise ValueError(f"attn_mask must be None, 'causal' or 'full', not {attn_mask!r}")
-        self.pad_id, self.key, self.tokenize = pad_id, key, tokenize
-        self.attn_mask, self.pad_to_multiple = attn_mask, pad_to_multiple
-
-    def __call__(self, items) -> dict:
-        """Return input_ids, lengths, key_padding_mask, real, sample_ids (and attn_mask) tensors."""
-        import torch
-
-        seqs = [_tokens(it, self.key, self.tokenize) for it in items]
-        n = len(seqs)
-        mb = getattr(items, "microbatch", None)
-        longest = max((len(s) for s in seqs), default=0)
-        if mb is not None and mb.padded_size is not None:
-            rows, width = max(int(mb.batch_size), n), int(mb.padded_size)
-        else:
-            rows, width = n, _round_up(longest, self.pad_to_multiple)
-        ids = np.full((rows, width), self.pad_id, dtype=np.int64)
-        lengths = np.zeros(rows, dtype=np.int64)
-        for r, s in enumerate(seqs):
-            k = min(len(s), width)  # a tokenizer longer than the index's size is cut to the shape
-            ids[r, :k] = s[:k]
-            lengths[r] = k
-        positions = np.arange(width)
-        valid = positions[None, :] < lengths[:, None]
-        sample_ids = np.full(rows, -1, dtype=np.int64)
-        if mb is not None:
-            sample_ids[:n] = np.asarray(list(mb)[:n], dtype=np.int64)
-        out = {
-            "input_ids": torch.from_numpy(ids),
-            "lengths": torch.from_numpy(lengths),
-            "key_padding_mask": torch.from_numpy(~valid),
-            "real": torch.from_numpy(np.arange(rows) < n),
-            "sample_ids": torch.from_numpy(sample_ids),
-        }
-        if self.attn_mask is not None:
-            allowed = valid[:, None, :] & valid[:, :, None]
-            if self.attn_mask == "causal":
-                allowed &= np.tril(np.ones((width, width), dtype=bool))[None]
-            # padding queries attend to themselves only, so no softmax row is empty (no NaN)
-            allowed |= np.eye(width, dtype=bool)[None] & ~valid[:, :, None]
-            out["attn_mask"] = torch.from_numpy(allowed)
-        return out
-
-
-def pad_collate(pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None = None,
-                pad_to_multiple: int | None = None) -> PadCollate:
-    """Return a picklable collate_fn that pads a micro-batch to its ``(batch_size, padded_size)``.
-
-    Items are token-id sequences, ``item[key]``, or ``tokenize(item)``. The result holds
-    ``input_ids`` (B, T), ``lengths`` (B,), ``key_padding_mask`` (B, T; True = padding, as
-    ``nn.MultiheadAttention``), ``real`` (B,; False for the index's padding slots, which are
-    fully masked), ``sample_ids`` (B,; -1 where unknown) and, with ``attn_mask="causal"`` or
-    ``"full"``, ``attn_mask`` (B, T, T; True = may attend, as ``F.scaled_dot_product_attention``).
-    Without a known shape, T is the longest item rounded up to ``pad_to_multiple``.
-    """
-    return PadCollate(pad_id, key, tokenize, attn_mask, pad_to_multiple)
-
-
-class VarlenCollate:
-    """Collate a micro-batch into concatenated tokens with ``cu_seqlens`` (see ``varlen_collate``)."""
-
-    def __init__(self, key=None, tokenize=None, pad_id: int = 0):
-        self.key, self.tokenize, self.pad_id = key, tokenize, pad_id
-
-    def __call__(self, items) -> dict:
-        """Return input_ids, position_ids, cu_seqlens, max_seqlen, seq_index, lengths and token_mask."""
-        import torch
-
-        seqs = [_tokens(it, self.key, self.tokenize) for it in items]
-        mb = getattr(items, "microbatch", None)
-        splits = getattr(mb, "row_splits", None)
-        # segments: (sample position in the micro-batch or -1 for padding, tokens)
-        segments: list[tuple[int, np.ndarray]] = []
-        lengths = np.zeros(len(seqs), dtype=np.int64)
-        if splits is not None and mb.padded_size is not None:
-            width = int(mb.padded_size)
-            for r in range(len(splits) - 1):
-                room = width
-                for j in range(splits[r], splits[r + 1]):
-                    s = seqs[j][:room]  # a row longer than its packed length is cut
-                    segments.append((j, s))
-                    lengths[j] = len(s)
-                    room -= len(s)
-                if room:
-                    segments.append((-1, np.full(room, self.pad_id, dtype=np.int64)))
-            rows = len(splits) - 1
-            for r in range(rows, int(mb.batch_size)):  # padding rows of a same-shape group
-                segments.append((-1, np.full(width, self.pad_id, dtype=np.int64)))
-        else:
-            for j, s in enumerate(seqs):
-                segments.append((j, s))
-                lengths[j] = len(s)
-        seg_len = np.array([len(s) for _, s in segments], dtype=np.int64)
-        cu = np.zeros(len(segments) + 1, dtype=np.int32)
-        np.cumsum(seg_len, out=cu[1:])
-        total = int(cu[-1])
-        ids = np.concatenate([s for _, s in segments]) if segments else np.zeros(0, dtype=np.int64)
-        seg_of_token = np.repeat(np.arange(len(segments)), seg_len)
-        positions = np.arange(total, dtype=np.int64) - cu[:-1].astype(np.int64)[seg_of_token]
-        seq_index = np.array([j for j, _ in segments], dtype=np.int64)
-        sample_ids = np.asarray(list(mb), dtype=np.int64) if mb is not None else np.full(len(seqs), -1)
-        return {
-            "input_ids": torch.from_numpy(ids.astype(np.int64)),
-            "position_ids": torch.from_numpy(positions),
-            "cu_seqlens": torch.from_numpy(cu),
-            "max_seqlen": int(seg_len.max(initial=0)),
-            "seq_index": torch.from_numpy(seq_index),
-            "lengths": torch.from_numpy(lengths),
-            "token_mask": torch.from_numpy(seq_index[seg_of_token] >= 0 if total else np.zeros(0, bool)),
-            "sample_ids": torch.from_numpy(sample_ids.astype(np.int64)),
-        }
-
-
-def varlen_collate(key=None, tokenize=None, pad_id: int = 0) -> VarlenCollate:
-    """Return a picklable collate_fn for varlen attention kernels (no sample attends to another).
-
-    ``input_ids`` is the micro-batch's samples concatenated; ``cu_seqlens`` (int32) bounds each
-    segment and ``position_ids`` restart at 0 in each. With the index's ``row_splits`` (rows
-    mode) every packed row is laid out whole and padded to ``padded_size``, so
-    ``input_ids.view(batch_size, padded_size)`` gives the rows; padding forms its own
-    segments (``seq_index`` -1, ``token_mask`` False). ``seq_index`` maps segments to the
-    sample's place in the micro-batch, ``lengths`` gives each sample's tokens.
-    """
-    return VarlenCollate(key, tokenize, pad_id)
+    __all__ = ["PackedBatchSampler", "VariableBatchSizeLR", "PackedDataset", "pad_collate",
+               "varlen_collate", "PadCollate", "VarlenCollate", "MicroBatch", "PackedIndex"]
+    _PUBLIC_BEFORE = (LR_METHODS, PackedSampler, Samples, _world)  # importable as before the split

@@ -1,4 +1,10 @@
-"""Helpers that write small, valid sortpack index directories (and text corpora) for the reader tests."""
+"""Indexes for the reader tests: built by the real pipeline, plus a hand-written writer for edge cases.
+
+``pipeline_index`` writes small parquet (``support.write_text_parquet``) and runs
+``sortpack.pipeline.run_all`` in process on the one-rank communicator, in any packing mode;
+every reader, torch and dataset test that can uses it. ``write_index`` writes an index by
+hand for the few cases the pipeline cannot produce (see its docstring).
+"""
 from __future__ import annotations
 
 import json
@@ -13,6 +19,44 @@ from sortpack.format import FORMATS, VERSION, OutputDir, index_schema
 from sortpack.format.schemas import schema_json
 from sortpack.format.shards import ROWS_PER_SHARD, write_owned_shards
 from sortpack.parallel import SerialComm
+from support import write_text_parquet
+
+
+def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", size: str = "length",
+                   difficulty: str | None = None, key: str = "size", stages: int = 1,
+                   rows_per_shard: int | None = None, **pack) -> Path:
+    """Run the real pipeline (analyze, sort, pack) in process over ``inputs``; return the index path.
+
+    Without ``inputs``, one parquet file of texts with the given ``lengths`` is written beside
+    the index (sample id i has size ``lengths[i]``). ``pack`` holds ``PackOptions`` fields
+    (``max_tokens``, ``budget``, ``shapes``, ``same_shape``, ``rows``, ...); ``rows_per_shard``
+    cuts the index into small shards (the format's shard size, set for this call only).
+    """
+    from sortpack.analyze import AnalyzeOptions
+    from sortpack.pack import PackOptions
+    from sortpack.pipeline import JobInfo, run_all
+    from sortpack.sort import SortOptions
+
+    path = Path(path)
+    if inputs is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        inputs = [str(write_text_parquet(path.parent / f"{path.name}-data.parquet", lengths, row_group_size=97))]
+    if "shapes" in pack:
+        pack["shapes"] = tuple(pack["shapes"])
+    saved = ROWS_PER_SHARD["index"]
+    ROWS_PER_SHARD["index"] = rows_per_shard or saved
+    try:
+        run_all(SerialComm(), [str(i) for i in inputs], str(path),
+                AnalyzeOptions(column=column, size=size, difficulty=difficulty),
+                SortOptions(key=key, stages=stages), PackOptions(**pack), overwrite=True, job=JobInfo(argv=["tests"]))
+    finally:
+        ROWS_PER_SHARD["index"] = saved
+    return path
+
+
+def random_lengths(rng: np.random.Generator, n: int, high: int = 200) -> np.ndarray:
+    """Return ``n`` random text lengths in ``[1, high)``."""
+    return rng.integers(1, high, size=n)
 
 
 def _list_array(counts: np.ndarray, values: np.ndarray, value_type) -> pa.Array:
@@ -24,10 +68,14 @@ def _list_array(counts: np.ndarray, values: np.ndarray, value_type) -> pa.Array:
 def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, batch_size=None,
                 stage=None, row_splits=None, options=None, source_files=None,
                 rows_per_shard: int | None = None) -> Path:
-    """Write an index whose micro-batch i is the next ``counts[i]`` of ``sample_ids``; return its path.
+    """Write an index by hand: micro-batch i is the next ``counts[i]`` of ``sample_ids``; return its path.
 
-    ``sizes`` maps a sample id to its size (default 1); ``row_splits`` is a list of per-micro-batch
-    offset arrays (rows mode); ``source_files`` the manifest's ``source.files``.
+    Only for what the pipeline cannot produce: micro-batches of arbitrary given counts and
+    shapes in a given order (the shuffle/warm-up/alignment tests need exact layouts the greedy
+    would not cut: e.g. shapes that do not grow with the sort order), and an index of 200 000
+    micro-batches written in a second (the memory-map test). ``sizes`` maps a sample id to its
+    size (default 1); ``row_splits`` is a list of per-micro-batch offset arrays (rows mode);
+    ``source_files`` the manifest's ``source.files``.
     """
     counts = np.asarray(counts, dtype=np.int64)
     m = len(counts)
@@ -98,22 +146,6 @@ def random_index(path, rng: np.random.Generator, m: int, rows_per_shard: int | N
     return write_index(path, counts, sizes=sizes, rows_per_shard=rows_per_shard, **kw)
 
 
-def pack_greedy(sizes: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Return micro-batches (sample ids) of samples sorted by size under the padded budget (test oracle)."""
-    order = np.argsort(sizes, kind="stable")
-    batches, cur, cur_max = [], [], 0
-    for i in order.tolist():
-        size = int(sizes[i])
-        if cur and (len(cur) + 1) * max(cur_max, size) > max_tokens:
-            batches.append(np.array(cur))
-            cur, cur_max = [], 0
-        cur.append(i)
-        cur_max = max(cur_max, size)
-    if cur:
-        batches.append(np.array(cur))
-    return batches
-
-
 def write_text_corpus(directory, n: int = 60, seed: int = 0) -> list[dict]:
     """Write ``n`` text rows as two parquet files (several row groups) and one JSONL; return source.files."""
     directory = Path(directory)
@@ -153,11 +185,5 @@ def corpus_texts(files: list[dict]) -> list[str]:
 
 
 def write_text_index(path, files: list[dict], max_tokens: int = 120, **kw) -> Path:
-    """Write an index over a text corpus, sizes = character length of ``text``; return its path."""
-    texts = corpus_texts(files)
-    sizes = np.array([len(t) for t in texts], dtype=np.int64)
-    batches = pack_greedy(sizes, max_tokens)
-    counts = [len(b) for b in batches]
-    ids = np.concatenate(batches)
-    options = {"max_tokens": max_tokens, "budget": "padded", "size": "length", "column": "text"}
-    return write_index(path, counts, ids, sizes, options=options, source_files=files, **kw)
+    """Run the pipeline over a text corpus, sizes = character length of ``text``; return the index path."""
+    return pipeline_index(path, inputs=[f["path"] for f in files], max_tokens=max_tokens, **kw)

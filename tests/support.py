@@ -48,3 +48,25 @@ def run_sortpack(args: list[str], ranks: int | None = None, timeout: float = 120
         raise AssertionError(f"sortpack {' '.join(map(str, args))} failed ({proc.returncode}):\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def greedy_oracle(sizes, max_tokens, max_samples=0, batch_multiple=1) -> list[list[int]]:
+    """Return the sequential greedy's micro-batches (positions into ``sizes``), written plainly (test oracle).
+
+    A sample joins iff count*max <= max_tokens (and count <= max_samples); with
+    ``batch_multiple`` a full micro-batch keeps a multiple of it and carries the rest over.
+    """
+    batches, cur = [], []
+    for i, s in enumerate(sizes):
+        while cur:
+            count = len(cur) + 1
+            biggest = max([sizes[j] for j in cur] + [s])
+            if count * biggest <= max_tokens and (max_samples == 0 or count <= max_samples):
+                break
+            keep = len(cur) if len(cur) < batch_multiple else batch_multiple * (len(cur) // batch_multiple)
+            batches.append(cur[:keep])
+            cur = cur[keep:]
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches

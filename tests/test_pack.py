@@ -11,24 +11,7 @@ from sortpack.samples import Samples
 from sortpack.errors import SortpackError
 from sortpack.pack import PackOptions, pack_samples
 from sortpack.parallel import SerialComm
-
-
-def oracle(sizes, max_tokens, max_samples=0, batch_multiple=1):
-    """The sequential greedy, written plainly: join iff count*max <= budget (and count <= max_samples)."""
-    batches, cur = [], []
-    for i, s in enumerate(sizes):
-        while cur:
-            count = len(cur) + 1
-            biggest = max([sizes[j] for j in cur] + [s])
-            if count * biggest <= max_tokens and (max_samples == 0 or count <= max_samples):
-                break
-            keep = len(cur) if len(cur) < batch_multiple else batch_multiple * (len(cur) // batch_multiple)
-            batches.append(cur[:keep])
-            cur = cur[keep:]
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    return batches
+from support import greedy_oracle as oracle
 
 
 def sorted_samples(sizes, stage=None) -> Samples:

@@ -1,0 +1,428 @@
+"""One rank's sampler over an index: steps of ``W * A`` micro-batches, and its resume state.
+
+The resume state is ``(epoch, position, step)``: where the next pass starts. It moves only
+when the training loop reports what it *received* (``consume(batch)``; ``step()`` counts a
+whole step), so DataLoader workers that prefetch never move it. A sampler iterated directly,
+with no such report, falls back to counting the steps it handed out. The sampler knows
+nothing of the LR: each ``MicroBatch`` carries its step's batch size, and
+``VariableBatchSizeLR`` reads it (or asks ``step_batch()``).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .index import PackedIndex
+from .lr import lr_scale
+from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions
+
+
+class MicroBatch(list):
+    """The sample ids of one micro-batch (a list) with its shape and its place in the epoch.
+
+    Parameters
+    ----------
+    ids : iterable of int
+        The sample ids.
+    microbatch : int
+        The micro-batch number in the index (-1: not from an index).
+    batch_size : int, optional
+        Rows of the micro-batch's shape (default: ``len(ids)``); more than ``len(ids)`` in a
+        same-shape group (padding slots).
+    padded_size : int, optional
+        Padded length of every row (None: unknown, collate uses the items' lengths).
+    row_splits : list of int, optional
+        Rows mode: offsets of each packed row into ``ids``.
+    epoch, position, step : int
+        The epoch, the flat position where this micro-batch's step starts, and the step's
+        number in the epoch.
+    end : int, optional
+        The flat position after the step (default ``position``).
+    last : bool
+        Whether this is this rank's last micro-batch of the step (the optimizer step follows).
+    step_batch, step_tokens : int
+        Samples and tokens of the whole step over all ranks (what the LR scales by).
+    repeat : bool
+        Whether it repeats a micro-batch to fill a step (tail padding or warm-up copy):
+        train on it, skip it when evaluating.
+    """
+
+    def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,
+                 padded_size: int | None = None, row_splits=None, epoch: int = 0, position: int = 0,
+                 *, step: int = 0, end: int | None = None, last: bool = True, step_batch: int = 0,
+                 step_tokens: int = 0, repeat: bool = False):
+        super().__init__(ids)
+        self.microbatch = microbatch
+        self.batch_size = len(self) if batch_size is None else batch_size
+        self.padded_size = padded_size
+        self.row_splits = row_splits
+        self.epoch = epoch
+        self.position = position
+        self.step = step
+        self.end = position if end is None else end
+        self.last = last
+        self.step_batch = step_batch
+        self.step_tokens = step_tokens
+        self.repeat = repeat
+
+    def info(self) -> dict:
+        """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on)."""
+        return {"microbatch": int(self.microbatch), "epoch": int(self.epoch), "step": int(self.step),
+                "position": int(self.position), "end": int(self.end), "last": bool(self.last),
+                "step_batch": int(self.step_batch), "step_tokens": int(self.step_tokens),
+                "repeat": bool(self.repeat)}
+
+
+class Samples(list):
+    """Dataset items of one micro-batch (a list) and the ``MicroBatch`` they came from, for collate.
+
+    Parameters
+    ----------
+    items : iterable
+        The dataset items, in the micro-batch's order.
+    microbatch : MicroBatch, optional
+        The micro-batch they were read for (None: a plain list of ids).
+    """
+
+    def __init__(self, items, microbatch: MicroBatch | None = None):
+        super().__init__(items)
+        self.microbatch = microbatch
+
+
+def step_info(batch) -> dict:
+    """Return the step info of what a loop received: a ``MicroBatch``, ``Samples``, a collate dict or the info."""
+    if isinstance(batch, MicroBatch):
+        return batch.info()
+    if isinstance(batch, Samples) and batch.microbatch is not None:
+        return batch.microbatch.info()
+    if isinstance(batch, dict):
+        if "end" in batch and "epoch" in batch:
+            return batch
+        if isinstance(batch.get("microbatch"), dict):
+            return batch["microbatch"]
+    raise TypeError("consume() needs a MicroBatch, Samples of one, or a batch from pad_collate/varlen_collate "
+                    f"(with its 'microbatch' entry), not {type(batch).__name__}")
+
+
+class PackedSampler:
+    """One rank's view of an index: steps of ``world_size * grad_accum`` micro-batches.
+
+    Iterating yields ``MicroBatch`` lists of sample ids, ``grad_accum`` per step; every rank
+    gets the same number of steps. Report what the loop received with ``consume(batch)``
+    so ``state_dict()`` ignores DataLoader prefetch; it resumes exactly, at the same or
+    another world size. Framework-free; see ``sortpack.torch`` for the DataLoader side.
+
+    Parameters
+    ----------
+    index : PackedIndex or path
+        The index (a path is opened).
+    rank : int
+        This rank, ``0 <= rank < world_size``.
+    world_size : int
+        Data-parallel ranks W.
+    grad_accum : int
+        Micro-batches per rank per optimizer step A (``set_grad_accum`` changes it between steps).
+    order : {"index", "shuffle", "curriculum"}
+        ``index``: steps as packed; ``shuffle``: whole steps shuffled per epoch with ``seed``;
+        ``curriculum``: stages in order, steps shuffled within a stage.
+    seed : int
+        The shuffle's seed (the same on every rank).
+    drop_last : bool
+        Drop a short last step instead of filling it with micro-batches from the start.
+    largest_first : bool
+        Put the costliest step (padded tokens) first, to fail fast on out-of-memory.
+    warmup_shapes : bool
+        Start each epoch with steps that show every rank every distinct micro-batch shape.
+    """
+
+    STATE_VERSION = 1
+
+    def __init__(self, index, rank: int = 0, world_size: int = 1, grad_accum: int = 1,
+                 order: str = "index", seed: int = 0, drop_last: bool = False,
+                 largest_first: bool = False, warmup_shapes: bool = False):
+        self.index = index if isinstance(index, PackedIndex) else PackedIndex(index)
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
+        if not (isinstance(world_size, int) and world_size >= 1):
+            raise ValueError(f"world_size must be a positive integer, not {world_size!r}")
+        if not (isinstance(rank, int) and 0 <= rank < world_size):
+            raise ValueError(f"rank must be in [0, {world_size}), not {rank!r}")
+        self.rank, self.world_size = rank, world_size
+        self.order, self.seed, self.drop_last = order, int(seed), bool(drop_last)
+        self.largest_first, self.warmup_shapes = bool(largest_first), bool(warmup_shapes)
+        self.grad_accum = self._checked_accum(grad_accum)
+        self.epoch = 0
+        self._layout = (world_size, self.grad_accum)  # (W, A) that laid out this epoch
+        self._position = 0  # flat position where the next step starts (the resume state)
+        self._step = 0  # steps of this epoch before it
+        self._explicit = False  # the loop reports consumption (consume/step): hand-outs do not count
+        self._resumed = False  # a loaded state: the next set_epoch of its epoch keeps the place
+        self._pass_start = (0, 0, 0, self._layout)
+        self._plans: dict = {}
+
+    # --- configuration ---------------------------------------------------------------
+    def _checked_accum(self, a) -> int:
+        if not (isinstance(a, (int, np.integer)) and a >= 1):
+            raise ValueError(f"grad_accum must be a positive integer, not {a!r}")
+        check_group_alignment(self.index.options, self.world_size * int(a))
+        return int(a)
+
+    @property
+    def width(self) -> int:
+        """Return the micro-batches per step over all ranks (world_size * grad_accum)."""
+        return self.world_size * self.grad_accum
+
+    @property
+    def track_steps(self) -> bool:
+        """Return whether only reported consumption (``consume``/``step``) moves the state, not hand-outs."""
+        return self._explicit
+
+    @track_steps.setter
+    def track_steps(self, on: bool) -> None:
+        """Follow reported consumption (True) or hand-outs (False) from the current position."""
+        self._explicit = bool(on)
+
+    @property
+    def position(self) -> int:
+        """Return the epoch's flat micro-batch position where the next step starts."""
+        return self._position
+
+    def _plan_of(self, epoch: int, layout: tuple) -> EpochPlan:
+        key = (epoch, layout, self.order, self.seed, self.drop_last, self.largest_first, self.warmup_shapes)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 4:  # plans of past epochs and layouts
+                self._plans.clear()
+            w, a = layout
+            plan = self._plans[key] = EpochPlan(self.index, w, a, self.order, self.seed, epoch, self.drop_last,
+                                                self.largest_first, self.warmup_shapes)
+        return plan
+
+    def plan(self) -> EpochPlan:
+        """Return the current epoch's plan (built once per epoch)."""
+        return self._plan_of(self.epoch, self._layout)
+
+    def _steps_left(self, plan: EpochPlan, position: int, width: int) -> int:
+        left = plan.length - position
+        if left <= 0:
+            return 0
+        return left // width if self.drop_last else -(-left // width)
+
+    def _steps_from(self, position: int) -> int:
+        return self._steps_left(self.plan(), position, self.width)
+
+    @property
+    def num_steps(self) -> int:
+        """Return the steps left in this epoch from ``position``."""
+        return self._steps_from(self.position)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Return the steps of a whole epoch at the current world size and accumulation."""
+        return self._plan_of(self.epoch, (self.world_size, self.grad_accum)).num_blocks
+
+    def __len__(self) -> int:
+        """Return the micro-batches this rank yields from ``position`` to the end of the epoch."""
+        return self.num_steps * self.grad_accum
+
+    def _set_state(self, epoch: int, position: int, step: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self._layout = int(epoch), (self.world_size, self.grad_accum)
+        self._position, self._step = int(position), int(step)
+        if position > 0 and self._steps_from(position) == 0:  # the epoch is over: the next one
+            self.epoch, self._layout = self.epoch + 1, (self.world_size, self.grad_accum)
+            self._position = self._step = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its beginning (right after ``load_state_dict`` of that epoch: keep its place)."""
+        if self._resumed and int(epoch) == self.epoch:
+            self._resumed = False
+            return
+        self._resumed = False
+        self.epoch, self._layout = int(epoch), (self.world_size, self.grad_accum)
+        self._position = self._step = 0
+
+    def set_grad_accum(self, grad_accum: int) -> None:
+        """Change the accumulation between steps; the epoch continues from the same position."""
+        self.grad_accum = self._checked_accum(grad_accum)
+
+    # --- progress ---------------------------------------------------------------------
+    def consume(self, batch) -> None:
+        """Record that the training loop received ``batch`` (a ``MicroBatch``, its ``Samples`` or collate dict).
+
+        The state moves to the end of the batch's step once its last micro-batch (``last``)
+        is received, so a ``state_dict()`` taken after k optimizer steps resumes at step k
+        however far DataLoader workers ran ahead. From the first call on, hand-outs no
+        longer move the state.
+        """
+        info = step_info(batch)
+        self._explicit, self._resumed = True, False
+        if info["last"]:
+            self._set_state(info["epoch"], info["end"], info["step"] + 1)
+        else:
+            self._set_state(info["epoch"], info["position"], info["step"])
+
+    def step(self) -> None:
+        """Record one completed optimizer step (counting from where the current pass started).
+
+        An alternative to ``consume`` for loops that count their steps; the step that ends
+        the epoch moves the state to the next epoch.
+        """
+        if not self._explicit:
+            epoch, position, step, layout = self._pass_start
+            self.epoch, self._layout, self._position, self._step = epoch, layout, position, step
+            self._explicit = True
+        self._resumed = False
+        self._set_state(self.epoch, self._position + self.width, self._step + 1)
+
+    def step_batch(self, by: str = "samples", position: int | None = None) -> int:
+        """Return the samples (or tokens, ``by="tokens"``) of the step at ``position`` over all ranks."""
+        if by not in ("samples", "tokens"):
+            raise ValueError(f"by must be 'samples' or 'tokens', not {by!r}")
+        pos = self.position if position is None else position
+        plan = self.plan()
+        if plan.length == 0:
+            return 0
+        return plan.span_sum("num_samples" if by == "samples" else "tokens", pos % plan.length, self.width)
+
+    def lr_scale(self, ref_batch_size: float, method: str = "linear", by: str = "samples",
+                 position: int | None = None) -> float:
+        """Return the LR multiplier of the step at ``position`` (identical on every rank)."""
+        return lr_scale(self.step_batch(by, position), ref_batch_size, method)
+
+    def _grid(self) -> tuple[EpochPlan, np.ndarray]:
+        plan = self.plan()
+        flat = step_positions(plan.length, self.world_size, self.grad_accum, self.position, self.drop_last)
+        return plan, flat % max(plan.length, 1)
+
+    def schedule(self) -> np.ndarray:
+        """Return this rank's micro-batch numbers for the rest of the epoch, shaped (steps, A)."""
+        plan, flat = self._grid()
+        return plan.packed_array(flat[:, :, self.rank])
+
+    def step_batches(self, by: str = "samples") -> np.ndarray:
+        """Return the step batch (samples or tokens over all ranks) of every step left in the epoch."""
+        plan, flat = self._grid()
+        col = "num_samples" if by == "samples" else "tokens"
+        values = self.index.take(col, plan.packed_array(flat.reshape(len(flat), self.width)))
+        return values.reshape(len(flat), self.width).sum(axis=1).astype(np.int64)
+
+    # --- iteration ----------------------------------------------------------------------
+    def __iter__(self):
+        """Yield this rank's micro-batches (``MicroBatch``) from ``position`` to the end of the epoch."""
+        if self.num_steps == 0 and self.position > 0:
+            self._set_state(self.epoch + 1, 0, 0)
+        self._pass_start = (self.epoch, self._position, self._step, self._layout)
+        return self._iterate(self.epoch, self._layout, self._position, self._step)
+
+    def _iterate(self, epoch: int, layout: tuple, pos: int, step: int):
+        plan = self._plan_of(epoch, layout)
+        length = plan.length
+        while True:
+            w, a = self.world_size, self.grad_accum  # read per step: set_grad_accum applies at once
+            if self._steps_left(plan, pos, w * a) == 0:
+                return
+            flat = (pos + np.arange(w * a, dtype=np.int64)) % length
+            mine = flat[self.rank::w]
+            packed = plan.packed_array(mine).tolist()
+            repeat = plan.repeated(pos + np.arange(w * a, dtype=np.int64))[self.rank::w].tolist()
+            batch = int(plan.span_sum("num_samples", pos % length, w * a))
+            tokens = int(plan.span_sum("tokens", pos % length, w * a))
+            start, pos = pos, pos + w * a
+            if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
+                # without reported consumption the state follows what was handed out
+                self._set_state(epoch, pos, step + 1)
+            for k, p in enumerate(packed):
+                ids, bs, ps, splits = self.index.record(p)
+                yield MicroBatch(ids, p, bs, ps, splits, epoch, start, step=step, end=pos, last=k == a - 1,
+                                 step_batch=batch, step_tokens=tokens, repeat=repeat[k])
+            step += 1
+
+    # --- resume ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Return the resume state: epoch, flat position, step, order, seed, W, A and the epoch layout."""
+        return {
+            "version": self.STATE_VERSION, "epoch": self.epoch, "position": int(self.position),
+            "step": int(self._step),
+            "seed": self.seed, "order": self.order, "drop_last": self.drop_last,
+            "largest_first": self.largest_first, "warmup_shapes": self.warmup_shapes,
+            "world_size": self.world_size, "grad_accum": self.grad_accum,
+            "layout": list(self._layout), "num_microbatches": self.index.num_microbatches,
+            "content_hash": self.index.content_hash,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state``; W and rank stay this job's, A and the order come from the state.
+
+        A following ``set_epoch`` of the state's epoch keeps the place (a training loop calls
+        it again after resuming).
+        """
+        if state.get("version") != self.STATE_VERSION:
+            raise ValueError(f"unknown sampler state version {state.get('version')!r}")
+        if (state["num_microbatches"] != self.index.num_microbatches
+                or state.get("content_hash", "") != self.index.content_hash):
+            raise ValueError("the sampler state belongs to another index (content hash differs)")
+        self.order, self.seed = state["order"], int(state["seed"])
+        self.drop_last = bool(state["drop_last"])
+        self.largest_first, self.warmup_shapes = bool(state["largest_first"]), bool(state["warmup_shapes"])
+        self.grad_accum = self._checked_accum(int(state["grad_accum"]))
+        self.epoch = int(state["epoch"])
+        self._layout = tuple(int(v) for v in state["layout"])
+        self._position = int(state["position"])
+        self._step = int(state.get("step", self._position // max(1, self._layout[0] * self._layout[1])))
+        self._pass_start = (self.epoch, self._position, self._step, self._layout)
+        self._resumed = True
+
+
+def _world(rank, world_size) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return (dist.get_rank() if rank is None else int(rank),
+                    dist.get_world_size() if world_size is None else int(world_size))
+    except ImportError:
+        pass
+    env_rank = int(os.environ.get("RANK", 0))
+    env_world = int(os.environ.get("WORLD_SIZE", 1))
+    return (env_rank if rank is None else int(rank), env_world if world_size is None else int(world_size))
+
+
+class PackedBatchSampler(PackedSampler):
+    """A ``DataLoader`` ``batch_sampler``: yields this rank's micro-batches (lists of sample ids).
+
+    ``len()`` is the micro-batches left in the epoch (``steps * grad_accum``). Call
+    ``consume(batch)`` on every batch the loop receives so ``state_dict()`` counts what was
+    trained on, not what workers prefetched; see ``PackedSampler`` for ordering and resume.
+
+    Parameters
+    ----------
+    index : PackedIndex or path
+        The index (a path is opened).
+    rank, world_size : int, optional
+        This rank and the data-parallel ranks; default to ``torch.distributed`` when
+        initialised, else to the ``RANK``/``WORLD_SIZE`` environment (0 and 1 without).
+    grad_accum : int
+        Micro-batches per rank per optimizer step.
+    order : {"index", "shuffle", "curriculum"}
+        Step order (see ``PackedSampler``).
+    seed : int
+        The shuffle's seed.
+    drop_last : bool
+        Drop a short last step instead of filling it from the start.
+    largest_first : bool
+        Costliest step first.
+    warmup_shapes : bool
+        Every shape to every rank in the first steps.
+    """
+
+    def __init__(self, index, rank: int | None = None, world_size: int | None = None,
+                 grad_accum: int = 1, order: str = "index", seed: int = 0, drop_last: bool = False,
+                 largest_first: bool = False, warmup_shapes: bool = False):
+        rank, world_size = _world(rank, world_size)
+        super().__init__(index, rank=rank, world_size=world_size, grad_accum=grad_accum, order=order,
+                         seed=seed, drop_last=drop_last, largest_first=largest_first,
+                         warmup_shapes=warmup_shapes)

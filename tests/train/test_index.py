@@ -1,0 +1,140 @@
+"""sortpack.train.index: opening indexes the real pipeline wrote, in every packing mode."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from reader_fixtures import pipeline_index, write_index
+from sortpack.errors import SortpackError
+from sortpack.reader import PackedIndex, PackedSampler
+from support import greedy_oracle
+
+MODES = {
+    "padded": dict(max_tokens=600),
+    "tokens": dict(max_tokens=600, budget="tokens"),
+    "quadratic": dict(max_tokens=900, budget="quadratic", quadratic_scale=64.0),
+    "pad-to-multiple": dict(max_tokens=640, pad_to_multiple=32),
+    "shapes": dict(max_tokens=800, shapes=(64, 128, 256)),
+    "same-shape": dict(max_tokens=600, group_size=3, same_shape=True),
+    "rows": dict(max_tokens=512, rows=256, rows_per_microbatch=2),
+    "stages": dict(max_tokens=600, stages=3),
+}
+
+
+@pytest.fixture
+def small(tmp_path):
+    # 92 samples, at most 4 per micro-batch, 4 * 199 <= max_tokens: exactly 23 micro-batches
+    lengths = np.random.default_rng(0).integers(1, 200, size=92)
+    return pipeline_index(tmp_path / "ix", lengths, max_tokens=1000, max_samples=4, rows_per_shard=5)
+
+
+def _shard_ids(path: Path) -> list[list[int]]:
+    manifest = json.loads((path / "manifest.json").read_text())
+    out = []
+    for entry in manifest["shards"]:
+        with pa.memory_map(str(path / entry["file"])) as src:
+            out.extend(pa.ipc.open_file(src).read_all().column("sample_ids").to_pylist())
+    return out
+
+
+def test_open_exposes_counts_columns_and_zero_copy_ids(small):
+    ix = PackedIndex(small)
+    assert ix.num_microbatches == 23 and len(ix._shards) == 5
+    counts = ix["num_samples"]
+    assert counts.dtype == np.int32 and len(counts) == 23 and ix.num_samples == counts.sum()
+    want = _shard_ids(small)  # read independently, with pyarrow, across shard boundaries
+    for i in range(23):
+        ids = ix.microbatch(i)
+        assert ids.dtype == np.int64 and not ids.flags.owndata and not ids.flags.writeable
+        assert ids.tolist() == want[i]
+    for name in ("max_size", "padded_size", "tokens", "batch_size", "stage"):
+        assert len(ix[name]) == 23
+        assert ix.take(name, [22, 0, 7]).tolist() == ix[name][[22, 0, 7]].tolist()
+    assert ix.range_sum("tokens", 3, 19) == ix["tokens"][3:19].sum()
+    with pytest.raises(IndexError):
+        ix.microbatch(23)
+
+
+def test_refuses_unknown_version_and_bad_shard_size(small, tmp_path):
+    manifest = json.loads((small / "manifest.json").read_text())
+    bad = tmp_path / "v2"
+    bad.mkdir()
+    for f in small.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    (bad / "manifest.json").write_text(json.dumps({**manifest, "version": 2}))
+    with pytest.raises(SortpackError, match="version 2 is not supported"):
+        PackedIndex(bad)
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with open(bad / manifest["shards"][1]["file"], "ab") as fh:
+        fh.write(b"x")
+    with pytest.raises(SortpackError, match="bytes, the manifest says"):
+        PackedIndex(bad)
+
+
+def test_open_reads_a_small_fraction_of_a_large_index(tmp_path):
+    smaps = Path("/proc/self/smaps")
+    if not smaps.exists():
+        pytest.skip("needs /proc/self/smaps")
+    rng = np.random.default_rng(1)
+    counts = rng.integers(1, 16, size=200_000)  # hand-written: 200 000 micro-batches in a second
+    path = write_index(tmp_path / "big", counts, sizes=rng.integers(1, 1000, size=int(counts.sum())))
+    ix = PackedIndex(path)
+    for entry in ix.manifest["shards"]:  # map every shard and read a little of each
+        ix.microbatch(entry["first"] + 5), ix.shape(entry["first"] + 5)
+    root, touched, current = str(path.resolve()), 0, None
+    for line in smaps.read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 5 and "-" in parts[0] and not parts[0].endswith(":"):
+            current = parts[5] if len(parts) > 5 else ""
+        elif parts and parts[0] == "Rss:" and current and current.startswith(root):
+            touched += int(parts[1]) * 1024
+    total = sum(f.stat().st_size for f in path.iterdir())
+    assert touched < 0.1 * total, (touched, total)
+
+
+def test_padded_index_is_the_greedy(tmp_path):
+    lengths = np.random.default_rng(3).integers(1, 200, size=400)
+    ix = PackedIndex(pipeline_index(tmp_path / "ix", lengths, max_tokens=600))
+    order = np.lexsort((np.arange(len(lengths)), lengths))
+    want = [[int(order[j]) for j in b] for b in greedy_oracle(lengths[order].tolist(), 600)]
+    assert [ix.microbatch(i).tolist() for i in range(len(ix))] == want
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_packing_mode_reads_back_whole(tmp_path, mode):
+    opts = dict(MODES[mode])
+    stages = opts.pop("stages", 1)
+    lengths = np.random.default_rng(len(mode)).integers(1, 200, size=300)
+    ix = PackedIndex(pipeline_index(tmp_path / "ix", lengths, stages=stages, rows_per_shard=7, **opts))
+    seen = []
+    for i in range(len(ix)):
+        ids, bs, ps, splits = ix.record(i)
+        assert (bs, ps) == ix.shape(i) and ids == ix.microbatch(i).tolist()
+        assert max(lengths[ids]) <= ps
+        if mode == "rows":  # every row of a rows-mode micro-batch holds samples: no padding rows
+            assert len(splits) == bs + 1 and splits[0] == 0 and splits[-1] == len(ids)
+            assert np.all(np.diff(splits) > 0)
+            assert all(lengths[ids[a:b]].sum() <= ps for a, b in zip(splits, splits[1:]))
+        else:
+            assert splits is None and len(ids) <= bs and (bs == len(ids) or mode == "same-shape")
+        seen.extend(ids)
+    assert sorted(seen) == list(range(300))
+    ps = ix["padded_size"]
+    if mode == "pad-to-multiple":
+        assert np.all(ps % 32 == 0)
+    if mode == "shapes":
+        assert set(ps.tolist()) <= {64, 128, 256}
+    if mode == "same-shape":
+        shape = np.stack([ix["batch_size"], ps], axis=1)
+        groups = shape[:len(ix) // 3 * 3].reshape(-1, 3, 2)
+        assert np.all(groups == groups[:, :1])
+    if mode == "stages":
+        assert np.all(np.diff(ix["stage"]) >= 0) and len(set(ix["stage"].tolist())) == 3
+    # the sampler covers every micro-batch of every mode
+    group = 3 if mode == "same-shape" else 1
+    ranks = [PackedSampler(ix, rank=r, world_size=group, grad_accum=2) for r in range(group)]
+    assert set(np.concatenate([s.schedule().ravel() for s in ranks]).tolist()) == set(range(len(ix)))
