@@ -293,3 +293,8 @@ def varlen_collate(key=None, tokenize=None, pad_id: int = 0) -> VarlenCollate:
     sample's place in the micro-batch, ``lengths`` gives each sample's tokens.
     """
     return VarlenCollate(key, tokenize, pad_id)
+
+
+from .goodput_torch import GoodputController  # noqa: E402  (torch imported lazily there too)
+
+__all__ += ["GoodputController"]
