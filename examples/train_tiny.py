@@ -2,6 +2,11 @@
 
     torchrun --nproc_per_node 2 examples/train_tiny.py INDEX --steps 4
     mpiexec -n 2 python examples/train_tiny.py INDEX --steps 4
+    torchrun --nproc_per_node 2 examples/train_tiny.py INDEX --steps 40 --goodput
+
+With ``--goodput`` a ``GoodputController`` picks the gradient accumulation of every step
+from the gradient noise scale (between 1 and ``--max-accum``) and the run ends with the
+noise scale and the chosen accumulation over training.
 
 The index must have been built over a column ``text`` with sizes = character length
 (``sortpack run data/ -o INDEX --column text --max-tokens 2048``). Tokens are UTF-8 bytes,
@@ -23,7 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from sortpack.dataset import SourceDataset
-from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, pad_collate
+from sortpack.torch import GoodputController, PackedBatchSampler, VariableBatchSizeLR, pad_collate
 
 PAD = 0  # byte 0 does not occur in text
 
@@ -31,6 +36,13 @@ PAD = 0  # byte 0 does not occur in text
 def utf8_bytes(row: dict) -> bytes:
     """Return the byte-level tokens of a row (module level, so DataLoader workers can pickle it)."""
     return row["text"].encode("utf-8")
+
+
+def lm_loss(logits, targets):
+    """Return the mean next-byte cross entropy over the micro-batch's real tokens."""
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, 256), targets.reshape(-1), ignore_index=-100,
+                           reduction="sum")
+    return loss / max(1, int((targets != -100).sum()))
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -88,6 +100,8 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3, help="LR at the reference batch")
     parser.add_argument("--method", default="sqrt", choices=["linear", "sqrt", "none"])
+    parser.add_argument("--goodput", action="store_true", help="adapt the accumulation to the noise scale")
+    parser.add_argument("--max-accum", type=int, default=8, help="largest accumulation --goodput may pick")
     args = parser.parse_args()
 
     rank, world = rank_and_world()
@@ -108,6 +122,10 @@ def main() -> None:
     warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 10))
     ref = max(1, round(sampler.index.num_samples / max(1, sampler.steps_per_epoch)))
     sched = VariableBatchSizeLR(warmup, sampler, ref_batch_size=ref, method=args.method)
+    ctl = None
+    if args.goodput:  # three lines turn it on: this one, ctl.backward, and stepping when it says so
+        ctl = GoodputController(model, sampler, opt, by="tokens", min_accum=1 if world > 1 else 2,
+                                max_accum=args.max_accum, warmup_steps=4, interval=2)
 
     step, epoch, shapes, tokens = 0, 0, [], 0
     while step < args.steps:
@@ -115,13 +133,15 @@ def main() -> None:
         for i, batch in enumerate(loader):
             ids, mask = batch["input_ids"], batch["attn_mask"]
             targets = ids[:, 1:].masked_fill(batch["key_padding_mask"][:, 1:], -100)
-            sync = (i + 1) % args.grad_accum == 0
-            with contextlib.nullcontext() if sync else model.no_sync():  # all-reduce once per step
-                logits = model(ids, mask)
-                loss = F.cross_entropy(logits[:, :-1].reshape(-1, 256), targets.reshape(-1),
-                                       ignore_index=-100, reduction="sum")
-                loss = loss / max(1, int((targets != -100).sum()))
-                (loss / args.grad_accum).backward()
+            if ctl is not None:
+                accum = ctl.grad_accum
+                loss = lm_loss(model(ids, mask), targets)
+                sync = ctl.backward(loss, batch)  # loss / A, no_sync but on the last micro-batch
+            else:
+                accum, sync = args.grad_accum, (i + 1) % args.grad_accum == 0
+                with contextlib.nullcontext() if sync else model.no_sync():  # all-reduce once per step
+                    loss = lm_loss(model(ids, mask), targets)
+                    (loss / args.grad_accum).backward()
             shapes.append(tuple(ids.shape))
             tokens += int(batch["lengths"].sum())
             if sync:
@@ -129,12 +149,17 @@ def main() -> None:
                 opt.step()
                 opt.zero_grad()
                 sched.step()
+                extra = "" if ctl is None else f" grad_accum {accum} noise_scale {ctl.noise_scale:.1f}"
                 print(f"rank {rank} step {step}: batch shapes {shapes} tokens {tokens} lr {lr:.3e} "
-                      f"loss {loss.item():.3f}", flush=True)
+                      f"loss {loss.item():.3f}{extra}", flush=True)
                 step, shapes, tokens = step + 1, [], 0
                 if step >= args.steps:
                     break
         epoch += 1
+    if ctl is not None and rank == 0:
+        noise = " ".join(f"{h['noise_scale']:.0f}" for h in ctl.history)
+        chosen = " ".join(str(h["grad_accum"]) for h in ctl.history)
+        print(f"goodput: noise scale (tokens) per step: {noise}\ngoodput: grad_accum per step: {chosen}")
     dist.barrier()
     dist.destroy_process_group()
 

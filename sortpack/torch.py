@@ -26,11 +26,34 @@ if __name__ == "torch":  # loaded as top-level ``torch`` because sortpack/ is on
     # the import system returns sys.modules["torch"]: the real package
     _sys.modules["torch"] = _real
 else:
-    from .train.collate import PackedDataset, PadCollate, VarlenCollate, pad_collate, varlen_collate
+    from .train.collate import (
+        PackedDataset,
+        PadCollate,
+        VarlenCollate,
+        pad_collate,
+        varlen_collate,
+    )
+    from .train.goodput_controller import GoodputController
     from .train.index import PackedIndex
     from .train.lr import LR_METHODS, VariableBatchSizeLR
-    from .train.sampler import MicroBatch, PackedBatchSampler, PackedSampler, Samples, _world
+    from .train.sampler import (
+        MicroBatch,
+        PackedBatchSampler,
+        PackedSampler,
+        Samples,
+        _world,
+    )
 
-    __all__ = ["PackedBatchSampler", "VariableBatchSizeLR", "PackedDataset", "pad_collate",
-               "varlen_collate", "PadCollate", "VarlenCollate", "MicroBatch", "PackedIndex"]
+    __all__ = [
+        "GoodputController",
+        "MicroBatch",
+        "PackedBatchSampler",
+        "PackedDataset",
+        "PackedIndex",
+        "PadCollate",
+        "VariableBatchSizeLR",
+        "VarlenCollate",
+        "pad_collate",
+        "varlen_collate",
+    ]
     _PUBLIC_BEFORE = (LR_METHODS, PackedSampler, Samples, _world)  # importable as before the split
