@@ -160,6 +160,7 @@ def _job(fn):
 
         from .parallel import get_comm, run_guarded
         from .pipeline import JobInfo
+        from .progress import configure as configure_progress
 
         threads = kw.pop("threads")
         if threads < 0:
@@ -170,6 +171,7 @@ def _job(fn):
             # the tokenizers library sizes its (rayon) pool from this when first used
             os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         comm = get_comm()
+        configure_progress(comm.is_root() and not kw["quiet"], comm.size)
         job = JobInfo(argv=["sortpack"] + sys.argv[1:])
         result = {}
 
