@@ -276,7 +276,7 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
 @click.option("--world-size", type=int, default=None, help="Data-parallel ranks: report steps and step imbalance.")
 @click.option("--grad-accum", type=int, default=1, show_default=True, help="Micro-batches per rank per step.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of the size distribution (matplotlib).")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG: sizes, fill, step balance, shapes, LR scale.")
 def inspect(directory, world_size, grad_accum, as_json, plot):
     """Report on a metrics, sorted or index directory."""
     from .inspect import inspect_directory, plot_directory, render
@@ -284,7 +284,7 @@ def inspect(directory, world_size, grad_accum, as_json, plot):
     try:
         report = inspect_directory(directory, world_size, grad_accum)
         if plot:
-            plot_directory(directory, plot)
+            plot_directory(directory, plot, world_size, grad_accum)
     except SortpackError as exc:
         _fail(exc)
     click.echo(json.dumps(report, indent=1) if as_json else render(report))
