@@ -123,9 +123,11 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     fig = Figure(figsize=(15, 8.5))
     axes = [fig.add_subplot(2, 3, k) for k in range(1, 7)]
 
-    # a micro-batch of sorted samples holds nearly equal sizes: its max size stands for each
+    # a micro-batch of sorted samples holds nearly equal sizes: its max size stands for each;
+    # packed rows mix sizes, so there it is only an upper bound
+    bound = " (upper bound: rows mix sizes)" if m["options"].get("rows") else ""
     _size_panel(axes[0], c["max_size"].astype(np.int64), ns.astype(np.float64),
-                f"sample sizes ({m['num_samples']:,} samples)", "max size of the sample's micro-batch (log)")
+                f"sample sizes ({m['num_samples']:,} samples)", f"max size of the sample's micro-batch{bound}, log")
 
     ax = axes[1]
     _series_panel(ax, fill, "#55a868")
@@ -171,7 +173,8 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     ax.set_yticks(np.arange(len(top)), labels, fontsize=8)
     ax.invert_yaxis()
     shown = counts[top].sum() / max(counts.sum(), 1)
-    ax.set_title(f"{len(counts):,} distinct shapes; the top {len(top)} hold {100 * shown:.0f}% of micro-batches")
+    ax.set_title(f"{len(counts):,} distinct shape{'s' if len(counts) != 1 else ''}; "
+                 f"the top {len(top)} hold {100 * shown:.0f}% of micro-batches")
     ax.set_xlabel("micro-batches")
     ax.set_ylabel("batch_size x padded_size")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
