@@ -7,7 +7,7 @@ import numpy as np
 
 from .errors import SortpackError
 from .parallel import Comm
-from .progress import progress
+from .progress import Progress
 from .samples import Samples
 from .sources import SourceFile, describe, expand_inputs, file_columns, read_units, split_units
 from .specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
@@ -109,7 +109,9 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     sizes, diffs, my_rows, err = [], [], [], None
     try:
         runs = _file_runs(unit_file[lo:hi], unit_local[lo:hi], known[lo:hi])
-        for fidx, first, last in progress(runs, show_progress and comm.is_root(), desc="analyze", unit="part"):
+        prog = Progress("analyze", int(weights[lo:hi].sum()), "rows", show_progress and comm.is_root(), comm.size,
+                        job_total=int(weights.sum()))
+        for fidx, first, last in runs:
             src = files[fidx]
             table = read_units(src, first, last, columns, text_columns)
             if src.unit_rows is None:
@@ -129,6 +131,8 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
                                      src.path, f"--difficulty {diff_spec.text}")
             sizes.append(size)
             diffs.append(diff)
+            prog.update(table.num_rows, **{"tokens" if size_spec.kind == "tokens" else "summed size": int(size.sum())})
+        prog.close()
     except SortpackError as exc:
         err = exc
     comm.check(err)

@@ -160,6 +160,7 @@ def _job(fn):
 
         from .parallel import get_comm, run_guarded
         from .pipeline import JobInfo
+        from .progress import configure as configure_progress
 
         threads = kw.pop("threads")
         if threads < 0:
@@ -170,6 +171,7 @@ def _job(fn):
             # the tokenizers library sizes its (rayon) pool from this when first used
             os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         comm = get_comm()
+        configure_progress(comm.is_root() and not kw["quiet"], comm.size)
         job = JobInfo(argv=["sortpack"] + sys.argv[1:])
         result = {}
 
@@ -274,7 +276,7 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
 @click.option("--world-size", type=int, default=None, help="Data-parallel ranks: report steps and step imbalance.")
 @click.option("--grad-accum", type=int, default=1, show_default=True, help="Micro-batches per rank per step.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of the size distribution (matplotlib).")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG: sizes, fill, step balance, shapes, LR scale.")
 def inspect(directory, world_size, grad_accum, as_json, plot):
     """Report on a metrics, sorted or index directory."""
     from .report import inspect_directory, plot_directory, render
@@ -282,7 +284,7 @@ def inspect(directory, world_size, grad_accum, as_json, plot):
     try:
         report = inspect_directory(directory, world_size, grad_accum)
         if plot:
-            plot_directory(directory, plot)
+            plot_directory(directory, plot, world_size, grad_accum)
     except SortpackError as exc:
         _fail(exc)
     click.echo(json.dumps(report, indent=1) if as_json else render(report))

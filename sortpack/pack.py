@@ -18,6 +18,7 @@ from .errors import SortpackError
 from .parallel import Comm
 from .partition import owner_starts
 from .samples import Samples
+from .progress import Progress
 
 SEGMENT_SIZE = 1 << 20
 
@@ -286,8 +287,11 @@ def _pack_greedy(comm: Comm, samples: Samples, opts: PackOptions, key: str):
         starts = starts[starts < n]
     ends = np.concatenate((starts[1:], [n])) if len(starts) else np.zeros(0, np.int64)
     bounds = [np.zeros(1, np.int64)]
+    prog = Progress("pack", n, "rows", ranks=comm.size, job_total=total)
     for a, b in zip(starts, ends):
         bounds.append(_greedy(sizes[a:b], opts)[1:] + a)
+        prog.update(b - a)
+    prog.close()
     bounds = np.concatenate(bounds)
     mb = _split_groups(bounds, sizes, opts) if opts.same_shape else _describe(bounds, sizes, opts)
     keyvals = (samples.size if key == "size" else samples.difficulty).astype(np.float64)
@@ -345,14 +349,17 @@ def _pack_rows(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, opts: Pa
     """
     perms, splits, mb_rows = [], [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
     rows_done = 0
+    prog = Progress("pack", len(sizes), "rows")
     for a, b in zip(starts, ends):
         order, row_splits = kernels.pack_rows(sizes[a:b], opts.rows, opts.max_segments)
+        prog.update(b - a)
         perms.append(order + a)
         splits.append(row_splits[1:] + a)
         nrows = len(row_splits) - 1
         cut = np.arange(opts.rows_per_microbatch, nrows, opts.rows_per_microbatch, dtype=np.int64)
         mb_rows.append(np.concatenate((cut, [nrows])) + rows_done)
         rows_done += nrows
+    prog.close()
     perm = np.concatenate(perms) if perms else np.zeros(0, np.int64)
     row_splits = np.concatenate(splits)
     mb_rows = np.concatenate(mb_rows)

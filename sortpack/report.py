@@ -90,30 +90,8 @@ def render(report: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def plot_directory(directory: str, path: str) -> None:
-    """Write a PNG histogram of sample sizes (metrics/sorted) or padded sizes (index)."""
-    try:
-        import matplotlib
+def plot_directory(directory: str, path: str, world_size: int | None = None, grad_accum: int = 1):
+    """Write the inspect figure (a PNG) and return its matplotlib Figure; see ``sortpack.plot``."""
+    from .plot import plot_directory as plot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SortpackError("--plot needs matplotlib (pip install 'sortpack[plot]')") from None
-    m = read_manifest(directory)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if m["_kind"] == "index":
-        ps = _column(directory, m, "padded_size")
-        ns = _column(directory, m, "num_samples")
-        ax.scatter(ps, ns, s=4, alpha=0.5)
-        ax.set_xlabel("padded length")
-        ax.set_ylabel("samples per micro-batch")
-        ax.set_title(f"{m['num_microbatches']} micro-batches")
-    else:
-        size = _column(directory, m, "size")
-        ax.hist(size, bins=100)
-        ax.set_xlabel("size")
-        ax.set_ylabel("samples")
-        ax.set_title(f"{m['num_samples']} samples")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return plot(directory, path, world_size, grad_accum)

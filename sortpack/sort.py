@@ -17,6 +17,7 @@ from .errors import SortpackError
 from .parallel import Comm, fault_point
 from .partition import owner_starts
 from .samples import Samples
+from .progress import Progress, phase
 
 SAMPLES_PER_RANK = 1024  # regular samples each rank contributes to choose splitters
 
@@ -117,6 +118,7 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
         lo = None if lo is None else lo[order]
         payload = {k: v[order] for k, v in payload.items()}
     fault_point(comm, "sort")
+    phase("local sort")
     if comm.size == 1:
         return hi, lo, payload
 
@@ -136,6 +138,7 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     r_hi = comm.alltoallv(hi, send, recv)
     r_lo = comm.alltoallv(lo, send, recv) if lo is not None else None
     r_payload = {k: comm.alltoallv(v, send, recv) for k, v in payload.items()}
+    phase("exchange")
     offsets = np.concatenate(([0], np.cumsum(recv))).astype(np.int64)
     if r_lo is None and not r_payload:
         # nothing rides along: merge the sorted runs in place (timsort finds the runs)
@@ -193,6 +196,7 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
     """
     opts.validate()
     files = samples.files
+    prog = Progress("sort", None, "phases", ranks=comm.size)
     contiguous = _is_contiguous(comm, samples)
     same = samples.difficulty is samples.size or (
         samples.difficulty.dtype == samples.size.dtype and np.array_equal(samples.difficulty, samples.size))
@@ -239,6 +243,8 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
     cols = redistribute(comm, out.columns(), start, owner_starts(total, rows_per_shard, comm.size))
     start, _ = global_start(comm, len(cols["sample_id"]))
     out = Samples.from_columns(start, total, cols, files)
+    prog.update(1, phase="redistribute")
+    prog.close()
     if out.stage is None:
         out.stage = np.zeros(len(out.sample_id), np.int16)
     return out

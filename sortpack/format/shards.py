@@ -15,6 +15,7 @@ from ..errors import SortpackError
 from ..parallel import Comm
 from ..partition import shard_starts
 from .kinds import ROWS_PER_SHARD  # noqa: F401 - re-exported for callers of the old home
+from ..progress import Progress
 from .manifest import read_manifest, shard_name, write_manifest
 
 
@@ -109,12 +110,15 @@ def write_owned_shards(
     lo = int(np.searchsorted(starts, first_row))
     hi = int(np.searchsorted(starts, first_row + num_rows)) if num_rows else lo
     entries = []
+    prog = Progress(f"write {kind}", num_rows, "micro-batches" if kind == "index" else "rows", job_total=total_rows)
     for k in range(lo, hi):
         a, b = int(starts[k]) - first_row, int(starts[k + 1]) - first_row
         meta = write_shard(directory / shard_name(kind, k), make_table(a, b))
+        prog.update(b - a)
         nsamp = int(samples_in(a, b)) if samples_in is not None else b - a
         entries.append({"file": shard_name(kind, k), "first": int(starts[k]), "rows": b - a,
                         "num_samples": nsamp, **meta})
+    prog.close()
     gathered = comm.allgather_obj(entries)
     return [e for part in gathered for e in part]
 
