@@ -24,12 +24,20 @@ class AnalyzeOptions:
     difficulty: str | None = None
     tokenizer: str | None = None
     input_format: str = "auto"
+    special_tokens: bool = True  # tokens: count the ones the post-processor adds
 
     def as_dict(self) -> dict:
-        """Return the options as recorded in manifests (tokenizer by file name only)."""
-        return {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
-                "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
-                "input_format": self.input_format}
+        """Return the options as recorded in manifests (tokenizer by file name only).
+
+        ``special_tokens`` is recorded when a SPEC counts tokens, so the manifests
+        of runs that count no tokens keep their content hash.
+        """
+        out = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
+               "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
+               "input_format": self.input_format}
+        if "tokens" in (self.size, self.difficulty):
+            out["special_tokens"] = self.special_tokens
+        return out
 
 
 @dataclass
@@ -151,12 +159,14 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
             if table.num_rows == 0:
                 # an empty file or row group: its columns may not even exist (empty jsonl)
                 continue
-            size = as_size(evaluate(size_spec, table, src.path, tokenizer, funcs.get(size_spec.text)),
+            size = as_size(evaluate(size_spec, table, src.path, tokenizer, funcs.get(size_spec.text),
+                                    opts.special_tokens),
                            src.path, f"--size {size_spec.text}")
             if diff_spec is None:
                 diff = size
             else:
-                diff = as_difficulty(evaluate(diff_spec, table, src.path, tokenizer, funcs.get(diff_spec.text)),
+                diff = as_difficulty(evaluate(diff_spec, table, src.path, tokenizer, funcs.get(diff_spec.text),
+                                              opts.special_tokens),
                                      src.path, f"--difficulty {diff_spec.text}")
             sizes.append(size)
             diffs.append(diff)

@@ -49,7 +49,11 @@ def analyze_options(f):
                           "python:MODULE:FUNC."),
         click.option("--difficulty", "difficulty_spec", default=None,
                      help="Difficulty SPEC (curriculum key); defaults to the size."),
-        click.option("--tokenizer", type=click.Path(dir_okay=False), help="HF tokenizers JSON file for SPEC tokens."),
+        click.option("--tokenizer", type=click.Path(dir_okay=False),
+                     help="HF tokenizers JSON file for SPEC tokens (its truncation and padding are ignored)."),
+        click.option("--special-tokens/--no-special-tokens", default=True, show_default=True,
+                     help="SPEC tokens: count the special tokens the tokenizer adds ([CLS], [SEP], BOS/EOS), "
+                          "as the model sees them."),
         click.option("--input-format", type=click.Choice(["auto", "parquet", "arrow", "jsonl", "csv"]),
                      default="auto", show_default=True, help="Input format (auto: by file extension)."),
     ]
@@ -142,7 +146,8 @@ def _make_analyze(kw):
     from .analyze import AnalyzeOptions
 
     return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
-                          tokenizer=kw["tokenizer"], input_format=kw["input_format"])
+                          tokenizer=kw["tokenizer"], input_format=kw["input_format"],
+                          special_tokens=kw["special_tokens"])
 
 
 def _make_sort(kw):
