@@ -16,15 +16,7 @@ import click  # noqa: E402
 from .errors import SortpackError  # noqa: E402
 
 
-def _env_rank() -> int:
-    """Return this process's rank from the launcher's environment (0 when unknown)."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
-        if var in os.environ:
-            try:
-                return int(os.environ[var])
-            except ValueError:
-                pass
-    return 0
+from .launcher import launcher_rank  # noqa: E402
 
 
 def _echo_err(msg: str) -> None:
@@ -174,7 +166,13 @@ def _job(fn):
             pa.set_io_thread_count(max(threads, 1))
             # the tokenizers library sizes its (rayon) pool from this when first used
             os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
-        comm = get_comm()
+        try:
+            comm = get_comm()
+        except SortpackError as exc:
+            # no communicator to agree on who prints: the launcher's rank decides
+            if launcher_rank() == 0:
+                _fail(exc)
+            sys.exit(2)
         job = JobInfo(argv=["sortpack"] + sys.argv[1:])
         result = {}
 
@@ -323,7 +321,7 @@ def main(argv=None):
         sys.exit(130)
     except click.ClickException as exc:
         # one line, printed once: under mpiexec every rank parses the same arguments
-        if _env_rank() == 0:
+        if launcher_rank() == 0:
             ctx_cmd = getattr(getattr(exc, "ctx", None), "command_path", "sortpack")
             _echo_err(f"Error: {ctx_cmd}: {' '.join(exc.format_message().split())}")
         sys.exit(exc.exit_code)

@@ -72,21 +72,49 @@ class OutputDir:
         return self.tmp
 
     def commit(self, manifest: dict) -> dict | None:
-        """Write the manifest and move the directory into place; return the manifest on rank 0."""
+        """Write the manifest and move the directory into place; return the manifest on rank 0.
+
+        ``--overwrite`` is checked again at rename time: when another job created the output
+        since this one started, this job fails with one line and removes its temporary
+        directory instead of replacing (or merging into) the other's output.
+        """
         self.ensure()
         self.comm.barrier()
-        written = None
+        written, err = None, None
         if self.comm.is_root():
-            written = write_manifest(self.tmp, manifest)
-            old = None
-            if self.path.exists():
-                old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:8]}"
-                os.rename(self.path, old)
+            try:
+                written = write_manifest(self.tmp, manifest)
+                self._rename_into_place()
+            except (SortpackError, OSError) as exc:
+                if not isinstance(exc, SortpackError):
+                    exc = SortpackError(f"{self.path}: cannot move the output into place "
+                                        f"({' '.join(str(exc).split())})")
+                err = exc
+                shutil.rmtree(self.tmp, ignore_errors=True)
+        self.comm.check(err)
+        return written
+
+    def _rename_into_place(self) -> None:
+        exists = SortpackError(f"{self.path}: output appeared while this job ran (another job wrote it; "
+                               f"use --overwrite to replace it)")
+        old = None
+        if os.path.lexists(self.path):
+            if not self.overwrite:
+                raise exists
+            old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(self.path, old)
+        try:
+            # rename(2) replaces an empty directory silently: make sure there is none
+            if os.path.lexists(self.path):
+                raise exists
             os.rename(self.tmp, self.path)
+        except OSError:
+            if os.path.lexists(self.path):
+                raise exists from None  # lost the race to another job's rename
+            raise
+        finally:
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
-        self.comm.barrier()
-        return written
 
     def discard(self) -> None:
         """Remove the temporary directory (rank 0, best effort)."""
