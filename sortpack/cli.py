@@ -46,6 +46,8 @@ def analyze_options(f):
         click.option("--special-tokens/--no-special-tokens", default=True, show_default=True,
                      help="SPEC tokens: count the special tokens the tokenizer adds ([CLS], [SEP], BOS/EOS), "
                           "as the model sees them."),
+        click.option("--split", default=None,
+                     help="The split to read from a Hugging Face DatasetDict directory (save_to_disk)."),
         click.option("--input-format", type=click.Choice(["auto", "parquet", "arrow", "jsonl", "csv"]),
                      default="auto", show_default=True, help="Input format (auto: by file extension)."),
     ]
@@ -139,7 +141,7 @@ def _make_analyze(kw):
 
     return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
                           tokenizer=kw["tokenizer"], input_format=kw["input_format"],
-                          special_tokens=kw["special_tokens"])
+                          special_tokens=kw["special_tokens"], split=kw["split"])
 
 
 def _make_sort(kw):
