@@ -220,7 +220,7 @@ def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None
         if src.format == "jsonl":
             # read_json widens a column's type across blocks (int then float); the dataset
             # API fixes the type from the first block and fails on a later one
-            table = pjson.read_json(src.path)
+            table = _json_call(pjson.read_json, src)
             if columns is None:
                 return table
             if table.num_rows == 0:
@@ -233,6 +233,25 @@ def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None
     except (pa.ArrowException, OSError) as exc:
         msg = " ".join(str(exc).split())
         raise SortpackError(f"{src.path}: cannot read as {src.format} ({msg})") from None
+
+
+JSON_BLOCK = 1 << 20  # pyarrow's default block size; a longer line needs a larger block
+
+
+def _json_call(fn, src: SourceFile):
+    """Return ``fn(path, read_options)`` with a block size that holds the file's longest line.
+
+    pyarrow's JSON reader fails on a line longer than its block ("straddling object"):
+    retry with a block 8x larger, up to the whole file.
+    """
+    block = JSON_BLOCK
+    while True:
+        try:
+            return fn(src.path, read_options=pjson.ReadOptions(block_size=block))
+        except pa.ArrowInvalid as exc:
+            if "straddl" not in str(exc) or block > src.bytes:
+                raise
+            block = min(block * 8, src.bytes + 1, 2**31 - 1)
 
 
 def _check_columns(src: SourceFile, names: list[str], columns: list[str]) -> None:
@@ -258,7 +277,7 @@ def _file_columns(src: SourceFile) -> list[str]:
         return []
     # the first block is enough for the names; types are left to read_units
     if src.format == "jsonl":
-        return pjson.open_json(src.path).schema.names
+        return _json_call(pjson.open_json, src).schema.names
     return pcsv.open_csv(src.path).schema.names
 
 
