@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -63,13 +65,23 @@ def parse_spec(text: str, column: str | None, option: str) -> Spec:
 
 
 def load_function(spec: Spec) -> Callable:
-    """Return the user function a ``python:MODULE:FUNC`` spec names."""
+    """Return the user function a ``python:MODULE:FUNC`` spec names.
+
+    Modules are found in the current directory first (as ``python -m`` does; the
+    ``sortpack`` console script's own sys.path lacks it), then on sys.path.
+    """
     module, func = spec.func.split(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         return getattr(importlib.import_module(module), func)
     except Exception as exc:  # noqa: BLE001 - importing user code may raise anything
+        where = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and module.startswith(exc.name):
+            where = f"; looked in the current directory {cwd} and sys.path {os.pathsep.join(sys.path)}"
         raise SortpackError(f"{spec.text}: cannot load {module}.{func} "
-                            f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None
+                            f"({type(exc).__name__}: {' '.join(str(exc).split())}{where})") from None
 
 
 def load_tokenizer(path: str | None, option: str = "--size"):
