@@ -287,6 +287,7 @@ def inspect(directory, world_size, grad_accum, as_json, plot):
     try:
         report = inspect_directory(directory, world_size, grad_accum)
         if plot:
+            os.makedirs(os.path.dirname(os.path.abspath(plot)), exist_ok=True)
             plot_directory(directory, plot)
     except SortpackError as exc:
         _fail(exc)

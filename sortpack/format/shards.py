@@ -40,11 +40,15 @@ def owner_starts(total_rows: int, rows_per_shard: int, ranks: int) -> np.ndarray
     return np.minimum(first_shard * rows_per_shard, total_rows)
 
 
+_MADE_PARENTS: set[Path] = set()  # missing parents this process created for outputs
+
+
 class OutputDir:
     """An output directory that appears only when complete.
 
     Every rank writes into one temporary sibling; ``commit`` has rank 0 write the manifest
-    and rename it into place (replacing an old one only with ``overwrite``).
+    and rename it into place (replacing an old one only with ``overwrite``). Missing parent
+    directories are created with the temporary one, and removed again by ``discard``.
     """
 
     def __init__(self, comm: Comm, path: str | os.PathLike, overwrite: bool = False):
@@ -55,19 +59,31 @@ class OutputDir:
         if comm.is_root():
             if self.path.exists() and not overwrite:
                 err = SortpackError(f"{self.path}: output exists (use --overwrite to replace it)")
-            elif not self.path.parent.exists():
-                err = SortpackError(f"{self.path}: parent directory {self.path.parent} does not exist")
+            else:
+                ancestor = self.path.parent
+                while not ancestor.exists() and ancestor != ancestor.parent:
+                    ancestor = ancestor.parent
+                if not ancestor.is_dir():
+                    err = SortpackError(f"{self.path}: {ancestor} is not a directory")
         comm.check(err)
         token = comm.bcast_obj(uuid.uuid4().hex[:12] if comm.is_root() else None)
         self.tmp = self.path.parent / f".{self.path.name}.tmp-{token}"
         self._created = False
 
     def ensure(self) -> Path:
-        """Create the temporary directory (collective) and return it."""
+        """Create the temporary directory (and missing parents; collective) and return it."""
         if not self._created:
+            err = None
             if self.comm.is_root():
-                self.tmp.mkdir()
-            self.comm.barrier()
+                missing = [p for p in reversed(self.path.parents) if not p.exists()]
+                try:
+                    for p in missing:
+                        p.mkdir(exist_ok=True)
+                        _MADE_PARENTS.add(p)
+                    self.tmp.mkdir()
+                except OSError as exc:
+                    err = SortpackError(f"{self.path}: cannot create the output ({' '.join(str(exc).split())})")
+            self.comm.check(err)
             self._created = True
         return self.tmp
 
@@ -92,6 +108,7 @@ class OutputDir:
                 err = exc
                 shutil.rmtree(self.tmp, ignore_errors=True)
         self.comm.check(err)
+        _MADE_PARENTS.difference_update(self.path.parents)  # they hold an output now
         return written
 
     def _rename_into_place(self) -> None:
@@ -117,9 +134,18 @@ class OutputDir:
                 shutil.rmtree(old, ignore_errors=True)
 
     def discard(self) -> None:
-        """Remove the temporary directory (rank 0, best effort)."""
-        if self.comm.is_root() and self.tmp.exists():
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        """Remove the temporary directory and the parents it created (rank 0, best effort)."""
+        if self.comm.is_root():
+            if self.tmp.exists():
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            # parents are shared by a job's outputs (run --keep-intermediate): each discard
+            # removes those that are empty by now, deepest first
+            for p in sorted(_MADE_PARENTS, key=lambda q: len(q.parts), reverse=True):
+                try:
+                    p.rmdir()  # only while empty: another job may have written there since
+                    _MADE_PARENTS.discard(p)
+                except OSError:
+                    pass
 
 
 def write_shard(path: Path, table: pa.Table) -> dict:
