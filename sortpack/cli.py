@@ -282,6 +282,8 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of the size distribution (matplotlib).")
 def inspect(directory, world_size, grad_accum, as_json, plot):
     """Report on a metrics, sorted or index directory."""
+    if launcher_rank() != 0:
+        return  # under mpiexec/srun one rank reports (and plots) for all
     from .inspect import inspect_directory, plot_directory, render
 
     try:
@@ -298,6 +300,8 @@ def inspect(directory, world_size, grad_accum, as_json, plot):
 @click.argument("directory", type=click.Path(file_okay=False))
 def verify(directory):
     """Re-check every shard's sha256 and the manifest; exit 1 on any mismatch."""
+    if launcher_rank() != 0:
+        return  # under mpiexec/srun one rank checks for all: the shards are read once
     from .format.shards import verify_directory
 
     try:
