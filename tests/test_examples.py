@@ -49,3 +49,29 @@ def test_make_stdlib_dataset_rows(tmp_path):
                                                                 ast.ClassDef))]
             assert len(body) == len(top)
     assert any(r["name"] == "<module>" for r in rows)
+
+
+def test_compare_modes_counts_truncated_samples_and_cleans_up(tmp_path):
+    import os
+
+    import numpy as np
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "compare_modes.py"), "--lognormal", "2000",
+                           "--max-tokens", "2048", "--modes", "padded,quadratic,rows"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)})
+    assert proc.returncode == 0, proc.stderr
+    assert list(scratch.iterdir()) == []  # the temporary directory is gone
+    # the same draw as the script: samples over each mode's limit are truncated
+    n = np.clip(np.ceil(np.random.default_rng(0).lognormal(np.log(300), 1.0, 2000)), 1, 8192)
+    expected = {"padded": int((n > 2048).sum()), "quadratic": int((n + n * n / 128 > 2048).sum()),
+                "rows": int((n > 1024).sum())}
+    header, *lines = proc.stdout.splitlines()
+    col = header.split().index("truncated") - 1  # the row without its mode name
+    got = {}
+    for line in lines:
+        name, rest = line[:20].strip(), line[20:].split()
+        got[name.split()[0]] = int(rest[col])
+    assert got == expected and all(expected.values())
