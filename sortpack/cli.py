@@ -113,7 +113,7 @@ def common_options(f):
     """Add -o, --overwrite, --quiet, --threads and --profile to a command."""
     opts = [
         click.option("-o", "--output", required=True, type=click.Path(file_okay=False),
-                     help="Output directory (written atomically)."),
+                     help="Output directory (written atomically; missing parents are created)."),
         click.option("--overwrite", is_flag=True, help="Replace an existing output directory."),
         click.option("--quiet", is_flag=True, help="Print nothing but errors."),
         click.option("--threads", type=int, default=1, show_default=True,
@@ -228,7 +228,11 @@ def cli():
 @common_options
 @_job
 def analyze(comm, job, inputs, output, overwrite, quiet, profile, **kw):
-    """Measure every sample's size and difficulty; write a metrics directory."""
+    """Measure every sample's size and difficulty; write a metrics directory.
+
+    INPUTS are Parquet, Arrow, JSONL or CSV files, directories and globs, Hugging Face
+    save_to_disk directories (a DatasetDict with --split) and to_parquet files.
+    """
     from .pipeline import run_analyze
 
     return run_analyze(comm, list(inputs), output, _make_analyze(kw), overwrite, job, progress=not quiet)
@@ -267,7 +271,11 @@ def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
 @common_options
 @_job
 def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate, **kw):
-    """Analyze, sort and pack in one job; write the index."""
+    """Analyze, sort and pack in one job; write the index.
+
+    INPUTS are as for analyze: files, directories, globs, Hugging Face save_to_disk
+    directories (a DatasetDict with --split).
+    """
     from .pipeline import run_all
 
     return run_all(comm, list(inputs), output, _make_analyze(kw), _make_sort(kw), _make_pack(kw), overwrite,
