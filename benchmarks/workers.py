@@ -261,8 +261,9 @@ def main(argv: list[str]) -> int:
     """Run worker ``argv[0]`` with JSON arguments ``argv[1]``; rank 0 prints the result line."""
     kind, args = argv[0], json.loads(argv[1])
     result = KINDS[kind](args)
-    rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-    if rank == 0:
+    from sortpack.launcher import launcher_rank
+
+    if launcher_rank() == 0:
         print(PREFIX + json.dumps(result), flush=True)
     return 0
 

@@ -11,8 +11,8 @@ noise scale and the chosen accumulation over training.
 The index must have been built over a column ``text`` with sizes = character length
 (``sortpack run data/ -o INDEX --column text --max-tokens 2048``). Tokens are UTF-8 bytes,
 so nothing is downloaded; a sample with multi-byte characters is cut to the micro-batch's
-``padded_size``. Rank and world size come from RANK/WORLD_SIZE (torchrun), PMI_RANK/PMI_SIZE
-(MPICH) or OMPI_COMM_WORLD_RANK/SIZE (Open MPI); MASTER_ADDR/MASTER_PORT default to
+``padded_size``. Rank and world size come from RANK/WORLD_SIZE (torchrun), else from the MPI
+launcher's environment (``sortpack.launcher``: mpiexec, srun); MASTER_ADDR/MASTER_PORT default to
 127.0.0.1:29500.
 """
 from __future__ import annotations
@@ -47,11 +47,11 @@ def lm_loss(logits, targets):
 
 def rank_and_world() -> tuple[int, int]:
     """Return (rank, world size) from the launcher's environment."""
-    for r, w in (("RANK", "WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
-                 ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
-        if r in os.environ and w in os.environ:
-            return int(os.environ[r]), int(os.environ[w])
-    return 0, 1
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    from sortpack.launcher import launcher_rank, launcher_size
+
+    return launcher_rank(), launcher_size()[0]
 
 
 class Block(nn.Module):

@@ -25,19 +25,30 @@ class AnalyzeOptions:
     difficulty: str | None = None
     tokenizer: str | None = None
     input_format: str = "auto"
+    special_tokens: bool = True  # tokens: count the ones the post-processor adds
+    split: str | None = None  # the split of a Hugging Face DatasetDict directory
 
     def as_dict(self) -> dict:
-        """Return the options as recorded in manifests (tokenizer by file name only)."""
-        return {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
-                "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
-                "input_format": self.input_format}
+        """Return the options as recorded in manifests (tokenizer by file name only).
+
+        ``special_tokens`` is recorded when a SPEC counts tokens and ``split`` when given,
+        so the manifests of runs that use neither keep their content hash.
+        """
+        out = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
+               "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
+               "input_format": self.input_format}
+        if "tokens" in (self.size, self.difficulty):
+            out["special_tokens"] = self.special_tokens
+        if self.split is not None:
+            out["split"] = self.split
+        return out
 
 
-def _describe_all(comm: Comm, inputs: list[str], input_format: str) -> list[SourceFile]:
+def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str | None = None) -> list[SourceFile]:
     err, paths = None, None
     if comm.is_root():
         try:
-            paths = expand_inputs(inputs, input_format)
+            paths = expand_inputs(inputs, input_format, split)
         except SortpackError as exc:
             err = exc
     comm.check(err)
@@ -72,7 +83,7 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     files) balanced by rows (bytes where rows are unknown), so each rank's samples are a
     contiguous range of global ids.
     """
-    files = _describe_all(comm, inputs, opts.input_format)
+    files = _describe_all(comm, inputs, opts.input_format, opts.split)
     err = None
     try:
         needs_column = opts.size in _TEXT_KINDS or (opts.difficulty or opts.size) in _TEXT_KINDS
@@ -122,12 +133,14 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
             if table.num_rows == 0:
                 # an empty file or row group: its columns may not even exist (empty jsonl)
                 continue
-            size = as_size(evaluate(size_spec, table, src.path, tokenizer, funcs.get(size_spec.text)),
+            size = as_size(evaluate(size_spec, table, src.path, tokenizer, funcs.get(size_spec.text),
+                                    opts.special_tokens),
                            src.path, f"--size {size_spec.text}")
             if diff_spec is None:
                 diff = size
             else:
-                diff = as_difficulty(evaluate(diff_spec, table, src.path, tokenizer, funcs.get(diff_spec.text)),
+                diff = as_difficulty(evaluate(diff_spec, table, src.path, tokenizer, funcs.get(diff_spec.text),
+                                              opts.special_tokens),
                                      src.path, f"--difficulty {diff_spec.text}")
             sizes.append(size)
             diffs.append(diff)

@@ -16,15 +16,7 @@ import click  # noqa: E402
 from .errors import SortpackError  # noqa: E402
 
 
-def _env_rank() -> int:
-    """Return this process's rank from the launcher's environment (0 when unknown)."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
-        if var in os.environ:
-            try:
-                return int(os.environ[var])
-            except ValueError:
-                pass
-    return 0
+from .launcher import launcher_rank  # noqa: E402
 
 
 def _echo_err(msg: str) -> None:
@@ -49,7 +41,13 @@ def analyze_options(f):
                           "python:MODULE:FUNC."),
         click.option("--difficulty", "difficulty_spec", default=None,
                      help="Difficulty SPEC (curriculum key); defaults to the size."),
-        click.option("--tokenizer", type=click.Path(dir_okay=False), help="HF tokenizers JSON file for SPEC tokens."),
+        click.option("--tokenizer", type=click.Path(dir_okay=False),
+                     help="HF tokenizers JSON file for SPEC tokens (its truncation and padding are ignored)."),
+        click.option("--special-tokens/--no-special-tokens", default=True, show_default=True,
+                     help="SPEC tokens: count the special tokens the tokenizer adds ([CLS], [SEP], BOS/EOS), "
+                          "as the model sees them."),
+        click.option("--split", default=None,
+                     help="The split to read from a Hugging Face DatasetDict directory (save_to_disk)."),
         click.option("--input-format", type=click.Choice(["auto", "parquet", "arrow", "jsonl", "csv"]),
                      default="auto", show_default=True, help="Input format (auto: by file extension)."),
     ]
@@ -115,7 +113,7 @@ def common_options(f):
     """Add -o, --overwrite, --quiet, --threads and --profile to a command."""
     opts = [
         click.option("-o", "--output", required=True, type=click.Path(file_okay=False),
-                     help="Output directory (written atomically)."),
+                     help="Output directory (written atomically; missing parents are created)."),
         click.option("--overwrite", is_flag=True, help="Replace an existing output directory."),
         click.option("--quiet", is_flag=True, help="Print nothing but errors."),
         click.option("--threads", type=int, default=1, show_default=True,
@@ -142,7 +140,8 @@ def _make_analyze(kw):
     from .analyze import AnalyzeOptions
 
     return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
-                          tokenizer=kw["tokenizer"], input_format=kw["input_format"])
+                          tokenizer=kw["tokenizer"], input_format=kw["input_format"],
+                          special_tokens=kw["special_tokens"], split=kw["split"])
 
 
 def _make_sort(kw):
@@ -170,7 +169,13 @@ def _job(fn):
             pa.set_io_thread_count(max(threads, 1))
             # the tokenizers library sizes its (rayon) pool from this when first used
             os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
-        comm = get_comm()
+        try:
+            comm = get_comm()
+        except SortpackError as exc:
+            # no communicator to agree on who prints: the launcher's rank decides
+            if launcher_rank() == 0:
+                _fail(exc)
+            sys.exit(2)
         configure_progress(comm.is_root() and not kw["quiet"], comm.size)
         job = JobInfo(argv=["sortpack"] + sys.argv[1:])
         result = {}
@@ -225,7 +230,11 @@ def cli():
 @common_options
 @_job
 def analyze(comm, job, inputs, output, overwrite, quiet, profile, **kw):
-    """Measure every sample's size and difficulty; write a metrics directory."""
+    """Measure every sample's size and difficulty; write a metrics directory.
+
+    INPUTS are Parquet, Arrow, JSONL or CSV files, directories and globs, Hugging Face
+    save_to_disk directories (a DatasetDict with --split) and to_parquet files.
+    """
     from .pipeline import run_analyze
 
     return run_analyze(comm, list(inputs), output, _make_analyze(kw), overwrite, job, progress=not quiet)
@@ -264,7 +273,11 @@ def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
 @common_options
 @_job
 def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate, **kw):
-    """Analyze, sort and pack in one job; write the index."""
+    """Analyze, sort and pack in one job; write the index.
+
+    INPUTS are as for analyze: files, directories, globs, Hugging Face save_to_disk
+    directories (a DatasetDict with --split).
+    """
     from .pipeline import run_all
 
     return run_all(comm, list(inputs), output, _make_analyze(kw), _make_sort(kw), _make_pack(kw), overwrite,
@@ -279,11 +292,14 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG: sizes, fill, step balance, shapes, LR scale.")
 def inspect(directory, world_size, grad_accum, as_json, plot):
     """Report on a metrics, sorted or index directory."""
+    if launcher_rank() != 0:
+        return  # under mpiexec/srun one rank reports (and plots) for all
     from .report import inspect_directory, plot_directory, render
 
     try:
         report = inspect_directory(directory, world_size, grad_accum)
         if plot:
+            os.makedirs(os.path.dirname(os.path.abspath(plot)), exist_ok=True)
             plot_directory(directory, plot, world_size, grad_accum)
     except SortpackError as exc:
         _fail(exc)
@@ -294,6 +310,8 @@ def inspect(directory, world_size, grad_accum, as_json, plot):
 @click.argument("directory", type=click.Path(file_okay=False))
 def verify(directory):
     """Re-check every shard's sha256 and the manifest; exit 1 on any mismatch."""
+    if launcher_rank() != 0:
+        return  # under mpiexec/srun one rank checks for all: the shards are read once
     from .format.shards import verify_directory
 
     try:
@@ -320,7 +338,7 @@ def main(argv=None):
         sys.exit(130)
     except click.ClickException as exc:
         # one line, printed once: under mpiexec every rank parses the same arguments
-        if _env_rank() == 0:
+        if launcher_rank() == 0:
             ctx_cmd = getattr(getattr(exc, "ctx", None), "command_path", "sortpack")
             _echo_err(f"Error: {ctx_cmd}: {' '.join(exc.format_message().split())}")
         sys.exit(exc.exit_code)

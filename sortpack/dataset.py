@@ -21,12 +21,13 @@ class SourceDataset:
     Rows are read a unit at a time (Parquet row group, Arrow record batch, whole JSONL/CSV
     file); Arrow IPC files are memory-mapped. The last ``cache_units`` units stay decoded
     per process, so a sorted micro-batch usually costs one or two unit reads.
-    ``transform`` maps each row (a dict of ``columns``) to the item returned.
+    ``transform`` maps each row (a dict of ``columns``) to the item returned. ``split`` picks
+    the split of a Hugging Face DatasetDict directory given as input paths.
     """
 
     def __init__(self, source, columns: list[str] | None = None, transform=None, cache_units: int = 8,
-                 check_bytes: bool = True):
-        self.files = _source_files(source)
+                 check_bytes: bool = True, split: str | None = None):
+        self.files = _source_files(source, split)
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.cache_units = max(1, int(cache_units))
@@ -108,7 +109,7 @@ class SourceDataset:
         return Samples(out, ids if isinstance(ids, MicroBatch) else None)
 
 
-def _source_files(source) -> list[dict]:
+def _source_files(source, split: str | None = None) -> list[dict]:
     if isinstance(source, PackedIndex):
         return list(source.manifest["source"]["files"])
     if isinstance(source, (str, os.PathLike)) and (Path(source) / "manifest.json").is_file():
@@ -117,7 +118,7 @@ def _source_files(source) -> list[dict]:
     if items and all(isinstance(f, dict) for f in items):
         return items
     files = []
-    for path, fmt in expand_inputs([str(p) for p in items]):
+    for path, fmt in expand_inputs([str(p) for p in items], split=split):
         src = describe(path, fmt)
         if src.unit_rows is not None:
             rows = sum(src.unit_rows)

@@ -254,7 +254,9 @@ _WORLD: Comm | None = None
 def get_comm() -> Comm:
     """Return the job's communicator: MPI when an MPI library loads, else one rank.
 
-    ``SORTPACK_NO_MPI=1`` forces the one-rank communicator.
+    ``SORTPACK_NO_MPI=1`` forces the one-rank communicator. When MPI cannot load but the
+    launcher's environment says the job has several ranks, raises ``SortpackError``: each
+    rank would otherwise run the whole job alone and replace the others' output.
     """
     global _WORLD
     if _WORLD is not None:
@@ -265,6 +267,13 @@ def get_comm() -> Comm:
     try:
         _WORLD = MPIComm()
     except Exception as exc:  # ImportError, or RuntimeError when libmpi cannot load
+        from .launcher import launcher_size
+
+        ranks, var = launcher_size()
+        if ranks > 1:
+            raise SortpackError(f"the launcher started {ranks} ranks ({var}={ranks}) but MPI cannot load "
+                                f"({_one_line(exc)}); each rank would run the whole job alone. Fix mpi4py "
+                                f"(it must be built against the launcher's MPI) or run one process") from None
         print(
             f"sortpack: warning: MPI unavailable ({_one_line(exc)}); running as one rank",
             file=sys.stderr,

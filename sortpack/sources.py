@@ -3,6 +3,7 @@ JSONL and CSV, split into units (row groups, record batches, whole files)."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,21 +51,30 @@ def _format_of(path: str, forced: str) -> str | None:
     return _EXTENSIONS.get(Path(path).suffix.lower())
 
 
-def expand_inputs(inputs: list[str], input_format: str = "auto") -> list[tuple[str, str]]:
+def expand_inputs(inputs: list[str], input_format: str = "auto", split: str | None = None) -> list[tuple[str, str]]:
     """Return (path, format) of every input file, in sample-id order.
 
     Files keep command-line order; directories expand recursively in sorted path order
-    (files of unknown extension skipped); globs expand in sorted order.
+    (files of unknown extension skipped); globs expand in sorted order. A Hugging Face
+    ``save_to_disk`` directory is its ``data-*.arrow`` files in ``state.json`` order (its JSON
+    metadata is no data); a ``DatasetDict`` directory is the dataset of split ``split``.
     """
     if input_format not in ("auto",) + FORMATS:
         raise SortpackError(f"--input-format: unknown format {input_format!r}")
     if not inputs:
         raise SortpackError("no input files given")
     out: list[tuple[str, str]] = []
+    used_split = False
     for item in inputs:
         if os.path.isdir(item):
-            found = []
+            groups = []  # (sort key, files in order): a Hugging Face dataset keeps its own order
             for root, dirs, files in os.walk(item):
+                hf = hf_dataset_files(root, split)
+                if hf is not None:
+                    used_split |= os.path.isfile(os.path.join(root, HF_DICT))
+                    groups.append((root + os.sep, [(p, "arrow") for p in hf]))
+                    dirs[:] = []
+                    continue
                 dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
                 for name in files:
                     if name.startswith((".", "_")):
@@ -72,10 +82,11 @@ def expand_inputs(inputs: list[str], input_format: str = "auto") -> list[tuple[s
                     p = os.path.join(root, name)
                     fmt = _format_of(p, input_format)
                     if fmt is not None:
-                        found.append((p, fmt))
-            if not found:
+                        groups.append((p, [(p, fmt)]))
+            if not groups:
                 raise SortpackError(f"{item}: directory holds no parquet, arrow, jsonl or csv files")
-            out.extend(sorted(found))
+            for _, group in sorted(groups, key=lambda g: g[0]):
+                out.extend(group)
         elif os.path.isfile(item):
             fmt = _format_of(item, input_format)
             if fmt is None:
@@ -93,7 +104,59 @@ def expand_inputs(inputs: list[str], input_format: str = "auto") -> list[tuple[s
                 out.append((p, fmt))
         else:
             raise SortpackError(f"{item}: no such file or directory")
+    if split is not None and not used_split:
+        raise SortpackError(f"--split {split}: no input is a Hugging Face DatasetDict directory "
+                            f"(one with {HF_DICT})")
     return [(os.path.abspath(p), f) for p, f in out]
+
+
+HF_STATE = "state.json"  # datasets.Dataset.save_to_disk: lists the data files in order
+HF_DICT = "dataset_dict.json"  # datasets.DatasetDict.save_to_disk: lists the splits
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise SortpackError(f"{path}: unreadable ({' '.join(str(exc).split())})") from None
+    if not isinstance(data, dict):
+        raise SortpackError(f"{path}: expected a JSON object")
+    return data
+
+
+def hf_dataset_files(directory: str, split: str | None = None) -> list[str] | None:
+    """Return the data files of a Hugging Face ``save_to_disk`` directory in row order.
+
+    None when ``directory`` is not one. A ``DatasetDict`` directory gives the files of
+    ``split``, and without one (or with an unknown one) raises an error listing the splits.
+    """
+    dict_json = os.path.join(directory, HF_DICT)
+    if os.path.isfile(dict_json):
+        splits = _read_json(dict_json).get("splits")
+        if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+            raise SortpackError(f"{dict_json}: no 'splits' list")
+        names = ", ".join(splits)
+        if split is None:
+            raise SortpackError(f"{directory}: a Hugging Face DatasetDict of splits {names}; "
+                                f"choose one with --split")
+        if split not in splits:
+            raise SortpackError(f"--split {split}: {directory} has splits {names}")
+        files = hf_dataset_files(os.path.join(directory, split))
+        if files is None:
+            raise SortpackError(f"{os.path.join(directory, split)}: split {split!r} has no {HF_STATE}")
+        return files
+    state_json = os.path.join(directory, HF_STATE)
+    if not os.path.isfile(state_json):
+        return None
+    entries = _read_json(state_json).get("_data_files")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and "filename" in e for e in entries):
+        raise SortpackError(f"{state_json}: no '_data_files' list of file names")
+    files = [os.path.join(directory, e["filename"]) for e in entries]
+    for p in files:
+        if not os.path.isfile(p):
+            raise SortpackError(f"{p}: data file listed in {state_json} is missing")
+    return files
 
 
 def _arrow_reader(path: str):
@@ -157,7 +220,7 @@ def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None
         if src.format == "jsonl":
             # read_json widens a column's type across blocks (int then float); the dataset
             # API fixes the type from the first block and fails on a later one
-            table = pjson.read_json(src.path)
+            table = _json_call(pjson.read_json, src)
             if columns is None:
                 return table
             if table.num_rows == 0:
@@ -170,6 +233,25 @@ def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None
     except (pa.ArrowException, OSError) as exc:
         msg = " ".join(str(exc).split())
         raise SortpackError(f"{src.path}: cannot read as {src.format} ({msg})") from None
+
+
+JSON_BLOCK = 1 << 20  # pyarrow's default block size; a longer line needs a larger block
+
+
+def _json_call(fn, src: SourceFile):
+    """Return ``fn(path, read_options)`` with a block size that holds the file's longest line.
+
+    pyarrow's JSON reader fails on a line longer than its block ("straddling object"):
+    retry with a block 8x larger, up to the whole file.
+    """
+    block = JSON_BLOCK
+    while True:
+        try:
+            return fn(src.path, read_options=pjson.ReadOptions(block_size=block))
+        except pa.ArrowInvalid as exc:
+            if "straddl" not in str(exc) or block > src.bytes:
+                raise
+            block = min(block * 8, src.bytes + 1, 2**31 - 1)
 
 
 def _check_columns(src: SourceFile, names: list[str], columns: list[str]) -> None:
@@ -195,7 +277,7 @@ def _file_columns(src: SourceFile) -> list[str]:
         return []
     # the first block is enough for the names; types are left to read_units
     if src.format == "jsonl":
-        return pjson.open_json(src.path).schema.names
+        return _json_call(pjson.open_json, src).schema.names
     return pcsv.open_csv(src.path).schema.names
 
 

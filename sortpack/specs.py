@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -63,17 +65,31 @@ def parse_spec(text: str, column: str | None, option: str) -> Spec:
 
 
 def load_function(spec: Spec) -> Callable:
-    """Return the user function a ``python:MODULE:FUNC`` spec names."""
+    """Return the user function a ``python:MODULE:FUNC`` spec names.
+
+    Modules are found in the current directory first (as ``python -m`` does; the
+    ``sortpack`` console script's own sys.path lacks it), then on sys.path.
+    """
     module, func = spec.func.split(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         return getattr(importlib.import_module(module), func)
     except Exception as exc:  # noqa: BLE001 - importing user code may raise anything
+        where = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and module.startswith(exc.name):
+            where = f"; looked in the current directory {cwd} and sys.path {os.pathsep.join(sys.path)}"
         raise SortpackError(f"{spec.text}: cannot load {module}.{func} "
-                            f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None
+                            f"({type(exc).__name__}: {' '.join(str(exc).split())}{where})") from None
 
 
 def load_tokenizer(path: str | None, option: str = "--size"):
-    """Return an HF ``tokenizers.Tokenizer`` loaded from a tokenizer.json file."""
+    """Return an HF ``tokenizers.Tokenizer`` loaded from a tokenizer.json file, for counting.
+
+    The file's truncation and padding are switched off: a model's tokenizer.json often
+    truncates and pads to a fixed length, which would make every sample measure the same.
+    """
     if not path:
         raise SortpackError(f"{option} tokens needs --tokenizer tokenizer.json")
     try:
@@ -81,9 +97,12 @@ def load_tokenizer(path: str | None, option: str = "--size"):
     except ImportError:
         raise SortpackError("--tokenizer needs the tokenizers package (pip install 'sortpack[tokenizers]')") from None
     try:
-        return Tokenizer.from_file(path)
+        tokenizer = Tokenizer.from_file(path)
     except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception type
         raise SortpackError(f"--tokenizer {path}: cannot load ({' '.join(str(exc).split())})") from None
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
@@ -130,10 +149,12 @@ def _to_numpy(arr) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False)
 
 
-def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None) -> np.ndarray:
+def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None,
+             special_tokens: bool = True) -> np.ndarray:
     """Return the spec's value per row of ``table`` (int64, or float64 for scaled/float columns).
 
-    ``where`` (file name) prefixes error messages.
+    ``where`` (file name) prefixes error messages; ``special_tokens`` says whether ``tokens``
+    counts the tokens the tokenizer's post-processor adds ([CLS], [SEP], BOS/EOS).
     """
     if spec.kind == "python":
         # to_batches() of a zero-row table is empty: build the empty batch so the function
@@ -178,7 +199,7 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None)
             return _word_counts(col)
     elif spec.kind == "tokens":
         if _is_text(t):
-            return _token_counts(tokenizer, col)
+            return _token_counts(tokenizer, col, special_tokens)
     needs = {"length": "a string, binary or list column", "bytes": "a string or binary column"}
     raise SortpackError(f"{where}: column {spec.column!r} is {t}; {spec.kind} needs "
                         + needs.get(spec.kind, "a string column"))
@@ -201,14 +222,14 @@ def _word_counts(col: pa.ChunkedArray) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _token_counts(tokenizer, col: pa.ChunkedArray) -> np.ndarray:
+def _token_counts(tokenizer, col: pa.ChunkedArray, special_tokens: bool = True) -> np.ndarray:
     out = np.empty(len(col), dtype=np.int64)
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     pos = 0
     for chunk in col.chunks:
         texts = chunk.to_pylist()
         for a in range(0, len(texts), 4096):
-            encs = encode(texts[a:a + 4096])
+            encs = encode(texts[a:a + 4096], add_special_tokens=special_tokens)
             out[pos:pos + len(encs)] = [len(e.ids) for e in encs]
             pos += len(encs)
     return out

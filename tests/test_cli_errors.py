@@ -88,7 +88,8 @@ BAD_ANALYZE = {
     "bad tokenizer": (["good.parquet", "--size", "tokens", "--tokenizer", "data.txt"], "cannot load"),
     "unknown option": (["good.parquet", "--max-tokens", "5"], "No such option"),
     "no inputs": ([], "Missing argument"),
-    "missing parent": (["good.parquet", "-o", "nodir/out"], "does not exist"),
+    "missing parent, bad input": (["missing.parquet", "-o", "nodir/out"], "no such file or directory"),
+    "parent is a file": (["good.parquet", "-o", "good.parquet/out"], "good.parquet is not a directory"),
 }
 
 

@@ -281,3 +281,17 @@ def test_split_units_covers_every_unit_in_order(weights, ranks):
         # no rank's share exceeds an even share by more than one unit's weight
         shares = np.array([w[b[r]:b[r + 1]].sum() for r in range(ranks)])
         assert shares.max() <= w.sum() / ranks + w.max() + 1e-9
+
+
+# --- JSONL lines of any size ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["first", "middle"])
+def test_jsonl_reads_a_10mb_line(tmp_path, where):
+    texts = ["hi", "x" * 10_000_000, "yo"] if where == "middle" else ["x" * 10_000_000, "hi", "yo"]
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    src = describe(str(path), "jsonl")
+    assert file_columns(src) == ["text"]
+    table = read_units(src, 0, 1, ["text"])
+    assert [len(t) for t in table.column("text").to_pylist()] == [len(t) for t in texts]

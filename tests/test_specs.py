@@ -320,3 +320,30 @@ def test_python_function_bad_results(user_module, name, message):
 def test_load_function_errors(user_module, text, message):
     with pytest.raises(SortpackError, match=message):
         load_function(parse_spec(text, None, "--size"))
+
+
+# --- python:MODULE:FUNC from the current directory ------------------------------------------
+
+
+def test_python_module_in_the_current_directory(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "sp_cwd_funcs.py").write_text("def ones(batch):\n    return [1] * batch.num_rows\n")
+    monkeypatch.chdir(tmp_path)
+    # as under the `sortpack` console script: sys.path holds neither '' nor the cwd
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    spec = parse_spec("python:sp_cwd_funcs:ones", None, "--size")
+    assert evaluate(spec, table(text=["a", "b"]), "in.parquet", func=load_function(spec)).tolist() == [1, 1]
+
+
+def test_python_module_not_found_says_where_it_looked(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_function may add the cwd
+    spec = parse_spec("python:sp_nowhere_mod:f", None, "--size")
+    with pytest.raises(SortpackError) as info:
+        load_function(spec)
+    msg = str(info.value)
+    assert "ModuleNotFoundError" in msg and f"looked in the current directory {tmp_path}" in msg
+    assert "sys.path" in msg and "\n" not in msg

@@ -58,8 +58,28 @@ def read_manifest(directory: str | os.PathLike, expect: str | tuple[str, ...] | 
         if kind not in kinds:
             want = " or ".join(FORMATS[k] for k in kinds)
             raise SortpackError(f"{directory}: is a {fmt} directory, expected {want}")
+    _check_keys(path, manifest, kind)
     manifest["_kind"] = kind
     return manifest
+
+
+_REQUIRED = ("num_rows", "num_samples", "rows_per_shard", "shards", "options", "stats", "source", "content_hash")
+_SHARD_KEYS = ("file", "first", "rows", "bytes", "sha256")
+
+
+def _check_keys(path: Path, manifest: dict, kind: str) -> None:
+    """Raise one clear line for a manifest that lacks what readers look up (hand-edited, truncated)."""
+    for key in _REQUIRED + (("num_microbatches",) if kind == "index" else ()):
+        if key not in manifest:
+            raise SortpackError(f"{path}: missing key {key!r}")
+    if not isinstance(manifest["shards"], list):
+        raise SortpackError(f"{path}: 'shards' is not a list")
+    for i, entry in enumerate(manifest["shards"]):
+        missing = [k for k in _SHARD_KEYS if not isinstance(entry, dict) or k not in entry]
+        if missing:
+            raise SortpackError(f"{path}: missing key {missing[0]!r} in shards[{i}]")
+    if not isinstance(manifest["source"], dict) or "files" not in manifest["source"]:
+        raise SortpackError(f"{path}: missing key 'files' in 'source'")
 
 
 def write_manifest(directory: str | os.PathLike, manifest: dict) -> dict:

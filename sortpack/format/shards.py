@@ -19,11 +19,15 @@ from ..progress import Progress
 from .manifest import read_manifest, shard_name, write_manifest
 
 
+_MADE_PARENTS: set[Path] = set()  # missing parents this process created for outputs
+
+
 class OutputDir:
     """An output directory that appears only when complete.
 
     Every rank writes into one temporary sibling; ``commit`` has rank 0 write the manifest
-    and rename it into place (replacing an old one only with ``overwrite``).
+    and rename it into place (replacing an old one only with ``overwrite``). Missing parent
+    directories are created with the temporary one, and removed again by ``discard``.
     """
 
     def __init__(self, comm: Comm, path: str | os.PathLike, overwrite: bool = False):
@@ -34,43 +38,93 @@ class OutputDir:
         if comm.is_root():
             if self.path.exists() and not overwrite:
                 err = SortpackError(f"{self.path}: output exists (use --overwrite to replace it)")
-            elif not self.path.parent.exists():
-                err = SortpackError(f"{self.path}: parent directory {self.path.parent} does not exist")
+            else:
+                ancestor = self.path.parent
+                while not ancestor.exists() and ancestor != ancestor.parent:
+                    ancestor = ancestor.parent
+                if not ancestor.is_dir():
+                    err = SortpackError(f"{self.path}: {ancestor} is not a directory")
         comm.check(err)
         token = comm.bcast_obj(uuid.uuid4().hex[:12] if comm.is_root() else None)
         self.tmp = self.path.parent / f".{self.path.name}.tmp-{token}"
         self._created = False
 
     def ensure(self) -> Path:
-        """Create the temporary directory (collective) and return it."""
+        """Create the temporary directory (and missing parents; collective) and return it."""
         if not self._created:
+            err = None
             if self.comm.is_root():
-                self.tmp.mkdir()
-            self.comm.barrier()
+                missing = [p for p in reversed(self.path.parents) if not p.exists()]
+                try:
+                    for p in missing:
+                        p.mkdir(exist_ok=True)
+                        _MADE_PARENTS.add(p)
+                    self.tmp.mkdir()
+                except OSError as exc:
+                    err = SortpackError(f"{self.path}: cannot create the output ({' '.join(str(exc).split())})")
+            self.comm.check(err)
             self._created = True
         return self.tmp
 
     def commit(self, manifest: dict) -> dict | None:
-        """Write the manifest and move the directory into place; return the manifest on rank 0."""
+        """Write the manifest and move the directory into place; return the manifest on rank 0.
+
+        ``--overwrite`` is checked again at rename time: when another job created the output
+        since this one started, this job fails with one line and removes its temporary
+        directory instead of replacing (or merging into) the other's output.
+        """
         self.ensure()
         self.comm.barrier()
-        written = None
+        written, err = None, None
         if self.comm.is_root():
-            written = write_manifest(self.tmp, manifest)
-            old = None
-            if self.path.exists():
-                old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:8]}"
-                os.rename(self.path, old)
-            os.rename(self.tmp, self.path)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        self.comm.barrier()
+            try:
+                written = write_manifest(self.tmp, manifest)
+                self._rename_into_place()
+            except (SortpackError, OSError) as exc:
+                if not isinstance(exc, SortpackError):
+                    exc = SortpackError(f"{self.path}: cannot move the output into place "
+                                        f"({' '.join(str(exc).split())})")
+                err = exc
+                shutil.rmtree(self.tmp, ignore_errors=True)
+        self.comm.check(err)
+        _MADE_PARENTS.difference_update(self.path.parents)  # they hold an output now
         return written
 
+    def _rename_into_place(self) -> None:
+        exists = SortpackError(f"{self.path}: output appeared while this job ran (another job wrote it; "
+                               f"use --overwrite to replace it)")
+        old = None
+        if os.path.lexists(self.path):
+            if not self.overwrite:
+                raise exists
+            old = self.path.parent / f".{self.path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(self.path, old)
+        try:
+            # rename(2) replaces an empty directory silently: make sure there is none
+            if os.path.lexists(self.path):
+                raise exists
+            os.rename(self.tmp, self.path)
+        except OSError:
+            if os.path.lexists(self.path):
+                raise exists from None  # lost the race to another job's rename
+            raise
+        finally:
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+
     def discard(self) -> None:
-        """Remove the temporary directory (rank 0, best effort)."""
-        if self.comm.is_root() and self.tmp.exists():
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        """Remove the temporary directory and the parents it created (rank 0, best effort)."""
+        if self.comm.is_root():
+            if self.tmp.exists():
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            # parents are shared by a job's outputs (run --keep-intermediate): each discard
+            # removes those that are empty by now, deepest first
+            for p in sorted(_MADE_PARENTS, key=lambda q: len(q.parts), reverse=True):
+                try:
+                    p.rmdir()  # only while empty: another job may have written there since
+                    _MADE_PARENTS.discard(p)
+                except OSError:
+                    pass
 
 
 def write_shard(path: Path, table: pa.Table) -> dict:

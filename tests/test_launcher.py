@@ -1,0 +1,142 @@
+"""The launcher's environment (sortpack.launcher), a job whose MPI cannot load, and two jobs
+racing for one output directory."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from support import ROOT, run_sortpack
+
+from sortpack.errors import SortpackError
+from sortpack.format.shards import OutputDir
+from sortpack.launcher import launcher_rank, launcher_size
+from sortpack.parallel import SerialComm
+
+LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMIX_SIZE",
+                 "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
+                 "SLURM_STEP_NUM_TASKS")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("env, rank, size", [
+    ({}, 0, 1),
+    ({"PMI_RANK": "3", "PMI_SIZE": "4"}, 3, 4),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, 1, 2),
+    ({"PMIX_RANK": "2", "PMIX_SIZE": "8"}, 2, 8),
+    ({"MV2_COMM_WORLD_RANK": "5", "MV2_COMM_WORLD_SIZE": "6"}, 5, 6),
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4"}, 1, 4),
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "2"}, 1, 2),
+    ({"SLURM_NTASKS": "4"}, 0, 1),  # a batch script's one process, not an srun step
+    ({"PMI_RANK": "junk", "PMI_SIZE": "junk"}, 0, 1),
+])
+def test_launcher_rank_and_size(clean_env, env, rank, size):
+    for k, v in env.items():
+        clean_env.setenv(k, v)
+    assert launcher_rank() == rank
+    assert launcher_size()[0] == size
+
+
+def test_one_home_for_the_launcher_variables():
+    # every other module asks sortpack.launcher instead of reading the variables itself
+    found = []
+    for path in [*ROOT.glob("sortpack/**/*.py"), *ROOT.glob("examples/*.py"), *ROOT.glob("benchmarks/*.py")]:
+        if path.name != "launcher.py" and any(v in path.read_text() for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")):
+            found.append(str(path.relative_to(ROOT)))
+    assert found == []
+
+
+def fake_broken_mpi(tmp_path: Path) -> str:
+    """Return a PYTHONPATH whose mpi4py fails to load its MPI library, as on a broken install."""
+    fake = tmp_path / "fake"
+    (fake / "mpi4py").mkdir(parents=True)
+    (fake / "mpi4py" / "__init__.py").write_text("")
+    (fake / "mpi4py" / "MPI.py").write_text("raise RuntimeError('cannot load MPI library libmpi.so.12')\n")
+    return f"{fake}{os.pathsep}{ROOT}"
+
+
+@pytest.mark.parametrize("env", [{"PMI_RANK": "0", "PMI_SIZE": "2"}, {"OMPI_COMM_WORLD_RANK": "0",
+                                                                      "OMPI_COMM_WORLD_SIZE": "4"},
+                                  {"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}])
+def test_several_ranks_without_mpi_fail_with_one_line(tmp_path, text_dataset, env):
+    files, _ = text_dataset
+    clean = {v: "" for v in LAUNCHER_VARS}
+    proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500"],
+                        env={**clean, **env, "PYTHONPATH": fake_broken_mpi(tmp_path)}, check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "MPI cannot load" in lines[0], lines
+    assert not (tmp_path / "plan").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".plan")]
+
+
+@pytest.mark.mpi
+def test_mpiexec_with_broken_mpi_prints_one_line_and_writes_nothing(tmp_path, text_dataset):
+    files, _ = text_dataset
+    proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500"],
+                        ranks=2, env={"PYTHONPATH": fake_broken_mpi(tmp_path)}, check=False, timeout=60)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0
+    assert len(lines) == 1 and "MPI cannot load" in lines[0], proc.stderr
+    assert not (tmp_path / "plan").exists()
+
+
+def test_commit_rechecks_the_output_at_rename_time(tmp_path):
+    comm = SerialComm()
+    out = OutputDir(comm, tmp_path / "plan")
+    (out.ensure() / "data.arrow").write_bytes(b"mine")
+    # another job finished first
+    (tmp_path / "plan").mkdir()
+    (tmp_path / "plan" / "manifest.json").write_text("{}")
+    with pytest.raises(SortpackError, match=r"plan: output appeared while this job ran .*--overwrite"):
+        out.commit({"format": "x"})
+    assert not out.tmp.exists()
+    assert (tmp_path / "plan" / "manifest.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan"]
+
+
+def test_commit_does_not_merge_into_an_empty_directory_made_meanwhile(tmp_path):
+    out = OutputDir(SerialComm(), tmp_path / "plan")
+    out.ensure()
+    (tmp_path / "plan").mkdir()
+    with pytest.raises(SortpackError, match="output appeared"):
+        out.commit({"format": "x"})
+    assert not out.tmp.exists()
+
+
+def test_commit_with_overwrite_replaces_what_appeared(tmp_path):
+    out = OutputDir(SerialComm(), tmp_path / "plan", overwrite=True)
+    (out.ensure() / "data.arrow").write_bytes(b"mine")
+    (tmp_path / "plan").mkdir()
+    (tmp_path / "plan" / "theirs.arrow").write_bytes(b"theirs")
+    out.commit({"format": "x"})
+    assert sorted(p.name for p in (tmp_path / "plan").iterdir()) == ["data.arrow", "manifest.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan"]
+
+
+def test_two_jobs_racing_for_one_output(tmp_path, text_dataset):
+    import subprocess
+    import sys
+
+    files, _ = text_dataset
+    args = [sys.executable, "-m", "sortpack", "run", *map(str, files), "-o", str(tmp_path / "plan"),
+            "--column", "text", "--max-tokens", "1500", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    # one wins; the other fails cleanly, at start-up or at rename time
+    assert sorted(code for code, _ in results) == [0, 2], results
+    for code, err in results:
+        if code:
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert len(lines) == 1 and "output" in lines[0], err
+    assert json.loads((tmp_path / "plan" / "manifest.json").read_text())["num_samples"] == 2100
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".plan")) == []
