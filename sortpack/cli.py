@@ -159,7 +159,7 @@ def _job(fn):
         import pyarrow as pa
 
         from .parallel import get_comm, run_guarded
-        from .pipeline import JobInfo
+        from .provenance import JobInfo
 
         threads = kw.pop("threads")
         if threads < 0:
