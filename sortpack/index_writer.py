@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 
 from .distribute import move_ragged, redistribute
-from .format.kinds import FORMATS, rows_per_shard
+from .format.kinds import new_manifest, rows_per_shard
 from .format.manifest import VERSION
 from .format.schemas import index_schema, schema_json
 from .format.shards import OutputDir, write_owned_shards
@@ -64,11 +64,11 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
         shards = write_owned_shards(comm, out, "index", make_table, first, len(cols["microbatch"]), mbs.total,
                                     rows, samples_in=lambda a, b: offsets[b] - offsets[a])
     prov = provenance(comm, profile, job)
-    manifest = {
-        "format": FORMATS["index"], "version": VERSION,
-        "num_rows": mbs.total, "num_samples": mbs.stats["num_samples"], "num_microbatches": mbs.total,
-        "rows_per_shard": rows, "schema": schema_json(schema), "options": options,
-        "source": {"num_rows": int(sum(f["rows"] for f in files)), "files": files},
-        "shards": shards, "stats": mbs.stats, "provenance": prov,
-    }
+    manifest = new_manifest(
+        "index", version=VERSION,
+        num_rows=mbs.total, num_samples=mbs.stats["num_samples"], num_microbatches=mbs.total,
+        rows_per_shard=rows, schema=schema_json(schema), options=options,
+        source={"num_rows": int(sum(f["rows"] for f in files)), "files": files},
+        shards=shards, stats=mbs.stats, provenance=prov,
+    )
     return out.commit(manifest)

@@ -5,9 +5,9 @@ import numpy as np
 import pyarrow as pa
 
 from .distribute import redistribute
-from .format.kinds import FORMATS, rows_per_shard
+from .format.kinds import new_manifest, rows_per_shard
 from .format.manifest import VERSION, read_manifest
-from .format.schemas import metrics_schema, schema_json, sorted_schema
+from .format.schemas import kind_schema, schema_json
 from .format.shards import OutputDir, read_rows, write_owned_shards
 from .parallel import Comm
 from .partition import owner_starts
@@ -24,7 +24,7 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: Samples, optio
     cols.setdefault("difficulty", cols["size"])
     first = int(dest[comm.rank])
     diff_type = pa.float64() if cols["difficulty"].dtype.kind == "f" else pa.int64()
-    schema = metrics_schema(diff_type) if kind == "metrics" else sorted_schema(diff_type)
+    schema = kind_schema(kind, diff_type)
     if kind == "sorted" and "stage" not in cols:
         cols["stage"] = np.zeros(len(cols["sample_id"]), np.int16)
 
@@ -36,13 +36,13 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: Samples, optio
                                     samples.total, rows)
     stats = sample_stats(comm, samples)
     prov = provenance(comm, profile, job)
-    manifest = {
-        "format": FORMATS[kind], "version": VERSION,
-        "num_rows": samples.total, "num_samples": samples.total, "rows_per_shard": rows,
-        "schema": schema_json(schema), "options": options,
-        "source": {"num_rows": samples.total, "files": samples.files},
-        "shards": shards, "stats": stats, "provenance": prov,
-    }
+    manifest = new_manifest(
+        kind, version=VERSION,
+        num_rows=samples.total, num_samples=samples.total, rows_per_shard=rows,
+        schema=schema_json(schema), options=options,
+        source={"num_rows": samples.total, "files": samples.files},
+        shards=shards, stats=stats, provenance=prov,
+    )
     return out.commit(manifest)
 
 
