@@ -13,7 +13,7 @@ import sys  # noqa: E402
 
 import click  # noqa: E402
 
-from .errors import SortpackError  # noqa: E402
+from .errors import SortpackError, one_line  # noqa: E402
 
 
 def _env_rank() -> int:
@@ -306,7 +306,7 @@ def verify(directory):
 
 
 def _fail(exc: Exception):
-    _echo_err(f"Error: {' '.join(str(exc).split())}")
+    _echo_err(f"Error: {one_line(exc)}")
     sys.exit(2)
 
 
@@ -320,5 +320,5 @@ def main(argv=None):
         # one line, printed once: under mpiexec every rank parses the same arguments
         if _env_rank() == 0:
             ctx_cmd = getattr(getattr(exc, "ctx", None), "command_path", "sortpack")
-            _echo_err(f"Error: {ctx_cmd}: {' '.join(exc.format_message().split())}")
+            _echo_err(f"Error: {ctx_cmd}: {one_line(exc.format_message())}")
         sys.exit(exc.exit_code)
