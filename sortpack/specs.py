@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from .errors import SortpackError
+from .errors import SortpackError, one_line
 
 KINDS = ("length", "bytes", "words", "tokens")
 _COLUMN_RE = re.compile(r"^column:([^*]+?)(?:\*([-+0-9.eE]+))?$")
@@ -69,7 +69,7 @@ def load_function(spec: Spec) -> Callable:
         return getattr(importlib.import_module(module), func)
     except Exception as exc:  # noqa: BLE001 - importing user code may raise anything
         raise SortpackError(f"{spec.text}: cannot load {module}.{func} "
-                            f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None
+                            f"({type(exc).__name__}: {one_line(exc)})") from None
 
 
 def load_tokenizer(path: str | None, option: str = "--size"):
@@ -83,7 +83,7 @@ def load_tokenizer(path: str | None, option: str = "--size"):
     try:
         return Tokenizer.from_file(path)
     except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception type
-        raise SortpackError(f"--tokenizer {path}: cannot load ({' '.join(str(exc).split())})") from None
+        raise SortpackError(f"--tokenizer {path}: cannot load ({one_line(exc)})") from None
 
 
 def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
@@ -147,7 +147,7 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None)
             values = np.asarray(out)
         except Exception as exc:  # noqa: BLE001 - user code may raise anything
             raise SortpackError(f"{where}: {spec.text} raised {type(exc).__name__}: "
-                                f"{' '.join(str(exc).split())}") from None
+                                f"{one_line(exc)}") from None
         if values.shape != (table.num_rows,):
             raise SortpackError(f"{where}: {spec.text} returned {values.shape[0] if values.ndim else 'a scalar'}"
                                 f" values for {table.num_rows} rows")
