@@ -10,10 +10,14 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import functools  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 import click  # noqa: E402
 
 from .errors import SortpackError, one_line  # noqa: E402
+
+if TYPE_CHECKING:
+    from .pack import PackOptions
 
 
 def _env_rank() -> int:
@@ -127,7 +131,7 @@ def common_options(f):
     return f
 
 
-def _make_pack(kw) -> "PackOptions":
+def _make_pack(kw) -> PackOptions:
     from .pack import SEGMENT_SIZE, PackOptions
 
     return PackOptions(max_tokens=kw["max_tokens"], budget=kw["budget"], max_samples=kw["max_samples"],

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sortpack.samples import Samples
 from sortpack.errors import SortpackError
 from sortpack.pack import PackOptions, pack_samples
 from sortpack.parallel import SerialComm
+from sortpack.samples import Samples
 
 
 def oracle(sizes, max_tokens, max_samples=0, batch_multiple=1):
