@@ -99,9 +99,9 @@ def sort_sortpack(a: dict) -> dict:
 
 def sort_stage(a: dict) -> dict:
     """Time ``sortpack.sort.sort_samples`` (the whole stage: payload, redistribution)."""
-    from sortpack.samples import Samples
-    from sortpack.format.shards import ROWS_PER_SHARD
+    from sortpack.format.kinds import ROWS_PER_SHARD
     from sortpack.parallel import MPIComm
+    from sortpack.samples import Samples
     from sortpack.sort import SortOptions, sort_samples
 
     w = _World()

@@ -10,8 +10,7 @@ from .parallel import Comm
 from .progress import Progress
 from .samples import Samples
 from .sources import SourceFile, describe, expand_inputs, file_columns, read_units, split_units
-from .specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
-
+from .specs import as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 
 _TEXT_KINDS = ("length", "bytes", "words", "tokens")
 
@@ -45,21 +44,11 @@ class AnalyzeOptions:
 
 
 def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str | None = None) -> list[SourceFile]:
-    err, paths = None, None
-    if comm.is_root():
-        try:
-            paths = expand_inputs(inputs, input_format, split)
-        except SortpackError as exc:
-            err = exc
-    comm.check(err)
+    paths = comm.collectively(lambda: expand_inputs(inputs, input_format, split) if comm.is_root() else None)
     paths = comm.bcast_obj(paths)
     # Metadata reads are spread over ranks: a cluster job may name thousands of files.
-    mine, err = [], None
-    try:
-        mine = [(i, describe(p, f)) for i, (p, f) in enumerate(paths) if i % comm.size == comm.rank]
-    except SortpackError as exc:
-        err = exc
-    comm.check(err)
+    mine = comm.collectively(
+        lambda: [(i, describe(p, f)) for i, (p, f) in enumerate(paths) if i % comm.size == comm.rank])
     found = dict(pair for part in comm.allgather_obj(mine) for pair in part)
     return [found[i] for i in range(len(paths))]
 
@@ -76,6 +65,19 @@ def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None
     return None
 
 
+def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]):
+    """Return the size SPEC, the difficulty SPEC (or None), the tokenizer and the python functions by SPEC."""
+    needs_column = opts.size in _TEXT_KINDS or (opts.difficulty or opts.size) in _TEXT_KINDS
+    column = _resolve_column(opts, files) if needs_column else opts.column
+    size_spec = parse_spec(opts.size, column, "--size")
+    diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
+    tokenizer = None
+    if "tokens" in (size_spec.kind, diff_spec.kind if diff_spec else None):
+        tokenizer = load_tokenizer(opts.tokenizer, "--size" if size_spec.kind == "tokens" else "--difficulty")
+    funcs = {s.text: load_function(s) for s in (size_spec, diff_spec) if s and s.kind == "python"}
+    return size_spec, diff_spec, tokenizer, funcs
+
+
 def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False) -> Samples:
     """Return this rank's slice of (sample_id, size, difficulty) for the inputs.
 
@@ -84,19 +86,7 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     contiguous range of global ids.
     """
     files = _describe_all(comm, inputs, opts.input_format, opts.split)
-    err = None
-    try:
-        needs_column = opts.size in _TEXT_KINDS or (opts.difficulty or opts.size) in _TEXT_KINDS
-        column = _resolve_column(opts, files) if needs_column else opts.column
-        size_spec = parse_spec(opts.size, column, "--size")
-        diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
-        tokenizer = None
-        if "tokens" in (size_spec.kind, diff_spec.kind if diff_spec else None):
-            tokenizer = load_tokenizer(opts.tokenizer, "--size" if size_spec.kind == "tokens" else "--difficulty")
-        funcs = {s.text: load_function(s) for s in (size_spec, diff_spec) if s and s.kind == "python"}
-    except SortpackError as exc:
-        err = exc
-    comm.check(err)
+    size_spec, diff_spec, tokenizer, funcs = comm.collectively(_parse_specs, opts, files)
 
     # Units in global order; unit rows where metadata knows them.
     unit_file = np.concatenate([np.full(f.num_units, i, dtype=np.int64) for i, f in enumerate(files)])
@@ -117,8 +107,9 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     if any(s and s.kind == "python" for s in (size_spec, diff_spec)):
         columns = None
     text_columns = sorted({s.column for s in (size_spec, diff_spec) if s and s.kind in _TEXT_KINDS})
-    sizes, diffs, my_rows, err = [], [], [], None
-    try:
+
+    def measure():
+        sizes, diffs, my_rows = [], [], []
         runs = _file_runs(unit_file[lo:hi], unit_local[lo:hi], known[lo:hi])
         prog = Progress("analyze", int(weights[lo:hi].sum()), "rows", show_progress and comm.is_root(), comm.size,
                         job_total=int(weights.sum()))
@@ -146,9 +137,9 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
             diffs.append(diff)
             prog.update(table.num_rows, **{"tokens" if size_spec.kind == "tokens" else "summed size": int(size.sum())})
         prog.close()
-    except SortpackError as exc:
-        err = exc
-    comm.check(err)
+        return sizes, diffs, my_rows
+
+    sizes, diffs, my_rows = comm.collectively(measure)
 
     # Rows of whole-file units are known only now: share them, then number the samples.
     unit_rows = known.copy()
@@ -158,11 +149,9 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
             unit_rows[u] = r
     start = int(unit_rows[:lo].sum())
     total = int(unit_rows.sum())
-    err = None
-    if total == 0:
+    if total == 0:  # every rank sees the same total: all raise together
         names = ", ".join(inputs[:3]) + (f" and {len(inputs) - 3} more" if len(inputs) > 3 else "")
-        err = SortpackError(f"{names}: the input holds no rows")
-    comm.check(err)
+        raise SortpackError(f"{names}: the input holds no rows", collective=True)
     file_rows = np.bincount(unit_file, weights=unit_rows, minlength=len(files)).astype(np.int64)
     fingerprint = [f.fingerprint(r) for f, r in zip(files, file_rows)]
 

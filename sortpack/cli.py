@@ -10,10 +10,14 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import functools  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 import click  # noqa: E402
 
-from .errors import SortpackError  # noqa: E402
+from .errors import SortpackError, one_line  # noqa: E402
+
+if TYPE_CHECKING:
+    from .pack import PackOptions
 
 
 from .launcher import launcher_rank  # noqa: E402
@@ -125,7 +129,7 @@ def common_options(f):
     return f
 
 
-def _make_pack(kw) -> "PackOptions":
+def _make_pack(kw) -> PackOptions:
     from .pack import SEGMENT_SIZE, PackOptions
 
     return PackOptions(max_tokens=kw["max_tokens"], budget=kw["budget"], max_samples=kw["max_samples"],
@@ -158,7 +162,7 @@ def _job(fn):
         import pyarrow as pa
 
         from .parallel import get_comm, run_guarded
-        from .pipeline import JobInfo
+        from .provenance import JobInfo
         from .progress import configure as configure_progress
 
         threads = kw.pop("threads")
@@ -326,7 +330,7 @@ def verify(directory):
 
 
 def _fail(exc: Exception):
-    _echo_err(f"Error: {' '.join(str(exc).split())}")
+    _echo_err(f"Error: {one_line(exc)}")
     sys.exit(2)
 
 
@@ -340,5 +344,5 @@ def main(argv=None):
         # one line, printed once: under mpiexec every rank parses the same arguments
         if launcher_rank() == 0:
             ctx_cmd = getattr(getattr(exc, "ctx", None), "command_path", "sortpack")
-            _echo_err(f"Error: {ctx_cmd}: {' '.join(exc.format_message().split())}")
+            _echo_err(f"Error: {ctx_cmd}: {one_line(exc.format_message())}")
         sys.exit(exc.exit_code)

@@ -4,6 +4,9 @@ Packing is greedy within fixed global pieces: segments of ``segment_size`` sorte
 (2^20 by default), also cut where the curriculum stage changes. Ranks own whole segments,
 so each packs its own with no communication, and the result does not depend on the rank
 count; a dataset of one segment gives exactly the sequential greedy's micro-batches.
+
+About 400 lines on purpose: PackOptions' rules (budget, shapes, oversize) and the two
+packers that apply them (greedy micro-batches, row packing) change together.
 """
 from __future__ import annotations
 
@@ -41,7 +44,6 @@ class PackOptions:
     rows: int = 0  # row length for row packing (0: off)
     rows_per_microbatch: int = 1
     max_segments: int = 0
-    row_window: int = 0  # samples per best-fit window (0: the kernels' default)
 
     def __post_init__(self):
         if self.rows and self.rows > 0 and not self.max_tokens:
@@ -104,9 +106,7 @@ class PackOptions:
 
     def window(self) -> int:
         """Return the best-fit window of row packing (samples), 0 when rows are off."""
-        if not self.rows:
-            return 0
-        return self.row_window or kernels.DEFAULT_ROW_WINDOW
+        return kernels.DEFAULT_ROW_WINDOW if self.rows else 0
 
     def oversize_mask(self, sizes: np.ndarray) -> np.ndarray:
         """Return which samples cannot fit a micro-batch (or a row) alone."""
@@ -163,7 +163,6 @@ class Microbatches:
 
     first: int  # global number of the first local micro-batch
     total: int  # micro-batches over all ranks
-    sample_start: int  # global position of the first local sample id
     sample_ids: np.ndarray
     offsets: np.ndarray  # len M+1, local offsets into sample_ids
     columns: dict[str, np.ndarray]
@@ -263,9 +262,8 @@ def pack_samples(comm: Comm, samples: Samples, opts: PackOptions, key: str = "si
         "stage": stage.astype(np.int16),
     }
     first, total_mb = global_start(comm, m)
-    sample_start, _ = global_start(comm, n)
     stats = _stats(comm, columns, info)
-    return Microbatches(first, total_mb, sample_start, sample_ids, mb["offsets"], columns, stats, row_sizes)
+    return Microbatches(first, total_mb, sample_ids, mb["offsets"], columns, stats, row_sizes)
 
 
 def _pack_greedy(comm: Comm, samples: Samples, opts: PackOptions, key: str):

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from .errors import SortpackError
+from .errors import SortpackError, one_line
 
 # MPI counts and displacements are C ints; one round of an exchange moves at most this
 # many elements per peer, further rounds carry the rest (the "64-bit counts" guard).
@@ -79,7 +80,7 @@ class Comm:
         Call it after local work that may fail on some ranks only: all ranks then
         leave together with the same message instead of hanging in the next collective.
         """
-        messages = self.allgather_obj(None if error is None else _one_line(error))
+        messages = self.allgather_obj(None if error is None else one_line(error))
         for msg in messages:
             if msg is not None:
                 raise SortpackError(msg, collective=True)
@@ -106,10 +107,6 @@ class Comm:
     def is_root(self) -> bool:
         """Return whether this is rank 0."""
         return self.rank == 0
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
 
 
 class SerialComm(Comm):
@@ -275,7 +272,7 @@ def get_comm() -> Comm:
                                 f"({_one_line(exc)}); each rank would run the whole job alone. Fix mpi4py "
                                 f"(it must be built against the launcher's MPI) or run one process") from None
         print(
-            f"sortpack: warning: MPI unavailable ({_one_line(exc)}); running as one rank",
+            f"sortpack: warning: MPI unavailable ({one_line(exc)}); running as one rank",
             file=sys.stderr,
         )
         _WORLD = SerialComm()
@@ -295,9 +292,9 @@ def run_guarded(comm: Comm, fn: Callable[[], Any], echo: Callable[[str], None]) 
     except SortpackError as exc:
         if exc.collective or comm.size == 1:
             if comm.rank == 0:
-                echo(f"Error: {_one_line(exc)}")
+                echo(f"Error: {one_line(exc)}")
             return 2
-        echo(f"Error: {_one_line(exc)}")
+        echo(f"Error: {one_line(exc)}")
         comm.abort(2)
         return 2
     except KeyboardInterrupt:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .parallel import Comm
+
 
 @dataclass
 class Samples:
@@ -40,3 +42,21 @@ class Samples:
         """Return Samples rebuilt from ``columns()`` output (difficulty defaults to the size)."""
         return cls(start, total, cols["sample_id"], cols["size"], cols.get("difficulty", cols["size"]),
                    cols.get("stage"), files)
+
+
+def sample_stats(comm: Comm, s: Samples) -> dict:
+    """Return the manifest's ``stats`` of the samples over all ranks (count, size and difficulty range)."""
+    n = len(s)
+    size_sum = comm.allreduce(int(s.size.sum()), "sum")
+    smin = comm.allreduce(int(s.size.min()) if n else 2**62, "min")
+    smax = comm.allreduce(int(s.size.max()) if n else -1, "max")
+    dmin = comm.allreduce(float(s.difficulty.min()) if n else float("inf"), "min")
+    dmax = comm.allreduce(float(s.difficulty.max()) if n else float("-inf"), "max")
+    stats = {"num_samples": s.total, "size_sum": size_sum, "size_min": smin, "size_max": smax,
+             "difficulty_min": dmin, "difficulty_max": dmax}
+    if s.stage is not None:
+        counts = np.bincount(s.stage.astype(np.int64), minlength=1) if n else np.zeros(1, np.int64)
+        width = comm.allreduce(len(counts), "max")
+        counts = comm.allreduce(np.pad(counts, (0, width - len(counts))).astype(np.int64), "sum")
+        stats["stage_counts"] = [int(c) for c in counts]
+    return stats

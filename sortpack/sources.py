@@ -14,7 +14,7 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
-from .errors import SortpackError
+from .errors import SortpackError, one_line
 
 FORMATS = ("parquet", "arrow", "jsonl", "csv")
 _EXTENSIONS = {
@@ -184,7 +184,7 @@ def describe(path: str, fmt: str) -> SourceFile:
             return SourceFile(path, fmt, size, None)
         return SourceFile(path, fmt, size, None)
     except (pa.ArrowException, OSError) as exc:
-        raise SortpackError(f"{path}: cannot read as {fmt} ({' '.join(str(exc).split())})") from None
+        raise SortpackError(f"{path}: cannot read as {fmt} ({one_line(exc)})") from None
 
 
 def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None,
@@ -231,7 +231,7 @@ def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None
         return pcsv.read_csv(src.path, convert_options=pcsv.ConvertOptions(include_columns=columns,
                                                                             column_types=text))
     except (pa.ArrowException, OSError) as exc:
-        msg = " ".join(str(exc).split())
+        msg = one_line(exc)
         raise SortpackError(f"{src.path}: cannot read as {src.format} ({msg})") from None
 
 
@@ -265,7 +265,7 @@ def file_columns(src: SourceFile) -> list[str]:
     try:
         return _file_columns(src)
     except (pa.ArrowException, OSError) as exc:
-        raise SortpackError(f"{src.path}: cannot read as {src.format} ({' '.join(str(exc).split())})") from None
+        raise SortpackError(f"{src.path}: cannot read as {src.format} ({one_line(exc)})") from None
 
 
 def _file_columns(src: SourceFile) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from .errors import SortpackError
+from .errors import SortpackError, one_line
 
 KINDS = ("length", "bytes", "words", "tokens")
 _COLUMN_RE = re.compile(r"^column:([^*]+?)(?:\*([-+0-9.eE]+))?$")
@@ -81,7 +81,7 @@ def load_function(spec: Spec) -> Callable:
         if isinstance(exc, ModuleNotFoundError) and exc.name and module.startswith(exc.name):
             where = f"; looked in the current directory {cwd} and sys.path {os.pathsep.join(sys.path)}"
         raise SortpackError(f"{spec.text}: cannot load {module}.{func} "
-                            f"({type(exc).__name__}: {' '.join(str(exc).split())}{where})") from None
+                            f"({type(exc).__name__}: {one_line(exc)}{where})") from None
 
 
 def load_tokenizer(path: str | None, option: str = "--size"):
@@ -99,7 +99,7 @@ def load_tokenizer(path: str | None, option: str = "--size"):
     try:
         tokenizer = Tokenizer.from_file(path)
     except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception type
-        raise SortpackError(f"--tokenizer {path}: cannot load ({' '.join(str(exc).split())})") from None
+        raise SortpackError(f"--tokenizer {path}: cannot load ({one_line(exc)})") from None
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return tokenizer
@@ -168,7 +168,7 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None,
             values = np.asarray(out)
         except Exception as exc:  # noqa: BLE001 - user code may raise anything
             raise SortpackError(f"{where}: {spec.text} raised {type(exc).__name__}: "
-                                f"{' '.join(str(exc).split())}") from None
+                                f"{one_line(exc)}") from None
         if values.shape != (table.num_rows,):
             raise SortpackError(f"{where}: {spec.text} returned {values.shape[0] if values.ndim else 'a scalar'}"
                                 f" values for {table.num_rows} rows")

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sortpack.samples import Samples
 from sortpack.errors import SortpackError
 from sortpack.pack import PackOptions, pack_samples
 from sortpack.parallel import SerialComm
 from support import greedy_oracle as oracle
+from sortpack.samples import Samples
 
 
 def sorted_samples(sizes, stage=None) -> Samples:

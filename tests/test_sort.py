@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sortpack.samples import Samples
 from sortpack.errors import SortpackError
 from sortpack.parallel import SerialComm
+from sortpack.samples import Samples
 from sortpack.sort import SortOptions, sort_samples
 
 

@@ -5,6 +5,7 @@ Every other module asks this table instead of keeping its own copy (docs/format.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 
@@ -44,7 +45,6 @@ KINDS = {
 FORMATS = {k.name: k.format for k in KINDS.values()}
 SHARD_PREFIX = {k.name: k.shard_prefix for k in KINDS.values()}
 KIND_OF_FORMAT = {k.format: k.name for k in KINDS.values()}
-ROWS_PER_SHARD = {k.name: k.rows_per_shard for k in KINDS.values()}  # the defaults; see rows_per_shard
 
 
 def rows_per_shard(kind: str) -> int:
@@ -55,6 +55,22 @@ def rows_per_shard(kind: str) -> int:
     """
     override = os.environ.get("SORTPACK_TEST_SHARD_ROWS")
     return int(override) if override else KINDS[kind].rows_per_shard
+
+
+class _RowsPerShard(Mapping):
+    """``rows_per_shard`` as a read-only mapping by kind, for callers that index a table."""
+
+    def __getitem__(self, kind: str) -> int:
+        return rows_per_shard(kind)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(KINDS)
+
+    def __len__(self) -> int:
+        return len(KINDS)
+
+
+ROWS_PER_SHARD: Mapping[str, int] = _RowsPerShard()
 
 
 def new_manifest(kind: str, **fields) -> dict:

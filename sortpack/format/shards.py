@@ -134,11 +134,16 @@ def write_shard(path: Path, table: pa.Table) -> dict:
     with pa.OSFile(str(path), "wb") as sink:
         with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_batch(batch)
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Return the hex sha256 of a file, read in 4 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 22), b""):
             digest.update(chunk)
-    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+    return digest.hexdigest()
 
 
 def write_owned_shards(
@@ -234,13 +239,9 @@ def verify_directory(directory: str | os.PathLike) -> list[str]:
         if not path.is_file():
             problems.append(f"{entry['file']}: missing")
             continue
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                digest.update(chunk)
         if path.stat().st_size != entry["bytes"]:
             problems.append(f"{entry['file']}: {path.stat().st_size} bytes, manifest says {entry['bytes']}")
-        if digest.hexdigest() != entry["sha256"]:
+        if file_sha256(path) != entry["sha256"]:
             problems.append(f"{entry['file']}: sha256 mismatch")
         if entry["first"] != expected_first:
             problems.append(f"{entry['file']}: starts at row {entry['first']}, expected {expected_first}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sortpack.samples import Samples
 from sortpack.parallel import get_comm
+from sortpack.samples import Samples
 from sortpack.sort import SortOptions, sort_samples
 
 

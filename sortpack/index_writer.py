@@ -1,0 +1,74 @@
+"""The index directory: move micro-batches to their shard owners and assemble the Arrow tables."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from .distribute import move_ragged, redistribute
+from .format.kinds import new_manifest, rows_per_shard
+from .format.manifest import VERSION
+from .format.schemas import index_schema, schema_json
+from .format.shards import OutputDir, write_owned_shards
+from .pack import Microbatches
+from .parallel import Comm
+from .partition import owner_starts
+from .provenance import JobInfo, Profile, provenance
+
+
+def _list_array(offsets: np.ndarray, values: np.ndarray, a: int, b: int, value_type) -> pa.Array:
+    lo, hi = int(offsets[a]), int(offsets[b])
+    return pa.ListArray.from_arrays(pa.array((offsets[a:b + 1] - lo).astype(np.int32)),
+                                    pa.array(values[lo:hi], value_type))
+
+
+def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, files: list[dict],
+                profile: Profile, job: JobInfo) -> dict | None:
+    """Write the index directory from this rank's micro-batches; return the manifest on rank 0."""
+    rows = rows_per_shard("index")
+    m = len(mbs.offsets) - 1
+    dest = owner_starts(mbs.total, rows, comm.size)
+    ids = move_ragged(comm, mbs.sample_ids, np.diff(mbs.offsets), mbs.first, dest)
+    row_sizes = None
+    if mbs.row_sizes is not None:
+        row_sizes = move_ragged(comm, mbs.row_sizes, mbs.columns["batch_size"].astype(np.int64), mbs.first, dest)
+    cols = dict(mbs.columns)
+    cols["microbatch"] = np.arange(mbs.first, mbs.first + m, dtype=np.int64)
+    cols = redistribute(comm, cols, mbs.first, dest)
+    offsets = np.concatenate(([0], np.cumsum(cols["num_samples"], dtype=np.int64)))
+    schema = index_schema(rows=row_sizes is not None)
+    if row_sizes is not None:
+        row_offsets = np.concatenate(([0], np.cumsum(cols["batch_size"], dtype=np.int64)))
+        # row_splits of a micro-batch: where each of its rows starts in its sample_ids, plus the end
+        row_start_in_mb = np.concatenate(([0], np.cumsum(row_sizes, dtype=np.int64)))
+    first = int(dest[comm.rank])
+
+    def make_table(a, b):
+        data = {}
+        for name in schema.names:
+            if name == "sample_ids":
+                data[name] = _list_array(offsets, ids, a, b, pa.int64())
+            elif name == "row_splits":
+                # per micro-batch: where each row starts in its sample_ids, then the end
+                counts = cols["batch_size"][a:b].astype(np.int64)
+                row_starts = row_start_in_mb[int(row_offsets[a]):int(row_offsets[b])]
+                rel = row_starts - np.repeat(offsets[a:b], counts)
+                values = np.insert(rel, np.cumsum(counts), offsets[a + 1:b + 1] - offsets[a:b])
+                list_off = np.concatenate(([0], np.cumsum(counts + 1)))
+                data[name] = pa.ListArray.from_arrays(pa.array(list_off.astype(np.int32)),
+                                                      pa.array(values.astype(np.int32)))
+            else:
+                data[name] = pa.array(cols[name][a:b], schema.field(name).type)
+        return pa.table(data, schema=schema)
+
+    with profile.stage("write_index"):
+        shards = write_owned_shards(comm, out, "index", make_table, first, len(cols["microbatch"]), mbs.total,
+                                    rows, samples_in=lambda a, b: offsets[b] - offsets[a])
+    prov = provenance(comm, profile, job)
+    manifest = new_manifest(
+        "index", version=VERSION,
+        num_rows=mbs.total, num_samples=mbs.stats["num_samples"], num_microbatches=mbs.total,
+        rows_per_shard=rows, schema=schema_json(schema), options=options,
+        source={"num_rows": int(sum(f["rows"] for f in files)), "files": files},
+        shards=shards, stats=mbs.stats, provenance=prov,
+    )
+    return out.commit(manifest)
