@@ -31,6 +31,15 @@ else:
     from .train.lr import LR_METHODS, VariableBatchSizeLR
     from .train.sampler import MicroBatch, PackedBatchSampler, PackedSampler, Samples, _world
 
-    __all__ = ["PackedBatchSampler", "VariableBatchSizeLR", "PackedDataset", "pad_collate",
-               "varlen_collate", "PadCollate", "VarlenCollate", "MicroBatch", "PackedIndex"]
+    __all__ = [
+        "MicroBatch",
+        "PackedBatchSampler",
+        "PackedDataset",
+        "PackedIndex",
+        "PadCollate",
+        "VariableBatchSizeLR",
+        "VarlenCollate",
+        "pad_collate",
+        "varlen_collate",
+    ]
     _PUBLIC_BEFORE = (LR_METHODS, PackedSampler, Samples, _world)  # importable as before the split

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from support import write_text_parquet
 
 from sortpack.format import FORMATS, VERSION, OutputDir, index_schema
 from sortpack.format.schemas import schema_json
 from sortpack.format.shards import ROWS_PER_SHARD, write_owned_shards
 from sortpack.parallel import SerialComm
-from support import write_text_parquet
 
 
 def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", size: str = "length",
@@ -52,6 +52,12 @@ def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", siz
     finally:
         ROWS_PER_SHARD["index"] = saved
     return path
+
+
+def exact_index(path, m: int, seed: int = 0, per: int = 4, **kw) -> Path:
+    """Run the pipeline for an index of exactly ``m`` micro-batches of ``per`` samples; return its path."""
+    lengths = np.random.default_rng(seed).integers(1, 200, size=m * per)
+    return pipeline_index(path, lengths, max_tokens=200 * per, max_samples=per, **kw)
 
 
 def random_lengths(rng: np.random.Generator, n: int, high: int = 200) -> np.ndarray:

@@ -386,8 +386,8 @@ def _world(rank, world_size) -> tuple[int, int]:
                     dist.get_world_size() if world_size is None else int(world_size))
     except ImportError:
         pass
-    env_rank = int(os.environ.get("RANK", 0))
-    env_world = int(os.environ.get("WORLD_SIZE", 1))
+    env_rank = int(os.environ.get("RANK", "0"))
+    env_world = int(os.environ.get("WORLD_SIZE", "1"))
     return (env_rank if rank is None else int(rank), env_world if world_size is None else int(world_size))
 
 
