@@ -22,6 +22,19 @@ class SourceDataset:
     file); Arrow IPC files are memory-mapped. The last ``cache_units`` units stay decoded
     per process, so a sorted micro-batch usually costs one or two unit reads.
     ``transform`` maps each row (a dict of ``columns``) to the item returned.
+
+    Parameters
+    ----------
+    source : str, os.PathLike, PackedIndex or list
+        A sortpack directory, a ``PackedIndex``, ``source.files`` entries, or input paths.
+    columns : list of str, optional
+        The columns each row holds (default: all).
+    transform : callable, optional
+        Maps a row (a dict) to the item returned (module level, so workers can pickle it).
+    cache_units : int
+        Decoded units kept per process (at least 1).
+    check_bytes : bool
+        Refuse an input file whose size differs from the one the index was built from.
     """
 
     def __init__(self, source, columns: list[str] | None = None, transform=None, cache_units: int = 8,

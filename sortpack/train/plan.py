@@ -189,6 +189,14 @@ class EpochPlan:
             out[neg] = self._synth[-b[neg] - 1, off[neg]]
         return out
 
+    def is_repeat(self, flat: int) -> bool:
+        """Return whether flat position ``flat`` repeats a micro-batch to fill a step (see ``repeated``)."""
+        if flat >= self.length:
+            return True
+        t, off = divmod(flat, self.width)
+        b = self.block(t)
+        return b < 0 or b * self.width + off >= self.m
+
     def repeated(self, flat) -> np.ndarray:
         """Return, per flat position, whether it repeats a micro-batch to fill a step (bool array).
 

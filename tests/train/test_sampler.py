@@ -223,3 +223,16 @@ def test_reader_and_torch_modules_import_without_torch_or_mpi():
             "sys.exit(f'imported {bad}' if bad else 0)")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=env)
+
+
+def test_public_classes_document_their_arguments():
+    import inspect
+
+    from sortpack.dataset import SourceDataset
+    from sortpack.torch import PackedBatchSampler, PadCollate, VariableBatchSizeLR, VarlenCollate
+
+    for cls in (PackedSampler, PackedBatchSampler, VariableBatchSizeLR, PadCollate, VarlenCollate,
+                PackedIndex, SourceDataset):
+        doc = inspect.getdoc(cls)
+        missing = [p for p in inspect.signature(cls.__init__).parameters if p != "self" and p not in doc]
+        assert not missing, (cls.__name__, missing)
