@@ -112,12 +112,12 @@ def main() -> None:
     step, epoch, shapes, tokens = 0, 0, [], 0
     while step < args.steps:
         sampler.set_epoch(epoch)
-        for batch in loader:
+        for i, batch in enumerate(loader):
             sampler.consume(batch)  # the resume state counts what the loop received, not worker prefetch
             sched.follow(batch)  # this step's LR, from the step batch the micro-batch carries
             ids, mask = batch["input_ids"], batch["attn_mask"]
             targets = ids[:, 1:].masked_fill(batch["key_padding_mask"][:, 1:], -100)
-            sync = batch["microbatch"]["last"]  # this rank's last micro-batch of the step
+            sync = (i + 1) % args.grad_accum == 0
             with contextlib.nullcontext() if sync else model.no_sync():  # all-reduce once per step
                 logits = model(ids, mask)
                 loss = F.cross_entropy(logits[:, :-1].reshape(-1, 256), targets.reshape(-1),
