@@ -12,8 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reader_fixtures import exact_index, pipeline_index
 
-from sortpack.inspect import step_costs
 from sortpack.reader import KeyedPermutation, PackedIndex, PackedSampler, lr_scale, step_positions
+
+try:
+    from sortpack.report import step_costs
+except ImportError:  # before inspect.py became report.py (a concurrent rename)
+    from sortpack.inspect import step_costs
 
 
 def all_ranks(index, world, accum, **kw):
