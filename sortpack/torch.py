@@ -31,15 +31,6 @@ else:
     from .train.lr import LR_METHODS, VariableBatchSizeLR
     from .train.sampler import MicroBatch, PackedBatchSampler, PackedSampler, Samples, _world
 
-    __all__ = [
-        "MicroBatch",
-        "PackedBatchSampler",
-        "PackedDataset",
-        "PackedIndex",
-        "PadCollate",
-        "VariableBatchSizeLR",
-        "VarlenCollate",
-        "pad_collate",
-        "varlen_collate",
-    ]
+    __all__ = ["PackedBatchSampler", "VariableBatchSizeLR", "PackedDataset", "pad_collate",
+               "varlen_collate", "PadCollate", "VarlenCollate", "MicroBatch", "PackedIndex"]
     _PUBLIC_BEFORE = (LR_METHODS, PackedSampler, Samples, _world)  # importable as before the split
