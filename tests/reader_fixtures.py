@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from support import write_text_parquet
 
-from sortpack.format import FORMATS, VERSION, OutputDir, index_schema
+from sortpack.format import FORMATS, ROWS_PER_SHARD, VERSION, OutputDir, index_schema
 from sortpack.format.schemas import schema_json
-from sortpack.format.shards import ROWS_PER_SHARD, write_owned_shards
+from sortpack.format.shards import write_owned_shards
 from sortpack.parallel import SerialComm
 
 
@@ -43,14 +43,21 @@ def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", siz
         inputs = [str(write_text_parquet(path.parent / f"{path.name}-data.parquet", lengths, row_group_size=97))]
     if "shapes" in pack:
         pack["shapes"] = tuple(pack["shapes"])
-    saved = ROWS_PER_SHARD["index"]
-    ROWS_PER_SHARD["index"] = rows_per_shard or saved
+    # the shard size is read from the table (at import) or from the environment (when used)
+    saved, env = ROWS_PER_SHARD["index"], os.environ.get("SORTPACK_TEST_SHARD_ROWS")
+    if rows_per_shard:
+        ROWS_PER_SHARD["index"] = rows_per_shard
+        os.environ["SORTPACK_TEST_SHARD_ROWS"] = str(rows_per_shard)
     try:
         run_all(SerialComm(), [str(i) for i in inputs], str(path),
                 AnalyzeOptions(column=column, size=size, difficulty=difficulty),
                 SortOptions(key=key, stages=stages), PackOptions(**pack), overwrite=True, job=JobInfo(argv=["tests"]))
     finally:
         ROWS_PER_SHARD["index"] = saved
+        if env is None:
+            os.environ.pop("SORTPACK_TEST_SHARD_ROWS", None)
+        else:
+            os.environ["SORTPACK_TEST_SHARD_ROWS"] = env
     return path
 
 
