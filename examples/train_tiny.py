@@ -131,6 +131,8 @@ def main() -> None:
     while step < args.steps:
         sampler.set_epoch(epoch)
         for i, batch in enumerate(loader):
+            sampler.consume(batch)  # the resume state counts what the loop received, not worker prefetch
+            sched.follow(batch)  # this step's LR, from the step batch the micro-batch carries
             ids, mask = batch["input_ids"], batch["attn_mask"]
             targets = ids[:, 1:].masked_fill(batch["key_padding_mask"][:, 1:], -100)
             if ctl is not None:

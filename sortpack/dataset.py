@@ -21,8 +21,22 @@ class SourceDataset:
     Rows are read a unit at a time (Parquet row group, Arrow record batch, whole JSONL/CSV
     file); Arrow IPC files are memory-mapped. The last ``cache_units`` units stay decoded
     per process, so a sorted micro-batch usually costs one or two unit reads.
-    ``transform`` maps each row (a dict of ``columns``) to the item returned. ``split`` picks
-    the split of a Hugging Face DatasetDict directory given as input paths.
+    ``transform`` maps each row (a dict of ``columns``) to the item returned.
+
+    Parameters
+    ----------
+    source : str, os.PathLike, PackedIndex or list
+        A sortpack directory, a ``PackedIndex``, ``source.files`` entries, or input paths.
+    columns : list of str, optional
+        The columns each row holds (default: all).
+    transform : callable, optional
+        Maps a row (a dict) to the item returned (module level, so workers can pickle it).
+    cache_units : int
+        Decoded units kept per process (at least 1).
+    check_bytes : bool
+        Refuse an input file whose size differs from the one the index was built from.
+    split : str, optional
+        The split of a Hugging Face DatasetDict directory given as input paths.
     """
 
     def __init__(self, source, columns: list[str] | None = None, transform=None, cache_units: int = 8,

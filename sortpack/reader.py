@@ -14,7 +14,19 @@ from .train.permutation import _M64, KeyedPermutation, _mix, _mix_vec
 from .train.plan import ORDERS, EpochPlan, check_group_alignment, step_positions
 from .train.sampler import MicroBatch, PackedSampler, Samples, step_info
 
-__all__ = ["ORDERS", "LR_METHODS", "SCALAR_COLUMNS", "PackedIndex", "KeyedPermutation", "EpochPlan",
-           "check_group_alignment", "step_positions", "lr_scale", "MicroBatch", "Samples", "PackedSampler",
-           "step_info"]
+__all__ = [
+           "LR_METHODS",
+           "ORDERS",
+           "SCALAR_COLUMNS",
+           "EpochPlan",
+           "KeyedPermutation",
+           "MicroBatch",
+           "PackedIndex",
+           "PackedSampler",
+           "Samples",
+           "check_group_alignment",
+           "lr_scale",
+           "step_info",
+           "step_positions",
+]
 _PRIVATE = (_SCALAR_COLUMNS, _M64, _mix, _mix_vec)  # importable as before the split

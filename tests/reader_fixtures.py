@@ -2,8 +2,8 @@
 
 ``pipeline_index`` writes small parquet (``support.write_text_parquet``) and runs
 ``sortpack.pipeline.run_all`` in process on the one-rank communicator, in any packing mode;
-every reader, torch and dataset test that can uses it. ``write_index`` writes an index by
-hand for the few cases the pipeline cannot produce (see its docstring).
+every reader, torch and dataset test uses it but one. ``write_index`` writes an index by hand
+only for a very large index (see its docstring).
 """
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from sortpack.format import FORMATS, VERSION, OutputDir, index_schema
-from sortpack.format.schemas import schema_json
-from sortpack.format.shards import ROWS_PER_SHARD, write_owned_shards
-from sortpack.parallel import SerialComm
 from support import write_text_parquet
+
+from sortpack.format import FORMATS, ROWS_PER_SHARD, VERSION, OutputDir, index_schema
+from sortpack.format.schemas import schema_json
+from sortpack.format.shards import write_owned_shards
+from sortpack.parallel import SerialComm
 
 
 def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", size: str = "length",
@@ -43,20 +43,28 @@ def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", siz
         inputs = [str(write_text_parquet(path.parent / f"{path.name}-data.parquet", lengths, row_group_size=97))]
     if "shapes" in pack:
         pack["shapes"] = tuple(pack["shapes"])
-    saved = ROWS_PER_SHARD["index"]
-    ROWS_PER_SHARD["index"] = rows_per_shard or saved
+    # the shard size is read from the table (at import) or from the environment (when used)
+    saved, env = ROWS_PER_SHARD["index"], os.environ.get("SORTPACK_TEST_SHARD_ROWS")
+    if rows_per_shard:
+        ROWS_PER_SHARD["index"] = rows_per_shard
+        os.environ["SORTPACK_TEST_SHARD_ROWS"] = str(rows_per_shard)
     try:
         run_all(SerialComm(), [str(i) for i in inputs], str(path),
                 AnalyzeOptions(column=column, size=size, difficulty=difficulty),
                 SortOptions(key=key, stages=stages), PackOptions(**pack), overwrite=True, job=JobInfo(argv=["tests"]))
     finally:
         ROWS_PER_SHARD["index"] = saved
+        if env is None:
+            os.environ.pop("SORTPACK_TEST_SHARD_ROWS", None)
+        else:
+            os.environ["SORTPACK_TEST_SHARD_ROWS"] = env
     return path
 
 
-def random_lengths(rng: np.random.Generator, n: int, high: int = 200) -> np.ndarray:
-    """Return ``n`` random text lengths in ``[1, high)``."""
-    return rng.integers(1, high, size=n)
+def exact_index(path, m: int, seed: int = 0, per: int = 4, **kw) -> Path:
+    """Run the pipeline for an index of exactly ``m`` micro-batches of ``per`` samples; return its path."""
+    lengths = np.random.default_rng(seed).integers(1, 200, size=m * per)
+    return pipeline_index(path, lengths, max_tokens=200 * per, max_samples=per, **kw)
 
 
 def _list_array(counts: np.ndarray, values: np.ndarray, value_type) -> pa.Array:
@@ -70,12 +78,12 @@ def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, 
                 rows_per_shard: int | None = None) -> Path:
     """Write an index by hand: micro-batch i is the next ``counts[i]`` of ``sample_ids``; return its path.
 
-    Only for what the pipeline cannot produce: micro-batches of arbitrary given counts and
-    shapes in a given order (the shuffle/warm-up/alignment tests need exact layouts the greedy
-    would not cut: e.g. shapes that do not grow with the sort order), and an index of 200 000
-    micro-batches written in a second (the memory-map test). ``sizes`` maps a sample id to its
-    size (default 1); ``row_splits`` is a list of per-micro-batch offset arrays (rows mode);
-    ``source_files`` the manifest's ``source.files``.
+    Kept for the one case the pipeline cannot serve: a very large index in a second (the
+    memory-map test opens 200 000 micro-batches; docs/reader.md's performance script writes
+    1 000 000), where analyzing and sorting that many rows would take most of the test. Every
+    other reader test reads an index the pipeline wrote (``pipeline_index``). ``sizes`` maps a
+    sample id to its size (default 1); ``row_splits`` is a list of per-micro-batch offset arrays
+    (rows mode); ``source_files`` the manifest's ``source.files``.
     """
     counts = np.asarray(counts, dtype=np.int64)
     m = len(counts)
@@ -137,13 +145,6 @@ def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, 
     }
     out.commit(manifest)
     return Path(path)
-
-
-def random_index(path, rng: np.random.Generator, m: int, rows_per_shard: int | None = None, **kw) -> Path:
-    """Write an index of ``m`` micro-batches of 1..8 random-size samples; return its path."""
-    counts = rng.integers(1, 9, size=m)
-    sizes = rng.integers(1, 200, size=int(counts.sum()))
-    return write_index(path, counts, sizes=sizes, rows_per_shard=rows_per_shard, **kw)
 
 
 def write_text_corpus(directory, n: int = 60, seed: int = 0) -> list[dict]:

@@ -41,6 +41,65 @@ def check_group_alignment(options: dict, width: int) -> None:
             f"or a divisor of {group} (each step lies inside one group)")
 
 
+def warmup_order(batch_size: np.ndarray, padded_size: np.ndarray, base: np.ndarray, world: int,
+                 width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return (head, rest, synthetic steps) of a ``warmup_shapes`` epoch over block order ``base``.
+
+    ``base`` is every packed block (of ``width`` micro-batches) in the epoch's order. ``head``
+    lists, costliest shape first, one block per distinct (batch_size, padded_size) not yet
+    shown to every rank: the first block of ``base`` showing it to every rank, or ``-k`` for
+    synthetic step k-1 (row k-1 of the third array: a step made of that shape alone) when no
+    block does. ``rest`` is ``base`` without the moved blocks.
+    """
+    bs = np.asarray(batch_size).astype(np.int64)
+    ps = np.asarray(padded_size).astype(np.int64)
+    m = len(bs)
+    keys, codes = np.unique((ps << 31) | bs, return_inverse=True)
+    d = len(keys)
+    shape_ps, shape_bs = keys >> 31, keys & ((1 << 31) - 1)
+    by_cost = np.lexsort((-shape_ps, -(shape_bs * shape_ps)))  # largest first
+    # Which blocks show shape c to every rank: unique (block, shape, rank) triples,
+    # then count ranks per (block, shape).
+    s, w, g = len(base), world, width
+    flat = np.arange(s * g, dtype=np.int64)
+    c = codes[flat % m].astype(np.int64)
+    bc = (flat // g) * d + c
+    triples = np.unique(bc * w + (flat % w))
+    pairs, counts = np.unique(triples // w, return_counts=True)
+    covering = pairs[counts == w]
+    cov_block, cov_shape = covering // d, covering % d
+    rank_of = np.empty(s, dtype=np.int64)
+    rank_of[base] = np.arange(s)
+    # first covering block (in this epoch's order) of each shape
+    sel = np.lexsort((rank_of[cov_block], cov_shape))
+    shapes_sorted, first_idx = np.unique(cov_shape[sel], return_index=True)
+    first_block = dict(zip(shapes_sorted.tolist(), cov_block[sel][first_idx].tolist()))
+    by_block = np.argsort(cov_block, kind="stable")
+    blocks_sorted = cov_block[by_block]
+    members = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[members], np.arange(d + 1))
+    covered = np.zeros(d, dtype=bool)
+    head, synth, moved = [], [], []
+    for shape in by_cost.tolist():
+        if covered[shape]:
+            continue
+        block = first_block.get(shape)
+        if block is not None:
+            lo, hi = np.searchsorted(blocks_sorted, [block, block + 1])
+            covered[cov_shape[by_block[lo:hi]]] = True
+            head.append(block)
+            moved.append(block)
+        else:
+            # no block shows this shape to every rank: add a step made of it alone
+            mine = members[bounds[shape]:bounds[shape + 1]]
+            synth.append(mine[np.arange(g) % len(mine)])
+            head.append(-len(synth))
+            covered[shape] = True
+    rest = base[~np.isin(base, np.asarray(moved, dtype=np.int64))]
+    synth_steps = np.stack(synth).astype(np.int64) if synth else np.zeros((0, g), dtype=np.int64)
+    return np.asarray(head, dtype=np.int64), rest, synth_steps
+
+
 class EpochPlan:
     """One epoch's flat sequence of micro-batches, cut into blocks of ``world * accum``.
 
@@ -105,53 +164,11 @@ class EpochPlan:
         self._order = np.concatenate((head, base))
 
     def _warmup(self, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        bs = self.index["batch_size"].astype(np.int64)
-        ps = self.index["padded_size"].astype(np.int64)
-        keys, codes = np.unique((ps << 31) | bs, return_inverse=True)
-        d = len(keys)
-        shape_ps, shape_bs = keys >> 31, keys & ((1 << 31) - 1)
-        by_cost = np.lexsort((-shape_ps, -(shape_bs * shape_ps)))  # largest first
-        # Which blocks show shape c to every rank: unique (block, shape, rank) triples,
-        # then count ranks per (block, shape).
-        s, w, g = self.num_packed_blocks, self.world, self.width
-        flat = np.arange(s * g, dtype=np.int64)
-        c = codes[flat % self.m].astype(np.int64)
-        bc = (flat // g) * d + c
-        triples = np.unique(bc * w + (flat % w))
-        pairs, counts = np.unique(triples // w, return_counts=True)
-        covering = pairs[counts == w]
-        cov_block, cov_shape = covering // d, covering % d
-        rank_of = np.empty(s, dtype=np.int64)
-        rank_of[base] = np.arange(s)
-        # first covering block (in this epoch's order) of each shape
-        sel = np.lexsort((rank_of[cov_block], cov_shape))
-        shapes_sorted, first_idx = np.unique(cov_shape[sel], return_index=True)
-        first_block = dict(zip(shapes_sorted.tolist(), cov_block[sel][first_idx].tolist()))
-        by_block = np.argsort(cov_block, kind="stable")
-        blocks_sorted = cov_block[by_block]
-        members = np.argsort(codes, kind="stable")
-        bounds = np.searchsorted(codes[members], np.arange(d + 1))
-        covered = np.zeros(d, dtype=bool)
-        head, synth, moved = [], [], []
-        for shape in by_cost.tolist():
-            if covered[shape]:
-                continue
-            block = first_block.get(shape)
-            if block is not None:
-                lo, hi = np.searchsorted(blocks_sorted, [block, block + 1])
-                covered[cov_shape[by_block[lo:hi]]] = True
-                head.append(block)
-                moved.append(block)
-            else:
-                # no block shows this shape to every rank: add a step made of it alone
-                mine = members[bounds[shape]:bounds[shape + 1]]
-                synth.append(mine[np.arange(g) % len(mine)])
-                head.append(-len(synth))
-                covered[shape] = True
-        if synth:
-            self._synth = np.stack(synth).astype(np.int64)
-        rest = base[~np.isin(base, np.asarray(moved, dtype=np.int64))]
-        return np.asarray(head, dtype=np.int64), rest
+        head, rest, synth = warmup_order(self.index["batch_size"], self.index["padded_size"], base,
+                                         self.world, self.width)
+        if len(synth):
+            self._synth = synth
+        return head, rest
 
     def block(self, t: int) -> int:
         """Return the packed block (negative: a synthetic warm-up block) visited t-th."""
@@ -188,6 +205,14 @@ class EpochPlan:
         if neg.any():
             out[neg] = self._synth[-b[neg] - 1, off[neg]]
         return out
+
+    def is_repeat(self, flat: int) -> bool:
+        """Return whether flat position ``flat`` repeats a micro-batch to fill a step (see ``repeated``)."""
+        if flat >= self.length:
+            return True
+        t, off = divmod(flat, self.width)
+        b = self.block(t)
+        return b < 0 or b * self.width + off >= self.m
 
     def repeated(self, flat) -> np.ndarray:
         """Return, per flat position, whether it repeats a micro-batch to fill a step (bool array).

@@ -323,10 +323,9 @@ class PackedSampler:
             w, a = self.world_size, self.grad_accum  # read per step: set_grad_accum applies at once
             if self._steps_left(plan, pos, w * a) == 0:
                 return
-            flat = (pos + np.arange(w * a, dtype=np.int64)) % length
-            mine = flat[self.rank::w]
-            packed = plan.packed_array(mine).tolist()
-            repeat = plan.repeated(pos + np.arange(w * a, dtype=np.int64))[self.rank::w].tolist()
+            mine = [pos + k * w + self.rank for k in range(a)]
+            packed = [plan.packed(f % length) for f in mine]
+            repeat = [plan.is_repeat(f) for f in mine]
             batch = int(plan.span_sum("num_samples", pos % length, w * a))
             tokens = int(plan.span_sum("tokens", pos % length, w * a))
             start, pos = pos, pos + w * a
@@ -386,8 +385,8 @@ def _world(rank, world_size) -> tuple[int, int]:
                     dist.get_world_size() if world_size is None else int(world_size))
     except ImportError:
         pass
-    env_rank = int(os.environ.get("RANK", 0))
-    env_world = int(os.environ.get("WORLD_SIZE", 1))
+    env_rank = int(os.environ.get("RANK", "0"))
+    env_world = int(os.environ.get("WORLD_SIZE", "1"))
     return (env_rank if rank is None else int(rank), env_world if world_size is None else int(world_size))
 
 

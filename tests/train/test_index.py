@@ -1,35 +1,29 @@
 """sortpack.train.index: opening indexes the real pipeline wrote, in every packing mode."""
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from reader_fixtures import pipeline_index, write_index
-from sortpack.errors import SortpackError
-from sortpack.reader import PackedIndex, PackedSampler
 from support import greedy_oracle
 
+from sortpack.errors import SortpackError
+from sortpack.reader import PackedIndex, PackedSampler
+
 MODES = {
-    "padded": dict(max_tokens=600),
-    "tokens": dict(max_tokens=600, budget="tokens"),
-    "quadratic": dict(max_tokens=900, budget="quadratic", quadratic_scale=64.0),
-    "pad-to-multiple": dict(max_tokens=640, pad_to_multiple=32),
-    "shapes": dict(max_tokens=800, shapes=(64, 128, 256)),
-    "same-shape": dict(max_tokens=600, group_size=3, same_shape=True),
-    "rows": dict(max_tokens=512, rows=256, rows_per_microbatch=2),
-    "stages": dict(max_tokens=600, stages=3),
+    "padded": {"max_tokens": 600},
+    "tokens": {"max_tokens": 600, "budget": "tokens"},
+    "quadratic": {"max_tokens": 900, "budget": "quadratic", "quadratic_scale": 64.0},
+    "pad-to-multiple": {"max_tokens": 640, "pad_to_multiple": 32},
+    "shapes": {"max_tokens": 800, "shapes": (64, 128, 256)},
+    "same-shape": {"max_tokens": 600, "group_size": 3, "same_shape": True},
+    "rows": {"max_tokens": 512, "rows": 256, "rows_per_microbatch": 2},
+    "stages": {"max_tokens": 600, "stages": 3},
 }
-
-
-@pytest.fixture
-def small(tmp_path):
-    # 92 samples, at most 4 per micro-batch, 4 * 199 <= max_tokens: exactly 23 micro-batches
-    lengths = np.random.default_rng(0).integers(1, 200, size=92)
-    return pipeline_index(tmp_path / "ix", lengths, max_tokens=1000, max_samples=4, rows_per_shard=5)
 
 
 def _shard_ids(path: Path) -> list[list[int]]:
@@ -118,7 +112,7 @@ def test_every_packing_mode_reads_back_whole(tmp_path, mode):
         if mode == "rows":  # every row of a rows-mode micro-batch holds samples: no padding rows
             assert len(splits) == bs + 1 and splits[0] == 0 and splits[-1] == len(ids)
             assert np.all(np.diff(splits) > 0)
-            assert all(lengths[ids[a:b]].sum() <= ps for a, b in zip(splits, splits[1:]))
+            assert all(lengths[ids[a:b]].sum() <= ps for a, b in itertools.pairwise(splits))
         else:
             assert splits is None and len(ids) <= bs and (bs == len(ids) or mode == "same-shape")
         seen.extend(ids)

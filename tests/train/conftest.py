@@ -1,0 +1,13 @@
+"""Fixtures for the train-time reader tests: small indexes the real pipeline wrote."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from reader_fixtures import pipeline_index
+
+
+@pytest.fixture
+def small(tmp_path):
+    """An index of exactly 23 micro-batches (92 samples, at most 4 each) in shards of 5."""
+    lengths = np.random.default_rng(0).integers(1, 200, size=92)
+    return pipeline_index(tmp_path / "ix", lengths, max_tokens=1000, max_samples=4, rows_per_shard=5)
