@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from ..goodput import NoiseScale, StepTimeModel, adascale_gain, choose_accum
+from .sampler import step_info
 
 LR_RULES = ("sampler", "adascale")
 
@@ -157,6 +158,8 @@ class GoodputController:
         if self._step_start is None:  # first step after start or resume: no start time, not timed
             self._timed = False
             self._step_start = self._last_tick = self.clock()
+        if self._count == 0:
+            self._accum = self._step_accum(batch)
         last = self._count + 1 >= self._accum
         (loss / self._accum).backward()
         self._size += self._size_of(batch)
@@ -166,6 +169,15 @@ class GoodputController:
         self._micro_times.append(now - self._last_tick)
         self._last_tick = now
         return last
+
+    def _step_accum(self, batch) -> int:
+        # the micro-batch knows the step it was planned in, even when DataLoader workers
+        # fetched it before the last change of A; a bare number or list falls back to the sampler
+        try:
+            info = step_info(batch)
+        except TypeError:
+            return self._sampler_accum()
+        return max(1, (int(info["end"]) - int(info["position"])) // int(self.sampler.world_size))
 
     def _set_sync(self) -> None:
         # DDP decides at forward time whether the backward all-reduces (what no_sync() sets),
