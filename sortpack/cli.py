@@ -28,12 +28,15 @@ def _echo_err(msg: str) -> None:
 
 
 def _shapes(ctx, param, value):
+    """Return (lengths, K) of --shapes: listed lengths, or auto:K (K None when lengths are listed)."""
     if value is None or value == "":
-        return ()
+        return (), None
+    from .shapes import parse_shapes
+
     try:
-        return tuple(int(x) for x in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+        return parse_shapes(value)
+    except SortpackError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[-1]) from None
 
 
 def analyze_options(f):
@@ -90,7 +93,12 @@ def pack_options(required: bool):
                          help="Sample count a multiple of M (unless fewer than M)."),
             click.option("--pad-to-multiple", type=int, default=0,
                          help="Round each micro-batch's padded length up to a multiple of K."),
-            click.option("--shapes", callback=_shapes, help="Round padded lengths up to the next of L1,L2,..."),
+            click.option("--shapes", callback=_shapes,
+                         help="Round padded lengths up to the next of L1,L2,...; auto:K chooses the K lengths "
+                              "that pad this dataset least."),
+            click.option("--static-shapes", is_flag=True,
+                         help="With --shapes/--pad-to-multiple: fix each length's batch size too (padding slots), "
+                              "one (batch, length) shape per length."),
             click.option("--group-size", type=int, default=1, show_default=True,
                          help="With --same-shape: runs of G micro-batches share (samples, padded length)."),
             click.option("--same-shape", is_flag=True, help="Make every G-run of micro-batches one shape."),
@@ -134,10 +142,11 @@ def _make_pack(kw) -> PackOptions:
 
     return PackOptions(max_tokens=kw["max_tokens"], budget=kw["budget"], max_samples=kw["max_samples"],
                        batch_multiple=kw["batch_multiple"], quadratic_scale=kw["quadratic_scale"],
-                       pad_to_multiple=kw["pad_to_multiple"], shapes=kw["shapes"], group_size=kw["group_size"],
+                       pad_to_multiple=kw["pad_to_multiple"], shapes=kw["shapes"][0], group_size=kw["group_size"],
                        same_shape=kw["same_shape"], oversize=kw["oversize"],
                        segment_size=kw["segment_size"] or SEGMENT_SIZE, rows=kw["rows"],
-                       rows_per_microbatch=kw["rows_per_microbatch"], max_segments=kw["max_segments"])
+                       rows_per_microbatch=kw["rows_per_microbatch"], max_segments=kw["max_segments"],
+                       auto_shapes=kw["shapes"][1], static_shapes=kw["static_shapes"])
 
 
 def _make_analyze(kw):

@@ -22,6 +22,7 @@ from .parallel import Comm
 from .partition import owner_starts
 from .samples import Samples
 from .progress import Progress
+from .shapes import choose_shapes
 
 SEGMENT_SIZE = 1 << 20
 
@@ -44,6 +45,8 @@ class PackOptions:
     rows: int = 0  # row length for row packing (0: off)
     rows_per_microbatch: int = 1
     max_segments: int = 0
+    auto_shapes: int | None = None  # --shapes auto:K: K, and ``shapes`` is chosen by pack_samples
+    static_shapes: bool = False  # every micro-batch's batch size fixed by its padded length
 
     def __post_init__(self):
         if self.rows and self.rows > 0 and not self.max_tokens:
@@ -70,6 +73,7 @@ class PackOptions:
             raise SortpackError("--pad-to-multiple and --shapes exclude each other")
         if self.shapes and (any(s <= 0 for s in self.shapes) or list(self.shapes) != sorted(set(self.shapes))):
             raise SortpackError("--shapes: expected increasing positive lengths, e.g. 128,256,512")
+        self._validate_auto_static()
         if self.group_size < 1:
             raise SortpackError(f"--group-size {self.group_size}: must be >= 1")
         if self.same_shape and self.group_size < 2:
@@ -88,21 +92,53 @@ class PackOptions:
             clash = [name for name, on in (("--same-shape", self.same_shape), ("--shapes", bool(self.shapes)),
                                            ("--pad-to-multiple", self.pad_to_multiple > 1),
                                            ("--max-samples", self.max_samples > 0),
-                                           ("--batch-multiple", self.batch_multiple > 1)) if on]
+                                           ("--batch-multiple", self.batch_multiple > 1),
+                                           ("--shapes auto", self.auto_shapes is not None),
+                                           ("--static-shapes", self.static_shapes)) if on]
             if clash:
                 raise SortpackError(f"--rows packs fixed-length rows; {clash[0]} does not apply to it")
         elif self.max_segments or self.rows_per_microbatch != 1:
             raise SortpackError("--max-segments and --rows-per-microbatch need --rows ROW_LEN")
 
+    def _validate_auto_static(self) -> None:
+        """Raise SortpackError for bad ``--shapes auto:K`` / ``--static-shapes`` combinations."""
+        if self.auto_shapes is not None:
+            if self.auto_shapes < 1:
+                raise SortpackError(f"--shapes auto:{self.auto_shapes}: K must be >= 1 (how many lengths to choose)")
+            if self.pad_to_multiple > 1:
+                raise SortpackError("--pad-to-multiple and --shapes auto:K exclude each other")
+        if self.static_shapes:
+            if not self.rounding and self.auto_shapes is None:
+                raise SortpackError("--static-shapes needs --shapes L1,L2,.. (or auto:K) or --pad-to-multiple K")
+            if self.same_shape:
+                raise SortpackError("--static-shapes and --same-shape exclude each other "
+                                    "(static shapes already fix the shape of every micro-batch of a length)")
+
     def as_dict(self) -> dict:
         """Return the options as recorded in manifests."""
-        return {"max_tokens": self.max_tokens, "budget": self.budget, "max_samples": self.max_samples,
+        extra = {}
+        if self.auto_shapes is not None:
+            extra["shapes_request"] = f"auto:{self.auto_shapes}"  # ``shapes`` holds the chosen lengths
+        if self.static_shapes:
+            extra["static_shapes"] = True
+        return {**extra, "max_tokens": self.max_tokens, "budget": self.budget, "max_samples": self.max_samples,
                 "batch_multiple": self.batch_multiple, "quadratic_scale": self.quadratic_scale,
                 "pad_to_multiple": self.pad_to_multiple, "shapes": list(self.shapes),
                 "group_size": self.group_size, "same_shape": self.same_shape, "oversize": self.oversize,
                 "segment_size": self.segment_size, "rows": self.rows,
                 "rows_per_microbatch": self.rows_per_microbatch, "max_segments": self.max_segments,
                 "row_window": self.window()}
+
+    def static_batch_size(self, lengths: np.ndarray) -> np.ndarray:
+        """Return the fixed batch size of each padded length under ``--static-shapes``.
+
+        The most samples the budget (and ``--max-samples``) allows at that length, rounded
+        down to a multiple of ``--batch-multiple`` when at least one multiple fits.
+        """
+        cap = kernels.batch_capacity(lengths, self.max_tokens, self.budget, self.quadratic_scale or 1.0,
+                                     self.max_samples)
+        m = self.batch_multiple
+        return np.where(cap >= m, cap // m * m, cap)
 
     def window(self) -> int:
         """Return the best-fit window of row packing (samples), 0 when rows are off."""
@@ -230,8 +266,11 @@ def pack_samples(comm: Comm, samples: Samples, opts: PackOptions, key: str = "si
     """Return this rank's micro-batches of globally sorted samples.
 
     ``samples`` must be in global sorted order (rank r holding the r-th range);
-    ``key`` names the sort key recorded as ``min_key``/``max_key``.
+    ``key`` names the sort key recorded as ``min_key``/``max_key``. With ``opts.auto_shapes``,
+    the chosen lengths are stored in ``opts.shapes`` (so that ``opts.as_dict()`` records them).
     """
+    if opts.auto_shapes is not None:
+        opts.shapes = ()  # chosen below from this data, also when the options are reused
     opts.validate()
     if samples.stage is None:
         samples.stage = np.zeros(len(samples), np.int16)
@@ -284,6 +323,9 @@ def _pack_greedy(comm: Comm, samples: Samples, opts: PackOptions, key: str):
         starts = np.unique(kept_before[starts])
         starts = starts[starts < n]
     ends = np.concatenate((starts[1:], [n])) if len(starts) else np.zeros(0, np.int64)
+    if opts.auto_shapes is not None:
+        # after --oversize: skipped samples do not count, truncated ones count at their cut size
+        opts.shapes, info["auto_shapes"] = choose_shapes(comm, sizes, opts.auto_shapes)
     bounds = [np.zeros(1, np.int64)]
     prog = Progress("pack", n, "rows", ranks=comm.size, job_total=total)
     for a, b in zip(starts, ends):
@@ -292,6 +334,8 @@ def _pack_greedy(comm: Comm, samples: Samples, opts: PackOptions, key: str):
     prog.close()
     bounds = np.concatenate(bounds)
     mb = _split_groups(bounds, sizes, opts) if opts.same_shape else _describe(bounds, sizes, opts)
+    if opts.static_shapes:
+        mb = _static(bounds, sizes, opts)
     keyvals = (samples.size if key == "size" else samples.difficulty).astype(np.float64)
     return samples.sample_id, keyvals, samples.stage, mb, info
 
@@ -337,6 +381,30 @@ def _describe(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> dict:
     padded = opts.round(max_size) if opts.rounding else max_size
     return {"offsets": bounds, "num_samples": count, "batch_size": count, "max_size": max_size,
             "padded_size": padded, "tokens": tokens}
+
+
+def _static(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> dict:
+    """Return per-micro-batch arrays with the batch size fixed by the padded length.
+
+    The greedy never puts more samples at length L than the budget allows, but a piece's
+    last micro-batch may hold more than the batch size rounded down to --batch-multiple:
+    such a micro-batch is cut into full batches and a rest (each rounds to L or less, whose
+    batch size is no smaller). Missing samples become padding slots, never repeats.
+    """
+    mb = _describe(bounds, sizes, opts)
+    slots = opts.static_batch_size(mb["padded_size"])
+    count = mb["num_samples"]
+    if np.any(slots < 1):
+        raise RuntimeError("static shapes: a padded length holds no sample")  # oversize handling prevents it
+    if np.any(count > slots):
+        pieces = -(-count // slots)
+        before = np.cumsum(pieces) - pieces
+        nth = np.arange(int(pieces.sum()), dtype=np.int64) - np.repeat(before, pieces)
+        bounds = np.concatenate((np.repeat(bounds[:-1], pieces) + nth * np.repeat(slots, pieces), bounds[-1:]))
+        mb = _describe(bounds, sizes, opts)
+        slots = opts.static_batch_size(mb["padded_size"])
+    mb["batch_size"] = slots
+    return mb
 
 
 def _pack_rows(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, opts: PackOptions):

@@ -66,6 +66,7 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         "skipped": m["stats"].get("skipped", 0),
         "truncated": m["stats"].get("truncated", 0),
     })
+    report.update(_shape_lines(m, shapes))
     if world_size is not None and len(padded):
         costs = step_costs(padded, world_size, grad_accum)
         mean = costs.mean(axis=1)
@@ -75,12 +76,29 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
     return report
 
 
+def _shape_lines(m: dict, shapes: np.ndarray) -> dict:
+    """Return the chosen lengths (--shapes auto:K) and the (batch, length) shapes when there are few."""
+    out = {}
+    auto = m["stats"].get("auto_shapes")
+    if auto:
+        out["chosen_lengths"] = {"request": auto["request"], "lengths": auto["lengths"],
+                                 "rounding_padding_ratio": auto["rounding_padding_ratio"]}
+    if shapes.shape[1] <= 32:
+        out["shapes"] = [[int(b), int(length)] for b, length in shapes.T]
+    return out
+
+
 def render(report: dict) -> str:
     """Return the report as an aligned human-readable table."""
     rows = []
     for key, value in report.items():
         if key == "options":
             value = ", ".join(f"{k}={v}" for k, v in value.items() if v not in (None, [], False))
+        elif key == "shapes":
+            value = " ".join(f"{b}x{length}" for b, length in value) + "  (batch x padded length)"
+        elif key == "chosen_lengths":
+            value = (f"{value['request']}: {','.join(map(str, value['lengths']))}  "
+                     f"(per-sample rounding pads {100 * value['rounding_padding_ratio']:.2f}%)")
         elif isinstance(value, dict):
             value = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
         elif isinstance(value, float):

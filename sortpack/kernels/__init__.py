@@ -1,4 +1,5 @@
-"""Numeric kernels: greedy packing, merging of sorted runs, bin packing into rows.
+"""Numeric kernels: greedy packing, merging of sorted runs, bin packing into rows, and the
+choice of padded lengths.
 
 The public functions here are the contract the stages use. They run the compiled C
 kernels (``_ckernels``, built by ``pip install``; called through ctypes, with the GIL
@@ -114,7 +115,7 @@ def greedy_pack_reference(sizes, max_tokens, budget="padded", max_samples=0, bat
 # --------------------------------------------------------------------------------------
 # loading the compiled kernels
 
-_ABI_VERSION = 6  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 7  # must equal SP_ABI_VERSION in _ckernels.c
 _UNLOADED = object()
 _clib = _UNLOADED
 _fallback_reason = ""
@@ -131,6 +132,7 @@ _SIGNATURES = {
     "sp_merge_runs_pair": ([_PTR, _PTR, _PTR, _I64, _PTR, _PTR], _I64),
     "sp_pack_rows_scratch_words": ([_I64, _I64, _I64], _I64),
     "sp_pack_rows": ([_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR], _I64),
+    "sp_optimal_lengths": ([_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR], _I64),
 }
 
 
@@ -548,3 +550,126 @@ def pack_rows_windows(sizes, row_len: int, max_segments: int = 0,
         _check_rows(sizes, row_len, max_segments)
         raise ValueError("pack_rows: invalid sizes")  # pragma: no cover - caught above
     return order, splits[:nrows + 1].copy()
+
+
+# --------------------------------------------------------------------------------------
+# optimal padded lengths
+
+def _check_histogram(values, counts) -> tuple[np.ndarray, np.ndarray]:
+    values, counts = _i64(values).ravel(), _i64(counts).ravel()
+    if len(values) != len(counts):
+        raise ValueError("values and counts must have the same length")
+    if len(values) and (values[0] < 1 or np.any(np.diff(values) <= 0) or counts.min() < 1):
+        raise ValueError("values must be positive and strictly increasing, counts positive")
+    if len(values) and int(values[-1]) * int(counts.sum()) >= 2**62:
+        raise ValueError("padded token total does not fit 62 bits (largest value times sample count)")
+    if len(values) >= 2**31 - 1:
+        raise ValueError("too many distinct values (at most 2^31 - 2)")
+    return values, counts
+
+
+def optimal_lengths(values, counts, k: int) -> np.ndarray:
+    """Return the at most ``k`` lengths that minimise the padded total of a size histogram.
+
+    ``values`` are the distinct sizes (positive, strictly increasing) and ``counts`` how
+    many samples have each. Each sample is padded to the smallest chosen length >= its
+    size; the result (increasing, a subset of ``values``, always ending at ``values[-1]``)
+    minimises ``sum(counts * padded)`` exactly. Ties go to the leftmost split at every step
+    of the DP, so the result is unique (C and numpy agree). Dynamic programming over the
+    d distinct values with the divide-and-conquer optimisation (the cost is Monge):
+    O(k d log d) time, 4 k d bytes for the splits.
+    """
+    k = operator.index(k)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    values, counts = _check_histogram(values, counts)
+    d = len(values)
+    if d == 0:
+        return np.zeros(0, dtype=np.int64)
+    if k >= d:
+        return values.copy()
+    prefix = np.concatenate(([0], np.cumsum(counts)))
+    lib = _c()
+    if lib is None:
+        return _optimal_lengths_fallback(values, prefix, k)
+    f, g = np.empty(d + 1, np.int64), np.empty(d + 1, np.int64)
+    opt = np.empty((k - 1) * (d + 1), np.int32)
+    out = np.empty(k, np.int64)
+    n = lib.sp_optimal_lengths(_ptr(values), _ptr(prefix), d, k, _ptr(f), _ptr(g), _ptr(opt), _ptr(out))
+    return out[:n].copy()
+
+
+def _ol_layer_np(prev: np.ndarray, v: np.ndarray, C: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return (cur, opt) of one DP layer for i in [lo, hi] (see ``sp_optimal_lengths``).
+
+    The divide and conquer of the C kernel, one recursion level at a time: every node of a
+    level (a range of i and the range its leftmost argmins lie in) is evaluated in one
+    vectorised pass, so a level costs O(d) numpy work and there are O(log d) levels.
+    """
+    d = len(v)
+    cur = np.zeros(d + 1, np.int64)
+    opt = np.zeros(d + 1, np.int32)
+    lo_, hi_ = np.array([lo], np.int64), np.array([hi], np.int64)
+    olo, ohi = np.array([0], np.int64), np.array([d - 1], np.int64)
+    while len(lo_):
+        mid = lo_ + (hi_ - lo_) // 2
+        width = np.minimum(mid - 1, ohi) - olo + 1
+        starts = np.concatenate(([0], np.cumsum(width)[:-1]))
+        node = np.repeat(np.arange(len(width)), width)
+        j = np.arange(int(width.sum()), dtype=np.int64) - starts[node] + olo[node]
+        m = mid[node]
+        val = prev[j] + v[m - 1] * (C[m] - C[j])
+        best = np.minimum.reduceat(val, starts)
+        hit = np.flatnonzero(val == best[node])
+        first = hit[np.concatenate(([True], node[hit][1:] != node[hit][:-1]))]
+        arg = j[first]
+        cur[mid], opt[mid] = best, arg
+        left, right = lo_ <= mid - 1, mid + 1 <= hi_
+        lo_, hi_, olo, ohi = (np.concatenate((lo_[left], mid[right] + 1)), np.concatenate((mid[left] - 1, hi_[right])),
+                              np.concatenate((olo[left], arg[right])), np.concatenate((arg[left], ohi[right])))
+    return cur, opt
+
+
+def _optimal_lengths_fallback(v: np.ndarray, C: np.ndarray, k: int) -> np.ndarray:
+    """Return ``optimal_lengths`` computed with numpy (same DP, same tie-breaking)."""
+    d = len(v)
+    f = np.concatenate(([0], v * C[1:]))
+    opts = []
+    for layer in range(2, k + 1):
+        f, o = _ol_layer_np(f, v, C, 1 if layer < k else d, d)
+        opts.append(o)
+    out, i = [int(v[d - 1])], d
+    for o in reversed(opts):
+        i = int(o[i])
+        if i == 0:
+            break
+        out.append(int(v[i - 1]))
+    return np.asarray(out[::-1], dtype=np.int64)
+
+
+def batch_capacity(lengths, max_tokens, budget: str = "padded", quadratic_scale: float = 1.0,
+                   max_samples: int = 0) -> np.ndarray:
+    """Return, per padded length L, the most samples a micro-batch rounded to L can hold.
+
+    Compares exactly as ``greedy_pack`` does when lengths are rounded (cost ``c*L``, or
+    ``c*(L + L*L/Q)`` for the quadratic budget), capped at ``max_samples`` when > 0, so a
+    micro-batch the greedy packs at length L never holds more. 0 where L alone does not fit.
+    """
+    if budget not in BUDGETS:
+        raise ValueError(f"unknown budget {budget!r}; expected one of {', '.join(BUDGETS)}")
+    lengths = _i64(lengths)
+    if len(lengths) and lengths.min() < 1:
+        raise ValueError("lengths must be positive")
+    lim_i, lim_d = _limits(max_tokens)
+    if budget == "quadratic":
+        # the kernel's float expression, so that c fits here iff it fits there
+        unit = lengths.astype(np.float64) + (lengths * lengths).astype(np.float64) / float(quadratic_scale)
+        cap = np.floor(lim_d / unit).astype(np.int64)
+        for _ in range(4):  # the float quotient may be off by one either way
+            cap += ((cap + 1).astype(np.float64) * unit <= lim_d)
+            cap -= ((cap > 0) & (cap.astype(np.float64) * unit > lim_d))
+    else:
+        cap = np.maximum(lim_i, 0) // lengths
+    if max_samples and max_samples > 0:
+        cap = np.minimum(cap, max_samples)
+    return np.maximum(cap, 0)

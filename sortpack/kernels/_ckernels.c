@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 6
+#define SP_ABI_VERSION 7
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -669,6 +669,87 @@ SP_API int64_t sp_pack_rows(const int64_t *sizes, int64_t n, int64_t row_len, in
         nrows += bfd_window(&ws, sizes + w0, m, w0, order, row_splits + nrows);
     }
     return nrows;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* optimal padded lengths: min over K lengths of sum(count * smallest length >= value)      */
+
+/* One layer of the partition DP, by divide and conquer:
+ *   cur[i] = min over j in [0, i) of prev[j] + v[i-1] * (C[i] - C[j]),  opt[i] = leftmost argmin,
+ * for i in [lo, hi], knowing opt lies in [olo, ohi]. The cost v[i-1]*(C[i]-C[j]) is Monge, so
+ * leftmost argmins do not decrease with i and each level of the recursion scans O(d). */
+static void ol_layer(const int64_t *prev, int64_t *cur, int32_t *opt, const int64_t *v, const int64_t *C,
+                     int64_t lo, int64_t hi, int64_t olo, int64_t ohi) {
+    while (lo <= hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int64_t top = ohi < mid - 1 ? ohi : mid - 1;
+        int64_t best = INT64_MAX, arg = olo;
+        const int64_t vm = v[mid - 1], cm = C[mid];
+        for (int64_t j = olo; j <= top; j++) {
+            int64_t val = prev[j] + vm * (cm - C[j]);
+            if (val < best) {
+                best = val;
+                arg = j;
+            }
+        }
+        cur[mid] = best;
+        opt[mid] = (int32_t)arg;
+        /* recurse on the smaller half, loop on the other: stack depth stays O(log d) */
+        if (mid - lo < hi - mid) {
+            ol_layer(prev, cur, opt, v, C, lo, mid - 1, olo, arg);
+            lo = mid + 1;
+            olo = arg;
+        } else {
+            ol_layer(prev, cur, opt, v, C, mid + 1, hi, arg, ohi);
+            hi = mid - 1;
+            ohi = arg;
+        }
+    }
+}
+
+/* Choose at most k lengths among the d distinct values v (increasing, positive) with prefix
+ * counts C (d + 1 entries, C[0] = 0) minimising sum over values of count * (smallest chosen
+ * length >= value); the largest is always v[d-1]. f and g are d + 1 words of scratch, opt
+ * (k - 1) * (d + 1) int32. The caller guarantees v[d-1] * C[d] < 2^62 (no overflow).
+ * Writes the lengths, increasing, to out and returns how many. Ties go to the leftmost
+ * split at every step, so the result is unique and equals the numpy fallback's. */
+SP_API int64_t sp_optimal_lengths(const int64_t *v, const int64_t *C, int64_t d, int64_t k, int64_t *f,
+                                  int64_t *g, int32_t *opt, int64_t *out) {
+    if (d <= 0 || k <= 0) return 0;
+    if (k >= d) {
+        for (int64_t i = 0; i < d; i++) out[i] = v[i];
+        return d;
+    }
+    f[0] = 0;
+    for (int64_t i = 1; i <= d; i++) f[i] = v[i - 1] * C[i]; /* one length: everything to v[i-1] */
+    for (int64_t layer = 2; layer <= k; layer++) {
+        int32_t *o = opt + (layer - 2) * (d + 1);
+        g[0] = 0;
+        o[0] = 0;
+        if (layer < k) {
+            ol_layer(f, g, o, v, C, 1, d, 0, d - 1);
+        } else {
+            /* the last layer only needs i = d */
+            ol_layer(f, g, o, v, C, d, d, 0, d - 1);
+        }
+        int64_t *t = f;
+        f = g;
+        g = t;
+    }
+    /* backtrack from i = d through the layers' splits */
+    int64_t n = 0, i = d;
+    out[n++] = v[d - 1];
+    for (int64_t layer = k; layer >= 2; layer--) {
+        i = opt[(layer - 2) * (d + 1) + i];
+        if (i == 0) break;
+        out[n++] = v[i - 1];
+    }
+    for (int64_t a = 0, b = n - 1; a < b; a++, b--) {
+        int64_t t = out[a];
+        out[a] = out[b];
+        out[b] = t;
+    }
+    return n;
 }
 
 /* ------------------------------------------------------------------------------------ */
