@@ -107,9 +107,8 @@ def build_index(lens: np.ndarray, work: Path, name: str, options: list[str]) -> 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    data = work / "lengths.parquet"
-    if not data.is_file():
-        pq.write_table(pa.table({"n": pa.array(lens, pa.int32())}), data, row_group_size=1 << 16)
+    data = work / "lengths.parquet"  # rewritten every time (cheap): never an older sample set
+    pq.write_table(pa.table({"n": pa.array(lens, pa.int32())}), data, row_group_size=1 << 16)
     out = work / name
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "sortpack", "run", str(data), "-o", str(out), "--size", "column:n",
@@ -290,8 +289,9 @@ def run_method(name: str, scale: TrainScale, loader_factory, loss_fn, device: st
         epoch += 1
 
 
-def run_all(scale_name: str, scale: TrainScale, methods: list[str] | None = None) -> tuple[list[Result], dict]:
-    """Run every method at ``scale``; return the results and a description of the setup."""
+def run_all(scale_name: str, scale: TrainScale, methods: list[str] | None = None,
+            work: Path | None = None) -> tuple[list[Result], dict]:
+    """Run every method at ``scale`` (indexes under ``work``); return the results and a description of the setup."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -300,7 +300,7 @@ def run_all(scale_name: str, scale: TrainScale, methods: list[str] | None = None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(1)  # a toy model: more threads only contend (CI machines are small and shared)
-    work = WORK / f"train-{scale_name}"
+    work = work or WORK / f"train-{scale_name}"
     work.mkdir(parents=True, exist_ok=True)
     lens = lengths(scale)
     ds = TokenDataset(lens, scale.vocab)
