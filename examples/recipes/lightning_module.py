@@ -44,9 +44,7 @@ class PackedLM(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         """Return the micro-batch's loss."""
-        loss = padded_forward(self.model, batch)
-        self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=False)
-        return loss
+        return padded_forward(self.model, batch)
 
     def configure_optimizers(self):
         """Return AdamW and the per-step VariableBatchSizeLR."""
@@ -58,11 +56,15 @@ class PackedLM(L.LightningModule):
         """Step VariableBatchSizeLR (not a torch LRScheduler, so Lightning asks us to)."""
         scheduler.step()
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Remember the LR this optimizer step uses (the scheduler sets the next one right after)."""
+        self.step_lr = optimizer.param_groups[0]["lr"]
+
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         """Print the step, shape and LR at the end of every optimizer step."""
         if (batch_idx + 1) % self.grad_accum == 0:
             print(f"step {self.global_step - 1} shape {tuple(batch['input_ids'].shape)} "
-                  f"lr {self.optimizers().param_groups[0]['lr']:.3e} loss {outputs['loss'].item():.3f}", flush=True)
+                  f"lr {self.step_lr:.3e} loss {outputs['loss'].item():.3f}", flush=True)
 # --- end recipe ---
 
 
