@@ -28,6 +28,8 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
+    os.environ.setdefault("RANK", "0")  # run as one process without a launcher
+    os.environ.setdefault("WORLD_SIZE", "1")
     dist.init_process_group(args.backend)  # RANK / WORLD_SIZE from torchrun
     rank = dist.get_rank()
     torch.manual_seed(0)  # the same initial weights on every rank
