@@ -1,0 +1,157 @@
+"""The training recipes of docs/training.md run for a few steps on CPU on indexes the real pipeline wrote."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+sys.path.insert(0, os.path.dirname(__file__))
+from support import ROOT, run_sortpack, write_text_parquet
+
+pytestmark = pytest.mark.torch
+RECIPES = ROOT / "examples" / "recipes"
+TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory) -> dict[str, Path]:
+    """Build a padded, a --shapes and a --rows index over one text dataset with `sortpack run`."""
+    base = tmp_path_factory.mktemp("recipes")
+    lengths = np.clip(np.random.default_rng(0).lognormal(3.5, 0.7, 400).astype(int), 1, 250)
+    data = write_text_parquet(base / "data.parquet", lengths, row_group_size=100)
+    modes = {"padded": ["--max-tokens", "512"],
+             "shapes": ["--max-tokens", "512", "--shapes", "32,64,128,256"],
+             "rows": ["--rows", "256", "--rows-per-microbatch", "2"]}
+    out = {}
+    for name, opts in modes.items():
+        out[name] = base / name
+        run_sortpack(["run", data, "-o", out[name], "--column", "text", "--quiet", *opts])
+    return out
+
+
+def _env(**extra) -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+            "TOKENIZERS_PARALLELISM": "false", **extra}
+
+
+def run_recipe(name: str, index: Path, *args: str) -> str:
+    """Run a recipe script; return its output (the test fails on a non-zero exit)."""
+    proc = subprocess.run([sys.executable, str(RECIPES / name), str(index), *args], capture_output=True, text=True, check=False,
+                          timeout=TIMEOUT, env=_env(), cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def step_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if re.match(r"(rank \d+ )?step \d+", line)]
+
+
+def lrs(out: str) -> list[float]:
+    return [float(line.split(" lr ")[1].split()[0]) for line in step_lines(out)]
+
+
+def losses(out: str) -> list[str]:
+    return [line.split(" loss ")[1].split()[0] for line in step_lines(out)]
+
+
+def test_ddp_two_gloo_ranks(indexes):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, str(RECIPES / "ddp.py"), str(indexes["padded"]), "--steps", "3"],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, cwd=str(ROOT)) for r in range(2)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=TIMEOUT)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    per_rank = [[line for line in step_lines(out) if line.startswith(f"rank {r} ")] for r, out in enumerate(outs)]
+    assert [len(lines) for lines in per_rank] == [3, 3], outs
+    assert lrs(outs[0]) == lrs(outs[1])  # the step's global batch sets one LR on every rank
+    shapes = [[line.split(" shape ")[1].split(" lr")[0] for line in lines] for lines in per_rank]
+    assert shapes[0] != shapes[1]  # each rank trains on its own micro-batches
+
+
+def expected_lrs(index: Path, steps: int, lr: float = 1e-3, grad_accum: int = 2, seed: int = 0) -> list[float]:
+    """Return the LR of each step: lr x sqrt(step batch / mean samples per step), as the recipes set it."""
+    from sortpack.torch import PackedBatchSampler
+
+    sampler = PackedBatchSampler(index, rank=0, world_size=1, grad_accum=grad_accum, order="shuffle", seed=seed)
+    ref = max(1, round(sampler.index.num_samples / sampler.steps_per_epoch))
+    return [lr * (b / ref) ** 0.5 for b in sampler.step_batches()[:steps]]
+
+
+def test_hf_trainer(indexes):
+    out = run_recipe("hf_trainer.py", indexes["padded"], "--steps", "3")
+    assert "trained 3 steps" in out
+    # constant base schedule: the LR moves only with the step's batch (the sampler takes the Trainer's seed, 42)
+    assert lrs(out) == pytest.approx(expected_lrs(indexes["padded"], 3, seed=42), rel=1e-3)
+
+
+def test_accelerate(indexes):
+    out = run_recipe("accelerate_loop.py", indexes["padded"], "--steps", "3")
+    assert len(step_lines(out)) == 3
+    assert lrs(out) == pytest.approx(expected_lrs(indexes["padded"], 3), rel=1e-3)
+
+
+def test_lightning(indexes):
+    out = run_recipe("lightning_module.py", indexes["padded"], "--steps", "3")
+    assert "trained 3 steps" in out and len(step_lines(out)) == 3
+    assert lrs(out) == pytest.approx(expected_lrs(indexes["padded"], 3), rel=1e-3)
+
+
+def test_compile_static_shapes_compiles_every_shape_up_front(indexes):
+    from sortpack.reader import PackedIndex
+
+    ix = PackedIndex(indexes["shapes"])
+    distinct = len(set(zip(ix["batch_size"].tolist(), ix["padded_size"].tolist())))
+    out = run_recipe("compile_static.py", indexes["shapes"], "--steps", str(distinct + 2), "--grad-accum", "1",
+                     "--backend", "aot_eager")
+    news = [int(line.split(" new ")[1].split()[0]) for line in step_lines(out)]
+    assert news == [1] * distinct + [0, 0]  # warmup_shapes: every shape in the first steps, then none new
+    assert f"distinct shapes {distinct}, shapes seen {distinct}, graphs compiled {distinct}" in out
+
+
+def test_flex_document_mask_and_varlen_reference_agree(indexes):
+    flex = run_recipe("flex_rows.py", indexes["rows"], "--steps", "3")
+    varlen = run_recipe("varlen_rows.py", indexes["rows"], "--steps", "3")
+    assert len(step_lines(flex)) == len(step_lines(varlen)) == 3
+    assert "kernel reference" in varlen
+    # the same micro-batches, weights and masking: the losses match step for step
+    assert losses(flex) == losses(varlen)
+
+
+def test_varlen_on_a_padded_index(indexes):
+    out = run_recipe("varlen_rows.py", indexes["padded"], "--steps", "2")
+    assert len(step_lines(out)) == 2
+
+
+def recipe_section(path: Path) -> str:
+    """Return the code between a recipe file's ``# --- recipe ---`` and ``# --- end recipe ---`` lines, dedented."""
+    text = path.read_text()
+    start = text.index("# --- recipe ---\n") + len("# --- recipe ---\n")
+    end = text.rindex("\n", 0, text.index("# --- end recipe ---")) + 1
+    return textwrap.dedent(text[start:end])
+
+
+def test_docs_quote_the_recipes():
+    doc = (ROOT / "docs" / "training.md").read_text()
+    blocks = re.findall(r"<!-- recipe: (\S+) -->\n```python\n(.*?)```", doc, flags=re.DOTALL)
+    assert {path for path, _ in blocks} == {f"examples/recipes/{p.name}" for p in RECIPES.glob("*.py")
+                                            if "# --- recipe ---" in p.read_text()}
+    for path, code in blocks:
+        assert code == recipe_section(ROOT / path), f"docs/training.md's copy of {path} is out of date"
