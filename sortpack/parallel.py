@@ -269,7 +269,7 @@ def get_comm() -> Comm:
         ranks, var = launcher_size()
         if ranks > 1:
             raise SortpackError(f"the launcher started {ranks} ranks ({var}={ranks}) but MPI cannot load "
-                                f"({_one_line(exc)}); each rank would run the whole job alone. Fix mpi4py "
+                                f"({one_line(exc)}); each rank would run the whole job alone. Fix mpi4py "
                                 f"(it must be built against the launcher's MPI) or run one process") from None
         print(
             f"sortpack: warning: MPI unavailable ({one_line(exc)}); running as one rank",

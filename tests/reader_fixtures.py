@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from support import write_text_parquet
 
 from sortpack.format import FORMATS, ROWS_PER_SHARD, VERSION, OutputDir, index_schema
 from sortpack.format.schemas import schema_json
 from sortpack.format.shards import write_owned_shards
 from sortpack.parallel import SerialComm
+
+from support import write_text_parquet
 
 
 def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", size: str = "length",
@@ -43,17 +44,15 @@ def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", siz
         inputs = [str(write_text_parquet(path.parent / f"{path.name}-data.parquet", lengths, row_group_size=97))]
     if "shapes" in pack:
         pack["shapes"] = tuple(pack["shapes"])
-    # the shard size is read from the table (at import) or from the environment (when used)
-    saved, env = ROWS_PER_SHARD["index"], os.environ.get("SORTPACK_TEST_SHARD_ROWS")
+    # the shard size is read from the environment when a directory is written
+    env = os.environ.get("SORTPACK_TEST_SHARD_ROWS")
     if rows_per_shard:
-        ROWS_PER_SHARD["index"] = rows_per_shard
         os.environ["SORTPACK_TEST_SHARD_ROWS"] = str(rows_per_shard)
     try:
         run_all(SerialComm(), [str(i) for i in inputs], str(path),
                 AnalyzeOptions(column=column, size=size, difficulty=difficulty),
                 SortOptions(key=key, stages=stages), PackOptions(**pack), overwrite=True, job=JobInfo(argv=["tests"]))
     finally:
-        ROWS_PER_SHARD["index"] = saved
         if env is None:
             os.environ.pop("SORTPACK_TEST_SHARD_ROWS", None)
         else:

@@ -59,7 +59,8 @@ RULES = {
                                                 "specs"},
     **{w: READER_SIDE | {"pipeline", "cli", "report", "analyze", "sort"} for w in WRITERS},
     "pipeline": READER_SIDE | {"cli", "report"},
-    "report": STAGES | WRITERS | READER_SIDE | {"pipeline", "cli", "parallel", "distribute"},
+    # report shares the sampler's step layout (train.plan), its one home
+    "report": STAGES | WRITERS | (READER_SIDE - {"train"}) | {"pipeline", "cli", "parallel", "distribute"},
     **{r: STAGES | WRITERS | {"pipeline", "cli", "report", "parallel", "distribute", "samples"}
        for r in READER_SIDE},
 }

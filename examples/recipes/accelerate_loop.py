@@ -38,7 +38,9 @@ def main() -> None:
     while step < args.steps:
         sampler.set_epoch(epoch)
         for batch in loader:
-            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+            sampler.consume(batch)  # the resume state counts what the loop received
+            sched.follow(batch)  # the LR of this batch's step
+            batch = {k: v.to(accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
             with accelerator.accumulate(model):
                 loss = padded_forward(model, batch)
                 accelerator.backward(loss)
