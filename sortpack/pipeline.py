@@ -19,10 +19,11 @@ import pyarrow as pa
 from . import __version__
 from .analyze import AnalyzeOptions, Samples, analyze
 from .distribute import global_start, redistribute
-from .format.manifest import FORMATS, VERSION, read_manifest
+from .format.manifest import DATA_VERSION, FORMATS, VERSION, read_manifest
 from .format.schemas import index_schema, metrics_schema, schema_json, sorted_schema
 from .format.shards import ROWS_PER_SHARD, OutputDir, owner_starts, read_rows, write_owned_shards
 from .pack import Microbatches, PackOptions, pack_samples
+from .materialize import StoreOptions, prepare
 from .parallel import Comm
 from .sort import SortOptions, sort_samples
 
@@ -170,8 +171,11 @@ def _list_array(offsets: np.ndarray, values: np.ndarray, a: int, b: int, value_t
 
 
 def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, files: list[dict],
-                profile: Profile, job: JobInfo) -> dict | None:
-    """Write the index directory from this rank's micro-batches; return the manifest on rank 0."""
+                profile: Profile, job: JobInfo, store=None) -> dict | None:
+    """Write the index directory from this rank's micro-batches; return the manifest on rank 0.
+
+    ``store`` (from ``materialize.prepare``) also writes the stored columns' data shards.
+    """
     rows = ROWS_PER_SHARD["index"]
     m = len(mbs.offsets) - 1
     dest = owner_starts(mbs.total, rows, comm.size)
@@ -211,6 +215,10 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
     with profile.stage("write_index"):
         shards = write_owned_shards(comm, out, "index", make_table, first, len(cols["microbatch"]), mbs.total,
                                     rows, samples_in=lambda a, b: offsets[b] - offsets[a])
+    data = None
+    if store is not None:
+        with profile.stage("materialize"):
+            data = store(out, files, ids, offsets, first)
     prov = _provenance(comm, profile, job)
     manifest = {
         "format": FORMATS["index"], "version": VERSION,
@@ -219,6 +227,8 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
         "source": {"num_rows": int(sum(f["rows"] for f in files)), "files": files},
         "shards": shards, "stats": mbs.stats, "provenance": prov,
     }
+    if data is not None:
+        manifest.update(version=DATA_VERSION, data=data)
     return out.commit(manifest)
 
 
@@ -265,9 +275,15 @@ def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrit
 
 
 def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overwrite: bool,
-             job: JobInfo) -> dict | None:
-    """Pack a sorted directory into an index directory."""
+             job: JobInfo, store: StoreOptions | None = None) -> dict | None:
+    """Pack a sorted directory into an index directory (with ``store``: and its data shards)."""
     comm.collectively(popts.validate)
+    if store is not None and store.enabled:
+        # the inputs are found through the sorted (or metrics) manifest's source fingerprint
+        recorded = comm.collectively(read_manifest, sorted_dir, "sorted")["options"]
+        store_fn = prepare(comm, store, recorded, popts, None)
+    else:
+        store_fn = None
     out = OutputDir(comm, output, overwrite)
     prof = Profile(comm)
 
@@ -278,17 +294,20 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key)
         options = {**manifest["options"], **popts.as_dict()}
-        return write_index(comm, out, mbs, options, manifest["source"]["files"], prof, job)
+        return write_index(comm, out, mbs, options, manifest["source"]["files"], prof, job, store_fn)
 
     return _guarded(out, work)
 
 
 def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, sopts: SortOptions,
             popts: PackOptions, overwrite: bool, job: JobInfo, keep_intermediate: bool = False,
-            progress: bool = False) -> dict | None:
-    """Analyze, sort and pack in one job (no intermediate files unless asked)."""
+            progress: bool = False, store: StoreOptions | None = None) -> dict | None:
+    """Analyze, sort and pack in one job (no intermediate files unless asked; ``store``: data shards too)."""
     comm.collectively(sopts.validate)
     comm.collectively(popts.validate)
+    store_fn = None
+    if store is not None and store.enabled:
+        store_fn = prepare(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
     out = OutputDir(comm, output, overwrite)
     extra = []
     if keep_intermediate:
@@ -310,6 +329,6 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
             mbs = pack_samples(comm, ordered, popts, sopts.key)
         files = ordered.files
         del ordered
-        return write_index(comm, out, mbs, {**options, **popts.as_dict()}, files, prof, job)
+        return write_index(comm, out, mbs, {**options, **popts.as_dict()}, files, prof, job, store_fn)
 
     return _guarded([out, *extra], work)

@@ -1,0 +1,52 @@
+"""Data shards: the stored input columns of an index, one row per sample in plan order.
+
+A data shard is an Arrow IPC file of whole micro-batches. Its boundaries are fixed global
+counts: a shard starts at every index shard's first micro-batch and at the first
+micro-batch boundary at or after every multiple of ``DATA_ROWS_PER_SHARD`` rows, so the
+layout never depends on the rank count (docs/format.md, "Data shards").
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+DATA_ROWS_PER_SHARD = 1 << 16
+if os.environ.get("SORTPACK_TEST_DATA_ROWS"):
+    # tests shrink data shards to exercise many-shard layouts on small data
+    DATA_ROWS_PER_SHARD = int(os.environ["SORTPACK_TEST_DATA_ROWS"])
+
+DATA_PREFIX = "data"
+
+
+def data_shard_name(index: int) -> str:
+    """Return the file name of data shard ``index``."""
+    return f"{DATA_PREFIX}-{index:05d}.arrow"
+
+
+def data_cuts(first_mb: int, mb_offsets: np.ndarray, first_row: int, index_rows_per_shard: int,
+              rows_per_shard: int = 0) -> np.ndarray:
+    """Return the local micro-batch boundaries where this rank's data shards start, plus the end.
+
+    The rank holds micro-batches ``[first_mb, first_mb + m)`` starting at global row
+    ``first_row``; ``mb_offsets`` (m + 1) are their local row offsets. Shards of no rows are
+    left out, so every returned range holds at least one row.
+    """
+    rows_per_shard = rows_per_shard or DATA_ROWS_PER_SHARD
+    m = len(mb_offsets) - 1
+    if m <= 0:
+        return np.zeros(0, dtype=np.int64)
+    gpos = first_row + np.asarray(mb_offsets, dtype=np.int64)
+    b = np.arange(1, m, dtype=np.int64)
+    # a positive multiple of rows_per_shard lies in (gpos[b-1], gpos[b]]
+    crosses = gpos[b] // rows_per_shard > gpos[b - 1] // rows_per_shard
+    index_start = (first_mb + b) % index_rows_per_shard == 0
+    cuts = np.concatenate(([0], b[crosses | index_start], [m])).astype(np.int64)
+    # drop shards that hold no rows (micro-batches of no samples)
+    keep = np.concatenate((mb_offsets[cuts[1:]] > mb_offsets[cuts[:-1]], [True]))
+    cuts = cuts[keep]
+    if len(cuts) == 1:
+        return np.zeros(0, dtype=np.int64)
+    if mb_offsets[cuts[-1]] == mb_offsets[cuts[-2]]:
+        cuts = np.delete(cuts, -2)
+    return cuts
