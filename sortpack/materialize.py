@@ -261,9 +261,8 @@ class _Received:
 
 def _write_file(path: Path, table: pa.Table, what: str) -> None:
     try:
-        with pa.OSFile(str(path), "wb") as sink:
-            with pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
     except (OSError, pa.ArrowException) as exc:
         raise SortpackError(f"{path}: cannot write the {what} ({' '.join(str(exc).split())})") from None
 

@@ -22,8 +22,8 @@ from .distribute import global_start, redistribute
 from .format.manifest import DATA_VERSION, FORMATS, VERSION, read_manifest
 from .format.schemas import index_schema, metrics_schema, schema_json, sorted_schema
 from .format.shards import ROWS_PER_SHARD, OutputDir, owner_starts, read_rows, write_owned_shards
-from .pack import Microbatches, PackOptions, pack_samples
 from .materialize import StoreOptions, prepare
+from .pack import Microbatches, PackOptions, pack_samples
 from .parallel import Comm
 from .sort import SortOptions, sort_samples
 
