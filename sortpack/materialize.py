@@ -374,6 +374,8 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
     return {
         "columns": [f.name for f in schema], "schema": {f.name: str(f.type) for f in schema},
         "rows_per_shard": DATA_ROWS_PER_SHARD, "num_rows": int(owner_starts[-1]), "shards": shards,
+        # varies with the rank count: moved to the manifest's provenance by write_index
+        "_exchange": {"rounds": received.rounds, "memory_limit": limit, "round_budget": budget},
     }
 
 

@@ -228,6 +228,7 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
         "shards": shards, "stats": mbs.stats, "provenance": prov,
     }
     if data is not None:
+        prov["exchange"] = data.pop("_exchange", None)
         manifest.update(version=DATA_VERSION, data=data)
     return out.commit(manifest)
 
