@@ -233,3 +233,19 @@ def test_source_dataset_by_sample_id_on_a_stored_index(tmp_path, text_dataset):
     for i in (0, 5, 699, 700, 2099):
         assert ds[i] == {"text": src["text"][i].as_py()}
     assert ds.__getitems__([7, 3, 2000]) == [{"text": src["text"][i].as_py()} for i in (7, 3, 2000)]
+
+
+def test_inspect_and_verify_know_the_data_shards(tmp_path, text_dataset):
+    files, _ = text_dataset
+    plan = tmp_path / "plan"
+    run_sortpack(["run", *files, "-o", plan, "--column", "text", "--max-tokens", "1500", "--quiet",
+                  "--store", "text"], env=SMALL)
+    report = json.loads(run_sortpack(["inspect", plan, "--json"]).stdout)
+    assert report["version"] == 2 and report["data"]["columns"] == "text" and report["data"]["rows"] == 2100
+    assert run_sortpack(["verify", plan]).returncode == 0
+    shard = plan / manifest(plan)["data"]["shards"][1]["file"]
+    raw = bytearray(shard.read_bytes())
+    raw[200] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    proc = run_sortpack(["verify", plan], check=False)
+    assert proc.returncode == 1 and f"{shard.name}: sha256 mismatch" in proc.stderr

@@ -50,3 +50,54 @@ def data_cuts(first_mb: int, mb_offsets: np.ndarray, first_row: int, index_rows_
     if mb_offsets[cuts[-1]] == mb_offsets[cuts[-2]]:
         cuts = np.delete(cuts, -2)
     return cuts
+
+
+def describe_data(data: dict) -> dict:
+    """Return the inspect summary of a manifest's ``data`` object (columns, shards, bytes)."""
+    out = {"columns": ",".join(data["columns"]), "rows": int(data["num_rows"]), "shards": len(data["shards"]),
+           "bytes": int(sum(int(e["bytes"]) for e in data["shards"]))}
+    if data.get("tokens"):
+        out["tokens"] = data["tokens"]["column"]
+    return out
+
+
+def verify_data(directory, manifest: dict) -> list[str]:
+    """Return the problems of an index's data shards (sha256, bytes, rows, tiling); empty when fine."""
+    import hashlib
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    data = manifest.get("data")
+    if not data:
+        return []
+    problems, expected = [], 0
+    for entry in data["shards"]:
+        path = Path(directory) / entry["file"]
+        if not path.is_file():
+            problems.append(f"{entry['file']}: missing")
+            continue
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(chunk)
+        if path.stat().st_size != entry["bytes"]:
+            problems.append(f"{entry['file']}: {path.stat().st_size} bytes, manifest says {entry['bytes']}")
+        if digest.hexdigest() != entry["sha256"]:
+            problems.append(f"{entry['file']}: sha256 mismatch")
+        if entry["first"] != expected:
+            problems.append(f"{entry['file']}: starts at row {entry['first']}, expected {expected}")
+        expected = entry["first"] + entry["rows"]
+        try:
+            reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+            rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+            if rows != entry["rows"]:
+                problems.append(f"{entry['file']}: {rows} rows, manifest says {entry['rows']}")
+            if reader.schema.names != data["columns"]:
+                problems.append(f"{entry['file']}: columns {reader.schema.names}, manifest says {data['columns']}")
+        except Exception as exc:  # noqa: BLE001 - report any unreadable shard as a problem
+            problems.append(f"{entry['file']}: unreadable ({exc})")
+    if expected != data["num_rows"] or data["num_rows"] != manifest["num_samples"]:
+        problems.append(f"data shards hold {expected} rows, manifest says {data['num_rows']} "
+                        f"for {manifest['num_samples']} samples")
+    return problems
