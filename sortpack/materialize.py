@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import SortpackError
-from .format.data_shards import DATA_ROWS_PER_SHARD, data_cuts, data_shard_name
-from .format.shards import ROWS_PER_SHARD, OutputDir, write_shard
+from .format.data_shards import DATA_ROWS_PER_SHARD, data_cuts, data_shard_name, write_data_shard
+from .format.shards import ROWS_PER_SHARD, OutputDir
 from .parallel import Comm
 from .sources import SourceFile, describe, read_units, split_units
 
@@ -387,15 +387,21 @@ def _exchange(comm: Comm, reader: _Reader, received: _Received, owner_starts: np
     while True:
         err = None
         try:
-            while (table is None or table.num_rows == 0) and not reader.done():
-                table, pos = reader.next_table()
-                sizes = row_bytes(table)
-                if len(sizes) and sizes.max() > budget:
-                    worst = max(table.column_names, key=lambda c: int(column_row_bytes(table.column(c)).max()))
+            # read whole units until a round's worth of bytes waits (fewer, larger rounds)
+            while (table is None or int(sizes.sum()) < budget) and not reader.done():
+                more, more_pos = reader.next_table()
+                more_sizes = row_bytes(more)
+                if len(more_sizes) and more_sizes.max() > budget:
+                    worst = max(more.column_names, key=lambda c: int(column_row_bytes(more.column(c)).max()))
                     raise SortpackError(
-                        f"column {worst!r}: a row of {int(sizes.max())} bytes does not fit the exchange "
+                        f"column {worst!r}: a row of {int(more_sizes.max())} bytes does not fit the exchange "
                         f"budget of {budget} bytes per round (a quarter of --memory-limit {limit}); "
                         "raise --memory-limit")
+                if table is None or table.num_rows == 0:
+                    table, pos, sizes = more, more_pos, more_sizes
+                elif more.num_rows:
+                    table = pa.concat_tables([table, more])
+                    pos, sizes = np.concatenate((pos, more_pos)), np.concatenate((sizes, more_sizes))
         except SortpackError as exc:
             err = exc
         comm.check(err)
@@ -420,7 +426,7 @@ def _exchange(comm: Comm, reader: _Reader, received: _Received, owner_starts: np
         for p in range(comm.size):
             if counts[p] == 0:
                 continue
-            rows = part.take(pa.array(order[starts[p]:starts[p + 1]]))
+            rows = part if counts[p] == len(dest) else part.take(pa.array(order[starts[p]:starts[p + 1]]))
             if p == comm.rank:
                 own = rows  # this rank's own rows need no serialising
             else:
@@ -472,7 +478,7 @@ def _write_data_shards(comm: Comm, directory: Path, received: _Received, schema:
             table = _gather_rows(pieces, piece_of, row_in, where[r0:r1]).select(schema.names)
             name = data_shard_name(base + k)
             try:
-                meta = write_shard(directory / name, table)
+                meta = write_data_shard(directory / name, table)
             except (OSError, pa.ArrowException) as exc:
                 raise SortpackError(f"{directory.parent / name}: cannot write the data shard "
                                     f"({' '.join(str(exc).split())})") from None
@@ -487,6 +493,8 @@ def _write_data_shards(comm: Comm, directory: Path, received: _Received, schema:
 
 def _gather_rows(pieces: list[pa.Table], piece_of: np.ndarray, row_in: np.ndarray, g: np.ndarray) -> pa.Table:
     """Return the received rows ``g`` (indexes into the pieces' concatenation) in that order."""
+    if len(g) and (piece_of[g] == piece_of[g[0]]).all():
+        return pieces[int(piece_of[g[0]])].take(pa.array(row_in[g]))  # one piece: one gather, in order
     by_piece = np.argsort(piece_of[g], kind="stable")
     sorted_g = g[by_piece]
     parts = []

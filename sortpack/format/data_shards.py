@@ -24,6 +24,30 @@ def data_shard_name(index: int) -> str:
     return f"{DATA_PREFIX}-{index:05d}.arrow"
 
 
+def write_data_shard(path, table) -> dict:
+    """Write ``table`` as a one-batch Arrow IPC file; return its ``bytes`` and ``sha256``.
+
+    Single-chunk columns are written as they are (no concatenating copy), so the bytes
+    equal ``format.shards.write_shard``'s for the same rows.
+    """
+    import hashlib
+
+    import pyarrow as pa
+
+    arrays = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in table.columns]
+    if any(c.num_chunks == 0 for c in table.columns):
+        arrays = [pa.array([], f.type) if c.num_chunks == 0 else a for c, a, f in zip(table.columns, arrays,
+                                                                                        table.schema)]
+    batch = pa.RecordBatch.from_arrays(arrays, schema=table.schema)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_batch(batch)
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
+
+
 def data_cuts(first_mb: int, mb_offsets: np.ndarray, first_row: int, index_rows_per_shard: int,
               rows_per_shard: int = 0) -> np.ndarray:
     """Return the local micro-batch boundaries where this rank's data shards start, plus the end.
