@@ -244,13 +244,18 @@ class _Received:
 
     def _spill(self) -> None:
         path = self.directory / f".spill-{self.rank:05d}-{len(self.spills):05d}.arrow"
-        table = pa.concat_tables(self.pending)
+        # one record batch: gathers from a chunked table cost a concatenation each time
+        table = pa.concat_tables(self.pending).combine_chunks()
+        self.pending, self.pending_bytes = [], 0
         _write_file(path, table, "spill file")
+        del table
         self.spills.append(path)
         self.pieces.append(pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all())
-        self.pending, self.pending_bytes = [], 0
 
     def tables(self) -> list[pa.Table]:
+        """Return every received piece, each one chunk (in-memory pieces combined once)."""
+        self.pending = [t.combine_chunks() if any(c.num_chunks > 1 for c in t.columns) else t
+                        for t in self.pending]
         return self.pieces + self.pending
 
     def remove(self) -> None:
@@ -501,7 +506,8 @@ def _gather_rows(pieces: list[pa.Table], piece_of: np.ndarray, row_in: np.ndarra
     for k in np.unique(piece_of[sorted_g]).tolist():
         sel = sorted_g[piece_of[sorted_g] == k]
         parts.append(pieces[k].take(pa.array(row_in[sel])))
-    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    # one chunk before the second gather: a take on a chunked table concatenates every time
+    table = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
     inverse = np.empty(len(g), dtype=np.int64)
     inverse[by_piece] = np.arange(len(g))
     return table.take(pa.array(inverse))
