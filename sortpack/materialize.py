@@ -24,6 +24,7 @@ from .format.data_shards import DATA_ROWS_PER_SHARD, data_cuts, data_shard_name,
 from .format.shards import ROWS_PER_SHARD, OutputDir
 from .parallel import Comm
 from .sources import SourceFile, describe, read_units, split_units
+from .specs import token_ids
 
 TOKENS_COLUMN = "input_ids"
 _POS = "__sortpack_position"
@@ -98,6 +99,70 @@ def parse_store(text: str | None) -> tuple[str, ...]:
     if not text:
         return ()
     return tuple(c.strip() for c in text.split(","))
+
+
+# --- token ids kept from analyze ------------------------------------------------------------
+class TokenCache:
+    """Token ids that ``analyze`` computed while counting (``run --store-tokens``), kept on disk.
+
+    Each rank appends its ids in sample order to ``.tokens-RANK.arrow`` in the output's
+    temporary directory; ``materialize`` reads them back by global row instead of
+    tokenizing a second time. ``__call__`` is the ``token_sink`` that ``analyze`` takes.
+    """
+
+    def __init__(self, out: OutputDir, comm: Comm):
+        self.comm = comm
+        self.path = out.ensure() / f".tokens-{comm.rank:05d}.arrow"
+        self.rows = 0
+        self._sink = self._writer = None
+        self.parts: list | None = None
+
+    def __call__(self, table: pa.Table, column: str, tokenizer, where: str) -> np.ndarray:
+        """Return the token counts of ``column`` and keep its ids."""
+        from .specs import _column, _is_text, evaluate, parse_spec
+
+        col = _column(table, column, where)
+        if not _is_text(col.type):
+            return evaluate(parse_spec("tokens", column, "--size"), table, where, tokenizer)  # raises
+        ids, counts = token_ids(tokenizer, col)
+        try:
+            if self._writer is None:
+                self._sink = pa.OSFile(str(self.path), "wb")
+                self._writer = pa.ipc.new_file(self._sink, pa.schema([(TOKENS_COLUMN, ids.type)]))
+            self._writer.write_batch(pa.record_batch([ids], names=[TOKENS_COLUMN]))
+        except (OSError, pa.ArrowException) as exc:
+            raise SortpackError(f"{self.path}: cannot write the token cache ({' '.join(str(exc).split())})") from None
+        self.rows += len(ids)
+        return counts
+
+    def share(self) -> None:
+        """Close this rank's file and learn every rank's (path, first row, rows) (collective)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+        start = self.comm.exscan(self.rows)
+        self.parts = self.comm.allgather_obj((str(self.path), start, self.rows))
+        self._tables: dict = {}
+
+    def rows_of(self, start: int, stop: int) -> pa.Array:
+        """Return the ids of global rows ``[start, stop)`` as one list<int32> array."""
+        pieces = []
+        for path, first, n in self.parts:
+            a, b = max(start, first), min(stop, first + n)
+            if a >= b:
+                continue
+            table = self._tables.get(path)
+            if table is None:
+                table = self._tables[path] = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
+            pieces.append(table.column(0).slice(a - first, b - a))
+        if not pieces:
+            return pa.array([], pa.list_(pa.int32()))
+        return pa.chunked_array([c for p in pieces for c in p.chunks], pa.list_(pa.int32())).combine_chunks()
+
+    def remove(self) -> None:
+        """Delete this rank's file (after every rank has read what it needs)."""
+        self._tables = {}
+        Path(self.path).unlink(missing_ok=True)
 
 
 # --- the source side -----------------------------------------------------------------------
@@ -299,17 +364,25 @@ class _Reader:
         if expected == 0:
             return self.schema.empty_table(), np.zeros(0, np.int64)
         text = [self.tokens[0]] if self.tokens is not None else None
-        table = read_units(src, unit, unit + 1, self.read_columns, text_columns=text)
+        if self.read_columns:
+            table = read_units(src, unit, unit + 1, self.read_columns, text_columns=text)
+        else:  # only token ids, all from analyze's cache: nothing to read
+            table = pa.table({"_": pa.nulls(expected)})
         if table.num_rows != expected:
             raise SortpackError(f"{src.path}: read {table.num_rows} rows, the plan was analyzed from {expected} "
                                 "(the input changed since analyze)")
         cols = {}
         for f in self.schema:
             if f.name == TOKENS_COLUMN and self.tokens is not None:
-                from .specs import _column, token_ids
+                from .specs import _column
 
-                text_col, tokenizer, cut = self.tokens
-                ids, _ = token_ids(tokenizer, _column(table, text_col, src.path))
+                text_col, tokenizer, cut = self.tokens[:3]
+                cache = self.tokens[3] if len(self.tokens) > 3 else None
+                if cache is not None:  # the ids analyze computed while counting
+                    first = self.first_row + self.row
+                    ids = cache.rows_of(first, first + expected)
+                else:
+                    ids, _ = token_ids(tokenizer, _column(table, text_col, src.path))
                 cols[f.name] = pc.list_slice(ids, 0, cut) if cut else ids
             else:
                 col = table.column(f.name)
@@ -369,7 +442,8 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
     owner_starts[-1] = comm.allreduce(int(n), "sum")
     owner_starts = np.maximum.accumulate(owner_starts)
 
-    read_columns = sorted(set(columns) | ({tokens[0]} if tokens is not None else set()))
+    tokenize = tokens is not None and (len(tokens) < 4 or tokens[3] is None)
+    read_columns = sorted(set(columns) | ({tokens[0]} if tokenize else set()))
     reader = _Reader(srcs, files, unit_list[lo:hi], my_first, local_pos, read_columns, schema, tokens)
     received = _Received(directory, comm.rank, budget)
     _exchange(comm, reader, received, owner_starts, budget, limit)
@@ -542,9 +616,24 @@ def prepare(comm: Comm, opts: StoreOptions, options: dict, popts, tokenizer_path
         return column, tokenizer, cut
 
     tokens = comm.collectively(check)
+    caches: list[TokenCache] = []
+
+    def token_cache(out: OutputDir) -> TokenCache | None:
+        """Return the ``token_sink`` for ``analyze`` that keeps its ids (None without --store-tokens)."""
+        if tokens is None:
+            return None
+        caches.append(TokenCache(out, comm))
+        return caches[-1]
 
     def store(out: OutputDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray, first_mb: int) -> dict:
-        data = materialize(comm, out, files, ids, mb_offsets, first_mb, opts, tokens)
+        cache = caches[-1] if caches else None
+        if cache is not None:
+            cache.share()
+        data = materialize(comm, out, files, ids, mb_offsets, first_mb, opts,
+                           None if tokens is None else (*tokens, cache))
+        if cache is not None:
+            comm.barrier()  # every rank has read the ids it needed
+            cache.remove()
         if tokens is not None:
             data["tokens"] = {
                 "column": TOKENS_COLUMN, "source_column": tokens[0], "tokenizer": Path(opts.tokenizer or tokenizer_path).name,
@@ -553,4 +642,5 @@ def prepare(comm: Comm, opts: StoreOptions, options: dict, popts, tokenizer_path
             }
         return data
 
+    store.token_cache = token_cache
     return store

@@ -316,8 +316,9 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
     prof = Profile(comm)
 
     def work():
+        sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
         with prof.stage("analyze"):
-            samples = analyze(comm, inputs, aopts, progress)
+            samples = analyze(comm, inputs, aopts, progress, token_sink=sink)
         if keep_intermediate:
             write_samples(comm, extra[0], "metrics", samples, aopts.as_dict(), prof, job)
         with prof.stage("sort"):

@@ -249,3 +249,24 @@ def test_inspect_and_verify_know_the_data_shards(tmp_path, text_dataset):
     shard.write_bytes(bytes(raw))
     proc = run_sortpack(["verify", plan], check=False)
     assert proc.returncode == 1 and f"{shard.name}: sha256 mismatch" in proc.stderr
+
+
+@pytest.mark.mpi
+def test_store_tokens_kept_from_analyze_are_identical_at_1_and_3_ranks(tmp_path):
+    path, texts = _words_dataset(tmp_path, n=900)
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    outs = []
+    for ranks in (1, 3):
+        out = tmp_path / f"plan{ranks}"
+        run_sortpack(["run", path, "-o", out, "--column", "text", "--size", "tokens", "--tokenizer", tok_path,
+                      "--max-tokens", "400", "--quiet", "--store-tokens", "--memory-limit", "32K"],
+                     ranks=ranks, env=SMALL, timeout=180)
+        outs.append(out)
+        assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # caches and spills removed
+    assert data_files(outs[1]) == data_files(outs[0])
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tok_path)
+    ds = SourceDataset(outs[1])
+    for mb in PackedBatchSampler(PackedIndex(outs[1]), rank=1, world_size=2, order="shuffle"):
+        assert [r["input_ids"] for r in ds.__getitems__(mb)] == [tok.encode(texts[i]).ids for i in mb]
