@@ -121,10 +121,10 @@ class SourceDataset:
         mb = ids if isinstance(ids, MicroBatch) else None
         want = np.asarray(list(ids), dtype=np.int64)
         table = None
-        if mb is not None and 0 <= mb.microbatch < self.index.num_microbatches:
-            # the sampler's micro-batch is one contiguous slice; its ids say it is the right one
-            if np.array_equal(self.index.microbatch(mb.microbatch), want):
-                table = self.stored.microbatch(mb.microbatch)
+        # the sampler's micro-batch is one contiguous slice; its ids say it is the right one
+        if (mb is not None and 0 <= mb.microbatch < self.index.num_microbatches
+                and np.array_equal(self.index.microbatch(mb.microbatch), want)):
+            table = self.stored.microbatch(mb.microbatch)
         if table is None:
             table = self.stored.take(want)
         if self.columns is not None:

@@ -20,7 +20,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import SortpackError
-from .format.data_shards import DATA_ROWS_PER_SHARD, data_cuts, data_shard_name, write_data_shard
+from .format.data_shards import (
+    DATA_ROWS_PER_SHARD,
+    data_cuts,
+    data_shard_name,
+    write_data_shard,
+)
 from .format.shards import ROWS_PER_SHARD, OutputDir
 from .parallel import Comm
 from .sources import SourceFile, describe, read_units, split_units
