@@ -282,13 +282,6 @@ def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
 
 
 # --- the exchange -----------------------------------------------------------------------------
-def _serialize(table: pa.Table) -> np.ndarray:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return np.frombuffer(sink.getvalue(), dtype=np.uint8)
-
-
 def _deserialize(buf: np.ndarray) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(buf)).read_all()
 
@@ -323,9 +316,13 @@ class _Received:
         self.pieces.append(pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all())
 
     def tables(self) -> list[pa.Table]:
-        """Return every received piece, each one chunk (in-memory pieces combined once)."""
-        self.pending = [t.combine_chunks() if any(c.num_chunks > 1 for c in t.columns) else t
-                        for t in self.pending]
+        """Return every received piece as one chunk (what stayed in memory combined into one piece).
+
+        The rows in memory are at most the spill budget, so combining them stays in bounds;
+        without spills a shard is then one gather from one piece.
+        """
+        if len(self.pending) > 1 or (self.pending and any(c.num_chunks > 1 for c in self.pending[0].columns)):
+            self.pending = [pa.concat_tables(self.pending).combine_chunks()]
         return self.pieces + self.pending
 
     def remove(self) -> None:
@@ -506,7 +503,8 @@ def _exchange(comm: Comm, reader: _Reader, received: _Received, owner_starts: np
         order = np.argsort(dest, kind="stable")
         counts = np.bincount(dest, minlength=comm.size)
         starts = np.concatenate(([0], np.cumsum(counts)))
-        bufs, send_counts, own = [], np.zeros(comm.size, dtype=np.int64), None
+        # one IPC stream per destination, all in one buffer: no concatenating copy
+        sink, send_counts, own = pa.BufferOutputStream(), np.zeros(comm.size, dtype=np.int64), None
         for p in range(comm.size):
             if counts[p] == 0:
                 continue
@@ -514,12 +512,14 @@ def _exchange(comm: Comm, reader: _Reader, received: _Received, owner_starts: np
             if p == comm.rank:
                 own = rows  # this rank's own rows need no serialising
             else:
-                buf = _serialize(rows)
-                bufs.append(buf)
-                send_counts[p] = len(buf)
+                at = sink.tell()
+                with pa.ipc.new_stream(sink, rows.schema) as writer:
+                    writer.write_table(rows)
+                send_counts[p] = sink.tell() - at
+            del rows
         del part
-        payload = np.concatenate(bufs) if bufs else np.zeros(0, np.uint8)
-        del bufs
+        payload = np.frombuffer(sink.getvalue(), dtype=np.uint8)
+        del sink
         recv_counts = comm.exchange_counts(send_counts)
         got = comm.alltoallv(payload, send_counts, recv_counts)
         del payload
