@@ -78,8 +78,12 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]):
     return size_spec, diff_spec, tokenizer, funcs
 
 
-def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False) -> Samples:
+def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False,
+            token_sink=None) -> Samples:
     """Return this rank's slice of (sample_id, size, difficulty) for the inputs.
+
+    ``token_sink(table, column, tokenizer, where)`` (``run --store-tokens``) replaces the
+    ``--size tokens`` count: it returns the sizes and keeps the ids of the same encode.
 
     Ranks take disjoint contiguous runs of units (row groups, record batches, whole
     files) balanced by rows (bytes where rows are unknown), so each rank's samples are a
@@ -124,9 +128,12 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
             if table.num_rows == 0:
                 # an empty file or row group: its columns may not even exist (empty jsonl)
                 continue
-            size = as_size(evaluate(size_spec, table, src.path, tokenizer, funcs.get(size_spec.text),
-                                    opts.special_tokens),
-                           src.path, f"--size {size_spec.text}")
+            if token_sink is not None and size_spec.kind == "tokens":
+                size = token_sink(table, size_spec.column, tokenizer, src.path)
+            else:
+                size = as_size(evaluate(size_spec, table, src.path, tokenizer, funcs.get(size_spec.text),
+                                        opts.special_tokens),
+                               src.path, f"--size {size_spec.text}")
             if diff_spec is None:
                 diff = size
             else:

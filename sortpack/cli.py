@@ -121,6 +121,36 @@ def pack_options(required: bool):
     return deco
 
 
+def store_options(tokenizer: bool):
+    """Add --store, --store-tokens and --memory-limit (and, for pack, --tokenizer) to a command."""
+
+    def deco(f):
+        opts = [
+            click.option("--store", "store_columns", default=None, metavar="COL[,COL...]",
+                         help="Also store these input columns in plan order (data shards in the index)."),
+            click.option("--store-tokens", is_flag=True,
+                         help="Also store the token ids of --size tokens as input_ids (list<int32>)."),
+            click.option("--memory-limit", default=None, metavar="BYTES",
+                         help="Bytes per rank for moving the stored data (e.g. 4G; default: a quarter of "
+                              "physical memory divided by the ranks on the node)."),
+        ]
+        if tokenizer:
+            opts.append(click.option("--tokenizer", type=click.Path(dir_okay=False),
+                                     help="The tokenizer.json the sizes were counted with (for --store-tokens)."))
+        for o in reversed(opts):
+            f = o(f)
+        return f
+
+    return deco
+
+
+def _make_store(kw):
+    from .materialize import StoreOptions, parse_memory, parse_store
+
+    return StoreOptions(columns=parse_store(kw.pop("store_columns")), tokens=kw.pop("store_tokens"),
+                        memory_limit=parse_memory(kw.pop("memory_limit")), tokenizer=kw.pop("store_tokenizer", None))
+
+
 def common_options(f):
     """Add -o, --overwrite, --quiet, --threads and --profile to a command."""
     opts = [
@@ -268,13 +298,16 @@ def sort(comm, job, metrics, output, overwrite, quiet, profile, **kw):
 @cli.command()
 @click.argument("sorted_dir", metavar="SORTED", type=click.Path(file_okay=False))
 @pack_options(required=True)
+@store_options(tokenizer=True)
 @common_options
 @_job
 def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
     """Cut a sorted directory into micro-batches; write the index."""
     from .pipeline import run_pack
 
-    return run_pack(comm, sorted_dir, output, _make_pack(kw), overwrite, job)
+    kw["store_tokenizer"] = kw.pop("tokenizer")
+    store = _make_store(kw)
+    return run_pack(comm, sorted_dir, output, _make_pack(kw), overwrite, job, store)
 
 
 @cli.command()
@@ -283,6 +316,7 @@ def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
 @sort_options
 @pack_options(required=True)
 @click.option("--keep-intermediate", is_flag=True, help="Also write OUTPUT.metrics and OUTPUT.sorted.")
+@store_options(tokenizer=False)
 @common_options
 @_job
 def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate, **kw):
@@ -293,8 +327,9 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
     """
     from .pipeline import run_all
 
+    store = _make_store(kw)
     return run_all(comm, list(inputs), output, _make_analyze(kw), _make_sort(kw), _make_pack(kw), overwrite,
-                   job, keep_intermediate, progress=not quiet)
+                   job, keep_intermediate, progress=not quiet, store=store)
 
 
 @cli.command()

@@ -23,6 +23,11 @@ class SourceDataset:
     per process, so a sorted micro-batch usually costs one or two unit reads.
     ``transform`` maps each row (a dict of ``columns``) to the item returned.
 
+    An index built with ``--store``/``--store-tokens`` holds its rows in plan order: when
+    ``columns`` is None or names stored columns only, a micro-batch from the sampler is one
+    contiguous zero-copy slice of the memory-mapped data shards (``Samples.table``), and
+    the input files are not opened at all. ``stored=False`` reads the input files anyway.
+
     Parameters
     ----------
     source : str, os.PathLike, PackedIndex or list
@@ -37,11 +42,15 @@ class SourceDataset:
         Refuse an input file whose size differs from the one the index was built from.
     split : str, optional
         The split of a Hugging Face DatasetDict directory given as input paths.
+    stored : bool
+        Read an index's stored data shards when it has them (default True).
     """
 
     def __init__(self, source, columns: list[str] | None = None, transform=None, cache_units: int = 8,
-                 check_bytes: bool = True, split: str | None = None):
-        self.files = _source_files(source, split)
+                 check_bytes: bool = True, split: str | None = None, stored: bool = True):
+        self.stored = _stored_data(source, columns) if stored else None
+        self.index = self.stored.index if self.stored is not None else None
+        self.files = _source_files(self.index if self.index is not None else source, split)
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.cache_units = max(1, int(cache_units))
@@ -108,6 +117,8 @@ class SourceDataset:
 
     def __getitems__(self, ids) -> Samples:
         """Return the rows of many sample ids as ``Samples``, reading each needed unit once."""
+        if self.stored is not None:
+            return self._stored_items(ids)
         arr, files = self._where(np.asarray(list(ids), dtype=np.int64))
         out = [None] * len(arr)
         for k in np.unique(files).tolist():
@@ -121,6 +132,41 @@ class SourceDataset:
                 for slot, row in zip(sel[pick].tolist(), rows):
                     out[slot] = row if self.transform is None else self.transform(row)
         return Samples(out, ids if isinstance(ids, MicroBatch) else None)
+
+    def _stored_items(self, ids) -> Samples:
+        mb = ids if isinstance(ids, MicroBatch) else None
+        want = np.asarray(list(ids), dtype=np.int64)
+        table = None
+        # the sampler's micro-batch is one contiguous slice; its ids say it is the right one
+        if (mb is not None and 0 <= mb.microbatch < self.index.num_microbatches
+                and np.array_equal(self.index.microbatch(mb.microbatch), want)):
+            table = self.stored.microbatch(mb.microbatch)
+        if table is None:
+            table = self.stored.take(want)
+        if self.columns is not None:
+            table = table.select(self.columns)
+        rows = table.to_pylist()
+        if self.transform is not None:
+            rows = [self.transform(r) for r in rows]
+        out = Samples(rows, mb)
+        out.table = table
+        return out
+
+
+def _stored_data(source, columns):
+    if isinstance(source, PackedIndex):
+        index = source
+    elif isinstance(source, (str, os.PathLike)) and (Path(source) / "manifest.json").is_file():
+        manifest = read_manifest(source)
+        if manifest.get("_kind") != "index" or not manifest.get("data"):
+            return None
+        index = PackedIndex(source)
+    else:
+        return None
+    stored = index.stored
+    if stored is None or (columns is not None and not set(columns) <= set(stored.columns)):
+        return None
+    return stored
 
 
 def _source_files(source, split: str | None = None) -> list[dict]:

@@ -6,7 +6,7 @@ import pyarrow as pa
 
 from .distribute import move_ragged, redistribute
 from .format.kinds import new_manifest, rows_per_shard
-from .format.manifest import VERSION
+from .format.manifest import DATA_VERSION, VERSION
 from .format.schemas import index_schema, schema_json
 from .format.shards import OutputDir, write_owned_shards
 from .pack import Microbatches
@@ -22,8 +22,11 @@ def _list_array(offsets: np.ndarray, values: np.ndarray, a: int, b: int, value_t
 
 
 def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, files: list[dict],
-                profile: Profile, job: JobInfo) -> dict | None:
-    """Write the index directory from this rank's micro-batches; return the manifest on rank 0."""
+                profile: Profile, job: JobInfo, store=None) -> dict | None:
+    """Write the index directory from this rank's micro-batches; return the manifest on rank 0.
+
+    ``store`` (from ``materialize.prepare``) also writes the stored columns' data shards.
+    """
     rows = rows_per_shard("index")
     m = len(mbs.offsets) - 1
     dest = owner_starts(mbs.total, rows, comm.size)
@@ -63,7 +66,13 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
     with profile.stage("write_index"):
         shards = write_owned_shards(comm, out, "index", make_table, first, len(cols["microbatch"]), mbs.total,
                                     rows, samples_in=lambda a, b: offsets[b] - offsets[a])
+    data = None
+    if store is not None:
+        with profile.stage("materialize"):
+            data = store(out, files, ids, offsets, first)
     prov = provenance(comm, profile, job)
+    if data is not None:
+        prov["exchange"] = data.pop("_exchange", None)
     manifest = new_manifest(
         "index", version=VERSION,
         num_rows=mbs.total, num_samples=mbs.stats["num_samples"], num_microbatches=mbs.total,
@@ -71,4 +80,6 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
         source={"num_rows": int(sum(f["rows"] for f in files)), "files": files},
         shards=shards, stats=mbs.stats, provenance=prov,
     )
+    if data is not None:
+        manifest.update(version=DATA_VERSION, data=data)
     return out.commit(manifest)

@@ -9,9 +9,11 @@ rows move between ranks in distribute.py; provenance.py times the stages.
 from __future__ import annotations
 
 from .analyze import AnalyzeOptions, analyze
+from .format.manifest import read_manifest
 from .format.kinds import rows_per_shard
 from .format.shards import OutputDir
 from .index_writer import write_index
+from .materialize import StoreOptions, prepare
 from .pack import PackOptions, pack_samples
 from .parallel import Comm
 from .provenance import JobInfo, Profile
@@ -64,9 +66,14 @@ def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrit
 
 
 def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overwrite: bool,
-             job: JobInfo) -> dict | None:
-    """Pack a sorted directory into an index directory."""
+             job: JobInfo, store: StoreOptions | None = None) -> dict | None:
+    """Pack a sorted directory into an index directory (with ``store``: and its data shards)."""
     comm.collectively(popts.validate)
+    store_fn = None
+    if store is not None and store.enabled:
+        # the inputs are found through the sorted (or metrics) manifest's source fingerprint
+        recorded = comm.collectively(read_manifest, sorted_dir, "sorted")["options"]
+        store_fn = prepare(comm, store, recorded, popts, None)
     out = OutputDir(comm, output, overwrite)
     prof = Profile(comm)
 
@@ -77,17 +84,20 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key)
         options = {**manifest["options"], **popts.as_dict()}
-        return write_index(comm, out, mbs, options, manifest["source"]["files"], prof, job)
+        return write_index(comm, out, mbs, options, manifest["source"]["files"], prof, job, store_fn)
 
     return _guarded(out, work)
 
 
 def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, sopts: SortOptions,
             popts: PackOptions, overwrite: bool, job: JobInfo, keep_intermediate: bool = False,
-            progress: bool = False) -> dict | None:
-    """Analyze, sort and pack in one job (no intermediate files unless asked)."""
+            progress: bool = False, store: StoreOptions | None = None) -> dict | None:
+    """Analyze, sort and pack in one job (no intermediate files unless asked; ``store``: data shards too)."""
     comm.collectively(sopts.validate)
     comm.collectively(popts.validate)
+    store_fn = None
+    if store is not None and store.enabled:
+        store_fn = prepare(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
     out = OutputDir(comm, output, overwrite)
     extra = []
     if keep_intermediate:
@@ -95,8 +105,9 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
     prof = Profile(comm)
 
     def work():
+        sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
         with prof.stage("analyze"):
-            samples = analyze(comm, inputs, aopts, progress)
+            samples = analyze(comm, inputs, aopts, progress, token_sink=sink)
         if keep_intermediate:
             write_samples(comm, extra[0], "metrics", samples, aopts.as_dict(), prof, job)
         with prof.stage("sort"):
@@ -109,6 +120,6 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
             mbs = pack_samples(comm, ordered, popts, sopts.key)
         files = ordered.files
         del ordered
-        return write_index(comm, out, mbs, {**options, **popts.as_dict()}, files, prof, job)
+        return write_index(comm, out, mbs, {**options, **popts.as_dict()}, files, prof, job, store_fn)
 
     return _guarded([out, *extra], work)

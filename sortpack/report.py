@@ -67,6 +67,10 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         "truncated": m["stats"].get("truncated", 0),
     })
     report.update(_shape_lines(m, shapes))
+    if m.get("data"):
+        from .format.data_shards import describe_data
+
+        report["data"] = describe_data(m["data"])
     if world_size is not None and len(padded):
         costs = step_costs(padded, world_size, grad_accum)
         mean = costs.mean(axis=1)

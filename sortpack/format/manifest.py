@@ -10,6 +10,8 @@ from ..errors import SortpackError
 from .kinds import FORMATS, KIND_OF_FORMAT, SHARD_PREFIX
 
 VERSION = 1
+DATA_VERSION = 2  # an index with stored data shards (``data`` in the manifest)
+VERSIONS = (VERSION, DATA_VERSION)
 MANIFEST = "manifest.json"
 
 
@@ -48,10 +50,10 @@ def read_manifest(directory: str | os.PathLike, expect: str | tuple[str, ...] | 
     kind = KIND_OF_FORMAT.get(fmt)
     if kind is None:
         raise SortpackError(f"{path}: unknown format {fmt!r}")
-    if manifest.get("version") != VERSION:
+    if manifest.get("version") not in VERSIONS:
         raise SortpackError(
             f"{path}: {fmt} version {manifest.get('version')!r} is not supported "
-            f"(this sortpack reads version {VERSION})"
+            f"(this sortpack reads versions {', '.join(map(str, VERSIONS))})"
         )
     if expect is not None:
         kinds = (expect,) if isinstance(expect, str) else expect

@@ -256,4 +256,6 @@ def verify_directory(directory: str | os.PathLike) -> list[str]:
         problems.append(f"shards hold {expected_first} rows, manifest says {manifest['num_rows']}")
     if content_hash(manifest) != manifest.get("content_hash"):
         problems.append("manifest content_hash does not match its contents")
-    return problems
+    from .data_shards import verify_data
+
+    return problems + verify_data(directory, manifest)

@@ -50,6 +50,22 @@ def _tokens(item, key, tokenize) -> np.ndarray:
     return np.asarray(seq, dtype=np.int64).reshape(-1)
 
 
+def _sequences(items, key, tokenize) -> list[np.ndarray]:
+    """Return each item's token ids; stored ``input_ids`` come straight from the Arrow slice."""
+    table = getattr(items, "table", None)
+    if table is not None and tokenize is None and isinstance(key, str) and key in table.schema.names:
+        import pyarrow as pa
+
+        col = table.column(key)
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks()
+        if hasattr(col, "offsets") and hasattr(col, "values"):
+            offsets = col.offsets.to_numpy()
+            values = col.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            return [values[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)]
+    return [_tokens(it, key, tokenize) for it in items]
+
+
 def _round_up(n: int, k: int | None) -> int:
     return -(-n // k) * k if k and k > 1 else n
 
@@ -82,7 +98,7 @@ class PadCollate:
         """Return input_ids, lengths, key_padding_mask, real, sample_ids (and attn_mask) tensors."""
         import torch
 
-        seqs = [_tokens(it, self.key, self.tokenize) for it in items]
+        seqs = _sequences(items, self.key, self.tokenize)
         n = len(seqs)
         mb = getattr(items, "microbatch", None)
         longest = max((len(s) for s in seqs), default=0)
@@ -157,7 +173,7 @@ class VarlenCollate:
         """Return input_ids, position_ids, cu_seqlens, max_seqlen, seq_index, lengths and token_mask."""
         import torch
 
-        seqs = [_tokens(it, self.key, self.tokenize) for it in items]
+        seqs = _sequences(items, self.key, self.tokenize)
         mb = getattr(items, "microbatch", None)
         splits = getattr(mb, "row_splits", None)
         # segments: (sample position in the micro-batch or -1 for padding, tokens)

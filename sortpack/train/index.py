@@ -57,6 +57,16 @@ class PackedIndex:
         if missing:
             raise SortpackError(f"{self.path}: index lacks column(s) {', '.join(sorted(missing))}")
         self.has_rows = "row_splits" in names
+        self._stored = None
+
+    @property
+    def stored(self):
+        """Return the index's ``StoredData`` (built with ``--store``/``--store-tokens``), or None."""
+        if self._stored is None and self.manifest.get("data"):
+            from ..stored import StoredData
+
+            self._stored = StoredData(self)
+        return self._stored
 
     def _shard(self, k: int):
         batch = self._shards[k]

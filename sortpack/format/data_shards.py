@@ -1,0 +1,127 @@
+"""Data shards: the stored input columns of an index, one row per sample in plan order.
+
+A data shard is an Arrow IPC file of whole micro-batches. Its boundaries are fixed global
+counts: a shard starts at every index shard's first micro-batch and at the first
+micro-batch boundary at or after every multiple of ``DATA_ROWS_PER_SHARD`` rows, so the
+layout never depends on the rank count (docs/format.md, "Data shards").
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+DATA_ROWS_PER_SHARD = 1 << 16
+if os.environ.get("SORTPACK_TEST_DATA_ROWS"):
+    # tests shrink data shards to exercise many-shard layouts on small data
+    DATA_ROWS_PER_SHARD = int(os.environ["SORTPACK_TEST_DATA_ROWS"])
+
+DATA_PREFIX = "data"
+
+
+def data_shard_name(index: int) -> str:
+    """Return the file name of data shard ``index``."""
+    return f"{DATA_PREFIX}-{index:05d}.arrow"
+
+
+def write_data_shard(path, table) -> dict:
+    """Write ``table`` as a one-batch Arrow IPC file; return its ``bytes`` and ``sha256``.
+
+    Single-chunk columns are written as they are (no concatenating copy), so the bytes
+    equal ``format.shards.write_shard``'s for the same rows.
+    """
+    import hashlib
+
+    import pyarrow as pa
+
+    arrays = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in table.columns]
+    if any(c.num_chunks == 0 for c in table.columns):
+        arrays = [pa.array([], f.type) if c.num_chunks == 0 else a for c, a, f in zip(table.columns, arrays,
+                                                                                        table.schema)]
+    batch = pa.RecordBatch.from_arrays(arrays, schema=table.schema)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_batch(batch)
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
+
+
+def data_cuts(first_mb: int, mb_offsets: np.ndarray, first_row: int, index_rows_per_shard: int,
+              rows_per_shard: int = 0) -> np.ndarray:
+    """Return the local micro-batch boundaries where this rank's data shards start, plus the end.
+
+    The rank holds micro-batches ``[first_mb, first_mb + m)`` starting at global row
+    ``first_row``; ``mb_offsets`` (m + 1) are their local row offsets. Shards of no rows are
+    left out, so every returned range holds at least one row.
+    """
+    rows_per_shard = rows_per_shard or DATA_ROWS_PER_SHARD
+    m = len(mb_offsets) - 1
+    if m <= 0:
+        return np.zeros(0, dtype=np.int64)
+    gpos = first_row + np.asarray(mb_offsets, dtype=np.int64)
+    b = np.arange(1, m, dtype=np.int64)
+    # a positive multiple of rows_per_shard lies in (gpos[b-1], gpos[b]]
+    crosses = gpos[b] // rows_per_shard > gpos[b - 1] // rows_per_shard
+    index_start = (first_mb + b) % index_rows_per_shard == 0
+    cuts = np.concatenate(([0], b[crosses | index_start], [m])).astype(np.int64)
+    # drop shards that hold no rows (micro-batches of no samples)
+    keep = np.concatenate((mb_offsets[cuts[1:]] > mb_offsets[cuts[:-1]], [True]))
+    cuts = cuts[keep]
+    if len(cuts) == 1:
+        return np.zeros(0, dtype=np.int64)
+    if mb_offsets[cuts[-1]] == mb_offsets[cuts[-2]]:
+        cuts = np.delete(cuts, -2)
+    return cuts
+
+
+def describe_data(data: dict) -> dict:
+    """Return the inspect summary of a manifest's ``data`` object (columns, shards, bytes)."""
+    out = {"columns": ",".join(data["columns"]), "rows": int(data["num_rows"]), "shards": len(data["shards"]),
+           "bytes": int(sum(int(e["bytes"]) for e in data["shards"]))}
+    if data.get("tokens"):
+        out["tokens"] = data["tokens"]["column"]
+    return out
+
+
+def verify_data(directory, manifest: dict) -> list[str]:
+    """Return the problems of an index's data shards (sha256, bytes, rows, tiling); empty when fine."""
+    import hashlib
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    data = manifest.get("data")
+    if not data:
+        return []
+    problems, expected = [], 0
+    for entry in data["shards"]:
+        path = Path(directory) / entry["file"]
+        if not path.is_file():
+            problems.append(f"{entry['file']}: missing")
+            continue
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(chunk)
+        if path.stat().st_size != entry["bytes"]:
+            problems.append(f"{entry['file']}: {path.stat().st_size} bytes, manifest says {entry['bytes']}")
+        if digest.hexdigest() != entry["sha256"]:
+            problems.append(f"{entry['file']}: sha256 mismatch")
+        if entry["first"] != expected:
+            problems.append(f"{entry['file']}: starts at row {entry['first']}, expected {expected}")
+        expected = entry["first"] + entry["rows"]
+        try:
+            reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+            rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+            if rows != entry["rows"]:
+                problems.append(f"{entry['file']}: {rows} rows, manifest says {entry['rows']}")
+            if reader.schema.names != data["columns"]:
+                problems.append(f"{entry['file']}: columns {reader.schema.names}, manifest says {data['columns']}")
+        except Exception as exc:  # noqa: BLE001 - report any unreadable shard as a problem
+            problems.append(f"{entry['file']}: unreadable ({exc})")
+    if expected != data["num_rows"] or data["num_rows"] != manifest["num_samples"]:
+        problems.append(f"data shards hold {expected} rows, manifest says {data['num_rows']} "
+                        f"for {manifest['num_samples']} samples")
+    return problems

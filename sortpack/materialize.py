@@ -1,0 +1,655 @@
+"""Materialize: move the stored input columns into plan order with a distributed shuffle.
+
+Every rank reads the rows of its own input units (as ``analyze`` splits them), learns
+each row's output position from the index owners (one Alltoallv of (sample id, position)),
+and sends rows to the rank owning that position with Alltoallv rounds whose bytes stay
+under ``--memory-limit``. Received rows wait in memory up to a quarter of the limit and
+spill to memory-mapped Arrow files past it; each rank then writes its own data shards,
+whose boundaries are fixed global counts (``format/data_shards.py``), so the bytes never
+depend on the rank count.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import SortpackError
+from .format.data_shards import (
+    DATA_ROWS_PER_SHARD,
+    data_cuts,
+    data_shard_name,
+    write_data_shard,
+)
+from .format.shards import ROWS_PER_SHARD, OutputDir
+from .parallel import Comm
+from .sources import SourceFile, describe, read_units, split_units
+from .specs import token_ids
+
+TOKENS_COLUMN = "input_ids"
+_POS = "__sortpack_position"
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_memory(text: str | int | None) -> int | None:
+    """Return a byte count from ``text`` such as ``512M``, ``4G`` or ``1000000`` (None stays None)."""
+    if text is None or text == "":
+        return None
+    if isinstance(text, int):
+        value = text
+    else:
+        s = str(text).strip().lower().removesuffix("ib").removesuffix("b")
+        scale = _UNITS.get(s[-1:], 1)
+        try:
+            value = int(float(s[:-1] if s[-1:] in _UNITS else s) * scale)
+        except ValueError:
+            raise SortpackError(f"--memory-limit {text!r}: expected bytes such as 512M, 4G or 1000000",
+                                collective=True) from None
+    if value <= 0:
+        raise SortpackError(f"--memory-limit {text!r}: must be positive", collective=True)
+    return value
+
+
+def default_memory_limit(comm: Comm) -> int:
+    """Return a quarter of this node's physical memory divided by the ranks on this node."""
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        phys = 8 << 30
+    hosts = comm.allgather_obj(socket.gethostname())
+    per_node = max(1, hosts.count(hosts[comm.rank]))
+    return max(1 << 20, phys // 4 // per_node)
+
+
+@dataclass
+class StoreOptions:
+    """What to store with the index.
+
+    ``columns``: input columns to store; ``tokens``: also store ``input_ids`` (the token
+    ids of ``--size tokens``); ``memory_limit``: bytes per rank for the exchange (None: the
+    default, see ``default_memory_limit``); ``tokenizer``: the tokenizer file (``pack``
+    needs it again, ``run`` reuses ``--tokenizer``).
+    """
+
+    columns: tuple[str, ...] = ()
+    tokens: bool = False
+    memory_limit: int | None = None
+    tokenizer: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        """Return whether anything is stored."""
+        return bool(self.columns) or self.tokens
+
+    def validate(self) -> None:
+        """Raise SortpackError on inconsistent options."""
+        if len(set(self.columns)) != len(self.columns):
+            raise SortpackError(f"--store {','.join(self.columns)}: a column is named twice")
+        if any(not c for c in self.columns):
+            raise SortpackError("--store: empty column name")
+        if self.tokens and TOKENS_COLUMN in self.columns:
+            raise SortpackError(f"--store {TOKENS_COLUMN} and --store-tokens both write {TOKENS_COLUMN!r}")
+        if self.memory_limit is not None and self.memory_limit <= 0:
+            raise SortpackError("--memory-limit must be positive")
+
+
+def parse_store(text: str | None) -> tuple[str, ...]:
+    """Return the column names of ``--store COL[,COL...]``."""
+    if not text:
+        return ()
+    return tuple(c.strip() for c in text.split(","))
+
+
+# --- token ids kept from analyze ------------------------------------------------------------
+class TokenCache:
+    """Token ids that ``analyze`` computed while counting (``run --store-tokens``), kept on disk.
+
+    Each rank appends its ids in sample order to ``.tokens-RANK.arrow`` in the output's
+    temporary directory; ``materialize`` reads them back by global row instead of
+    tokenizing a second time. ``__call__`` is the ``token_sink`` that ``analyze`` takes.
+    """
+
+    def __init__(self, out: OutputDir, comm: Comm, special_tokens: bool = True):
+        self.comm = comm
+        self.special_tokens = special_tokens
+        self.path = out.ensure() / f".tokens-{comm.rank:05d}.arrow"
+        self.rows = 0
+        self._sink = self._writer = None
+        self.parts: list | None = None
+
+    def __call__(self, table: pa.Table, column: str, tokenizer, where: str) -> np.ndarray:
+        """Return the token counts of ``column`` and keep its ids."""
+        from .specs import _column, _is_text, evaluate, parse_spec
+
+        col = _column(table, column, where)
+        if not _is_text(col.type):
+            return evaluate(parse_spec("tokens", column, "--size"), table, where, tokenizer)  # raises
+        ids, counts = token_ids(tokenizer, col, self.special_tokens)
+        try:
+            if self._writer is None:
+                self._sink = pa.OSFile(str(self.path), "wb")
+                self._writer = pa.ipc.new_file(self._sink, pa.schema([(TOKENS_COLUMN, ids.type)]))
+            self._writer.write_batch(pa.record_batch([ids], names=[TOKENS_COLUMN]))
+        except (OSError, pa.ArrowException) as exc:
+            raise SortpackError(f"{self.path}: cannot write the token cache ({' '.join(str(exc).split())})") from None
+        self.rows += len(ids)
+        return counts
+
+    def share(self) -> None:
+        """Close this rank's file and learn every rank's (path, first row, rows) (collective)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+        start = self.comm.exscan(self.rows)
+        self.parts = self.comm.allgather_obj((str(self.path), start, self.rows))
+        self._tables: dict = {}
+
+    def rows_of(self, start: int, stop: int) -> pa.Array:
+        """Return the ids of global rows ``[start, stop)`` as one list<int32> array."""
+        pieces = []
+        for path, first, n in self.parts:
+            a, b = max(start, first), min(stop, first + n)
+            if a >= b:
+                continue
+            table = self._tables.get(path)
+            if table is None:
+                table = self._tables[path] = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
+            pieces.append(table.column(0).slice(a - first, b - a))
+        if not pieces:
+            return pa.array([], pa.list_(pa.int32()))
+        return pa.chunked_array([c for p in pieces for c in p.chunks], pa.list_(pa.int32())).combine_chunks()
+
+    def remove(self) -> None:
+        """Delete this rank's file (after every rank has read what it needs)."""
+        self._tables = {}
+        Path(self.path).unlink(missing_ok=True)
+
+
+# --- the source side -----------------------------------------------------------------------
+def check_fingerprint(src: SourceFile, entry: dict) -> None:
+    """Raise when a file differs from what the manifest's source fingerprint recorded."""
+    path = entry["path"]
+    if src.bytes != int(entry["bytes"]):
+        raise SortpackError(f"{path}: {src.bytes} bytes, the plan was analyzed from {entry['bytes']} bytes "
+                            "(the input changed since analyze)")
+    st = os.stat(path)
+    for key, now in (("mtime_ns", st.st_mtime_ns), ("mtime", st.st_mtime)):
+        if key in entry and entry[key] is not None and now != entry[key]:
+            raise SortpackError(f"{path}: modified since analyze ({key} {now} != {entry[key]})")
+    if src.unit_rows is not None and sum(src.unit_rows) != int(entry["rows"]):
+        raise SortpackError(f"{path}: {sum(src.unit_rows)} rows, the plan was analyzed from {entry['rows']} rows "
+                            "(the input changed since analyze)")
+
+
+def _describe_files(comm: Comm, files: list[dict]) -> list[SourceFile]:
+    mine, err = [], None
+    try:
+        for i, entry in enumerate(files):
+            if i % comm.size != comm.rank:
+                continue
+            if not os.path.isfile(entry["path"]):
+                raise SortpackError(f"{entry['path']}: input file of the plan is missing")
+            src = describe(entry["path"], entry["format"])
+            check_fingerprint(src, entry)
+            mine.append((i, src))
+    except SortpackError as exc:
+        err = exc
+    comm.check(err)
+    found = dict(pair for part in comm.allgather_obj(mine) for pair in part)
+    return [found[i] for i in range(len(files))]
+
+
+def _plain_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if getattr(pa.types, "is_string_view", lambda _: False)(t):
+        return pa.large_string()
+    if getattr(pa.types, "is_binary_view", lambda _: False)(t):
+        return pa.large_binary()
+    return t
+
+
+def _file_schema(src: SourceFile, entry: dict, columns: list[str]) -> pa.Schema | None:
+    import pyarrow.parquet as pq
+
+    try:
+        if src.format == "parquet":
+            schema = pq.read_schema(src.path)
+        elif src.format == "arrow":
+            from .sources import _arrow_reader
+
+            schema = _arrow_reader(src.path).schema
+        else:
+            if int(entry["rows"]) == 0:
+                return None
+            schema = read_units(src, 0, 1, None).schema
+    except (pa.ArrowException, OSError) as exc:
+        raise SortpackError(f"{src.path}: cannot read as {src.format} ({' '.join(str(exc).split())})") from None
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise SortpackError(f"{src.path}: no column {missing[0]!r} to store (columns: {', '.join(schema.names)})")
+    return pa.schema([pa.field(c, _plain_type(schema.field(c).type)) for c in columns])
+
+
+def output_schema(comm: Comm, srcs: list[SourceFile], files: list[dict], columns: list[str]) -> pa.Schema:
+    """Return the stored columns' schema, unified over every input file in file order."""
+    mine, err = [], None
+    try:
+        mine = [(i, _file_schema(s, files[i], columns)) for i, s in enumerate(srcs) if i % comm.size == comm.rank]
+    except SortpackError as exc:
+        err = exc
+    comm.check(err)
+    found = dict(pair for part in comm.allgather_obj(mine) for pair in part)
+    schemas = [found[i] for i in range(len(srcs)) if found[i] is not None]
+    if not schemas:
+        return pa.schema([pa.field(c, pa.null()) for c in columns])
+    try:
+        unified = pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowException, TypeError) as exc:
+        raise SortpackError(f"--store: input files disagree on a column's type ({' '.join(str(exc).split())})",
+                            collective=True) from None
+    return pa.schema([unified.field(c) for c in columns])
+
+
+def row_bytes(table: pa.Table) -> np.ndarray:
+    """Return an estimate of each row's bytes in memory (values plus offsets), per row."""
+    n = table.num_rows
+    total = np.zeros(n, dtype=np.int64)
+    for col in table.columns:
+        total += column_row_bytes(col)
+    return total
+
+
+def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
+    """Return an estimate of each row's bytes in one column."""
+    n, t = len(col), col.type
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        return pc.binary_length(col).to_numpy(zero_copy_only=False).astype(np.int64) + 8
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_primitive(t.value_type):
+        width = max(1, t.value_type.bit_width // 8)
+        lengths = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        return lengths * width + 8
+    if pa.types.is_primitive(t):
+        return np.full(n, max(1, t.bit_width // 8), dtype=np.int64)
+    return np.full(n, -(-col.nbytes // n), dtype=np.int64)
+
+
+# --- the exchange -----------------------------------------------------------------------------
+def _deserialize(buf: np.ndarray) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(buf)).read_all()
+
+
+class _Received:
+    """Rows received by this rank: tables in memory up to ``budget`` bytes, spilled past it."""
+
+    def __init__(self, directory: Path, rank: int, budget: int):
+        self.directory, self.rank, self.budget = directory, rank, budget
+        self.pieces: list[pa.Table] = []
+        self.pending: list[pa.Table] = []
+        self.pending_bytes = 0
+        self.spills: list[Path] = []
+        self.rounds = 0
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        self.pending.append(table)
+        self.pending_bytes += table.nbytes
+        if self.pending_bytes > self.budget:
+            self._spill()
+
+    def _spill(self) -> None:
+        path = self.directory / f".spill-{self.rank:05d}-{len(self.spills):05d}.arrow"
+        # one record batch: gathers from a chunked table cost a concatenation each time
+        table = pa.concat_tables(self.pending).combine_chunks()
+        self.pending, self.pending_bytes = [], 0
+        _write_file(path, table, "spill file")
+        del table
+        self.spills.append(path)
+        self.pieces.append(pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all())
+
+    def tables(self) -> list[pa.Table]:
+        """Return every received piece as one chunk (what stayed in memory combined into one piece).
+
+        The rows in memory are at most the spill budget, so combining them stays in bounds;
+        without spills a shard is then one gather from one piece.
+        """
+        if len(self.pending) > 1 or (self.pending and any(c.num_chunks > 1 for c in self.pending[0].columns)):
+            self.pending = [pa.concat_tables(self.pending).combine_chunks()]
+        return self.pieces + self.pending
+
+    def remove(self) -> None:
+        self.pieces, self.pending = [], []
+        for path in self.spills:
+            path.unlink(missing_ok=True)
+
+
+def _write_file(path: Path, table: pa.Table, what: str) -> None:
+    try:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    except (OSError, pa.ArrowException) as exc:
+        raise SortpackError(f"{path}: cannot write the {what} ({' '.join(str(exc).split())})") from None
+
+
+@dataclass
+class _Reader:
+    """This rank's input rows, unit by unit, with each row's output position."""
+
+    srcs: list[SourceFile]
+    files: list[dict]
+    units: list[tuple[int, int]]  # (file, unit) in global order
+    first_row: int
+    positions: np.ndarray  # output position of every local row (-1: not in the plan)
+    read_columns: list[str]
+    schema: pa.Schema
+    tokens: tuple | None  # (text column, tokenizer, truncate length or 0)
+    cursor: int = 0
+    row: int = 0
+
+    def done(self) -> bool:
+        return self.cursor >= len(self.units)
+
+    def next_table(self) -> tuple[pa.Table, np.ndarray]:
+        """Return the next unit's stored columns and its rows' positions (rows not in the plan dropped)."""
+        fidx, unit = self.units[self.cursor]
+        self.cursor += 1
+        src, entry = self.srcs[fidx], self.files[fidx]
+        expected = src.unit_rows[unit] if src.unit_rows is not None else int(entry["rows"])
+        if expected == 0:
+            return self.schema.empty_table(), np.zeros(0, np.int64)
+        text = [self.tokens[0]] if self.tokens is not None else None
+        if self.read_columns:
+            table = read_units(src, unit, unit + 1, self.read_columns, text_columns=text)
+        else:  # only token ids, all from analyze's cache: nothing to read
+            table = pa.table({"_": pa.nulls(expected)})
+        if table.num_rows != expected:
+            raise SortpackError(f"{src.path}: read {table.num_rows} rows, the plan was analyzed from {expected} "
+                                "(the input changed since analyze)")
+        cols = {}
+        for f in self.schema:
+            if f.name == TOKENS_COLUMN and self.tokens is not None:
+                from .specs import _column
+
+                text_col, tokenizer, cut = self.tokens[:3]
+                cache = self.tokens[3] if len(self.tokens) > 3 else None
+                if cache is not None:  # the ids analyze computed while counting
+                    first = self.first_row + self.row
+                    ids = cache.rows_of(first, first + expected)
+                else:
+                    tok, special = tokenizer
+                    ids, _ = token_ids(tok, _column(table, text_col, src.path), special)
+                cols[f.name] = pc.list_slice(ids, 0, cut) if cut else ids
+            else:
+                col = table.column(f.name)
+                try:
+                    cols[f.name] = col.cast(f.type) if col.type != f.type else col
+                except (pa.ArrowException, TypeError) as exc:
+                    raise SortpackError(f"{src.path}: column {f.name!r} ({col.type}) does not convert to "
+                                        f"{f.type} ({' '.join(str(exc).split())})") from None
+        pos = self.positions[self.row:self.row + expected]
+        self.row += expected
+        out = pa.table(cols, schema=self.schema)
+        keep = pos >= 0
+        if not keep.all():
+            out, pos = out.filter(pa.array(keep)), pos[keep]
+        return out, pos
+
+
+def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray,
+                first_mb: int, opts: StoreOptions, tokens: tuple | None) -> dict:
+    """Write this rank's data shards of the plan; return the manifest's ``data`` object (every rank).
+
+    ``ids`` are the sample ids of this rank's micro-batches ``[first_mb, ...)`` in plan
+    order and ``mb_offsets`` their local offsets; ``tokens`` is (text column, tokenizer,
+    truncate length) with ``--store-tokens``.
+    """
+    directory = out.ensure()
+    limit = opts.memory_limit or default_memory_limit(comm)
+    budget = max(1, limit // 4)
+    columns = list(opts.columns)
+    srcs = _describe_files(comm, files)
+    schema = output_schema(comm, srcs, files, columns) if columns else pa.schema([])
+    if tokens is not None:
+        schema = schema.append(pa.field(TOKENS_COLUMN, pa.list_(pa.int32())))
+
+    # Input units split over ranks as analyze splits them; rows known from the fingerprint.
+    unit_list = [(i, u) for i, s in enumerate(srcs) for u in range(s.num_units)]
+    unit_rows = np.array([s.unit_rows[u] if s.unit_rows is not None else int(files[i]["rows"])
+                          for i, u in unit_list for s in [srcs[i]]], dtype=np.int64)
+    bounds = split_units(unit_rows.astype(np.float64), comm.size)
+    row_starts = np.concatenate(([0], np.cumsum(unit_rows)))
+    reader_starts = row_starts[bounds]
+    lo, hi = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
+    my_first, my_rows = int(reader_starts[comm.rank]), int(reader_starts[comm.rank + 1] - reader_starts[comm.rank])
+
+    # Positions: the owners of the plan tell each reader where its rows go.
+    n = len(ids)
+    pos0 = comm.exscan(n)
+    positions = pos0 + np.arange(n, dtype=np.int64)
+    to_reader = np.searchsorted(reader_starts, ids, side="right") - 1
+    order = np.argsort(to_reader, kind="stable")
+    got = comm.alltoallv_many({"id": np.ascontiguousarray(ids[order], dtype=np.int64),
+                               "pos": positions[order]}, np.bincount(to_reader, minlength=comm.size))
+    local_pos = np.full(my_rows, -1, dtype=np.int64)
+    local_pos[got["id"] - my_first] = got["pos"]
+    del got, order, to_reader
+    owner_starts = np.array([p for p, _ in comm.allgather_obj((pos0, n))] + [pos0 + n], dtype=np.int64)
+    owner_starts[-1] = comm.allreduce(int(n), "sum")
+    owner_starts = np.maximum.accumulate(owner_starts)
+
+    tokenize = tokens is not None and (len(tokens) < 4 or tokens[3] is None)
+    read_columns = sorted(set(columns) | ({tokens[0]} if tokenize else set()))
+    reader = _Reader(srcs, files, unit_list[lo:hi], my_first, local_pos, read_columns, schema, tokens)
+    received = _Received(directory, comm.rank, budget)
+    _exchange(comm, reader, received, owner_starts, budget, limit)
+
+    shards = _write_data_shards(comm, directory, received, schema, first_mb, mb_offsets, pos0, n)
+    received.remove()
+    return {
+        "columns": [f.name for f in schema], "schema": {f.name: str(f.type) for f in schema},
+        "rows_per_shard": DATA_ROWS_PER_SHARD, "num_rows": int(owner_starts[-1]), "shards": shards,
+        # varies with the rank count: moved to the manifest's provenance by write_index
+        "_exchange": {"rounds": received.rounds, "memory_limit": limit, "round_budget": budget},
+    }
+
+
+def _exchange(comm: Comm, reader: _Reader, received: _Received, owner_starts: np.ndarray, budget: int,
+              limit: int) -> None:
+    """Send every local row to its position's owner in rounds of at most ``budget`` bytes per rank."""
+    table, pos, sizes = None, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rounds = 0
+    while True:
+        err = None
+        try:
+            # read whole units until a round's worth of bytes waits (fewer, larger rounds)
+            while (table is None or int(sizes.sum()) < budget) and not reader.done():
+                more, more_pos = reader.next_table()
+                more_sizes = row_bytes(more)
+                if len(more_sizes) and more_sizes.max() > budget:
+                    worst = max(more.column_names, key=lambda c: int(column_row_bytes(more.column(c)).max()))
+                    raise SortpackError(
+                        f"column {worst!r}: a row of {int(more_sizes.max())} bytes does not fit the exchange "
+                        f"budget of {budget} bytes per round (a quarter of --memory-limit {limit}); "
+                        "raise --memory-limit")
+                if table is None or table.num_rows == 0:
+                    table, pos, sizes = more, more_pos, more_sizes
+                elif more.num_rows:
+                    table = pa.concat_tables([table, more])
+                    pos, sizes = np.concatenate((pos, more_pos)), np.concatenate((sizes, more_sizes))
+        except SortpackError as exc:
+            err = exc
+        comm.check(err)
+        left = 0 if table is None else table.num_rows
+        if comm.allreduce(int(left > 0), "max") == 0:
+            break
+        # the longest prefix under the budget, halved until no rank receives more than it
+        take = int(np.searchsorted(np.cumsum(sizes), budget, side="right")) if left else 0
+        while True:
+            dest = np.searchsorted(owner_starts, pos[:take], side="right") - 1
+            send_bytes = np.bincount(dest, weights=sizes[:take], minlength=comm.size).astype(np.int64)
+            recv_bytes = comm.exchange_counts(send_bytes)
+            over, can_shrink = comm.allreduce(np.array([int(recv_bytes.sum() > budget), int(take > 1)]), "max")
+            if not (over and can_shrink):
+                break
+            take = max(1, take // 2) if take else 0
+        part = table.slice(0, take).append_column(_POS, pa.array(pos[:take]))
+        order = np.argsort(dest, kind="stable")
+        counts = np.bincount(dest, minlength=comm.size)
+        starts = np.concatenate(([0], np.cumsum(counts)))
+        # one IPC stream per destination, all in one buffer: no concatenating copy
+        sink, send_counts, own = pa.BufferOutputStream(), np.zeros(comm.size, dtype=np.int64), None
+        for p in range(comm.size):
+            if counts[p] == 0:
+                continue
+            rows = part if counts[p] == len(dest) else part.take(pa.array(order[starts[p]:starts[p + 1]]))
+            if p == comm.rank:
+                own = rows  # this rank's own rows need no serialising
+            else:
+                at = sink.tell()
+                with pa.ipc.new_stream(sink, rows.schema) as writer:
+                    writer.write_table(rows)
+                send_counts[p] = sink.tell() - at
+            del rows
+        del part
+        payload = np.frombuffer(sink.getvalue(), dtype=np.uint8)
+        del sink
+        recv_counts = comm.exchange_counts(send_counts)
+        got = comm.alltoallv(payload, send_counts, recv_counts)
+        del payload
+        err = None
+        try:
+            at = 0
+            for p, c in enumerate(recv_counts.tolist()):
+                if p == comm.rank and own is not None:
+                    received.add(own)
+                if c:
+                    received.add(_deserialize(got[at:at + c]))
+                    at += c
+        except SortpackError as exc:
+            err = exc
+        comm.check(err)
+        del got, own
+        table, pos, sizes = table.slice(take), pos[take:], sizes[take:]
+        rounds += 1
+    received.rounds = rounds
+
+
+def _write_data_shards(comm: Comm, directory: Path, received: _Received, schema: pa.Schema, first_mb: int,
+                       mb_offsets: np.ndarray, pos0: int, n: int) -> list[dict]:
+    """Write this rank's data shards in position order; return every shard's entry (every rank)."""
+    pieces = received.tables()
+    piece_pos = [t.column(_POS).to_numpy() for t in pieces]
+    all_pos = np.concatenate(piece_pos) if piece_pos else np.zeros(0, np.int64)
+    piece_of = np.repeat(np.arange(len(pieces)), [len(p) for p in piece_pos])
+    row_in = np.concatenate([np.arange(len(p)) for p in piece_pos]) if piece_pos else np.zeros(0, np.int64)
+    if len(all_pos) != n or (n and not np.array_equal(np.sort(all_pos), pos0 + np.arange(n))):
+        raise RuntimeError(f"materialize: rank {comm.rank} received {len(all_pos)} rows for {n} positions")
+    where = np.empty(n, dtype=np.int64)
+    where[all_pos - pos0] = np.arange(n)
+    cuts = data_cuts(first_mb, mb_offsets, pos0, ROWS_PER_SHARD["index"])
+    base = comm.exscan(max(len(cuts) - 1, 0))  # global shard numbers: shards before this rank's
+    out, err = [], None
+    try:
+        for k, (a, b) in enumerate(zip(cuts[:-1].tolist(), cuts[1:].tolist())):
+            r0, r1 = int(mb_offsets[a]), int(mb_offsets[b])
+            table = _gather_rows(pieces, piece_of, row_in, where[r0:r1]).select(schema.names)
+            name = data_shard_name(base + k)
+            try:
+                meta = write_data_shard(directory / name, table)
+            except (OSError, pa.ArrowException) as exc:
+                raise SortpackError(f"{directory.parent / name}: cannot write the data shard "
+                                    f"({' '.join(str(exc).split())})") from None
+            del table
+            out.append({"file": name, "first": pos0 + r0, "rows": r1 - r0, "first_microbatch": first_mb + a,
+                        "microbatches": b - a, **meta})
+    except SortpackError as exc:
+        err, out = exc, []
+    comm.check(err)
+    return [e for part in comm.allgather_obj(out) for e in part]
+
+
+def _gather_rows(pieces: list[pa.Table], piece_of: np.ndarray, row_in: np.ndarray, g: np.ndarray) -> pa.Table:
+    """Return the received rows ``g`` (indexes into the pieces' concatenation) in that order."""
+    if len(g) and (piece_of[g] == piece_of[g[0]]).all():
+        return pieces[int(piece_of[g[0]])].take(pa.array(row_in[g]))  # one piece: one gather, in order
+    by_piece = np.argsort(piece_of[g], kind="stable")
+    sorted_g = g[by_piece]
+    parts = []
+    for k in np.unique(piece_of[sorted_g]).tolist():
+        sel = sorted_g[piece_of[sorted_g] == k]
+        parts.append(pieces[k].take(pa.array(row_in[sel])))
+    # one chunk before the second gather: a take on a chunked table concatenates every time
+    table = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+    inverse = np.empty(len(g), dtype=np.int64)
+    inverse[by_piece] = np.arange(len(g))
+    return table.take(pa.array(inverse))
+
+
+def prepare(comm: Comm, opts: StoreOptions, options: dict, popts, tokenizer_path: str | None):
+    """Return ``store(out, ids, offsets, first_mb)`` for ``write_index``, checking the options collectively.
+
+    ``options`` are the plan's recorded options (column, size, tokenizer); ``popts`` the
+    pack options (``--oversize truncate`` cuts stored ids to the truncated size).
+    """
+    def check():
+        opts.validate()
+        if not opts.tokens:
+            return None
+        if options.get("size") != "tokens":
+            raise SortpackError(f"--store-tokens stores the ids of --size tokens; this plan's size is "
+                                f"{options.get('size')!r}")
+        column = options.get("column")
+        if not column:
+            raise SortpackError("--store-tokens needs --column (the text column the tokens were counted from)")
+        path = opts.tokenizer or tokenizer_path
+        if not path:
+            raise SortpackError("--store-tokens needs --tokenizer (the tokenizer.json the sizes were counted with)")
+        recorded = options.get("tokenizer")
+        if recorded and Path(path).name != recorded:
+            raise SortpackError(f"--tokenizer {path}: the plan's sizes were counted with {recorded!r}")
+        from .specs import load_tokenizer
+
+        tokenizer = load_tokenizer(path, "--store-tokens")
+        cut = popts.truncate_length() if popts.oversize == "truncate" else 0
+        # the tokenizer travels with whether the counts included the special tokens
+        return column, (tokenizer, special), cut
+
+    special = bool(options.get("special_tokens", True))
+    tokens = comm.collectively(check)
+    caches: list[TokenCache] = []
+
+    def token_cache(out: OutputDir) -> TokenCache | None:
+        """Return the ``token_sink`` for ``analyze`` that keeps its ids (None without --store-tokens)."""
+        if tokens is None:
+            return None
+        caches.append(TokenCache(out, comm, special))
+        return caches[-1]
+
+    def store(out: OutputDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray, first_mb: int) -> dict:
+        cache = caches[-1] if caches else None
+        if cache is not None:
+            cache.share()
+        data = materialize(comm, out, files, ids, mb_offsets, first_mb, opts,
+                           None if tokens is None else (*tokens, cache))
+        if cache is not None:
+            comm.barrier()  # every rank has read the ids it needed
+            cache.remove()
+        if tokens is not None:
+            data["tokens"] = {
+                "column": TOKENS_COLUMN, "source_column": tokens[0], "tokenizer": Path(opts.tokenizer or tokenizer_path).name,
+                "special_tokens": special, "truncated_to": tokens[2] or None,
+                "note": "the ids the size counted: len(input_ids) == size",
+            }
+        return data
+
+    store.token_cache = token_cache
+    return store
