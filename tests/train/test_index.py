@@ -60,7 +60,7 @@ def test_refuses_unknown_version_and_bad_shard_size(small, tmp_path):
     for f in small.iterdir():
         (bad / f.name).write_bytes(f.read_bytes())
     (bad / "manifest.json").write_text(json.dumps({**manifest, "version": 3}))
-    with pytest.raises(SortpackError, match="version 2 is not supported"):
+    with pytest.raises(SortpackError, match="version 3 is not supported"):
         PackedIndex(bad)
     (bad / "manifest.json").write_text(json.dumps(manifest))
     with open(bad / manifest["shards"][1]["file"], "ab") as fh:
