@@ -12,7 +12,6 @@ import numpy as np
 
 from sortpack import kernels as K
 
-
 REPEAT = 5
 
 

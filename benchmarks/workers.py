@@ -187,7 +187,8 @@ def _pin_arrow(threads: int) -> None:
 
 def analyze(a: dict) -> dict:
     """Time ``sortpack.analyze.analyze`` (barrier to barrier) over this job's ranks."""
-    from sortpack.analyze import AnalyzeOptions, analyze as run
+    from sortpack.analyze import AnalyzeOptions
+    from sortpack.analyze import analyze as run
     from sortpack.parallel import MPIComm
 
     _pin_arrow(1)  # sortpack's CLI default: --threads 1
@@ -240,7 +241,7 @@ def reader(a: dict) -> dict:
     plan_s = time.perf_counter() - t0
     count, limit = 0, a["max_steps"] * accum
     t0 = time.perf_counter()
-    for mb in sampler:
+    for _mb in sampler:
         count += 1
         if count % accum == 0:
             sampler.lr_scale(1.0)  # a training loop asks each step's LR scale

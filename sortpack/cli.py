@@ -201,8 +201,8 @@ def _job(fn):
         import pyarrow as pa
 
         from .parallel import get_comm, run_guarded
-        from .provenance import JobInfo
         from .progress import configure as configure_progress
+        from .provenance import JobInfo
 
         threads = kw.pop("threads")
         if threads < 0:
@@ -337,7 +337,8 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
 @click.option("--world-size", type=int, default=None, help="Data-parallel ranks: report steps and step imbalance.")
 @click.option("--grad-accum", type=int, default=1, show_default=True, help="Micro-batches per rank per step.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG: sizes, fill, step balance, shapes, LR scale.")
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write a PNG: sizes, fill, step balance, shapes, LR scale.")
 def inspect(directory, world_size, grad_accum, as_json, plot):
     """Report on a metrics, sorted or index directory."""
     if launcher_rank() != 0:

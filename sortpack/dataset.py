@@ -134,23 +134,23 @@ class SourceDataset:
         return Samples(out, ids if isinstance(ids, MicroBatch) else None)
 
     def _stored_items(self, ids) -> Samples:
+        index, stored = self.index, self.stored
+        assert index is not None and stored is not None
         mb = ids if isinstance(ids, MicroBatch) else None
         want = np.asarray(list(ids), dtype=np.int64)
         table = None
         # the sampler's micro-batch is one contiguous slice; its ids say it is the right one
-        if (mb is not None and 0 <= mb.microbatch < self.index.num_microbatches
-                and np.array_equal(self.index.microbatch(mb.microbatch), want)):
-            table = self.stored.microbatch(mb.microbatch)
+        if (mb is not None and 0 <= mb.microbatch < index.num_microbatches
+                and np.array_equal(index.microbatch(mb.microbatch), want)):
+            table = stored.microbatch(mb.microbatch)
         if table is None:
-            table = self.stored.take(want)
+            table = stored.take(want)
         if self.columns is not None:
             table = table.select(self.columns)
         rows = table.to_pylist()
         if self.transform is not None:
             rows = [self.transform(r) for r in rows]
-        out = Samples(rows, mb)
-        out.table = table
-        return out
+        return Samples(rows, mb, table)
 
 
 def _stored_data(source, columns):
@@ -176,7 +176,7 @@ def _source_files(source, split: str | None = None) -> list[dict]:
         return list(read_manifest(source)["source"]["files"])
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     if items and all(isinstance(f, dict) for f in items):
-        return items
+        return [f for f in items if isinstance(f, dict)]
     files = []
     for path, fmt in expand_inputs([str(p) for p in items], split=split):
         src = describe(path, fmt)

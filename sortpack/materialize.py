@@ -645,7 +645,8 @@ def prepare(comm: Comm, opts: StoreOptions, options: dict, popts, tokenizer_path
             cache.remove()
         if tokens is not None:
             data["tokens"] = {
-                "column": TOKENS_COLUMN, "source_column": tokens[0], "tokenizer": Path(opts.tokenizer or tokenizer_path).name,
+                "column": TOKENS_COLUMN, "source_column": tokens[0],
+                "tokenizer": Path(opts.tokenizer or tokenizer_path).name,
                 "special_tokens": special, "truncated_to": tokens[2] or None,
                 "note": "the ids the size counted: len(input_ids) == size",
             }

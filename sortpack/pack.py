@@ -20,8 +20,8 @@ from .distribute import global_start, redistribute
 from .errors import SortpackError
 from .parallel import Comm
 from .partition import owner_starts
-from .samples import Samples
 from .progress import Progress
+from .samples import Samples
 from .shapes import choose_shapes
 
 SEGMENT_SIZE = 1 << 20

@@ -9,8 +9,8 @@ rows move between ranks in distribute.py; provenance.py times the stages.
 from __future__ import annotations
 
 from .analyze import AnalyzeOptions, analyze
-from .format.manifest import read_manifest
 from .format.kinds import rows_per_shard
+from .format.manifest import read_manifest
 from .format.shards import OutputDir
 from .index_writer import write_index
 from .materialize import StoreOptions, prepare

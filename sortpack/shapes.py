@@ -76,7 +76,8 @@ def padded_total(values: np.ndarray, counts: np.ndarray, lengths: np.ndarray) ->
     return int((counts * lengths[np.searchsorted(lengths, values, side="left")]).sum())
 
 
-def choose_shapes(comm: Comm, sizes: np.ndarray, k: int, dense_limit: int = DENSE_LIMIT) -> tuple[tuple[int, ...], dict]:
+def choose_shapes(comm: Comm, sizes: np.ndarray, k: int,
+                  dense_limit: int = DENSE_LIMIT) -> tuple[tuple[int, ...], dict]:
     """Return the at most ``k`` padded lengths minimising padded tokens of all ranks' sizes, and a summary.
 
     The lengths are distinct sizes of the data and the largest is the largest size, so every

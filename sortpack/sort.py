@@ -16,8 +16,8 @@ from .distribute import global_start, redistribute
 from .errors import SortpackError
 from .parallel import Comm, fault_point
 from .partition import owner_starts
-from .samples import Samples
 from .progress import Progress, phase
+from .samples import Samples
 
 SAMPLES_PER_RANK = 1024  # regular samples each rank contributes to choose splitters
 

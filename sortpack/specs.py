@@ -11,8 +11,8 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa

@@ -1,6 +1,8 @@
 """Shared fixtures: small datasets on disk."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 

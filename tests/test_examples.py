@@ -8,6 +8,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from support import ROOT
 
 
@@ -19,7 +20,8 @@ def test_make_stdlib_dataset_rows(tmp_path):
         sys.path.remove(str(ROOT / "examples"))
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "make_stdlib_dataset.py"), str(tmp_path / "ex"),
-                           "--max-files", "15", "--shards", "3"], capture_output=True, text=True, timeout=120, check=False)
+                           "--max-files", "15", "--shards", "3"],
+                          capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert time.perf_counter() - t0 < 60
     table = pa.concat_tables(pq.read_table(tmp_path / "ex" / f"part-{k:03d}.parquet") for k in range(3))

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sortpack.goodput import (NoiseScale, StepTimeModel, adascale_gain, choose_accum, efficiency, goodput,
-                              unbiased_norms)
+from sortpack.goodput import NoiseScale, StepTimeModel, adascale_gain, choose_accum, efficiency, goodput, unbiased_norms
 
 
 def regression_truth(delta: np.ndarray, noise_std: float) -> tuple[float, float]:

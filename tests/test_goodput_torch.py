@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support import run_sortpack  # noqa: E402
-
 from sortpack.torch import GoodputController, PackedBatchSampler  # noqa: E402
+
+from support import run_sortpack  # noqa: E402
 
 pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,11 +6,12 @@ import json
 
 import pyarrow as pa
 import pytest
-from support import run_sortpack
 
 from sortpack.dataset import SourceDataset
 from sortpack.errors import SortpackError
 from sortpack.sources import expand_inputs
+
+from support import run_sortpack
 
 datasets = pytest.importorskip("datasets")
 datasets.disable_progress_bars()

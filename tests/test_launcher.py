@@ -7,12 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
-from support import ROOT, run_sortpack
 
 from sortpack.errors import SortpackError
 from sortpack.format.shards import OutputDir
 from sortpack.launcher import launcher_rank, launcher_size
 from sortpack.parallel import SerialComm
+
+from support import ROOT, run_sortpack
 
 LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMIX_SIZE",
                  "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",

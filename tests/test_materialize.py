@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support import run_sortpack
 from test_specs import make_tokenizer
 
 from sortpack.dataset import SourceDataset
@@ -16,6 +15,8 @@ from sortpack.format.data_shards import data_cuts
 from sortpack.format.shards import verify_directory
 from sortpack.reader import PackedIndex
 from sortpack.torch import PackedBatchSampler, pad_collate, varlen_collate
+
+from support import run_sortpack
 
 SMALL = {"SORTPACK_TEST_SHARD_ROWS": "40", "SORTPACK_TEST_DATA_ROWS": "300"}
 MODES = {

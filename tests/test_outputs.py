@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import run_sortpack
 
 from sortpack.format.shards import OutputDir
 from sortpack.parallel import SerialComm
+
+from support import run_sortpack
 
 
 def test_every_command_creates_missing_parents(tmp_path, text_dataset):

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from sortpack.errors import SortpackError
 from sortpack.pack import PackOptions, pack_samples
 from sortpack.parallel import SerialComm
-from support import greedy_oracle as oracle
 from sortpack.samples import Samples
+
+from support import greedy_oracle as oracle
 
 
 def sorted_samples(sizes, stage=None) -> Samples:

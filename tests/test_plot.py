@@ -7,18 +7,19 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import run_sortpack, write_text_parquet
 
 from sortpack.analyze import AnalyzeOptions
 from sortpack.errors import SortpackError
 from sortpack.format.manifest import read_manifest
 from sortpack.format.shards import read_rows
-from sortpack.report import plot_directory, step_costs
 from sortpack.pack import PackOptions
 from sortpack.parallel import SerialComm
 from sortpack.pipeline import JobInfo, run_all
 from sortpack.plot import axes_titles, weighted_quantiles
+from sortpack.report import plot_directory, step_costs
 from sortpack.sort import SortOptions
+
+from support import run_sortpack, write_text_parquet
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

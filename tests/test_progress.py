@@ -5,7 +5,6 @@ import io
 import re
 
 import pytest
-from support import run_sortpack, write_text_parquet
 
 import sortpack.analyze as analyze_mod
 from sortpack import progress as progress_mod
@@ -15,6 +14,8 @@ from sortpack.parallel import SerialComm
 from sortpack.pipeline import JobInfo, run_all
 from sortpack.progress import Progress, configure, phase
 from sortpack.sort import SortOptions
+
+from support import run_sortpack, write_text_parquet
 
 
 class FakeClock:

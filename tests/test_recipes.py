@@ -44,8 +44,8 @@ def _env(**extra) -> dict:
 
 def run_recipe(name: str, index: Path, *args: str) -> str:
     """Run a recipe script; return its output (the test fails on a non-zero exit)."""
-    proc = subprocess.run([sys.executable, str(RECIPES / name), str(index), *args], capture_output=True, text=True, check=False,
-                          timeout=TIMEOUT, env=_env(), cwd=str(ROOT))
+    proc = subprocess.run([sys.executable, str(RECIPES / name), str(index), *args], capture_output=True,
+                          text=True, check=False, timeout=TIMEOUT, env=_env(), cwd=str(ROOT))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 

@@ -7,13 +7,14 @@ import json
 
 import numpy as np
 import pytest
-from support import run_sortpack, write_text_parquet
 
 from sortpack.analyze import Samples
 from sortpack.errors import SortpackError
 from sortpack.pack import PackOptions, pack_samples
 from sortpack.parallel import SerialComm
 from sortpack.shapes import choose_shapes, global_histogram, padded_total, parse_shapes
+
+from support import run_sortpack, write_text_parquet
 
 
 def lognormal(n, seed=0, maximum=4096):

@@ -6,9 +6,10 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support import run_sortpack
 
 from sortpack.specs import evaluate, load_tokenizer, parse_spec
+
+from support import run_sortpack
 
 pytest.importorskip("tokenizers")
 

@@ -14,10 +14,9 @@ import pyarrow as pa
 from ..errors import SortpackError
 from ..parallel import Comm
 from ..partition import shard_starts
-from .kinds import ROWS_PER_SHARD  # noqa: F401 - re-exported for callers of the old home
 from ..progress import Progress
+from .kinds import ROWS_PER_SHARD  # noqa: F401 - re-exported for callers of the old home
 from .manifest import read_manifest, shard_name, write_manifest
-
 
 _MADE_PARENTS: set[Path] = set()  # missing parents this process created for outputs
 

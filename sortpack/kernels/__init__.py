@@ -96,7 +96,7 @@ def greedy_pack_reference(sizes, max_tokens, budget="padded", max_samples=0, bat
     bounds = [0]
     start = 0
     batch: list[int] = []
-    for i, s in enumerate(sizes):
+    for _i, s in enumerate(sizes):
         while batch:
             trial = batch + [s]
             if cost(trial) <= max_tokens and (max_samples <= 0 or len(trial) <= max_samples):
@@ -532,7 +532,7 @@ def pack_rows_windows(sizes, row_len: int, max_segments: int = 0,
     if lib is None:
         _check_rows(sizes, row_len, max_segments)
         w = n if window <= 0 or window > n else window
-        orders, splits, done = [], [np.zeros(1, dtype=np.int64)], 0
+        orders, splits, _done = [], [np.zeros(1, dtype=np.int64)], 0
         for w0 in range(0, n, max(w, 1)):
             o, s = pack_rows_reference(sizes[w0:w0 + w], row_len, max_segments)
             orders.append(o + w0)

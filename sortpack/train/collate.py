@@ -179,7 +179,7 @@ class VarlenCollate:
         # segments: (sample position in the micro-batch or -1 for padding, tokens)
         segments: list[tuple[int, np.ndarray]] = []
         lengths = np.zeros(len(seqs), dtype=np.int64)
-        if splits is not None and mb.padded_size is not None:
+        if splits is not None and mb is not None and mb.padded_size is not None:
             width = int(mb.padded_size)
             for r in range(len(splits) - 1):
                 room = width

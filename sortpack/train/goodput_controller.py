@@ -227,7 +227,8 @@ class GoodputController:
             self.times.observe(self._accum, now - self._step_start, micro)
         self.steps += 1
         decided = self._accum
-        if self.noise.steps and self.steps >= self.warmup_steps and self.steps % self.interval == 0:
+        if (self.noise.steps and self.ref_batch is not None and self.steps >= self.warmup_steps
+                and self.steps % self.interval == 0):
             decided = choose_accum(self._batch / self._accum, self.noise.value, self.ref_batch, self.times,
                                    self.min_accum, self.max_accum)
             decided = self._broadcast(decided)

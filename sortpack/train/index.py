@@ -4,6 +4,7 @@ from __future__ import annotations
 import bisect
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -97,7 +98,7 @@ class PackedIndex:
     # --- zero-copy views -----------------------------------------------------------
     def _view(self, k: int, name: str) -> np.ndarray:
         key = (k, name)
-        view = self._views.get(key)
+        view: Any = self._views.get(key)
         if view is None:
             col = self._shard(k).column(name)
             if name in ("sample_ids", "row_splits"):

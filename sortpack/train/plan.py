@@ -130,6 +130,7 @@ class EpochPlan:
         s = self.num_packed_blocks
         if order == "index":
             return np.arange(s, dtype=np.int64)
+        assert self._perm is not None  # every order but "index" has its permutation
         shuffled = self._perm.array(np.arange(s))
         if order == "shuffle":
             return shuffled

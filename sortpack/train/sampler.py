@@ -83,11 +83,15 @@ class Samples(list):
         The dataset items, in the micro-batch's order.
     microbatch : MicroBatch, optional
         The micro-batch they were read for (None: a plain list of ids).
+    table : pyarrow.Table, optional
+        The same rows as one Arrow slice, when they came from an index's stored data (the
+        collate helpers read stored ``input_ids`` from it without a copy per sample).
     """
 
-    def __init__(self, items, microbatch: MicroBatch | None = None):
+    def __init__(self, items, microbatch: MicroBatch | None = None, table=None):
         super().__init__(items)
         self.microbatch = microbatch
+        self.table = table
 
 
 def step_info(batch) -> dict:
@@ -367,7 +371,8 @@ class PackedSampler:
         self.largest_first, self.warmup_shapes = bool(state["largest_first"]), bool(state["warmup_shapes"])
         self.grad_accum = self._checked_accum(int(state["grad_accum"]))
         self.epoch = int(state["epoch"])
-        self._layout = tuple(int(v) for v in state["layout"])
+        world, accum = (int(v) for v in state["layout"])
+        self._layout = (world, accum)
         self._position = int(state["position"])
         self._step = int(state.get("step", self._position // max(1, self._layout[0] * self._layout[1])))
         self._pass_start = (self.epoch, self._position, self._step, self._layout)

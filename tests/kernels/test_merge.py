@@ -31,7 +31,8 @@ def as_runs(lists, lo_span=3, seed=0):
         his.append(hi[o])
         los.append(lo[o])
     offsets = np.concatenate([[0], np.cumsum([len(r) for r in lists])]).astype(np.int64)
-    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.uint64)
+    def cat(xs):
+        return np.concatenate(xs) if xs else np.zeros(0, np.uint64)
     return cat(his), cat(los), offsets
 
 

@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from reader_fixtures import pipeline_index, write_index
-from support import greedy_oracle
 
 from sortpack.errors import SortpackError
 from sortpack.reader import PackedIndex, PackedSampler
+
+from reader_fixtures import pipeline_index, write_index
+from support import greedy_oracle
 
 MODES = {
     "padded": {"max_tokens": 600},

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reader_fixtures import exact_index, pipeline_index
 
 from sortpack.reader import KeyedPermutation, PackedIndex, PackedSampler, lr_scale, step_positions
+
+from reader_fixtures import exact_index, pipeline_index
 
 try:
     from sortpack.report import step_costs

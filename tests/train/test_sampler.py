@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from reader_fixtures import exact_index, pipeline_index
 
 from sortpack.reader import PackedIndex, PackedSampler, lr_scale
+
+from reader_fixtures import exact_index, pipeline_index
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +51,7 @@ def test_resume_same_and_other_world_size(tmp_path, order, drop_last):
     path = pipeline_index(tmp_path / "ix", rng.integers(1, 200, size=700), max_tokens=800, stages=3,
                           rows_per_shard=16)
     world, accum = 4, 2
-    for trial in range(5):
+    for _trial in range(5):
         ranks = all_ranks(path, world, accum, order=order, seed=11, drop_last=drop_last)
         for s in ranks:
             s.set_epoch(3)

@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 import itertools
 
-from reader_fixtures import corpus_texts, exact_index, pipeline_index, write_text_corpus, write_text_index
 from torch.utils.data import DataLoader
 
 from sortpack.dataset import SourceDataset
 from sortpack.reader import MicroBatch, PackedIndex, Samples
 from sortpack.torch import PackedBatchSampler, PackedDataset, VariableBatchSizeLR, pad_collate, varlen_collate
+
+from reader_fixtures import corpus_texts, exact_index, pipeline_index, write_text_corpus, write_text_index
 
 pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +52,7 @@ def test_lr_worked_example(tmp_path, method, want):
     sched = VariableBatchSizeLR(torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), sampler,
                                 ref_batch_size=2, method=method)
     got, followed = [], []
-    for mb in sampler:
+    for _mb in sampler:
         got.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
@@ -286,8 +287,9 @@ def resume_index(tmp_path_factory):
 def test_state_after_k_consumed_steps_resumes_at_step_k_with_workers(resume_index, data, with_lr, accum):
     # issue 9: a state_dict taken with num_workers=2 and no LR wrapper resumed late (it counted prefetch)
     dataset = SourceDataset(resume_index, columns=["text"])
-    make = lambda: PackedBatchSampler(resume_index, rank=1, world_size=2, grad_accum=accum,
-                                      order="shuffle", seed=5)
+    def make():
+        return PackedBatchSampler(resume_index, rank=1, world_size=2, grad_accum=accum,
+                                          order="shuffle", seed=5)
     whole = _train(resume_index, dataset, make(), lr=with_lr)
     steps = len(whole) // accum
     k = data.draw(st.integers(0, steps - 1))
