@@ -22,6 +22,7 @@ from .distribute import global_start, redistribute
 from .format.manifest import FORMATS, VERSION, read_manifest
 from .format.schemas import index_schema, metrics_schema, schema_json, sorted_schema
 from .format.shards import ROWS_PER_SHARD, OutputDir, owner_starts, read_rows, write_owned_shards
+from .format.shards import SAMPLES_PER_SHARD, index_shard_layout
 from .pack import Microbatches, PackOptions, pack_samples
 from .parallel import Comm
 from .sort import SortOptions, sort_samples
@@ -174,7 +175,9 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
     """Write the index directory from this rank's micro-batches; return the manifest on rank 0."""
     rows = ROWS_PER_SHARD["index"]
     m = len(mbs.offsets) - 1
-    dest = owner_starts(mbs.total, rows, comm.size)
+    # shards cut by sample count and dealt by bytes: every rank writes, whatever the sizes
+    shard_starts, dest = index_shard_layout(comm, np.diff(mbs.offsets), mbs.first, mbs.total, rows,
+                                            SAMPLES_PER_SHARD)
     ids = _move_ragged(comm, mbs.sample_ids, np.diff(mbs.offsets), mbs.first, dest)
     row_sizes = None
     if mbs.row_sizes is not None:
@@ -210,13 +213,13 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
 
     with profile.stage("write_index"):
         shards = write_owned_shards(comm, out, "index", make_table, first, len(cols["microbatch"]), mbs.total,
-                                    rows, samples_in=lambda a, b: offsets[b] - offsets[a])
+                                    rows, samples_in=lambda a, b: offsets[b] - offsets[a], starts=shard_starts)
     prov = _provenance(comm, profile, job)
     manifest = {
         "format": FORMATS["index"], "version": VERSION,
         "num_rows": mbs.total, "num_samples": mbs.stats["num_samples"], "num_microbatches": mbs.total,
-        "rows_per_shard": rows, "schema": schema_json(schema), "options": options,
-        "source": {"num_rows": int(sum(f["rows"] for f in files)), "files": files},
+        "rows_per_shard": rows, "samples_per_shard": SAMPLES_PER_SHARD, "schema": schema_json(schema),
+        "options": options, "source": {"num_rows": int(sum(f["rows"] for f in files)), "files": files},
         "shards": shards, "stats": mbs.stats, "provenance": prov,
     }
     return out.commit(manifest)

@@ -16,9 +16,14 @@ from ..parallel import Comm
 from .manifest import read_manifest, shard_name, write_manifest
 
 ROWS_PER_SHARD = {"metrics": 1 << 20, "sorted": 1 << 20, "index": 1 << 16}
+# An index shard also ends where its samples cross a multiple of this count, so the
+# shards, and the ranks that write them, follow the samples rather than the micro-batches
+# (micro-batches of short samples hold thousands of ids, of long ones a few).
+SAMPLES_PER_SHARD = 1 << 20
 if os.environ.get("SORTPACK_TEST_SHARD_ROWS"):
     # tests shrink shards to exercise many-shard layouts on small data
     ROWS_PER_SHARD = {k: int(os.environ["SORTPACK_TEST_SHARD_ROWS"]) for k in ROWS_PER_SHARD}
+    SAMPLES_PER_SHARD = int(os.environ["SORTPACK_TEST_SHARD_ROWS"])
 
 
 def shard_starts(total_rows: int, rows_per_shard: int) -> np.ndarray:
@@ -38,6 +43,50 @@ def owner_starts(total_rows: int, rows_per_shard: int, ranks: int) -> np.ndarray
     num_shards = -(-total_rows // rows_per_shard) if total_rows else 0
     first_shard = (np.arange(ranks + 1, dtype=np.int64) * num_shards) // ranks
     return np.minimum(first_shard * rows_per_shard, total_rows)
+
+
+def balanced_blocks(weights: np.ndarray, ranks: int) -> np.ndarray:
+    """Return, for each rank, the first item of its contiguous block of items (plus the end).
+
+    Blocks are balanced by weight: an item goes to the rank whose share of the cumulative
+    weight holds the item's midpoint.
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    if len(weights) == 0:
+        return np.zeros(ranks + 1, dtype=np.int64)
+    total = weights.sum()
+    if total <= 0:
+        weights, total = np.ones(len(weights)), float(len(weights))
+    mid = np.cumsum(weights) - weights / 2
+    owner = np.minimum((mid * ranks / total).astype(np.int64), ranks - 1)
+    return np.searchsorted(owner, np.arange(ranks + 1), side="left").astype(np.int64)
+
+
+def index_shard_layout(comm: Comm, num_samples: np.ndarray, first: int, total: int,
+                       rows_per_shard: int, samples_per_shard: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return (first micro-batch of every index shard plus the end, first micro-batch each rank writes).
+
+    This rank holds micro-batches ``[first, first + len(num_samples))``. A shard ends after
+    the micro-batch in which the running sample count reaches a multiple of
+    ``samples_per_shard``, and after every ``rows_per_shard`` micro-batches: boundaries that
+    depend on the data only, never on the rank count. Shards then go to ranks in contiguous
+    blocks balanced by their bytes (about 8 per sample id plus 48 per micro-batch), so
+    every rank writes once there are as many shards as ranks.
+    """
+    n = np.asarray(num_samples, dtype=np.int64)
+    end = np.cumsum(n) + comm.exscan(int(n.sum()))
+    start = end - n
+    mb = first + np.arange(len(n), dtype=np.int64)
+    cut = (end // samples_per_shard > start // samples_per_shard) | ((mb + 1) % rows_per_shard == 0)
+    cut &= mb + 1 < total  # the end is added below, once
+    cut_mb = comm.allgatherv(mb[cut] + 1)
+    cut_samples = comm.allgatherv(end[cut])
+    total_samples = comm.allreduce(int(n.sum()), "sum")
+    starts = np.concatenate(([0], cut_mb, [total])).astype(np.int64) if total else np.zeros(1, np.int64)
+    sample_starts = np.concatenate(([0], cut_samples, [total_samples])).astype(np.int64)
+    weights = 8 * np.diff(sample_starts[:len(starts)]) + 48 * np.diff(starts)
+    blocks = balanced_blocks(weights, comm.size)
+    return starts, starts[np.minimum(blocks, len(starts) - 1)]
 
 
 class OutputDir:
@@ -118,6 +167,7 @@ def write_owned_shards(
     total_rows: int,
     rows_per_shard: int,
     samples_in=None,
+    starts: np.ndarray | None = None,
 ) -> list[dict]:
     """Write this rank's whole shards; return every shard's manifest entry on all ranks.
 
@@ -125,9 +175,11 @@ def write_owned_shards(
     shards; ``make_table(a, b)`` returns local rows ``[a, b)`` as a table. Each shard is
     built on its own, so its bytes never depend on how rows were split between ranks.
     ``samples_in(a, b)`` (index only) counts the samples in local rows ``[a, b)``.
+    ``starts`` gives the shard boundaries (default: every ``rows_per_shard`` rows).
     """
     directory = out.ensure()
-    starts = shard_starts(total_rows, rows_per_shard)
+    if starts is None:
+        starts = shard_starts(total_rows, rows_per_shard)
     lo = int(np.searchsorted(starts, first_row))
     hi = int(np.searchsorted(starts, first_row + num_rows)) if num_rows else lo
     entries = []
