@@ -21,8 +21,15 @@ from .analyze import AnalyzeOptions, Samples, analyze
 from .distribute import global_start, redistribute
 from .format.manifest import FORMATS, VERSION, read_manifest
 from .format.schemas import index_schema, metrics_schema, schema_json, sorted_schema
-from .format.shards import ROWS_PER_SHARD, OutputDir, owner_starts, read_rows, write_owned_shards
-from .format.shards import SAMPLES_PER_SHARD, index_shard_layout
+from .format.shards import (
+    ROWS_PER_SHARD,
+    SAMPLES_PER_SHARD,
+    OutputDir,
+    index_shard_layout,
+    owner_starts,
+    read_rows,
+    write_owned_shards,
+)
 from .pack import Microbatches, PackOptions, pack_samples
 from .parallel import Comm
 from .sort import SortOptions, sort_samples
