@@ -8,7 +8,7 @@ import numpy as np
 from .errors import SortpackError
 from .parallel import Comm
 from .progress import progress
-from .sources import SourceFile, describe, expand_inputs, file_columns, read_units, split_units
+from .sources import SourceFile, describe, expand_inputs, file_columns, read_unit_rows, read_units, split_rows
 from .specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 
 
@@ -123,15 +123,17 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     unit_local = np.concatenate([np.arange(f.num_units, dtype=np.int64) for f in files])
     known = np.concatenate([np.asarray(f.unit_rows if f.unit_rows is not None else [-1], dtype=np.int64)
                             for f in files])
-    weights = np.where(known >= 0, known, 0).astype(np.float64)
     unknown = known < 0
+    weights = np.where(unknown, 0, known).astype(np.int64)
     if unknown.any():
         # Without row counts, weigh a file's bytes as rows at the average bytes per known row.
         byte_w = np.asarray([files[i].bytes for i in unit_file[unknown]], dtype=np.float64)
-        known_rows, known_bytes = weights.sum(), sum(f.bytes for f in files if f.unit_rows is not None)
-        weights[unknown] = byte_w * (known_rows / known_bytes if known_rows and known_bytes else 1.0)
-    bounds = split_units(weights, comm.size)
-    lo, hi = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
+        known_rows, known_bytes = int(weights.sum()), sum(f.bytes for f in files if f.unit_rows is not None)
+        scale = known_rows / known_bytes if known_rows and known_bytes else 1.0
+        weights[unknown] = np.where(byte_w > 0, np.maximum(1, np.round(byte_w * scale)), 0).astype(np.int64)
+    cut_unit, cut_off = split_rows(weights, ~unknown, comm.size)
+    lo, hi = int(cut_unit[comm.rank]), int(cut_unit[comm.rank + 1])
+    head, tail = int(cut_off[comm.rank]), int(cut_off[comm.rank + 1])
 
     columns = sorted({c for s in (size_spec, diff_spec) if s for c in (s.columns() or [])}) or None
     if any(s and s.kind == "python" for s in (size_spec, diff_spec)):
@@ -139,15 +141,20 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     text_columns = sorted({s.column for s in (size_spec, diff_spec) if s and s.kind in _TEXT_KINDS})
     sizes, diffs, my_rows, err = [], [], [], None
     try:
-        runs = _file_runs(unit_file[lo:hi], unit_local[lo:hi], known[lo:hi])
-        for fidx, first, last in progress(runs, show_progress and comm.is_root(), desc="analyze", unit="part"):
+        reads = _rank_reads(unit_file, unit_local, known, lo, hi, head, tail)
+        for fidx, first, last, row_lo, row_hi in progress(reads, show_progress and comm.is_root(),
+                                                          desc="analyze", unit="part"):
             src = files[fidx]
-            table = read_units(src, first, last, columns, text_columns)
+            if row_lo is None:
+                table = read_units(src, first, last, columns, text_columns)
+                expect = sum(src.unit_rows[first:last]) if src.unit_rows is not None else None
+            else:
+                table = read_unit_rows(src, first, row_lo, row_hi, columns, text_columns)
+                expect = row_hi - row_lo
             if src.unit_rows is None:
                 my_rows.append(table.num_rows)
-            elif sum(src.unit_rows[first:last]) != table.num_rows:
-                raise SortpackError(f"{src.path}: read {table.num_rows} rows, metadata says "
-                                    f"{sum(src.unit_rows[first:last])}")
+            elif expect != table.num_rows:
+                raise SortpackError(f"{src.path}: read {table.num_rows} rows, metadata says {expect}")
             if table.num_rows == 0:
                 # an empty file or row group: its columns may not even exist (empty jsonl)
                 continue
@@ -166,11 +173,13 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
 
     # Rows of whole-file units are known only now: share them, then number the samples.
     unit_rows = known.copy()
-    found = comm.allgather_obj([(int(u), r) for u, r in zip(np.flatnonzero(unknown[lo:hi]) + lo, my_rows)])
+    # (unknown units are never cut, and each is read by exactly the rank whose run starts at it)
+    mine = np.flatnonzero(unknown[lo:hi]) + lo
+    found = comm.allgather_obj([(int(u), r) for u, r in zip(mine, my_rows)])
     for part in found:
         for u, r in part:
             unit_rows[u] = r
-    start = int(unit_rows[:lo].sum())
+    start = int(unit_rows[:lo].sum()) + head
     total = int(unit_rows.sum())
     err = None
     if total == 0:
@@ -197,6 +206,31 @@ def _common_dtype(comm: Comm, parts: list[np.ndarray]) -> np.dtype:
 
 
 READ_ROWS = 1 << 20  # rows read at once: bounds memory on ranks with many row groups
+
+
+def _rank_reads(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndarray, lo: int, hi: int,
+                head: int, tail: int) -> list[tuple[int, int, int, int | None, int | None]]:
+    """Return the reads of one rank's run, in global row order: (file, first unit, end unit, row_lo, row_hi).
+
+    The run starts at row ``head`` of unit ``lo`` and ends before row ``tail`` of unit
+    ``hi`` (the end is unit ``hi`` itself when ``tail`` is 0). A unit read only in part has
+    ``row_lo, row_hi`` set (and is the only unit of its read); whole units have None.
+    """
+    def part(u: int, a: int, b: int) -> tuple[int, int, int, int, int]:
+        return int(unit_file[u]), int(unit_local[u]), int(unit_local[u]) + 1, a, b
+
+    if lo == hi:
+        return [part(lo, head, tail)] if tail > head else []
+    reads: list = []
+    first_whole = lo
+    if head > 0:
+        reads.append(part(lo, head, int(unit_rows[lo])))
+        first_whole = lo + 1
+    reads += [(f, a, b, None, None) for f, a, b in
+              _file_runs(unit_file[first_whole:hi], unit_local[first_whole:hi], unit_rows[first_whole:hi])]
+    if tail > 0:
+        reads.append(part(hi, 0, tail))
+    return reads
 
 
 def _file_runs(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndarray) -> list[tuple[int, int, int]]:

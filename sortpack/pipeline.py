@@ -41,6 +41,7 @@ class Profile:
     def __init__(self, comm: Comm):
         self.comm = comm
         self.stages: dict[str, dict] = {}
+        self.counts: dict[str, int] = {}  # per-rank counts reported for every rank (balance)
 
     @contextmanager
     def stage(self, name: str):
@@ -53,7 +54,7 @@ class Profile:
     def reduce(self) -> dict:
         """Return, per stage, the max over ranks of wall time and bytes, and the peak RSS."""
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        parts = self.comm.allgather_obj((self.stages, rss))
+        parts = self.comm.allgather_obj((self.stages, rss, self.counts))
         out = {}
         for name in self.stages:
             out[name] = {
@@ -63,6 +64,8 @@ class Profile:
             }
         out["peak_rss_bytes_max"] = max(p[1] for p in parts)
         out["peak_rss_bytes_per_rank"] = [p[1] for p in parts]
+        for name in self.counts:
+            out[f"{name}_per_rank"] = [p[2].get(name, 0) for p in parts]
         return out
 
 
@@ -251,6 +254,7 @@ def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOption
     def work():
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress)
+        prof.counts["analyze_rows"] = len(samples)
         return write_samples(comm, out, "metrics", samples, aopts.as_dict(), prof, job)
 
     return _guarded(out, work)
@@ -308,6 +312,7 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
     def work():
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress)
+        prof.counts["analyze_rows"] = len(samples)
         if keep_intermediate:
             write_samples(comm, extra[0], "metrics", samples, aopts.as_dict(), prof, job)
         with prof.stage("sort"):

@@ -47,3 +47,66 @@ def test_balanced_blocks_spread_by_weight():
     # the heavy item, midpoint in the second half, goes with the items after it
     assert balanced_blocks(np.array([1, 1, 1, 10, 1, 1, 1.0]), 2).tolist() == [0, 3, 7]
     assert balanced_blocks(np.zeros(0), 3).tolist() == [0, 0, 0, 0]
+
+
+def _shared_dir(comm):
+    import tempfile
+
+    return comm.bcast_obj(tempfile.mkdtemp(prefix="sp-layout-") if comm.is_root() else None)
+
+
+def _write_inputs(comm, layout: str) -> list[str]:
+    import json
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = _shared_dir(comm)
+    rng = np.random.default_rng(7)
+    paths = []
+    if layout == "one-row-group":
+        n = 1001
+        specs = [("a.parquet", n, n)]
+    else:  # unequal row groups and an Arrow file (+ a JSONL file, rows unknown until parsed)
+        specs = [("a.parquet", 37, 37), ("b.parquet", 900, 450), ("c.arrow", 200, 30), ("e.parquet", 5, 2)]
+        if layout == "with-jsonl":
+            specs.insert(3, ("d.jsonl", 50, 0))
+    for name, rows, group in specs:
+        p = os.path.join(d, name)
+        texts = ["x" * int(k) for k in rng.integers(0, 50, rows)]
+        if comm.is_root():
+            table = pa.table({"text": texts})
+            if name.endswith(".parquet"):
+                pq.write_table(table, p, row_group_size=group)
+            elif name.endswith(".arrow"):
+                with pa.ipc.new_file(p, table.schema) as w:
+                    for b in table.to_batches(max_chunksize=group):
+                        w.write_batch(b)
+            else:
+                with open(p, "w") as fh:
+                    fh.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+        paths.append(p)
+    comm.barrier()
+    return paths
+
+
+@pytest.mark.parametrize("layout", ["one-row-group", "mixed", "with-jsonl"])
+def test_analyze_splits_rows_evenly_and_keeps_ids(comm, layout):
+    from sortpack.analyze import AnalyzeOptions, analyze
+    from sortpack.parallel import SerialComm
+
+    paths = _write_inputs(comm, layout)
+    opts = AnalyzeOptions(column="text")
+    mine = analyze(comm, paths, opts)
+    whole = analyze(SerialComm(), paths, opts)  # the one-rank oracle
+    n = whole.total
+    assert mine.total == n
+    assert np.array_equal(mine.sample_id, np.arange(mine.start, mine.start + len(mine)))
+    assert np.array_equal(mine.size, whole.size[mine.start:mine.start + len(mine)])
+    counts = comm.allgatherv(np.array([len(mine)], np.int64))
+    assert counts.sum() == n
+    if layout != "with-jsonl":
+        # whatever the row groups (one for the whole file included), every rank gets N/P within a row;
+        # a JSONL file is read whole by one rank and weighed by its bytes, so it may unbalance the split
+        assert counts.max() - counts.min() <= 1
