@@ -73,15 +73,17 @@ def _describe_all(comm: Comm, inputs: list[str], input_format: str) -> list[Sour
             err = exc
     comm.check(err)
     paths = comm.bcast_obj(paths)
-    # Metadata reads are spread over ranks: a cluster job may name thousands of files.
+    # Metadata reads are spread over ranks: a cluster job may name thousands of files, and
+    # each rank opens only its contiguous slice of them; the small descriptions (row counts
+    # per row group) are then shared with one allgather.
+    lo, hi = (len(paths) * comm.rank) // comm.size, (len(paths) * (comm.rank + 1)) // comm.size
     mine, err = [], None
     try:
-        mine = [(i, describe(p, f)) for i, (p, f) in enumerate(paths) if i % comm.size == comm.rank]
+        mine = [describe(p, f) for p, f in paths[lo:hi]]
     except SortpackError as exc:
         err = exc
     comm.check(err)
-    found = dict(pair for part in comm.allgather_obj(mine) for pair in part)
-    return [found[i] for i in range(len(paths))]
+    return [src for part in comm.allgather_obj(mine) for src in part]
 
 
 def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None:

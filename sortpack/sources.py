@@ -105,8 +105,12 @@ def _arrow_reader(path: str):
         return pa.ipc.open_stream(source)
 
 
+DESCRIBE_CALLS = [0]  # files whose metadata this process opened (tests check the per-rank share)
+
+
 def describe(path: str, fmt: str) -> SourceFile:
     """Return the SourceFile for one path, reading only metadata."""
+    DESCRIBE_CALLS[0] += 1
     try:
         size = os.path.getsize(path)
         if fmt == "parquet":

@@ -110,3 +110,29 @@ def test_analyze_splits_rows_evenly_and_keeps_ids(comm, layout):
         # whatever the row groups (one for the whole file included), every rank gets N/P within a row;
         # a JSONL file is read whole by one rank and weighed by its bytes, so it may unbalance the split
         assert counts.max() - counts.min() <= 1
+
+
+@pytest.mark.parametrize("files", [1, 10, 23])
+def test_each_rank_describes_only_its_slice_of_the_files(comm, files):
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sortpack import analyze as analyze_mod
+    from sortpack import sources
+
+    d = _shared_dir(comm)
+    paths = [os.path.join(d, f"p{i:03d}.parquet") for i in range(files)]
+    if comm.is_root():
+        for i, p in enumerate(paths):
+            pq.write_table(pa.table({"n": np.arange(i + 1)}), p, row_group_size=max(1, i // 2 + 1))
+    comm.barrier()
+    before = sources.DESCRIBE_CALLS[0]  # read at call time: earlier tests opened files too
+    described = analyze_mod._describe_all(comm, [d], "auto")
+    opened = sources.DESCRIBE_CALLS[0] - before
+    assert opened == (files * (comm.rank + 1)) // comm.size - (files * comm.rank) // comm.size
+    assert opened <= -(-files // comm.size)  # O(files / P) footers per rank, not all of them
+    # every rank still sees every file's row groups, in sample-id order
+    assert [s.path for s in described] == paths
+    assert [sum(s.unit_rows) for s in described] == list(range(1, files + 1))
