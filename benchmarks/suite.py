@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -48,6 +49,7 @@ class Context:
     scale_name: str
     scale: Scale
     ranks: list[int]
+    threads: int = 0  # threads of the run's in-memory sort floor (0: the largest rank count)
     sections: list[Section] = field(default_factory=list)
     scaling: dict[str, dict[int, float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -223,6 +225,17 @@ def bench_run(ctx: Context) -> list[Row]:
                         + " MB" + (f" ({(rss - 150e6) / (s.run_n / p):.0f} B/sample above 150 MB)" if rss > 150e6
                                    else "")))
     ctx.sections.append(prof)
+    threads = ctx.threads or max(ctx.ranks)
+    ctx.log(f"sort floor: {threads} threads each np.sort 1/{threads} of the {_millions(s.run_n)} keys")
+    sfloor = worker("sort_floor_threads", {"total": s.run_n, "threads": threads, "repeats": s.repeats}, s.timeout)
+    for p in ctx.ranks:
+        sort_s = best[p][1]["provenance"]["profile"].get("sort", {}).get("wall_s")
+        if sort_s is not None:
+            rows.append(Row("run", f"run's sort stage vs a {threads}-thread in-memory sort floor, "
+                            f"{_millions(s.run_n)} keys", p, secs(sort_s), f"floor: {secs(sfloor['seconds'])}",
+                            f"{sort_s / sfloor['seconds']:.1f}× floor", "", None,
+                            f"floor = {threads} threads concurrently np.sort N/{threads} uint64 keys each, "
+                            "no merge (a lower bound of any parallel sort)"))
     if len(hashes) > 1:
         same = len(set(hashes.values())) == 1
         ctx.notes.append(f"`run` content_hash {'identical' if same else 'DIFFERS'} across P = "
@@ -373,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
     ap.add_argument("--results", type=Path, help="where to write the markdown results (default: "
                     "benchmarks/RESULTS.md for a complete full-scale run, else benchmarks/_work/RESULTS-<scale>.md)")
+    ap.add_argument("--samples", type=float, help="samples of the `run` benchmark (e.g. 1e9; default: the scale's)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads of the run's in-memory sort floor (default: the largest of --ranks)")
     args = ap.parse_args(argv)
     names = list(BENCHMARKS)
     if args.only:
@@ -381,7 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"--only: unknown benchmark {unknown[0]!r} (choose from {', '.join(BENCHMARKS)})")
     command = "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)
-    ctx = Context(args.scale, SCALES[args.scale], args.ranks)
+    scale = SCALES[args.scale]
+    if args.samples:
+        # a big run: give each sortpack command time to finish (about 2 minutes per 100M samples at P=1)
+        n = int(args.samples)
+        scale = dataclasses.replace(scale, run_n=n, timeout=max(scale.timeout, 1.5e-6 * n * 1.3 + 300))
+    ctx = Context(args.scale, scale, args.ranks, threads=args.threads)
     rows: list[Row] = []
     failed = False
     t_start = time.perf_counter()

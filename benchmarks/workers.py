@@ -142,6 +142,22 @@ def sort_floor(a: dict) -> dict:
     return {"seconds": secs, "records": a["total"]}
 
 
+def sort_floor_threads(a: dict) -> dict:
+    """Time ``threads`` concurrent ``np.sort`` calls, each on 1/threads of the ``total`` run keys.
+
+    The floor of any ``threads``-way parallel sort of these keys: every thread sorts its
+    share in memory, and nothing is merged or moved (np.sort releases the GIL).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    total, threads = a["total"], a["threads"]
+    bounds = [(total * t) // threads for t in range(threads + 1)]
+    parts = [data.packed_keys(bounds[t], bounds[t + 1], total) for t in range(threads)]
+    with ThreadPoolExecutor(threads) as pool:
+        secs, _ = _best(lambda: list(pool.map(np.sort, parts)), a["repeats"])
+    return {"seconds": secs, "records": total, "threads": threads}
+
+
 def pack(a: dict) -> dict:
     """Time ``kernels.greedy_pack`` vs the Python oracle and the numpy greedy on sorted sizes."""
     from sortpack import kernels
@@ -254,8 +270,8 @@ def reader(a: dict) -> dict:
             "api": f"PackedSampler(index, rank=0, world_size={world}, grad_accum={accum}), iterated, lr_scale per step"}
 
 
-KINDS = {f.__name__: f for f in (sort_sortpack, sort_stage, sort_published, sort_floor, pack, io_floor,
-                                 analyze, utf8_length, encode, reader)}
+KINDS = {f.__name__: f for f in (sort_sortpack, sort_stage, sort_published, sort_floor, sort_floor_threads, pack,
+                                 io_floor, analyze, utf8_length, encode, reader)}
 
 
 def main(argv: list[str]) -> int:

@@ -9,7 +9,7 @@ from .errors import SortpackError
 from .parallel import Comm
 from .progress import Progress
 from .samples import Samples
-from .sources import SourceFile, describe, expand_inputs, file_columns, read_units, split_units
+from .sources import SourceFile, describe, expand_inputs, file_columns, read_unit_rows, read_units, split_rows
 from .specs import as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 
 _TEXT_KINDS = ("length", "bytes", "words", "tokens")
@@ -46,11 +46,12 @@ class AnalyzeOptions:
 def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str | None = None) -> list[SourceFile]:
     paths = comm.collectively(lambda: expand_inputs(inputs, input_format, split) if comm.is_root() else None)
     paths = comm.bcast_obj(paths)
-    # Metadata reads are spread over ranks: a cluster job may name thousands of files.
-    mine = comm.collectively(
-        lambda: [(i, describe(p, f)) for i, (p, f) in enumerate(paths) if i % comm.size == comm.rank])
-    found = dict(pair for part in comm.allgather_obj(mine) for pair in part)
-    return [found[i] for i in range(len(paths))]
+    # Metadata reads are spread over ranks: a cluster job may name thousands of files, and
+    # each rank opens only its contiguous slice of them; the small descriptions (row counts
+    # per row group) are then shared with one allgather.
+    lo, hi = (len(paths) * comm.rank) // comm.size, (len(paths) * (comm.rank + 1)) // comm.size
+    mine = comm.collectively(lambda: [describe(p, f) for p, f in paths[lo:hi]])
+    return [src for part in comm.allgather_obj(mine) for src in part]
 
 
 def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None:
@@ -97,15 +98,19 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     unit_local = np.concatenate([np.arange(f.num_units, dtype=np.int64) for f in files])
     known = np.concatenate([np.asarray(f.unit_rows if f.unit_rows is not None else [-1], dtype=np.int64)
                             for f in files])
-    weights = np.where(known >= 0, known, 0).astype(np.float64)
     unknown = known < 0
+    weights = np.where(unknown, 0, known).astype(np.int64)
     if unknown.any():
         # Without row counts, weigh a file's bytes as rows at the average bytes per known row.
         byte_w = np.asarray([files[i].bytes for i in unit_file[unknown]], dtype=np.float64)
-        known_rows, known_bytes = weights.sum(), sum(f.bytes for f in files if f.unit_rows is not None)
-        weights[unknown] = byte_w * (known_rows / known_bytes if known_rows and known_bytes else 1.0)
-    bounds = split_units(weights, comm.size)
-    lo, hi = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
+        known_rows, known_bytes = int(weights.sum()), sum(f.bytes for f in files if f.unit_rows is not None)
+        scale = known_rows / known_bytes if known_rows and known_bytes else 1.0
+        weights[unknown] = np.where(byte_w > 0, np.maximum(1, np.round(byte_w * scale)), 0).astype(np.int64)
+    # ranks take contiguous row ranges, cut inside a unit where its rows are known
+    cut_unit, cut_off = split_rows(weights, ~unknown, comm.size)
+    lo, hi = int(cut_unit[comm.rank]), int(cut_unit[comm.rank + 1])
+    head, tail = int(cut_off[comm.rank]), int(cut_off[comm.rank + 1])
+    row_pos = np.concatenate(([0], np.cumsum(weights)))
 
     columns = sorted({c for s in (size_spec, diff_spec) if s for c in (s.columns() or [])}) or None
     if any(s and s.kind == "python" for s in (size_spec, diff_spec)):
@@ -114,17 +119,22 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
 
     def measure():
         sizes, diffs, my_rows = [], [], []
-        runs = _file_runs(unit_file[lo:hi], unit_local[lo:hi], known[lo:hi])
-        prog = Progress("analyze", int(weights[lo:hi].sum()), "rows", show_progress and comm.is_root(), comm.size,
-                        job_total=int(weights.sum()))
-        for fidx, first, last in runs:
+        reads = _rank_reads(unit_file, unit_local, known, lo, hi, head, tail)
+        mine = int(row_pos[hi] + tail - row_pos[lo] - head)
+        prog = Progress("analyze", mine, "rows", show_progress and comm.is_root(), comm.size,
+                        job_total=int(row_pos[-1]))
+        for fidx, first, last, row_lo, row_hi in reads:
             src = files[fidx]
-            table = read_units(src, first, last, columns, text_columns)
+            if row_lo is None:
+                table = read_units(src, first, last, columns, text_columns)
+                expect = sum(src.unit_rows[first:last]) if src.unit_rows is not None else None
+            else:
+                table = read_unit_rows(src, first, row_lo, row_hi, columns, text_columns)
+                expect = row_hi - row_lo
             if src.unit_rows is None:
                 my_rows.append(table.num_rows)
-            elif sum(src.unit_rows[first:last]) != table.num_rows:
-                raise SortpackError(f"{src.path}: read {table.num_rows} rows, metadata says "
-                                    f"{sum(src.unit_rows[first:last])}")
+            elif expect != table.num_rows:
+                raise SortpackError(f"{src.path}: read {table.num_rows} rows, metadata says {expect}")
             if table.num_rows == 0:
                 # an empty file or row group: its columns may not even exist (empty jsonl)
                 continue
@@ -150,11 +160,13 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
 
     # Rows of whole-file units are known only now: share them, then number the samples.
     unit_rows = known.copy()
-    found = comm.allgather_obj([(int(u), r) for u, r in zip(np.flatnonzero(unknown[lo:hi]) + lo, my_rows)])
+    # (unknown units are never cut, and each is read by exactly the rank whose run starts at it)
+    mine = np.flatnonzero(unknown[lo:hi]) + lo
+    found = comm.allgather_obj([(int(u), r) for u, r in zip(mine, my_rows)])
     for part in found:
         for u, r in part:
             unit_rows[u] = r
-    start = int(unit_rows[:lo].sum())
+    start = int(unit_rows[:lo].sum()) + head
     total = int(unit_rows.sum())
     if total == 0:  # every rank sees the same total: all raise together
         names = ", ".join(inputs[:3]) + (f" and {len(inputs) - 3} more" if len(inputs) > 3 else "")
@@ -170,6 +182,31 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
         diff = np.concatenate(diffs).astype(diff_dtype, copy=False) if diffs else np.empty(0, diff_dtype)
     sample_id = np.arange(start, start + len(size), dtype=np.int64)
     return Samples(start, total, sample_id, size, diff, None, fingerprint)
+
+
+def _rank_reads(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndarray, lo: int, hi: int,
+                head: int, tail: int) -> list[tuple[int, int, int, int | None, int | None]]:
+    """Return the reads of one rank's run, in global row order: (file, first unit, end unit, row_lo, row_hi).
+
+    The run starts at row ``head`` of unit ``lo`` and ends before row ``tail`` of unit
+    ``hi`` (the end is unit ``hi`` itself when ``tail`` is 0). A unit read only in part has
+    ``row_lo, row_hi`` set (and is the only unit of its read); whole units have None.
+    """
+    def part(u: int, a: int, b: int) -> tuple[int, int, int, int, int]:
+        return int(unit_file[u]), int(unit_local[u]), int(unit_local[u]) + 1, a, b
+
+    if lo == hi:
+        return [part(lo, head, tail)] if tail > head else []
+    reads: list = []
+    first_whole = lo
+    if head > 0:
+        reads.append(part(lo, head, int(unit_rows[lo])))
+        first_whole = lo + 1
+    reads += [(f, a, b, None, None) for f, a, b in
+              _file_runs(unit_file[first_whole:hi], unit_local[first_whole:hi], unit_rows[first_whole:hi])]
+    if tail > 0:
+        reads.append(part(hi, 0, tail))
+    return reads
 
 
 def _common_dtype(comm: Comm, parts: list[np.ndarray]) -> np.dtype:

@@ -254,6 +254,8 @@ def _profile_table(p: dict) -> str:
         if isinstance(v, dict):
             lines.append(f"{name:<10} {v['wall_s']:>9.3f} {v['alltoallv_bytes_max'] / 1e6:>24.1f}")
     lines.append(f"peak RSS (max rank): {p['peak_rss_bytes_max'] / 2**20:.1f} MiB")
+    if p.get("analyze_rows_per_rank"):
+        lines.append(f"analyze rows per rank: {', '.join(map(str, p['analyze_rows_per_rank']))}")
     return "\n".join(lines)
 
 

@@ -5,13 +5,13 @@ import numpy as np
 import pyarrow as pa
 
 from .distribute import move_ragged, redistribute
-from .format.kinds import new_manifest, rows_per_shard
+from .format.kinds import new_manifest, rows_per_shard, samples_per_shard
 from .format.manifest import DATA_VERSION, VERSION
 from .format.schemas import index_schema, schema_json
 from .format.shards import OutputDir, write_owned_shards
 from .pack import Microbatches
 from .parallel import Comm
-from .partition import owner_starts
+from .partition import index_shard_layout
 from .provenance import JobInfo, Profile, provenance
 
 
@@ -29,7 +29,8 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
     """
     rows = rows_per_shard("index")
     m = len(mbs.offsets) - 1
-    dest = owner_starts(mbs.total, rows, comm.size)
+    # shards cut by sample count and dealt by bytes: every rank writes, whatever the sizes
+    starts, dest = index_shard_layout(comm, np.diff(mbs.offsets), mbs.first, mbs.total, rows, samples_per_shard())
     ids = move_ragged(comm, mbs.sample_ids, np.diff(mbs.offsets), mbs.first, dest)
     row_sizes = None
     if mbs.row_sizes is not None:
@@ -65,7 +66,7 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
 
     with profile.stage("write_index"):
         shards = write_owned_shards(comm, out, "index", make_table, first, len(cols["microbatch"]), mbs.total,
-                                    rows, samples_in=lambda a, b: offsets[b] - offsets[a])
+                                    rows, samples_in=lambda a, b: offsets[b] - offsets[a], starts=starts)
     data = None
     if store is not None:
         with profile.stage("materialize"):
@@ -76,7 +77,7 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
     manifest = new_manifest(
         "index", version=VERSION,
         num_rows=mbs.total, num_samples=mbs.stats["num_samples"], num_microbatches=mbs.total,
-        rows_per_shard=rows, schema=schema_json(schema), options=options,
+        rows_per_shard=rows, samples_per_shard=samples_per_shard(), schema=schema_json(schema), options=options,
         source={"num_rows": int(sum(f["rows"] for f in files)), "files": files},
         shards=shards, stats=mbs.stats, provenance=prov,
     )

@@ -5,7 +5,12 @@ file is written by one rank and its bytes never depend on the rank count.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from .parallel import Comm
 
 
 def shard_starts(total_rows: int, rows_per_shard: int) -> np.ndarray:
@@ -25,3 +30,47 @@ def owner_starts(total_rows: int, rows_per_shard: int, ranks: int) -> np.ndarray
     num_shards = -(-total_rows // rows_per_shard) if total_rows else 0
     first_shard = (np.arange(ranks + 1, dtype=np.int64) * num_shards) // ranks
     return np.minimum(first_shard * rows_per_shard, total_rows)
+
+
+def balanced_blocks(weights: np.ndarray, ranks: int) -> np.ndarray:
+    """Return, for each rank, the first item of its contiguous block of items (plus the end).
+
+    Blocks are balanced by weight: an item goes to the rank whose share of the cumulative
+    weight holds the item's midpoint.
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    if len(weights) == 0:
+        return np.zeros(ranks + 1, dtype=np.int64)
+    total = weights.sum()
+    if total <= 0:
+        weights, total = np.ones(len(weights)), float(len(weights))
+    mid = np.cumsum(weights) - weights / 2
+    owner = np.minimum((mid * ranks / total).astype(np.int64), ranks - 1)
+    return np.searchsorted(owner, np.arange(ranks + 1), side="left").astype(np.int64)
+
+
+def index_shard_layout(comm: Comm, num_samples: np.ndarray, first: int, total: int,
+                       rows_per_shard: int, samples_per_shard: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return (first micro-batch of every index shard plus the end, first micro-batch each rank writes).
+
+    This rank holds micro-batches ``[first, first + len(num_samples))``. A shard ends after
+    the micro-batch in which the running sample count reaches a multiple of
+    ``samples_per_shard``, and after every ``rows_per_shard`` micro-batches: boundaries that
+    depend on the data only, never on the rank count. Shards then go to ranks in contiguous
+    blocks balanced by their bytes (about 8 per sample id plus 48 per micro-batch), so
+    every rank writes once there are as many shards as ranks.
+    """
+    n = np.asarray(num_samples, dtype=np.int64)
+    end = np.cumsum(n) + comm.exscan(int(n.sum()))
+    start = end - n
+    mb = first + np.arange(len(n), dtype=np.int64)
+    cut = (end // samples_per_shard > start // samples_per_shard) | ((mb + 1) % rows_per_shard == 0)
+    cut &= mb + 1 < total  # the end is added below, once
+    cut_mb = comm.allgatherv(mb[cut] + 1)
+    cut_samples = comm.allgatherv(end[cut])
+    total_samples = comm.allreduce(int(n.sum()), "sum")
+    starts = np.concatenate(([0], cut_mb, [total])).astype(np.int64) if total else np.zeros(1, np.int64)
+    sample_starts = np.concatenate(([0], cut_samples, [total_samples])).astype(np.int64)
+    weights = 8 * np.diff(sample_starts[:len(starts)]) + 48 * np.diff(starts)
+    blocks = balanced_blocks(weights, comm.size)
+    return starts, starts[np.minimum(blocks, len(starts) - 1)]

@@ -42,6 +42,7 @@ def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOption
     def work():
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress)
+        prof.counts["analyze_rows"] = len(samples)
         return write_samples(comm, out, "metrics", samples, aopts.as_dict(), prof, job)
 
     return _guarded(out, work)
@@ -108,6 +109,7 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress, token_sink=sink)
+        prof.counts["analyze_rows"] = len(samples)
         if keep_intermediate:
             write_samples(comm, extra[0], "metrics", samples, aopts.as_dict(), prof, job)
         with prof.stage("sort"):

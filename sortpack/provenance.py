@@ -22,6 +22,7 @@ class Profile:
     def __init__(self, comm: Comm):
         self.comm = comm
         self.stages: dict[str, dict] = {}
+        self.counts: dict[str, int] = {}  # per-rank counts reported for every rank (balance)
 
     @contextmanager
     def stage(self, name: str):
@@ -34,7 +35,7 @@ class Profile:
     def reduce(self) -> dict:
         """Return, per stage, the max over ranks of wall time and bytes, and the peak RSS."""
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        parts = self.comm.allgather_obj((self.stages, rss))
+        parts = self.comm.allgather_obj((self.stages, rss, self.counts))
         out = {}
         for name in self.stages:
             out[name] = {
@@ -44,6 +45,8 @@ class Profile:
             }
         out["peak_rss_bytes_max"] = max(p[1] for p in parts)
         out["peak_rss_bytes_per_rank"] = [p[1] for p in parts]
+        for name in self.counts:
+            out[f"{name}_per_rank"] = [p[2].get(name, 0) for p in parts]
         return out
 
 

@@ -168,8 +168,12 @@ def _arrow_reader(path: str):
         return pa.ipc.open_stream(source)
 
 
+DESCRIBE_CALLS = [0]  # files whose metadata this process opened (tests check the per-rank share)
+
+
 def describe(path: str, fmt: str) -> SourceFile:
     """Return the SourceFile for one path, reading only metadata."""
+    DESCRIBE_CALLS[0] += 1
     try:
         size = os.path.getsize(path)
         if fmt == "parquet":
@@ -254,6 +258,40 @@ def _json_call(fn, src: SourceFile):
             block = min(block * 8, src.bytes + 1, 2**31 - 1)
 
 
+PARTIAL_BATCH_ROWS = 1 << 16  # rows decoded at once when a rank reads part of a row group
+
+
+def read_unit_rows(src: SourceFile, unit: int, lo: int, hi: int, columns: list[str] | None,
+                   text_columns: list[str] | None = None) -> pa.Table:
+    """Return rows ``[lo, hi)`` of one unit (row group or record batch) of a file whose rows are known.
+
+    Ranks that share a unit read their own rows of it: an Arrow batch is sliced in place;
+    a Parquet row group is decoded in batches up to ``hi``, keeping only ``[lo, hi)``, so
+    memory stays bounded by the range and the batch, not the row group.
+    """
+    if src.format != "parquet" or src.unit_rows is None:
+        return read_units(src, unit, unit + 1, columns, text_columns).slice(lo, hi - lo)
+    try:
+        pf = pq.ParquetFile(src.path, memory_map=True)
+        if columns is not None:
+            _check_columns(src, pf.schema_arrow.names, columns)
+        parts, at = [], 0
+        for batch in pf.iter_batches(batch_size=PARTIAL_BATCH_ROWS, row_groups=[unit], columns=columns,
+                                     use_threads=False):
+            a, b = max(lo, at), min(hi, at + batch.num_rows)
+            if b > a:
+                parts.append(batch.slice(a - at, b - a))
+            at += batch.num_rows
+            if at >= hi:
+                break
+        if not parts:
+            return pf.schema_arrow.empty_table() if columns is None else pf.schema_arrow.empty_table().select(columns)
+        return pa.Table.from_batches(parts)
+    except (pa.ArrowException, OSError) as exc:
+        msg = " ".join(str(exc).split())
+        raise SortpackError(f"{src.path}: cannot read as {src.format} ({msg})") from None
+
+
 def _check_columns(src: SourceFile, names: list[str], columns: list[str]) -> None:
     missing = [c for c in columns if c not in names]
     if missing:
@@ -279,6 +317,38 @@ def _file_columns(src: SourceFile) -> list[str]:
     if src.format == "jsonl":
         return _json_call(pjson.open_json, src).schema.names
     return pcsv.open_csv(src.path).schema.names
+
+
+def split_rows(weights: np.ndarray, splittable: np.ndarray, ranks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return (unit, row offset in it) where each rank's run starts, plus the end ``(n, 0)``.
+
+    Rank r's run starts at cumulative weight ``r * W // ranks`` (weights are rows where
+    known): a splittable unit (rows known) is cut at that exact row, so every rank gets
+    ``N / ranks`` rows whatever the row-group layout; a unit that cannot be cut (rows
+    unknown until parsed) goes whole to the rank whose share holds its midpoint.
+    """
+    w = np.maximum(np.asarray(weights, dtype=np.int64), 0)
+    splittable = np.asarray(splittable, dtype=bool)
+    n = len(w)
+    if n == 0:
+        return np.zeros(ranks + 1, np.int64), np.zeros(ranks + 1, np.int64)
+    if w.sum() == 0:
+        w = np.ones(n, np.int64)  # all empty as far as known: still every unit must be read once
+    ends = np.cumsum(w)
+    starts = ends - w
+    total = int(ends[-1])
+    target = (np.arange(ranks + 1, dtype=np.int64) * total) // ranks
+    unit = np.searchsorted(ends, target, side="right").astype(np.int64)  # unit holding row `target`
+    inside = unit < n
+    off = np.zeros(ranks + 1, np.int64)
+    off[inside] = target[inside] - starts[unit[inside]]
+    whole = inside & ~splittable[np.minimum(unit, n - 1)]
+    # an uncuttable unit starts the next rank's run iff its midpoint lies past the target
+    past_mid = whole & (2 * off >= w[np.minimum(unit, n - 1)])
+    unit[past_mid] += 1
+    off[whole] = 0
+    unit[0], off[0] = 0, 0
+    return unit, off
 
 
 def split_units(weights: np.ndarray, ranks: int) -> np.ndarray:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
-from sortpack.sources import describe, expand_inputs, file_columns, read_units, split_units
+from sortpack.sources import describe, expand_inputs, file_columns, read_unit_rows, read_units, split_rows, split_units
 
 
 def write_parquet(path, table, row_group_size=None):
@@ -295,3 +295,57 @@ def test_jsonl_reads_a_10mb_line(tmp_path, where):
     assert file_columns(src) == ["text"]
     table = read_units(src, 0, 1, ["text"])
     assert [len(t) for t in table.column("text").to_pylist()] == [len(t) for t in texts]
+
+
+# --- split_rows / read_unit_rows --------------------------------------------------------
+
+
+def _rank_rows(weights, splittable, ranks):
+    """Return each rank's row count under split_rows, checking the runs tile every unit in order."""
+    unit, off = split_rows(np.array(weights, dtype=np.int64), np.array(splittable, dtype=bool), ranks)
+    w = np.array(weights, dtype=np.int64)
+    assert unit[0] == 0 and off[0] == 0 and unit[-1] == len(w) and off[-1] == 0
+    pos = np.concatenate(([0], np.cumsum(w)))[unit] + off  # global row where each run starts
+    assert np.all(np.diff(pos) >= 0)
+    assert all(off[r] == 0 or splittable[unit[r]] for r in range(ranks + 1))  # unknown units stay whole
+    return np.diff(pos)
+
+
+def test_split_rows_cuts_one_row_group_over_every_rank():
+    assert _rank_rows([1000], [True], 4).tolist() == [250, 250, 250, 250]
+    assert _rank_rows([10, 3], [True, True], 4).tolist() == [3, 3, 3, 4]
+    # a whole-file unit (rows unknown) goes whole to the rank holding its midpoint
+    assert _rank_rows([10, 100, 10], [True, False, True], 3).tolist() == [10, 100, 10]
+    assert _rank_rows([], [], 3).tolist() == [0, 0, 0]
+    # empty units (rows 0 as far as known) are still read, each by one rank
+    assert split_rows(np.zeros(2, np.int64), np.ones(2, bool), 2)[0].tolist() == [0, 1, 2]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5000), st.booleans()), max_size=30), st.integers(1, 16))
+def test_split_rows_balances_known_rows_exactly(units, ranks):
+    weights = [w for w, _ in units]
+    splittable = [s for _, s in units]
+    rows = _rank_rows(weights, splittable, ranks)
+    total = sum(weights)
+    if total and all(splittable):
+        assert rows.max() - rows.min() <= 1  # within one row of N/P, whatever the row groups
+    elif total:
+        biggest = max([w for w, s in units if not s], default=0)
+        assert rows.max() <= total / ranks + biggest + 1
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_read_unit_rows_reads_a_row_range_of_one_unit(tmp_path, fmt, monkeypatch):
+    from sortpack import sources
+
+    monkeypatch.setattr(sources, "PARTIAL_BATCH_ROWS", 7)  # ranges straddle decode batches
+    table = pa.table({"n": np.arange(100, dtype=np.int64), "s": [str(i) for i in range(100)]})
+    path = (write_parquet(tmp_path / "a.parquet", table, row_group_size=60) if fmt == "parquet"
+            else write_arrow_file(tmp_path / "a.arrow", table, 60))
+    src = describe(path, fmt)
+    assert src.unit_rows == [60, 40]
+    for unit, lo, hi in [(0, 0, 60), (0, 13, 29), (1, 5, 40), (1, 0, 1), (0, 59, 60), (1, 3, 3)]:
+        got = read_unit_rows(src, unit, lo, hi, ["n"])
+        assert got.column_names == ["n"]
+        assert got.column("n").to_pylist() == list(range(unit * 60 + lo, unit * 60 + hi))

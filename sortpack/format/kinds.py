@@ -38,7 +38,7 @@ KINDS = {
     "metrics": Kind("metrics", "sortpack-metrics", "metrics", 1 << 20, columns=("sample_id", "size", "difficulty")),
     "sorted": Kind("sorted", "sortpack-sorted", "sorted", 1 << 20,
                    columns=("sample_id", "size", "difficulty", "stage")),
-    "index": Kind("index", "sortpack-index", "microbatches", 1 << 16, keys=("num_microbatches",),
+    "index": Kind("index", "sortpack-index", "microbatches", 1 << 16, keys=("num_microbatches", "samples_per_shard"),
                   columns=("sample_ids", "num_samples", "batch_size", "padded_size", "tokens")),
 }
 
@@ -55,6 +55,18 @@ def rows_per_shard(kind: str) -> int:
     """
     override = os.environ.get("SORTPACK_TEST_SHARD_ROWS")
     return int(override) if override else KINDS[kind].rows_per_shard
+
+
+# An index shard also ends where its samples cross a multiple of this count, so the shards,
+# and the ranks that write them, follow the samples rather than the micro-batches
+# (micro-batches of short samples hold thousands of ids, of long ones a few).
+SAMPLES_PER_SHARD = 1 << 20
+
+
+def samples_per_shard() -> int:
+    """Return the sample count at which a new index shard starts (``SORTPACK_TEST_SHARD_ROWS`` too)."""
+    override = os.environ.get("SORTPACK_TEST_SHARD_ROWS")
+    return int(override) if override else SAMPLES_PER_SHARD
 
 
 class _RowsPerShard(Mapping):

@@ -155,6 +155,7 @@ def write_owned_shards(
     total_rows: int,
     rows_per_shard: int,
     samples_in=None,
+    starts: np.ndarray | None = None,
 ) -> list[dict]:
     """Write this rank's whole shards; return every shard's manifest entry on all ranks.
 
@@ -162,9 +163,11 @@ def write_owned_shards(
     shards; ``make_table(a, b)`` returns local rows ``[a, b)`` as a table. Each shard is
     built on its own, so its bytes never depend on how rows were split between ranks.
     ``samples_in(a, b)`` (index only) counts the samples in local rows ``[a, b)``.
+    ``starts`` gives the shard boundaries (default: every ``rows_per_shard`` rows).
     """
     directory = out.ensure()
-    starts = shard_starts(total_rows, rows_per_shard)
+    if starts is None:
+        starts = shard_starts(total_rows, rows_per_shard)
     lo = int(np.searchsorted(starts, first_row))
     hi = int(np.searchsorted(starts, first_row + num_rows)) if num_rows else lo
     entries = []
