@@ -21,12 +21,12 @@ import pyarrow.compute as pc
 
 from .errors import SortpackError
 from .format.data_shards import (
-    DATA_ROWS_PER_SHARD,
     data_cuts,
+    data_rows_per_shard,
     data_shard_name,
     write_data_shard,
 )
-from .format.shards import ROWS_PER_SHARD, OutputDir
+from .format.shards import OutputDir
 from .parallel import Comm
 from .sources import SourceFile, describe, read_units, split_units
 from .specs import token_ids
@@ -405,7 +405,7 @@ class _Reader:
 
 
 def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray,
-                first_mb: int, opts: StoreOptions, tokens: tuple | None) -> dict:
+                first_mb: int, opts: StoreOptions, tokens: tuple | None, index_starts: np.ndarray) -> dict:
     """Write this rank's data shards of the plan; return the manifest's ``data`` object (every rank).
 
     ``ids`` are the sample ids of this rank's micro-batches ``[first_mb, ...)`` in plan
@@ -452,11 +452,11 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
     received = _Received(directory, comm.rank, budget)
     _exchange(comm, reader, received, owner_starts, budget, limit)
 
-    shards = _write_data_shards(comm, directory, received, schema, first_mb, mb_offsets, pos0, n)
+    shards = _write_data_shards(comm, directory, received, schema, first_mb, mb_offsets, pos0, n, index_starts)
     received.remove()
     return {
         "columns": [f.name for f in schema], "schema": {f.name: str(f.type) for f in schema},
-        "rows_per_shard": DATA_ROWS_PER_SHARD, "num_rows": int(owner_starts[-1]), "shards": shards,
+        "rows_per_shard": data_rows_per_shard(), "num_rows": int(owner_starts[-1]), "shards": shards,
         # varies with the rank count: moved to the manifest's provenance by write_index
         "_exchange": {"rounds": received.rounds, "memory_limit": limit, "round_budget": budget},
     }
@@ -544,7 +544,7 @@ def _exchange(comm: Comm, reader: _Reader, received: _Received, owner_starts: np
 
 
 def _write_data_shards(comm: Comm, directory: Path, received: _Received, schema: pa.Schema, first_mb: int,
-                       mb_offsets: np.ndarray, pos0: int, n: int) -> list[dict]:
+                       mb_offsets: np.ndarray, pos0: int, n: int, index_starts: np.ndarray) -> list[dict]:
     """Write this rank's data shards in position order; return every shard's entry (every rank)."""
     pieces = received.tables()
     piece_pos = [t.column(_POS).to_numpy() for t in pieces]
@@ -555,7 +555,7 @@ def _write_data_shards(comm: Comm, directory: Path, received: _Received, schema:
         raise RuntimeError(f"materialize: rank {comm.rank} received {len(all_pos)} rows for {n} positions")
     where = np.empty(n, dtype=np.int64)
     where[all_pos - pos0] = np.arange(n)
-    cuts = data_cuts(first_mb, mb_offsets, pos0, ROWS_PER_SHARD["index"])
+    cuts = data_cuts(first_mb, mb_offsets, pos0, index_starts)
     base = comm.exscan(max(len(cuts) - 1, 0))  # global shard numbers: shards before this rank's
     out, err = [], None
     try:
@@ -634,12 +634,13 @@ def prepare(comm: Comm, opts: StoreOptions, options: dict, popts, tokenizer_path
         caches.append(TokenCache(out, comm, special))
         return caches[-1]
 
-    def store(out: OutputDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray, first_mb: int) -> dict:
+    def store(out: OutputDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray, first_mb: int,
+              index_starts: np.ndarray) -> dict:
         cache = caches[-1] if caches else None
         if cache is not None:
             cache.share()
         data = materialize(comm, out, files, ids, mb_offsets, first_mb, opts,
-                           None if tokens is None else (*tokens, cache))
+                           None if tokens is None else (*tokens, cache), index_starts)
         if cache is not None:
             comm.barrier()  # every rank has read the ids it needed
             cache.remove()

@@ -18,7 +18,8 @@ from sortpack.torch import PackedBatchSampler, pad_collate, varlen_collate
 
 from support import run_sortpack
 
-SMALL = {"SORTPACK_TEST_SHARD_ROWS": "40", "SORTPACK_TEST_DATA_ROWS": "300"}
+# small index shards, cut by micro-batches and by samples, and small data shards
+SMALL = {"SORTPACK_TEST_SHARD_ROWS": "40", "SORTPACK_TEST_SHARD_SAMPLES": "500", "SORTPACK_TEST_DATA_ROWS": "300"}
 MODES = {
     "padded": [],
     "shapes": ["--shapes", "64,128,256,512", "--batch-multiple", "2"],
@@ -220,9 +221,9 @@ def test_stored_data_is_byte_identical_for_1_to_4_ranks_with_many_rounds(tmp_pat
 def test_data_cuts_are_fixed_global_counts():
     offsets = np.array([0, 3, 7, 10, 14, 20], dtype=np.int64)
     # one rank with everything, or the same micro-batches split at an index shard boundary
-    whole = data_cuts(0, offsets, 0, 1000, rows_per_shard=8)
+    whole = data_cuts(0, offsets, 0, [0], rows_per_shard=8)
     assert whole.tolist() == [0, 3, 5]  # rows 0..10 | 10..20: the first boundary at or past row 8 starts a shard
-    split = data_cuts(0, offsets, 0, 2, rows_per_shard=8).tolist()
+    split = data_cuts(0, offsets, 0, [0, 2, 4], rows_per_shard=8).tolist()
     assert split == [0, 2, 3, 4, 5]
 
 

@@ -58,7 +58,8 @@ def test_every_rank_writes_index_shards(tmp_path):
     for ranks in (1, 3):
         out = tmp_path / f"ix{ranks}"
         run_sortpack(["run", src, "-o", out, "--column", "text", "--max-tokens", "3000", "--profile"],
-                     ranks=ranks, timeout=180, env={"SORTPACK_TEST_SHARD_ROWS": "250"})
+                     ranks=ranks, timeout=180,
+                     env={"SORTPACK_TEST_SHARD_ROWS": "250", "SORTPACK_TEST_SHARD_SAMPLES": "250"})
         outs[ranks] = out
     _assert_identical(outs[1], outs[3])
     m = read_manifest(outs[3])

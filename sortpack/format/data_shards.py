@@ -12,9 +12,12 @@ import os
 import numpy as np
 
 DATA_ROWS_PER_SHARD = 1 << 16
-if os.environ.get("SORTPACK_TEST_DATA_ROWS"):
-    # tests shrink data shards to exercise many-shard layouts on small data
-    DATA_ROWS_PER_SHARD = int(os.environ["SORTPACK_TEST_DATA_ROWS"])
+
+
+def data_rows_per_shard() -> int:
+    """Return the rows at which a new data shard starts (``SORTPACK_TEST_DATA_ROWS``, read when used, in tests)."""
+    override = os.environ.get("SORTPACK_TEST_DATA_ROWS")
+    return int(override) if override else DATA_ROWS_PER_SHARD
 
 DATA_PREFIX = "data"
 
@@ -48,15 +51,16 @@ def write_data_shard(path, table) -> dict:
     return {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
 
 
-def data_cuts(first_mb: int, mb_offsets: np.ndarray, first_row: int, index_rows_per_shard: int,
+def data_cuts(first_mb: int, mb_offsets: np.ndarray, first_row: int, index_starts: np.ndarray,
               rows_per_shard: int = 0) -> np.ndarray:
     """Return the local micro-batch boundaries where this rank's data shards start, plus the end.
 
     The rank holds micro-batches ``[first_mb, first_mb + m)`` starting at global row
-    ``first_row``; ``mb_offsets`` (m + 1) are their local row offsets. Shards of no rows are
-    left out, so every returned range holds at least one row.
+    ``first_row``; ``mb_offsets`` (m + 1) are their local row offsets; ``index_starts`` are
+    the first micro-batches of the index shards (global, the same on every rank). Shards of
+    no rows are left out, so every returned range holds at least one row.
     """
-    rows_per_shard = rows_per_shard or DATA_ROWS_PER_SHARD
+    rows_per_shard = rows_per_shard or data_rows_per_shard()
     m = len(mb_offsets) - 1
     if m <= 0:
         return np.zeros(0, dtype=np.int64)
@@ -64,7 +68,7 @@ def data_cuts(first_mb: int, mb_offsets: np.ndarray, first_row: int, index_rows_
     b = np.arange(1, m, dtype=np.int64)
     # a positive multiple of rows_per_shard lies in (gpos[b-1], gpos[b]]
     crosses = gpos[b] // rows_per_shard > gpos[b - 1] // rows_per_shard
-    index_start = (first_mb + b) % index_rows_per_shard == 0
+    index_start = np.isin(first_mb + b, np.asarray(index_starts, dtype=np.int64))
     cuts = np.concatenate(([0], b[crosses | index_start], [m])).astype(np.int64)
     # drop shards that hold no rows (micro-batches of no samples)
     keep = np.concatenate((mb_offsets[cuts[1:]] > mb_offsets[cuts[:-1]], [True]))

@@ -64,8 +64,8 @@ SAMPLES_PER_SHARD = 1 << 20
 
 
 def samples_per_shard() -> int:
-    """Return the sample count at which a new index shard starts (``SORTPACK_TEST_SHARD_ROWS`` too)."""
-    override = os.environ.get("SORTPACK_TEST_SHARD_ROWS")
+    """Return the sample count at which a new index shard starts (``SORTPACK_TEST_SHARD_SAMPLES`` in tests)."""
+    override = os.environ.get("SORTPACK_TEST_SHARD_SAMPLES")
     return int(override) if override else SAMPLES_PER_SHARD
 
 
