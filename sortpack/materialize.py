@@ -7,6 +7,11 @@ under ``--memory-limit``. Received rows wait in memory up to a quarter of the li
 spill to memory-mapped Arrow files past it; each rank then writes its own data shards,
 whose boundaries are fixed global counts (``format/data_shards.py``), so the bytes never
 depend on the rank count.
+
+About 650 lines on purpose: the options, the reader of input rows, the exchange rounds and
+the shard writer share one bookkeeping of output positions and one memory budget; split,
+each part would have to re-derive them. Data shard I/O lives in ``format/data_shards.py``
+and the reader side in ``stored.py``.
 """
 from __future__ import annotations
 

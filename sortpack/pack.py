@@ -5,7 +5,7 @@ Packing is greedy within fixed global pieces: segments of ``segment_size`` sorte
 so each packs its own with no communication, and the result does not depend on the rank
 count; a dataset of one segment gives exactly the sequential greedy's micro-batches.
 
-About 400 lines on purpose: PackOptions' rules (budget, shapes, oversize) and the two
+About 500 lines on purpose: PackOptions' rules (budget, shapes, static shapes, oversize) and the two
 packers that apply them (greedy micro-batches, row packing) change together.
 """
 from __future__ import annotations
