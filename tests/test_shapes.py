@@ -14,17 +14,7 @@ from sortpack.pack import PackOptions, pack_samples
 from sortpack.parallel import SerialComm
 from sortpack.shapes import choose_shapes, global_histogram, padded_total, parse_shapes
 
-from support import run_sortpack, write_text_parquet
-
-
-def lognormal(n, seed=0, maximum=4096):
-    rng = np.random.default_rng(seed)
-    return np.clip(np.ceil(rng.lognormal(np.log(300), 1.0, n)), 1, maximum).astype(np.int64)
-
-
-def rounding_padding(sizes, lengths):
-    lengths = np.asarray(lengths)
-    return 1 - sizes.sum() / lengths[np.searchsorted(lengths, sizes)].sum()
+from support import lognormal, rounding_padding, run_sortpack, write_text_parquet
 
 
 # --- the global histogram ---------------------------------------------------------------------------

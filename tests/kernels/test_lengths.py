@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from sortpack import kernels as K
 
+from support import lognormal, rounding_padding
+
 
 def padded_total(values, counts, lengths):
     lengths = np.asarray(lengths)
@@ -26,16 +28,6 @@ def brute_force(values, counts, k):
             total = padded_total(values, counts, np.array(sorted(sub) + [values[-1]]))
             best = total if best is None else min(best, total)
     return best
-
-
-def lognormal(n, seed=0, maximum=4096):
-    rng = np.random.default_rng(seed)
-    return np.clip(np.ceil(rng.lognormal(np.log(300), 1.0, n)), 1, maximum).astype(np.int64)
-
-
-def rounding_padding(sizes, lengths):
-    lengths = np.asarray(lengths)
-    return 1 - sizes.sum() / lengths[np.searchsorted(lengths, sizes)].sum()
 
 
 # --- the kernel -------------------------------------------------------------------------------------
