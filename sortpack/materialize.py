@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from .format.data_shards import (
     data_shard_name,
     write_data_shard,
 )
-from .format.shards import OutputDir
+from .format.shards import OutputDir, file_sha256
 from .parallel import Comm
 from .sources import SourceFile, describe, read_units, split_units
 from .specs import token_ids
@@ -563,21 +564,29 @@ def _write_data_shards(comm: Comm, directory: Path, received: _Received, schema:
     cuts = data_cuts(first_mb, mb_offsets, pos0, index_starts)
     base = comm.exscan(max(len(cuts) - 1, 0))  # global shard numbers: shards before this rank's
     out, err = [], None
+    # sha256 of a written shard runs in a thread (hashlib releases the GIL) while the next
+    # shard is gathered and written
+    hasher = ThreadPoolExecutor(max_workers=1)
     try:
         for k, (a, b) in enumerate(zip(cuts[:-1].tolist(), cuts[1:].tolist())):
             r0, r1 = int(mb_offsets[a]), int(mb_offsets[b])
             table = _gather_rows(pieces, piece_of, row_in, where[r0:r1]).select(schema.names)
             name = data_shard_name(base + k)
             try:
-                meta = write_data_shard(directory / name, table)
+                size = write_data_shard(directory / name, table)
             except (OSError, pa.ArrowException) as exc:
                 raise SortpackError(f"{directory.parent / name}: cannot write the data shard "
                                     f"({' '.join(str(exc).split())})") from None
             del table
             out.append({"file": name, "first": pos0 + r0, "rows": r1 - r0, "first_microbatch": first_mb + a,
-                        "microbatches": b - a, **meta})
+                        "microbatches": b - a, "bytes": size,
+                        "sha256": hasher.submit(file_sha256, directory / name)})
+        for entry in out:
+            entry["sha256"] = entry["sha256"].result()
     except SortpackError as exc:
         err, out = exc, []
+    finally:
+        hasher.shutdown(wait=True)
     comm.check(err)
     return [e for part in comm.allgather_obj(out) for e in part]
 

@@ -27,14 +27,13 @@ def data_shard_name(index: int) -> str:
     return f"{DATA_PREFIX}-{index:05d}.arrow"
 
 
-def write_data_shard(path, table) -> dict:
-    """Write ``table`` as a one-batch Arrow IPC file; return its ``bytes`` and ``sha256``.
+def write_data_shard(path, table) -> int:
+    """Write ``table`` as a one-batch Arrow IPC file; return its size in bytes.
 
     Single-chunk columns are written as they are (no concatenating copy), so the bytes
-    equal ``format.shards.write_shard``'s for the same rows.
+    equal ``format.shards.write_shard``'s for the same rows. The caller hashes the file
+    (``format.shards.file_sha256``), off the writing thread.
     """
-    import hashlib
-
     import pyarrow as pa
 
     arrays = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in table.columns]
@@ -44,11 +43,7 @@ def write_data_shard(path, table) -> dict:
     batch = pa.RecordBatch.from_arrays(arrays, schema=table.schema)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_batch(batch)
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
-    return {"bytes": os.path.getsize(path), "sha256": digest.hexdigest()}
+    return os.path.getsize(path)
 
 
 def data_cuts(first_mb: int, mb_offsets: np.ndarray, first_row: int, index_starts: np.ndarray,
