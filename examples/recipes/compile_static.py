@@ -49,14 +49,16 @@ def main() -> None:
     while step < args.steps:
         sampler.set_epoch(epoch)
         t0, step_shapes, new = time.perf_counter(), [], 0
-        for i, batch in enumerate(loader):
+        for batch in loader:
+            sampler.consume(batch)  # the resume state counts what the loop received
+            sched.follow(batch)  # the LR of this batch's step
             shape = tuple(batch["input_ids"].shape)
             new += shape not in seen  # a shape not seen before compiles a graph now
             seen.add(shape)
             step_shapes.append(shape)
             loss = step_fn(model, batch)
             (loss / args.grad_accum).backward()
-            if (i + 1) % args.grad_accum == 0:
+            if batch["microbatch"]["last"]:  # this rank's last micro-batch of the step
                 opt.step()
                 opt.zero_grad()
                 sched.step()

@@ -47,8 +47,10 @@ def main() -> None:
     step, epoch = 0, 0
     while step < args.steps:
         sampler.set_epoch(epoch)
-        for i, batch in enumerate(loader):
-            last = (i + 1) % args.grad_accum == 0
+        for batch in loader:
+            sampler.consume(batch)  # the resume state counts what the loop received
+            sched.follow(batch)  # the LR of this batch's step
+            last = batch["microbatch"]["last"]  # this rank's last micro-batch of the step
             with contextlib.nullcontext() if last else model.no_sync():  # all-reduce once per step
                 loss = padded_forward(model, batch)
                 (loss / args.grad_accum).backward()
@@ -56,7 +58,7 @@ def main() -> None:
                 lr = opt.param_groups[0]["lr"]
                 opt.step()
                 opt.zero_grad()
-                sched.step()  # next step's LR; also records the step for sampler.state_dict()
+                sched.step()  # the base schedule; the scale follows the batches
                 print(f"rank {rank} step {step} shape {tuple(batch['input_ids'].shape)} lr {lr:.3e} "
                       f"loss {loss.item():.3f}", flush=True)
                 step += 1

@@ -95,9 +95,11 @@ def main() -> None:
     while step < args.steps:
         sampler.set_epoch(epoch)
         for i, batch in enumerate(loader):
+            sampler.consume(batch)  # the resume state counts what the loop received
+            sched.follow(batch)  # the LR of this batch's step
             loss = rows_forward(model, batch, row_len, check=step == 0 and i == 0)
             (loss / args.grad_accum).backward()
-            if (i + 1) % args.grad_accum == 0:
+            if batch["microbatch"]["last"]:  # this rank's last micro-batch of the step
                 lr = opt.param_groups[0]["lr"]
                 opt.step()
                 opt.zero_grad()
