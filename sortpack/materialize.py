@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .errors import SortpackError
 from .format.data_shards import (
@@ -274,6 +273,8 @@ def row_bytes(table: pa.Table) -> np.ndarray:
 
 def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
     """Return an estimate of each row's bytes in one column."""
+    import pyarrow.compute as pc  # on use: it costs every rank ~30 ms of start-up
+
     n, t = len(col), col.type
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -393,7 +394,11 @@ class _Reader:
                 else:
                     tok, special = tokenizer
                     ids, _ = token_ids(tok, _column(table, text_col, src.path), special)
-                cols[f.name] = pc.list_slice(ids, 0, cut) if cut else ids
+                if cut:
+                    import pyarrow.compute as pc
+
+                    ids = pc.list_slice(ids, 0, cut)
+                cols[f.name] = ids
             else:
                 col = table.column(f.name)
                 try:
