@@ -82,3 +82,29 @@ def rounding_padding(sizes, lengths):
     """Return the padding fraction when every size is rounded up to the next of ``lengths``."""
     lengths = np.asarray(lengths)
     return 1 - sizes.sum() / lengths[np.searchsorted(lengths, sizes)].sum()
+
+
+def run_gloo_ranks(args: list, ranks: int = 2, timeout: float = 240, env: dict | None = None) -> list[str]:
+    """Run ``python ARGS`` as ``ranks`` processes (RANK/WORLD_SIZE, as torchrun sets them); return each output.
+
+    The test fails unless every rank exits 0; a rank still running at ``timeout`` is killed.
+    """
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {}),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks)}
+    procs = [subprocess.Popen([sys.executable, *map(str, args)], env={**base, "RANK": str(r)}, cwd=str(ROOT),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(ranks)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0] * ranks, outs
+    return outs

@@ -1,10 +1,6 @@
 """Tests of sortpack.torch.GoodputController on a real index and a problem with a known noise scale."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from sortpack.torch import GoodputController, PackedBatchSampler  # noqa: E402
 
-from support import run_sortpack  # noqa: E402
+from support import run_gloo_ranks, run_sortpack  # noqa: E402
 
 pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,30 +123,9 @@ def test_one_process_needs_two_microbatches(regression):
         GoodputController(model, sampler, torch.optim.SGD(model.parameters(), lr=0.1), min_accum=1)
 
 
-def _two_ranks(args: list[str], timeout: float = 240) -> list[str]:
-    """Run a script on 2 gloo ranks (RANK/WORLD_SIZE env, as torchrun sets) and return both outputs."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, *args], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs
-    return outs
-
-
 def test_ddp_noise_scale_matches_the_exact_value(regression):
     ix = regression[0]
-    out = _two_ranks([str(ROOT / "tests" / "goodput_ddp_worker.py"), str(ix), "3"])[0]
+    out = run_gloo_ranks([str(ROOT / "tests" / "goodput_ddp_worker.py"), str(ix), "3"])[0]
     line = next(line for line in out.splitlines() if line.startswith("rank 0 truth"))
     truth, estimate = float(line.split()[3]), float(line.split()[5])
     assert estimate == pytest.approx(truth, rel=0.15)
@@ -163,7 +138,7 @@ def test_two_gloo_ranks_choose_the_same_accumulation(tmp_path):
     write_text_parquet(tmp_path / "t.parquet", rng.integers(5, 120, 400))
     run_sortpack(["run", tmp_path / "t.parquet", "-o", tmp_path / "ix", "--column", "text",
                   "--max-tokens", "256", "--quiet"])
-    outs = _two_ranks([str(ROOT / "examples" / "train_tiny.py"), str(tmp_path / "ix"), "--steps", "12",
+    outs = run_gloo_ranks([str(ROOT / "examples" / "train_tiny.py"), str(tmp_path / "ix"), "--steps", "12",
                        "--goodput", "--max-accum", "4"])
     chosen = [[line.split(" grad_accum ")[1].split()[0] for line in out.splitlines()
                if line.startswith(f"rank {r} step")] for r, out in enumerate(outs)]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 sys.path.insert(0, os.path.dirname(__file__))
-from support import ROOT, run_sortpack, write_text_parquet
+from support import ROOT, run_gloo_ranks, run_sortpack, write_text_parquet
 
 pytestmark = pytest.mark.torch
 RECIPES = ROOT / "examples" / "recipes"
@@ -63,22 +62,8 @@ def losses(out: str) -> list[str]:
 
 
 def test_ddp_two_gloo_ranks(indexes):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, str(RECIPES / "ddp.py"), str(indexes["padded"]), "--steps", "3"],
-                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, cwd=str(ROOT)) for r in range(2)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=TIMEOUT)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs
+    outs = run_gloo_ranks([RECIPES / "ddp.py", indexes["padded"], "--steps", "3"], timeout=TIMEOUT,
+                          env={"CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"})
     per_rank = [[line for line in step_lines(out) if line.startswith(f"rank {r} ")] for r, out in enumerate(outs)]
     assert [len(lines) for lines in per_rank] == [3, 3], outs
     assert lrs(outs[0]) == lrs(outs[1])  # the step's global batch sets one LR on every rank

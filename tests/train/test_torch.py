@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from sortpack.reader import MicroBatch, PackedIndex, Samples
 from sortpack.torch import PackedBatchSampler, PackedDataset, VariableBatchSizeLR, pad_collate, varlen_collate
 
 from reader_fixtures import corpus_texts, exact_index, pipeline_index, write_text_corpus, write_text_index
+from support import run_gloo_ranks
 
 pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parents[2]
@@ -303,24 +303,8 @@ def test_state_after_k_consumed_steps_resumes_at_step_k_with_workers(resume_inde
 
 def test_example_trains_with_two_gloo_ranks(text_index, tmp_path):
     _, index = text_index
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "examples" / "train_tiny.py"), str(index),
-                               "--steps", "3", "--grad-accum", "2"],
-                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for r in range(2)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=180)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs
+    outs = run_gloo_ranks([ROOT / "examples" / "train_tiny.py", index, "--steps", "3", "--grad-accum", "2"],
+                          timeout=180)
     for r, out in enumerate(outs):
         lines = [line for line in out.splitlines() if line.startswith(f"rank {r} step")]
         assert len(lines) == 3, out
