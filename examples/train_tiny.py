@@ -162,6 +162,7 @@ def main() -> None:
         noise = " ".join(f"{h['noise_scale']:.0f}" for h in ctl.history)
         chosen = " ".join(str(h["grad_accum"]) for h in ctl.history)
         print(f"goodput: noise scale (tokens) per step: {noise}\ngoodput: grad_accum per step: {chosen}")
+    del ctl, opt, model  # DDP goes before its process group: freed after it, gloo can abort at exit
     dist.barrier()
     dist.destroy_process_group()
 

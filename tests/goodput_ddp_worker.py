@@ -52,6 +52,7 @@ def main() -> None:
         epoch += 1
     values = [h["noise_scale"] for h in ctl.history]
     print(f"rank {rank} truth {truth} estimate {np.mean(values[20:])}", flush=True)
+    del ctl, opt, model  # DDP goes before its process group: freed after it, gloo can abort at exit
     dist.barrier()
     dist.destroy_process_group()
 

@@ -66,6 +66,7 @@ def main() -> None:
                     break
         epoch += 1
     # --- end recipe ---
+    del opt, model  # DDP goes before its process group: freed after it, gloo can abort at exit
     dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
 

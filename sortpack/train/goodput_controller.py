@@ -15,6 +15,7 @@ broadcast, so all ranks always run with the same accumulation count.
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 
@@ -106,13 +107,16 @@ class GoodputController:
         if sampler.grad_accum < self.min_accum or sampler.grad_accum > self.max_accum:
             sampler.set_grad_accum(min(max(sampler.grad_accum, self.min_accum), self.max_accum))
             self._accum = self._sampler_accum()
+        # the hooks hold the controller weakly: a strong hook would close a cycle (controller ->
+        # model -> hook -> controller) that only the garbage collector frees, and a DDP model freed
+        # that late (at interpreter exit, after destroy_process_group) can abort the process
         if self.ddp:
-            model.register_comm_hook(None, self._comm_hook)
+            model.register_comm_hook(weakref.ref(self), _measure_then_allreduce)
             self._set_sync()
         else:
-            self._handles = [p.register_post_accumulate_grad_hook(self._accumulated) for p in self._params]
-        optimizer.register_step_pre_hook(self._before_step)
-        optimizer.register_step_post_hook(self._after_step)
+            self._handles = [p.register_post_accumulate_grad_hook(_weak(self._accumulated)) for p in self._params]
+        optimizer.register_step_pre_hook(_weak(self._before_step))
+        optimizer.register_step_post_hook(_weak(self._after_step))
 
     # --- measuring -------------------------------------------------------------------------
     def _sampler_accum(self) -> int:
@@ -130,12 +134,9 @@ class GoodputController:
             prev.copy_(g)
         self._small_sq += delta.cpu()
 
-    def _comm_hook(self, state, bucket):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
+    def _measure_bucket(self, bucket) -> None:
         # before the all-reduce the bucket holds this rank's own accumulated gradient
         self._small_sq += bucket.buffer().detach().double().pow(2).sum().cpu()
-        return default_hooks.allreduce_hook(state, bucket)
 
     def _size_of(self, batch) -> float:
         if isinstance(batch, (int, float, np.integer, np.floating)):
@@ -282,3 +283,24 @@ class GoodputController:
         if int(state["grad_accum"]) != self._sampler_accum():
             self.sampler.set_grad_accum(int(state["grad_accum"]))
         self._accum = self._sampler_accum()
+
+
+def _measure_then_allreduce(controller: weakref.ref, bucket):
+    """DDP comm hook: measure the bucket for the live controller; return the default all-reduce future."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    ctl = controller()
+    if ctl is not None:
+        ctl._measure_bucket(bucket)
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def _weak(method):
+    """Return a function that calls the bound ``method`` while its object lives (None after)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args, **kwargs):
+        bound = ref()
+        return None if bound is None else bound(*args, **kwargs)
+
+    return call
