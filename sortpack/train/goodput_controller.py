@@ -292,7 +292,7 @@ def _measure_then_allreduce(controller: weakref.ref, bucket):
     ctl = controller()
     if ctl is not None:
         ctl._measure_bucket(bucket)
-    return default_hooks.allreduce_hook(None, bucket)
+    return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]  # None: the default group
 
 
 def _weak(method):
