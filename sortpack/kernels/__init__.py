@@ -118,7 +118,7 @@ def greedy_pack_reference(sizes, max_tokens, budget="padded", max_samples=0, bat
 # --------------------------------------------------------------------------------------
 # loading the compiled kernels
 
-_ABI_VERSION = 7  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 8  # must equal SP_ABI_VERSION in _ckernels.c
 _UNLOADED = object()
 _clib = _UNLOADED
 _fallback_reason = ""
@@ -136,6 +136,7 @@ _SIGNATURES = {
     "sp_pack_rows_scratch_words": ([_I64, _I64, _I64], _I64),
     "sp_pack_rows": ([_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR], _I64),
     "sp_optimal_lengths": ([_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR], _I64),
+    "sp_gather_bytes": ([_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR], _I64),
 }
 
 
@@ -676,3 +677,37 @@ def batch_capacity(lengths, max_tokens, budget: str = "padded", quadratic_scale:
     if max_samples and max_samples > 0:
         cap = np.minimum(cap, max_samples)
     return np.maximum(cap, 0)
+
+
+def gather_bytes(bases: np.ndarray, buffers: list, piece: np.ndarray, src_start: np.ndarray,
+                 length: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Return ``dst`` row i is ``length[i]`` bytes of ``buffers[piece[i]]`` at ``src_start[i]``.
+
+    Rows land one after another from ``dst``'s start. ``bases`` are the buffers' addresses
+    (what the C kernel reads); ``buffers`` are the same memory as numpy uint8 arrays (what the
+    fallback reads).
+    """
+    piece, src_start, length = _i64(piece), _i64(src_start), _i64(length)
+    dst_off = np.zeros(len(length), dtype=np.int64)
+    if len(length) > 1:
+        np.cumsum(length[:-1], out=dst_off[1:])
+    if int(length.sum()) > len(dst):
+        raise ValueError("gather_bytes: the rows need more bytes than dst holds")
+    lib = _c()
+    if lib is not None:
+        bases = np.ascontiguousarray(bases, dtype=np.uint64)
+        got = lib.sp_gather_bytes(_ptr(bases), len(bases), _ptr(piece), _ptr(src_start), _ptr(length),
+                                  _ptr(dst_off), len(length), _ptr(dst))
+        if got < 0:
+            raise ValueError("gather_bytes: a piece number is out of range")
+        return dst
+    # numpy: one vectorised copy per piece, through a byte index (8 bytes of index per byte)
+    for k in np.unique(piece).tolist():
+        rows = np.flatnonzero(piece == k)
+        n = length[rows]
+        if n.sum() == 0:
+            continue
+        shift = np.repeat(src_start[rows] - dst_off[rows], n)
+        at = np.repeat(dst_off[rows], n) + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n))
+        dst[at] = buffers[k][at + shift]
+    return dst

@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 7
+#define SP_ABI_VERSION 8
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -750,6 +750,27 @@ SP_API int64_t sp_optimal_lengths(const int64_t *v, const int64_t *C, int64_t d,
         out[b] = t;
     }
     return n;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Gathering byte ranges: the one copy that moves stored rows from many Arrow buffers     */
+/* (received pieces, input row groups) into one output buffer.                            */
+
+/* dst[dst_off[i] .. + len[i]) = bases[piece[i]] + src_start[i], for i < m. Returns the
+ * bytes copied, or -1 when a piece number is out of range. */
+SP_API int64_t sp_gather_bytes(const uint64_t *bases, int64_t nbases, const int64_t *piece,
+                               const int64_t *src_start, const int64_t *len, const int64_t *dst_off,
+                               int64_t m, uint8_t *dst) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < m; i++) {
+        int64_t k = piece[i];
+        if (k < 0 || k >= nbases) return -1;
+        if (len[i] > 0) {
+            memcpy(dst + dst_off[i], (const uint8_t *)(uintptr_t)bases[k] + src_start[i], (size_t)len[i]);
+            total += len[i];
+        }
+    }
+    return total;
 }
 
 /* ------------------------------------------------------------------------------------ */
