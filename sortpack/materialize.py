@@ -2,16 +2,17 @@
 
 Every rank reads the rows of its own input units (as ``analyze`` splits them), learns
 each row's output position from the index owners (one Alltoallv of (sample id, position)),
-and sends rows to the rank owning that position with Alltoallv rounds whose bytes stay
-under ``--memory-limit``. Received rows wait in memory up to a quarter of the limit and
-spill to memory-mapped Arrow files past it; each rank then writes its own data shards,
-whose boundaries are fixed global counts (``format/data_shards.py``), so the bytes never
-depend on the rank count.
+and sends rows to the rank writing that position with Alltoallv rounds whose bytes stay
+under ``--memory-limit``. The data shards, whose boundaries are fixed global counts
+(``format/data_shards.py``), are dealt to ranks in blocks balanced by rows, so the bytes
+never depend on the rank count and every rank writes. Rows travel as raw byte ranges where
+the type allows (``row_store.py``); received rows wait in memory up to a quarter of the
+limit and spill to memory-mapped Arrow files past it.
 
-About 650 lines on purpose: the options, the reader of input rows, the exchange rounds and
+About 700 lines on purpose: the options, the reader of input rows, the exchange rounds and
 the shard writer share one bookkeeping of output positions and one memory budget; split,
-each part would have to re-derive them. Data shard I/O lives in ``format/data_shards.py``
-and the reader side in ``stored.py``.
+each part would have to re-derive them. Data shard I/O lives in ``format/data_shards.py``,
+the gathers in ``row_store.py`` and the reader side in ``stored.py``.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ from .format.data_shards import (
 )
 from .format.shards import OutputDir, file_sha256
 from .parallel import Comm
+from .partition import balanced_blocks
+from .row_store import RowStore, from_raw
 from .sources import SourceFile, describe, read_units, split_units
 from .specs import token_ids
 
@@ -290,51 +293,55 @@ def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
 
 
 # --- the exchange -----------------------------------------------------------------------------
-def _deserialize(buf: np.ndarray) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(buf)).read_all()
-
-
 class _Received:
-    """Rows received by this rank: tables in memory up to ``budget`` bytes, spilled past it."""
+    """Rows received by this rank, one ``RowStore`` per column: in memory up to ``budget`` bytes, spilled past it.
 
-    def __init__(self, directory: Path, rank: int, budget: int):
-        self.directory, self.rank, self.budget = directory, rank, budget
-        self.pieces: list[pa.Table] = []
-        self.pending: list[pa.Table] = []
+    Rows are numbered in arrival order; ``pos`` holds each one's output position. Rows that
+    stay on their reader's rank are registered in place (no copy) when they are at least
+    half of their round, so the memory held is at most twice what is counted.
+    """
+
+    def __init__(self, directory: Path, rank: int, budget: int, schema: pa.Schema):
+        self.directory, self.rank, self.budget, self.schema = directory, rank, budget, schema
+        self.stores = {f.name: RowStore(f.type) for f in schema}
+        self.pos: list[np.ndarray] = []
+        self.rows = self.spilled_rows = 0  # rows [0, spilled_rows) live in spill files
         self.pending_bytes = 0
         self.spills: list[Path] = []
         self.rounds = 0
 
-    def add(self, table: pa.Table) -> None:
-        if table.num_rows == 0:
+    def add(self, columns: dict, pos: np.ndarray, nbytes: int, rows: np.ndarray | None = None) -> None:
+        """Register rows ``rows`` (all when None) of ``columns`` (name -> array), with their positions."""
+        if len(pos) == 0:
             return
-        self.pending.append(table)
-        self.pending_bytes += table.nbytes
+        for name, store in self.stores.items():
+            store.add(columns[name], rows)
+        self.pos.append(pos)
+        self.rows += len(pos)
+        self.pending_bytes += int(nbytes)
         if self.pending_bytes > self.budget:
             self._spill()
 
     def _spill(self) -> None:
         path = self.directory / f".spill-{self.rank:05d}-{len(self.spills):05d}.arrow"
-        # one record batch: gathers from a chunked table cost a concatenation each time
-        table = pa.concat_tables(self.pending).combine_chunks()
-        self.pending, self.pending_bytes = [], 0
+        pending = np.arange(self.spilled_rows, self.rows)
+        table = pa.Table.from_arrays([self.stores[f.name].gather(pending) for f in self.schema], schema=self.schema)
         _write_file(path, table, "spill file")
         del table
         self.spills.append(path)
-        self.pieces.append(pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all())
+        mapped = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+        for name, store in self.stores.items():
+            store.drop_from(self.spilled_rows)
+            store.add(mapped.column(name))
+        self.spilled_rows, self.pending_bytes = self.rows, 0
 
-    def tables(self) -> list[pa.Table]:
-        """Return every received piece as one chunk (what stayed in memory combined into one piece).
-
-        The rows in memory are at most the spill budget, so combining them stays in bounds;
-        without spills a shard is then one gather from one piece.
-        """
-        if len(self.pending) > 1 or (self.pending and any(c.num_chunks > 1 for c in self.pending[0].columns)):
-            self.pending = [pa.concat_tables(self.pending).combine_chunks()]
-        return self.pieces + self.pending
+    def gather(self, rows: np.ndarray) -> pa.Table:
+        """Return received rows ``rows`` (arrival numbers) as one table of single-chunk columns."""
+        return pa.Table.from_arrays([self.stores[f.name].gather(rows) for f in self.schema], schema=self.schema)
 
     def remove(self) -> None:
-        self.pieces, self.pending = [], []
+        """Drop every row and delete the spill files."""
+        self.stores = {}
         for path in self.spills:
             path.unlink(missing_ok=True)
 
@@ -453,21 +460,21 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
     local_pos = np.full(my_rows, -1, dtype=np.int64)
     local_pos[got["id"] - my_first] = got["pos"]
     del got, order, to_reader
-    owner_starts = np.array([p for p, _ in comm.allgather_obj((pos0, n))] + [pos0 + n], dtype=np.int64)
-    owner_starts[-1] = comm.allreduce(int(n), "sum")
-    owner_starts = np.maximum.accumulate(owner_starts)
+    layout, writer_starts = _data_layout(comm, first_mb, mb_offsets, pos0, index_starts)
+    owner_starts = layout[writer_starts, 0]
 
     tokenize = tokens is not None and (len(tokens) < 4 or tokens[3] is None)
     read_columns = sorted(set(columns) | ({tokens[0]} if tokenize else set()))
     reader = _Reader(srcs, files, unit_list[lo:hi], my_first, local_pos, read_columns, schema, tokens)
-    received = _Received(directory, comm.rank, budget)
+    received = _Received(directory, comm.rank, budget, schema)
     _exchange(comm, reader, received, owner_starts, budget, limit)
 
-    shards = _write_data_shards(comm, directory, received, schema, first_mb, mb_offsets, pos0, n, index_starts)
+    shards = _write_data_shards(comm, directory, received, layout, writer_starts[comm.rank],
+                                writer_starts[comm.rank + 1])
     received.remove()
     return {
         "columns": [f.name for f in schema], "schema": {f.name: str(f.type) for f in schema},
-        "rows_per_shard": data_rows_per_shard(), "num_rows": int(owner_starts[-1]), "shards": shards,
+        "rows_per_shard": data_rows_per_shard(), "num_rows": int(layout[-1, 0]), "shards": shards,
         # varies with the rank count: moved to the manifest's provenance by write_index
         "_exchange": {"rounds": received.rounds, "memory_limit": limit, "round_budget": budget},
     }
@@ -476,13 +483,14 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
 def _exchange(comm: Comm, reader: _Reader, received: _Received, owner_starts: np.ndarray, budget: int,
               limit: int) -> None:
     """Send every local row to its position's owner in rounds of at most ``budget`` bytes per rank."""
-    table, pos, sizes = None, np.zeros(0, np.int64), np.zeros(0, np.int64)
+    queue: list[list] = []  # [table, first unsent row] in reading order
+    pos, sizes = np.zeros(0, np.int64), np.zeros(0, np.int64)
     rounds = 0
     while True:
         err = None
         try:
             # read whole units until a round's worth of bytes waits (fewer, larger rounds)
-            while (table is None or int(sizes.sum()) < budget) and not reader.done():
+            while (not queue or int(sizes.sum()) < budget) and not reader.done():
                 more, more_pos = reader.next_table()
                 more_sizes = row_bytes(more)
                 if len(more_sizes) and more_sizes.max() > budget:
@@ -491,19 +499,17 @@ def _exchange(comm: Comm, reader: _Reader, received: _Received, owner_starts: np
                         f"column {worst!r}: a row of {int(more_sizes.max())} bytes does not fit the exchange "
                         f"budget of {budget} bytes per round (a quarter of --memory-limit {limit}); "
                         "raise --memory-limit")
-                if table is None or table.num_rows == 0:
-                    table, pos, sizes = more, more_pos, more_sizes
-                elif more.num_rows:
-                    table = pa.concat_tables([table, more])
+                if more.num_rows:
+                    queue.append([more, 0])
                     pos, sizes = np.concatenate((pos, more_pos)), np.concatenate((sizes, more_sizes))
         except SortpackError as exc:
             err = exc
         comm.check(err)
-        left = 0 if table is None else table.num_rows
+        left = len(pos)
         if comm.allreduce(int(left > 0), "max") == 0:
             break
         # the longest prefix under the budget, halved until no rank receives more than it
-        take = int(np.searchsorted(np.cumsum(sizes), budget, side="right")) if left else 0
+        take = max(1, int(np.searchsorted(np.cumsum(sizes), budget, side="right"))) if left else 0
         while True:
             dest = np.searchsorted(owner_starts, pos[:take], side="right") - 1
             send_bytes = np.bincount(dest, weights=sizes[:take], minlength=comm.size).astype(np.int64)
@@ -512,79 +518,165 @@ def _exchange(comm: Comm, reader: _Reader, received: _Received, owner_starts: np
             if not (over and can_shrink):
                 break
             take = max(1, take // 2) if take else 0
-        part = table.slice(0, take).append_column(_POS, pa.array(pos[:take]))
-        order = np.argsort(dest, kind="stable")
-        counts = np.bincount(dest, minlength=comm.size)
-        starts = np.concatenate(([0], np.cumsum(counts)))
-        # one IPC stream per destination, all in one buffer: no concatenating copy
-        sink, send_counts, own = pa.BufferOutputStream(), np.zeros(comm.size, dtype=np.int64), None
-        for p in range(comm.size):
-            if counts[p] == 0:
-                continue
-            rows = part if counts[p] == len(dest) else part.take(pa.array(order[starts[p]:starts[p + 1]]))
-            if p == comm.rank:
-                own = rows  # this rank's own rows need no serialising
-            else:
-                at = sink.tell()
-                with pa.ipc.new_stream(sink, rows.schema) as writer:
-                    writer.write_table(rows)
-                send_counts[p] = sink.tell() - at
-            del rows
-        del part
-        payload = np.frombuffer(sink.getvalue(), dtype=np.uint8)
-        del sink
-        recv_counts = comm.exchange_counts(send_counts)
-        got = comm.alltoallv(payload, send_counts, recv_counts)
-        del payload
-        err = None
-        try:
-            at = 0
-            for p, c in enumerate(recv_counts.tolist()):
-                if p == comm.rank and own is not None:
-                    received.add(own)
-                if c:
-                    received.add(_deserialize(got[at:at + c]))
-                    at += c
-        except SortpackError as exc:
-            err = exc
-        comm.check(err)
-        del got, own
-        table, pos, sizes = table.slice(take), pos[take:], sizes[take:]
+        segments = _take_queue(queue, take)
+        _send_round(comm, received, segments, pos[:take], sizes[:take], dest)
+        pos, sizes = pos[take:], sizes[take:]
         rounds += 1
     received.rounds = rounds
 
 
-def _write_data_shards(comm: Comm, directory: Path, received: _Received, schema: pa.Schema, first_mb: int,
-                       mb_offsets: np.ndarray, pos0: int, n: int, index_starts: np.ndarray) -> list[dict]:
-    """Write this rank's data shards in position order; return every shard's entry (every rank)."""
-    pieces = received.tables()
-    piece_pos = [t.column(_POS).to_numpy() for t in pieces]
-    all_pos = np.concatenate(piece_pos) if piece_pos else np.zeros(0, np.int64)
-    piece_of = np.repeat(np.arange(len(pieces)), [len(p) for p in piece_pos])
-    row_in = np.concatenate([np.arange(len(p)) for p in piece_pos]) if piece_pos else np.zeros(0, np.int64)
-    if len(all_pos) != n or (n and not np.array_equal(np.sort(all_pos), pos0 + np.arange(n))):
+def _take_queue(queue: list[list], take: int) -> list[tuple[pa.Table, int, int]]:
+    """Return the next ``take`` queued rows as (table, first row, end row) segments and drop them from the queue."""
+    segments = []
+    while take > 0:
+        table, first = queue[0]
+        end = min(table.num_rows, first + take)
+        segments.append((table, first, end))
+        take -= end - first
+        if end == table.num_rows:
+            queue.pop(0)
+        else:
+            queue[0][1] = end
+    return segments
+
+
+def _send_round(comm: Comm, received: _Received, segments: list, pos: np.ndarray, sizes: np.ndarray,
+                dest: np.ndarray) -> None:
+    """Move one round's rows to their owners: Alltoallv of the rows' bytes, column by column."""
+    schema = received.schema
+    stores = {f.name: RowStore(f.type) for f in schema}
+    for table, a, b in segments:
+        for name, store in stores.items():
+            store.add(table.column(name), np.arange(a, b))
+    order = np.argsort(dest, kind="stable")
+    counts = np.bincount(dest, minlength=comm.size)
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    r = comm.rank
+    own = order[starts[r]:starts[r + 1]]  # ascending: the stable sort keeps reading order
+    others = np.concatenate((order[:starts[r]], order[starts[r + 1]:]))
+    rows_out = counts.copy()
+    rows_out[r] = 0
+    # a column's bytes go raw (lengths and bytes) when every rank can gather them so, else as IPC
+    raw = comm.allreduce(np.array([int(not s.raw) for s in stores.values()] or [0]), "max") == 0
+    meta = {"pos": pos[others]}
+    payloads = []
+    for k, (name, store) in enumerate(stores.items()):
+        if raw[k]:
+            length, data, valid = store.gather_raw(others)
+            meta[f"len{k}"] = length
+            meta[f"valid{k}"] = np.ones(len(others), np.uint8) if valid is None else valid.astype(np.uint8)
+            byte_counts = np.bincount(dest[others], weights=length, minlength=comm.size).astype(np.int64)
+        else:
+            data, byte_counts = _ipc_by_destination(store, others, dest[others], comm.size, schema.field(name))
+        payloads.append((data, byte_counts))
+    got = comm.alltoallv_many(meta, rows_out)
+    columns = {}
+    for k, (name, (data, byte_counts)) in enumerate(zip(stores, payloads)):
+        recv_counts = comm.exchange_counts(byte_counts)
+        buf = comm.alltoallv(data, byte_counts, recv_counts)
+        del data
+        field_ = schema.field(name)
+        if raw[k]:
+            valid = got[f"valid{k}"].astype(bool)
+            columns[name] = from_raw(field_.type, got[f"len{k}"], buf, None if valid.all() else valid)
+        else:
+            columns[name] = _from_ipc(buf, recv_counts, field_)
+    payloads.clear()
+    received.add(columns, got["pos"], int(sum(a.nbytes for a in columns.values())))
+    if len(own) == 0:
+        return
+    if 2 * len(own) >= len(dest):  # most rows stay: register them where they are read
+        at = 0
+        for table, a, b in segments:
+            mine = own[(own >= at) & (own < at + b - a)]
+            if len(mine):
+                received.add({n: table.column(n) for n in stores}, pos[mine], int(sizes[mine].sum()),
+                             rows=a + mine - at)
+            at += b - a
+    else:  # a few rows stay: copy them, so the rows that left do not stay in memory with them
+        received.add({n: s.gather(own) for n, s in stores.items()}, pos[own], int(sizes[own].sum()))
+
+
+def _ipc_by_destination(store: RowStore, rows: np.ndarray, dest: np.ndarray, size: int,
+                        field_: pa.Field) -> tuple[np.ndarray, np.ndarray]:
+    """Return the rows of a column that cannot go raw as one IPC stream per destination, and each stream's bytes."""
+    sink, counts = pa.BufferOutputStream(), np.zeros(size, dtype=np.int64)
+    schema = pa.schema([field_])
+    for p in range(size):
+        mine = rows[dest == p]
+        if len(mine) == 0:
+            continue
+        at = sink.tell()
+        with pa.ipc.new_stream(sink, schema) as writer:
+            writer.write_table(pa.Table.from_arrays([store.gather(mine)], schema=schema))
+        counts[p] = sink.tell() - at
+    return np.frombuffer(sink.getvalue(), dtype=np.uint8), counts
+
+
+def _from_ipc(buf: np.ndarray, counts: np.ndarray, field_: pa.Field) -> pa.Array:
+    """Return the rows of the IPC streams received from every rank, in rank order, as one array."""
+    parts, at = [], 0
+    for c in counts.tolist():
+        if c:
+            table = pa.ipc.open_stream(pa.py_buffer(buf[at:at + c])).read_all()
+            parts.extend(table.column(0).chunks)
+            at += c
+    return pa.concat_arrays(parts) if parts else pa.array([], field_.type)
+
+
+def _data_layout(comm: Comm, first_mb: int, mb_offsets: np.ndarray, pos0: int,
+                 index_starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return every data shard's (first row, first micro-batch) plus the end row, and each rank's first shard to write.
+
+    The shards follow the index owners' micro-batches (``data_cuts``), but who writes them
+    does not: the index of a small plan is one shard on one rank, so writing data where the
+    index is would send every row to that rank. Shards go to ranks in contiguous blocks
+    balanced by rows instead.
+    """
+    cuts = data_cuts(first_mb, mb_offsets, pos0, index_starts)
+    mine = np.stack((pos0 + mb_offsets[cuts[:-1]], first_mb + cuts[:-1]), axis=1) if len(cuts) \
+        else np.zeros((0, 2), np.int64)
+    m = max(len(mb_offsets) - 1, 0)
+    end = np.array([[pos0 + (int(mb_offsets[-1]) if m else 0), first_mb + m]], dtype=np.int64)
+    parts = comm.allgather_obj((mine.astype(np.int64), end))
+    # the plan's end: the last rank's; trailing micro-batches of no rows join the last shard
+    last = max((e for _, e in parts), key=lambda e: (int(e[0, 0]), int(e[0, 1])))
+    layout = np.concatenate([m for m, _ in parts] + [last])
+    rows = np.diff(layout[:, 0])
+    return layout.astype(np.int64), balanced_blocks(rows, comm.size)
+
+
+def _write_data_shards(comm: Comm, directory: Path, received: _Received, layout: np.ndarray, lo: int,
+                       hi: int) -> list[dict]:
+    """Write data shards ``[lo, hi)`` of ``layout`` from the received rows; return every shard's entry (every rank)."""
+    w0, n = int(layout[lo, 0]), int(layout[hi, 0] - layout[lo, 0])
+    all_pos = np.concatenate(received.pos) if received.pos else np.zeros(0, np.int64)
+    if len(all_pos) != n or (n and not np.array_equal(np.sort(all_pos), w0 + np.arange(n))):
         raise RuntimeError(f"materialize: rank {comm.rank} received {len(all_pos)} rows for {n} positions")
     where = np.empty(n, dtype=np.int64)
-    where[all_pos - pos0] = np.arange(n)
-    cuts = data_cuts(first_mb, mb_offsets, pos0, index_starts)
-    base = comm.exscan(max(len(cuts) - 1, 0))  # global shard numbers: shards before this rank's
+    where[all_pos - w0] = np.arange(n)
     out, err = [], None
     # sha256 of a written shard runs in a thread (hashlib releases the GIL) while the next
     # shard is gathered and written
     hasher = ThreadPoolExecutor(max_workers=1)
     try:
-        for k, (a, b) in enumerate(zip(cuts[:-1].tolist(), cuts[1:].tolist())):
-            r0, r1 = int(mb_offsets[a]), int(mb_offsets[b])
-            table = _gather_rows(pieces, piece_of, row_in, where[r0:r1]).select(schema.names)
-            name = data_shard_name(base + k)
+        for k in range(lo, hi):
+            (r0, mb0), (r1, mb1) = (int(v) for v in layout[k]), (int(v) for v in layout[k + 1])
+            r0, r1 = r0 - w0, r1 - w0
+            name = data_shard_name(k)
+            try:
+                table = received.gather(where[r0:r1])
+            except OverflowError as exc:
+                raise SortpackError(f"{directory.parent / name}: a stored column holds too many bytes for one "
+                                    f"shard ({exc}); store it as large_string/large_binary") from None
             try:
                 size = write_data_shard(directory / name, table)
             except (OSError, pa.ArrowException) as exc:
                 raise SortpackError(f"{directory.parent / name}: cannot write the data shard "
                                     f"({' '.join(str(exc).split())})") from None
             del table
-            out.append({"file": name, "first": pos0 + r0, "rows": r1 - r0, "first_microbatch": first_mb + a,
-                        "microbatches": b - a, "bytes": size,
+            out.append({"file": name, "first": w0 + r0, "rows": r1 - r0, "first_microbatch": mb0,
+                        "microbatches": mb1 - mb0, "bytes": size,
                         "sha256": hasher.submit(file_sha256, directory / name)})
         for entry in out:
             entry["sha256"] = entry["sha256"].result()
@@ -594,23 +686,6 @@ def _write_data_shards(comm: Comm, directory: Path, received: _Received, schema:
         hasher.shutdown(wait=True)
     comm.check(err)
     return [e for part in comm.allgather_obj(out) for e in part]
-
-
-def _gather_rows(pieces: list[pa.Table], piece_of: np.ndarray, row_in: np.ndarray, g: np.ndarray) -> pa.Table:
-    """Return the received rows ``g`` (indexes into the pieces' concatenation) in that order."""
-    if len(g) and (piece_of[g] == piece_of[g[0]]).all():
-        return pieces[int(piece_of[g[0]])].take(pa.array(row_in[g]))  # one piece: one gather, in order
-    by_piece = np.argsort(piece_of[g], kind="stable")
-    sorted_g = g[by_piece]
-    parts = []
-    for k in np.unique(piece_of[sorted_g]).tolist():
-        sel = sorted_g[piece_of[sorted_g] == k]
-        parts.append(pieces[k].take(pa.array(row_in[sel])))
-    # one chunk before the second gather: a take on a chunked table concatenates every time
-    table = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
-    inverse = np.empty(len(g), dtype=np.int64)
-    inverse[by_piece] = np.arange(len(g))
-    return table.take(pa.array(inverse))
 
 
 def prepare(comm: Comm, opts: StoreOptions, options: dict, popts, tokenizer_path: str | None):
