@@ -131,7 +131,7 @@ def store_options(tokenizer: bool):
             click.option("--store-tokens", is_flag=True,
                          help="Also store the token ids of --size tokens as input_ids (list<int32>)."),
             click.option("--memory-limit", default=None, metavar="BYTES",
-                         help="Bytes per rank for moving the stored data (e.g. 4G; default: a quarter of "
+                         help="Bytes per rank for moving the stored data (e.g. 4G; default: half of "
                               "physical memory divided by the ranks on the node)."),
         ]
         if tokenizer:

@@ -70,7 +70,7 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
     data = None
     if store is not None:
         with profile.stage("materialize"):
-            data = store(out, files, ids, offsets, first, starts)
+            data = store(out, files, ids, offsets, first, starts, cols["tokens"])
     prov = provenance(comm, profile, job)
     if data is not None:
         prov["exchange"] = data.pop("_exchange", None)

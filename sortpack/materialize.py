@@ -6,8 +6,8 @@ and sends rows to the rank writing that position with Alltoallv rounds whose byt
 under ``--memory-limit``. The data shards, whose boundaries are fixed global counts
 (``format/data_shards.py``), are dealt to ranks in blocks balanced by rows, so the bytes
 never depend on the rank count and every rank writes. Rows travel as raw byte ranges where
-the type allows (``row_store.py``); received rows wait in memory up to a quarter of the
-limit and spill to memory-mapped Arrow files past it.
+the type allows (``row_store.py``). A round moves at most an eighth of the limit; received
+rows wait in memory up to half of it and spill to memory-mapped Arrow files past that.
 
 About 700 lines on purpose: the options, the reader of input rows, the exchange rounds and
 the shard writer share one bookkeeping of output positions and one memory budget; split,
@@ -40,7 +40,7 @@ from .sources import SourceFile, describe, read_units, split_units
 from .specs import token_ids
 
 TOKENS_COLUMN = "input_ids"
-_POS = "__sortpack_position"
+ROW_WEIGHT = 16  # per-row bytes (offsets, validity) when balancing the writers by size
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -64,14 +64,14 @@ def parse_memory(text: str | int | None) -> int | None:
 
 
 def default_memory_limit(comm: Comm) -> int:
-    """Return a quarter of this node's physical memory divided by the ranks on this node."""
+    """Return half of this node's physical memory divided by the ranks on this node."""
     try:
         phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         phys = 8 << 30
     hosts = comm.allgather_obj(socket.gethostname())
     per_node = max(1, hosts.count(hosts[comm.rank]))
-    return max(1 << 20, phys // 4 // per_node)
+    return max(1 << 20, phys // 2 // per_node)
 
 
 @dataclass
@@ -423,16 +423,20 @@ class _Reader:
 
 
 def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray,
-                first_mb: int, opts: StoreOptions, tokens: tuple | None, index_starts: np.ndarray) -> dict:
+                first_mb: int, opts: StoreOptions, tokens: tuple | None, index_starts: np.ndarray,
+                mb_sizes: np.ndarray | None = None) -> dict:
     """Write this rank's data shards of the plan; return the manifest's ``data`` object (every rank).
 
     ``ids`` are the sample ids of this rank's micro-batches ``[first_mb, ...)`` in plan
-    order and ``mb_offsets`` their local offsets; ``tokens`` is (text column, tokenizer,
+    order and ``mb_offsets`` their local offsets; ``mb_sizes`` the micro-batches' summed
+    sample sizes (what balances the writers); ``tokens`` is (text column, tokenizer,
     truncate length) with ``--store-tokens``.
     """
     directory = out.ensure()
     limit = opts.memory_limit or default_memory_limit(comm)
-    budget = max(1, limit // 4)
+    # a round's rows live up to three times (read, sent, received): an eighth each; what was
+    # received stays until the shards are written: half, spilled past it
+    budget = max(1, limit // 8)
     columns = list(opts.columns)
     srcs = _describe_files(comm, files)
     schema = output_schema(comm, srcs, files, columns) if columns else pa.schema([])
@@ -460,13 +464,13 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
     local_pos = np.full(my_rows, -1, dtype=np.int64)
     local_pos[got["id"] - my_first] = got["pos"]
     del got, order, to_reader
-    layout, writer_starts = _data_layout(comm, first_mb, mb_offsets, pos0, index_starts)
+    layout, writer_starts = _data_layout(comm, first_mb, mb_offsets, pos0, index_starts, mb_sizes)
     owner_starts = layout[writer_starts, 0]
 
     tokenize = tokens is not None and (len(tokens) < 4 or tokens[3] is None)
     read_columns = sorted(set(columns) | ({tokens[0]} if tokenize else set()))
     reader = _Reader(srcs, files, unit_list[lo:hi], my_first, local_pos, read_columns, schema, tokens)
-    received = _Received(directory, comm.rank, budget, schema)
+    received = _Received(directory, comm.rank, max(1, limit // 2), schema)
     _exchange(comm, reader, received, owner_starts, budget, limit)
 
     shards = _write_data_shards(comm, directory, received, layout, writer_starts[comm.rank],
@@ -497,7 +501,7 @@ def _exchange(comm: Comm, reader: _Reader, received: _Received, owner_starts: np
                     worst = max(more.column_names, key=lambda c: int(column_row_bytes(more.column(c)).max()))
                     raise SortpackError(
                         f"column {worst!r}: a row of {int(more_sizes.max())} bytes does not fit the exchange "
-                        f"budget of {budget} bytes per round (a quarter of --memory-limit {limit}); "
+                        f"budget of {budget} bytes per round (an eighth of --memory-limit {limit}); "
                         "raise --memory-limit")
                 if more.num_rows:
                     queue.append([more, 0])
@@ -624,26 +628,31 @@ def _from_ipc(buf: np.ndarray, counts: np.ndarray, field_: pa.Field) -> pa.Array
     return pa.concat_arrays(parts) if parts else pa.array([], field_.type)
 
 
-def _data_layout(comm: Comm, first_mb: int, mb_offsets: np.ndarray, pos0: int,
-                 index_starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _data_layout(comm: Comm, first_mb: int, mb_offsets: np.ndarray, pos0: int, index_starts: np.ndarray,
+                 mb_sizes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Return every data shard's (first row, first micro-batch) plus the end row, and each rank's first shard to write.
 
     The shards follow the index owners' micro-batches (``data_cuts``), but who writes them
     does not: the index of a small plan is one shard on one rank, so writing data where the
     index is would send every row to that rank. Shards go to ranks in contiguous blocks
-    balanced by rows instead.
+    balanced by their samples' summed sizes plus ``ROW_WEIGHT`` per row: the plan is sorted
+    by size, so equal row counts would give the last rank the longest rows.
     """
     cuts = data_cuts(first_mb, mb_offsets, pos0, index_starts)
+    m = max(len(mb_offsets) - 1, 0)
+    weight = np.zeros(0, np.float64)
+    if len(cuts):
+        sizes = np.zeros(m, np.float64) if mb_sizes is None else np.asarray(mb_sizes, np.float64)
+        cum = np.concatenate(([0.0], np.cumsum(sizes)))
+        weight = np.diff(cum[cuts]) + ROW_WEIGHT * np.diff(mb_offsets[cuts])
     mine = np.stack((pos0 + mb_offsets[cuts[:-1]], first_mb + cuts[:-1]), axis=1) if len(cuts) \
         else np.zeros((0, 2), np.int64)
-    m = max(len(mb_offsets) - 1, 0)
     end = np.array([[pos0 + (int(mb_offsets[-1]) if m else 0), first_mb + m]], dtype=np.int64)
-    parts = comm.allgather_obj((mine.astype(np.int64), end))
+    parts = comm.allgather_obj((mine.astype(np.int64), end, weight))
     # the plan's end: the last rank's; trailing micro-batches of no rows join the last shard
-    last = max((e for _, e in parts), key=lambda e: (int(e[0, 0]), int(e[0, 1])))
-    layout = np.concatenate([m for m, _ in parts] + [last])
-    rows = np.diff(layout[:, 0])
-    return layout.astype(np.int64), balanced_blocks(rows, comm.size)
+    last = max((e for _, e, _ in parts), key=lambda e: (int(e[0, 0]), int(e[0, 1])))
+    layout = np.concatenate([m for m, _, _ in parts] + [last])
+    return layout.astype(np.int64), balanced_blocks(np.concatenate([w for _, _, w in parts]), comm.size)
 
 
 def _write_data_shards(comm: Comm, directory: Path, received: _Received, layout: np.ndarray, lo: int,
@@ -729,12 +738,12 @@ def prepare(comm: Comm, opts: StoreOptions, options: dict, popts, tokenizer_path
         return caches[-1]
 
     def store(out: OutputDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray, first_mb: int,
-              index_starts: np.ndarray) -> dict:
+              index_starts: np.ndarray, mb_sizes: np.ndarray | None = None) -> dict:
         cache = caches[-1] if caches else None
         if cache is not None:
             cache.share()
         data = materialize(comm, out, files, ids, mb_offsets, first_mb, opts,
-                           None if tokens is None else (*tokens, cache), index_starts)
+                           None if tokens is None else (*tokens, cache), index_starts, mb_sizes)
         if cache is not None:
             comm.barrier()  # every rank has read the ids it needed
             cache.remove()
