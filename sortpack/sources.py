@@ -34,6 +34,9 @@ class SourceFile:
     bytes: int
     # rows per unit, or None where the format does not say without parsing (jsonl, csv)
     unit_rows: list[int] | None = field(default=None)
+    # bytes per unit (all columns) where the metadata says: uncompressed page bytes for
+    # Parquet (dictionary-encoded values decode to more), batch bytes for Arrow files
+    unit_bytes: list[int] | None = field(default=None)
 
     @property
     def num_units(self) -> int:
@@ -178,13 +181,13 @@ def describe(path: str, fmt: str) -> SourceFile:
         size = os.path.getsize(path)
         if fmt == "parquet":
             md = pq.ParquetFile(path).metadata
-            rows = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-            return SourceFile(path, fmt, size, rows)
+            groups = [md.row_group(i) for i in range(md.num_row_groups)]
+            return SourceFile(path, fmt, size, [g.num_rows for g in groups], [g.total_byte_size for g in groups])
         if fmt == "arrow":
             reader = _arrow_reader(path)
             if isinstance(reader, pa.ipc.RecordBatchFileReader):
-                rows = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
-                return SourceFile(path, fmt, size, rows)
+                batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+                return SourceFile(path, fmt, size, [b.num_rows for b in batches], [b.nbytes for b in batches])
             return SourceFile(path, fmt, size, None)
         return SourceFile(path, fmt, size, None)
     except (pa.ArrowException, OSError) as exc:

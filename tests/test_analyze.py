@@ -392,3 +392,29 @@ def test_file_runs_split_at_files_and_row_limit(monkeypatch):
     rows = np.array([3, 3, 3, 3, -1, 10, 1])
     assert _file_runs(unit_file, unit_local, rows) == [(0, 0, 2), (0, 2, 4), (1, 0, 1), (2, 3, 4), (2, 4, 5)]
     assert _file_runs(unit_file[:0], unit_local[:0], rows[:0]) == []
+
+
+def test_file_runs_also_split_at_the_byte_limit(monkeypatch):
+    # few rows of large values: the byte bound cuts where the row bound would not
+    monkeypatch.setattr(analyze_mod, "READ_ROWS", 100)
+    monkeypatch.setattr(analyze_mod, "READ_BYTES", 1000)
+    unit_file = np.array([0, 0, 0, 0, 0])
+    unit_local = np.arange(5)
+    rows = np.array([3, 3, 3, 3, 3])
+    nbytes = np.array([400, 400, 400, 1500, 10])
+    assert _file_runs(unit_file, unit_local, rows, nbytes) == [(0, 0, 3), (0, 3, 4), (0, 4, 5)]
+    assert _file_runs(unit_file, unit_local, rows) == [(0, 0, 5)]
+
+
+def test_parquet_and_arrow_files_describe_their_units_bytes(tmp_path):
+    from sortpack.sources import describe
+
+    table = pa.table({"text": [f"{i:03d}" * 34 for i in range(30)]})  # distinct values: no dictionary
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=10)
+    src = describe(str(tmp_path / "a.parquet"), "parquet")
+    assert src.unit_rows == [10, 10, 10] and len(src.unit_bytes) == 3 and min(src.unit_bytes) >= 1000
+    with pa.OSFile(str(tmp_path / "a.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        for batch in table.to_batches(max_chunksize=15):
+            w.write_batch(batch)
+    src = describe(str(tmp_path / "a.arrow"), "arrow")
+    assert src.unit_rows == [15, 15] and min(src.unit_bytes) >= 1500
