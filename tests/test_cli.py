@@ -200,3 +200,21 @@ def test_threads_profile_and_plot_options(tmp_path, text_dataset):
         assert proc.returncode == 2 and "matplotlib" in proc.stderr
     else:
         assert proc.returncode == 0 and png.stat().st_size > 0
+
+
+def test_the_cli_keeps_pyarrow_from_importing_pandas_and_pandas_still_works(tmp_path):
+    # pyarrow imports pandas on its first pa.array: ~0.2 s per rank of every job
+    import subprocess
+    import sys
+
+    pytest.importorskip("pandas")
+    code = ("import sys; from sortpack.cli import _skip_pandas; _skip_pandas(['run']); import pyarrow as pa; "
+            "pa.array([1]); print('pandas' in sys.modules); import pandas as pd; "
+            "print(type(pa.table({'a': [1]}).to_pandas()).__name__, pa.array(pd.Series([2])).to_pylist())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False", "DataFrame", "[2]"]
+    # a python: SPEC may use pandas itself: nothing is changed then
+    code = ("import sys; from sortpack.cli import _skip_pandas; _skip_pandas(['run', '--size', 'python:m:f']); "
+            "import pyarrow as pa; pa.array([1]); print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["True"]
