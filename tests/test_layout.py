@@ -9,10 +9,10 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "sortpack"
 
 STAGES = {"analyze", "sort", "pack"}
-WRITERS = {"sample_dirs", "index_writer", "provenance"}
+WRITERS = {"sample_dirs", "index_writer", "provenance", "materialize"}
 READER_SIDE = {"reader", "dataset", "torch", "train"}
 # modules every layer may use: they know no stage, no directory and no reader
-BASE = {"errors", "parallel", "partition", "kernels", "samples", "distribute", "progress"}
+BASE = {"errors", "parallel", "partition", "kernels", "samples", "distribute", "progress", "row_store"}
 
 
 def _module_imports(path: Path) -> set[str]:
