@@ -7,7 +7,7 @@ import pyarrow as pa
 from .distribute import move_ragged, redistribute
 from .format.kinds import new_manifest, rows_per_shard, samples_per_shard
 from .format.manifest import DATA_VERSION, VERSION
-from .format.schemas import index_schema, schema_json
+from .format.schemas import index_schema, sample_id_type, schema_json
 from .format.shards import OutputDir, write_owned_shards
 from .pack import Microbatches
 from .parallel import Comm
@@ -39,7 +39,10 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
     cols["microbatch"] = np.arange(mbs.first, mbs.first + m, dtype=np.int64)
     cols = redistribute(comm, cols, mbs.first, dest)
     offsets = np.concatenate(([0], np.cumsum(cols["num_samples"], dtype=np.int64)))
-    schema = index_schema(rows=row_sizes is not None)
+    source_rows = int(sum(f["rows"] for f in files))
+    # the id width follows the input's row count, the same on every rank: bytes never depend on P
+    id_type = sample_id_type(source_rows)
+    schema = index_schema(rows=row_sizes is not None, id_type=id_type)
     if row_sizes is not None:
         row_offsets = np.concatenate(([0], np.cumsum(cols["batch_size"], dtype=np.int64)))
         # row_splits of a micro-batch: where each of its rows starts in its sample_ids, plus the end
@@ -50,7 +53,7 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
         data = {}
         for name in schema.names:
             if name == "sample_ids":
-                data[name] = _list_array(offsets, ids, a, b, pa.int64())
+                data[name] = _list_array(offsets, ids, a, b, id_type)
             elif name == "row_splits":
                 # per micro-batch: where each row starts in its sample_ids, then the end
                 counts = cols["batch_size"][a:b].astype(np.int64)
@@ -78,7 +81,7 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
         "index", version=VERSION,
         num_rows=mbs.total, num_samples=mbs.stats["num_samples"], num_microbatches=mbs.total,
         rows_per_shard=rows, samples_per_shard=samples_per_shard(), schema=schema_json(schema), options=options,
-        source={"num_rows": int(sum(f["rows"] for f in files)), "files": files},
+        source={"num_rows": source_rows, "files": files},
         shards=shards, stats=mbs.stats, provenance=prov,
     )
     if data is not None:

@@ -25,13 +25,15 @@ from support import write_text_parquet
 
 def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", size: str = "length",
                    difficulty: str | None = None, key: str = "size", stages: int = 1,
-                   rows_per_shard: int | None = None, **pack) -> Path:
+                   rows_per_shard: int | None = None, id_bits: int | None = None, **pack) -> Path:
     """Run the real pipeline (analyze, sort, pack) in process over ``inputs``; return the index path.
 
     Without ``inputs``, one parquet file of texts with the given ``lengths`` is written beside
     the index (sample id i has size ``lengths[i]``). ``pack`` holds ``PackOptions`` fields
     (``max_tokens``, ``budget``, ``shapes``, ``same_shape``, ``rows``, ...); ``rows_per_shard``
-    cuts the index into small shards (the format's shard size, set for this call only).
+    cuts the index into small shards (the format's shard size, set for this call only);
+    ``id_bits=64`` writes the sample ids as int64 (the width of indexes over 2^31 rows, and of
+    every index before ids could be int32) instead of the int32 a small input gets.
     """
     from sortpack.analyze import AnalyzeOptions
     from sortpack.pack import PackOptions
@@ -45,18 +47,22 @@ def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", siz
     if "shapes" in pack:
         pack["shapes"] = tuple(pack["shapes"])
     # the shard size is read from the environment when a directory is written
-    env = os.environ.get("SORTPACK_TEST_SHARD_ROWS")
-    if rows_per_shard:
-        os.environ["SORTPACK_TEST_SHARD_ROWS"] = str(rows_per_shard)
+    overrides = {"SORTPACK_TEST_SHARD_ROWS": str(rows_per_shard) if rows_per_shard else None,
+                 "SORTPACK_TEST_ID_BITS": str(id_bits) if id_bits else None}
+    saved = {name: os.environ.get(name) for name in overrides}
+    for name, value in overrides.items():
+        if value is not None:
+            os.environ[name] = value
     try:
         run_all(SerialComm(), [str(i) for i in inputs], str(path),
                 AnalyzeOptions(column=column, size=size, difficulty=difficulty),
                 SortOptions(key=key, stages=stages), PackOptions(**pack), overwrite=True, job=JobInfo(argv=["tests"]))
     finally:
-        if env is None:
-            os.environ.pop("SORTPACK_TEST_SHARD_ROWS", None)
-        else:
-            os.environ["SORTPACK_TEST_SHARD_ROWS"] = env
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return path
 
 

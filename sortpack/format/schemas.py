@@ -1,6 +1,8 @@
 """Arrow schemas of the three directory kinds (see docs/format.md)."""
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 
 from .kinds import KIND_OF_FORMAT
@@ -16,11 +18,28 @@ def sorted_schema(difficulty_type: pa.DataType) -> pa.Schema:
     return metrics_schema(difficulty_type).append(pa.field("stage", pa.int16()))
 
 
-def index_schema(rows: bool = False) -> pa.Schema:
-    """Return the schema of an index's micro-batch table (``rows``: with ``row_splits``)."""
+# the largest input row count whose sample ids (0 .. rows - 1) all fit an int32
+INT32_ID_ROWS = 2**31
+
+
+def sample_id_type(source_rows: int) -> pa.DataType:
+    """Return the Arrow type of an index's sample ids: int32 when every id fits, else int64.
+
+    Sample ids are input row numbers, so the bound is the input's row count (known to every
+    rank, independent of what ``--oversize skip`` drops). ``SORTPACK_TEST_ID_BITS=64`` (read
+    here, when used) lets tests write the int64 form on small data.
+    """
+    if os.environ.get("SORTPACK_TEST_ID_BITS") == "64":
+        return pa.int64()
+    return pa.int32() if int(source_rows) <= INT32_ID_ROWS else pa.int64()
+
+
+def index_schema(rows: bool = False, id_type: pa.DataType | None = None) -> pa.Schema:
+    """Return the schema of an index's micro-batch table (``rows``: with ``row_splits``;
+    ``id_type``: the sample ids' int32 or int64, default int64)."""
     fields = [
         ("microbatch", pa.int64()),
-        ("sample_ids", pa.list_(pa.int64())),
+        ("sample_ids", pa.list_(id_type or pa.int64())),
         ("num_samples", pa.int32()),
         ("batch_size", pa.int32()),
         ("max_size", pa.int64()),
@@ -35,11 +54,12 @@ def index_schema(rows: bool = False) -> pa.Schema:
     return pa.schema(fields)
 
 
-def kind_schema(kind: str, difficulty_type: pa.DataType | None = None, rows: bool = False) -> pa.Schema:
-    """Return the shard schema of a ``kind`` directory (``difficulty_type`` and ``rows`` where they apply)."""
+def kind_schema(kind: str, difficulty_type: pa.DataType | None = None, rows: bool = False,
+                id_type: pa.DataType | None = None) -> pa.Schema:
+    """Return the shard schema of a ``kind`` directory (``difficulty_type``, ``rows``, ``id_type`` where they apply)."""
     difficulty_type = difficulty_type or pa.int64()
     if kind == "index":
-        return index_schema(rows=rows)
+        return index_schema(rows=rows, id_type=id_type)
     return metrics_schema(difficulty_type) if kind == "metrics" else sorted_schema(difficulty_type)
 
 
@@ -48,7 +68,9 @@ def schema_for(manifest: dict) -> pa.Schema:
     kind = manifest.get("_kind") or KIND_OF_FORMAT[manifest["format"]]
     described = manifest.get("schema", {})
     dtype = pa.float64() if described.get("difficulty") == "double" else pa.int64()
-    return kind_schema(kind, dtype, rows="row_splits" in described)
+    # "list<item: int32>" (older indexes: int64)
+    id_type = pa.int32() if "int32" in str(described.get("sample_ids", "")) else pa.int64()
+    return kind_schema(kind, dtype, rows="row_splits" in described, id_type=id_type)
 
 
 def schema_json(schema: pa.Schema) -> dict:

@@ -249,9 +249,13 @@ def verify_directory(directory: str | os.PathLike) -> list[str]:
             problems.append(f"{entry['file']}: starts at row {entry['first']}, expected {expected_first}")
         expected_first = entry["first"] + entry["rows"]
         try:
-            rows = open_shard(directory, entry).num_rows
-            if rows != entry["rows"]:
-                problems.append(f"{entry['file']}: {rows} rows, manifest says {entry['rows']}")
+            batch = open_shard(directory, entry)
+            if batch.num_rows != entry["rows"]:
+                problems.append(f"{entry['file']}: {batch.num_rows} rows, manifest says {entry['rows']}")
+            # e.g. an index's sample ids: int32 or int64, as the manifest's schema records
+            got = {f.name: str(f.type) for f in batch.schema}
+            if manifest.get("schema") and got != manifest["schema"]:
+                problems.append(f"{entry['file']}: columns {got} differ from the manifest's schema")
         except Exception as exc:  # noqa: BLE001 - report any unreadable shard as a problem
             problems.append(f"{entry['file']}: unreadable ({exc})")
     if expected_first != manifest["num_rows"]:

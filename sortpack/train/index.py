@@ -25,7 +25,9 @@ class PackedIndex:
         shard's size checked at once; shards are memory-mapped when a micro-batch first needs them.
 
     Attributes: ``manifest`` (the parsed manifest.json), ``options`` (the pack options),
-    ``num_microbatches``, ``num_samples``, ``has_rows`` (rows mode: ``row_splits`` present).
+    ``num_microbatches``, ``num_samples``, ``has_rows`` (rows mode: ``row_splits`` present),
+    ``id_dtype`` (how the shards store sample ids: int32 when every id fits, else int64;
+    every method hands out int64 arrays or Python ints either way).
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -58,6 +60,11 @@ class PackedIndex:
         if missing:
             raise SortpackError(f"{self.path}: index lacks column(s) {', '.join(sorted(missing))}")
         self.has_rows = "row_splits" in names
+        described = str((self.manifest.get("schema") or {}).get("sample_ids", ""))
+        if not described and entries:
+            described = str(self._shard(0).schema.field("sample_ids").type)
+        # int32 when the input's row count allows it (docs/format.md); older indexes are int64
+        self.id_dtype = np.dtype(np.int32 if "int32" in described else np.int64)
         self._stored = None
 
     @property
@@ -120,8 +127,15 @@ class PackedIndex:
         return values[offsets[j]:offsets[j + 1]]
 
     def microbatch(self, i: int) -> np.ndarray:
-        """Return the sample ids (int64, a read-only zero-copy view) of micro-batch ``i``."""
-        return self._list_item("sample_ids", i)
+        """Return the sample ids (int64, read-only) of micro-batch ``i``.
+
+        A zero-copy view of an int64 index; a small copy (one micro-batch) of an int32 one.
+        """
+        ids = self._list_item("sample_ids", i)
+        if ids.dtype != np.int64:
+            ids = ids.astype(np.int64)
+            ids.flags.writeable = False
+        return ids
 
     def row_splits(self, i: int) -> np.ndarray | None:
         """Return the offsets of micro-batch ``i``'s packed rows into its sample ids (None without rows)."""

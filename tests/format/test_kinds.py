@@ -1,11 +1,12 @@
 """The table of directory kinds and what is derived from it."""
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from sortpack.format import kinds
 from sortpack.format.manifest import shard_name
-from sortpack.format.schemas import kind_schema, schema_for
+from sortpack.format.schemas import index_schema, kind_schema, schema_for, schema_json
 
 
 def test_derived_tables_agree_with_the_kind_table():
@@ -23,6 +24,15 @@ def test_schema_for_reads_back_the_kind_and_options():
     assert "row_splits" not in schema_for({"format": "sortpack-index", "schema": {}}).names
     sch = schema_for({"format": "sortpack-sorted", "schema": {"difficulty": "double"}})
     assert str(sch.field("difficulty").type) == "double" and "stage" in sch.names
+
+
+def test_schema_for_reads_back_the_sample_id_width():
+    for id_type in (pa.int32(), pa.int64()):
+        written = schema_json(index_schema(id_type=id_type))
+        assert written["sample_ids"] == f"list<item: {id_type}>"
+        assert schema_for({"format": "sortpack-index", "schema": written}) == index_schema(id_type=id_type)
+    # manifests of indexes written before the width was chosen: int64
+    assert str(schema_for({"format": "sortpack-index", "schema": {}}).field("sample_ids").type) == "list<item: int64>"
 
 
 def test_rows_per_shard_reads_the_test_hook_when_called(monkeypatch):

@@ -36,8 +36,10 @@ def _shard_ids(path: Path) -> list[list[int]]:
     return out
 
 
-def test_open_exposes_counts_columns_and_zero_copy_ids(small):
+def test_open_exposes_counts_columns_and_zero_copy_ids(small64):
+    small = small64  # an int64 index: its ids are handed out as zero-copy views
     ix = PackedIndex(small)
+    assert ix.id_dtype == np.int64
     assert ix.num_microbatches == 23 and len(ix._shards) == 5
     counts = ix["num_samples"]
     assert counts.dtype == np.int32 and len(counts) == 23 and ix.num_samples == counts.sum()
@@ -52,6 +54,27 @@ def test_open_exposes_counts_columns_and_zero_copy_ids(small):
     assert ix.range_sum("tokens", 3, 19) == ix["tokens"][3:19].sum()
     with pytest.raises(IndexError):
         ix.microbatch(23)
+
+
+def test_int32_ids_are_handed_out_as_int64(small, small64):
+    """A small input's index stores int32 ids; the reader hands out the same int64 values as an int64 index's."""
+    ix, ix64 = PackedIndex(small), PackedIndex(small64)
+    assert ix.manifest["schema"]["sample_ids"] == "list<item: int32>"
+    assert ix64.manifest["schema"]["sample_ids"] == "list<item: int64>"
+    assert ix.id_dtype == np.int32 and ix64.id_dtype == np.int64
+    want = _shard_ids(small)
+    assert want == _shard_ids(small64)
+    for i in range(23):
+        ids = ix.microbatch(i)
+        assert ids.dtype == np.int64 and not ids.flags.writeable
+        assert ids.tolist() == want[i] == ix64.microbatch(i).tolist()
+        got, bs, ps, splits = ix.record(i)
+        assert (got, bs, ps, splits) == ix64.record(i)
+        assert all(type(x) is int for x in got)
+    # the id width is the only difference: same columns, same micro-batches, smaller shards
+    for name in ("num_samples", "batch_size", "padded_size", "tokens", "min_key", "max_key"):
+        assert ix[name].tolist() == ix64[name].tolist()
+    assert sum(e["bytes"] for e in ix.manifest["shards"]) < sum(e["bytes"] for e in ix64.manifest["shards"])
 
 
 def test_refuses_unknown_version_and_bad_shard_size(small, tmp_path):
