@@ -9,7 +9,7 @@ never depend on the rank count and every rank writes. Rows travel as raw byte ra
 the type allows (``row_store.py``). A round moves at most an eighth of the limit; received
 rows wait in memory up to half of it and spill to memory-mapped Arrow files past that.
 
-About 700 lines on purpose: the options, the reader of input rows, the exchange rounds and
+About 750 lines on purpose: the options, the reader of input rows, the exchange rounds and
 the shard writer share one bookkeeping of output positions and one memory budget; split,
 each part would have to re-derive them. Data shard I/O lives in ``format/data_shards.py``,
 the gathers in ``row_store.py`` and the reader side in ``stored.py``.

@@ -7,7 +7,7 @@ released) when present, and otherwise fall back, after one warning, to the numpy
 pure-Python implementations below, which give identical results, more slowly.
 Set ``SORTPACK_NO_CKERNELS=1`` to force the fallback. ``backend()`` says which is in use.
 
-About 650 lines on purpose: each kernel's ctypes binding sits beside its numpy fallback, so
+About 700 lines on purpose: each kernel's ctypes binding sits beside its numpy fallback, so
 the two implementations that must agree bit for bit are read together.
 """
 from __future__ import annotations
