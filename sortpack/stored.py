@@ -93,8 +93,7 @@ class StoredData:
     def positions(self, sample_ids) -> np.ndarray:
         """Return the stored row of each sample id (KeyError for ids not in the plan)."""
         if self._position_of is None:
-            ids = np.concatenate([self.index.microbatch(i) for i in range(self.index.num_microbatches)]) \
-                if self.index.num_microbatches else np.zeros(0, np.int64)
+            ids = self.index.all_sample_ids()
             order = np.argsort(ids, kind="stable")
             self._position_of = (ids[order], order)
         sorted_ids, order = self._position_of

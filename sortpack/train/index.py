@@ -137,6 +137,14 @@ class PackedIndex:
             ids.flags.writeable = False
         return ids
 
+    def all_sample_ids(self) -> np.ndarray:
+        """Return every micro-batch's sample ids one after another, in plan order (int64, a new array)."""
+        parts = []
+        for k in range(len(self._shards)):
+            offsets, values = self._view(k, "sample_ids")
+            parts.append(values[offsets[0]:offsets[-1]])
+        return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
+
     def row_splits(self, i: int) -> np.ndarray | None:
         """Return the offsets of micro-batch ``i``'s packed rows into its sample ids (None without rows)."""
         return self._list_item("row_splits", i) if self.has_rows else None

@@ -156,3 +156,13 @@ def test_every_packing_mode_reads_back_whole(tmp_path, mode):
     group = 3 if mode == "same-shape" else 1
     ranks = [PackedSampler(ix, rank=r, world_size=group, grad_accum=2) for r in range(group)]
     assert set(np.concatenate([s.schedule().ravel() for s in ranks]).tolist()) == set(range(len(ix)))
+
+
+@pytest.mark.parametrize("fixture", ["small", "small64"])
+def test_all_sample_ids_is_every_microbatch_in_plan_order(fixture, request):
+    # one concatenation of the shards' values, for the stored data's id -> row map
+    path = request.getfixturevalue(fixture)
+    ix = PackedIndex(path)
+    flat = ix.all_sample_ids()
+    assert flat.dtype == np.int64 and len(ix._shards) > 1
+    assert flat.tolist() == [s for i in range(ix.num_microbatches) for s in ix.microbatch(i).tolist()]
