@@ -41,6 +41,7 @@ def test_run_is_byte_identical_for_1_to_4_ranks(tmp_path, text_dataset):
         outs.append(out)
     m = read_manifest(outs[0])
     assert len(m["shards"]) >= 2 and m["num_samples"] == len(lengths)
+    assert m["schema"]["sample_ids"] == "list<item: int32>"  # the default id width for < 2^31 rows
     for other in outs[1:]:
         assert_identical(outs[0], other)
     assert {read_manifest(o)["provenance"]["world_size"] for o in outs} == {1, 2, 3, 4}
