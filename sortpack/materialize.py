@@ -4,10 +4,11 @@ Every rank reads the rows of its own input units (as ``analyze`` splits them), l
 each row's output position from the index owners (one Alltoallv of (sample id, position)),
 and sends rows to the rank writing that position with Alltoallv rounds whose bytes stay
 under ``--memory-limit``. The data shards, whose boundaries are fixed global counts
-(``format/data_shards.py``), are dealt to ranks in blocks balanced by rows, so the bytes
-never depend on the rank count and every rank writes. Rows travel as raw byte ranges where
-the type allows (``row_store.py``). A round moves at most an eighth of the limit; received
-rows wait in memory up to half of it and spill to memory-mapped Arrow files past that.
+(``format/data_shards.py``), are dealt to ranks in blocks balanced by the plan's sizes,
+so the bytes never depend on the rank count and every rank writes. Rows travel as raw byte
+ranges where the type allows (``row_store.py``). A round moves at most an eighth of the
+limit; received rows wait in memory up to half of it and spill to memory-mapped Arrow
+files past that.
 
 About 750 lines on purpose: the options, the reader of input rows, the exchange rounds and
 the shard writer share one bookkeeping of output positions and one memory budget; split,
