@@ -393,6 +393,8 @@ def _skip_pandas(argv) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if "pandas" in sys.modules or any("python:" in str(a) for a in args):
         return
+    if not args or "--help" in args or "--version" in args:  # no job: do not load pyarrow for it
+        return
     blocker = _NoPandas()
     sys.meta_path.insert(0, blocker)
     try:
