@@ -326,7 +326,7 @@ class _Received:
     def _spill(self) -> None:
         path = self.directory / f".spill-{self.rank:05d}-{len(self.spills):05d}.arrow"
         pending = np.arange(self.spilled_rows, self.rows)
-        table = pa.Table.from_arrays([self.stores[f.name].gather(pending) for f in self.schema], schema=self.schema)
+        table = self.gather(pending)
         _write_file(path, table, "spill file")
         del table
         self.spills.append(path)

@@ -681,7 +681,7 @@ def batch_capacity(lengths, max_tokens, budget: str = "padded", quadratic_scale:
 
 def gather_bytes(bases: np.ndarray, buffers: list, piece: np.ndarray, src_start: np.ndarray,
                  length: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Return ``dst`` row i is ``length[i]`` bytes of ``buffers[piece[i]]`` at ``src_start[i]``.
+    """Return ``dst`` filled in row order: row i is ``length[i]`` bytes of ``buffers[piece[i]]`` at ``src_start[i]``.
 
     Rows land one after another from ``dst``'s start. ``bases`` are the buffers' addresses
     (what the C kernel reads); ``buffers`` are the same memory as numpy uint8 arrays (what the
