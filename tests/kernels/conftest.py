@@ -4,14 +4,15 @@ from __future__ import annotations
 import pytest
 
 from sortpack import kernels as K
+from sortpack.kernels import _loader
 
 
 @pytest.fixture
 def fallback(monkeypatch):
     """Run the test with the compiled kernels hidden, as on a machine without a compiler."""
-    monkeypatch.setattr(K, "_clib", None)
-    monkeypatch.setattr(K, "_fallback_reason", "hidden by the test")
-    monkeypatch.setattr(K, "_warned", True)
+    monkeypatch.setattr(_loader, "_clib", None)
+    monkeypatch.setattr(_loader, "_fallback_reason", "hidden by the test")
+    monkeypatch.setattr(_loader, "_warned", True)
     return K
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from sortpack import kernels as K
+from sortpack.kernels import _loader
 
 
 def random_cases(count, seed=0):
@@ -44,7 +45,7 @@ def test_greedy_fallback_long_batches(fallback):
         np.testing.assert_array_equal(K.greedy_pack(sizes, **kw), K.greedy_pack_reference(sizes, **kw))
 
 
-def test_merge_and_pack_rows_fallback(fallback):
+def test_merge_and_pack_rows_fallback(fallback, monkeypatch):
     rng = np.random.default_rng(3)
     lens = rng.integers(0, 50, 7)
     offsets = np.concatenate([[0], np.cumsum(lens)])
@@ -57,9 +58,9 @@ def test_merge_and_pack_rows_fallback(fallback):
     order, splits = K.pack_rows_windows(sizes, 100, 3, 64)
     np.testing.assert_array_equal(np.sort(order), np.arange(500))
     if importlib.util.find_spec("sortpack.kernels._ckernels") is not None:
-        K_c = K._load_clib()
+        K_c = _loader._load_clib()
         if K_c is not None:
-            K.__dict__["_clib"] = K_c  # monkeypatch restores None after the test
+            monkeypatch.setattr(_loader, "_clib", K_c)
             c_order, c_splits = K.pack_rows_windows(sizes, 100, 3, 64)
             np.testing.assert_array_equal(order, c_order)
             np.testing.assert_array_equal(splits, c_splits)
@@ -68,8 +69,8 @@ def test_merge_and_pack_rows_fallback(fallback):
 
 
 def test_fallback_warns_once(monkeypatch):
-    monkeypatch.setattr(K, "_clib", None)
-    monkeypatch.setattr(K, "_warned", False)
+    monkeypatch.setattr(_loader, "_clib", None)
+    monkeypatch.setattr(_loader, "_warned", False)
     with pytest.warns(RuntimeWarning, match="fallback"):
         K.greedy_pack([1, 2, 3], 10)
     with warnings.catch_warnings():
@@ -81,12 +82,12 @@ def test_fallback_warns_once(monkeypatch):
 
 def test_loading(monkeypatch):
     monkeypatch.setenv("SORTPACK_NO_CKERNELS", "1")
-    assert K._load_clib() is None
+    assert _loader._load_clib() is None
     monkeypatch.delenv("SORTPACK_NO_CKERNELS")
     if importlib.util.find_spec("sortpack.kernels._ckernels") is None:
         pytest.skip("compiled kernels not built")
     # built: it must load (a broken build would silently fall back and be slow)
-    assert K._load_clib() is not None, K._fallback_reason
-    monkeypatch.setattr(K, "_ABI_VERSION", -1)
-    assert K._load_clib() is None
-    assert "stale" in K._fallback_reason
+    assert _loader._load_clib() is not None, _loader._fallback_reason
+    monkeypatch.setattr(_loader, "_ABI_VERSION", -1)
+    assert _loader._load_clib() is None
+    assert "stale" in _loader._fallback_reason

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from sortpack import kernels as K
+from sortpack.kernels import _loader
 
 
 def _case(seed):
@@ -30,8 +31,8 @@ def test_gather_matches_slicing_compiled_and_fallback(seed, monkeypatch):
     buffers, piece, start, length, expected = _case(seed)
     for hide in (False, True):
         if hide:
-            monkeypatch.setattr(K, "_clib", None)
-            monkeypatch.setattr(K, "_warned", True)
+            monkeypatch.setattr(_loader, "_clib", None)
+            monkeypatch.setattr(_loader, "_warned", True)
         dst = np.full(len(expected) + 3, 7, dtype=np.uint8)
         K.gather_bytes(_bases(buffers), buffers, piece, start, length, dst)
         assert dst[:len(expected)].tobytes() == expected

@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sortpack import kernels as K
+from sortpack.kernels import _loader
+from sortpack.kernels.lengths import _optimal_lengths_fallback
 
 from support import lognormal, rounding_padding
 
@@ -43,7 +45,7 @@ def test_optimal_lengths_equal_brute_force(hist, k):
     if k < len(values):
         # the numpy fallback runs the same DP with the same tie-breaking: identical lengths
         prefix = np.concatenate(([0], np.cumsum(counts)))
-        assert np.array_equal(K._optimal_lengths_fallback(values, prefix, k), got)
+        assert np.array_equal(_optimal_lengths_fallback(values, prefix, k), got)
 
 
 def test_c_and_numpy_agree_on_large_histograms(fallback, monkeypatch):
@@ -51,10 +53,10 @@ def test_c_and_numpy_agree_on_large_histograms(fallback, monkeypatch):
     values = np.unique(rng.integers(1, 200_000, 20_000))
     counts = rng.integers(1, 30, len(values))
     numpy_result = [K.optimal_lengths(values, counts, k) for k in (2, 7, 16)]
-    lib = K._load_clib()
+    lib = _loader._load_clib()
     if lib is None:
         pytest.skip("compiled kernels not built")
-    monkeypatch.setattr(K, "_clib", lib)
+    monkeypatch.setattr(_loader, "_clib", lib)
     for k, want in zip((2, 7, 16), numpy_result):
         assert np.array_equal(K.optimal_lengths(values, counts, k), want)
 

@@ -1,0 +1,252 @@
+"""Greedy packing of ordered sizes into micro-batches under a budget: the compiled kernel,
+its numpy fallback, and the sequential reference they both reproduce exactly."""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._loader import _c, _i64, _ptr
+from .budget import BUDGETS, check_budget, limits
+
+
+def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str = "padded", max_samples: int = 0,
+                          batch_multiple: int = 1, quadratic_scale: float = 1.0, pad_multiple: int = 0,
+                          shapes: Any = None) -> np.ndarray:
+    """Return micro-batch boundaries of the sequential greedy (the oracle; a Python loop).
+
+    A sample joins the current micro-batch iff afterwards the budget holds and the count is
+    at most ``max_samples`` (when > 0). Cost of a micro-batch of ``c`` samples whose largest
+    rounded length is ``L``: padded ``c*L``; tokens ``sum(s)`` (``c*L`` when rounding);
+    quadratic ``sum(s + s*s/Q)`` (``c*(L + L*L/Q)`` when rounding). When a micro-batch closes
+    with ``batch_multiple`` M > 1, it keeps the largest multiple of M of its samples (all
+    when fewer than M) and the rest open the next one, which the sample is tested against.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[0, b1, ..., n]``: micro-batch i is ``sizes[b[i]:b[i+1]]``.
+    """
+    sizes = [int(s) for s in np.asarray(sizes, dtype=np.int64)]
+    rounding = bool(pad_multiple and pad_multiple > 1) or (shapes is not None and len(shapes) > 0)
+    shape_list = [int(x) for x in shapes] if shapes is not None else []
+
+    def rnd(x: int) -> int:
+        if shape_list:
+            for s in shape_list:
+                if s >= x:
+                    return s
+            return x
+        if pad_multiple and pad_multiple > 1:
+            return -(-x // pad_multiple) * pad_multiple
+        return x
+
+    def cost(batch: list[int]) -> float:
+        c = len(batch)
+        if c == 0:
+            return 0
+        L = rnd(max(batch))
+        if budget == "padded" or rounding:
+            if budget == "quadratic":
+                return c * (L + L * L / quadratic_scale)
+            return c * L
+        if budget == "tokens":
+            return sum(batch)
+        # plain left-to-right addition, not sum(): sum() is compensated from Python 3.12
+        # on, and micro-batch boundaries must not depend on the interpreter
+        total = 0.0
+        for s in batch:
+            total += s + s * s / quadratic_scale
+        return total
+
+    bounds = [0]
+    start = 0
+    batch: list[int] = []
+    for _i, s in enumerate(sizes):
+        while batch:
+            trial = batch + [s]
+            if cost(trial) <= max_tokens and (max_samples <= 0 or len(trial) <= max_samples):
+                break
+            c = len(batch)
+            keep = c if c < batch_multiple else batch_multiple * (c // batch_multiple)
+            start += keep
+            bounds.append(start)
+            batch = batch[keep:]
+        batch.append(s)
+    if batch:
+        bounds.append(len(sizes))
+    return np.asarray(bounds, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The options of greedy_pack, validated and in the form both implementations read."""
+
+    budget: str
+    lim_i: int  # an int cost fits iff <= lim_i
+    lim_d: float  # a float cost fits iff <= lim_d
+    max_samples: int
+    multiple: int
+    q: float
+    pad: int  # 0: no pad multiple
+    records: np.ndarray | None  # the shapes rounding can pick, increasing; None: no shapes
+    rounding: bool
+
+
+def _shape_records(shapes: Any) -> np.ndarray | None:
+    """Return the shapes the reference's rounding can pick, increasing, or None for no shapes.
+
+    The reference rounds x to the first shape >= x in list order. That shape is larger than
+    every shape before it, so only prefix-maximum records can be picked, and the first one
+    >= x is the smallest record >= x: rounding is a monotone lookup in the records.
+    """
+    if shapes is None or len(shapes) == 0:
+        return None
+    vals = [int(x) for x in shapes]
+    rec: list[int] = []
+    best = None
+    for v in vals:
+        if best is None or v > best:
+            rec.append(v)
+            best = v
+    return np.asarray(rec, dtype=np.int64)
+
+
+def _options(max_tokens: Any, budget: str, max_samples: Any, batch_multiple: Any, quadratic_scale: Any,
+             pad_multiple: Any, shapes: Any) -> _Options:
+    """Validate the options of greedy_pack; return them normalised."""
+    check_budget(budget)
+    max_samples = 0 if max_samples is None else operator.index(max_samples)
+    batch_multiple = 1 if batch_multiple is None else operator.index(batch_multiple)
+    if batch_multiple < 1:
+        raise ValueError(f"batch_multiple must be >= 1, got {batch_multiple}")
+    pad = 0 if not pad_multiple else int(pad_multiple)
+    if pad != (pad_multiple or 0):
+        raise ValueError(f"pad_multiple must be an integer, got {pad_multiple!r}")
+    q = float(quadratic_scale)
+    if budget == "quadratic" and not (q > 0 and math.isfinite(q)):
+        raise ValueError(f"quadratic_scale must be positive and finite, got {quadratic_scale!r}")
+    lim_i, lim_d = limits(max_tokens)
+    rec = _shape_records(shapes)
+    return _Options(budget=budget, lim_i=lim_i, lim_d=lim_d, max_samples=max_samples,
+                    multiple=batch_multiple, q=q, pad=pad if pad > 1 else 0, records=rec,
+                    rounding=rec is not None or pad > 1)
+
+
+def greedy_pack(sizes: Any, max_tokens: Any, budget: str = "padded", max_samples: int = 0,
+                batch_multiple: int = 1, quadratic_scale: float = 1.0, pad_multiple: int = 0,
+                shapes: Any = None) -> np.ndarray:
+    """Return micro-batch boundaries of the sequential greedy (see ``greedy_pack_reference``).
+
+    Identical to the reference for every option; sizes must be non-negative (ValueError).
+
+    Parameters
+    ----------
+    sizes : array of int
+        Sample sizes in packing order.
+    max_tokens : int or float
+        The limit on a micro-batch's cost under ``budget``.
+    budget : str
+        One of ``BUDGETS``.
+    max_samples : int
+        At most this many samples a micro-batch when > 0.
+    batch_multiple : int
+        A closed micro-batch keeps a multiple of this many samples when it has that many.
+    quadratic_scale : float
+        ``Q`` of the quadratic budget.
+    pad_multiple : int
+        Lengths round up to a multiple of this when > 1.
+    shapes : array of int, optional
+        Lengths round up to the first of these that is >= them.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[0, b1, ..., n]``: micro-batch i is ``sizes[b[i]:b[i+1]]``.
+    """
+    a = _options(max_tokens, budget, max_samples, batch_multiple, quadratic_scale, pad_multiple, shapes)
+    sizes = _i64(sizes).ravel()
+    lib = _c()
+    if lib is None:
+        return _greedy_pack_fallback(sizes, a)
+    n = len(sizes)
+    # n + 1 is the worst case (all singletons); untouched pages of np.empty cost nothing
+    out = np.empty(n + 1, dtype=np.int64)
+    rec = a.records if a.records is not None else np.zeros(1, dtype=np.int64)
+    nb = lib.sp_greedy_pack(_ptr(sizes), n, BUDGETS.index(a.budget), a.lim_i, a.lim_d, a.max_samples,
+                            a.multiple, a.q, a.pad, _ptr(rec), 0 if a.records is None else len(rec),
+                            _ptr(out))
+    if nb < 0:
+        raise ValueError("greedy_pack: sizes must be non-negative")
+    return out[:nb].copy()
+
+
+def _round_np(x: np.ndarray, a: _Options) -> np.ndarray:
+    """Return the reference's rounding of lengths x (records lookup or pad multiple)."""
+    rec = a.records
+    if rec is not None:
+        pos = np.searchsorted(rec, x, side="left")
+        return np.where(pos < len(rec), rec[np.minimum(pos, len(rec) - 1)], x)
+    if a.pad:
+        return -(-x // a.pad) * a.pad
+    return x
+
+
+def _prefix_fits(w: np.ndarray, a: _Options) -> np.ndarray:
+    """Return ok[t]: do the samples w[:t+1], as one micro-batch, fit the budget?"""
+    count = np.arange(1, len(w) + 1, dtype=np.int64)
+    budget = a.budget
+    if budget == "padded" or a.rounding:
+        L = _round_np(np.maximum.accumulate(w), a)
+        if budget == "quadratic":
+            Lf = L.astype(np.float64)
+            ok = count.astype(np.float64) * (Lf + (L * L).astype(np.float64) / a.q) <= a.lim_d
+        else:
+            ok = count * L <= a.lim_i
+    elif budget == "tokens":
+        ok = np.cumsum(w) <= a.lim_i
+    else:
+        # cumsum adds left to right, as the reference does
+        x = w.astype(np.float64) + (w * w).astype(np.float64) / a.q
+        ok = np.cumsum(x) <= a.lim_d
+    if a.max_samples > 0:
+        ok &= count <= a.max_samples
+    ok[0] = True
+    return ok
+
+
+def _greedy_pack_fallback(sizes: np.ndarray, a: _Options) -> np.ndarray:
+    """Return the greedy boundaries with numpy work per micro-batch, not per sample.
+
+    A micro-batch starting at j holds the longest prefix of sizes[j:] whose every prefix
+    fits. Every cost is monotone under taking a sub-run of a micro-batch (non-negative
+    sizes, monotone rounding), so restarting at the first leftover sample after a
+    batch_multiple cut reproduces the reference, which re-tests the leftover as a group.
+    """
+    if len(sizes) and sizes.min() < 0:
+        raise ValueError("greedy_pack: sizes must be non-negative")
+    n = len(sizes)
+    bounds = [0]
+    j, guess, M = 0, 64, a.multiple
+    while j < n:
+        K = min(n - j, guess)
+        while True:
+            bad = np.flatnonzero(~_prefix_fits(sizes[j:j + K], a))
+            if bad.size:
+                c = int(bad[0])
+                break
+            if j + K >= n:
+                c = K
+                break
+            K = min(n - j, 2 * K)
+        if j + c >= n:
+            bounds.append(n)
+            break
+        keep = c if c < M else M * (c // M)
+        j += keep
+        bounds.append(j)
+        guess = 2 * c + 16
+    return np.asarray(bounds, dtype=np.int64)
