@@ -20,9 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from reader_fixtures import pipeline_index
 from sortpack.errors import SortpackError
 from sortpack.reader import PackedIndex
+
+from reader_fixtures import pipeline_index
 from support import ROOT, run_sortpack, write_text_parquet
 
 
@@ -126,10 +127,10 @@ def test_fingerprints_are_the_same_for_any_rank_count(tmp_path):
               write_text_parquet(tmp_path / "b.parquet", np.arange(1, 500) % 70 + 1, row_group_size=50),
               _write_jsonl(tmp_path / "c.jsonl", 200)]
     hashes = []
-    for ranks in (1, 2, 3):
+    for ranks in (1, 2, 3, 4):
         out = tmp_path / f"ix{ranks}"
         run_sortpack(["run", *inputs, "-o", out, "--column", "text", "--max-tokens", 300, "--quiet"],
-                     ranks=ranks, timeout=120)
+                     ranks=ranks, timeout=180)
         m = _manifest(out)
         hashes.append(m["content_hash"])
         assert [f["sha256_of"] for f in m["source"]["files"]] == ["file", "footer", "file"]
