@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import SortpackError
+from .fingerprints import record
 from .parallel import Comm
 from .progress import Progress
 from .samples import Samples
@@ -114,6 +115,11 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     head, tail = int(cut_off[comm.rank]), int(cut_off[comm.rank + 1])
     row_pos = np.concatenate(([0], np.cumsum(weights)))
 
+    # what pack --store checks later: each file's mtime and digest, taken before it is read
+    first_unit = np.searchsorted(unit_file, np.arange(len(files)))
+    owners = np.clip(np.searchsorted(cut_unit, first_unit, side="right") - 1, 0, comm.size - 1)
+    digests = record(comm, [f.path for f in files], [f.format for f in files], [f.bytes for f in files], owners)
+
     columns = sorted({c for s in (size_spec, diff_spec) if s for c in (s.columns() or [])}) or None
     if any(s and s.kind == "python" for s in (size_spec, diff_spec)):
         columns = None
@@ -174,7 +180,7 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
         names = ", ".join(inputs[:3]) + (f" and {len(inputs) - 3} more" if len(inputs) > 3 else "")
         raise SortpackError(f"{names}: the input holds no rows", collective=True)
     file_rows = np.bincount(unit_file, weights=unit_rows, minlength=len(files)).astype(np.int64)
-    fingerprint = [f.fingerprint(r) for f, r in zip(files, file_rows)]
+    fingerprint = [{**f.fingerprint(r), **d} for f, r, d in zip(files, file_rows, digests)]
 
     size = np.concatenate(sizes) if sizes else np.empty(0, np.int64)
     diff_dtype = _common_dtype(comm, diffs)

@@ -104,6 +104,10 @@ class NoiseScale:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what ``state_dict`` returned."""
+        from .train.state_checks import check_state, integer, real
+
+        check_state("NoiseScale", state, {"smoothing": real(0.0, 1.0, hi_open=True), "g2": real(), "trace": real(),
+                                          "weight": real(0.0, 1.0), "steps": integer(0)})
         self.smoothing = float(state["smoothing"])
         self._g2, self._trace = float(state["g2"]), float(state["trace"])
         self._weight, self.steps = float(state["weight"]), int(state["steps"])
@@ -168,6 +172,18 @@ class StepTimeModel:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what ``state_dict`` returned."""
+        from .train.state_checks import check_state, real, sequence
+
+        def by_accum(v):
+            if not isinstance(v, dict):
+                return "a dict of accumulation count to [time, weight]"
+            for k, tw in v.items():
+                if not (isinstance(k, str) and k.isdigit() and int(k) >= 1) or sequence(real(0.0), 2)(tw):
+                    return "a dict of accumulation count (>= 1) to [time >= 0, weight >= 0]"
+            return None
+
+        check_state("StepTimeModel", state, {"smoothing": real(0.0, 1.0, hi_open=True), "by_accum": by_accum,
+                                             "micro": sequence(real(0.0), 2)})
         self.smoothing = float(state["smoothing"])
         self._by_accum = {int(k): [float(v[0]), float(v[1])] for k, v in state["by_accum"].items()}
         self._micro = [float(v) for v in state["micro"]]

@@ -5,6 +5,7 @@ import numpy as np
 import pyarrow as pa
 
 from .distribute import move_ragged, redistribute
+from .fingerprints import split_mtimes
 from .format.kinds import new_manifest, rows_per_shard, samples_per_shard
 from .format.manifest import DATA_VERSION, VERSION
 from .format.schemas import index_schema, sample_id_type, schema_json
@@ -75,6 +76,9 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
         with profile.stage("materialize"):
             data = store(out, files, ids, offsets, first, starts, cols["tokens"])
     prov = provenance(comm, profile, job)
+    files, mtimes = split_mtimes(files)  # when, not what: out of content_hash
+    if mtimes is not None:
+        prov["source_mtime_ns"] = mtimes
     if data is not None:
         prov["exchange"] = data.pop("_exchange", None)
     manifest = new_manifest(

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import SortpackError
+from .fingerprints import check_unchanged
 from .format.data_shards import (
     data_cuts,
     data_rows_per_shard,
@@ -182,18 +183,8 @@ class TokenCache:
 
 # --- the source side -----------------------------------------------------------------------
 def check_fingerprint(src: SourceFile, entry: dict) -> None:
-    """Raise when a file differs from what the manifest's source fingerprint recorded."""
-    path = entry["path"]
-    if src.bytes != int(entry["bytes"]):
-        raise SortpackError(f"{path}: {src.bytes} bytes, the plan was analyzed from {entry['bytes']} bytes "
-                            "(the input changed since analyze)")
-    st = os.stat(path)
-    for key, now in (("mtime_ns", st.st_mtime_ns), ("mtime", st.st_mtime)):
-        if key in entry and entry[key] is not None and now != entry[key]:
-            raise SortpackError(f"{path}: modified since analyze ({key} {now} != {entry[key]})")
-    if src.unit_rows is not None and sum(src.unit_rows) != int(entry["rows"]):
-        raise SortpackError(f"{path}: {sum(src.unit_rows)} rows, the plan was analyzed from {entry['rows']} rows "
-                            "(the input changed since analyze)")
+    """Raise when a file differs from its manifest entry (size, mtime, digest, rows: ``check_unchanged``)."""
+    check_unchanged(entry, src.bytes, sum(src.unit_rows) if src.unit_rows is not None else None)
 
 
 def _describe_files(comm: Comm, files: list[dict]) -> list[SourceFile]:

@@ -9,6 +9,7 @@ rows move between ranks in distribute.py; provenance.py times the stages.
 from __future__ import annotations
 
 from .analyze import AnalyzeOptions, analyze
+from .fingerprints import with_mtimes
 from .format.kinds import rows_per_shard
 from .format.manifest import read_manifest
 from .format.shards import OutputDir
@@ -85,7 +86,7 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key)
         options = {**manifest["options"], **popts.as_dict()}
-        return write_index(comm, out, mbs, options, manifest["source"]["files"], prof, job, store_fn)
+        return write_index(comm, out, mbs, options, with_mtimes(manifest), prof, job, store_fn)
 
     return _guarded(out, work)
 

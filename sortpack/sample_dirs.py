@@ -5,6 +5,9 @@ import numpy as np
 import pyarrow as pa
 
 from .distribute import redistribute
+from .errors import SortpackError
+from .fingerprints import split_mtimes, with_mtimes
+from .format.integrity import check_shards
 from .format.kinds import new_manifest, rows_per_shard
 from .format.manifest import VERSION, read_manifest
 from .format.schemas import kind_schema, schema_json
@@ -36,11 +39,14 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: Samples, optio
                                     samples.total, rows)
     stats = sample_stats(comm, samples)
     prov = provenance(comm, profile, job)
+    files, mtimes = split_mtimes(samples.files)  # when, not what: out of content_hash
+    if mtimes is not None:
+        prov["source_mtime_ns"] = mtimes
     manifest = new_manifest(
         kind, version=VERSION,
         num_rows=samples.total, num_samples=samples.total, rows_per_shard=rows,
         schema=schema_json(schema), options=options,
-        source={"num_rows": samples.total, "files": samples.files},
+        source={"num_rows": samples.total, "files": files},
         shards=shards, stats=stats, provenance=prov,
     )
     return out.commit(manifest)
@@ -52,8 +58,15 @@ def read_samples(comm: Comm, directory: str, expect: str) -> tuple[Samples, dict
     total = manifest["num_rows"]
     starts = owner_starts(total, manifest["rows_per_shard"], comm.size)
     a, b = int(starts[comm.rank]), int(starts[comm.rank + 1])
+    # a flipped bit in a shard must stop the job here, not become a clean-looking output
+    err = None
+    try:
+        check_shards(directory, manifest, a, b)
+    except SortpackError as exc:
+        err = exc
+    comm.check(err)
     table = read_rows(directory, manifest, a, b)
     cols = {name: table.column(name).to_numpy() for name in table.column_names}
     samples = Samples(a, total, cols["sample_id"].astype(np.int64), cols["size"].astype(np.int64),
-                      cols["difficulty"], cols.get("stage"), manifest["source"]["files"])
+                      cols["difficulty"], cols.get("stage"), with_mtimes(manifest))
     return samples, manifest

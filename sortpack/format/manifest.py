@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ..errors import SortpackError
+from .integrity import check_member_name
 from .kinds import FORMATS, KIND_OF_FORMAT, SHARD_PREFIX
 
 VERSION = 1
@@ -80,6 +81,18 @@ def _check_keys(path: Path, manifest: dict, kind: str) -> None:
         missing = [k for k in _SHARD_KEYS if not isinstance(entry, dict) or k not in entry]
         if missing:
             raise SortpackError(f"{path}: missing key {missing[0]!r} in shards[{i}]")
+    for i, entry in enumerate(manifest["shards"]):
+        check_member_name(path.parent, entry["file"], f"shards[{i}]")
+    data = manifest.get("data")
+    if data is not None:
+        shards = data.get("shards") if isinstance(data, dict) else None
+        if not isinstance(shards, list) or "columns" not in data or "num_rows" not in data:
+            raise SortpackError(f"{path}: 'data' lacks its shards, columns or num_rows")
+        for i, entry in enumerate(shards):
+            missing = [k for k in _SHARD_KEYS if not isinstance(entry, dict) or k not in entry]
+            if missing:
+                raise SortpackError(f"{path}: missing key {missing[0]!r} in data.shards[{i}]")
+            check_member_name(path.parent, entry["file"], f"data.shards[{i}]")
     if not isinstance(manifest["source"], dict) or "files" not in manifest["source"]:
         raise SortpackError(f"{path}: missing key 'files' in 'source'")
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ..errors import SortpackError
+from ..errors import SortpackError, one_line
 from ..parallel import Comm
 from ..partition import shard_starts
 from ..progress import Progress
+from .integrity import check_index_shard, check_structure, member_path
 from .kinds import ROWS_PER_SHARD  # noqa: F401 - re-exported for callers of the old home
 from .manifest import read_manifest, shard_name, write_manifest
 
@@ -184,31 +185,52 @@ def write_owned_shards(
     return [e for part in gathered for e in part]
 
 
-def open_shard(directory: str | os.PathLike, entry: dict) -> pa.RecordBatch:
-    """Return the memory-mapped record batch of one shard, checking its size."""
-    path = Path(directory) / entry["file"]
+def open_shard(directory: str | os.PathLike, entry: dict, schema: dict | None = None,
+               names: list[str] | None = None) -> pa.RecordBatch:
+    """Return the memory-mapped record batch of one shard, checking its place, size and Arrow structure.
+
+    ``schema`` (name to type string) or ``names`` is what the manifest says of its columns;
+    see ``integrity.check_structure`` for what is checked (O(rows), offsets only).
+    """
+    path = member_path(directory, entry["file"])
     try:
         size = path.stat().st_size
     except OSError:
         raise SortpackError(f"{path}: shard listed in the manifest is missing") from None
     if size != entry["bytes"]:
         raise SortpackError(f"{path}: {size} bytes, the manifest says {entry['bytes']}")
-    reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
-    if reader.num_record_batches == 1:
-        return reader.get_batch(0)
-    return pa.Table.from_batches([reader.get_batch(i) for i in range(reader.num_record_batches)],
-                                 schema=reader.schema).combine_chunks().to_batches()[0]
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+        if reader.num_record_batches == 1:
+            batch = reader.get_batch(0)
+        else:
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            for b in batches:  # each part is checked before concatenating reads its offsets
+                check_structure(path, b, b.num_rows)
+            if not batches:
+                batch = pa.RecordBatch.from_pylist([], schema=reader.schema)
+            else:
+                batch = pa.Table.from_batches(batches, schema=reader.schema).combine_chunks().to_batches()[0]
+    except (pa.ArrowException, OSError, IndexError) as exc:
+        raise SortpackError(f"{path}: unreadable Arrow shard ({one_line(exc)})") from None
+    check_structure(path, batch, int(entry["rows"]), schema, names)
+    return batch
 
 
 def read_rows(directory: str | os.PathLike, manifest: dict, start: int, stop: int,
               columns: list[str] | None = None) -> pa.Table:
-    """Return global rows ``[start, stop)`` of a sortpack directory as one table."""
+    """Return global rows ``[start, stop)`` of a sortpack directory as one table.
+
+    Each shard read is checked against the manifest (``open_shard``; an index shard's ids
+    and counts too, ``integrity.check_index_shard``), not hashed: ``verify_shards`` does that.
+    """
     parts = []
     for entry in manifest["shards"]:
         a, b = entry["first"], entry["first"] + entry["rows"]
         if b <= start or a >= stop:
             continue
-        batch = open_shard(directory, entry)
+        batch = open_shard(directory, entry, manifest.get("schema"))
+        _check_rows(directory, manifest, entry, batch)
         if columns is not None:
             batch = batch.select(columns)
         lo, hi = max(start, a) - a, min(stop, b) - a
@@ -219,6 +241,18 @@ def read_rows(directory: str | os.PathLike, manifest: dict, start: int, stop: in
             schema = pa.schema([schema.field(c) for c in columns])
         return schema.empty_table()
     return pa.Table.from_batches(parts)
+
+
+def _check_rows(directory, manifest: dict, entry: dict, batch: pa.RecordBatch) -> None:
+    """Raise when a shard's sample ids leave the input's rows (or, in an index, contradict its counts)."""
+    path = Path(directory) / entry["file"]
+    source_rows = int((manifest.get("source") or {}).get("num_rows", manifest["num_samples"]))
+    if "sample_ids" in batch.schema.names:
+        check_index_shard(path, batch, entry, source_rows)
+    elif "sample_id" in batch.schema.names and batch.num_rows:
+        ids = batch.column("sample_id").to_numpy()
+        if int(ids.min()) < 0 or int(ids.max()) >= source_rows:
+            raise SortpackError(f"{path}: a sample id outside the input's rows [0, {source_rows}) (corrupt shard)")
 
 
 def _schema_of(directory, manifest) -> pa.Schema:
@@ -237,25 +271,30 @@ def verify_directory(directory: str | os.PathLike) -> list[str]:
     problems = []
     expected_first = 0
     for entry in manifest["shards"]:
-        path = Path(directory) / entry["file"]
+        try:
+            path = member_path(directory, entry["file"])
+        except SortpackError as exc:
+            problems.append(f"{entry['file']}: {one_line(exc)}")
+            continue
         if not path.is_file():
             problems.append(f"{entry['file']}: missing")
             continue
-        if path.stat().st_size != entry["bytes"]:
-            problems.append(f"{entry['file']}: {path.stat().st_size} bytes, manifest says {entry['bytes']}")
-        if file_sha256(path) != entry["sha256"]:
-            problems.append(f"{entry['file']}: sha256 mismatch")
         if entry["first"] != expected_first:
             problems.append(f"{entry['file']}: starts at row {entry['first']}, expected {expected_first}")
         expected_first = entry["first"] + entry["rows"]
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            # no hash of a file already known to be wrong (it may be a huge sparse file)
+            problems.append(f"{entry['file']}: {size} bytes, manifest says {entry['bytes']}")
+            continue
+        if file_sha256(path) != entry["sha256"]:
+            problems.append(f"{entry['file']}: sha256 mismatch")
         try:
-            batch = open_shard(directory, entry)
-            if batch.num_rows != entry["rows"]:
-                problems.append(f"{entry['file']}: {batch.num_rows} rows, manifest says {entry['rows']}")
             # e.g. an index's sample ids: int32 or int64, as the manifest's schema records
-            got = {f.name: str(f.type) for f in batch.schema}
-            if manifest.get("schema") and got != manifest["schema"]:
-                problems.append(f"{entry['file']}: columns {got} differ from the manifest's schema")
+            batch = open_shard(directory, entry, manifest.get("schema"))
+            _check_rows(directory, manifest, entry, batch)
+        except SortpackError as exc:
+            problems.append(f"{entry['file']}: {one_line(exc).removeprefix(str(path) + ': ')}")
         except Exception as exc:  # noqa: BLE001 - report any unreadable shard as a problem
             problems.append(f"{entry['file']}: unreadable ({exc})")
     if expected_first != manifest["num_rows"]:

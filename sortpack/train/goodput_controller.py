@@ -275,6 +275,12 @@ class GoodputController:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what ``state_dict`` returned (load the sampler's own state first)."""
+        from .state_checks import check_state, integer, optional, real
+
+        check_state("GoodputController", state, {
+            "noise": lambda v: None if isinstance(v, dict) else "a dict", "times": lambda v: None if isinstance(
+                v, dict) else "a dict", "steps": integer(0), "ref_batch": optional(real(0.0, lo_open=True)),
+            "grad_accum": integer(1), "history": lambda v: None if isinstance(v, list) else "a list"})
         self.noise.load_state_dict(state["noise"])
         self.times.load_state_dict(state["times"])
         self.steps = int(state["steps"])

@@ -10,9 +10,13 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..format import open_shard, read_manifest
+from ..format.integrity import check_index_shard, check_sha256, member_path
 
 SCALAR_COLUMNS = ("microbatch", "num_samples", "batch_size", "max_size", "padded_size",
                   "tokens", "min_key", "max_key", "stage")
+
+
+_LEVELS = {False: "index", True: "full", "index": "index", "structure": "structure", "full": "full"}
 
 
 class PackedIndex:
@@ -23,6 +27,14 @@ class PackedIndex:
     path : str or os.PathLike
         The index directory (``sortpack pack``/``run`` output). Its manifest is read and every
         shard's size checked at once; shards are memory-mapped when a micro-batch first needs them.
+    verify : {"index", "structure", "full"} or bool
+        How much is checked (docs/guarantees.md gives what each level costs). ``"index"``
+        (default, also ``False``): a shard, when first mapped, is re-hashed against the
+        manifest (index shards hold 4 or 8 bytes per sample), its Arrow structure, sample ids
+        and counts checked; a data shard's Arrow structure and row count. ``"structure"``:
+        no hash and no read of the ids, only the structure and counts (O(micro-batches)): for
+        an index too large to read once per process. ``"full"`` (also ``True``): ``"index"``,
+        and every index and data shard is re-hashed now, before the first step.
 
     Attributes: ``manifest`` (the parsed manifest.json), ``options`` (the pack options),
     ``num_microbatches``, ``num_samples``, ``has_rows`` (rows mode: ``row_splits`` present),
@@ -30,8 +42,11 @@ class PackedIndex:
     every method hands out int64 arrays or Python ints either way).
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, verify: str | bool = "index"):
         self.path = Path(path)
+        self.verify = _LEVELS.get(verify, None) if isinstance(verify, (bool, str)) else None
+        if self.verify is None:
+            raise ValueError(f"verify={verify!r}: one of 'structure', 'index', 'full' (or True, False)")
         self.manifest = read_manifest(self.path, expect="index")
         self.options = dict(self.manifest.get("options") or {})
         self.num_microbatches = int(self.manifest["num_microbatches"])
@@ -44,7 +59,7 @@ class PackedIndex:
         # Refuse a damaged index now (a stat per shard); map a shard when a step first needs
         # it. Only Arrow footers and batch headers are read then, column pages on use.
         for entry in entries:
-            shard = self.path / entry["file"]
+            shard = member_path(self.path, entry["file"])
             size = shard.stat().st_size if shard.is_file() else None
             if size != int(entry["bytes"]):
                 found = "missing" if size is None else f"{size} bytes"
@@ -65,7 +80,13 @@ class PackedIndex:
             described = str(self._shard(0).schema.field("sample_ids").type)
         # int32 when the input's row count allows it (docs/format.md); older indexes are int64
         self.id_dtype = np.dtype(np.int32 if "int32" in described else np.int64)
+        self._source_rows = int((self.manifest.get("source") or {}).get("num_rows", self.num_samples))
         self._stored = None
+        if self.verify == "full":
+            for k in range(len(entries)):
+                self._shard(k)  # hashed and checked now: a damaged index fails before training starts
+            if self.manifest.get("data"):
+                self.stored.verify_all()
 
     @property
     def stored(self):
@@ -80,15 +101,17 @@ class PackedIndex:
         batch = self._shards[k]
         if batch is None:
             entry = self._entries[k]
-            batch = open_shard(self.path, entry)
-            if batch.num_rows != int(entry["rows"]):
-                raise SortpackError(f"{self.path / entry['file']}: {batch.num_rows} rows, "
-                                    f"the manifest says {entry['rows']}")
+            ids = self.verify != "structure"
+            if ids:  # the ids decide what trains: a flipped bit must not turn into a duplicate sample
+                check_sha256(member_path(self.path, entry["file"]), entry)
+            batch = open_shard(self.path, entry, self.manifest.get("schema"))
+            check_index_shard(self.path / entry["file"], batch, entry, self._source_rows, ids=ids)
             self._shards[k] = batch
         return batch
 
     def __reduce__(self):
-        return (PackedIndex, (str(self.path),))
+        # a worker re-opens at the same level, but never re-hashes the data: the opener did
+        return (PackedIndex, (str(self.path), "index" if self.verify == "full" else self.verify))
 
     def __repr__(self) -> str:
         return (f"PackedIndex({str(self.path)!r}, microbatches={self.num_microbatches}, "

@@ -108,6 +108,14 @@ class VariableBatchSizeLR:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the state and re-apply the scale of the sampler's current step."""
+        from .state_checks import check_state, one_of, optional, real, sequence
+
+        check_state("VariableBatchSizeLR", state, {
+            "scheduler": optional(lambda v: None if isinstance(v, dict) else "a dict"),
+            "base_lrs": sequence(real(0.0), len(self.optimizer.param_groups)),
+            "scale": real(0.0, lo_open=True), "ref_batch_size": real(0.0, lo_open=True),
+            "method": one_of(*LR_METHODS), "by": one_of("samples", "tokens"),
+        })
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.base_lrs = [float(v) for v in state["base_lrs"]]

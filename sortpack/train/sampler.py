@@ -19,6 +19,7 @@ import numpy as np
 from .index import PackedIndex
 from .lr import lr_scale
 from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions
+from .state_checks import boolean, check_state, integer, one_of, sequence, text
 
 
 class MicroBatch(list):
@@ -364,11 +365,10 @@ class PackedSampler:
         A following ``set_epoch`` of the state's epoch keeps the place (a training loop calls
         it again after resuming).
         """
-        if state.get("version") != self.STATE_VERSION:
-            raise ValueError(f"unknown sampler state version {state.get('version')!r}")
-        if (state["num_microbatches"] != self.index.num_microbatches
-                or state.get("content_hash", "") != self.index.content_hash):
-            raise ValueError("the sampler state belongs to another index (content hash differs)")
+        if not isinstance(state, dict) or state.get("version") != self.STATE_VERSION:
+            version = state.get("version") if isinstance(state, dict) else state
+            raise ValueError(f"unknown sampler state version {version!r}")
+        self._check_state(state)
         self.order, self.seed = state["order"], int(state["seed"])
         self.drop_last = bool(state["drop_last"])
         self.largest_first, self.warmup_shapes = bool(state["largest_first"]), bool(state["warmup_shapes"])
@@ -380,6 +380,29 @@ class PackedSampler:
         self._step = int(state.get("step", self._position // max(1, self._layout[0] * self._layout[1])))
         self._pass_start = (self.epoch, self._position, self._step, self._layout)
         self._resumed = True
+
+    def _check_state(self, state: dict) -> None:
+        """Raise one ValueError naming the first field of ``state`` that is missing, unknown or out of range."""
+        positive = integer(1)
+        check_state("sampler", state, {
+            "version": integer(), "epoch": integer(0), "position": integer(0), "step": integer(0),
+            "seed": integer(), "order": one_of(*ORDERS), "drop_last": boolean, "largest_first": boolean,
+            "warmup_shapes": boolean, "world_size": positive, "grad_accum": positive,
+            "layout": sequence(positive, 2), "num_microbatches": integer(0), "content_hash": text,
+        }, optional_keys=("step",))  # states written before the step count
+        if (state["num_microbatches"] != self.index.num_microbatches
+                or state["content_hash"] != self.index.content_hash):
+            raise ValueError("the sampler state belongs to another index (content hash differs)")
+        world, accum = (int(v) for v in state["layout"])
+        plan = EpochPlan(self.index, world, accum, state["order"], int(state["seed"]), int(state["epoch"]),
+                         bool(state["drop_last"]), bool(state["largest_first"]), bool(state["warmup_shapes"]))
+        position = int(state["position"])
+        if position > plan.length:
+            raise ValueError(f"sampler state: 'position' is {position}, past the epoch's {plan.length} "
+                             f"micro-batches (layout {world}x{accum})")
+        if int(state.get("step", 0)) > position:
+            raise ValueError(f"sampler state: 'step' is {state['step']}, more steps than the {position} "
+                             f"micro-batches before 'position'")
 
 
 def _world(rank, world_size) -> tuple[int, int]:
