@@ -10,9 +10,6 @@ import time
 
 import pytest
 
-from sortpack.atomic_rename import exchange, move_new
-from sortpack.output_guard import owner_tag
-
 from reliability_support import RUN, debris, error_line, kill_group, make_inputs, run, start
 
 pytestmark = pytest.mark.mpi
@@ -136,6 +133,8 @@ def test_the_next_job_removes_what_a_killed_job_left(tmp_path, ranks):
     left = debris(tmp_path, "plan")
     assert len(left) == 1 and left[0].startswith(".plan.tmp-")
     # a live job's temporary (this test process owns it) and a directory sortpack did not name stay
+    from sortpack.output_guard import owner_tag
+
     live = tmp_path / f".plan.tmp-{'a' * 12}-{owner_tag()}"
     live.mkdir()
     (tmp_path / ".plan.tmp-mine").mkdir()
@@ -149,6 +148,8 @@ def test_the_next_job_removes_what_a_killed_job_left(tmp_path, ranks):
 # --- item 9: the replacement is atomic; the two-rename fallback is recovered ----------------------
 
 def test_exchange_swaps_two_directories_in_one_step(tmp_path):
+    from sortpack.atomic_rename import exchange, move_new
+
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
