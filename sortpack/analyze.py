@@ -104,11 +104,15 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     unknown = known < 0
     weights = np.where(unknown, 0, known).astype(np.int64)
     if unknown.any():
-        # Without row counts, weigh a file's bytes as rows at the average bytes per known row.
+        # Without row counts, weigh a file by the rows estimated from its head (jsonl, csv),
+        # else its bytes as rows at the average bytes per known row.
         byte_w = np.asarray([files[i].bytes for i in unit_file[unknown]], dtype=np.float64)
+        est = np.asarray([-1 if files[i].est_rows is None else files[i].est_rows for i in unit_file[unknown]],
+                         dtype=np.float64)
         known_rows, known_bytes = int(weights.sum()), sum(f.bytes for f in files if f.unit_rows is not None)
         scale = known_rows / known_bytes if known_rows and known_bytes else 1.0
-        weights[unknown] = np.where(byte_w > 0, np.maximum(1, np.round(byte_w * scale)), 0).astype(np.int64)
+        guess = np.where(est >= 0, est, byte_w * scale)
+        weights[unknown] = np.where(byte_w > 0, np.maximum(1, np.round(guess)), 0).astype(np.int64)
     # ranks take contiguous row ranges, cut inside a unit where its rows are known
     cut_unit, cut_off = split_rows(weights, ~unknown, comm.size)
     lo, hi = int(cut_unit[comm.rank]), int(cut_unit[comm.rank + 1])

@@ -203,7 +203,9 @@ def _job(fn):
         from .parallel import get_comm, run_guarded
         from .progress import configure as configure_progress
         from .provenance import JobInfo
+        from .termination import install as clean_up_on_sigterm
 
+        clean_up_on_sigterm()
         threads = kw.pop("threads")
         if threads < 0:
             raise click.BadParameter("must be >= 0", param_hint="--threads")
@@ -234,6 +236,9 @@ def _job(fn):
             click.echo(_summary(kw["output"], manifest))
             if kw.get("profile"):
                 click.echo(_profile_table(manifest["provenance"]["profile"]))
+        note = _oversize_note(manifest) if comm.is_root() and manifest is not None else None
+        if note and (not kw["quiet"] or note.startswith("sortpack: warning")):
+            _echo_err(note)
 
     return wrapper
 
@@ -248,11 +253,28 @@ def _summary(path: str, m: dict) -> str:
             f"{len(m['shards'])} shards, content_hash {m['content_hash'][:16]}")
 
 
+def _oversize_note(m: dict) -> str | None:
+    """Return the line that says how many samples --oversize skipped or truncated (None: none)."""
+    s = m.get("stats", {})
+    skipped, truncated = int(s.get("skipped", 0) or 0), int(s.get("truncated", 0) or 0)
+    total = int(m.get("num_samples", 0)) + skipped
+    if skipped and skipped == total:
+        return (f"sortpack: warning: --oversize skip dropped all {skipped} samples (none fits the budget alone): "
+                f"the index is empty")
+    if skipped:
+        return f"sortpack: --oversize skip dropped {skipped} of {total} samples (larger than the budget alone)"
+    if truncated:
+        return f"sortpack: --oversize truncate cut {truncated} of {total} samples to fit the budget"
+    return None
+
+
 def _profile_table(p: dict) -> str:
-    lines = [f"{'stage':<10} {'wall s':>9} {'alltoallv MB (max rank)':>24}"]
-    for name, v in p.items():
-        if isinstance(v, dict):
-            lines.append(f"{name:<10} {v['wall_s']:>9.3f} {v['alltoallv_bytes_max'] / 1e6:>24.1f}")
+    stages = [name for name, v in p.items() if isinstance(v, dict)]
+    w = max([len("stage")] + [len(name) for name in stages])
+    lines = [f"{'stage':<{w}} {'wall s':>9} {'alltoallv MB (max rank)':>24}"]
+    for name in stages:
+        v = p[name]
+        lines.append(f"{name:<{w}} {v['wall_s']:>9.3f} {v['alltoallv_bytes_max'] / 1e6:>24.1f}")
     lines.append(f"peak RSS (max rank): {p['peak_rss_bytes_max'] / 2**20:.1f} MiB")
     if p.get("analyze_rows_per_rank"):
         lines.append(f"analyze rows per rank: {', '.join(map(str, p['analyze_rows_per_rank']))}")

@@ -21,10 +21,14 @@ from .errors import SortpackError
 from .parallel import Comm
 from .partition import owner_starts
 from .progress import Progress
-from .samples import Samples
+from .samples import Samples, exact_sum
 from .shapes import choose_shapes
 
 SEGMENT_SIZE = 1 << 20
+
+
+class OversizeError(SortpackError):
+    """Samples larger than the budget under ``--oversize error`` (``run`` adds how to keep its analysis)."""
 
 
 @dataclass
@@ -61,6 +65,9 @@ class PackOptions:
             raise SortpackError(f"--max-tokens {self.max_tokens}: must be a positive integer")
         if self.budget not in kernels.BUDGETS:
             raise SortpackError(f"--budget {self.budget!r}: expected padded, tokens or quadratic")
+        q = self.quadratic_scale
+        if q is not None and not (math.isfinite(q) and q > 0):
+            raise SortpackError(f"--quadratic-scale {q}: must be a finite number > 0")
         if self.budget == "quadratic" and not (self.quadratic_scale and self.quadratic_scale > 0):
             raise SortpackError("--budget quadratic needs --quadratic-scale Q > 0 (cost = size + size^2/Q)")
         if self.max_samples < 0:
@@ -152,6 +159,31 @@ class PackOptions:
             return np.asarray(sizes) > self.max_tokens  # cost alone is the size: no temporaries
         return self.alone_cost(sizes) > self.max_tokens
 
+    def oversize_reason(self, largest: int) -> str:
+        """Return why samples up to ``largest`` do not fit alone, naming the option to change.
+
+        The budget is not always to blame: a sample may exceed the largest of ``--shapes``,
+        ``--pad-to-multiple`` may round it past the budget, or a small ``--quadratic-scale``
+        may make its cost exceed the budget although its size does not.
+        """
+        b = self.max_tokens
+        if self.rows:
+            return f"do not fit --rows {self.rows} alone (largest size {largest}); raise --rows"
+        if self.shapes and largest > max(self.shapes):
+            return (f"are longer than the largest of --shapes ({max(self.shapes)}; largest size {largest}); "
+                    f"add a longer shape")
+        length = int(self.round(np.array([largest], np.int64))[0]) if self.rounding else largest
+        if self.budget == "quadratic" and largest <= b:
+            q = self.quadratic_scale
+            return (f"cost more than --max-tokens {b} alone under --budget quadratic with --quadratic-scale {q:g} "
+                    f"(largest size {largest}, cost {largest + largest * largest / q:.4g}); raise --quadratic-scale "
+                    f"or --max-tokens")
+        if length > b >= largest:
+            flag = f"--pad-to-multiple {self.pad_to_multiple}" if self.pad_to_multiple > 1 else "--shapes"
+            return (f"are padded past --max-tokens {b} by {flag} (largest size {largest} pads to {length}); "
+                    f"use a smaller {flag.split()[0]} or raise --max-tokens")
+        return f"do not fit --max-tokens {b} alone (largest size {largest}); raise --max-tokens"
+
     @property
     def rounding(self) -> bool:
         """Return whether padded lengths are rounded to a fixed set."""
@@ -215,9 +247,8 @@ def _oversize(comm: Comm, samples: Samples, opts: PackOptions) -> tuple[Samples,
     if count == 0:
         return samples, info
     if opts.oversize == "error":
-        raise SortpackError(
-            f"{count} samples do not fit {f'--rows {opts.rows}' if opts.rows else f'--max-tokens {opts.max_tokens}'}"
-            f" alone (largest size {largest}); raise the budget or use --oversize skip|truncate", collective=True)
+        raise OversizeError(f"{count} samples {opts.oversize_reason(largest)}, or use --oversize skip|truncate",
+                            collective=True)
     if opts.oversize == "skip":
         keep = ~over
         info["skipped"] = count
@@ -473,10 +504,10 @@ def _segment_reduce(ufunc, values: np.ndarray, offsets: np.ndarray) -> np.ndarra
 def _stats(comm: Comm, columns: dict, info: dict) -> dict:
     """Return the index summary (integers and ratios of integers: identical for any rank count)."""
     ns = columns["num_samples"].astype(np.int64)
-    padded_tokens = int((columns["batch_size"].astype(np.int64) * columns["padded_size"]).sum())
-    sums = comm.allreduce(np.array([len(ns), int(ns.sum()), int(columns["tokens"].sum()), padded_tokens],
-                                   np.int64), "sum")
-    m, nsamp, tokens, padded = (int(x) for x in sums)
+    # Python ints, exact: sizes from a user's column may sum past int64
+    padded_tokens = exact_sum(columns["batch_size"].astype(np.int64) * columns["padded_size"])
+    parts = comm.allgather_obj((len(ns), exact_sum(ns), exact_sum(columns["tokens"]), padded_tokens))
+    m, nsamp, tokens, padded = (sum(col) for col in zip(*parts))
     lo = comm.allreduce(int(ns.min()) if len(ns) else 2**62, "min")
     hi = comm.allreduce(int(ns.max()) if len(ns) else 0, "max")
     shapes = np.unique(np.stack([columns["batch_size"].astype(np.int64), columns["padded_size"]]), axis=1) \

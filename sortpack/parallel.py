@@ -313,8 +313,18 @@ def run_guarded(comm: Comm, fn: Callable[[], Any], echo: Callable[[str], None]) 
 def fault_point(comm: Comm, name: str) -> None:
     """Raise here on the rank that ``SORTPACK_FAULT=name:rank`` names (fault-injection for tests).
 
-    Tests use it to prove that one failing rank ends the whole job instead of hanging it.
+    Tests use it to prove that one failing rank ends the whole job instead of hanging it;
+    ``name:rank:kill`` sends that rank SIGKILL instead (a job killed at that very point),
+    ``name:rank:stall`` makes it wait 10 minutes (a job to be signalled there).
     """
     spec = os.environ.get("SORTPACK_FAULT")
     if spec and spec == f"{name}:{comm.rank}":
         raise RuntimeError(f"injected fault at {name} on rank {comm.rank}")
+    if spec and spec == f"{name}:{comm.rank}:kill":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    if spec and spec == f"{name}:{comm.rank}:stall":
+        import time
+
+        time.sleep(600)

@@ -15,7 +15,7 @@ from .format.manifest import read_manifest
 from .format.shards import OutputDir
 from .index_writer import write_index
 from .materialize import StoreOptions, prepare
-from .pack import PackOptions, pack_samples
+from .pack import OversizeError, PackOptions, pack_samples
 from .parallel import Comm
 from .provenance import JobInfo, Profile
 from .sample_dirs import read_samples, write_samples
@@ -34,10 +34,19 @@ def _guarded(outs: OutputDir | list[OutputDir], fn):
         raise
 
 
+def _keep_hint(output: str, kept: bool) -> str:
+    """Return how to reuse a failed run's measurements with other pack options."""
+    if kept:
+        return (f"The measured samples are kept in {output}.sorted: `sortpack pack {output}.sorted -o {output} "
+                f"...` repacks them without measuring again")
+    return ("To measure once and try pack options, run with --keep-intermediate (OUTPUT.sorted is kept when "
+            "packing fails) or run analyze and sort once, then `sortpack pack SORTED`")
+
+
 def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, overwrite: bool,
                 job: JobInfo, progress: bool = False) -> dict | None:
     """Measure the inputs and write a metrics directory."""
-    out = OutputDir(comm, output, overwrite)
+    out = OutputDir(comm, output, overwrite, inputs)
     prof = Profile(comm)
 
     def work():
@@ -53,7 +62,7 @@ def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrit
              job: JobInfo) -> dict | None:
     """Sort a metrics directory into a sorted directory."""
     comm.collectively(sopts.validate)
-    out = OutputDir(comm, output, overwrite)
+    out = OutputDir(comm, output, overwrite, [metrics])
     prof = Profile(comm)
 
     def work():
@@ -76,7 +85,7 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         # the inputs are found through the sorted (or metrics) manifest's source fingerprint
         recorded = comm.collectively(read_manifest, sorted_dir, "sorted")["options"]
         store_fn = prepare(comm, store, recorded, popts, None)
-    out = OutputDir(comm, output, overwrite)
+    out = OutputDir(comm, output, overwrite, [sorted_dir])
     prof = Profile(comm)
 
     def work():
@@ -100,10 +109,11 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
     store_fn = None
     if store is not None and store.enabled:
         store_fn = prepare(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
-    out = OutputDir(comm, output, overwrite)
+    out = OutputDir(comm, output, overwrite, inputs)
     extra = []
     if keep_intermediate:
-        extra = [OutputDir(comm, f"{output}.metrics", overwrite), OutputDir(comm, f"{output}.sorted", overwrite)]
+        extra = [OutputDir(comm, f"{output}.metrics", overwrite, inputs),
+                 OutputDir(comm, f"{output}.sorted", overwrite, inputs)]
     prof = Profile(comm)
 
     def work():
@@ -120,7 +130,10 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         if keep_intermediate:
             write_samples(comm, extra[1], "sorted", ordered, options, prof, job)
         with prof.stage("pack"):
-            mbs = pack_samples(comm, ordered, popts, sopts.key)
+            try:
+                mbs = pack_samples(comm, ordered, popts, sopts.key)
+            except OversizeError as exc:
+                raise OversizeError(f"{exc}. {_keep_hint(output, keep_intermediate)}", exc.collective) from None
         files = ordered.files
         del ordered
         return write_index(comm, out, mbs, {**options, **popts.as_dict()}, files, prof, job, store_fn)

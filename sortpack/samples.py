@@ -44,10 +44,25 @@ class Samples:
                    cols.get("stage"), files)
 
 
+def exact_sum(values: np.ndarray) -> int:
+    """Return the sum of an integer array as a Python int, exact where numpy's int64 sum would wrap.
+
+    Sizes may come from a user's column (``column:NAME``) and reach 2^60; a sum of 32-bit
+    halves cannot wrap for fewer than 2^31 values per call.
+    """
+    v = np.asarray(values)
+    if v.size == 0:
+        return 0
+    v = v.astype(np.int64, copy=False)
+    high = int((v >> 32).sum(dtype=np.int64))
+    low = int((v & 0xFFFFFFFF).astype(np.uint64).sum(dtype=np.uint64))
+    return (high << 32) + low
+
+
 def sample_stats(comm: Comm, s: Samples) -> dict:
     """Return the manifest's ``stats`` of the samples over all ranks (count, size and difficulty range)."""
     n = len(s)
-    size_sum = comm.allreduce(int(s.size.sum()), "sum")
+    size_sum = comm.allreduce(exact_sum(s.size), "sum")  # Python ints: the sum over ranks is exact too
     smin = comm.allreduce(int(s.size.min()) if n else 2**62, "min")
     smax = comm.allreduce(int(s.size.max()) if n else -1, "max")
     dmin = comm.allreduce(float(s.difficulty.min()) if n else float("inf"), "min")

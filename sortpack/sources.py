@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,9 @@ class SourceFile:
     # bytes per unit (all columns) where the metadata says: uncompressed page bytes for
     # Parquet (dictionary-encoded values decode to more), batch bytes for Arrow files
     unit_bytes: list[int] | None = field(default=None)
+    # rows estimated from the file's head where the format does not say (jsonl, csv): exact
+    # for a file shorter than the head; weighs ranks' shares and sizes progress totals in rows
+    est_rows: int | None = field(default=None)
 
     @property
     def num_units(self) -> int:
@@ -85,22 +89,25 @@ def expand_inputs(inputs: list[str], input_format: str = "auto", split: str | No
                     p = os.path.join(root, name)
                     fmt = _format_of(p, input_format)
                     if fmt is not None:
+                        check_input_path(p)
                         groups.append((p, [(p, fmt)]))
             if not groups:
                 raise SortpackError(f"{item}: directory holds no parquet, arrow, jsonl or csv files")
             for _, group in sorted(groups, key=lambda g: g[0]):
                 out.extend(group)
-        elif os.path.isfile(item):
+        elif os.path.lexists(item) and not os.path.isdir(item):
+            check_input_path(item)
             fmt = _format_of(item, input_format)
             if fmt is None:
                 raise SortpackError(
                     f"{item}: cannot tell the format from the extension (use --input-format)")
             out.append((item, fmt))
         elif glob.has_magic(item):
-            matches = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+            matches = sorted(p for p in glob.glob(item, recursive=True) if not os.path.isdir(p))
             if not matches:
                 raise SortpackError(f"{item}: no file matches this pattern")
             for p in matches:
+                check_input_path(p)
                 fmt = _format_of(p, input_format)
                 if fmt is None:
                     raise SortpackError(f"{p}: cannot tell the format from the extension (use --input-format)")
@@ -111,6 +118,88 @@ def expand_inputs(inputs: list[str], input_format: str = "auto", split: str | No
         raise SortpackError(f"--split {split}: no input is a Hugging Face DatasetDict directory "
                             f"(one with {HF_DICT})")
     return [(os.path.abspath(p), f) for p, f in out]
+
+
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"))
+
+
+def check_input_path(path: str) -> None:
+    """Raise SortpackError unless ``path`` names a regular file (after symlinks) by a UTF-8 name.
+
+    A FIFO or a device would block or never end when opened; a name that is not UTF-8
+    cannot be recorded in the manifest (JSON) nor handed to Arrow.
+    """
+    raw = os.fsencode(path)
+    shown = raw.decode("utf-8", "backslashreplace")
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SortpackError(f"{shown}: the file name is not valid UTF-8; rename the file") from None
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise SortpackError(f"{shown}: cannot open ({exc.strerror or one_line(exc)})") from None
+    if not stat.S_ISREG(mode):
+        what = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
+        raise SortpackError(f"{shown}: {what}, not a regular file; sortpack reads only regular files")
+
+
+def check_table(table: pa.Table, src: SourceFile, row0: int = 0) -> None:
+    """Raise SortpackError naming the file (and line or row) when a column read from it is malformed.
+
+    Arrow's full validation: offsets in bounds and increasing (a corrupt offset would make
+    the compute kernels read outside the buffers) and strings valid UTF-8 (invalid bytes
+    pass JSON and Parquet readers and fail only in a tokenizer or at training time).
+    ``row0`` is the row of the file at which ``table`` starts.
+    """
+    for name, col in zip(table.column_names, table.columns):
+        at = row0
+        for chunk in col.chunks:
+            try:
+                chunk.validate(full=True)
+            except pa.ArrowException as exc:
+                raise SortpackError(_invalid(src, name, chunk, at, exc)) from None
+            at += len(chunk)
+
+
+def _invalid(src: SourceFile, name: str, chunk: pa.Array, row0: int, exc: Exception) -> str:
+    """Return the one-line message for a chunk that failed validation."""
+    t = chunk.type
+    text = pa.types.is_string(t) or pa.types.is_large_string(t)
+    if text and "utf8" in str(exc).lower():
+        values = chunk.view(pa.large_binary() if pa.types.is_large_string(t) else pa.binary()).to_pylist()
+        for r, v in enumerate(values):
+            try:
+                if v is not None:
+                    v.decode("utf-8")
+            except UnicodeDecodeError:
+                where = f"line {_jsonl_line(src.path, row0 + r)}" if src.format == "jsonl" else f"row {row0 + r}"
+                return f"{src.path}: {where}: column {name!r} is not valid UTF-8 text"
+    return f"{src.path}: corrupt {src.format} data in column {name!r} ({one_line(exc)})"
+
+
+def _jsonl_line(path: str, row: int) -> int | str:
+    """Return the 1-based line of row ``row`` of a JSONL file (blank lines hold no row)."""
+    seen = -1
+    with open(path, "rb") as fh:
+        for n, line in enumerate(fh, 1):
+            if line.strip():
+                seen += 1
+                if seen == row:
+                    return n
+    return f"? (row {row})"
+
+
+def _first_bad_line(path: str) -> int | None:
+    """Return the 1-based number of the first line that is not UTF-8 (None: all are)."""
+    with open(path, "rb") as fh:
+        for n, line in enumerate(fh, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return n
+    return None
 
 
 HF_STATE = "state.json"  # datasets.Dataset.save_to_disk: lists the data files in order
@@ -189,9 +278,27 @@ def describe(path: str, fmt: str) -> SourceFile:
                 batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
                 return SourceFile(path, fmt, size, [b.num_rows for b in batches], [b.nbytes for b in batches])
             return SourceFile(path, fmt, size, None)
-        return SourceFile(path, fmt, size, None)
+        return SourceFile(path, fmt, size, None, est_rows=_estimate_rows(path, fmt, size))
     except (pa.ArrowException, OSError) as exc:
         raise SortpackError(f"{path}: cannot read as {fmt} ({one_line(exc)})") from None
+
+
+HEAD_BYTES = 1 << 16  # bytes of a jsonl/csv file read to estimate its rows
+
+
+def _estimate_rows(path: str, fmt: str, size: int) -> int:
+    """Return the rows of a jsonl/csv file estimated from its first HEAD_BYTES (exact for a shorter file)."""
+    if size == 0:
+        return 0
+    with open(path, "rb") as fh:
+        head = fh.read(HEAD_BYTES)
+    lines = head.split(b"\n")
+    complete = lines if len(head) >= size else lines[:-1]  # the last piece of a cut head is partial
+    rows = sum(1 for line in complete if line.strip()) - (1 if fmt == "csv" else 0)
+    if len(head) >= size:
+        return max(rows, 0)
+    used = len(head) - len(lines[-1])
+    return max(1, round(max(rows, 1) * size / max(used, 1)))
 
 
 def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None,
@@ -215,7 +322,7 @@ def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None
             # one row group at a time, kept as chunks: read_row_groups merges them, a
             # full copy of the column that costs 2-4x the read itself
             parts = [pf.read_row_group(i, columns=columns) for i in range(first, last)]
-            return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            return _checked(parts[0] if len(parts) == 1 else pa.concat_tables(parts), src, first)
         if src.format == "arrow":
             reader = _arrow_reader(src.path)
             if isinstance(reader, pa.ipc.RecordBatchFileReader):
@@ -223,23 +330,34 @@ def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None
                 table = pa.Table.from_batches(batches, schema=reader.schema)
             else:
                 table = reader.read_all()
-            return table.select(columns) if columns is not None else table
+            return _checked(table.select(columns) if columns is not None else table, src, first)
         if src.format == "jsonl":
             # read_json widens a column's type across blocks (int then float); the dataset
             # API fixes the type from the first block and fails on a later one
             table = _json_call(pjson.read_json, src)
             if columns is None:
-                return table
+                return _checked(table, src, 0)
             if table.num_rows == 0:
                 return pa.table({c: pa.nulls(0) for c in columns})
             _check_columns(src, table.column_names, columns)
-            return table.select(columns)
+            return _checked(table.select(columns), src, 0)
         text = {c: pa.string() for c in text_columns or []}
         return pcsv.read_csv(src.path, convert_options=pcsv.ConvertOptions(include_columns=columns,
                                                                             column_types=text))
     except (pa.ArrowException, OSError) as exc:
         msg = one_line(exc)
+        if src.format == "csv" and "utf8" in msg.lower():
+            line = _first_bad_line(src.path)
+            if line is not None:
+                raise SortpackError(f"{src.path}: line {line}: not valid UTF-8 text ({msg})") from None
         raise SortpackError(f"{src.path}: cannot read as {src.format} ({msg})") from None
+
+
+def _checked(table: pa.Table, src: SourceFile, first_unit: int) -> pa.Table:
+    """Return ``table`` (units from ``first_unit`` on) after ``check_table``."""
+    row0 = sum(src.unit_rows[:first_unit]) if src.unit_rows is not None else 0
+    check_table(table, src, row0)
+    return table
 
 
 JSON_BLOCK = 1 << 20  # pyarrow's default block size; a longer line needs a larger block
@@ -289,7 +407,9 @@ def read_unit_rows(src: SourceFile, unit: int, lo: int, hi: int, columns: list[s
                 break
         if not parts:
             return pf.schema_arrow.empty_table() if columns is None else pf.schema_arrow.empty_table().select(columns)
-        return pa.Table.from_batches(parts)
+        table = pa.Table.from_batches(parts)
+        check_table(table, src, sum(src.unit_rows[:unit]) + lo)
+        return table
     except (pa.ArrowException, OSError) as exc:
         msg = " ".join(str(exc).split())
         raise SortpackError(f"{src.path}: cannot read as {src.format} ({msg})") from None

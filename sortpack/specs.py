@@ -76,6 +76,8 @@ def load_function(spec: Spec) -> Callable:
         sys.path.insert(0, cwd)
     try:
         return getattr(importlib.import_module(module), func)
+    except SystemExit as exc:
+        raise SortpackError(f"{spec.text}: importing {module} called sys.exit({exc.code!r})") from None
     except Exception as exc:  # noqa: BLE001 - importing user code may raise anything
         where = ""
         if isinstance(exc, ModuleNotFoundError) and exc.name and module.startswith(exc.name):
@@ -166,6 +168,8 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None,
             if isinstance(out, (pa.Array, pa.ChunkedArray)):
                 out = out.to_numpy(zero_copy_only=False)
             values = np.asarray(out)
+        except SystemExit as exc:
+            raise SortpackError(f"{where}: {spec.text} called sys.exit({exc.code!r})") from None
         except Exception as exc:  # noqa: BLE001 - user code may raise anything
             raise SortpackError(f"{where}: {spec.text} raised {type(exc).__name__}: "
                                 f"{one_line(exc)}") from None

@@ -115,8 +115,9 @@ def test_commit_does_not_merge_into_an_empty_directory_made_meanwhile(tmp_path):
 def test_commit_with_overwrite_replaces_what_appeared(tmp_path):
     out = OutputDir(SerialComm(), tmp_path / "plan", overwrite=True)
     (out.ensure() / "data.arrow").write_bytes(b"mine")
-    (tmp_path / "plan").mkdir()
-    (tmp_path / "plan" / "theirs.arrow").write_bytes(b"theirs")
+    (tmp_path / "plan").mkdir()  # another job's sortpack output (a user's directory is never replaced)
+    (tmp_path / "plan" / "microbatches-00000.arrow").write_bytes(b"theirs")
+    (tmp_path / "plan" / "manifest.json").write_text('{"format": "sortpack-index"}')
     out.commit({"format": "x"})
     assert sorted(p.name for p in (tmp_path / "plan").iterdir()) == ["data.arrow", "manifest.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan"]

@@ -1,0 +1,108 @@
+"""SIGTERM (Slurm's time limit, ``scancel``, ``timeout``): remove the job's temporaries, then exit 143.
+
+Python runs a signal handler only between bytecodes of the main thread, and a rank waiting
+in an MPI collective (or a long Arrow call) may not get there before the launcher kills it.
+So the C-level handler also wakes a watcher thread (``signal.set_wakeup_fd``), which cleans
+up while the main thread is still blocked: MPI and Arrow calls release the GIL. Whichever
+runs first removes every registered temporary and ends the process; the others' are gone
+with the job. A temporary that survives anyway (SIGKILL) is removed by the next job into
+the same output (``output_guard.sweep_stale``).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+EXIT_CODE = 128 + signal.SIGTERM
+_CLEANUPS: dict[int, Callable[[], str | None]] = {}
+_LOCK = threading.RLock()  # held while a commit renames: a cleanup never runs half-way through one
+_ONCE = threading.Lock()
+_state = {"installed": False, "deferred": False, "in_critical": 0, "owner": 0}
+
+
+def register(fn: Callable[[], str | None]) -> int:
+    """Run ``fn`` (it returns what it removed, or None) if the job is terminated; return a key for ``unregister``."""
+    with _LOCK:
+        key = id(fn)
+        _CLEANUPS[key] = fn
+        return key
+
+
+def unregister(key: int) -> None:
+    """Forget the cleanup registered under ``key`` (the temporary was committed or discarded)."""
+    with _LOCK:
+        _CLEANUPS.pop(key, None)
+
+
+@contextmanager
+def critical() -> Iterator[None]:
+    """Hold termination until the block ends (the renames that swap an output in)."""
+    with _LOCK:
+        _state["in_critical"] += 1
+        _state["owner"] = threading.get_ident()
+        try:
+            yield
+        finally:
+            _state["in_critical"] -= 1
+    if _state["deferred"] and not _state["in_critical"]:
+        _terminate()
+
+
+def _terminate() -> None:
+    if not _ONCE.acquire(blocking=False):
+        return  # the other path is already cleaning up; it ends the process
+    with _LOCK:
+        removed = []
+        for fn in list(_CLEANUPS.values()):
+            try:
+                what = fn()
+            except Exception:  # noqa: BLE001 - a failed cleanup must not keep the process alive
+                what = None
+            if what:
+                removed.append(what)
+    note = f"; removed {', '.join(removed)}" if removed else ""
+    try:
+        sys.stderr.write(f"sortpack: terminated by SIGTERM{note}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(EXIT_CODE)
+
+
+def _handler(signum, frame) -> None:
+    if _state["in_critical"] and _state["owner"] == threading.get_ident():
+        _state["deferred"] = True  # this thread is renaming: finish, then end
+        return
+    _terminate()
+
+
+def _watch(fd: int) -> None:
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        if not data:
+            return
+        if signal.SIGTERM in data:
+            _terminate()
+
+
+def install() -> None:
+    """Install the SIGTERM cleanup for this process (main thread; once; a no-op elsewhere)."""
+    if _state["installed"] or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return  # the embedding program handles SIGTERM itself
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.signal(signal.SIGTERM, _handler)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    threading.Thread(target=_watch, args=(read_fd,), name="sortpack-sigterm", daemon=True).start()
+    _state["installed"] = True

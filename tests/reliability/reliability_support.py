@@ -1,0 +1,66 @@
+"""Helpers of the reliability suite: run sortpack as a user would and check that a failure is clean."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from support import ROOT, sortpack_cmd
+
+
+def run(args, cwd: Path, ranks: int | None = None, env: dict | None = None, timeout: float = 90,
+        preexec_fn=None) -> subprocess.CompletedProcess:
+    """Run ``sortpack ARGS`` in ``cwd`` (under ``mpiexec -n ranks`` when given); never raise on failure."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(sortpack_cmd(list(args), ranks if ranks and ranks > 1 else None), cwd=str(cwd),
+                          env=full_env, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
+
+
+def error_line(proc: subprocess.CompletedProcess, contains: str | None = None) -> str:
+    """Return the one ``Error:`` line of a failed run after checking exit status 2 and nothing else on stderr."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert len(lines) == 1 and lines[0].startswith("Error: "), proc.stderr[-3000:]
+    if contains is not None:
+        assert contains in lines[0], lines[0]
+    return lines[0]
+
+
+def debris(directory: Path, name: str) -> list[str]:
+    """Return the temporaries of output ``name`` left in ``directory``."""
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(f".{name}."))
+
+
+def make_inputs(d: Path, n: int = 400) -> Path:
+    """Write two small parquet files of text into ``d`` and return ``d``."""
+    d.mkdir(parents=True, exist_ok=True)
+    for k in range(2):
+        texts = ["abcdefghij"[: (i * 7 + k) % 10 + 1] * ((i % 13) + 1) for i in range(n)]
+        pq.write_table(pa.table({"text": texts}), d / f"part-{k}.parquet", row_group_size=100)
+    return d
+
+
+RUN = ["--column", "text", "--max-tokens", "400"]
+
+
+def start(args, cwd: Path, ranks: int, env: dict) -> subprocess.Popen:
+    """Start ``sortpack ARGS`` in the background in its own process group."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.Popen(sortpack_cmd(list(args), ranks if ranks > 1 else None), cwd=str(cwd), env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL what is left of a started job (its whole process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+PYTHON = sys.executable
