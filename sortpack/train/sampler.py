@@ -12,13 +12,12 @@ are one state machine; the plan, index and LR it uses live in their own modules.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from .index import PackedIndex
 from .lr import lr_scale
 from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions
+from .world import resolve_rank
 
 
 class MicroBatch(list):
@@ -124,10 +123,12 @@ class PackedSampler:
     ----------
     index : PackedIndex or path
         The index (a path is opened).
-    rank : int
+    rank : int, optional
         This rank, ``0 <= rank < world_size``.
-    world_size : int
-        Data-parallel ranks W.
+    world_size : int, optional
+        Data-parallel ranks W. Left out, both come from ``torch.distributed`` when
+        initialised, else from the launcher (torchrun's ``RANK``/``WORLD_SIZE``, mpiexec,
+        srun), else 0 of 1; a given value that disagrees with those raises ValueError.
     grad_accum : int
         Micro-batches per rank per optimizer step A (``set_grad_accum`` changes it between steps).
     order : {"index", "shuffle", "curriculum"}
@@ -141,13 +142,21 @@ class PackedSampler:
         Put the costliest step (padded tokens) first, to fail fast on out-of-memory.
     warmup_shapes : bool
         Start each epoch with steps that show every rank every distinct micro-batch shape.
+    group : torch.distributed process group, optional
+        Take rank and world size from this group (the data-parallel group of a job that
+        also shards the model) instead of the whole job.
+    check_rank : bool
+        Refuse a rank or world size that disagrees with the job's (default). False takes
+        them as given: to look at another rank's share.
     """
 
     STATE_VERSION = 1
 
-    def __init__(self, index, rank: int = 0, world_size: int = 1, grad_accum: int = 1,
+    def __init__(self, index, rank: int | None = None, world_size: int | None = None, grad_accum: int = 1,
                  order: str = "index", seed: int = 0, drop_last: bool = False,
-                 largest_first: bool = False, warmup_shapes: bool = False):
+                 largest_first: bool = False, warmup_shapes: bool = False, *, group=None,
+                 check_rank: bool = True):
+        rank, world_size = resolve_rank(rank, world_size, group, check_rank, type(self).__name__)
         self.index = index if isinstance(index, PackedIndex) else PackedIndex(index)
         if order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
@@ -383,19 +392,8 @@ class PackedSampler:
 
 
 def _world(rank, world_size) -> tuple[int, int]:
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return (dist.get_rank() if rank is None else int(rank),
-                    dist.get_world_size() if world_size is None else int(world_size))
-    except ImportError:
-        pass
-    env_rank = int(os.environ.get("RANK", "0"))
-    env_world = int(os.environ.get("WORLD_SIZE", "1"))
-    return (env_rank if rank is None else int(rank), env_world if world_size is None else int(world_size))
+    """Return (rank, world_size) as a sampler resolves them (kept for code that imported it)."""
+    return resolve_rank(rank, world_size)
 
 
 class PackedBatchSampler(PackedSampler):
@@ -411,7 +409,8 @@ class PackedBatchSampler(PackedSampler):
         The index (a path is opened).
     rank, world_size : int, optional
         This rank and the data-parallel ranks; default to ``torch.distributed`` when
-        initialised, else to the ``RANK``/``WORLD_SIZE`` environment (0 and 1 without).
+        initialised, else to the launcher's environment (torchrun's ``RANK``/``WORLD_SIZE``,
+        mpiexec, srun; 0 and 1 without). A given value that disagrees raises ValueError.
     grad_accum : int
         Micro-batches per rank per optimizer step.
     order : {"index", "shuffle", "curriculum"}
@@ -424,12 +423,14 @@ class PackedBatchSampler(PackedSampler):
         Costliest step first.
     warmup_shapes : bool
         Every shape to every rank in the first steps.
+    group, check_rank
+        As for ``PackedSampler``.
     """
 
     def __init__(self, index, rank: int | None = None, world_size: int | None = None,
                  grad_accum: int = 1, order: str = "index", seed: int = 0, drop_last: bool = False,
-                 largest_first: bool = False, warmup_shapes: bool = False):
-        rank, world_size = _world(rank, world_size)
+                 largest_first: bool = False, warmup_shapes: bool = False, *, group=None,
+                 check_rank: bool = True):
         super().__init__(index, rank=rank, world_size=world_size, grad_accum=grad_accum, order=order,
                          seed=seed, drop_last=drop_last, largest_first=largest_first,
-                         warmup_shapes=warmup_shapes)
+                         warmup_shapes=warmup_shapes, group=group, check_rank=check_rank)
