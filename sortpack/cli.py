@@ -363,10 +363,25 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG: sizes, fill, step balance, shapes, LR scale.")
-def inspect(directory, world_size, grad_accum, as_json, plot):
-    """Report on a metrics, sorted or index directory."""
+@click.option("--step", type=int, default=None,
+              help="List each rank's micro-batches of this run step (epoch * steps_per_epoch + step) with their "
+                   "sample ids.")
+@click.option("--sample", "samples", type=int, multiple=True,
+              help="List the steps and ranks where this sample id comes (repeatable).")
+@click.option("--order", type=click.Choice(["index", "shuffle", "curriculum"]), default="index", show_default=True,
+              help="With --step/--sample: the sampler's order.")
+@click.option("--seed", type=int, default=0, show_default=True, help="With --step/--sample: the sampler's seed.")
+@click.option("--epoch", type=int, default=None,
+              help="With --step: count the step within this epoch; with --sample: the epoch to search (default 0).")
+@click.option("--drop-last", is_flag=True, help="With --step/--sample: the sampler's drop_last.")
+@click.option("--largest-first", is_flag=True, help="With --step/--sample: the sampler's largest_first.")
+@click.option("--warmup-shapes", is_flag=True, help="With --step/--sample: the sampler's warmup_shapes.")
+def inspect(directory, world_size, grad_accum, as_json, plot, step, samples, **sampler):
+    """Report on a metrics, sorted or index directory; --step/--sample trace a plan's steps."""
     if launcher_rank() != 0:
         return  # under mpiexec/srun one rank reports (and plots) for all
+    if step is not None or samples:
+        return _trace(directory, 1 if world_size is None else world_size, grad_accum, step, samples, as_json, sampler)
     from .report import inspect_directory, plot_directory, render
 
     try:
@@ -377,6 +392,22 @@ def inspect(directory, world_size, grad_accum, as_json, plot):
     except SortpackError as exc:
         _fail(exc)
     click.echo(json.dumps(report, indent=1) if as_json else render(report))
+
+
+def _trace(directory, world_size, grad_accum, step, samples, as_json, sampler):
+    from .train.trace import render_trace, sample_trace, step_trace
+
+    try:
+        if step is not None and samples:
+            raise SortpackError("--step and --sample: give one of them")
+        if step is not None:
+            trace = step_trace(directory, step, world_size, grad_accum, **sampler)
+        else:
+            sampler["epoch"] = sampler["epoch"] or 0
+            trace = sample_trace(directory, samples, world_size, grad_accum, **sampler)
+    except SortpackError as exc:
+        _fail(exc)
+    click.echo(json.dumps(trace, indent=1) if as_json else render_trace(trace))
 
 
 @cli.command()

@@ -11,6 +11,7 @@ from .errors import SortpackError
 from .format import read_manifest
 from .reader import MicroBatch, PackedIndex, Samples
 from .sources import SourceFile, describe, expand_inputs, read_units
+from .train.lazy_rows import TableSamples
 
 
 class SourceDataset:
@@ -147,10 +148,9 @@ class SourceDataset:
             table = stored.take(want)
         if self.columns is not None:
             table = table.select(self.columns)
-        rows = table.to_pylist()
-        if self.transform is not None:
-            rows = [self.transform(r) for r in rows]
-        return Samples(rows, mb, table)
+        # the rows become Python objects only if something asks for them: the collate
+        # helpers read stored token ids from the Arrow slice itself
+        return TableSamples(table, mb, self.transform)
 
 
 def _stored_data(source, columns):

@@ -1,4 +1,4 @@
-"""torch side of the reader, public face: ``PackedBatchSampler``, ``VariableBatchSizeLR``, collate helpers.
+"""torch side of the reader, public face: ``PackedBatchSampler``, ``PlanLoader``, ``VariableBatchSizeLR``, collate.
 
 The implementation lives in ``sortpack.train`` (``sampler``, ``lr``, ``collate``); torch is
 imported only where it is used, so importing this module is cheap and works without torch.
@@ -35,6 +35,7 @@ else:
     )
     from .train.goodput_controller import GoodputController
     from .train.index import PackedIndex
+    from .train.loader import PlanLoader
     from .train.lr import LR_METHODS, VariableBatchSizeLR
     from .train.sampler import (
         MicroBatch,
@@ -51,6 +52,7 @@ else:
         "PackedDataset",
         "PackedIndex",
         "PadCollate",
+        "PlanLoader",
         "VariableBatchSizeLR",
         "VarlenCollate",
         "pad_collate",

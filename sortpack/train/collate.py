@@ -61,7 +61,10 @@ def _sequences(items, key, tokenize) -> list[np.ndarray]:
             col = col.combine_chunks()
         if hasattr(col, "offsets") and hasattr(col, "values"):
             offsets = col.offsets.to_numpy()
-            values = col.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            # a sliced list array's .values is the whole shard's buffer: convert only this slice
+            values = col.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+            values = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            offsets = offsets - offsets[0]
             return [values[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)]
     return [_tokens(it, key, tokenize) for it in items]
 

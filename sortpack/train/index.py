@@ -168,6 +168,27 @@ class PackedIndex:
             parts.append(values[offsets[0]:offsets[-1]])
         return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
 
+    def find_samples(self, sample_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return (micro-batch, place in it, sample id) of every occurrence of the given ids, in plan order.
+
+        One vectorised pass over each shard's mapped ids (no per-micro-batch Python loop);
+        an id the plan holds twice (a repeated mixture source) is found twice, one it does
+        not hold not at all.
+        """
+        want = np.unique(np.asarray(sample_ids, dtype=np.int64))
+        mbs, places, found = [], [], []
+        for k in range(len(self._shards) if want.size else 0):
+            offsets, values = self._view(k, "sample_ids")
+            hit = np.flatnonzero(np.isin(values[offsets[0]:offsets[-1]], want)) + int(offsets[0])
+            if hit.size:
+                j = np.searchsorted(offsets, hit, side="right") - 1
+                mbs.append(j + self._firsts[k])
+                places.append(hit - offsets[j])
+                found.append(values[hit])
+        if not mbs:
+            return tuple(np.zeros(0, dtype=np.int64) for _ in range(3))  # type: ignore[return-value]
+        return tuple(np.concatenate(p).astype(np.int64) for p in (mbs, places, found))  # type: ignore[return-value]
+
     def row_splits(self, i: int) -> np.ndarray | None:
         """Return the offsets of micro-batch ``i``'s packed rows into its sample ids (None without rows)."""
         return self._list_item("row_splits", i) if self.has_rows else None

@@ -12,14 +12,14 @@ are one state machine; the plan, index and LR it uses live in their own modules.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from .index import PackedIndex
 from .lr import lr_scale
 from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions
+from .skips import Skips
 from .state_checks import boolean, check_state, integer, one_of, sequence, text
+from .world import resolve_rank
 
 
 class MicroBatch(list):
@@ -50,12 +50,15 @@ class MicroBatch(list):
     repeat : bool
         Whether it repeats a micro-batch to fill a step (tail padding or warm-up copy):
         train on it, skip it when evaluating.
+    run_step : int, optional
+        The step in the run's numbering, ``epoch * steps_per_epoch + step`` (default ``step``):
+        the number ``skip_steps`` and ``sortpack inspect --step`` use.
     """
 
     def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,
                  padded_size: int | None = None, row_splits=None, epoch: int = 0, position: int = 0,
                  *, step: int = 0, end: int | None = None, last: bool = True, step_batch: int = 0,
-                 step_tokens: int = 0, repeat: bool = False):
+                 step_tokens: int = 0, repeat: bool = False, run_step: int | None = None):
         super().__init__(ids)
         self.microbatch = microbatch
         self.batch_size = len(self) if batch_size is None else batch_size
@@ -69,13 +72,14 @@ class MicroBatch(list):
         self.step_batch = step_batch
         self.step_tokens = step_tokens
         self.repeat = repeat
+        self.run_step = step if run_step is None else run_step
 
     def info(self) -> dict:
         """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on)."""
         return {"microbatch": int(self.microbatch), "epoch": int(self.epoch), "step": int(self.step),
                 "position": int(self.position), "end": int(self.end), "last": bool(self.last),
                 "step_batch": int(self.step_batch), "step_tokens": int(self.step_tokens),
-                "repeat": bool(self.repeat)}
+                "repeat": bool(self.repeat), "run_step": int(self.run_step)}
 
 
 class Samples(list):
@@ -125,10 +129,12 @@ class PackedSampler:
     ----------
     index : PackedIndex or path
         The index (a path is opened).
-    rank : int
+    rank : int, optional
         This rank, ``0 <= rank < world_size``.
-    world_size : int
-        Data-parallel ranks W.
+    world_size : int, optional
+        Data-parallel ranks W. Left out, both come from ``torch.distributed`` when
+        initialised, else from the launcher (torchrun's ``RANK``/``WORLD_SIZE``, mpiexec,
+        srun), else 0 of 1; a given value that disagrees with those raises ValueError.
     grad_accum : int
         Micro-batches per rank per optimizer step A (``set_grad_accum`` changes it between steps).
     order : {"index", "shuffle", "curriculum"}
@@ -142,13 +148,27 @@ class PackedSampler:
         Put the costliest step (padded tokens) first, to fail fast on out-of-memory.
     warmup_shapes : bool
         Start each epoch with steps that show every rank every distinct micro-batch shape.
+    group : torch.distributed process group, optional
+        Take rank and world size from this group (the data-parallel group of a job that
+        also shards the model) instead of the whole job.
+    check_rank : bool
+        Refuse a rank or world size that disagrees with the job's (default). False takes
+        them as given: to look at another rank's share.
+    skip_steps : iterable, optional
+        Run steps not to train on (ints, half-open ``(start, stop)`` pairs, ``range`` objects), in
+        the run's numbering ``epoch * steps_per_epoch + step`` (``MicroBatch.run_step``).
+    skip_samples : iterable of int or dict, optional
+        Sample ids taken out of their micro-batches (a dict maps id to size; see ``Skips``).
+        ``step_batch``/``step_tokens`` of a step that loses samples no longer count them.
     """
 
     STATE_VERSION = 1
 
-    def __init__(self, index, rank: int = 0, world_size: int = 1, grad_accum: int = 1,
+    def __init__(self, index, rank: int | None = None, world_size: int | None = None, grad_accum: int = 1,
                  order: str = "index", seed: int = 0, drop_last: bool = False,
-                 largest_first: bool = False, warmup_shapes: bool = False):
+                 largest_first: bool = False, warmup_shapes: bool = False, *, group=None,
+                 check_rank: bool = True, skip_steps=None, skip_samples=None):
+        rank, world_size = resolve_rank(rank, world_size, group, check_rank, type(self).__name__)
         self.index = index if isinstance(index, PackedIndex) else PackedIndex(index)
         if order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
@@ -168,6 +188,7 @@ class PackedSampler:
         self._resumed = False  # a loaded state: the next set_epoch of its epoch keeps the place
         self._pass_start = (0, 0, 0, self._layout)
         self._plans: dict = {}
+        self.skips = Skips(self.index, skip_steps, skip_samples)
 
     # --- configuration ---------------------------------------------------------------
     def _checked_accum(self, a) -> int:
@@ -217,12 +238,25 @@ class PackedSampler:
             return 0
         return left // width if self.drop_last else -(-left // width)
 
-    def _steps_from(self, position: int) -> int:
-        return self._steps_left(self.plan(), position, self.width)
+    def _steps_from(self, position: int, step: int | None = None) -> int:
+        plan = self.plan()
+        left = self._steps_left(plan, position, self.width)
+        first = self._run_base(plan) + (self._step if step is None else step)
+        return left - self.skips.skipped_between(first, first + left)
+
+    def _run_base(self, plan: EpochPlan) -> int:
+        """Return the run step of this epoch's step 0 (epoch * steps_per_epoch of the epoch's layout)."""
+        return self.epoch * plan.num_blocks
+
+    def _next_kept(self) -> tuple[int, int]:
+        """Return (position, step) of the first step at or after the consumed one that is not skipped."""
+        base = self._run_base(self.plan())
+        step = self.skips.next_kept(base + self._step) - base
+        return self._position + (step - self._step) * self.width, step
 
     @property
     def num_steps(self) -> int:
-        """Return the steps left in this epoch from ``position``."""
+        """Return the steps left to train in this epoch from ``position`` (skipped steps not counted)."""
         return self._steps_from(self.position)
 
     @property
@@ -238,7 +272,7 @@ class PackedSampler:
         if epoch != self.epoch:
             self.epoch, self._layout = int(epoch), (self.world_size, self.grad_accum)
         self._position, self._step = int(position), int(step)
-        if position > 0 and self._steps_from(position) == 0:  # the epoch is over: the next one
+        if position > 0 and self._steps_from(position, int(step)) == 0:  # the epoch is over: the next one
             self.epoch, self._layout = self.epoch + 1, (self.world_size, self.grad_accum)
             self._position = self._step = 0
 
@@ -282,17 +316,22 @@ class PackedSampler:
             self.epoch, self._layout, self._position, self._step = epoch, layout, position, step
             self._explicit = True
         self._resumed = False
-        self._set_state(self.epoch, self._position + self.width, self._step + 1)
+        position, step = self._next_kept()
+        self._set_state(self.epoch, position + self.width, step + 1)
 
     def step_batch(self, by: str = "samples", position: int | None = None) -> int:
         """Return the samples (or tokens, ``by="tokens"``) of the step at ``position`` over all ranks."""
         if by not in ("samples", "tokens"):
             raise ValueError(f"by must be 'samples' or 'tokens', not {by!r}")
-        pos = self.position if position is None else position
+        pos = self._next_kept()[0] if position is None else position
         plan = self.plan()
         if plan.length == 0:
             return 0
-        return plan.span_sum("num_samples" if by == "samples" else "tokens", pos % plan.length, self.width)
+        total = plan.span_sum("num_samples" if by == "samples" else "tokens", pos % plan.length, self.width)
+        if self.skips.sizes:
+            lost = self.skips.lost(plan.packed_array((pos + np.arange(self.width)) % plan.length))
+            total -= lost[0] if by == "samples" else lost[1]
+        return total
 
     def lr_scale(self, ref_batch_size: float, method: str = "linear", by: str = "samples",
                  position: int | None = None) -> float:
@@ -302,6 +341,9 @@ class PackedSampler:
     def _grid(self) -> tuple[EpochPlan, np.ndarray]:
         plan = self.plan()
         flat = step_positions(plan.length, self.world_size, self.grad_accum, self.position, self.drop_last)
+        if len(self.skips.ranges):
+            run = self._run_base(plan) + self._step + np.arange(len(flat), dtype=np.int64)
+            flat = flat[self.skips.kept_mask(run)]
         return plan, flat % max(plan.length, 1)
 
     def schedule(self) -> np.ndarray:
@@ -313,8 +355,12 @@ class PackedSampler:
         """Return the step batch (samples or tokens over all ranks) of every step left in the epoch."""
         plan, flat = self._grid()
         col = "num_samples" if by == "samples" else "tokens"
-        values = self.index.take(col, plan.packed_array(flat.reshape(len(flat), self.width)))
-        return values.reshape(len(flat), self.width).sum(axis=1).astype(np.int64)
+        packed = plan.packed_array(flat.reshape(len(flat), self.width))
+        values = self.index.take(col, packed)
+        total = values.reshape(len(flat), self.width).sum(axis=1).astype(np.int64)
+        if self.skips.sizes:
+            total -= self.skips.lost_per_row(packed.reshape(len(flat), self.width))[0 if by == "samples" else 1]
+        return total
 
     # --- iteration ----------------------------------------------------------------------
     def __iter__(self):
@@ -327,23 +373,36 @@ class PackedSampler:
     def _iterate(self, epoch: int, layout: tuple, pos: int, step: int):
         plan = self._plan_of(epoch, layout)
         length = plan.length
+        base = epoch * plan.num_blocks  # run step of the epoch's step 0
+        skips = self.skips
         while True:
             w, a = self.world_size, self.grad_accum  # read per step: set_grad_accum applies at once
             if self._steps_left(plan, pos, w * a) == 0:
                 return
+            kept = skips.next_kept(base + step) - base
+            if kept != step:  # skipped steps: jump over them, as if they had been trained on
+                pos, step = pos + (kept - step) * w * a, kept
+                if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
+                    self._set_state(epoch, pos, step)
+                continue
             mine = [pos + k * w + self.rank for k in range(a)]
             packed = [plan.packed(f % length) for f in mine]
             repeat = [plan.is_repeat(f) for f in mine]
             batch = int(plan.span_sum("num_samples", pos % length, w * a))
             tokens = int(plan.span_sum("tokens", pos % length, w * a))
+            if skips.sizes:
+                lost = skips.lost(plan.packed_array((pos + np.arange(w * a)) % length))
+                batch, tokens = batch - lost[0], tokens - lost[1]
             start, pos = pos, pos + w * a
             if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
                 # without reported consumption the state follows what was handed out
                 self._set_state(epoch, pos, step + 1)
             for k, p in enumerate(packed):
                 ids, bs, ps, splits = self.index.record(p)
+                if skips.sizes:
+                    ids, splits = skips.kept(p, ids, splits)
                 yield MicroBatch(ids, p, bs, ps, splits, epoch, start, step=step, end=pos, last=k == a - 1,
-                                 step_batch=batch, step_tokens=tokens, repeat=repeat[k])
+                                 step_batch=batch, step_tokens=tokens, repeat=repeat[k], run_step=base + step)
             step += 1
 
     # --- resume ---------------------------------------------------------------------------
@@ -356,7 +415,7 @@ class PackedSampler:
             "largest_first": self.largest_first, "warmup_shapes": self.warmup_shapes,
             "world_size": self.world_size, "grad_accum": self.grad_accum,
             "layout": list(self._layout), "num_microbatches": self.index.num_microbatches,
-            "content_hash": self.index.content_hash,
+            "content_hash": self.index.content_hash, **self.skips.state(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -379,6 +438,7 @@ class PackedSampler:
         self._position = int(state["position"])
         self._step = int(state.get("step", self._position // max(1, self._layout[0] * self._layout[1])))
         self._pass_start = (self.epoch, self._position, self._step, self._layout)
+        self.skips = self.skips.merged(state)  # a restart's skips join its checkpoint's
         self._resumed = True
 
     def _check_state(self, state: dict) -> None:
@@ -389,7 +449,8 @@ class PackedSampler:
             "seed": integer(), "order": one_of(*ORDERS), "drop_last": boolean, "largest_first": boolean,
             "warmup_shapes": boolean, "world_size": positive, "grad_accum": positive,
             "layout": sequence(positive, 2), "num_microbatches": integer(0), "content_hash": text,
-        }, optional_keys=("step",))  # states written before the step count
+            "skip_steps": sequence(sequence(integer(0), 2)), "skip_samples": sequence(sequence(integer(0), 2)),
+        }, optional_keys=("step", "skip_steps", "skip_samples"))  # states written before steps and skips
         if (state["num_microbatches"] != self.index.num_microbatches
                 or state["content_hash"] != self.index.content_hash):
             raise ValueError("the sampler state belongs to another index (content hash differs)")
@@ -406,19 +467,8 @@ class PackedSampler:
 
 
 def _world(rank, world_size) -> tuple[int, int]:
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return (dist.get_rank() if rank is None else int(rank),
-                    dist.get_world_size() if world_size is None else int(world_size))
-    except ImportError:
-        pass
-    env_rank = int(os.environ.get("RANK", "0"))
-    env_world = int(os.environ.get("WORLD_SIZE", "1"))
-    return (env_rank if rank is None else int(rank), env_world if world_size is None else int(world_size))
+    """Return (rank, world_size) as a sampler resolves them (kept for code that imported it)."""
+    return resolve_rank(rank, world_size)
 
 
 class PackedBatchSampler(PackedSampler):
@@ -434,7 +484,8 @@ class PackedBatchSampler(PackedSampler):
         The index (a path is opened).
     rank, world_size : int, optional
         This rank and the data-parallel ranks; default to ``torch.distributed`` when
-        initialised, else to the ``RANK``/``WORLD_SIZE`` environment (0 and 1 without).
+        initialised, else to the launcher's environment (torchrun's ``RANK``/``WORLD_SIZE``,
+        mpiexec, srun; 0 and 1 without). A given value that disagrees raises ValueError.
     grad_accum : int
         Micro-batches per rank per optimizer step.
     order : {"index", "shuffle", "curriculum"}
@@ -447,12 +498,14 @@ class PackedBatchSampler(PackedSampler):
         Costliest step first.
     warmup_shapes : bool
         Every shape to every rank in the first steps.
+    group, check_rank
+        As for ``PackedSampler``.
     """
 
     def __init__(self, index, rank: int | None = None, world_size: int | None = None,
                  grad_accum: int = 1, order: str = "index", seed: int = 0, drop_last: bool = False,
-                 largest_first: bool = False, warmup_shapes: bool = False):
-        rank, world_size = _world(rank, world_size)
+                 largest_first: bool = False, warmup_shapes: bool = False, *, group=None,
+                 check_rank: bool = True):
         super().__init__(index, rank=rank, world_size=world_size, grad_accum=grad_accum, order=order,
                          seed=seed, drop_last=drop_last, largest_first=largest_first,
-                         warmup_shapes=warmup_shapes)
+                         warmup_shapes=warmup_shapes, group=group, check_rank=check_rank)

@@ -1,0 +1,160 @@
+"""``TableSamples``: a micro-batch's stored rows as ``Samples`` whose Python rows are built on first use.
+
+A collate function that reads the Arrow slice (``Samples.table``), as ``pad_collate`` and
+``varlen_collate`` do for stored token ids, never needs the rows as Python dicts; building
+them anyway (``to_pylist``) turns every token into a Python int and costs more than the
+fetch and the collate together. Any other use (iterating, indexing, ``list(...)``,
+comparing, pickling) builds them once, so a custom collate sees the usual list of rows.
+``len()`` is known without building them.
+"""
+from __future__ import annotations
+
+from .sampler import Samples
+
+
+class TableSamples(Samples):
+    """The rows of ``table`` (a list of dicts, or ``transform(row)``), built when first needed.
+
+    Parameters
+    ----------
+    table : pyarrow.Table or RecordBatch
+        The micro-batch's rows.
+    microbatch : MicroBatch, optional
+        The micro-batch they were read for.
+    transform : callable, optional
+        Maps each row (a dict) to the item.
+    """
+
+    def __init__(self, table, microbatch=None, transform=None):
+        super().__init__((), microbatch, table)
+        self._transform = transform
+        self._pending = True
+
+    def _fill(self) -> None:
+        if self._pending:
+            self._pending = False
+            rows = self.table.to_pylist()
+            if self._transform is not None:
+                rows = [self._transform(r) for r in rows]
+            list.extend(self, rows)
+
+    @property
+    def built(self) -> bool:
+        """Return whether the Python rows have been built."""
+        return not self._pending
+
+    def __len__(self) -> int:
+        return self.table.num_rows if self._pending else list.__len__(self)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self):
+        self._fill()
+        return list.__iter__(self)
+
+    def __reversed__(self):
+        self._fill()
+        return list.__reversed__(self)
+
+    def __getitem__(self, i):
+        self._fill()
+        return list.__getitem__(self, i)
+
+    def __contains__(self, item) -> bool:
+        self._fill()
+        return list.__contains__(self, item)
+
+    def __eq__(self, other) -> bool:
+        self._fill()
+        return list.__eq__(self, other)
+
+    def __ne__(self, other) -> bool:
+        self._fill()
+        return list.__ne__(self, other)
+
+    __hash__ = None  # type: ignore[assignment]  # a list: unhashable
+
+    def __repr__(self) -> str:
+        self._fill()
+        return list.__repr__(self)
+
+    def __reduce_ex__(self, protocol):
+        self._fill()  # pickled (DataLoader workers) as plain Samples with their rows
+        return (Samples, (list(self), self.microbatch, self.table))
+
+    def copy(self) -> list:
+        """Return the rows as a plain list."""
+        self._fill()
+        return list(self)
+
+    def index(self, *args) -> int:
+        """Return the place of a row (as ``list.index``)."""
+        self._fill()
+        return list.index(self, *args)
+
+    def count(self, item) -> int:
+        """Return how often a row occurs (as ``list.count``)."""
+        self._fill()
+        return list.count(self, item)
+
+    def __setitem__(self, i, value):
+        self._fill()
+        list.__setitem__(self, i, value)
+
+    def __delitem__(self, i):
+        self._fill()
+        list.__delitem__(self, i)
+
+    def append(self, item) -> None:
+        """Append a row (after building the others)."""
+        self._fill()
+        list.append(self, item)
+
+    def extend(self, items) -> None:
+        """Extend the rows (after building the others)."""
+        self._fill()
+        list.extend(self, items)
+
+    def insert(self, i, item) -> None:
+        """Insert a row (after building the others)."""
+        self._fill()
+        list.insert(self, i, item)
+
+    def pop(self, *args):
+        """Remove and return a row (as ``list.pop``)."""
+        self._fill()
+        return list.pop(self, *args)
+
+    def sort(self, **kw) -> None:
+        """Sort the rows in place (as ``list.sort``)."""
+        self._fill()
+        list.sort(self, **kw)
+
+    def reverse(self) -> None:
+        """Reverse the rows in place."""
+        self._fill()
+        list.reverse(self)
+
+    def remove(self, item) -> None:
+        """Remove the first equal row (as ``list.remove``)."""
+        self._fill()
+        list.remove(self, item)
+
+    def clear(self) -> None:
+        """Remove every row."""
+        self._pending = False
+        list.clear(self)
+
+    def __add__(self, other):
+        self._fill()
+        return list.__add__(self, other)
+
+    def __iadd__(self, other):
+        self._fill()
+        list.extend(self, other)
+        return self
+
+    def __mul__(self, n):
+        self._fill()
+        return list.__mul__(self, n)

@@ -1,0 +1,191 @@
+"""Steps and samples a run leaves out (``skip_steps``, ``skip_samples``): the loss-spike restart.
+
+Steps are numbered in the run's numbering: step ``s`` of epoch ``e`` is run step
+``e * steps_per_epoch + s`` (what a loop counting optimizer steps from the start prints
+while W and A stay fixed, and ``MicroBatch.run_step``). A skipped step keeps its number, so
+the steps after it keep theirs. A skipped sample is taken out of every micro-batch that holds
+it; the step's ``step_batch`` and ``step_tokens`` no longer count it, so a token-exact loss
+over the step stays exact, and the LR of that step follows the batch it really has. Steps
+without a skipped sample are unchanged, LR included. numpy only.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _ranges(steps) -> np.ndarray:
+    """Return sorted, merged half-open ranges (k, 2) from ints, (start, stop) pairs or ``range`` objects."""
+    pairs = []
+    for item in steps or ():
+        if isinstance(item, range):
+            if item.step != 1:
+                raise ValueError(f"skip_steps: {item!r} must have step 1")
+            lo, hi = item.start, item.stop
+        elif isinstance(item, (int, np.integer)):
+            lo, hi = int(item), int(item) + 1
+        else:
+            try:
+                lo, hi = (int(v) for v in item)
+            except (TypeError, ValueError):
+                raise ValueError(f"skip_steps: {item!r} is not a step, a (start, stop) pair or a range") from None
+        if lo < 0 or hi < lo:
+            raise ValueError(f"skip_steps: [{lo}, {hi}) is not a range of step numbers (0 <= start <= stop)")
+        if hi > lo:
+            pairs.append((lo, hi))
+    pairs.sort()
+    merged: list[list[int]] = []
+    for lo, hi in pairs:
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return np.asarray(merged, dtype=np.int64).reshape(-1, 2)
+
+
+def _size_column(index):
+    """Return (stored data, the stored column whose length is a sample's size) or (stored, None)."""
+    stored = index.stored
+    if stored is None:
+        return None, None
+    if stored.tokens:  # --store-tokens: len(input_ids) == size, truncation included
+        return stored, stored.tokens.get("column", "input_ids")
+    opts = index.options
+    if opts.get("size") == "length" and opts.get("column") in stored.columns and opts.get("oversize") != "truncate":
+        return stored, opts["column"]  # characters of a string, elements of a list, bytes of a binary
+    return stored, None
+
+
+class Skips:
+    """The skipped step ranges and samples of one sampler, and what they take out of each step.
+
+    Parameters
+    ----------
+    index : PackedIndex
+        The plan.
+    steps : iterable, optional
+        Run steps to skip: ints, half-open ``(start, stop)`` pairs or ``range`` objects.
+    samples : iterable of int or dict, optional
+        Sample ids to take out; a dict maps each id to its size (the plan's size units). Sizes
+        left out are read from the plan's stored ``input_ids`` (``len(input_ids) == size``);
+        a plan without stored token ids needs them given.
+    """
+
+    def __init__(self, index, steps=None, samples=None) -> None:
+        self.index = index
+        self.ranges = _ranges(steps)
+        sizes = dict(samples) if isinstance(samples, dict) else {int(i): None for i in (samples or ())}
+        self.sizes: dict[int, int] = self._sizes({int(k): v for k, v in sizes.items()})
+        self._drops()
+
+    def __bool__(self) -> bool:
+        return bool(len(self.ranges) or self.sizes)
+
+    # --- samples ---------------------------------------------------------------------------
+    def _sizes(self, given: dict) -> dict[int, int]:
+        if not given:
+            return {}
+        ids = np.array(sorted(given), dtype=np.int64)
+        mbs, places, found = self.index.find_samples(ids)
+        missing = np.setdiff1d(ids, found)
+        if missing.size:
+            raise ValueError(f"skip_samples: sample id {int(missing[0])} is not in the plan "
+                             f"({self.index.num_samples} samples)")
+        unknown = [i for i in ids.tolist() if given[i] is None]
+        if unknown:
+            stored, column = _size_column(self.index)
+            if column is None:
+                raise ValueError(f"skip_samples: the size of sample {unknown[0]} is not known (the plan stores "
+                                 "neither its token ids nor its --column with --size length): pass "
+                                 "{id: size} in the plan's size units, or build with --store-tokens")
+            first = {int(i): k for k, i in reversed(list(enumerate(found.tolist())))}
+            for i in unknown:
+                k = first[i]
+                row = int(stored.row_start[mbs[k]]) + int(places[k])
+                given[i] = len(stored.rows(row, row + 1).column(column)[0].as_py())
+        return {i: int(given[i]) for i in ids.tolist()}
+
+    def _drops(self) -> None:
+        """Tabulate, per micro-batch holding a skipped sample, the samples and tokens it loses."""
+        self.drop_mbs, self._drop_count, self._drop_tokens = _EMPTY, _EMPTY, _EMPTY
+        self._places: dict[int, np.ndarray] = {}
+        if not self.sizes:
+            return
+        mbs, places, found = self.index.find_samples(list(self.sizes))
+        size = np.array([self.sizes[i] for i in found.tolist()], dtype=np.int64)
+        self.drop_mbs, first = np.unique(mbs, return_index=True)
+        self._drop_count = np.diff(np.append(first, len(mbs)))
+        self._drop_tokens = np.add.reduceat(size, first) if len(first) else _EMPTY
+        for mb, lo, n in zip(self.drop_mbs.tolist(), first.tolist(), self._drop_count.tolist()):
+            self._places[mb] = places[lo:lo + n]
+
+    def lost(self, packed) -> tuple[int, int]:
+        """Return (samples, tokens) the micro-batches ``packed`` (an array, repeats counted) lose."""
+        if not self.sizes:
+            return 0, 0
+        packed = np.asarray(packed, dtype=np.int64).ravel()
+        at = np.minimum(np.searchsorted(self.drop_mbs, packed), len(self.drop_mbs) - 1)
+        hit = self.drop_mbs[at] == packed
+        return int(self._drop_count[at][hit].sum()), int(self._drop_tokens[at][hit].sum())
+
+    def lost_per_row(self, packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return per row of ``packed`` (steps, width) the samples and tokens its micro-batches lose."""
+        if not self.sizes:
+            z = np.zeros(len(packed), dtype=np.int64)
+            return z, z
+        at = np.minimum(np.searchsorted(self.drop_mbs, packed), len(self.drop_mbs) - 1)
+        hit = self.drop_mbs[at] == packed
+        return ((self._drop_count[at] * hit).sum(axis=1).astype(np.int64),
+                (self._drop_tokens[at] * hit).sum(axis=1).astype(np.int64))
+
+    def kept(self, mb: int, ids: list, splits: list | None) -> tuple[list, list | None]:
+        """Return micro-batch ``mb``'s ids and row splits without its skipped samples."""
+        places = self._places.get(int(mb))
+        if places is None:
+            return ids, splits
+        keep = np.ones(len(ids), dtype=bool)
+        keep[places] = False
+        kept = np.asarray(ids, dtype=np.int64)[keep].tolist()
+        if splits is None:
+            return kept, None
+        # a packed row keeps its place; it holds fewer samples (more padding)
+        return kept, (np.asarray(splits) - np.searchsorted(places, splits, side="left")).tolist()
+
+    # --- steps ------------------------------------------------------------------------------
+    def next_kept(self, run_step: int) -> int:
+        """Return the first run step at or after ``run_step`` that is not skipped."""
+        if not len(self.ranges):
+            return run_step
+        k = int(np.searchsorted(self.ranges[:, 0], run_step, side="right")) - 1
+        if k >= 0 and run_step < self.ranges[k, 1]:
+            return int(self.ranges[k, 1])
+        return run_step
+
+    def skipped_between(self, lo: int, hi: int) -> int:
+        """Return how many run steps of ``[lo, hi)`` are skipped."""
+        if not len(self.ranges) or hi <= lo:
+            return 0
+        return int((np.minimum(self.ranges[:, 1], hi) - np.maximum(self.ranges[:, 0], lo)).clip(min=0).sum())
+
+    def kept_mask(self, run_steps: np.ndarray) -> np.ndarray:
+        """Return, per run step of the array, whether it is trained on (not skipped)."""
+        run_steps = np.asarray(run_steps, dtype=np.int64)
+        if not len(self.ranges):
+            return np.ones(run_steps.shape, dtype=bool)
+        k = np.searchsorted(self.ranges[:, 0], run_steps, side="right") - 1
+        inside = (k >= 0) & (run_steps < self.ranges[np.maximum(k, 0), 1])
+        return ~inside
+
+    # --- state ------------------------------------------------------------------------------
+    def state(self) -> dict:
+        """Return the skips as plain lists (for the sampler's state_dict)."""
+        return {"skip_steps": self.ranges.tolist(), "skip_samples": [[i, s] for i, s in self.sizes.items()]}
+
+    def merged(self, state: dict) -> Skips:
+        """Return these skips joined with a state's (a restart adds skips to those its checkpoint had)."""
+        steps = [tuple(r) for r in self.ranges.tolist()] + [tuple(r) for r in state.get("skip_steps", [])]
+        samples = {**{int(i): int(s) for i, s in state.get("skip_samples", [])}, **self.sizes}
+        if not state.get("skip_steps") and not state.get("skip_samples"):
+            return self
+        return Skips(self.index, steps, samples)
