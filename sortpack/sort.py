@@ -186,15 +186,21 @@ def _is_contiguous(comm: Comm, samples: Samples) -> bool:
 
 
 def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard: int,
-                 consume: bool = False) -> Samples:
+                 consume: bool = False, groups: np.ndarray | None = None) -> Samples:
     """Return the samples globally sorted by (key, sample_id), ranks holding whole output shards.
 
     Keys travel packed with the ids and are decoded afterwards, so with the default key
     (size, difficulty = size) nothing but one uint64 per sample is moved or gathered.
     ``consume=True`` lets the sort drop the input arrays as soon as they are encoded
     (the caller's ``samples`` is emptied), which bounds a rank's peak memory.
+    ``groups`` (small non-negative ints per sample, a mixture's sources) sorts by
+    (group, key, sample_id) in the same one sort, and curriculum stages are then quantiles
+    within each group; the group must be recoverable from the sample id by the caller.
     """
     opts.validate()
+    group_bits = 0
+    if groups is not None:
+        group_bits = max(1, int(comm.allreduce(int(groups.max()) if len(groups) else 0, "max")).bit_length())
     files = samples.files
     prog = Progress("sort", None, "phases", ranks=comm.size)
     contiguous = _is_contiguous(comm, samples)
@@ -203,21 +209,24 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
     same = bool(comm.allreduce(int(same), "min"))
     payload = {}
     if opts.stages > 1:
-        samples = _assign_stages(comm, samples, opts, contiguous, same)
+        samples, groups = _assign_stages(comm, samples, opts, contiguous, same, groups, group_bits)
         contiguous = False
         # order inside a stage by size: the stage is the most significant part of the key
         codes, codec = encode_keys(comm, samples.size, opts.descending)
         stage_bits = max(1, int(opts.stages - 1).bit_length())
         codes |= samples.stage.astype(np.uint64) << np.uint64(codec.bits)
+        if groups is not None:
+            codes |= groups.astype(np.uint64) << np.uint64(codec.bits + stage_bits)
         if not same:
             payload["difficulty"] = samples.difficulty
-        ids, codes, payload = _sort_by(comm, codes, codec.bits + stage_bits, samples, payload, False)
-        stage = (codes >> np.uint64(codec.bits)).astype(np.int16)
+        ids, codes, payload = _sort_by(comm, codes, codec.bits + stage_bits + group_bits, samples, payload, False)
+        stage = ((codes >> np.uint64(codec.bits)) & np.uint64((1 << stage_bits) - 1)).astype(np.int16)
         size = codec.decode(codes & np.uint64((1 << codec.bits) - 1))
         difficulty = payload.get("difficulty", size)
     else:
         by_size = opts.key == "size"
         codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending)
+        codes, codec = _with_groups(codes, codec, groups, group_bits)
         if not by_size:
             payload["size"] = samples.size
         elif not same:
@@ -230,7 +239,9 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
             ids_fill = True
         else:
             ids_fill = False
-        ids, codes, payload = _sort_by(comm, codes, codec.bits, samples, payload, contiguous, ids_fill)
+        ids, codes, payload = _sort_by(comm, codes, codec.bits + group_bits, samples, payload, contiguous, ids_fill)
+        if group_bits:
+            codes &= np.uint64((1 << codec.bits) - 1)  # drop the group: the caller knows it from the id
         keys = codec.decode(codes, in_place=True)
         del codes
         size = keys if by_size else payload["size"]
@@ -250,14 +261,41 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
     return out
 
 
-def _assign_stages(comm: Comm, samples: Samples, opts: SortOptions, contiguous: bool, same: bool) -> Samples:
-    """Return the samples in (difficulty, id) order with stage = exact global quantile bucket."""
+def _with_groups(codes: np.ndarray, codec: KeyCodec, groups: np.ndarray | None,
+                 group_bits: int) -> tuple[np.ndarray, KeyCodec]:
+    """Return the key codes with the group in the bits above them (the codec still decodes the key alone)."""
+    if groups is None:
+        return codes, codec
+    if codec.bits + group_bits > 64:
+        # every rank sees the same codec: all raise together
+        raise SortpackError(f"the sort key's values span {codec.bits} bits, too wide to sort within "
+                            f"{1 << group_bits} mixture sources in one 64-bit key; rescale --difficulty",
+                            collective=True)
+    codes |= groups.astype(np.uint64) << np.uint64(codec.bits)
+    return codes, codec
+
+
+def _assign_stages(comm: Comm, samples: Samples, opts: SortOptions, contiguous: bool, same: bool,
+                   groups: np.ndarray | None = None, group_bits: int = 0) -> tuple[Samples, np.ndarray | None]:
+    """Return the samples in ((group,) difficulty, id) order with stage = exact quantile bucket (within its group).
+
+    The groups come back in the new order (None without groups).
+    """
     codes, codec = encode_keys(comm, samples.difficulty, opts.descending)
+    codes, codec = _with_groups(codes, codec, groups, group_bits)
     payload = {} if same else {"size": samples.size}
-    ids, codes, payload = _sort_by(comm, codes, codec.bits, samples, payload, contiguous)
-    difficulty = codec.decode(codes)
-    size = difficulty if same else payload["size"]
+    ids, codes, payload = _sort_by(comm, codes, codec.bits + group_bits, samples, payload, contiguous)
     start, total = global_start(comm, len(ids))
     pos = np.arange(start, start + len(ids), dtype=np.int64)
-    stage = ((pos * opts.stages) // max(total, 1)).astype(np.int16)
-    return Samples(start, total, ids, size, difficulty, stage, samples.files)
+    if groups is None:
+        difficulty = codec.decode(codes)
+        stage = ((pos * opts.stages) // max(total, 1)).astype(np.int16)
+    else:
+        groups = (codes >> np.uint64(codec.bits)).astype(np.int64)
+        difficulty = codec.decode(codes & np.uint64((1 << codec.bits) - 1))
+        width = 1 << group_bits
+        counts = comm.allreduce(np.bincount(groups, minlength=width).astype(np.int64), "sum")
+        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        stage = (((pos - first[groups]) * opts.stages) // np.maximum(counts[groups], 1)).astype(np.int16)
+    size = difficulty if same else payload["size"]
+    return Samples(start, total, ids, size, difficulty, stage, samples.files), groups
