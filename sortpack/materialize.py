@@ -454,7 +454,7 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
     row_starts = np.concatenate(([0], np.cumsum(unit_rows)))
     reader_starts = row_starts[bounds]
     lo, hi = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
-    my_first, my_rows = int(reader_starts[comm.rank]), int(reader_starts[comm.rank + 1] - reader_starts[comm.rank])
+    my_first = int(reader_starts[comm.rank])
 
     # Positions: the owners of the plan tell each reader where its rows go.
     n = len(ids)

@@ -77,7 +77,7 @@ class MicroBatch(list):
 
         A mixture plan's micro-batch also has ``source`` (its source's name), so a loop can log per source.
         """
-        out = {"microbatch": int(self.microbatch), "epoch": int(self.epoch), "step": int(self.step),
+        out: dict = {"microbatch": int(self.microbatch), "epoch": int(self.epoch), "step": int(self.step),
                "position": int(self.position), "end": int(self.end), "last": bool(self.last),
                "step_batch": int(self.step_batch), "step_tokens": int(self.step_tokens),
                "repeat": bool(self.repeat)}
@@ -347,7 +347,7 @@ class PackedSampler:
     def _iterate(self, epoch: int, layout: tuple, pos: int, step: int):
         plan = self._plan_of(epoch, layout)
         length = plan.length
-        names = self.index.source_names
+        names = self.index.source_names or []
         sources = self.index["source"] if names else None
         while True:
             w, a = self.world_size, self.grad_accum  # read per step: set_grad_accum applies at once
