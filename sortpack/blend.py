@@ -124,8 +124,10 @@ def _wf2q(starts: list[list[float]], finishes: list[list[float]], sizes: list[li
           stop_at: list[int] | None) -> list[int]:
     """Return the source of each unit in WF2Q order until the run is complete.
 
-    With ``stop_at`` (the end of each stream's first pass) the run ends before the first unit
-    that would reuse a sample; without it, before the first unit that would pass ``total``.
+    The run ends before the first unit that would pass ``total`` tokens. With ``stop_at`` (the
+    end of each stream's first pass) a source that gave its pass is left out: with ``total``
+    the largest run without reuse, its target never rises above what it gave (the sum of the
+    targets is the prefix, so some other source is then behind and has a unit that started).
     """
     k = len(starts)
     ptr = [0] * k
@@ -134,24 +136,26 @@ def _wf2q(starts: list[list[float]], finishes: list[list[float]], sizes: list[li
     append = picks.append
     inf = float("inf")
     sources = range(k)
+    ends = stop_at if stop_at is not None else [len(f) for f in finishes]
     while True:
         best, best_f, wait, wait_src = -1, inf, inf, -1
         for s in sources:
             j = ptr[s]
+            if j >= ends[s]:
+                continue  # no reuse: a source that gave its whole pass gives no more
             sj = starts[s][j]
             if sj <= x:
                 fj = finishes[s][j]
-                if fj < best_f:
+                if fj < best_f or best < 0:  # a started unit that never finishes (inf) still beats waiting
                     best_f, best = fj, s
             elif sj < wait:
                 wait, wait_src = sj, s
         if best < 0:  # rounding left no unit started: the one that starts first
             best = wait_src
+        if best < 0:
+            break
         j = ptr[best]
-        if stop_at is not None:
-            if j >= stop_at[best]:
-                break
-        elif x + sizes[best][j] > total:
+        if x + sizes[best][j] > total:
             break
         x += sizes[best][j]
         ptr[best] = j + 1
