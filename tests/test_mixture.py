@@ -12,6 +12,7 @@ import pytest
 from sortpack.errors import SortpackError
 from sortpack.mixture import deviations, parse_blend, parse_mixture, schedule_from_dict
 from sortpack.reader import PackedIndex
+
 from support import lognormal, run_sortpack, write_text_parquet
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from sortpack.reader import PackedIndex, PackedSampler
+
 from support import lognormal, run_sortpack, write_text_parquet
 
 
