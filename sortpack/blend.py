@@ -130,34 +130,38 @@ def _wf2q(starts: list[list[float]], finishes: list[list[float]], sizes: list[li
     targets is the prefix, so some other source is then behind and has a unit that started).
     """
     k = len(starts)
+    ends = stop_at if stop_at is not None else [len(f) for f in finishes]
+    inf = float("inf")
+    # the next unit of each source: its start, finish and size (inf start: the source gave all it may)
     ptr = [0] * k
+    cur_s = [starts[s][0] if ends[s] > 0 else inf for s in range(k)]
+    cur_f = [finishes[s][0] if ends[s] > 0 else inf for s in range(k)]
+    cur_m = [sizes[s][0] if ends[s] > 0 else 0 for s in range(k)]
+    live = [s for s in range(k) if ends[s] > 0]
     x = 0
     picks: list[int] = []
     append = picks.append
-    inf = float("inf")
-    sources = range(k)
-    ends = stop_at if stop_at is not None else [len(f) for f in finishes]
-    while True:
+    while live:
         best, best_f, wait, wait_src = -1, inf, inf, -1
-        for s in sources:
-            j = ptr[s]
-            if j >= ends[s]:
-                continue  # no reuse: a source that gave its whole pass gives no more
-            sj = starts[s][j]
+        for s in live:
+            sj = cur_s[s]
             if sj <= x:
-                fj = finishes[s][j]
-                if fj < best_f or best < 0:  # a started unit that never finishes (inf) still beats waiting
-                    best_f, best = fj, s
+                if cur_f[s] < best_f or best < 0:  # a started unit that never finishes (inf) beats waiting
+                    best_f, best = cur_f[s], s
             elif sj < wait:
                 wait, wait_src = sj, s
         if best < 0:  # rounding left no unit started: the one that starts first
             best = wait_src
         if best < 0:
             break
-        j = ptr[best]
-        if x + sizes[best][j] > total:
+        m = cur_m[best]
+        if x + m > total:
             break
-        x += sizes[best][j]
-        ptr[best] = j + 1
+        x += m
         append(best)
+        j = ptr[best] = ptr[best] + 1
+        if j >= ends[best]:  # no reuse: a source that gave its whole pass gives no more
+            live.remove(best)
+        else:
+            cur_s[best], cur_f[best], cur_m[best] = starts[best][j], finishes[best][j], sizes[best][j]
     return picks

@@ -50,6 +50,44 @@ def _analyze_source(comm: Comm, mix: Mixture, k: int, aopts: AnalyzeOptions, pro
         raise SortpackError(f"mixture source {src.name!r}: {exc}", collective=exc.collective) from None
 
 
+def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
+                      progress: bool) -> tuple[Samples, np.ndarray, list[int]]:
+    """Return (the union analyzed as one input, the sources' first global ids plus the end, files per source).
+
+    When every source reads the same column, one analyze of the sources' inputs in order is the
+    union's analyze: each rank's rows are contiguous global ids, as for any plan.
+    """
+    from .sources import expand_inputs
+
+    def count():
+        return [len(expand_inputs(src.inputs, aopts.input_format, aopts.split)) for src in mix.sources]
+
+    counts = comm.bcast_obj(comm.collectively(lambda: count() if comm.is_root() else None))
+    opts = dataclasses.replace(aopts, column=mix.sources[0].column or aopts.column)
+    try:
+        samples = analyze(comm, [p for src in mix.sources for p in src.inputs], opts, progress)
+    except SortpackError as exc:
+        if exc.collective:  # every rank is here: find the source at fault, to name it
+            for k in range(len(mix.sources)):
+                _analyze_source(comm, mix, k, aopts, False)
+        raise
+    file_first = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    file_rows = np.array([int(f["rows"]) for f in samples.files], dtype=np.int64)
+    rows = np.array([file_rows[file_first[k]:file_first[k + 1]].sum() for k in range(len(counts))], np.int64)
+    empty = np.flatnonzero(rows == 0)
+    if len(empty):
+        raise SortpackError(f"mixture source {mix.sources[int(empty[0])].name!r}: its inputs hold no rows",
+                            collective=True)
+    return samples, np.concatenate(([0], np.cumsum(rows))), counts
+
+
+def _groups(samples: Samples, bases: np.ndarray) -> np.ndarray:
+    """Return the source of each of this rank's contiguous samples (int16)."""
+    n = len(samples)
+    cuts = np.clip(bases - samples.start, 0, n)
+    return np.repeat(np.arange(len(bases) - 1, dtype=np.int16), np.diff(cuts))
+
+
 def _union(comm: Comm, parts: list[Samples]) -> tuple[Samples, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
     """Return (the union numbered contiguously per rank, its groups, the segment table, source bases, files).
 
@@ -89,9 +127,17 @@ def _global_ids(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
 def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Return the positions ``starts[i] .. starts[i] + lengths[i] - 1`` of every i, concatenated."""
     lengths = np.asarray(lengths, dtype=np.int64)
+    keep = lengths > 0
+    starts, lengths = np.asarray(starts, np.int64)[keep], lengths[keep]
     total = int(lengths.sum())
-    before = np.cumsum(lengths) - lengths
-    return np.arange(total, dtype=np.int64) - np.repeat(before - np.asarray(starts, np.int64), lengths)
+    if total == 0:
+        return np.zeros(0, np.int64)
+    # steps of 1, and at each run's first position the jump from the previous run's last one
+    out = np.ones(total, dtype=np.int64)
+    at = np.cumsum(lengths) - lengths
+    out[at] = starts - np.concatenate(([1], starts[:-1] + lengths[:-1])) + 1
+    out[0] = starts[0]
+    return np.cumsum(out, out=out)
 
 
 @dataclasses.dataclass
@@ -162,7 +208,10 @@ def _move(comm: Comm, mbs: Microbatches, packed: _Packed, g: np.ndarray) -> tupl
         row_off = np.concatenate(([0], np.cumsum(nrows)))
         rows = comm.alltoallv(mbs.row_sizes[_ragged(row_off[:-1][loc], nrows[loc])],
                               np.bincount(dest, weights=nrows[loc], minlength=comm.size).astype(np.int64))
-    order = np.argsort(got.pop("plan"), kind="stable")
+    plan = got.pop("plan")
+    if len(plan) < 2 or bool(np.all(plan[1:] > plan[:-1])):
+        return int(lo[comm.rank]), got, ids, rows  # one sender (P=1): already in plan order
+    order = np.argsort(plan, kind="stable")
     cols = {name: col[order] for name, col in got.items()}
     got_ns = got["num_samples"].astype(np.int64)
     at = np.concatenate(([0], np.cumsum(got_ns)))[:-1]
@@ -236,19 +285,25 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
     group = popts.group_size if popts.same_shape else 1
 
     def work():
+        table = None
         with prof.stage("analyze"):
-            parts = [_analyze_source(comm, mix, s, aopts, progress) for s in range(k)]
-        prof.counts["analyze_rows"] = int(sum(len(p) for p in parts))
-        file_counts = [len(p.files) for p in parts]
-        union, groups, table, bases, files = _union(comm, parts)
-        del parts
+            if len({src.column or aopts.column for src in mix.sources}) == 1:
+                union, bases, file_counts = _analyze_together(comm, mix, aopts, progress)
+                groups = _groups(union, bases)
+                files = union.files
+            else:  # each source its own column: analyzed apart, numbered contiguously for the sort
+                parts = [_analyze_source(comm, mix, s, aopts, progress) for s in range(k)]
+                file_counts = [len(p.files) for p in parts]
+                union, groups, table, bases, files = _union(comm, parts)
+                del parts
+        prof.counts["analyze_rows"] = len(union)
         with prof.stage("sort"):
+            # by (source, key, id); the stage comes back as source * stages + stage, so the
+            # pieces of packing end where the source (or the stage) changes
             ordered = sort_samples(comm, union, sopts, rows_per_shard("sorted"), consume=True, groups=groups)
             del union, groups
-            _global_ids(table, ordered.sample_id)
-            source = np.searchsorted(bases, ordered.sample_id, side="right") - 1
-            # pieces of packing end where the (source, stage) code changes
-            ordered.stage = (source * sopts.stages + ordered.stage).astype(np.int16)
+            if table is not None:
+                _global_ids(table, ordered.sample_id)
         with prof.stage("pack"):
             mbs = pack_samples(comm, ordered, popts, sopts.key)
         del ordered

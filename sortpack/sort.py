@@ -194,8 +194,9 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
     ``consume=True`` lets the sort drop the input arrays as soon as they are encoded
     (the caller's ``samples`` is emptied), which bounds a rank's peak memory.
     ``groups`` (small non-negative ints per sample, a mixture's sources) sorts by
-    (group, key, sample_id) in the same one sort, and curriculum stages are then quantiles
-    within each group; the group must be recoverable from the sample id by the caller.
+    (group, key, sample_id) in the same one sort; curriculum stages are then quantiles within
+    each group, and the returned ``stage`` is ``group * opts.stages + stage`` (the group read
+    back from the key's top bits, so it costs no extra column in the sort).
     """
     opts.validate()
     group_bits = 0
@@ -221,6 +222,9 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
             payload["difficulty"] = samples.difficulty
         ids, codes, payload = _sort_by(comm, codes, codec.bits + stage_bits + group_bits, samples, payload, False)
         stage = ((codes >> np.uint64(codec.bits)) & np.uint64((1 << stage_bits) - 1)).astype(np.int16)
+        if group_bits:
+            group = (codes >> np.uint64(codec.bits + stage_bits)).astype(np.int16)
+            stage += group * np.int16(opts.stages)
         size = codec.decode(codes & np.uint64((1 << codec.bits) - 1))
         difficulty = payload.get("difficulty", size)
     else:
@@ -240,16 +244,17 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
         else:
             ids_fill = False
         ids, codes, payload = _sort_by(comm, codes, codec.bits + group_bits, samples, payload, contiguous, ids_fill)
+        stage = np.zeros(len(ids), np.int16)
         if group_bits:
-            codes &= np.uint64((1 << codec.bits) - 1)  # drop the group: the caller knows it from the id
+            stage = (codes >> np.uint64(codec.bits)).astype(np.int16)  # stages == 1: the code is the group
+            codes &= np.uint64((1 << codec.bits) - 1)
         keys = codec.decode(codes, in_place=True)
         del codes
         size = keys if by_size else payload["size"]
         difficulty = keys if not by_size else (size if same else payload["difficulty"])
-        stage = np.zeros(len(ids), np.int16)
 
     start, total = global_start(comm, len(ids))
-    out = Samples(start, total, ids, size, difficulty, stage if opts.stages > 1 else None, files)
+    out = Samples(start, total, ids, size, difficulty, stage if opts.stages > 1 or group_bits else None, files)
     del ids, size, difficulty, stage
     cols = redistribute(comm, out.columns(), start, owner_starts(total, rows_per_shard, comm.size))
     start, _ = global_start(comm, len(cols["sample_id"]))
