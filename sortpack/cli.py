@@ -334,24 +334,86 @@ def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
     return run_pack(comm, sorted_dir, output, _make_pack(kw), overwrite, job, store)
 
 
+def mixture_options(f):
+    """Add --mixture, --blend, --total-tokens and --seed (a plan over weighted sources) to a command."""
+    opts = [
+        click.option("--mixture", type=click.Path(dir_okay=False),
+                     help="MIX.json: weighted sources, schedule and total_tokens (docs/mixtures.md); no INPUTS."),
+        click.option("--blend", help='Megatron-style weighted sources, e.g. "70 data/web 30 data/code"; no INPUTS.'),
+        click.option("--total-tokens", type=int, default=None,
+                     help="Tokens (size units) of the mixture run (overrides MIX.json; default: the largest run "
+                          "that uses no sample twice)."),
+        click.option("--seed", type=int, default=None,
+                     help="Seed of a mixture's repeats, subsets and orders (overrides MIX.json; default 0)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _make_mixture(inputs, kw, keep_intermediate):
+    """Return the Mixture of --mixture/--blend (None without either), refusing what does not go with it.
+
+    Every rank parses the same arguments and files, so every rank raises the same error.
+    """
+    path, blend = kw.pop("mixture"), kw.pop("blend")
+    total, seed = kw.pop("total_tokens"), kw.pop("seed")
+    if path is None and blend is None:
+        if total is not None or seed is not None:
+            raise SortpackError("--total-tokens and --seed apply to a mixture (--mixture or --blend)", collective=True)
+        if not inputs:
+            raise SortpackError("Missing argument 'INPUTS...' (or --mixture MIX.json, or --blend)", collective=True)
+        return None
+    from .mixture import load_mixture, parse_blend
+
+    try:
+        if path is not None and blend is not None:
+            raise SortpackError("--mixture and --blend exclude each other")
+        if inputs:
+            raise SortpackError(f"{'--mixture' if path else '--blend'} names the inputs: give no INPUTS "
+                                f"(got {inputs[0]!r})")
+        if keep_intermediate:
+            raise SortpackError("--keep-intermediate does not apply to a mixture")
+        mix = load_mixture(path) if path is not None else parse_blend(blend)
+        if total is not None:
+            if total <= 0:
+                raise SortpackError(f"--total-tokens {total}: must be a positive integer")
+            mix.total_tokens = total
+        if seed is not None:
+            if seed < 0:
+                raise SortpackError(f"--seed {seed}: must be >= 0")
+            mix.seed = seed
+    except SortpackError as exc:
+        raise SortpackError(str(exc), collective=True) from None
+    return mix
+
+
 @cli.command()
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1)
 @analyze_options
 @sort_options
 @pack_options(required=True)
 @click.option("--keep-intermediate", is_flag=True, help="Also write OUTPUT.metrics and OUTPUT.sorted.")
 @store_options(tokenizer=False)
+@mixture_options
 @common_options
 @_job
 def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate, **kw):
     """Analyze, sort and pack in one job; write the index.
 
     INPUTS are as for analyze: files, directories, globs, Hugging Face save_to_disk
-    directories (a DatasetDict with --split).
+    directories (a DatasetDict with --split). With --mixture MIX.json or --blend, the
+    sources come from there instead: one plan over weighted sources (docs/mixtures.md).
     """
     from .pipeline import run_all
 
+    mix = _make_mixture(inputs, kw, keep_intermediate)
     store = _make_store(kw)
+    if mix is not None:
+        from .mixture_plan import run_mixture
+
+        return run_mixture(comm, mix, output, _make_analyze(kw), _make_sort(kw), _make_pack(kw), overwrite, job,
+                           progress=not quiet, store=store)
     return run_all(comm, list(inputs), output, _make_analyze(kw), _make_sort(kw), _make_pack(kw), overwrite,
                    job, keep_intermediate, progress=not quiet, store=store)
 

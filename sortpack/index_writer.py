@@ -23,10 +23,11 @@ def _list_array(offsets: np.ndarray, values: np.ndarray, a: int, b: int, value_t
 
 
 def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, files: list[dict],
-                profile: Profile, job: JobInfo, store=None) -> dict | None:
+                profile: Profile, job: JobInfo, store=None, extra: dict | None = None) -> dict | None:
     """Write the index directory from this rank's micro-batches; return the manifest on rank 0.
 
-    ``store`` (from ``materialize.prepare``) also writes the stored columns' data shards.
+    ``store`` (from ``materialize.prepare``) also writes the stored columns' data shards;
+    ``extra`` adds manifest keys (a mixture plan's ``mixture``), covered by ``content_hash``.
     """
     rows = rows_per_shard("index")
     m = len(mbs.offsets) - 1
@@ -43,7 +44,7 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
     source_rows = int(sum(f["rows"] for f in files))
     # the id width follows the input's row count, the same on every rank: bytes never depend on P
     id_type = sample_id_type(source_rows)
-    schema = index_schema(rows=row_sizes is not None, id_type=id_type)
+    schema = index_schema(rows=row_sizes is not None, id_type=id_type, source="source" in cols)
     if row_sizes is not None:
         row_offsets = np.concatenate(([0], np.cumsum(cols["batch_size"], dtype=np.int64)))
         # row_splits of a micro-batch: where each of its rows starts in its sample_ids, plus the end
@@ -90,4 +91,6 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
     )
     if data is not None:
         manifest.update(version=DATA_VERSION, data=data)
+    if extra:
+        manifest.update(extra)
     return out.commit(manifest)

@@ -354,7 +354,7 @@ class _Reader:
     files: list[dict]
     units: list[tuple[int, int]]  # (file, unit) in global order
     first_row: int
-    positions: np.ndarray  # output position of every local row (-1: not in the plan)
+    positions: tuple[np.ndarray, np.ndarray]  # (local row, output position) of every use, by row
     read_columns: list[str]
     schema: pa.Schema
     tokens: tuple | None  # (text column, tokenizer, truncate length or 0)
@@ -405,12 +405,14 @@ class _Reader:
                 except (pa.ArrowException, TypeError) as exc:
                     raise SortpackError(f"{src.path}: column {f.name!r} ({col.type}) does not convert to "
                                         f"{f.type} ({' '.join(str(exc).split())})") from None
-        pos = self.positions[self.row:self.row + expected]
+        rows, positions = self.positions
+        a, b = np.searchsorted(rows, [self.row, self.row + expected])
+        take, pos = rows[a:b] - self.row, positions[a:b]
         self.row += expected
         out = pa.table(cols, schema=self.schema)
-        keep = pos >= 0
-        if not keep.all():
-            out, pos = out.filter(pa.array(keep)), pos[keep]
+        if b - a != expected or bool(np.any(np.diff(take) != 1)):
+            # rows left out of the plan, or used more than once (a mixture's repeats)
+            out = out.take(pa.array(take))
         return out, pos
 
 
@@ -443,7 +445,7 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
     row_starts = np.concatenate(([0], np.cumsum(unit_rows)))
     reader_starts = row_starts[bounds]
     lo, hi = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
-    my_first, my_rows = int(reader_starts[comm.rank]), int(reader_starts[comm.rank + 1] - reader_starts[comm.rank])
+    my_first = int(reader_starts[comm.rank])
 
     # Positions: the owners of the plan tell each reader where its rows go.
     n = len(ids)
@@ -453,9 +455,10 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
     order = np.argsort(to_reader, kind="stable")
     got = comm.alltoallv_many({"id": np.ascontiguousarray(ids[order], dtype=np.int64),
                                "pos": positions[order]}, np.bincount(to_reader, minlength=comm.size))
-    local_pos = np.full(my_rows, -1, dtype=np.int64)
-    local_pos[got["id"] - my_first] = got["pos"]
-    del got, order, to_reader
+    # a mixture plan may use a row more than once: every (row, position) pair, by row
+    by_row = np.lexsort((got["pos"], got["id"]))
+    local_pos = (got["id"][by_row] - my_first, got["pos"][by_row])
+    del got, order, to_reader, by_row
     layout, writer_starts = _data_layout(comm, first_mb, mb_offsets, pos0, index_starts, mb_sizes)
     owner_starts = layout[writer_starts, 0]
 

@@ -120,8 +120,9 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     ns, bs, ps, tok = (c[k].astype(np.int64) for k in ("num_samples", "batch_size", "padded_size", "tokens"))
     padded = bs * ps
     fill = np.where(padded > 0, tok / np.maximum(padded, 1), 1.0)
-    fig = Figure(figsize=(15, 8.5))
-    axes = [fig.add_subplot(2, 3, k) for k in range(1, 7)]
+    mixture = bool(m.get("mixture"))  # a seventh panel below: achieved shares against the schedule
+    fig = Figure(figsize=(15, 12.5 if mixture else 8.5))
+    axes = [fig.add_subplot(3 if mixture else 2, 3, k) for k in range(1, 7)]
 
     # a micro-batch of sorted samples holds nearly equal sizes: its max size stands for each;
     # packed rows mix sizes, so there it is only an upper bound
@@ -192,6 +193,11 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     ax.set_title(f"LR scale, linear rule (step samples / median {ref:g})")
     ax.set_xlabel("step")
     ax.set_ylabel("LR multiplier")
+
+    if mixture:
+        from .mixture_report import shares_panel
+
+        shares_panel(fig.add_subplot(3, 1, 3), m, tok, _columns(directory, m, ["source"])["source"])
 
     fig.suptitle(f"{directory}: {m['num_microbatches']:,} micro-batches, {m['num_samples']:,} samples, "
                  f"{steps:,} steps", fontsize=11)

@@ -67,6 +67,11 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         "truncated": m["stats"].get("truncated", 0),
     })
     report.update(_shape_lines(m, shapes))
+    if m.get("mixture"):
+        from .mixture_report import mixture_report
+
+        report["mixture"] = mixture_report(m, {"tokens": tok, "source": _column(directory, m, "source"),
+                                               "num_samples": ns, "batch_size": bs, "padded_size": ps})
     if m.get("data"):
         from .format.data_shards import describe_data
 
@@ -100,6 +105,10 @@ def render(report: dict) -> str:
             value = ", ".join(f"{k}={v}" for k, v in value.items() if v not in (None, [], False))
         elif key == "shapes":
             value = " ".join(f"{b}x{length}" for b, length in value) + "  (batch x padded length)"
+        elif key == "mixture":
+            from .mixture_report import render_mixture
+
+            value = render_mixture(value)
         elif key == "chosen_lengths":
             value = (f"{value['request']}: {','.join(map(str, value['lengths']))}  "
                      f"(per-sample rounding pads {100 * value['rounding_padding_ratio']:.2f}%)")

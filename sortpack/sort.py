@@ -186,15 +186,22 @@ def _is_contiguous(comm: Comm, samples: Samples) -> bool:
 
 
 def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard: int,
-                 consume: bool = False) -> Samples:
+                 consume: bool = False, groups: np.ndarray | None = None) -> Samples:
     """Return the samples globally sorted by (key, sample_id), ranks holding whole output shards.
 
     Keys travel packed with the ids and are decoded afterwards, so with the default key
     (size, difficulty = size) nothing but one uint64 per sample is moved or gathered.
     ``consume=True`` lets the sort drop the input arrays as soon as they are encoded
     (the caller's ``samples`` is emptied), which bounds a rank's peak memory.
+    ``groups`` (small non-negative ints per sample, a mixture's sources) sorts by
+    (group, key, sample_id) in the same one sort; curriculum stages are then quantiles within
+    each group, and the returned ``stage`` is ``group * opts.stages + stage`` (the group read
+    back from the key's top bits, so it costs no extra column in the sort).
     """
     opts.validate()
+    group_bits = 0
+    if groups is not None:
+        group_bits = max(1, int(comm.allreduce(int(groups.max()) if len(groups) else 0, "max")).bit_length())
     files = samples.files
     prog = Progress("sort", None, "phases", ranks=comm.size)
     contiguous = _is_contiguous(comm, samples)
@@ -203,21 +210,27 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
     same = bool(comm.allreduce(int(same), "min"))
     payload = {}
     if opts.stages > 1:
-        samples = _assign_stages(comm, samples, opts, contiguous, same)
+        samples, groups = _assign_stages(comm, samples, opts, contiguous, same, groups, group_bits)
         contiguous = False
         # order inside a stage by size: the stage is the most significant part of the key
         codes, codec = encode_keys(comm, samples.size, opts.descending)
         stage_bits = max(1, int(opts.stages - 1).bit_length())
         codes |= samples.stage.astype(np.uint64) << np.uint64(codec.bits)
+        if groups is not None:
+            codes |= groups.astype(np.uint64) << np.uint64(codec.bits + stage_bits)
         if not same:
             payload["difficulty"] = samples.difficulty
-        ids, codes, payload = _sort_by(comm, codes, codec.bits + stage_bits, samples, payload, False)
-        stage = (codes >> np.uint64(codec.bits)).astype(np.int16)
+        ids, codes, payload = _sort_by(comm, codes, codec.bits + stage_bits + group_bits, samples, payload, False)
+        stage = ((codes >> np.uint64(codec.bits)) & np.uint64((1 << stage_bits) - 1)).astype(np.int16)
+        if group_bits:
+            group = (codes >> np.uint64(codec.bits + stage_bits)).astype(np.int16)
+            stage += group * np.int16(opts.stages)
         size = codec.decode(codes & np.uint64((1 << codec.bits) - 1))
         difficulty = payload.get("difficulty", size)
     else:
         by_size = opts.key == "size"
         codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending)
+        codes, codec = _with_groups(codes, codec, groups, group_bits)
         if not by_size:
             payload["size"] = samples.size
         elif not same:
@@ -230,15 +243,18 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
             ids_fill = True
         else:
             ids_fill = False
-        ids, codes, payload = _sort_by(comm, codes, codec.bits, samples, payload, contiguous, ids_fill)
+        ids, codes, payload = _sort_by(comm, codes, codec.bits + group_bits, samples, payload, contiguous, ids_fill)
+        stage = np.zeros(len(ids), np.int16)
+        if group_bits:
+            stage = (codes >> np.uint64(codec.bits)).astype(np.int16)  # stages == 1: the code is the group
+            codes &= np.uint64((1 << codec.bits) - 1)
         keys = codec.decode(codes, in_place=True)
         del codes
         size = keys if by_size else payload["size"]
         difficulty = keys if not by_size else (size if same else payload["difficulty"])
-        stage = np.zeros(len(ids), np.int16)
 
     start, total = global_start(comm, len(ids))
-    out = Samples(start, total, ids, size, difficulty, stage if opts.stages > 1 else None, files)
+    out = Samples(start, total, ids, size, difficulty, stage if opts.stages > 1 or group_bits else None, files)
     del ids, size, difficulty, stage
     cols = redistribute(comm, out.columns(), start, owner_starts(total, rows_per_shard, comm.size))
     start, _ = global_start(comm, len(cols["sample_id"]))
@@ -250,14 +266,41 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
     return out
 
 
-def _assign_stages(comm: Comm, samples: Samples, opts: SortOptions, contiguous: bool, same: bool) -> Samples:
-    """Return the samples in (difficulty, id) order with stage = exact global quantile bucket."""
+def _with_groups(codes: np.ndarray, codec: KeyCodec, groups: np.ndarray | None,
+                 group_bits: int) -> tuple[np.ndarray, KeyCodec]:
+    """Return the key codes with the group in the bits above them (the codec still decodes the key alone)."""
+    if groups is None:
+        return codes, codec
+    if codec.bits + group_bits > 64:
+        # every rank sees the same codec: all raise together
+        raise SortpackError(f"the sort key's values span {codec.bits} bits, too wide to sort within "
+                            f"{1 << group_bits} mixture sources in one 64-bit key; rescale --difficulty",
+                            collective=True)
+    codes |= groups.astype(np.uint64) << np.uint64(codec.bits)
+    return codes, codec
+
+
+def _assign_stages(comm: Comm, samples: Samples, opts: SortOptions, contiguous: bool, same: bool,
+                   groups: np.ndarray | None = None, group_bits: int = 0) -> tuple[Samples, np.ndarray | None]:
+    """Return the samples in ((group,) difficulty, id) order with stage = exact quantile bucket (within its group).
+
+    The groups come back in the new order (None without groups).
+    """
     codes, codec = encode_keys(comm, samples.difficulty, opts.descending)
+    codes, codec = _with_groups(codes, codec, groups, group_bits)
     payload = {} if same else {"size": samples.size}
-    ids, codes, payload = _sort_by(comm, codes, codec.bits, samples, payload, contiguous)
-    difficulty = codec.decode(codes)
-    size = difficulty if same else payload["size"]
+    ids, codes, payload = _sort_by(comm, codes, codec.bits + group_bits, samples, payload, contiguous)
     start, total = global_start(comm, len(ids))
     pos = np.arange(start, start + len(ids), dtype=np.int64)
-    stage = ((pos * opts.stages) // max(total, 1)).astype(np.int16)
-    return Samples(start, total, ids, size, difficulty, stage, samples.files)
+    if groups is None:
+        difficulty = codec.decode(codes)
+        stage = ((pos * opts.stages) // max(total, 1)).astype(np.int16)
+    else:
+        groups = (codes >> np.uint64(codec.bits)).astype(np.int64)
+        difficulty = codec.decode(codes & np.uint64((1 << codec.bits) - 1))
+        width = 1 << group_bits
+        counts = comm.allreduce(np.bincount(groups, minlength=width).astype(np.int64), "sum")
+        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        stage = (((pos - first[groups]) * opts.stages) // np.maximum(counts[groups], 1)).astype(np.int16)
+    size = difficulty if same else payload["size"]
+    return Samples(start, total, ids, size, difficulty, stage, samples.files), groups

@@ -34,9 +34,10 @@ def sample_id_type(source_rows: int) -> pa.DataType:
     return pa.int32() if int(source_rows) <= INT32_ID_ROWS else pa.int64()
 
 
-def index_schema(rows: bool = False, id_type: pa.DataType | None = None) -> pa.Schema:
+def index_schema(rows: bool = False, id_type: pa.DataType | None = None, source: bool = False) -> pa.Schema:
     """Return the schema of an index's micro-batch table (``rows``: with ``row_splits``;
-    ``id_type``: the sample ids' int32 or int64, default int64)."""
+    ``id_type``: the sample ids' int32 or int64, default int64; ``source``: a mixture plan's
+    per-micro-batch ``source``, the position of its source in the manifest's ``mixture``)."""
     fields = [
         ("microbatch", pa.int64()),
         ("sample_ids", pa.list_(id_type or pa.int64())),
@@ -51,15 +52,18 @@ def index_schema(rows: bool = False, id_type: pa.DataType | None = None) -> pa.S
     ]
     if rows:
         fields.append(("row_splits", pa.list_(pa.int32())))
+    if source:
+        fields.append(("source", pa.int16()))
     return pa.schema(fields)
 
 
 def kind_schema(kind: str, difficulty_type: pa.DataType | None = None, rows: bool = False,
-                id_type: pa.DataType | None = None) -> pa.Schema:
-    """Return the shard schema of a ``kind`` directory (``difficulty_type``, ``rows``, ``id_type`` where they apply)."""
+                id_type: pa.DataType | None = None, source: bool = False) -> pa.Schema:
+    """Return the shard schema of a ``kind`` directory (``difficulty_type``, ``rows``, ``id_type``, ``source``
+    where they apply)."""
     difficulty_type = difficulty_type or pa.int64()
     if kind == "index":
-        return index_schema(rows=rows, id_type=id_type)
+        return index_schema(rows=rows, id_type=id_type, source=source)
     return metrics_schema(difficulty_type) if kind == "metrics" else sorted_schema(difficulty_type)
 
 
@@ -70,7 +74,7 @@ def schema_for(manifest: dict) -> pa.Schema:
     dtype = pa.float64() if described.get("difficulty") == "double" else pa.int64()
     # "list<item: int32>" (older indexes: int64)
     id_type = pa.int32() if "int32" in str(described.get("sample_ids", "")) else pa.int64()
-    return kind_schema(kind, dtype, rows="row_splits" in described, id_type=id_type)
+    return kind_schema(kind, dtype, rows="row_splits" in described, id_type=id_type, source="source" in described)
 
 
 def schema_json(schema: pa.Schema) -> dict:

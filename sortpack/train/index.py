@@ -13,7 +13,7 @@ from ..format import open_shard, read_manifest
 from ..format.integrity import check_index_shard, check_sha256, member_path
 
 SCALAR_COLUMNS = ("microbatch", "num_samples", "batch_size", "max_size", "padded_size",
-                  "tokens", "min_key", "max_key", "stage")
+                  "tokens", "min_key", "max_key", "stage", "source")
 
 
 _LEVELS = {False: "index", True: "full", "index": "index", "structure": "structure", "full": "full"}
@@ -38,6 +38,8 @@ class PackedIndex:
 
     Attributes: ``manifest`` (the parsed manifest.json), ``options`` (the pack options),
     ``num_microbatches``, ``num_samples``, ``has_rows`` (rows mode: ``row_splits`` present),
+    ``mixture`` (a mixture plan's manifest ``mixture`` object, else None), ``source_names``
+    (a mixture's source names in order, the values of the ``source`` column; else None),
     ``id_dtype`` (how the shards store sample ids: int32 when every id fits, else int64;
     every method hands out int64 arrays or Python ints either way).
     """
@@ -75,6 +77,8 @@ class PackedIndex:
         if missing:
             raise SortpackError(f"{self.path}: index lacks column(s) {', '.join(sorted(missing))}")
         self.has_rows = "row_splits" in names
+        self.mixture = self.manifest.get("mixture") if "source" in names else None
+        self.source_names = [str(src["name"]) for src in self.mixture["sources"]] if self.mixture else None
         described = str((self.manifest.get("schema") or {}).get("sample_ids", ""))
         if not described and entries:
             described = str(self._shard(0).schema.field("sample_ids").type)
@@ -214,6 +218,8 @@ class PackedIndex:
         """Return a whole per-micro-batch column (read and cached on first use)."""
         if name not in SCALAR_COLUMNS:
             raise KeyError(f"{name!r} is not a scalar column of the index ({', '.join(SCALAR_COLUMNS)})")
+        if name == "source" and self.mixture is None:
+            raise KeyError("'source' is a column of mixture plans only (sortpack run --mixture)")
         col = self._columns.get(name)
         if col is None:
             parts = [self._view(k, name) for k in range(len(self._shards))]

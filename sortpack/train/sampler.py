@@ -53,12 +53,15 @@ class MicroBatch(list):
     run_step : int, optional
         The step in the run's numbering, ``epoch * steps_per_epoch + step`` (default ``step``):
         the number ``skip_steps`` and ``sortpack inspect --step`` use.
+    source : str, optional
+        The name of the source its samples come from (a mixture plan; None otherwise).
     """
 
     def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,
                  padded_size: int | None = None, row_splits=None, epoch: int = 0, position: int = 0,
                  *, step: int = 0, end: int | None = None, last: bool = True, step_batch: int = 0,
-                 step_tokens: int = 0, repeat: bool = False, run_step: int | None = None):
+                 step_tokens: int = 0, repeat: bool = False, run_step: int | None = None,
+                 source: str | None = None):
         super().__init__(ids)
         self.microbatch = microbatch
         self.batch_size = len(self) if batch_size is None else batch_size
@@ -73,13 +76,20 @@ class MicroBatch(list):
         self.step_tokens = step_tokens
         self.repeat = repeat
         self.run_step = step if run_step is None else run_step
+        self.source = source
 
     def info(self) -> dict:
-        """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on)."""
-        return {"microbatch": int(self.microbatch), "epoch": int(self.epoch), "step": int(self.step),
-                "position": int(self.position), "end": int(self.end), "last": bool(self.last),
-                "step_batch": int(self.step_batch), "step_tokens": int(self.step_tokens),
-                "repeat": bool(self.repeat), "run_step": int(self.run_step)}
+        """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on).
+
+        A mixture plan's micro-batch also has ``source`` (its source's name), so a loop can log per source.
+        """
+        out: dict = {"microbatch": int(self.microbatch), "epoch": int(self.epoch), "step": int(self.step),
+                     "position": int(self.position), "end": int(self.end), "last": bool(self.last),
+                     "step_batch": int(self.step_batch), "step_tokens": int(self.step_tokens),
+                     "repeat": bool(self.repeat), "run_step": int(self.run_step)}
+        if self.source is not None:
+            out["source"] = self.source
+        return out
 
 
 class Samples(list):
@@ -180,6 +190,7 @@ class PackedSampler:
         self.order, self.seed, self.drop_last = order, int(seed), bool(drop_last)
         self.largest_first, self.warmup_shapes = bool(largest_first), bool(warmup_shapes)
         self.grad_accum = self._checked_accum(grad_accum)
+        self._check_mixture_order()
         self.epoch = 0
         self._layout = (world_size, self.grad_accum)  # (W, A) that laid out this epoch
         self._position = 0  # flat position where the next step starts (the resume state)
@@ -196,6 +207,17 @@ class PackedSampler:
             raise ValueError(f"grad_accum must be a positive integer, not {a!r}")
         check_group_alignment(self.index.options, self.world_size * int(a))
         return int(a)
+
+    def _check_mixture_order(self) -> None:
+        """Refuse an order that would move a mixture plan's steps: the plan's order is its schedule."""
+        if self.index.mixture is None:
+            return
+        moved = [f"order={self.order!r}"] if self.order != "index" else []
+        moved += [name for name, on in (("largest_first", self.largest_first),
+                                        ("warmup_shapes", self.warmup_shapes)) if on]
+        if moved:
+            raise ValueError(f"{self.index.path} is a mixture plan: its order is the schedule, and {moved[0]} "
+                             "would break the blend at every prefix; train in order='index' (docs/mixtures.md)")
 
     @property
     def width(self) -> int:
@@ -375,6 +397,8 @@ class PackedSampler:
         length = plan.length
         base = epoch * plan.num_blocks  # run step of the epoch's step 0
         skips = self.skips
+        names = self.index.source_names or []
+        sources = self.index["source"] if names else None
         while True:
             w, a = self.world_size, self.grad_accum  # read per step: set_grad_accum applies at once
             if self._steps_left(plan, pos, w * a) == 0:
@@ -402,7 +426,8 @@ class PackedSampler:
                 if skips.sizes:
                     ids, splits = skips.kept(p, ids, splits)
                 yield MicroBatch(ids, p, bs, ps, splits, epoch, start, step=step, end=pos, last=k == a - 1,
-                                 step_batch=batch, step_tokens=tokens, repeat=repeat[k], run_step=base + step)
+                                 step_batch=batch, step_tokens=tokens, repeat=repeat[k], run_step=base + step,
+                                 source=None if sources is None else names[int(sources[p])])
             step += 1
 
     # --- resume ---------------------------------------------------------------------------
@@ -431,6 +456,7 @@ class PackedSampler:
         self.order, self.seed = state["order"], int(state["seed"])
         self.drop_last = bool(state["drop_last"])
         self.largest_first, self.warmup_shapes = bool(state["largest_first"]), bool(state["warmup_shapes"])
+        self._check_mixture_order()
         self.grad_accum = self._checked_accum(int(state["grad_accum"]))
         self.epoch = int(state["epoch"])
         world, accum = (int(v) for v in state["layout"])
