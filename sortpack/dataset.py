@@ -147,10 +147,60 @@ class SourceDataset:
             table = stored.take(want)
         if self.columns is not None:
             table = table.select(self.columns)
-        rows = table.to_pylist()
-        if self.transform is not None:
-            rows = [self.transform(r) for r in rows]
-        return Samples(rows, mb, table)
+        return StoredSamples(table, mb, self.transform)
+
+
+class StoredSamples(Samples):
+    """``Samples`` of stored data whose rows (dicts) are built only when something reads them.
+
+    The collate helpers read token ids from ``table`` (the Arrow slice) and never touch the
+    rows, so a micro-batch costs no Python object per sample; iterating or indexing builds
+    every row once (``transform`` applied), as ``SourceDataset`` always returned them.
+    """
+
+    def __init__(self, table, microbatch=None, transform=None):
+        super().__init__((), microbatch, table)
+        self.transform = transform
+        self._built = False
+
+    def _rows(self) -> StoredSamples:
+        if not self._built:
+            rows = self.table.to_pylist()
+            list.extend(self, rows if self.transform is None else [self.transform(r) for r in rows])
+            self._built = True
+        return self
+
+    def __len__(self) -> int:
+        """Return the number of rows (without building them)."""
+        return self.table.num_rows if not self._built else list.__len__(self)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self):
+        """Iterate over the rows (built on first use)."""
+        return list.__iter__(self._rows())
+
+    def __reversed__(self):
+        return list.__reversed__(self._rows())
+
+    def __getitem__(self, i):
+        """Return row ``i`` (or a list of rows for a slice), built on first use."""
+        return list.__getitem__(self._rows(), i)
+
+    def __contains__(self, item) -> bool:
+        return list.__contains__(self._rows(), item)
+
+    def __eq__(self, other) -> bool:
+        return list.__eq__(self._rows(), other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return list.__repr__(self._rows())
+
+    def __reduce_ex__(self, protocol):
+        return (Samples, (list(self), self.microbatch, self.table))
 
 
 def _stored_data(source, columns):

@@ -45,7 +45,13 @@ class MicroBatch(list):
     last : bool
         Whether this is this rank's last micro-batch of the step (the optimizer step follows).
     step_batch, step_tokens : int
-        Samples and tokens of the whole step over all ranks (what the LR scales by).
+        Samples and tokens of the whole step over all ranks (what the LR scales by; repeated
+        micro-batches count as often as the loop trains on them). ``step_samples`` is
+        ``step_batch`` by its other name.
+    world_size : int
+        Data-parallel ranks W of the step (``sortpack.torch.step_loss`` scales by it).
+    tokens : int
+        Real tokens of this micro-batch in the plan (the sum of its samples' sizes).
     repeat : bool
         Whether it repeats a micro-batch to fill a step (tail padding or warm-up copy):
         train on it, skip it when evaluating.
@@ -54,7 +60,7 @@ class MicroBatch(list):
     def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,
                  padded_size: int | None = None, row_splits=None, epoch: int = 0, position: int = 0,
                  *, step: int = 0, end: int | None = None, last: bool = True, step_batch: int = 0,
-                 step_tokens: int = 0, repeat: bool = False):
+                 step_tokens: int = 0, repeat: bool = False, world_size: int = 1, tokens: int = 0):
         super().__init__(ids)
         self.microbatch = microbatch
         self.batch_size = len(self) if batch_size is None else batch_size
@@ -68,13 +74,21 @@ class MicroBatch(list):
         self.step_batch = step_batch
         self.step_tokens = step_tokens
         self.repeat = repeat
+        self.world_size = world_size
+        self.tokens = tokens
+
+    @property
+    def step_samples(self) -> int:
+        """Return the samples of the whole step over all ranks (``step_batch``)."""
+        return self.step_batch
 
     def info(self) -> dict:
         """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on)."""
         return {"microbatch": int(self.microbatch), "epoch": int(self.epoch), "step": int(self.step),
                 "position": int(self.position), "end": int(self.end), "last": bool(self.last),
                 "step_batch": int(self.step_batch), "step_tokens": int(self.step_tokens),
-                "repeat": bool(self.repeat)}
+                "step_samples": int(self.step_batch), "world_size": int(self.world_size),
+                "tokens": int(self.tokens), "num_samples": len(self), "repeat": bool(self.repeat)}
 
 
 class Samples(list):
@@ -342,7 +356,8 @@ class PackedSampler:
             for k, p in enumerate(packed):
                 ids, bs, ps, splits = self.index.record(p)
                 yield MicroBatch(ids, p, bs, ps, splits, epoch, start, step=step, end=pos, last=k == a - 1,
-                                 step_batch=batch, step_tokens=tokens, repeat=repeat[k])
+                                 step_batch=batch, step_tokens=tokens, repeat=repeat[k], world_size=w,
+                                 tokens=self.index.range_sum("tokens", p, p + 1))
             step += 1
 
     # --- resume ---------------------------------------------------------------------------
