@@ -1,7 +1,6 @@
 """Token-exact loss: step_loss gives the same gradients at any W x A as one pass over the step's samples."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
