@@ -180,6 +180,8 @@ def _segments(lengths: np.ndarray, mb, pad_to_multiple: int | None):
         seg_len[(splits[1:] + pads_before)[pads]] = room[pads]
         seg_real = np.where(seg_sample >= 0, seg_len, 0)
         return seg_len, seg_real, seg_sample, width
+    if mb is not None and mb.padded_size is not None:
+        lengths = np.minimum(lengths, int(mb.padded_size))  # as pad_collate: never longer than the plan's shape
     seg_len = -(-lengths // pad_to_multiple) * pad_to_multiple if pad_to_multiple and pad_to_multiple > 1 else lengths
     return seg_len, lengths, np.arange(n, dtype=np.int64), None
 

@@ -60,7 +60,7 @@ def _check_count(info: dict, batch) -> None:
                       RuntimeWarning, stacklevel=3)
 
 
-def step_loss(token_losses, batch, causal: bool = True, world_size: int | None = None):
+def step_loss(token_losses, batch, causal: bool = True, world_size: int | None = None, divided_by: int = 1):
     """Return this micro-batch's share of the step's exact per-token mean loss (call ``backward`` on it as is).
 
     ``token_losses`` holds the per-token losses of this micro-batch, 0 where there is no
@@ -70,8 +70,10 @@ def step_loss(token_losses, batch, causal: bool = True, world_size: int | None =
     under DDP (gradients averaged over W ranks), summing the gradients of the A
     micro-batches without dividing by A gives the gradient of the mean loss over every
     target of the step. ``world_size`` overrides W (1 when gradients are summed, not
-    averaged, over ranks). The values of the returned losses summed over a rank's
-    micro-batches and averaged over ranks is the step's mean loss.
+    averaged, over ranks). ``divided_by`` undoes a framework's own division before
+    backward (``accelerator.backward`` and Lightning's ``accumulate_grad_batches`` divide
+    by A: pass A). The returned values summed over a rank's micro-batches and averaged over
+    ranks are the step's mean loss.
     """
     info = _info(batch)
     causal = bool(causal)
@@ -79,4 +81,4 @@ def step_loss(token_losses, batch, causal: bool = True, world_size: int | None =
     w = int(info.get("world_size", 1)) if world_size is None else int(world_size)
     targets = step_targets(info, causal)
     # a step without targets (only empty or one-token samples) adds nothing, instead of a NaN
-    return token_losses.sum() * (w / max(targets, 1))
+    return token_losses.sum() * (w * int(divided_by) / max(targets, 1))
