@@ -306,14 +306,18 @@ def hf_inputs(batch: dict, rows: bool = False) -> dict:
     ``input_ids``, ``labels`` and ``position_ids`` as ``(1, total)``, with ``cu_seq_lens_q/k``,
     ``max_length_q/k`` and ``seq_idx`` for flash-attention kernels; with ``rows=True`` (a
     ``--rows`` index) as ``(rows, padded_size)`` and no varlen keys (the model's SDPA, eager
-    or flex path finds the documents from the restarting ``position_ids``). Pass no
-    ``attention_mask``: with one, Hugging Face models stop looking for packed documents.
+    or flex path finds the documents from the restarting ``position_ids``). ``use_cache`` is
+    False: with a KV cache (the config's default, also in training) or an ``attention_mask``,
+    Hugging Face models stop looking for packed documents and let them attend to each other.
     """
     if rows:
         if "row_shape" not in batch:
             raise ValueError("hf_inputs(rows=True) needs a varlen_collate batch of a --rows index (its row_shape)")
-        return {k: batch[k].view(batch["row_shape"]) for k in ("input_ids", "labels", "position_ids")}
+        out = {k: batch[k].view(batch["row_shape"]) for k in ("input_ids", "labels", "position_ids")}
+        out["use_cache"] = False
+        return out
     out = {k: batch[k][None] for k in ("input_ids", "labels", "position_ids", "seq_idx")}
+    out["use_cache"] = False
     for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
         out[k] = batch[k]
     return out
