@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_specs import make_tokenizer
 
 import sortpack.torch
+
 from support import ROOT, run_sortpack, write_text_parquet
 
 pytestmark = pytest.mark.torch

@@ -172,7 +172,7 @@ def _segments(lengths: np.ndarray, mb, pad_to_multiple: int | None):
         kept = np.clip(width - before, 0, lengths)  # a row longer than its packed length is cut
         room = width - np.bincount(row_of, weights=kept, minlength=rows).astype(np.int64)
         pads = room > 0
-        pads_before = np.cumsum(pads) - pads
+        pads_before: np.ndarray = np.cumsum(pads) - pads
         seg_len = np.zeros(n + int(pads.sum()), dtype=np.int64)
         seg_sample = np.full(len(seg_len), -1, dtype=np.int64)
         at = np.arange(n) + pads_before[row_of]

@@ -49,13 +49,14 @@ def _arrow_chunk(arr) -> tuple[np.ndarray, np.ndarray] | None:
 def _from_table(table, key: str) -> tuple[np.ndarray, np.ndarray] | None:
     col = table.column(key)
     chunks = col.chunks if hasattr(col, "chunks") else [col]
-    parts = [_arrow_chunk(c) for c in chunks]
-    if not parts or any(p is None for p in parts):
+    got = [_arrow_chunk(c) for c in chunks]
+    parts = [p for p in got if p is not None]
+    if not parts or len(parts) != len(got):
         return None
     if len(parts) == 1:
-        return parts[0]  # type: ignore[return-value]
-    values = np.concatenate([p[0] for p in parts])  # type: ignore[index]
-    lengths = np.concatenate([np.diff(p[1]) for p in parts])  # type: ignore[index]
+        return parts[0]
+    values = np.concatenate([p[0] for p in parts])
+    lengths = np.concatenate([np.diff(p[1]) for p in parts])
     return values, np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
 
 
