@@ -104,6 +104,8 @@ def pack_options(required: bool):
             click.option("--same-shape", is_flag=True, help="Make every G-run of micro-batches one shape."),
             click.option("--oversize", type=click.Choice(["error", "skip", "truncate"]), default="error",
                          show_default=True, help="What to do with samples larger than the budget."),
+            click.option("--keep-empty", is_flag=True,
+                         help="Keep samples of size 0 (default: drop them, with a count; they hold no token)."),
             click.option("--rows", type=int, default=0,
                          help="Row packing: bin-pack samples into rows of ROW_LEN tokens (multipack).",
                          metavar="ROW_LEN"),
@@ -176,7 +178,8 @@ def _make_pack(kw) -> PackOptions:
                        same_shape=kw["same_shape"], oversize=kw["oversize"],
                        segment_size=kw["segment_size"] or SEGMENT_SIZE, rows=kw["rows"],
                        rows_per_microbatch=kw["rows_per_microbatch"], max_segments=kw["max_segments"],
-                       auto_shapes=kw["shapes"][1], static_shapes=kw["static_shapes"])
+                       auto_shapes=kw["shapes"][1], static_shapes=kw["static_shapes"],
+                       keep_empty=kw["keep_empty"])
 
 
 def _make_analyze(kw):
@@ -234,6 +237,9 @@ def _job(fn):
         manifest = result.get("manifest")
         if comm.is_root() and manifest is not None and not kw["quiet"]:
             click.echo(_summary(kw["output"], manifest))
+            dropped = manifest.get("stats", {}).get("empty_dropped", 0)
+            if dropped:
+                click.echo(f"dropped {dropped} empty samples (size 0; --keep-empty keeps them)")
             if kw.get("profile"):
                 click.echo(_profile_table(manifest["provenance"]["profile"]))
         note = _oversize_note(manifest) if comm.is_root() and manifest is not None else None

@@ -51,6 +51,7 @@ class PackOptions:
     max_segments: int = 0
     auto_shapes: int | None = None  # --shapes auto:K: K, and ``shapes`` is chosen by pack_samples
     static_shapes: bool = False  # every micro-batch's batch size fixed by its padded length
+    keep_empty: bool = False  # keep samples of size 0 (default: dropped, counted in stats["empty"])
 
     def __post_init__(self):
         if self.rows and self.rows > 0 and not self.max_tokens:
@@ -128,6 +129,8 @@ class PackOptions:
             extra["shapes_request"] = f"auto:{self.auto_shapes}"  # ``shapes`` holds the chosen lengths
         if self.static_shapes:
             extra["static_shapes"] = True
+        if self.keep_empty:
+            extra["keep_empty"] = True
         return {**extra, "max_tokens": self.max_tokens, "budget": self.budget, "max_samples": self.max_samples,
                 "batch_multiple": self.batch_multiple, "quadratic_scale": self.quadratic_scale,
                 "pad_to_multiple": self.pad_to_multiple, "shapes": list(self.shapes),
@@ -261,6 +264,25 @@ def _oversize(comm: Comm, samples: Samples, opts: PackOptions) -> tuple[Samples,
                    samples.stage, samples.files), info
 
 
+def _drop_empty(comm: Comm, samples: Samples, opts: PackOptions) -> tuple[Samples, int]:
+    """Return the samples without those of size 0 (unless ``keep_empty``) and how many there were over all ranks.
+
+    An empty sample has no token to train on: alone or together, empty samples make
+    micro-batches of pure padding. The rest keep their order and sample ids; positions
+    close up globally, so the packing does not depend on the rank count.
+    """
+    empty = samples.size == 0
+    count = comm.allreduce(int(empty.sum()), "sum")
+    if count == 0 or opts.keep_empty:
+        return samples, count
+    keep = ~empty
+    start, total = global_start(comm, int(keep.sum()))
+    stage = samples.stage[keep] if samples.stage is not None else None
+    size = samples.size[keep]
+    difficulty = size if samples.difficulty is samples.size else samples.difficulty[keep]
+    return Samples(start, total, samples.sample_id[keep], size, difficulty, stage, samples.files), count
+
+
 def _piece_starts(start: int, stage: np.ndarray, segment_size: int) -> np.ndarray:
     """Return local indices where a packing piece starts (a new segment or a new stage).
 
@@ -305,6 +327,7 @@ def pack_samples(comm: Comm, samples: Samples, opts: PackOptions, key: str = "si
     opts.validate()
     if samples.stage is None:
         samples.stage = np.zeros(len(samples), np.int16)
+    samples, empty = _drop_empty(comm, samples, opts)
     if opts.rows:
         samples, info = _oversize(comm, samples, opts)
         keyvals = (samples.size if key == "size" else samples.difficulty).astype(np.float64)
@@ -332,6 +355,8 @@ def pack_samples(comm: Comm, samples: Samples, opts: PackOptions, key: str = "si
         "stage": stage.astype(np.int16),
     }
     first, total_mb = global_start(comm, m)
+    info["empty"] = empty
+    info["empty_dropped"] = 0 if opts.keep_empty else empty
     stats = _stats(comm, columns, info)
     return Microbatches(first, total_mb, sample_ids, mb["offsets"], columns, stats, row_sizes)
 

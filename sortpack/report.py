@@ -65,6 +65,7 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         "padded_size": _quantiles(ps),
         "skipped": m["stats"].get("skipped", 0),
         "truncated": m["stats"].get("truncated", 0),
+        "empty_dropped": m["stats"].get("empty_dropped", 0),
     })
     report.update(_shape_lines(m, shapes))
     if m.get("mixture"):

@@ -30,12 +30,14 @@ else:
         PackedDataset,
         PadCollate,
         VarlenCollate,
+        hf_inputs,
         pad_collate,
         varlen_collate,
     )
     from .train.goodput_controller import GoodputController
     from .train.index import PackedIndex
     from .train.loader import PlanLoader
+    from .train.loss import step_loss, step_targets
     from .train.lr import LR_METHODS, VariableBatchSizeLR
     from .train.sampler import (
         MicroBatch,
@@ -55,7 +57,10 @@ else:
         "PlanLoader",
         "VariableBatchSizeLR",
         "VarlenCollate",
+        "hf_inputs",
         "pad_collate",
+        "step_loss",
+        "step_targets",
         "varlen_collate",
     ]
     _PUBLIC_BEFORE = (LR_METHODS, PackedSampler, Samples, _world)  # importable as before the split

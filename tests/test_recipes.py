@@ -9,31 +9,70 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("torch")
 sys.path.insert(0, os.path.dirname(__file__))
-from support import ROOT, run_gloo_ranks, run_sortpack, write_text_parquet
+from support import ROOT, run_gloo_ranks, run_sortpack
 
 pytestmark = pytest.mark.torch
 RECIPES = ROOT / "examples" / "recipes"
 TIMEOUT = 240
 
 
+def doc_commands() -> dict[str, list[str]]:
+    """Return the ``sortpack run data/ -o NAME/ ...`` commands of docs/training.md by output name (their options)."""
+    doc = (ROOT / "docs" / "training.md").read_text()
+    found = re.findall(r"^sortpack run data/ -o (\w+)/ (.*?)\s*(?:#.*)?$", doc, flags=re.MULTILINE)
+    return {name: opts.split() for name, opts in found}
+
+
+def write_docs_data(directory: Path) -> np.ndarray:
+    """Write ``data/`` as a user's texts: mostly short, one longer than 4096 bytes, 20 empty, one non-ASCII."""
+    directory.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    sizes = np.concatenate([rng.lognormal(5.0, 0.8, 300).astype(int).clip(1, 1500), [4200], [0] * 20])
+    rng.shuffle(sizes)
+    letters = np.frombuffer(b"abcdefghij klmnopqrstuvwxyz.\n", dtype=np.uint8)
+    texts = [letters[rng.integers(0, len(letters), k)].tobytes().decode() for k in sizes]
+    texts[int(np.flatnonzero(sizes > 100)[0])] = "\u00e9t\u00e9 " * 60  # 2-byte characters: sizes in bytes
+    pq.write_table(pa.table({"text": texts}), directory / "part-0.parquet", row_group_size=100)
+    return sizes
+
+
 @pytest.fixture(scope="module")
 def indexes(tmp_path_factory) -> dict[str, Path]:
-    """Build a padded, a --shapes and a --rows index over one text dataset with `sortpack run`."""
+    """Build the plans with the exact ``sortpack run`` commands of docs/training.md over one text dataset.
+
+    The one change: ``--rows-per-microbatch 8`` becomes 1, so the CPU's dense document mask of
+    the flex recipe stays small (4096 x 4096 per row).
+    """
     base = tmp_path_factory.mktemp("recipes")
-    lengths = np.clip(np.random.default_rng(0).lognormal(3.5, 0.7, 400).astype(int), 1, 250)
-    data = write_text_parquet(base / "data.parquet", lengths, row_group_size=100)
-    modes = {"padded": ["--max-tokens", "512"],
-             "shapes": ["--max-tokens", "512", "--shapes", "32,64,128,256"],
-             "rows": ["--rows", "256", "--rows-per-microbatch", "2"]}
+    write_docs_data(base / "data")
+    commands = doc_commands()
+    assert set(commands) == {"plan", "shapes", "rows"}, commands
     out = {}
-    for name, opts in modes.items():
+    for name, opts in commands.items():
+        if name == "rows":
+            opts = [("1" if prev == "--rows-per-microbatch" else o) for prev, o in zip([""] + opts, opts)]
         out[name] = base / name
-        run_sortpack(["run", data, "-o", out[name], "--column", "text", "--quiet", *opts])
+        proc = run_sortpack(["run", base / "data", "-o", out[name], *opts], timeout=TIMEOUT)
+        assert "dropped 20 empty samples" in proc.stdout  # never a micro-batch of pure padding
+    out["padded"] = out["plan"]
     return out
+
+
+def steps_past_longest(index: Path, grad_accum: int = 2, seed: int = 0, warmup_shapes: bool = False) -> int:
+    """Return the steps a recipe must run (order shuffle) to have trained on the plan's longest micro-batch."""
+    from sortpack.torch import PackedBatchSampler
+
+    sampler = PackedBatchSampler(index, rank=0, world_size=1, grad_accum=grad_accum, order="shuffle", seed=seed,
+                                 warmup_shapes=warmup_shapes)
+    padded = sampler.index["padded_size"]
+    steps = np.flatnonzero((padded[sampler.schedule()] == padded.max()).any(axis=1))
+    return int(steps[0]) + 1
 
 
 def _env(**extra) -> dict:
@@ -62,10 +101,14 @@ def losses(out: str) -> list[str]:
 
 
 def test_ddp_two_gloo_ranks(indexes):
-    outs = run_gloo_ranks([RECIPES / "ddp.py", indexes["padded"], "--steps", "3"], timeout=TIMEOUT,
+    from sortpack.torch import PackedBatchSampler
+
+    steps = PackedBatchSampler(indexes["padded"], rank=0, world_size=2, grad_accum=2).steps_per_epoch
+    outs = run_gloo_ranks([RECIPES / "ddp.py", indexes["padded"], "--steps", str(steps)], timeout=TIMEOUT,
                           env={"CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"})
     per_rank = [[line for line in step_lines(out) if line.startswith(f"rank {r} ")] for r, out in enumerate(outs)]
-    assert [len(lines) for lines in per_rank] == [3, 3], outs
+    assert [len(lines) for lines in per_rank] == [steps, steps], outs  # the whole epoch: every micro-batch
+    assert steps >= 2 and not any("nan" in out for out in outs)
     assert lrs(outs[0]) == lrs(outs[1])  # the step's global batch sets one LR on every rank
     shapes = [[line.split(" shape ")[1].split(" lr")[0] for line in lines] for lines in per_rank]
     assert shapes[0] != shapes[1]  # each rank trains on its own micro-batches
@@ -81,22 +124,25 @@ def expected_lrs(index: Path, steps: int, lr: float = 1e-3, grad_accum: int = 2,
 
 
 def test_hf_trainer(indexes):
-    out = run_recipe("hf_trainer.py", indexes["padded"], "--steps", "3")
-    assert "trained 3 steps" in out
-    # constant base schedule: the LR moves only with the step's batch (the sampler takes the Trainer's seed, 42)
-    assert lrs(out) == pytest.approx(expected_lrs(indexes["padded"], 3, seed=42), rel=1e-3)
+    steps = steps_past_longest(indexes["padded"], seed=42)  # the sampler takes the Trainer's seed, 42
+    out = run_recipe("hf_trainer.py", indexes["padded"], "--steps", str(steps))
+    assert f"trained {steps} steps" in out and "nan" not in out
+    # constant base schedule: the LR moves only with the step's batch
+    assert lrs(out) == pytest.approx(expected_lrs(indexes["padded"], steps, seed=42), rel=1e-3)
 
 
 def test_accelerate(indexes):
-    out = run_recipe("accelerate_loop.py", indexes["padded"], "--steps", "3")
-    assert len(step_lines(out)) == 3
-    assert lrs(out) == pytest.approx(expected_lrs(indexes["padded"], 3), rel=1e-3)
+    steps = steps_past_longest(indexes["padded"])
+    out = run_recipe("accelerate_loop.py", indexes["padded"], "--steps", str(steps))
+    assert len(step_lines(out)) == steps and "nan" not in out
+    assert lrs(out) == pytest.approx(expected_lrs(indexes["padded"], steps), rel=1e-3)
 
 
 def test_lightning(indexes):
-    out = run_recipe("lightning_module.py", indexes["padded"], "--steps", "3")
-    assert "trained 3 steps" in out and len(step_lines(out)) == 3
-    assert lrs(out) == pytest.approx(expected_lrs(indexes["padded"], 3), rel=1e-3)
+    steps = steps_past_longest(indexes["padded"])
+    out = run_recipe("lightning_module.py", indexes["padded"], "--steps", str(steps))
+    assert f"trained {steps} steps" in out and len(step_lines(out)) == steps and "nan" not in out
+    assert lrs(out) == pytest.approx(expected_lrs(indexes["padded"], steps), rel=1e-3)
 
 
 def test_compile_static_shapes_compiles_every_shape_up_front(indexes):
@@ -108,6 +154,7 @@ def test_compile_static_shapes_compiles_every_shape_up_front(indexes):
                      "--backend", "aot_eager")
     news = [int(line.split(" new ")[1].split()[0]) for line in step_lines(out)]
     assert news == [1] * distinct + [0, 0]  # warmup_shapes: every shape in the first steps, then none new
+    assert "nan" not in out  # no micro-batch of pure padding (empty samples dropped), no empty loss
     assert f"distinct shapes {distinct}, shapes seen {distinct}, graphs compiled {distinct}" in out
 
 
@@ -117,12 +164,13 @@ def test_flex_document_mask_and_varlen_reference_agree(indexes):
     assert len(step_lines(flex)) == len(step_lines(varlen)) == 3
     assert "kernel reference" in varlen
     # the same micro-batches, weights and masking: the losses match step for step
-    assert losses(flex) == losses(varlen)
+    assert losses(flex) == losses(varlen) and "nan" not in flex
 
 
 def test_varlen_on_a_padded_index(indexes):
-    out = run_recipe("varlen_rows.py", indexes["padded"], "--steps", "2")
-    assert len(step_lines(out)) == 2
+    steps = steps_past_longest(indexes["padded"])
+    out = run_recipe("varlen_rows.py", indexes["padded"], "--steps", str(steps))
+    assert len(step_lines(out)) == steps and "nan" not in out
 
 
 def recipe_section(path: Path) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 from accelerate import Accelerator
-from common import TinyLM, padded_forward, parser, ref_batch, utf8_bytes
+from common import TinyLM, max_len, padded_forward, parser, ref_batch, utf8_bytes
 from torch.utils.data import DataLoader
 
 from sortpack.dataset import SourceDataset
@@ -29,12 +29,12 @@ def main() -> None:
                                  grad_accum=args.grad_accum, order="shuffle", seed=0)
     loader = DataLoader(SourceDataset(args.index, columns=["text"]), batch_sampler=sampler,
                         num_workers=args.num_workers, collate_fn=pad_collate(tokenize=utf8_bytes))
-    model = TinyLM(max_len=int(sampler.index["padded_size"].max()))
+    model = TinyLM(max_len=max_len(sampler.index))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model, opt = accelerator.prepare(model, opt)  # not the loader
     sched = VariableBatchSizeLR(opt.optimizer, sampler, ref_batch_size=ref_batch(sampler), method="sqrt")
 
-    step, epoch = 0, 0
+    step, epoch, step_loss_sum = 0, 0, 0.0
     while step < args.steps:
         sampler.set_epoch(epoch)
         for batch in loader:
@@ -42,8 +42,10 @@ def main() -> None:
             sched.follow(batch)  # the LR of this batch's step
             batch = {k: v.to(accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
             with accelerator.accumulate(model):
-                loss = padded_forward(model, batch)
+                # accelerator.backward divides by grad_accum: step_loss multiplies it back
+                loss = padded_forward(model, batch, divided_by=args.grad_accum)
                 accelerator.backward(loss)
+                step_loss_sum += loss.item() / args.grad_accum
                 if accelerator.sync_gradients:  # the last micro-batch of the step
                     lr = opt.param_groups[0]["lr"]
                 opt.step()  # the prepared optimizer steps only when gradients are synced
@@ -51,8 +53,8 @@ def main() -> None:
             if accelerator.sync_gradients:
                 sched.step()
                 accelerator.print(f"step {step} shape {tuple(batch['input_ids'].shape)} lr {lr:.3e} "
-                                  f"loss {loss.item():.3f}")
-                step += 1
+                                  f"loss {step_loss_sum:.3f}")
+                step, step_loss_sum = step + 1, 0.0
                 if step == args.steps:
                     break
         epoch += 1

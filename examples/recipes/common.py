@@ -2,8 +2,12 @@
 
 The recipes differ only in how a micro-batch reaches the model (padded rows, packed rows
 with a document mask, or concatenated varlen segments) and in the training framework.
-Tokens are UTF-8 bytes of the ``text`` column, so nothing is downloaded; the index must
-be built over ``text`` with ``--size length`` (characters) or ``--size bytes``.
+Tokens are UTF-8 bytes of the ``text`` column, so nothing is downloaded; build the index
+over ``text`` with ``--size bytes`` (sizes in characters, the default ``length``, also work,
+but then a non-ASCII text has more tokens than the plan counted and the loss is not the
+step's exact mean: ``step_loss`` warns). The loss of every recipe is ``step_loss``: each
+micro-batch's summed per-token losses over the step's target count (from the plan), so a
+step's gradient is the mean over its tokens at any world size and accumulation.
 """
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ import argparse
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sortpack.reader import PackedIndex
+from sortpack.torch import step_loss
 
 VOCAB = 256
 PAD = 0  # byte 0 does not occur in text
@@ -55,7 +62,7 @@ class Block(nn.Module):
 class TinyLM(nn.Module):
     """A byte-level causal LM (``layers`` blocks of width ``dim``) for sequences up to ``max_len``."""
 
-    def __init__(self, dim: int = 32, heads: int = 2, layers: int = 2, max_len: int = 4096):
+    def __init__(self, max_len: int, dim: int = 32, heads: int = 2, layers: int = 2):
         super().__init__()
         self.embed, self.pos = nn.Embedding(VOCAB, dim), nn.Embedding(max_len, dim)
         self.blocks = nn.ModuleList([Block(dim, heads) for _ in range(layers)])
@@ -69,17 +76,32 @@ class TinyLM(nn.Module):
         return self.head(x)
 
 
-def lm_loss(logits: torch.Tensor, ids: torch.Tensor, target_ok: torch.Tensor) -> torch.Tensor:
-    """Return the mean next-token cross entropy over positions t whose target ids[t+1] is real (target_ok[t+1])."""
-    targets = ids[..., 1:].masked_fill(~target_ok[..., 1:], -100)
-    return F.cross_entropy(logits[..., :-1, :].reshape(-1, VOCAB), targets.reshape(-1), ignore_index=-100)
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Return the per-token next-byte cross entropy (0 where no target) for labels aligned to the inputs.
+
+    ``labels`` is the collate's (-100 at padding and at each document's first token);
+    position t predicts ``labels[t + 1]``, the shift Hugging Face causal LMs make.
+    """
+    targets = F.pad(labels[..., 1:], (0, 1), value=-100)
+    return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1), reduction="none", ignore_index=-100)
 
 
-def padded_forward(model, batch) -> torch.Tensor:
-    """Return the loss of a ``pad_collate`` batch (input_ids, key_padding_mask)."""
+def padded_token_losses(model, batch) -> torch.Tensor:
+    """Return the per-token losses of a ``pad_collate`` batch (input_ids, key_padding_mask, labels)."""
     ids, pad = batch["input_ids"], batch["key_padding_mask"]
-    positions = torch.arange(ids.shape[1]).expand_as(ids)
-    return lm_loss(model(ids, positions, sdpa_padded(pad)), ids, ~pad)
+    positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    return token_losses(model(ids, positions, sdpa_padded(pad)), batch["labels"])
+
+
+def padded_forward(model, batch, divided_by: int = 1) -> torch.Tensor:
+    """Return a ``pad_collate`` batch's share of its step's mean loss (``step_loss``; backward on it as is)."""
+    return step_loss(padded_token_losses(model, batch), batch, divided_by=divided_by)
+
+
+def max_len(index) -> int:
+    """Return the longest sequence the plan's micro-batches hold (the position table's size), for any plan."""
+    ix = index if isinstance(index, PackedIndex) else PackedIndex(index)
+    return max(1, int(ix["padded_size"].max(initial=1)))
 
 
 def parser(doc: str) -> argparse.ArgumentParser:

@@ -18,11 +18,11 @@ import time
 import torch
 import torch._dynamo
 import torch._dynamo.utils
-from common import TinyLM, padded_forward, parser, ref_batch, utf8_bytes
+from common import TinyLM, max_len, padded_token_losses, parser, ref_batch, utf8_bytes
 from torch.utils.data import DataLoader
 
 from sortpack.dataset import SourceDataset
-from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, pad_collate
+from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, pad_collate, step_loss
 
 
 def main() -> None:
@@ -39,16 +39,17 @@ def main() -> None:
     torch._dynamo.config.recompile_limit = max(8, len(shapes))  # one graph per shape, none dropped
     loader = DataLoader(SourceDataset(args.index, columns=["text"]), batch_sampler=sampler,
                         num_workers=args.num_workers, collate_fn=pad_collate(tokenize=utf8_bytes))
-    model = TinyLM(max_len=int(sampler.index["padded_size"].max()))
+    model = TinyLM(max_len=max_len(sampler.index))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     sched = VariableBatchSizeLR(opt, sampler, ref_batch_size=ref_batch(sampler), method="sqrt")
-    step_fn = torch.compile(padded_forward, dynamic=False, backend=args.backend)
+    # compile the model and the per-token losses; step_loss (the step's counts, new every step) stays outside
+    step_fn = torch.compile(padded_token_losses, dynamic=False, backend=args.backend)
 
     seen: set = set()
     step, epoch = 0, 0
     while step < args.steps:
         sampler.set_epoch(epoch)
-        t0, step_shapes, new = time.perf_counter(), [], 0
+        t0, step_shapes, new, step_loss_sum = time.perf_counter(), [], 0, 0.0
         for batch in loader:
             sampler.consume(batch)  # the resume state counts what the loop received
             sched.follow(batch)  # the LR of this batch's step
@@ -56,15 +57,16 @@ def main() -> None:
             new += shape not in seen  # a shape not seen before compiles a graph now
             seen.add(shape)
             step_shapes.append(shape)
-            loss = step_fn(model, batch)
-            (loss / args.grad_accum).backward()
+            loss = step_loss(step_fn(model, batch), batch)  # this micro-batch's share of the step's mean loss
+            loss.backward()
+            step_loss_sum += loss.item()
             if batch["microbatch"]["last"]:  # this rank's last micro-batch of the step
                 opt.step()
                 opt.zero_grad()
                 sched.step()
                 print(f"step {step} shapes {step_shapes} new {new} seen {len(seen)}/{len(shapes)} "
-                      f"time {time.perf_counter() - t0:.2f} s loss {loss.item():.3f}", flush=True)
-                step, t0, step_shapes, new = step + 1, time.perf_counter(), [], 0
+                      f"time {time.perf_counter() - t0:.2f} s loss {step_loss_sum:.3f}", flush=True)
+                step, t0, step_shapes, new, step_loss_sum = step + 1, time.perf_counter(), [], 0, 0.0
                 if step == args.steps:
                     break
         epoch += 1

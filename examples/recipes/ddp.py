@@ -14,7 +14,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from common import TinyLM, padded_forward, parser, ref_batch, utf8_bytes
+from common import TinyLM, max_len, padded_forward, parser, ref_batch, utf8_bytes
 from torch.utils.data import DataLoader
 
 from sortpack.dataset import SourceDataset
@@ -38,13 +38,12 @@ def main() -> None:
     sampler = PackedBatchSampler(args.index, grad_accum=args.grad_accum, order="shuffle", seed=0)
     loader = DataLoader(SourceDataset(args.index, columns=["text"]), batch_sampler=sampler,
                         num_workers=args.num_workers, collate_fn=pad_collate(tokenize=utf8_bytes))
-    max_len = int(sampler.index["padded_size"].max())
-    model = torch.nn.parallel.DistributedDataParallel(TinyLM(max_len=max_len))
+    model = torch.nn.parallel.DistributedDataParallel(TinyLM(max_len=max_len(sampler.index)))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
     sched = VariableBatchSizeLR(warmup, sampler, ref_batch_size=ref_batch(sampler), method="sqrt")
 
-    step, epoch = 0, 0
+    step, epoch, step_loss_sum = 0, 0, 0.0
     while step < args.steps:
         sampler.set_epoch(epoch)
         for batch in loader:
@@ -52,16 +51,17 @@ def main() -> None:
             sched.follow(batch)  # the LR of this batch's step
             last = batch["microbatch"]["last"]  # this rank's last micro-batch of the step
             with contextlib.nullcontext() if last else model.no_sync():  # all-reduce once per step
-                loss = padded_forward(model, batch)
-                (loss / args.grad_accum).backward()
+                loss = padded_forward(model, batch)  # this micro-batch's share of the step's mean loss
+                loss.backward()  # not divided by grad_accum: step_loss weighs every token of the step alike
+            step_loss_sum += loss.item()
             if last:
                 lr = opt.param_groups[0]["lr"]
                 opt.step()
                 opt.zero_grad()
                 sched.step()  # the base schedule; the scale follows the batches
                 print(f"rank {rank} step {step} shape {tuple(batch['input_ids'].shape)} lr {lr:.3e} "
-                      f"loss {loss.item():.3f}", flush=True)
-                step += 1
+                      f"loss {step_loss_sum:.3f}", flush=True)  # this rank's share; the ranks' mean is the step's loss
+                step, step_loss_sum = step + 1, 0.0
                 if step == args.steps:
                     break
         epoch += 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from common import TinyLM, lm_loss, parser, ref_batch, utf8_bytes
+from common import TinyLM, parser, ref_batch, token_losses, utf8_bytes
 from torch.nn.attention.flex_attention import (
     create_block_mask,
     create_mask,
@@ -26,7 +26,7 @@ from torch.nn.attention.flex_attention import (
 from torch.utils.data import DataLoader
 
 from sortpack.dataset import SourceDataset
-from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, varlen_collate
+from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, step_loss, varlen_collate
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -50,11 +50,11 @@ flex = torch.compile(flex_attention, dynamic=False) if DEVICE == "cuda" else fle
 
 
 def rows_forward(model, batch, width: int, check: bool = False) -> torch.Tensor:
-    """Return the loss of a rows-mode ``varlen_collate`` batch (rows of ``width`` tokens) under the document mask."""
+    """Return a rows-mode ``varlen_collate`` batch's share of its step's mean loss, under the document mask."""
     rows = batch["input_ids"].numel() // width
     ids = batch["input_ids"].view(rows, width).to(DEVICE)
     positions = batch["position_ids"].view(rows, width).to(DEVICE)
-    real = batch["token_mask"].view(rows, width).to(DEVICE)
+    labels = batch["labels"].view(rows, width).to(DEVICE)  # -100 at each document's first token and padding
     doc = document_ids(batch, width).to(DEVICE)
     mask_mod = document_mask(doc)
     if DEVICE == "cuda":
@@ -73,8 +73,7 @@ def rows_forward(model, batch, width: int, check: bool = False) -> torch.Tensor:
                     ref = flex_attention(q.detach(), k.detach(), v.detach(), block_mask=block_mask)
                 torch.testing.assert_close(out.detach(), ref, atol=1e-5, rtol=1e-4)
             return out
-    # a target is real when it is a real token of the same document (its position is not 0)
-    return lm_loss(model(ids, positions, attend), ids, real & (positions > 0))
+    return step_loss(token_losses(model(ids, positions, attend), labels), batch)
 # --- end recipe ---
 
 
@@ -91,14 +90,15 @@ def main() -> None:
     model = TinyLM(max_len=row_len).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     sched = VariableBatchSizeLR(opt, sampler, ref_batch_size=ref_batch(sampler), method="sqrt")
-    step, epoch = 0, 0
+    step, epoch, step_loss_sum = 0, 0, 0.0
     while step < args.steps:
         sampler.set_epoch(epoch)
         for i, batch in enumerate(loader):
             sampler.consume(batch)  # the resume state counts what the loop received
             sched.follow(batch)  # the LR of this batch's step
             loss = rows_forward(model, batch, row_len, check=step == 0 and i == 0)
-            (loss / args.grad_accum).backward()
+            loss.backward()  # not divided by grad_accum: step_loss weighs every token of the step alike
+            step_loss_sum += loss.item()
             if batch["microbatch"]["last"]:  # this rank's last micro-batch of the step
                 lr = opt.param_groups[0]["lr"]
                 opt.step()
@@ -106,8 +106,8 @@ def main() -> None:
                 sched.step()
                 docs = int((batch["seq_index"] >= 0).sum())
                 print(f"step {step} rows {batch['input_ids'].numel() // row_len}x{row_len} documents {docs} "
-                      f"lr {lr:.3e} loss {loss.item():.3f}", flush=True)
-                step += 1
+                      f"lr {lr:.3e} loss {step_loss_sum:.3f}", flush=True)
+                step, step_loss_sum = step + 1, 0.0
                 if step == args.steps:
                     break
         epoch += 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tempfile
 
 import torch
-from common import TinyLM, padded_forward, parser, ref_batch, utf8_bytes
+from common import TinyLM, max_len, padded_forward, parser, ref_batch, utf8_bytes
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments, get_scheduler
 
@@ -24,12 +24,14 @@ from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, pad_collate
 class LM(torch.nn.Module):
     """TinyLM returning ``{"loss": ...}`` from a ``pad_collate`` batch, as the Trainer expects."""
 
+    accepts_loss_kwargs = False  # the loss is already the step's token mean: no num_items_in_batch rescaling
+
     def __init__(self, max_len: int):
         super().__init__()
         self.lm = TinyLM(max_len=max_len)
 
     def forward(self, **batch):
-        """Return the batch's loss in a dict."""
+        """Return the batch's share of its step's mean loss (``step_loss``) in a dict."""
         return {"loss": padded_forward(self.lm, batch)}
 
 
@@ -44,6 +46,8 @@ class EpochLoader(DataLoader):
 
 class PackedTrainer(Trainer):
     """A Trainer that trains on a sortpack index: its micro-batches and its per-step LR scale."""
+
+    loss_is_scaled_for_ga = True  # the model returns step_loss: the Trainer must not divide it by the accumulation
 
     def __init__(self, *args, index: str, ref_batch_size: float | None = None, lr_method: str = "sqrt",
                  **kwargs):
@@ -82,7 +86,7 @@ def main() -> None:
                                   gradient_accumulation_steps=args.grad_accum, lr_scheduler_type="constant",
                                   dataloader_num_workers=args.num_workers, logging_steps=1, save_strategy="no",
                                   report_to=[], use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
-        trainer = PackedTrainer(model=LM(max_len=4096), args=targs, index=args.index)
+        trainer = PackedTrainer(model=LM(max_len=max_len(args.index)), args=targs, index=args.index)
         result = trainer.train()
         for rec in trainer.state.log_history:
             if "learning_rate" in rec:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import lightning as L
 import torch
-from common import TinyLM, padded_forward, parser, ref_batch, utf8_bytes
+from common import TinyLM, max_len, padded_forward, parser, ref_batch, utf8_bytes
 from torch.utils.data import DataLoader
 
 from sortpack.dataset import SourceDataset
@@ -26,7 +26,7 @@ class PackedLM(L.LightningModule):
     def __init__(self, index: str, grad_accum: int, lr: float, num_workers: int = 0):
         super().__init__()
         self.index, self.grad_accum, self.lr, self.num_workers = index, grad_accum, lr, num_workers
-        self.model = TinyLM(max_len=4096)
+        self.model = TinyLM(max_len=max_len(index))  # the plan's longest micro-batch
 
     def setup(self, stage: str) -> None:
         """Build the rank's sampler (rank and world size are known here)."""
@@ -43,8 +43,8 @@ class PackedLM(L.LightningModule):
         self.sampler.set_epoch(self.current_epoch)
 
     def training_step(self, batch, batch_idx):
-        """Return the micro-batch's loss."""
-        return padded_forward(self.model, batch)
+        """Return the micro-batch's share of its step's mean loss (Lightning divides it by grad_accum)."""
+        return padded_forward(self.model, batch, divided_by=self.grad_accum)
 
     def configure_optimizers(self):
         """Return AdamW and the per-step VariableBatchSizeLR."""

@@ -16,11 +16,11 @@ import itertools
 
 import torch
 import torch.nn.functional as F
-from common import TinyLM, lm_loss, parser, ref_batch, utf8_bytes
+from common import TinyLM, max_len, parser, ref_batch, token_losses, utf8_bytes
 from torch.utils.data import DataLoader
 
 from sortpack.dataset import SourceDataset
-from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, varlen_collate
+from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, step_loss, varlen_collate
 
 try:
     from flash_attn import flash_attn_varlen_func
@@ -53,13 +53,13 @@ def varlen_attention(cu_seqlens: torch.Tensor, max_seqlen: int):
 
 
 def varlen_forward(model, batch) -> torch.Tensor:
-    """Return the loss of a ``varlen_collate`` batch: one (1, total) sequence of whole samples."""
+    """Return a ``varlen_collate`` batch's share of its step's mean loss: one (1, total) sequence of whole samples."""
     ids = batch["input_ids"][None].to(DEVICE)
     positions = batch["position_ids"][None].to(DEVICE)
     cu_seqlens = batch["cu_seqlens"].to(DEVICE)  # int32, as flash-attn wants
-    real = batch["token_mask"][None].to(DEVICE)
+    labels = batch["labels"][None].to(DEVICE)  # -100 at each segment's first token: no target across a boundary
     logits = model(ids, positions, varlen_attention(cu_seqlens, batch["max_seqlen"]))
-    return lm_loss(logits, ids, real & (positions > 0))  # no target across a segment boundary
+    return step_loss(token_losses(logits, labels), batch)
 # --- end recipe ---
 
 
@@ -70,17 +70,18 @@ def main() -> None:
     sampler = PackedBatchSampler(args.index, grad_accum=args.grad_accum, order="shuffle", seed=0)
     loader = DataLoader(SourceDataset(args.index, columns=["text"]), batch_sampler=sampler,
                         num_workers=args.num_workers, collate_fn=varlen_collate(tokenize=utf8_bytes))
-    model = TinyLM(max_len=int(sampler.index["padded_size"].max())).to(DEVICE)
+    model = TinyLM(max_len=max_len(sampler.index)).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     sched = VariableBatchSizeLR(opt, sampler, ref_batch_size=ref_batch(sampler), method="sqrt")
-    step, epoch = 0, 0
+    step, epoch, step_loss_sum = 0, 0, 0.0
     while step < args.steps:
         sampler.set_epoch(epoch)
         for batch in loader:
             sampler.consume(batch)  # the resume state counts what the loop received
             sched.follow(batch)  # the LR of this batch's step
             loss = varlen_forward(model, batch)
-            (loss / args.grad_accum).backward()
+            loss.backward()  # not divided by grad_accum: step_loss weighs every token of the step alike
+            step_loss_sum += loss.item()
             if batch["microbatch"]["last"]:  # this rank's last micro-batch of the step
                 lr = opt.param_groups[0]["lr"]
                 opt.step()
@@ -88,8 +89,8 @@ def main() -> None:
                 sched.step()
                 kernel = "flash_attn_varlen_func" if flash_attn_varlen_func and DEVICE == "cuda" else "reference"
                 print(f"step {step} tokens {batch['input_ids'].numel()} segments {len(batch['cu_seqlens']) - 1} "
-                      f"kernel {kernel} lr {lr:.3e} loss {loss.item():.3f}", flush=True)
-                step += 1
+                      f"kernel {kernel} lr {lr:.3e} loss {step_loss_sum:.3f}", flush=True)
+                step, step_loss_sum = step + 1, 0.0
                 if step == args.steps:
                     break
         epoch += 1

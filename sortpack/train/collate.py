@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .sampler import MicroBatch, Samples
+from .tokens import ragged_tokens
 
 
 class PackedDataset:
@@ -38,39 +39,31 @@ class PackedDataset:
 
 
 # --- collate helpers ---------------------------------------------------------------------
-def _tokens(item, key, tokenize) -> np.ndarray:
-    seq = tokenize(item) if tokenize is not None else item[key] if key is not None else item
-    if isinstance(seq, (bytes, bytearray, memoryview)):
-        return np.frombuffer(seq, dtype=np.uint8).astype(np.int64)
-    if isinstance(seq, str):
-        raise TypeError("collate got text: pass tokenize= (e.g. lambda s: s.encode()) or a key of token ids")
-    if isinstance(seq, dict):
-        raise TypeError(f"collate got a row with columns {sorted(seq)}: pass key= (a column of token ids) "
-                        "or tokenize= (a function from the row to token ids)")
-    return np.asarray(seq, dtype=np.int64).reshape(-1)
-
-
-def _sequences(items, key, tokenize) -> list[np.ndarray]:
-    """Return each item's token ids; stored ``input_ids`` come straight from the Arrow slice."""
-    table = getattr(items, "table", None)
-    if table is not None and tokenize is None and isinstance(key, str) and key in table.schema.names:
-        import pyarrow as pa
-
-        col = table.column(key)
-        if isinstance(col, pa.ChunkedArray):
-            col = col.combine_chunks()
-        if hasattr(col, "offsets") and hasattr(col, "values"):
-            offsets = col.offsets.to_numpy()
-            # a sliced list array's .values is the whole shard's buffer: convert only this slice
-            values = col.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-            values = values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-            offsets = offsets - offsets[0]
-            return [values[offsets[j]:offsets[j + 1]] for j in range(len(offsets) - 1)]
-    return [_tokens(it, key, tokenize) for it in items]
+IGNORE_INDEX = -100  # the label of a position without a target (PyTorch's and Hugging Face's default)
 
 
 def _round_up(n: int, k: int | None) -> int:
     return -(-n // k) * k if k and k > 1 else n
+
+
+def _sample_ids(mb, n: int) -> np.ndarray:
+    return np.asarray(mb[:n] if mb is not None else [-1] * n, dtype=np.int64).reshape(-1)
+
+
+def _scatter(values: np.ndarray, offsets: np.ndarray, keep: np.ndarray, dest_start: np.ndarray,
+             out: np.ndarray) -> None:
+    """Write the first ``keep[j]`` tokens of sample j to ``out[dest_start[j]:]`` (one vectorised copy)."""
+    lengths = np.diff(offsets)
+    if np.array_equal(keep, lengths) and (len(dest_start) < 2 or np.array_equal(np.diff(dest_start), lengths[:-1])):
+        start = int(dest_start[0]) if len(dest_start) else 0
+        out[start:start + len(values)] = values  # contiguous: one block copy
+        return
+    total = int(keep.sum())
+    if total == 0:
+        return
+    before = np.cumsum(keep) - keep  # kept tokens before each sample
+    step = np.arange(total, dtype=np.int64)
+    out[step + np.repeat(dest_start - before, keep)] = values[step + np.repeat(offsets[:-1] - before, keep)]
 
 
 class PadCollate:
@@ -98,30 +91,30 @@ class PadCollate:
         self.attn_mask, self.pad_to_multiple = attn_mask, pad_to_multiple
 
     def __call__(self, items) -> dict:
-        """Return input_ids, lengths, key_padding_mask, real, sample_ids (and attn_mask) tensors."""
+        """Return input_ids, labels, lengths, key_padding_mask, real, sample_ids (and attn_mask) tensors."""
         import torch
 
-        seqs = _sequences(items, self.key, self.tokenize)
-        n = len(seqs)
+        values, offsets = ragged_tokens(items, self.key, self.tokenize)
+        full = np.diff(offsets)
+        n = len(full)
         mb = getattr(items, "microbatch", None)
-        longest = max((len(s) for s in seqs), default=0)
         if mb is not None and mb.padded_size is not None:
             rows, width = max(int(mb.batch_size), n), int(mb.padded_size)
         else:
-            rows, width = n, _round_up(longest, self.pad_to_multiple)
+            rows, width = n, _round_up(int(full.max(initial=0)), self.pad_to_multiple)
         ids = np.full((rows, width), self.pad_id, dtype=np.int64)
         lengths = np.zeros(rows, dtype=np.int64)
-        for r, s in enumerate(seqs):
-            k = min(len(s), width)  # a tokenizer longer than the index's size is cut to the shape
-            ids[r, :k] = s[:k]
-            lengths[r] = k
-        positions = np.arange(width)
-        valid = positions[None, :] < lengths[:, None]
+        lengths[:n] = np.minimum(full, width)  # a tokenizer longer than the index's size is cut to the shape
+        _scatter(values, offsets, lengths[:n], np.arange(n, dtype=np.int64) * width, ids.reshape(-1))
+        valid = np.arange(width)[None, :] < lengths[:, None]
+        # labels aligned to input_ids (the model shifts): no target at a sample's first token or at padding
+        labels = np.where(valid, ids, IGNORE_INDEX)
+        labels[:, :1] = IGNORE_INDEX
         sample_ids = np.full(rows, -1, dtype=np.int64)
-        if mb is not None:
-            sample_ids[:n] = np.asarray(list(mb)[:n], dtype=np.int64)
+        sample_ids[:n] = _sample_ids(mb, n)
         out = {
             "input_ids": torch.from_numpy(ids),
+            "labels": torch.from_numpy(labels),
             "lengths": torch.from_numpy(lengths),
             "key_padding_mask": torch.from_numpy(~valid),
             "real": torch.from_numpy((np.arange(rows) < n) & (not getattr(mb, "repeat", False))),
@@ -143,17 +136,54 @@ def pad_collate(pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None 
                 pad_to_multiple: int | None = None) -> PadCollate:
     """Return a picklable collate_fn that pads a micro-batch to its ``(batch_size, padded_size)``.
 
-    Items are token-id sequences, ``item[key]``, or ``tokenize(item)``. The result holds
-    ``input_ids`` (B, T), ``lengths`` (B,), ``key_padding_mask`` (B, T; True = padding, as
+    Items are token-id sequences, ``item[key]``, or ``tokenize(item)``; a stored list (or
+    binary) column named by ``key`` is read straight from the Arrow buffers. The result holds
+    ``input_ids`` (B, T), ``labels`` (B, T; ``input_ids`` with -100 at each sample's first
+    position and at padding, aligned to the inputs: a causal LM shifts them, as Hugging Face
+    models do), ``lengths`` (B,), ``key_padding_mask`` (B, T; True = padding, as
     ``nn.MultiheadAttention``), ``real`` (B,; False for the index's padding slots, which are
     fully masked, and for every row of a micro-batch repeated to fill a step: skip those when
     evaluating), ``sample_ids`` (B,; -1 where unknown), ``microbatch`` (the ``MicroBatch.info()``
-    dict: epoch, step, position, end, last, step_batch, step_tokens, repeat; pass the batch to
-    ``sampler.consume``) and, with ``attn_mask="causal"`` or ``"full"``, ``attn_mask``
-    (B, T, T; True = may attend, as ``F.scaled_dot_product_attention``).
+    dict: epoch, step, position, end, last, step_batch/step_samples, step_tokens, world_size,
+    tokens, repeat; pass the batch to ``sampler.consume`` and ``step_loss``) and, with
+    ``attn_mask="causal"`` or ``"full"``, ``attn_mask`` (B, T, T; True = may attend, as
+    ``F.scaled_dot_product_attention``).
     Without a known shape, T is the longest item rounded up to ``pad_to_multiple``.
     """
     return PadCollate(pad_id, key, tokenize, attn_mask, pad_to_multiple)
+
+
+def _segments(lengths: np.ndarray, mb, pad_to_multiple: int | None):
+    """Return (segment lengths, real tokens per segment, sample of each segment or -1, rows width or None).
+
+    Rows mode (the micro-batch's ``row_splits`` and ``padded_size``): each row's samples, cut
+    to the row's room, then the row's padding tail as its own segment. Otherwise one segment
+    per sample, padded to a multiple of ``pad_to_multiple`` when given.
+    """
+    n = len(lengths)
+    splits = getattr(mb, "row_splits", None)
+    if splits is not None and mb.padded_size is not None and not (pad_to_multiple and pad_to_multiple > 1):
+        width = int(mb.padded_size)
+        splits = np.asarray(splits, dtype=np.int64)
+        rows = len(splits) - 1
+        row_of = np.repeat(np.arange(rows), np.diff(splits))
+        cum = np.concatenate(([0], np.cumsum(lengths)))
+        before = cum[:-1] - cum[splits[:-1]][row_of]  # tokens before each sample in its row
+        kept = np.clip(width - before, 0, lengths)  # a row longer than its packed length is cut
+        room = width - np.bincount(row_of, weights=kept, minlength=rows).astype(np.int64)
+        pads = room > 0
+        pads_before: np.ndarray = np.cumsum(pads) - pads
+        seg_len = np.zeros(n + int(pads.sum()), dtype=np.int64)
+        seg_sample = np.full(len(seg_len), -1, dtype=np.int64)
+        at = np.arange(n) + pads_before[row_of]
+        seg_len[at], seg_sample[at] = kept, np.arange(n)
+        seg_len[(splits[1:] + pads_before)[pads]] = room[pads]
+        seg_real = np.where(seg_sample >= 0, seg_len, 0)
+        return seg_len, seg_real, seg_sample, width
+    if mb is not None and mb.padded_size is not None:
+        lengths = np.minimum(lengths, int(mb.padded_size))  # as pad_collate: never longer than the plan's shape
+    seg_len = -(-lengths // pad_to_multiple) * pad_to_multiple if pad_to_multiple and pad_to_multiple > 1 else lengths
+    return seg_len, lengths, np.arange(n, dtype=np.int64), None
 
 
 class VarlenCollate:
@@ -166,70 +196,128 @@ class VarlenCollate:
     tokenize : callable, optional
         Take an item's token ids from ``tokenize(item)``.
     pad_id : int
-        The id that fills each packed row to ``padded_size`` (rows mode).
+        The id that fills each packed row to ``padded_size`` (rows mode) and each padded document.
+    position_ids_start : int
+        The position id of every document's first token (``padding_idx + 1``, usually 2, for
+        RoBERTa-like models; 0 otherwise).
+    pad_to_multiple : int, optional
+        Pad every document to a multiple of this (context parallelism: 2 x CP).
     """
 
-    def __init__(self, key=None, tokenize=None, pad_id: int = 0):
+    def __init__(self, key=None, tokenize=None, pad_id: int = 0, position_ids_start: int = 0,
+                 pad_to_multiple: int | None = None):
+        if pad_to_multiple is not None and int(pad_to_multiple) < 1:
+            raise ValueError(f"pad_to_multiple must be a positive integer, not {pad_to_multiple!r}")
         self.key, self.tokenize, self.pad_id = key, tokenize, pad_id
+        self.position_ids_start = int(position_ids_start)
+        self.pad_to_multiple = int(pad_to_multiple) if pad_to_multiple else None
 
     def __call__(self, items) -> dict:
-        """Return input_ids, position_ids, cu_seqlens, max_seqlen, seq_index, lengths and token_mask."""
+        """Return input_ids, labels, position_ids, cu_seqlens, seq_idx, the Hugging Face keys, lengths and masks."""
         import torch
 
-        seqs = _sequences(items, self.key, self.tokenize)
+        values, offsets = ragged_tokens(items, self.key, self.tokenize)
         mb = getattr(items, "microbatch", None)
-        splits = getattr(mb, "row_splits", None)
-        # segments: (sample position in the micro-batch or -1 for padding, tokens)
-        segments: list[tuple[int, np.ndarray]] = []
-        lengths = np.zeros(len(seqs), dtype=np.int64)
-        if splits is not None and mb is not None and mb.padded_size is not None:
-            width = int(mb.padded_size)
-            for r in range(len(splits) - 1):
-                room = width
-                for j in range(splits[r], splits[r + 1]):
-                    s = seqs[j][:room]  # a row longer than its packed length is cut
-                    segments.append((j, s))
-                    lengths[j] = len(s)
-                    room -= len(s)
-                if room:
-                    segments.append((-1, np.full(room, self.pad_id, dtype=np.int64)))
-        else:
-            for j, s in enumerate(seqs):
-                segments.append((j, s))
-                lengths[j] = len(s)
-        seg_len = np.array([len(s) for _, s in segments], dtype=np.int64)
-        cu = np.zeros(len(segments) + 1, dtype=np.int32)
+        full = np.diff(offsets)
+        n = len(full)
+        seg_len, seg_real, seg_sample, width = _segments(full, mb, self.pad_to_multiple)
+        cu = np.zeros(len(seg_len) + 1, dtype=np.int64)
         np.cumsum(seg_len, out=cu[1:])
         total = int(cu[-1])
-        ids = np.concatenate([s for _, s in segments]) if segments else np.zeros(0, dtype=np.int64)
-        seg_of_token = np.repeat(np.arange(len(segments)), seg_len)
-        positions = np.arange(total, dtype=np.int64) - cu[:-1].astype(np.int64)[seg_of_token]
-        seq_index = np.array([j for j, _ in segments], dtype=np.int64)
-        sample_ids = np.asarray(list(mb), dtype=np.int64) if mb is not None else np.full(len(seqs), -1)
-        return {
-            "input_ids": torch.from_numpy(ids.astype(np.int64)),
-            "position_ids": torch.from_numpy(positions),
-            "cu_seqlens": torch.from_numpy(cu),
-            "max_seqlen": int(seg_len.max(initial=0)),
-            "seq_index": torch.from_numpy(seq_index),
-            "lengths": torch.from_numpy(lengths),
-            "token_mask": torch.from_numpy(seq_index[seg_of_token] >= 0 if total else np.zeros(0, bool)),
-            "sample_ids": torch.from_numpy(sample_ids.astype(np.int64)),
-            "real": torch.from_numpy(np.full(len(seqs), not getattr(mb, "repeat", False))),
-            **({"microbatch": mb.info()} if mb is not None else {}),
+        doc = seg_sample >= 0
+        kept = np.zeros(n, dtype=np.int64)
+        kept[seg_sample[doc]] = seg_real[doc]
+        dest = np.zeros(n, dtype=np.int64)
+        dest[seg_sample[doc]] = cu[:-1][doc]
+        if total == len(values) and np.array_equal(kept, full):
+            ids = values  # whole samples back to back, nothing padded: the stored tokens as they are
+        else:
+            ids = np.full(total, self.pad_id, dtype=np.int64)
+            _scatter(values, offsets, kept, dest, ids)
+        seg_of = np.repeat(np.arange(len(seg_len)), seg_len)
+        offset_in = np.arange(total, dtype=np.int64) - cu[:-1][seg_of]
+        token_mask = doc[seg_of] & (offset_in < seg_real[seg_of])
+        labels = np.where(token_mask & (offset_in > 0), ids, IGNORE_INDEX)
+        cu32 = torch.from_numpy(cu.astype(np.int32))
+        max_len = int(seg_len.max(initial=0))
+        out = {
+            "input_ids": torch.from_numpy(ids),
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(offset_in + self.position_ids_start),
+            "cu_seqlens": cu32,
+            "max_seqlen": max_len,
+            "seq_index": torch.from_numpy(seg_sample),
+            "seq_idx": torch.from_numpy(seg_of.astype(np.int32)),
+            "cu_seq_lens_q": cu32,
+            "cu_seq_lens_k": cu32,
+            "max_length_q": max_len,
+            "max_length_k": max_len,
+            "lengths": torch.from_numpy(kept),
+            "token_mask": torch.from_numpy(token_mask),
+            "sample_ids": torch.from_numpy(_sample_ids(mb, n)),
+            "real": torch.from_numpy(np.full(n, not getattr(mb, "repeat", False))),
         }
+        if self.pad_to_multiple:
+            # Transformer Engine's THD layout: cu_seqlens counts real tokens, cu_seqlens_padded bounds the tensor
+            real_cu = np.zeros(len(seg_len) + 1, dtype=np.int32)
+            np.cumsum(seg_real, out=real_cu[1:])
+            out["cu_seqlens"], out["cu_seqlens_padded"] = torch.from_numpy(real_cu), cu32
+            out["max_seqlen"] = int(seg_real.max(initial=0))
+        if width is not None:
+            out["row_shape"] = (total // width, width)
+        if mb is not None:
+            out["microbatch"] = mb.info()
+        return out
 
 
-def varlen_collate(key=None, tokenize=None, pad_id: int = 0) -> VarlenCollate:
-    """Return a picklable collate_fn for varlen attention kernels (no sample attends to another).
+def varlen_collate(key=None, tokenize=None, pad_id: int = 0, position_ids_start: int = 0,
+                   pad_to_multiple: int | None = None) -> VarlenCollate:
+    """Return a picklable collate_fn for packed documents: varlen kernels, document masks, Hugging Face models.
 
-    ``input_ids`` is the micro-batch's samples concatenated; ``cu_seqlens`` (int32) bounds each
-    segment and ``position_ids`` restart at 0 in each. With the index's ``row_splits`` (rows
-    mode) every packed row is laid out whole and padded to ``padded_size``, so
-    ``input_ids.view(batch_size, padded_size)`` gives the rows; padding forms its own
-    segments (``seq_index`` -1, ``token_mask`` False). ``seq_index`` maps segments to the
-    sample's place in the micro-batch, ``lengths`` gives each sample's tokens, ``real`` (one per
-    sample) is False in a micro-batch repeated to fill a step, and ``microbatch`` is the
-    ``MicroBatch.info()`` dict (as in ``pad_collate``).
+    ``input_ids`` (1-D) is the micro-batch's samples (documents) one after another; a stored
+    list column named by ``key`` is read straight from the Arrow buffers. ``cu_seqlens``
+    (int32) bounds each segment and ``max_seqlen`` is the longest; ``position_ids`` restart
+    at ``position_ids_start`` in every segment; ``labels`` are ``input_ids`` with -100 at each
+    document's first position and at padding, aligned to the inputs (Hugging Face causal LMs
+    shift them; ``DataCollatorWithFlattening``'s convention). The Hugging Face padding-free
+    keys are there too: ``cu_seq_lens_q``/``cu_seq_lens_k`` (= ``cu_seqlens``),
+    ``max_length_q``/``max_length_k`` (= ``max_seqlen``) and ``seq_idx`` (int32, the
+    segment of each token); ``hf_inputs(batch)`` gives them the model's shapes.
+
+    With the index's ``row_splits`` (rows mode) every packed row is laid out whole and padded
+    to ``padded_size``, so ``input_ids.view(batch["row_shape"])`` gives the rows; a row's
+    padding is its own segment (``seq_index`` -1, ``token_mask`` False). ``seq_index`` maps
+    segments to the sample's place in the micro-batch, ``lengths`` gives each sample's tokens
+    (as laid out), ``real`` (one per sample) is False in a micro-batch repeated to fill a
+    step, and ``microbatch`` is the ``MicroBatch.info()`` dict (as in ``pad_collate``).
+
+    ``pad_to_multiple=K`` pads every document to a multiple of K tokens (context
+    parallelism splits each sequence into 2 x CP chunks: K = 2 x CP), rows or not, in
+    Transformer Engine's THD convention: ``cu_seqlens`` then counts real tokens,
+    ``cu_seqlens_padded`` (and ``cu_seq_lens_q/k``) bound the padded documents in
+    ``input_ids``; positions run on through a document's padding, which has no labels.
     """
-    return VarlenCollate(key, tokenize, pad_id)
+    return VarlenCollate(key, tokenize, pad_id, position_ids_start, pad_to_multiple)
+
+
+def hf_inputs(batch: dict, rows: bool = False) -> dict:
+    """Return the keyword arguments a Hugging Face model takes for a ``varlen_collate`` batch (padding-free).
+
+    ``input_ids``, ``labels`` and ``position_ids`` as ``(1, total)``, with ``cu_seq_lens_q/k``,
+    ``max_length_q/k`` and ``seq_idx`` for flash-attention kernels; with ``rows=True`` (a
+    ``--rows`` index) as ``(rows, padded_size)`` and no varlen keys (the model's SDPA, eager
+    or flex path finds the documents from the restarting ``position_ids``). ``use_cache`` is
+    False: with a KV cache (the config's default, also in training) or an ``attention_mask``,
+    Hugging Face models stop looking for packed documents and let them attend to each other.
+    """
+    if rows:
+        if "row_shape" not in batch:
+            raise ValueError("hf_inputs(rows=True) needs a varlen_collate batch of a --rows index (its row_shape)")
+        out = {k: batch[k].view(batch["row_shape"]) for k in ("input_ids", "labels", "position_ids")}
+        out["use_cache"] = False
+        return out
+    out = {k: batch[k][None] for k in ("input_ids", "labels", "position_ids", "seq_idx")}
+    out["use_cache"] = False
+    for k in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
+        out[k] = batch[k]
+    return out

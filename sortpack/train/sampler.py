@@ -46,7 +46,13 @@ class MicroBatch(list):
     last : bool
         Whether this is this rank's last micro-batch of the step (the optimizer step follows).
     step_batch, step_tokens : int
-        Samples and tokens of the whole step over all ranks (what the LR scales by).
+        Samples and tokens of the whole step over all ranks (what the LR scales by; repeated
+        micro-batches count as often as the loop trains on them). ``step_samples`` is
+        ``step_batch`` by its other name.
+    world_size : int
+        Data-parallel ranks W of the step (``sortpack.torch.step_loss`` scales by it).
+    tokens : int
+        Real tokens of this micro-batch in the plan (the sum of its samples' sizes).
     repeat : bool
         Whether it repeats a micro-batch to fill a step (tail padding or warm-up copy):
         train on it, skip it when evaluating.
@@ -61,7 +67,7 @@ class MicroBatch(list):
                  padded_size: int | None = None, row_splits=None, epoch: int = 0, position: int = 0,
                  *, step: int = 0, end: int | None = None, last: bool = True, step_batch: int = 0,
                  step_tokens: int = 0, repeat: bool = False, run_step: int | None = None,
-                 source: str | None = None):
+                 source: str | None = None, world_size: int = 1, tokens: int = 0):
         super().__init__(ids)
         self.microbatch = microbatch
         self.batch_size = len(self) if batch_size is None else batch_size
@@ -77,6 +83,13 @@ class MicroBatch(list):
         self.repeat = repeat
         self.run_step = step if run_step is None else run_step
         self.source = source
+        self.world_size = world_size
+        self.tokens = tokens
+
+    @property
+    def step_samples(self) -> int:
+        """Return the samples of the whole step over all ranks (``step_batch``)."""
+        return self.step_batch
 
     def info(self) -> dict:
         """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on).
@@ -86,7 +99,9 @@ class MicroBatch(list):
         out: dict = {"microbatch": int(self.microbatch), "epoch": int(self.epoch), "step": int(self.step),
                      "position": int(self.position), "end": int(self.end), "last": bool(self.last),
                      "step_batch": int(self.step_batch), "step_tokens": int(self.step_tokens),
-                     "repeat": bool(self.repeat), "run_step": int(self.run_step)}
+                     "step_samples": int(self.step_batch), "world_size": int(self.world_size),
+                     "tokens": int(self.tokens), "num_samples": len(self), "repeat": bool(self.repeat),
+                     "run_step": int(self.run_step)}
         if self.source is not None:
             out["source"] = self.source
         return out
@@ -423,11 +438,14 @@ class PackedSampler:
                 self._set_state(epoch, pos, step + 1)
             for k, p in enumerate(packed):
                 ids, bs, ps, splits = self.index.record(p)
+                mb_tokens = self.index.range_sum("tokens", p, p + 1)
                 if skips.sizes:
                     ids, splits = skips.kept(p, ids, splits)
+                    mb_tokens -= skips.lost([p])[1]
                 yield MicroBatch(ids, p, bs, ps, splits, epoch, start, step=step, end=pos, last=k == a - 1,
                                  step_batch=batch, step_tokens=tokens, repeat=repeat[k], run_step=base + step,
-                                 source=None if sources is None else names[int(sources[p])])
+                                 source=None if sources is None else names[int(sources[p])], world_size=w,
+                                 tokens=mb_tokens)
             step += 1
 
     # --- resume ---------------------------------------------------------------------------

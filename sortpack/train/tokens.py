@@ -1,0 +1,79 @@
+"""A micro-batch's token ids as one flat int64 array and per-sample offsets (ragged), for the collate helpers.
+
+From stored data (``Samples.table``, an Arrow slice of the plan's data shards) the ids come
+straight from the Arrow buffers: the list column's offsets bound the micro-batch's tokens
+in the child array, and only those tokens are read and widened to int64, with no Python
+object per sample. Other items go through ``key``/``tokenize`` one by one.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _item_tokens(item, key, tokenize) -> np.ndarray:
+    seq = tokenize(item) if tokenize is not None else item[key] if key is not None else item
+    if isinstance(seq, (bytes, bytearray, memoryview)):
+        return np.frombuffer(seq, dtype=np.uint8).astype(np.int64)
+    if isinstance(seq, str):
+        raise TypeError("collate got text: pass tokenize= (e.g. lambda s: s.encode()) or a key of token ids")
+    if isinstance(seq, dict):
+        raise TypeError(f"collate got a row with columns {sorted(seq)}: pass key= (a column of token ids) "
+                        "or tokenize= (a function from the row to token ids)")
+    return np.asarray(seq, dtype=np.int64).reshape(-1)
+
+
+def _arrow_chunk(arr) -> tuple[np.ndarray, np.ndarray] | None:
+    """Return (values int64, offsets from 0) of a list or binary Arrow array's rows, or None for other types."""
+    import pyarrow as pa
+
+    t = arr.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        offsets = arr.offsets.to_numpy().astype(np.int64)
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        child = arr.values.slice(lo, hi - lo)  # .values is the whole child array, not the slice's part
+        if child.null_count:
+            raise ValueError("collate: a token list holds nulls")
+        values = child.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        return values, offsets - lo
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        wide = pa.types.is_large_binary(t)
+        bufs = arr.buffers()
+        offsets = np.frombuffer(bufs[1], dtype=np.int64 if wide else np.int32)[arr.offset:arr.offset + len(arr) + 1]
+        offsets = offsets.astype(np.int64)
+        lo, hi = int(offsets[0]), int(offsets[-1])
+        values = np.frombuffer(bufs[2], dtype=np.uint8)[lo:hi].astype(np.int64) if hi > lo else np.zeros(0, np.int64)
+        return values, offsets - lo
+    return None
+
+
+def _from_table(table, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+    col = table.column(key)
+    chunks = col.chunks if hasattr(col, "chunks") else [col]
+    got = [_arrow_chunk(c) for c in chunks]
+    parts = [p for p in got if p is not None]
+    if not parts or len(parts) != len(got):
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    values = np.concatenate([p[0] for p in parts])
+    lengths = np.concatenate([np.diff(p[1]) for p in parts])
+    return values, np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+
+
+def ragged_tokens(items, key=None, tokenize=None) -> tuple[np.ndarray, np.ndarray]:
+    """Return (values, offsets): the items' token ids one after another (int64) and where each starts (n + 1).
+
+    Stored list or binary columns named by ``key`` (no ``tokenize``) are read from the Arrow
+    buffers of ``items.table``; anything else is ``item[key]``, ``tokenize(item)`` or the item.
+    """
+    table = getattr(items, "table", None)
+    if table is not None and tokenize is None and isinstance(key, str) and key in table.schema.names:
+        got = _from_table(table, key)
+        if got is not None:
+            return got
+    seqs = [_item_tokens(it, key, tokenize) for it in items]
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    if seqs:
+        np.cumsum([len(s) for s in seqs], out=offsets[1:])
+    values = np.concatenate(seqs) if seqs else np.zeros(0, np.int64)
+    return values.astype(np.int64, copy=False), offsets
