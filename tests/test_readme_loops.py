@@ -11,6 +11,7 @@ pytest.importorskip("torch")
 from test_specs import make_tokenizer
 
 import sortpack.torch
+from sortpack.reader import step_info
 
 from support import ROOT, run_sortpack, write_text_parquet
 
@@ -34,8 +35,8 @@ def recording_sampler(log: list, states: list, stop_after: int | None):
     class Recording(BASE):
         def consume(self, batch):
             super().consume(batch)
-            info = batch["microbatch"]
-            log.append((info["epoch"], batch["sample_ids"].tolist()))
+            info = step_info(batch)  # PlanLoader reports the MicroBatch it handed over
+            log.append((info["epoch"], [int(i) for i in batch]))
             states.append(self.state_dict())
             if stop_after is not None and len(log) == stop_after:
                 raise Interrupted
