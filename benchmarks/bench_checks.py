@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sortpack.output_guard import check_output, sweep_stale
-from sortpack.sources import SourceFile, _estimate_rows, check_input_path, check_table
+from sortpack.inputs.sources import SourceFile, _estimate_rows, check_input_path, check_table
+from sortpack.write.output_guard import check_output, sweep_stale
 
 
 def median_s(fn, repeat: int = 7) -> float:

@@ -35,11 +35,11 @@ def _timed(fn) -> float:
 
 
 def _inputs(samples: int, rows: int) -> tuple[Path, Path, Path]:
-    from sortpack.analyze import AnalyzeOptions
-    from sortpack.pack import PackOptions
     from sortpack.parallel import SerialComm
-    from sortpack.pipeline import JobInfo, run_all, run_analyze
-    from sortpack.sort import SortOptions
+    from sortpack.pipeline.dataset import JobInfo, run_all, run_analyze
+    from sortpack.stages.analyze import AnalyzeOptions
+    from sortpack.stages.pack import PackOptions
+    from sortpack.stages.sort import SortOptions
 
     WORK.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -84,10 +84,10 @@ def main(argv=None) -> None:
     def open_only(level):
         return lambda: PackedIndex(index, verify=level)
 
-    from sortpack import sample_dirs
     from sortpack.parallel import SerialComm
-    from sortpack.pipeline import JobInfo, run_sort
-    from sortpack.sort import SortOptions
+    from sortpack.pipeline.dataset import JobInfo, run_sort
+    from sortpack.stages.sort import SortOptions
+    from sortpack.write import sample_dirs
 
     def sort(verify: bool):
         def run():

@@ -79,9 +79,9 @@ def _sorted_across(w: _World, first, last, count: int, local_ok: bool) -> bool:
 
 
 def sort_sortpack(a: dict) -> dict:
-    """Time ``sortpack.sort.sample_sort`` on packed uint64 records (``total`` over ranks)."""
+    """Time ``sortpack.stages.sort.sample_sort`` on packed uint64 records (``total`` over ranks)."""
     from sortpack.parallel import MPIComm
-    from sortpack.sort import sample_sort
+    from sortpack.stages.sort import sample_sort
 
     w = _World()
     comm = MPIComm(w.mpi)
@@ -98,11 +98,11 @@ def sort_sortpack(a: dict) -> dict:
 
 
 def sort_stage(a: dict) -> dict:
-    """Time ``sortpack.sort.sort_samples`` (the whole stage: payload, redistribution)."""
+    """Time ``sortpack.stages.sort.sort_samples`` (the whole stage: payload, redistribution)."""
     from sortpack.format.kinds import ROWS_PER_SHARD
     from sortpack.parallel import MPIComm
-    from sortpack.samples import Samples
-    from sortpack.sort import SortOptions, sort_samples
+    from sortpack.stages.samples import Samples
+    from sortpack.stages.sort import SortOptions, sort_samples
 
     w = _World()
     comm = MPIComm(w.mpi)
@@ -202,10 +202,10 @@ def _pin_arrow(threads: int) -> None:
 
 
 def analyze(a: dict) -> dict:
-    """Time ``sortpack.analyze.analyze`` (barrier to barrier) over this job's ranks."""
-    from sortpack.analyze import AnalyzeOptions
-    from sortpack.analyze import analyze as run
+    """Time ``sortpack.stages.analyze.analyze`` (barrier to barrier) over this job's ranks."""
     from sortpack.parallel import MPIComm
+    from sortpack.stages.analyze import AnalyzeOptions
+    from sortpack.stages.analyze import analyze as run
 
     _pin_arrow(1)  # sortpack's CLI default: --threads 1
     w = _World()

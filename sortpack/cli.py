@@ -17,7 +17,7 @@ import click  # noqa: E402
 from .errors import SortpackError, one_line  # noqa: E402
 
 if TYPE_CHECKING:
-    from .pack import PackOptions
+    from .stages.pack import PackOptions
 
 
 from .launcher import launcher_rank  # noqa: E402
@@ -31,7 +31,7 @@ def _shapes(ctx, param, value):
     """Return (lengths, K) of --shapes: listed lengths, or auto:K (K None when lengths are listed)."""
     if value is None or value == "":
         return (), None
-    from .shapes import parse_shapes
+    from .stages.shapes import parse_shapes
 
     try:
         return parse_shapes(value)
@@ -147,7 +147,7 @@ def store_options(tokenizer: bool):
 
 
 def _make_store(kw):
-    from .materialize import StoreOptions, parse_memory, parse_store
+    from .write.materialize import StoreOptions, parse_memory, parse_store
 
     return StoreOptions(columns=parse_store(kw.pop("store_columns")), tokens=kw.pop("store_tokens"),
                         memory_limit=parse_memory(kw.pop("memory_limit")), tokenizer=kw.pop("store_tokenizer", None))
@@ -170,7 +170,7 @@ def common_options(f):
 
 
 def _make_pack(kw) -> PackOptions:
-    from .pack import SEGMENT_SIZE, PackOptions
+    from .stages.pack import SEGMENT_SIZE, PackOptions
 
     return PackOptions(max_tokens=kw["max_tokens"], budget=kw["budget"], max_samples=kw["max_samples"],
                        batch_multiple=kw["batch_multiple"], quadratic_scale=kw["quadratic_scale"],
@@ -183,7 +183,7 @@ def _make_pack(kw) -> PackOptions:
 
 
 def _make_analyze(kw):
-    from .analyze import AnalyzeOptions
+    from .stages.analyze import AnalyzeOptions
 
     return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
                           tokenizer=kw["tokenizer"], input_format=kw["input_format"],
@@ -191,7 +191,7 @@ def _make_analyze(kw):
 
 
 def _make_sort(kw):
-    from .sort import SortOptions
+    from .stages.sort import SortOptions
 
     return SortOptions(key=kw["key"], descending=kw["descending"], stages=kw["stages"])
 
@@ -205,8 +205,8 @@ def _job(fn):
 
         from .parallel import get_comm, run_guarded
         from .progress import configure as configure_progress
-        from .provenance import JobInfo
-        from .termination import install as clean_up_on_sigterm
+        from .write.provenance import JobInfo
+        from .write.termination import install as clean_up_on_sigterm
 
         clean_up_on_sigterm()
         threads = kw.pop("threads")
@@ -308,7 +308,7 @@ def analyze(comm, job, inputs, output, overwrite, quiet, profile, **kw):
     INPUTS are Parquet, Arrow, JSONL or CSV files, directories and globs, Hugging Face
     save_to_disk directories (a DatasetDict with --split) and to_parquet files.
     """
-    from .pipeline import run_analyze
+    from .pipeline.dataset import run_analyze
 
     return run_analyze(comm, list(inputs), output, _make_analyze(kw), overwrite, job, progress=not quiet)
 
@@ -320,7 +320,7 @@ def analyze(comm, job, inputs, output, overwrite, quiet, profile, **kw):
 @_job
 def sort(comm, job, metrics, output, overwrite, quiet, profile, **kw):
     """Sort a metrics directory by (key, sample_id); write a sorted directory."""
-    from .pipeline import run_sort
+    from .pipeline.dataset import run_sort
 
     return run_sort(comm, metrics, output, _make_sort(kw), overwrite, job)
 
@@ -333,7 +333,7 @@ def sort(comm, job, metrics, output, overwrite, quiet, profile, **kw):
 @_job
 def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
     """Cut a sorted directory into micro-batches; write the index."""
-    from .pipeline import run_pack
+    from .pipeline.dataset import run_pack
 
     kw["store_tokenizer"] = kw.pop("tokenizer")
     store = _make_store(kw)
@@ -370,7 +370,7 @@ def _make_mixture(inputs, kw, keep_intermediate):
         if not inputs:
             raise SortpackError("Missing argument 'INPUTS...' (or --mixture MIX.json, or --blend)", collective=True)
         return None
-    from .mixture import load_mixture, parse_blend
+    from .inputs.mixture import load_mixture, parse_blend
 
     try:
         if path is not None and blend is not None:
@@ -411,12 +411,12 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
     directories (a DatasetDict with --split). With --mixture MIX.json or --blend, the
     sources come from there instead: one plan over weighted sources (docs/mixtures.md).
     """
-    from .pipeline import run_all
+    from .pipeline.dataset import run_all
 
     mix = _make_mixture(inputs, kw, keep_intermediate)
     store = _make_store(kw)
     if mix is not None:
-        from .mixture_plan import run_mixture
+        from .pipeline.mixture import run_mixture
 
         return run_mixture(comm, mix, output, _make_analyze(kw), _make_sort(kw), _make_pack(kw), overwrite, job,
                            progress=not quiet, store=store)
@@ -450,7 +450,7 @@ def inspect(directory, world_size, grad_accum, as_json, plot, step, samples, **s
         return  # under mpiexec/srun one rank reports (and plots) for all
     if step is not None or samples:
         return _trace(directory, 1 if world_size is None else world_size, grad_accum, step, samples, as_json, sampler)
-    from .report import inspect_directory, plot_directory, render
+    from .report.inspect import inspect_directory, plot_directory, render
 
     try:
         report = inspect_directory(directory, world_size, grad_accum)
@@ -463,7 +463,7 @@ def inspect(directory, world_size, grad_accum, as_json, plot, step, samples, **s
 
 
 def _trace(directory, world_size, grad_accum, step, samples, as_json, sampler):
-    from .train.trace import render_trace, sample_trace, step_trace
+    from .reader.trace import render_trace, sample_trace, step_trace
 
     try:
         if step is not None and samples:

@@ -1,6 +1,6 @@
 """torch side of the reader, public face: ``PackedBatchSampler``, ``PlanLoader``, ``VariableBatchSizeLR``, collate.
 
-The implementation lives in ``sortpack.train`` (``sampler``, ``lr``, ``collate``); torch is
+The implementation lives in ``sortpack.reader.torch``; torch is
 imported only where it is used, so importing this module is cheap and works without torch.
 
 This file is named ``torch.py``: when the ``sortpack/`` directory itself is on ``sys.path``
@@ -26,41 +26,5 @@ if __name__ == "torch":  # loaded as top-level ``torch`` because sortpack/ is on
     # the import system returns sys.modules["torch"]: the real package
     _sys.modules["torch"] = _real
 else:
-    from .train.collate import (
-        PackedDataset,
-        PadCollate,
-        VarlenCollate,
-        hf_inputs,
-        pad_collate,
-        varlen_collate,
-    )
-    from .train.goodput_controller import GoodputController
-    from .train.index import PackedIndex
-    from .train.loader import PlanLoader
-    from .train.loss import step_loss, step_targets
-    from .train.lr import LR_METHODS, VariableBatchSizeLR
-    from .train.sampler import (
-        MicroBatch,
-        PackedBatchSampler,
-        PackedSampler,
-        Samples,
-        _world,
-    )
-
-    __all__ = [
-        "GoodputController",
-        "MicroBatch",
-        "PackedBatchSampler",
-        "PackedDataset",
-        "PackedIndex",
-        "PadCollate",
-        "PlanLoader",
-        "VariableBatchSizeLR",
-        "VarlenCollate",
-        "hf_inputs",
-        "pad_collate",
-        "step_loss",
-        "step_targets",
-        "varlen_collate",
-    ]
-    _PUBLIC_BEFORE = (LR_METHODS, PackedSampler, Samples, _world)  # importable as before the split
+    from .reader.torch import *  # noqa: F403
+    from .reader.torch import __all__  # noqa: F401

@@ -1,7 +1,7 @@
 """Indexes for the reader tests: built by the real pipeline, plus a hand-written writer for edge cases.
 
 ``pipeline_index`` writes small parquet (``support.write_text_parquet``) and runs
-``sortpack.pipeline.run_all`` in process on the one-rank communicator, in any packing mode;
+``sortpack.pipeline.dataset.run_all`` in process on the one-rank communicator, in any packing mode;
 every reader, torch and dataset test uses it but one. ``write_index`` writes an index by hand
 only for a very large index (see its docstring).
 """
@@ -35,10 +35,10 @@ def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", siz
     ``id_bits=64`` writes the sample ids as int64 (the width of indexes over 2^31 rows, and of
     every index before ids could be int32) instead of the int32 a small input gets.
     """
-    from sortpack.analyze import AnalyzeOptions
-    from sortpack.pack import PackOptions
-    from sortpack.pipeline import JobInfo, run_all
-    from sortpack.sort import SortOptions
+    from sortpack.pipeline.dataset import JobInfo, run_all
+    from sortpack.stages.analyze import AnalyzeOptions
+    from sortpack.stages.pack import PackOptions
+    from sortpack.stages.sort import SortOptions
 
     path = Path(path)
     if inputs is None:

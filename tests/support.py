@@ -108,3 +108,14 @@ def run_gloo_ranks(args: list, ranks: int = 2, timeout: float = 240, env: dict |
                 p.kill()
     assert [p.returncode for p in procs] == [0] * ranks, outs
     return outs
+
+def make_tokenizer(path):
+    """Train a tiny word-level tokenizer (whitespace and punctuation splits) and save it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["hello world", "the quick brown fox", "hello, fox!"],
+                            trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    tok.save(str(path))
+    return str(path)

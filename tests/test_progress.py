@@ -6,14 +6,14 @@ import re
 
 import pytest
 
-import sortpack.analyze as analyze_mod
+import sortpack.stages.analyze as analyze_mod
 from sortpack import progress as progress_mod
-from sortpack.analyze import AnalyzeOptions
-from sortpack.pack import PackOptions
 from sortpack.parallel import SerialComm
-from sortpack.pipeline import JobInfo, run_all
+from sortpack.pipeline.dataset import JobInfo, run_all
 from sortpack.progress import Progress, configure, phase
-from sortpack.sort import SortOptions
+from sortpack.stages.analyze import AnalyzeOptions
+from sortpack.stages.pack import PackOptions
+from sortpack.stages.sort import SortOptions
 
 from support import run_sortpack, write_text_parquet
 

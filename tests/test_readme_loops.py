@@ -8,15 +8,13 @@ import numpy as np
 import pytest
 
 pytest.importorskip("torch")
-from test_specs import make_tokenizer
-
 import sortpack.torch
 from sortpack.reader import step_info
 
-from support import ROOT, run_sortpack, write_text_parquet
+from support import ROOT, make_tokenizer, run_sortpack, write_text_parquet
 
 pytestmark = pytest.mark.torch
-BASE = sortpack.torch.PackedBatchSampler
+BASE = sortpack.reader.torch.PackedBatchSampler
 
 
 def stored_loop() -> str:

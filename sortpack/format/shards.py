@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .. import termination
 from ..errors import SortpackError, one_line
 from ..parallel import Comm, fault_point
 from ..partition import shard_starts
 from ..progress import Progress
+from ..write import termination
 from .integrity import check_index_shard, check_structure, member_path
 from .kinds import ROWS_PER_SHARD  # noqa: F401 - re-exported for callers of the old home
 from .manifest import read_manifest, shard_name, write_manifest
@@ -38,7 +38,7 @@ class OutputDir:
 
     def __init__(self, comm: Comm, path: str | os.PathLike, overwrite: bool = False,
                  inputs: list[str] | tuple[str, ...] = ()):
-        from ..output_guard import check_output, owner_tag, sweep_stale
+        from ..write.output_guard import check_output, owner_tag, sweep_stale
 
         self.comm = comm
         self.path = Path(path)
@@ -127,8 +127,8 @@ class OutputDir:
         (``.NAME.old-*``, also owner-named) and a kill between the two renames is undone by
         the next job into the same output.
         """
-        from ..atomic_rename import exchange, move_new
-        from ..output_guard import is_sortpack_output
+        from ..write.atomic_rename import exchange, move_new
+        from ..write.output_guard import is_sortpack_output
 
         exists = SortpackError(f"{self.path}: output appeared while this job ran (another job wrote it; "
                                f"use --overwrite to replace it)")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from sortpack.parallel import get_comm
-from sortpack.shapes import choose_shapes, global_histogram
+from sortpack.stages.shapes import choose_shapes, global_histogram
 
 
 @pytest.mark.parametrize("dense_limit", [1 << 22, 1])  # one Allreduce of counts / merged sparse pairs

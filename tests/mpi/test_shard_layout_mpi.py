@@ -93,8 +93,8 @@ def _write_inputs(comm, layout: str) -> list[str]:
 
 @pytest.mark.parametrize("layout", ["one-row-group", "mixed", "with-jsonl"])
 def test_analyze_splits_rows_evenly_and_keeps_ids(comm, layout):
-    from sortpack.analyze import AnalyzeOptions, analyze
     from sortpack.parallel import SerialComm
+    from sortpack.stages.analyze import AnalyzeOptions, analyze
 
     paths = _write_inputs(comm, layout)
     opts = AnalyzeOptions(column="text")
@@ -119,8 +119,8 @@ def test_each_rank_describes_only_its_slice_of_the_files(comm, files):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sortpack import analyze as analyze_mod
-    from sortpack import sources
+    from sortpack.inputs import sources
+    from sortpack.stages import analyze as analyze_mod
 
     d = _shared_dir(comm)
     paths = [os.path.join(d, f"p{i:03d}.parquet") for i in range(files)]

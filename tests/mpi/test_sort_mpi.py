@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from sortpack.parallel import get_comm
-from sortpack.samples import Samples
-from sortpack.sort import SortOptions, sort_samples
+from sortpack.stages.samples import Samples
+from sortpack.stages.sort import SortOptions, sort_samples
 
 
 @pytest.mark.parametrize("n,keyspace,key,descending", [

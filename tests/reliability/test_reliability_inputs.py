@@ -54,7 +54,7 @@ def test_invalid_utf8_in_jsonl_names_the_file_and_line(tmp_path, ranks):
 
 def test_invalid_utf8_with_size_tokens_and_in_csv(tmp_path):
     pytest.importorskip("tokenizers")
-    from test_specs import make_tokenizer
+    from support import make_tokenizer
 
     tok = make_tokenizer(tmp_path / "tok.json")
     _bad_jsonl(tmp_path / "z.jsonl")
@@ -163,7 +163,7 @@ def test_jsonl_progress_counts_rows_not_bytes(tmp_path):
 def test_jsonl_row_estimate_of_a_large_file():
     import tempfile
 
-    from sortpack.sources import _estimate_rows
+    from sortpack.inputs.sources import _estimate_rows
 
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as fh:
         for i in range(50000):

@@ -133,7 +133,7 @@ def test_the_next_job_removes_what_a_killed_job_left(tmp_path, ranks):
     left = debris(tmp_path, "plan")
     assert len(left) == 1 and left[0].startswith(".plan.tmp-")
     # a live job's temporary (this test process owns it) and a directory sortpack did not name stay
-    from sortpack.output_guard import owner_tag
+    from sortpack.write.output_guard import owner_tag
 
     live = tmp_path / f".plan.tmp-{'a' * 12}-{owner_tag()}"
     live.mkdir()
@@ -148,7 +148,7 @@ def test_the_next_job_removes_what_a_killed_job_left(tmp_path, ranks):
 # --- item 9: the replacement is atomic; the two-rename fallback is recovered ----------------------
 
 def test_exchange_swaps_two_directories_in_one_step(tmp_path):
-    from sortpack.atomic_rename import exchange, move_new
+    from sortpack.write.atomic_rename import exchange, move_new
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()

@@ -1,0 +1,1 @@
+"""Inputs: discovery of input files, one reader per format, size and difficulty SPECs."""

@@ -1,0 +1,307 @@
+"""Mixtures: the spec of a run over several weighted sources (MIX.json or ``--blend``) and its schedule.
+
+A mixture names sources (each its inputs, weight and optional ``column``), an optional
+``total_tokens`` and an optional ``schedule``: piecewise-constant weights over the fraction of
+the run's tokens. This module parses and checks the spec (one-line errors) and holds the
+schedule's arithmetic: the target of every source after a prefix of X tokens,
+``target_s(X) = T * integral_0^{X/T} w_s(t) dt``, its inverse, and the deviation of a plan's
+achieved tokens from those targets. Pure Python and numpy: the writer (``mixture_plan``),
+``sortpack inspect`` and the tests share it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import SortpackError
+
+_TOP_KEYS = {"sources", "total_tokens", "schedule", "seed"}
+_SOURCE_KEYS = {"name", "inputs", "weight", "column"}
+_PHASE_KEYS = {"until", "weights"}
+MAX_SOURCES = 1024  # a micro-batch's source is stored as int16; this keeps stage codes in range too
+
+
+@dataclass
+class MixSource:
+    """One source of a mixture: its name, input paths, base weight and optional text column."""
+
+    name: str
+    inputs: list[str]
+    weight: float | None = None
+    column: str | None = None
+
+
+@dataclass
+class Schedule:
+    """Piecewise-constant weights over the fraction t of the run: phase i holds for t in [ends[i-1], ends[i]).
+
+    ``weights`` is (phases, sources), every row normalised to sum 1.
+    """
+
+    ends: np.ndarray
+    weights: np.ndarray
+    _cum: np.ndarray = field(init=False, repr=False)
+    _knots: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.ends = np.asarray(self.ends, dtype=np.float64)
+        self.weights = np.asarray(self.weights, dtype=np.float64)
+        self._knots = np.concatenate(([0.0], self.ends))
+        spans = np.diff(self._knots)
+        self._cum = np.vstack([np.zeros(self.weights.shape[1]), np.cumsum(self.weights * spans[:, None], axis=0)])
+
+    @property
+    def num_sources(self) -> int:
+        """Return the number of sources."""
+        return int(self.weights.shape[1])
+
+    def shares(self) -> np.ndarray:
+        """Return each source's share of the whole run (the integral of its weight over [0, 1])."""
+        return self._cum[-1].copy()
+
+    def cumulative(self, t) -> np.ndarray:
+        """Return integral_0^t w_s for every t (array (len(t), sources)); past 1 the last phase goes on."""
+        t = np.atleast_1d(np.asarray(t, dtype=np.float64))
+        out = np.empty((len(t), self.num_sources))
+        for s in range(self.num_sources):
+            out[:, s] = np.interp(t, self._knots, self._cum[:, s])
+        beyond = t > 1.0
+        if beyond.any():
+            out[beyond] = self._cum[-1] + (t[beyond, None] - 1.0) * self.weights[-1]
+        return out
+
+    def targets(self, x, total: float) -> np.ndarray:
+        """Return target tokens (len(x), sources) after prefixes of ``x`` tokens in a run of ``total``."""
+        x = np.asarray(x, dtype=np.float64)
+        return self.cumulative(x / total) * total
+
+    def inverse(self, s: int, c: np.ndarray, total: float) -> np.ndarray:
+        """Return, per c, the smallest prefix X at which source ``s``'s target reaches c tokens (inf: never)."""
+        frac = np.asarray(c, dtype=np.float64) / total
+        col = self._cum[:, s]
+        i = np.searchsorted(col, frac, side="left")
+        out = np.empty(len(frac))
+        inside = (i > 0) & (i < len(col))
+        k = i[inside]
+        slope = self.weights[k - 1, s]  # > 0: the cumulative share rises on this phase
+        out[inside] = self._knots[k - 1] + (frac[inside] - col[k - 1]) / slope
+        out[i == 0] = 0.0
+        past = i >= len(col)
+        last = self.weights[-1, s]
+        out[past] = (1.0 + (frac[past] - col[-1]) / last) if last > 0 else np.inf
+        return out * total
+
+    def phase_at(self, t: float) -> int:
+        """Return the phase holding fraction ``t``."""
+        return int(min(np.searchsorted(self.ends, t, side="right"), len(self.ends) - 1))
+
+
+@dataclass
+class Mixture:
+    """A parsed mixture: sources in order, the schedule, the total tokens (None: no repeats) and the seed."""
+
+    sources: list[MixSource]
+    schedule: Schedule
+    total_tokens: int | None = None
+    seed: int = 0
+    origin: str = "MIX.json"  # where it came from, for messages
+
+    @property
+    def names(self) -> list[str]:
+        """Return the source names in order."""
+        return [s.name for s in self.sources]
+
+    def as_dict(self) -> dict:
+        """Return the spec as recorded in the manifest (weights normalised per phase)."""
+        return {
+            "sources": [{"name": s.name, "inputs": list(s.inputs), "weight": s.weight, "column": s.column}
+                        for s in self.sources],
+            "total_tokens": self.total_tokens,
+            "seed": self.seed,
+            "schedule": schedule_dict(self.schedule, self.names),
+        }
+
+
+def schedule_dict(schedule: Schedule, names: list[str]) -> list[dict]:
+    """Return the schedule as the manifest's list of ``{"until", "weights"}`` phases."""
+    # normalised weights recorded to 12 digits: 0.1 reads 0.1, not 0.10000000000000002
+    return [{"until": float(end), "weights": {n: round(float(w), 12) for n, w in zip(names, row)}}
+            for end, row in zip(schedule.ends, schedule.weights)]
+
+
+def schedule_from_dict(phases: list[dict], names: list[str]) -> Schedule:
+    """Return the Schedule of a manifest's ``schedule`` list."""
+    ends = [float(p["until"]) for p in phases]
+    weights = [[float(p["weights"].get(n, 0.0)) for n in names] for p in phases]
+    return Schedule(np.asarray(ends), np.asarray(weights))
+
+
+# --- parsing -------------------------------------------------------------------------------------
+def _number(value, where: str, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SortpackError(f"{where}: expected a number, got {json.dumps(value)}")
+    if positive and value <= 0:
+        raise SortpackError(f"{where}: weights must be positive, got {value}")
+    if value < 0:
+        raise SortpackError(f"{where}: weights must not be negative, got {value}")
+    return float(value)
+
+
+def _unknown(obj: dict, allowed: set, where: str) -> None:
+    extra = sorted(set(obj) - allowed)
+    if extra:
+        raise SortpackError(f"{where}: unknown key {extra[0]!r} (expected {', '.join(sorted(allowed))})")
+
+
+def _total(value, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value <= 0:
+        raise SortpackError(f"{where}: total_tokens must be a positive integer, got {json.dumps(value)}")
+    return int(value)
+
+
+def parse_mixture(spec: dict, origin: str = "MIX.json", base_dir: str | None = None) -> Mixture:
+    """Return the Mixture of a MIX.json object, or raise a one-line SortpackError naming the key.
+
+    Relative input paths are taken relative to ``base_dir`` (the file's directory) when given.
+    """
+    if not isinstance(spec, dict):
+        raise SortpackError(f"{origin}: expected a JSON object with 'sources'")
+    _unknown(spec, _TOP_KEYS, origin)
+    raw = spec.get("sources")
+    if not isinstance(raw, list) or not raw:
+        raise SortpackError(f"{origin}: 'sources' must be a non-empty list")
+    if len(raw) > MAX_SOURCES:
+        raise SortpackError(f"{origin}: {len(raw)} sources; at most {MAX_SOURCES}")
+    sources: list[MixSource] = []
+    for k, src in enumerate(raw):
+        where = f"{origin}: sources[{k}]"
+        if not isinstance(src, dict):
+            raise SortpackError(f"{where}: expected an object with name, inputs and weight")
+        _unknown(src, _SOURCE_KEYS, where)
+        name = src.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise SortpackError(f"{where}: 'name' must be a non-empty string")
+        where = f"{origin}: source {name!r}"
+        if name in {s.name for s in sources}:
+            raise SortpackError(f"{where}: the name appears twice")
+        inputs = src.get("inputs")
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(p, str) and p for p in inputs):
+            raise SortpackError(f"{where}: 'inputs' must be a non-empty list of paths")
+        if base_dir:
+            inputs = [p if os.path.isabs(p) or "://" in p else os.path.join(base_dir, p) for p in inputs]
+        weight = src.get("weight")
+        weight = None if weight is None else _number(weight, f"{where}: weight", positive=True)
+        column = src.get("column")
+        if column is not None and (not isinstance(column, str) or not column):
+            raise SortpackError(f"{where}: 'column' must be a non-empty string")
+        sources.append(MixSource(name, inputs, weight, column))
+    seed = spec.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SortpackError(f"{origin}: 'seed' must be a non-negative integer, got {json.dumps(seed)}")
+    schedule = _parse_schedule(spec.get("schedule"), sources, origin)
+    return Mixture(sources, schedule, _total(spec.get("total_tokens"), origin), seed, origin)
+
+
+def _parse_schedule(raw, sources: list[MixSource], origin: str) -> Schedule:
+    names = [s.name for s in sources]
+    if raw is None:
+        missing = [s.name for s in sources if s.weight is None]
+        if missing:
+            raise SortpackError(f"{origin}: source {missing[0]!r} has no 'weight' (and there is no schedule)")
+        rows, ends = [[s.weight for s in sources]], [1.0]
+    else:
+        if not isinstance(raw, list) or not raw:
+            raise SortpackError(f"{origin}: 'schedule' must be a non-empty list of phases")
+        rows, ends = [], []
+        for k, phase in enumerate(raw):
+            where = f"{origin}: schedule[{k}]"
+            if not isinstance(phase, dict):
+                raise SortpackError(f"{where}: expected an object with 'until' and 'weights'")
+            _unknown(phase, _PHASE_KEYS, where)
+            until = phase.get("until")
+            if isinstance(until, bool) or not isinstance(until, (int, float)) or not 0 < until <= 1:
+                raise SortpackError(f"{where}: 'until' must be a fraction in (0, 1], got {json.dumps(until)}")
+            if ends and until <= ends[-1]:
+                raise SortpackError(f"{where}: 'until' {until} does not increase (previous {ends[-1]})")
+            given = phase.get("weights", {})
+            if not isinstance(given, dict):
+                raise SortpackError(f"{where}: 'weights' must be an object of source name to weight")
+            for n in given:
+                if n not in names:
+                    raise SortpackError(f"{where}: unknown source {n!r} (sources: {', '.join(names)})")
+            row = []
+            for s in sources:
+                if s.name in given:
+                    row.append(_number(given[s.name], f"{where}: weight of {s.name!r}", positive=False))
+                elif s.weight is not None:
+                    row.append(s.weight)
+                else:
+                    raise SortpackError(f"{where}: no weight for source {s.name!r} (give one here or in the source)")
+            if sum(row) <= 0:
+                raise SortpackError(f"{where}: the weights sum to 0")
+            rows.append(row)
+            ends.append(float(until))
+        if ends[-1] != 1.0:
+            raise SortpackError(f"{origin}: the schedule must end at 1.0 (its last 'until' is {ends[-1]})")
+    weights = np.asarray(rows, dtype=np.float64)
+    weights /= weights.sum(axis=1, keepdims=True)
+    schedule = Schedule(np.asarray(ends), weights)
+    unused = [n for n, share in zip(names, schedule.shares()) if share <= 0]
+    if unused:
+        raise SortpackError(f"{origin}: source {unused[0]!r} has weight 0 in every phase of the schedule")
+    return schedule
+
+
+def load_mixture(path: str) -> Mixture:
+    """Return the Mixture of a MIX.json file (relative inputs are relative to the file's directory)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            spec = json.load(f)
+    except FileNotFoundError:
+        raise SortpackError(f"--mixture {path}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise SortpackError(f"--mixture {path}: not a JSON file ({exc})") from None
+    return parse_mixture(spec, origin=str(path), base_dir=os.path.dirname(path))
+
+
+def parse_blend(text: str) -> Mixture:
+    """Return the Mixture of Megatron's flat blend, ``"W1 PATH1 W2 PATH2 ..."`` (source names: the paths)."""
+    parts = text.split()
+    if not parts or len(parts) % 2:
+        raise SortpackError(f"--blend {text!r}: expected pairs of weight and path, e.g. \"70 data/web 30 data/code\"")
+    spec_sources = []
+    for w, path in zip(parts[0::2], parts[1::2]):
+        try:
+            weight = float(w)
+        except ValueError:
+            raise SortpackError(f"--blend: {w!r} is not a weight (expected pairs of weight and path)") from None
+        spec_sources.append({"name": path, "inputs": [path], "weight": weight})
+    return parse_mixture({"sources": spec_sources}, origin="--blend")
+
+
+# --- the deviation of a plan from its schedule ---------------------------------------------------
+def deviations(tokens: np.ndarray, source: np.ndarray, schedule: Schedule, total: float) -> np.ndarray:
+    """Return, per source, the largest |achieved - target| tokens over every prefix of the plan.
+
+    ``tokens`` and ``source`` are per micro-batch in plan order; prefixes end after each
+    micro-batch (and the empty prefix deviates by 0).
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    source = np.asarray(source, dtype=np.int64)
+    x = np.cumsum(tokens).astype(np.float64)
+    out = np.zeros(schedule.num_sources)
+    if len(x) == 0:
+        return out
+    target = schedule.targets(x, total)
+    for s in range(schedule.num_sources):
+        achieved = np.cumsum(np.where(source == s, tokens, 0)).astype(np.float64)
+        out[s] = float(np.abs(achieved - target[:, s]).max())
+    return out

@@ -1,0 +1,299 @@
+"""Size and difficulty SPECs: how a per-sample number is computed from a record batch.
+
+``length``, ``bytes``, ``words``, ``tokens`` (needs a tokenizer), ``column:NAME[*SCALE]``,
+``python:MODULE:FUNC``. Everything is vectorised with pyarrow.compute except the
+tokenizer and user functions.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import SortpackError, one_line
+
+KINDS = ("length", "bytes", "words", "tokens")
+_COLUMN_RE = re.compile(r"^column:([^*]+?)(?:\*([-+0-9.eE]+))?$")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A parsed SPEC: ``kind`` plus the column, scale or function it needs."""
+
+    kind: str  # length | bytes | words | tokens | column | python
+    column: str | None = None
+    scale: float | None = None
+    func: str | None = None
+    text: str = ""
+
+    def columns(self) -> list[str] | None:
+        """Return the input columns this spec reads (None: every column)."""
+        return None if self.kind == "python" else [self.column]
+
+
+def parse_spec(text: str, column: str | None, option: str) -> Spec:
+    """Return the Spec for ``text`` (``option`` names the CLI option in errors)."""
+    if text in KINDS:
+        if not column:
+            raise SortpackError(f"{option} {text} needs --column (the text, list or binary column)")
+        return Spec(text, column=column, text=text)
+    m = _COLUMN_RE.match(text)
+    if m:
+        scale = None
+        if m.group(2) is not None:
+            try:
+                scale = float(m.group(2))
+            except ValueError:
+                raise SortpackError(f"{option} {text}: bad scale {m.group(2)!r}") from None
+            if not math.isfinite(scale) or scale <= 0:
+                raise SortpackError(f"{option} {text}: scale must be a positive number")
+        return Spec("column", column=m.group(1), scale=scale, text=text)
+    if text.startswith("python:"):
+        parts = text.split(":")
+        if len(parts) != 3 or not parts[1] or not parts[2]:
+            raise SortpackError(f"{option} {text}: expected python:MODULE:FUNC")
+        return Spec("python", func=text[len("python:"):], text=text)
+    raise SortpackError(
+        f"{option} {text!r}: expected length, bytes, words, tokens, column:NAME[*SCALE] or python:MODULE:FUNC")
+
+
+def load_function(spec: Spec) -> Callable:
+    """Return the user function a ``python:MODULE:FUNC`` spec names.
+
+    Modules are found in the current directory first (as ``python -m`` does; the
+    ``sortpack`` console script's own sys.path lacks it), then on sys.path.
+    """
+    module, func = spec.func.split(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return getattr(importlib.import_module(module), func)
+    except SystemExit as exc:
+        raise SortpackError(f"{spec.text}: importing {module} called sys.exit({exc.code!r})") from None
+    except Exception as exc:  # noqa: BLE001 - importing user code may raise anything
+        where = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and module.startswith(exc.name):
+            where = f"; looked in the current directory {cwd} and sys.path {os.pathsep.join(sys.path)}"
+        raise SortpackError(f"{spec.text}: cannot load {module}.{func} "
+                            f"({type(exc).__name__}: {one_line(exc)}{where})") from None
+
+
+def load_tokenizer(path: str | None, option: str = "--size"):
+    """Return an HF ``tokenizers.Tokenizer`` loaded from a tokenizer.json file, for counting.
+
+    The file's truncation and padding are switched off: a model's tokenizer.json often
+    truncates and pads to a fixed length, which would make every sample measure the same.
+    """
+    if not path:
+        raise SortpackError(f"{option} tokens needs --tokenizer tokenizer.json")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise SortpackError("--tokenizer needs the tokenizers package (pip install 'sortpack[tokenizers]')") from None
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception type
+        raise SortpackError(f"--tokenizer {path}: cannot load ({one_line(exc)})") from None
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
+    if name not in table.column_names:
+        raise SortpackError(f"{where}: no column {name!r} (columns: {', '.join(table.column_names)})")
+    col = table.column(name)
+    if col.null_count:
+        raise SortpackError(f"{where}: column {name!r} has {col.null_count} null values")
+    return _plain(col)
+
+
+def _plain(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    # The string kernels used below have no view or dictionary variants: polars writes
+    # string_view to Arrow IPC, pandas categoricals arrive dictionary-encoded.
+    t = col.type
+    if pa.types.is_dictionary(t):
+        col = col.cast(t.value_type)
+        t = col.type
+    view = {"is_string_view": pa.large_string(), "is_binary_view": pa.large_binary()}
+    for test, target in view.items():
+        if getattr(pa.types, test, lambda _: False)(t):
+            return col.cast(target)
+    return col
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    # list views go to list_value_length as they are: pyarrow's cast of a list view to a
+    # list gives a broken array
+    views = any(getattr(pa.types, name, lambda _: False)(t) for name in ("is_list_view", "is_large_list_view"))
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or views
+
+
+def _to_numpy(arr) -> np.ndarray:
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None,
+             special_tokens: bool = True) -> np.ndarray:
+    """Return the spec's value per row of ``table`` (int64, or float64 for scaled/float columns).
+
+    ``where`` (file name) prefixes error messages; ``special_tokens`` says whether ``tokens``
+    counts the tokens the tokenizer's post-processor adds ([CLS], [SEP], BOS/EOS).
+    """
+    if spec.kind == "python":
+        # to_batches() of a zero-row table is empty: build the empty batch so the function
+        # always receives a RecordBatch
+        batches = table.combine_chunks().to_batches()
+        batch = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+        try:
+            out = func(batch)
+            if isinstance(out, (pa.Array, pa.ChunkedArray)):
+                out = out.to_numpy(zero_copy_only=False)
+            values = np.asarray(out)
+        except SystemExit as exc:
+            raise SortpackError(f"{where}: {spec.text} called sys.exit({exc.code!r})") from None
+        except Exception as exc:  # noqa: BLE001 - user code may raise anything
+            raise SortpackError(f"{where}: {spec.text} raised {type(exc).__name__}: "
+                                f"{one_line(exc)}") from None
+        if values.shape != (table.num_rows,):
+            raise SortpackError(f"{where}: {spec.text} returned {values.shape[0] if values.ndim else 'a scalar'}"
+                                f" values for {table.num_rows} rows")
+        return _numeric(values, where, spec.text)
+    col = _column(table, spec.column, where)
+    t = col.type
+    if spec.kind == "column":
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+            raise SortpackError(f"{where}: column {spec.column!r} is {t}, not numeric ({spec.text})")
+        values = _to_numpy(col)
+        if spec.scale is not None:
+            values = values.astype(np.float64) * spec.scale
+        return _numeric(values, where, spec.text)
+    import pyarrow.compute as pc  # here, not at the top: 40 ms of start-up that column: specs skip
+
+    if spec.kind == "length":
+        if _is_text(t):
+            return _to_numpy(pc.utf8_length(col)).astype(np.int64, copy=False)
+        if _is_binary(t):
+            return _to_numpy(pc.binary_length(col)).astype(np.int64, copy=False)
+        if _is_list(t):
+            return _to_numpy(pc.list_value_length(col)).astype(np.int64, copy=False)
+    elif spec.kind == "bytes":
+        if _is_text(t) or _is_binary(t):
+            return _to_numpy(pc.binary_length(col)).astype(np.int64, copy=False)
+    elif spec.kind == "words":
+        if _is_text(t):
+            return _word_counts(col)
+    elif spec.kind == "tokens":
+        if _is_text(t):
+            return _token_counts(tokenizer, col, special_tokens)
+    needs = {"length": "a string, binary or list column", "bytes": "a string or binary column"}
+    raise SortpackError(f"{where}: column {spec.column!r} is {t}; {spec.kind} needs "
+                        + needs.get(spec.kind, "a string column"))
+
+
+def _word_counts(col: pa.ChunkedArray) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    # Words as len(text.split()): utf8_split_whitespace splits on the same Unicode
+    # whitespace as str.split (RE2's \S takes U+3000, U+00A0 and \v for word characters)
+    # and is about 2x faster than a regex count; it leaves empty pieces around leading and
+    # trailing whitespace, which are not words.
+    parts = [np.empty(0, np.int64)]
+    for chunk in col.chunks:
+        lists = pc.utf8_split_whitespace(chunk)
+        starts = lists.offsets.to_numpy().astype(np.int64)
+        words = pc.not_equal(pc.binary_length(lists.values), 0).to_numpy(zero_copy_only=False)
+        before = np.concatenate(([0], np.cumsum(words, dtype=np.int64)))
+        parts.append(before[starts[1:]] - before[starts[:-1]])
+    return np.concatenate(parts)
+
+
+def _token_counts(tokenizer, col: pa.ChunkedArray, special_tokens: bool = True) -> np.ndarray:
+    out = np.empty(len(col), dtype=np.int64)
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    pos = 0
+    for chunk in col.chunks:
+        texts = chunk.to_pylist()
+        for a in range(0, len(texts), 4096):
+            encs = encode(texts[a:a + 4096], add_special_tokens=special_tokens)
+            out[pos:pos + len(encs)] = [len(e.ids) for e in encs]
+            pos += len(encs)
+    return out
+
+
+def _numeric(values: np.ndarray, where: str, what: str) -> np.ndarray:
+    if values.dtype == object:
+        raise SortpackError(f"{where}: {what} gave non-numeric or null values")
+    if values.dtype.kind == "b":
+        values = values.astype(np.int64)
+    if values.dtype.kind == "f":
+        bad = ~np.isfinite(values)
+        if bad.any():
+            raise SortpackError(f"{where}: {what} has {int(bad.sum())} NaN or infinite values")
+        return values.astype(np.float64, copy=False)
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64, copy=False)
+    raise SortpackError(f"{where}: {what} gave values of type {values.dtype}, not numbers")
+
+
+def as_size(values: np.ndarray, where: str, what: str) -> np.ndarray:
+    """Return values as non-negative int64 sizes (floats rounded up), or raise."""
+    if values.size and values.min() < 0:
+        raise SortpackError(f"{where}: {what} has {int((values < 0).sum())} negative values")
+    if values.dtype.kind == "f":
+        if values.size and values.max() >= 2**62:
+            raise SortpackError(f"{where}: {what} has values too large for a size")
+        # 0.07 * 100 is 7.000000000000001 in binary floating point: a value within float
+        # noise of an integer is that integer, anything else rounds up
+        nearest = np.rint(values)
+        noise = np.abs(values - nearest) <= 1e-9 * np.maximum(1.0, np.abs(values))
+        values = np.where(noise, nearest, np.ceil(values)).astype(np.int64)
+    return values
+
+
+def as_difficulty(values: np.ndarray, where: str, what: str) -> np.ndarray:
+    """Return values as a difficulty (int64 or float64), refusing negative values."""
+    if values.size and values.min() < 0:
+        raise SortpackError(f"{where}: {what} has {int((values < 0).sum())} negative values")
+    return values
+
+
+def token_ids(tokenizer, col: pa.ChunkedArray, special_tokens: bool = True) -> tuple[pa.ListArray, np.ndarray]:
+    """Return the token ids (list<int32>) of a text column and their counts, from one encode per text.
+
+    The ids are exactly what ``tokens`` counts (the same encode call, with or without the
+    special tokens as ``--special-tokens`` says), so ``len(ids) == size``.
+    """
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    counts = np.empty(len(col), dtype=np.int64)
+    values, pos = [], 0
+    for chunk in _plain(col).chunks:
+        texts = chunk.to_pylist()
+        for a in range(0, len(texts), 4096):
+            encs = encode(texts[a:a + 4096], add_special_tokens=special_tokens)
+            ids = [e.ids for e in encs]
+            counts[pos:pos + len(ids)] = [len(x) for x in ids]
+            values.append(np.fromiter((t for x in ids for t in x), dtype=np.int32, count=int(
+                counts[pos:pos + len(ids)].sum())))
+            pos += len(ids)
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+    flat = np.concatenate(values) if values else np.zeros(0, np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int32())), counts

@@ -1,0 +1,1 @@
+"""Whole jobs: the stages strung together for one dataset (``dataset``) or a mixture (``mixture``)."""

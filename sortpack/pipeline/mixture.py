@@ -1,0 +1,329 @@
+"""``sortpack run --mixture``: one plan over several weighted sources, following a schedule.
+
+The job (collective, like ``pipeline.run_all``):
+
+1. analyze each source with the run's SPECs (its own ``column`` when it names one); sample ids
+   are global row numbers: the sources in order, each source's files in order;
+2. ONE distributed sort of the union by (source, key, sample id): the source is the top bits
+   of the sort key, so curriculum stages are quantiles within each source. Each rank's rows
+   are numbered contiguously for the sort (so it keeps its packed-key fast path) and mapped
+   back to global ids after it;
+3. pack, with pieces cut where the source (or stage) changes: a micro-batch never mixes
+   sources, and every packing option applies within each source;
+4. blend (``blend.plan_blend``): every rank gathers the per-micro-batch token counts (a few
+   bytes per micro-batch, never per sample) and computes the same plan order;
+5. move each plan micro-batch's sample ids from the rank that packed it to the rank that
+   writes it (one Alltoallv; a repeated micro-batch is sent once per use) and write the
+   index with its ``source`` column and the manifest's ``mixture`` object.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..errors import SortpackError
+from ..format.kinds import rows_per_shard
+from ..format.shards import OutputDir
+from ..inputs.mixture import Mixture, deviations
+from ..parallel import Comm
+from ..partition import balanced_blocks
+from ..stages.analyze import AnalyzeOptions, analyze
+from ..stages.blend import Blend, plan_blend
+from ..stages.pack import Microbatches, PackOptions, _stats, pack_samples
+from ..stages.samples import Samples
+from ..stages.sort import SortOptions, sort_samples
+from ..write.index_writer import write_index
+from ..write.materialize import StoreOptions, prepare
+from ..write.provenance import JobInfo, Profile
+
+__all__ = ["run_mixture"]
+
+
+def _analyze_source(comm: Comm, mix: Mixture, k: int, aopts: AnalyzeOptions, progress: bool) -> Samples:
+    """Return this rank's slice of source ``k``'s samples (ids counted within the source)."""
+    src = mix.sources[k]
+    opts = dataclasses.replace(aopts, column=src.column or aopts.column)
+    try:
+        return analyze(comm, src.inputs, opts, progress)
+    except SortpackError as exc:
+        raise SortpackError(f"mixture source {src.name!r}: {exc}", collective=exc.collective) from None
+
+
+def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
+                      progress: bool) -> tuple[Samples, np.ndarray, list[int]]:
+    """Return (the union analyzed as one input, the sources' first global ids plus the end, files per source).
+
+    When every source reads the same column, one analyze of the sources' inputs in order is the
+    union's analyze: each rank's rows are contiguous global ids, as for any plan.
+    """
+    from ..inputs.sources import expand_inputs
+
+    def count():
+        return [len(expand_inputs(src.inputs, aopts.input_format, aopts.split)) for src in mix.sources]
+
+    counts = comm.bcast_obj(comm.collectively(lambda: count() if comm.is_root() else None))
+    opts = dataclasses.replace(aopts, column=mix.sources[0].column or aopts.column)
+    try:
+        samples = analyze(comm, [p for src in mix.sources for p in src.inputs], opts, progress)
+    except SortpackError as exc:
+        if exc.collective:  # every rank is here: find the source at fault, to name it
+            for k in range(len(mix.sources)):
+                _analyze_source(comm, mix, k, aopts, False)
+        raise
+    file_first = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    file_rows = np.array([int(f["rows"]) for f in samples.files], dtype=np.int64)
+    rows = np.array([file_rows[file_first[k]:file_first[k + 1]].sum() for k in range(len(counts))], np.int64)
+    empty = np.flatnonzero(rows == 0)
+    if len(empty):
+        raise SortpackError(f"mixture source {mix.sources[int(empty[0])].name!r}: its inputs hold no rows",
+                            collective=True)
+    return samples, np.concatenate(([0], np.cumsum(rows))), counts
+
+
+def _groups(samples: Samples, bases: np.ndarray) -> np.ndarray:
+    """Return the source of each of this rank's contiguous samples (int16)."""
+    n = len(samples)
+    cuts = np.clip(bases - samples.start, 0, n)
+    return np.repeat(np.arange(len(bases) - 1, dtype=np.int16), np.diff(cuts))
+
+
+def _union(comm: Comm, parts: list[Samples]) -> tuple[Samples, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+    """Return (the union numbered contiguously per rank, its groups, the segment table, source bases, files).
+
+    The segment table (rows: contiguous start, global id start, count) maps the contiguous
+    numbering back to global ids; ``bases[k]`` is source k's first global id.
+    """
+    rows = np.array([p.total for p in parts], dtype=np.int64)
+    bases = np.concatenate(([0], np.cumsum(rows)))
+    n = [len(p) for p in parts]
+    mine = int(sum(n))
+    vstart = comm.exscan(mine)
+    local = np.concatenate(([0], np.cumsum(n)))[:-1] + vstart
+    segs = [(int(local[k]), int(bases[k] + p.start), int(n[k])) for k, p in enumerate(parts) if n[k]]
+    table = np.array([s for part in comm.allgather_obj(segs) for s in part] or [(0, 0, 0)], dtype=np.int64)
+    table = table[np.argsort(table[:, 0], kind="stable")]
+    size = np.concatenate([p.size for p in parts]) if parts else np.zeros(0, np.int64)
+    if comm.allreduce(int(all(p.difficulty is p.size for p in parts)), "min"):
+        difficulty = size
+    else:
+        is_float = comm.allreduce(int(any(p.difficulty.dtype.kind == "f" for p in parts)), "max")
+        dtype = np.float64 if is_float else np.int64
+        difficulty = np.concatenate([p.difficulty.astype(dtype, copy=False) for p in parts])
+    groups = np.repeat(np.arange(len(parts), dtype=np.int64), n)
+    files = [f for p in parts for f in p.files]
+    total = int(rows.sum())
+    union = Samples(vstart, total, np.arange(vstart, vstart + mine, dtype=np.int64), size, difficulty, None, files)
+    return union, groups, table, bases, files
+
+
+def _global_ids(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Return the global ids of contiguous-numbering ids (``_union``'s table), in place."""
+    seg = np.searchsorted(table[:, 0], ids, side="right") - 1
+    ids += (table[:, 1] - table[:, 0])[seg]
+    return ids
+
+
+def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Return the positions ``starts[i] .. starts[i] + lengths[i] - 1`` of every i, concatenated."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    keep = lengths > 0
+    starts, lengths = np.asarray(starts, np.int64)[keep], lengths[keep]
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    # steps of 1, and at each run's first position the jump from the previous run's last one
+    out = np.ones(total, dtype=np.int64)
+    at = np.cumsum(lengths) - lengths
+    out[at] = starts - np.concatenate(([1], starts[:-1] + lengths[:-1])) + 1
+    out[0] = starts[0]
+    return np.cumsum(out, out=out)
+
+
+@dataclasses.dataclass
+class _Packed:
+    """Every packed micro-batch's few numbers (each rank holds them all: bytes per micro-batch, not per sample)."""
+
+    tokens: np.ndarray
+    samples: np.ndarray
+    padded: np.ndarray
+    source: np.ndarray
+    stage: np.ndarray
+    firsts: np.ndarray  # packed micro-batch number where each rank's micro-batches start, plus the end
+
+
+def _gather_packed(comm: Comm, mbs: Microbatches, stages: int) -> _Packed:
+    c = mbs.columns
+    code = c["stage"].astype(np.int64)
+    padded = c["batch_size"].astype(np.int64) * c["padded_size"].astype(np.int64)
+    firsts = np.array([0] + [int(x) for x in np.cumsum(comm.allgather_obj(len(c["tokens"])))], dtype=np.int64)
+    code_all = comm.allgatherv(code)
+    return _Packed(comm.allgatherv(c["tokens"].astype(np.int64)), comm.allgatherv(c["num_samples"].astype(np.int64)),
+                   comm.allgatherv(padded), code_all // stages, code_all % stages, firsts)
+
+
+def _blend(packed: _Packed, mix: Mixture, group: int) -> tuple[Blend, np.ndarray, np.ndarray]:
+    """Return (the blend of units, each source's first packed micro-batch, each plan micro-batch's packed number)."""
+    k = len(mix.sources)
+    counts = np.bincount(packed.source, minlength=k)
+    first = np.concatenate(([0], np.cumsum(counts)))
+    tokens, stages = [], []
+    for s in range(k):
+        a, b = int(first[s]), int(first[s + 1])
+        if b == a:
+            raise SortpackError(f"mixture source {mix.sources[s].name!r}: no micro-batches (every sample skipped)",
+                                collective=True)
+        if (b - a) % group:
+            raise RuntimeError("same-shape groups straddle a mixture source")
+        tokens.append(packed.tokens[a:b].reshape(-1, group).sum(axis=1))
+        stages.append(packed.stage[a:b:group])
+    blend = plan_blend(tokens, stages, mix.schedule, mix.total_tokens, mix.seed, mix.names)
+    g = (first[blend.source.astype(np.int64)] + blend.unit * group)[:, None] + np.arange(group, dtype=np.int64)
+    return blend, first, g.reshape(-1)
+
+
+def _move(comm: Comm, mbs: Microbatches, packed: _Packed, g: np.ndarray) -> tuple[int, dict, np.ndarray,
+                                                                               np.ndarray | None]:
+    """Return this rank's block of plan micro-batches: (first, columns, sample ids, row sizes or None).
+
+    Plan micro-batch i is packed micro-batch ``g[i]``; ranks hold blocks of the plan balanced
+    by samples. One Alltoallv of the per-micro-batch columns and one of the sample ids.
+    """
+    lo = balanced_blocks(packed.samples[g].astype(np.float64) + 1.0, comm.size)
+    first = int(packed.firsts[comm.rank])
+    m = len(mbs.offsets) - 1
+    sel = np.flatnonzero((g >= first) & (g < first + m))
+    dest = np.searchsorted(lo, sel, side="right") - 1
+    loc = g[sel] - first
+    per_mb = {name: col[loc] for name, col in mbs.columns.items()}
+    per_mb["plan"] = sel
+    got = comm.alltoallv_many(per_mb, np.bincount(dest, minlength=comm.size))
+    ns = mbs.columns["num_samples"].astype(np.int64)
+    lens = ns[loc]
+    ids = comm.alltoallv(mbs.sample_ids[_ragged(mbs.offsets[:-1][loc], lens)],
+                         np.bincount(dest, weights=lens, minlength=comm.size).astype(np.int64))
+    rows = None
+    if mbs.row_sizes is not None:
+        nrows = mbs.columns["batch_size"].astype(np.int64)
+        row_off = np.concatenate(([0], np.cumsum(nrows)))
+        rows = comm.alltoallv(mbs.row_sizes[_ragged(row_off[:-1][loc], nrows[loc])],
+                              np.bincount(dest, weights=nrows[loc], minlength=comm.size).astype(np.int64))
+    plan = got.pop("plan")
+    if len(plan) < 2 or bool(np.all(plan[1:] > plan[:-1])):
+        return int(lo[comm.rank]), got, ids, rows  # one sender (P=1): already in plan order
+    order = np.argsort(plan, kind="stable")
+    cols = {name: col[order] for name, col in got.items()}
+    got_ns = got["num_samples"].astype(np.int64)
+    at = np.concatenate(([0], np.cumsum(got_ns)))[:-1]
+    ids = ids[_ragged(at[order], got_ns[order])]
+    if rows is not None:
+        got_rows = got["batch_size"].astype(np.int64)
+        rat = np.concatenate(([0], np.cumsum(got_rows)))[:-1]
+        rows = rows[_ragged(rat[order], got_rows[order])]
+    return int(lo[comm.rank]), cols, ids, rows
+
+
+def _record(mix: Mixture, blend: Blend, packed: _Packed, first: np.ndarray, g: np.ndarray, bases: np.ndarray,
+            file_counts: list[int], group: int) -> dict:
+    """Return the manifest's ``mixture`` object: the spec, what each source gives, and the prefix bound."""
+    src = packed.source[g]
+    tokens = packed.tokens[g]
+    dev = deviations(tokens, src, mix.schedule, blend.total)
+    file_first = np.concatenate(([0], np.cumsum(file_counts)))
+    sources = []
+    passes = np.repeat(blend.passes, group)
+    for s, spec in enumerate(mix.sources):
+        a, b = int(first[s]), int(first[s + 1])
+        mine = src == s
+        used = g[mine]
+        uses = np.bincount(used - a, minlength=b - a)
+        held = int(packed.tokens[a:b].sum())
+        got = int(tokens[mine].sum())
+        padded = int(packed.padded[used].sum())
+        sources.append({
+            "name": spec.name, "inputs": list(spec.inputs), "column": spec.column, "weight": spec.weight,
+            "first_sample": int(bases[s]), "num_rows": int(bases[s + 1] - bases[s]),
+            "files": [int(file_first[s]), int(file_counts[s])],
+            "share": float(mix.schedule.shares()[s]),
+            "tokens_held": held, "samples_held": int(packed.samples[a:b].sum()), "microbatches_held": b - a,
+            "tokens": got, "samples": int(packed.samples[used].sum()), "microbatches": int(mine.sum()),
+            "unique_samples": int(packed.samples[a:b][uses > 0].sum()),
+            "passes": got / held, "whole_passes": int(uses.min()), "most_uses": int(uses.max()),
+            "pass_count": int(passes[mine].max()) + 1 if mine.any() else 0,
+            "padding_ratio": (1.0 - got / padded) if padded else 0.0,
+            "max_deviation_tokens": float(dev[s]),
+        })
+    return {
+        **mix.as_dict(),
+        "target_tokens": blend.total,
+        "tokens": int(tokens.sum()),
+        "unit": "microbatch" if group == 1 else f"group of {group} micro-batches",
+        "interleave": "wf2q",
+        "bound_tokens": int(blend.bound),
+        "max_deviation_tokens": float(dev.max()),
+        "sources": sources,
+    }
+
+
+def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, sopts: SortOptions,
+                popts: PackOptions, overwrite: bool, job: JobInfo, progress: bool = False,
+                store: StoreOptions | None = None) -> dict | None:
+    """Plan a mixture in one job (analyze, one sort, pack, blend) and write its index; the manifest on rank 0."""
+    comm.collectively(sopts.validate)
+    comm.collectively(popts.validate)
+    k = len(mix.sources)
+    if k * sopts.stages > np.iinfo(np.int16).max:
+        raise SortpackError(f"--stages {sopts.stages} with {k} mixture sources: at most "
+                            f"{np.iinfo(np.int16).max // k} stages")
+    store_fn = None
+    if store is not None and store.enabled:
+        if store.tokens:
+            raise SortpackError("--store-tokens is not supported with a mixture yet (--store COLUMNS is)")
+        store_fn = prepare(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
+    out = OutputDir(comm, output, overwrite)
+    prof = Profile(comm)
+    group = popts.group_size if popts.same_shape else 1
+
+    def work():
+        table = None
+        with prof.stage("analyze"):
+            if len({src.column or aopts.column for src in mix.sources}) == 1:
+                union, bases, file_counts = _analyze_together(comm, mix, aopts, progress)
+                groups = _groups(union, bases)
+                files = union.files
+            else:  # each source its own column: analyzed apart, numbered contiguously for the sort
+                parts = [_analyze_source(comm, mix, s, aopts, progress) for s in range(k)]
+                file_counts = [len(p.files) for p in parts]
+                union, groups, table, bases, files = _union(comm, parts)
+                del parts
+        prof.counts["analyze_rows"] = len(union)
+        with prof.stage("sort"):
+            # by (source, key, id); the stage comes back as source * stages + stage, so the
+            # pieces of packing end where the source (or the stage) changes
+            ordered = sort_samples(comm, union, sopts, rows_per_shard("sorted"), consume=True, groups=groups)
+            del union, groups
+            if table is not None:
+                _global_ids(table, ordered.sample_id)
+        with prof.stage("pack"):
+            mbs = pack_samples(comm, ordered, popts, sopts.key)
+        del ordered
+        with prof.stage("blend"):
+            packed = _gather_packed(comm, mbs, sopts.stages)
+            blend, first, g = _blend(packed, mix, group)
+            code = mbs.columns["stage"].astype(np.int64)
+            mbs.columns["source"] = (code // sopts.stages).astype(np.int16)
+            mbs.columns["stage"] = (code % sopts.stages).astype(np.int16)
+            start, cols, ids, rows = _move(comm, mbs, packed, g)
+            record = _record(mix, blend, packed, first, g, bases, file_counts, group)
+        info = {key: mbs.stats[key] for key in ("oversize", "skipped", "truncated", "auto_shapes") if key in mbs.stats}
+        plan = Microbatches(start, len(g), ids, np.concatenate(([0], np.cumsum(cols["num_samples"], dtype=np.int64))),
+                            cols, _stats(comm, cols, info), rows)
+        del mbs
+        options = {**aopts.as_dict(), **sopts.as_dict(), **popts.as_dict()}
+        return write_index(comm, out, plan, options, files, prof, job, store_fn, extra={"mixture": record})
+
+    try:
+        return work()
+    except BaseException:
+        out.discard()
+        raise

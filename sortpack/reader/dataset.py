@@ -1,0 +1,188 @@
+"""``SourceDataset``: the input rows of an index, by global sample id (map-style, no torch needed)."""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SortpackError
+from ..format import read_manifest
+from ..inputs.sources import SourceFile, describe, expand_inputs, read_units
+from . import MicroBatch, PackedIndex, Samples
+from .lazy_rows import TableSamples
+
+
+class SourceDataset:
+    """A map-style dataset over an index's input files: item ``i`` is the row of sample id ``i``.
+
+    ``source`` is a sortpack directory (its manifest's ``source.files``), a ``PackedIndex``,
+    a list of ``source.files`` entries, or input paths as given to ``sortpack analyze``.
+    Rows are read a unit at a time (Parquet row group, Arrow record batch, whole JSONL/CSV
+    file); Arrow IPC files are memory-mapped. The last ``cache_units`` units stay decoded
+    per process, so a sorted micro-batch usually costs one or two unit reads.
+    ``transform`` maps each row (a dict of ``columns``) to the item returned.
+
+    An index built with ``--store``/``--store-tokens`` holds its rows in plan order: when
+    ``columns`` is None or names stored columns only, a micro-batch from the sampler is one
+    contiguous zero-copy slice of the memory-mapped data shards (``Samples.table``), and
+    the input files are not opened at all. ``stored=False`` reads the input files anyway.
+
+    Parameters
+    ----------
+    source : str, os.PathLike, PackedIndex or list
+        A sortpack directory, a ``PackedIndex``, ``source.files`` entries, or input paths.
+    columns : list of str, optional
+        The columns each row holds (default: all).
+    transform : callable, optional
+        Maps a row (a dict) to the item returned (module level, so workers can pickle it).
+    cache_units : int
+        Decoded units kept per process (at least 1).
+    check_bytes : bool
+        Refuse an input file whose size differs from the one the index was built from.
+    split : str, optional
+        The split of a Hugging Face DatasetDict directory given as input paths.
+    stored : bool
+        Read an index's stored data shards when it has them (default True).
+    """
+
+    def __init__(self, source, columns: list[str] | None = None, transform=None, cache_units: int = 8,
+                 check_bytes: bool = True, split: str | None = None, stored: bool = True):
+        self.stored = _stored_data(source, columns) if stored else None
+        self.index = self.stored.index if self.stored is not None else None
+        self.files = _source_files(self.index if self.index is not None else source, split)
+        self.columns = list(columns) if columns is not None else None
+        self.transform = transform
+        self.cache_units = max(1, int(cache_units))
+        self.check_bytes = check_bytes
+        rows = np.array([int(f["rows"]) for f in self.files], dtype=np.int64)
+        self._file_starts = np.concatenate(([0], np.cumsum(rows)))
+        self._units: dict[int, tuple[SourceFile, np.ndarray]] = {}
+        self._cache: OrderedDict = OrderedDict()
+
+    def __len__(self) -> int:
+        """Return the number of samples (rows over all files)."""
+        return int(self._file_starts[-1])
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_cache"] = OrderedDict()  # decoded units stay with the process that read them
+        return state
+
+    # --- lookup ---------------------------------------------------------------------------
+    def _file(self, k: int) -> tuple[SourceFile, np.ndarray]:
+        got = self._units.get(k)
+        if got is None:
+            entry = self.files[k]
+            path = entry["path"]
+            if not os.path.isfile(path):
+                raise SortpackError(f"{path}: input file of the index is missing")
+            if self.check_bytes and "bytes" in entry and os.path.getsize(path) != int(entry["bytes"]):
+                raise SortpackError(f"{path}: {os.path.getsize(path)} bytes, the index was built from "
+                                    f"{entry['bytes']} bytes (the file changed)")
+            src = describe(path, entry["format"])
+            unit_rows = src.unit_rows if src.unit_rows is not None else [int(entry["rows"])]
+            if sum(unit_rows) != int(entry["rows"]):
+                raise SortpackError(f"{path}: {sum(unit_rows)} rows, the index was built from "
+                                    f"{entry['rows']}")
+            got = (src, np.concatenate(([0], np.cumsum(unit_rows))).astype(np.int64))
+            self._units[k] = got
+        return got
+
+    def _unit(self, k: int, u: int):
+        key = (k, u)
+        table = self._cache.get(key)
+        if table is None:
+            src, _ = self._file(k)
+            table = read_units(src, u, u + 1, self.columns)
+            self._cache[key] = table
+            if len(self._cache) > self.cache_units:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return table
+
+    def _where(self, ids: np.ndarray):
+        n = len(self)
+        ids = np.where(ids < 0, ids + n, ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            raise IndexError(f"sample id out of range [0, {n})")
+        k = np.searchsorted(self._file_starts, ids, side="right") - 1
+        return ids, k
+
+    # --- access -------------------------------------------------------------------------------
+    def __getitem__(self, i):
+        """Return the row (dict of columns, or ``transform(row)``) of sample id ``i``."""
+        return self.__getitems__([int(i)])[0]
+
+    def __getitems__(self, ids) -> Samples:
+        """Return the rows of many sample ids as ``Samples``, reading each needed unit once."""
+        if self.stored is not None:
+            return self._stored_items(ids)
+        arr, files = self._where(np.asarray(list(ids), dtype=np.int64))
+        out = [None] * len(arr)
+        for k in np.unique(files).tolist():
+            sel = np.flatnonzero(files == k)
+            local = arr[sel] - self._file_starts[k]
+            _, starts = self._file(k)
+            units = np.searchsorted(starts, local, side="right") - 1
+            for u in np.unique(units).tolist():
+                pick = units == u
+                rows = self._unit(k, u).take(local[pick] - starts[u]).to_pylist()
+                for slot, row in zip(sel[pick].tolist(), rows):
+                    out[slot] = row if self.transform is None else self.transform(row)
+        return Samples(out, ids if isinstance(ids, MicroBatch) else None)
+
+    def _stored_items(self, ids) -> Samples:
+        index, stored = self.index, self.stored
+        assert index is not None and stored is not None
+        mb = ids if isinstance(ids, MicroBatch) else None
+        want = np.asarray(list(ids), dtype=np.int64)
+        table = None
+        # the sampler's micro-batch is one contiguous slice; its ids say it is the right one
+        if (mb is not None and 0 <= mb.microbatch < index.num_microbatches
+                and np.array_equal(index.microbatch(mb.microbatch), want)):
+            table = stored.microbatch(mb.microbatch)
+        if table is None:
+            table = stored.take(want)
+        if self.columns is not None:
+            table = table.select(self.columns)
+        # the rows become Python objects only if something asks for them: the collate
+        # helpers read stored token ids from the Arrow slice itself
+        return TableSamples(table, mb, self.transform)
+
+
+def _stored_data(source, columns):
+    if isinstance(source, PackedIndex):
+        index = source
+    elif isinstance(source, (str, os.PathLike)) and (Path(source) / "manifest.json").is_file():
+        manifest = read_manifest(source)
+        if manifest.get("_kind") != "index" or not manifest.get("data"):
+            return None
+        index = PackedIndex(source)
+    else:
+        return None
+    stored = index.stored
+    if stored is None or (columns is not None and not set(columns) <= set(stored.columns)):
+        return None
+    return stored
+
+
+def _source_files(source, split: str | None = None) -> list[dict]:
+    if isinstance(source, PackedIndex):
+        return list(source.manifest["source"]["files"])
+    if isinstance(source, (str, os.PathLike)) and (Path(source) / "manifest.json").is_file():
+        return list(read_manifest(source)["source"]["files"])
+    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    if items and all(isinstance(f, dict) for f in items):
+        return [f for f in items if isinstance(f, dict)]
+    files = []
+    for path, fmt in expand_inputs([str(p) for p in items], split=split):
+        src = describe(path, fmt)
+        if src.unit_rows is not None:
+            rows = sum(src.unit_rows)
+        else:  # JSONL, CSV and Arrow streams do not say their row count without a read
+            rows = read_units(src, 0, 1, None).num_rows
+        files.append(src.fingerprint(rows))
+    return files

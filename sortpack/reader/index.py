@@ -1,0 +1,264 @@
+"""Index I/O: a memory-mapped sortpack index, read a micro-batch or a column at a time."""
+from __future__ import annotations
+
+import bisect
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import SortpackError
+from ..format import open_shard, read_manifest
+from ..format.integrity import check_index_shard, check_sha256, member_path
+
+SCALAR_COLUMNS = ("microbatch", "num_samples", "batch_size", "max_size", "padded_size",
+                  "tokens", "min_key", "max_key", "stage", "source")
+
+
+_LEVELS = {False: "index", True: "full", "index": "index", "structure": "structure", "full": "full"}
+
+
+class PackedIndex:
+    """A memory-mapped sortpack index: micro-batch metadata and sample ids without a full read.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The index directory (``sortpack pack``/``run`` output). Its manifest is read and every
+        shard's size checked at once; shards are memory-mapped when a micro-batch first needs them.
+    verify : {"index", "structure", "full"} or bool
+        How much is checked (docs/guarantees.md gives what each level costs). ``"index"``
+        (default, also ``False``): a shard, when first mapped, is re-hashed against the
+        manifest (index shards hold 4 or 8 bytes per sample), its Arrow structure, sample ids
+        and counts checked; a data shard's Arrow structure and row count. ``"structure"``:
+        no hash and no read of the ids, only the structure and counts (O(micro-batches)): for
+        an index too large to read once per process. ``"full"`` (also ``True``): ``"index"``,
+        and every index and data shard is re-hashed now, before the first step.
+
+    Attributes: ``manifest`` (the parsed manifest.json), ``options`` (the pack options),
+    ``num_microbatches``, ``num_samples``, ``has_rows`` (rows mode: ``row_splits`` present),
+    ``mixture`` (a mixture plan's manifest ``mixture`` object, else None), ``source_names``
+    (a mixture's source names in order, the values of the ``source`` column; else None),
+    ``id_dtype`` (how the shards store sample ids: int32 when every id fits, else int64;
+    every method hands out int64 arrays or Python ints either way).
+    """
+
+    def __init__(self, path: str | os.PathLike, verify: str | bool = "index"):
+        self.path = Path(path)
+        self.verify = _LEVELS.get(verify, None) if isinstance(verify, (bool, str)) else None
+        if self.verify is None:
+            raise ValueError(f"verify={verify!r}: one of 'structure', 'index', 'full' (or True, False)")
+        self.manifest = read_manifest(self.path, expect="index")
+        self.options = dict(self.manifest.get("options") or {})
+        self.num_microbatches = int(self.manifest["num_microbatches"])
+        self.num_samples = int(self.manifest["num_samples"])
+        entries = self.manifest["shards"]
+        firsts = [int(e["first"]) for e in entries]
+        if sum(int(e["rows"]) for e in entries) != self.num_microbatches or any(
+                firsts[k] != firsts[k - 1] + int(entries[k - 1]["rows"]) for k in range(1, len(firsts))):
+            raise SortpackError(f"{self.path}: manifest shards do not tile its micro-batches")
+        # Refuse a damaged index now (a stat per shard); map a shard when a step first needs
+        # it. Only Arrow footers and batch headers are read then, column pages on use.
+        for entry in entries:
+            shard = member_path(self.path, entry["file"])
+            size = shard.stat().st_size if shard.is_file() else None
+            if size != int(entry["bytes"]):
+                found = "missing" if size is None else f"{size} bytes"
+                raise SortpackError(f"{shard}: {found}, the manifest says {entry['bytes']} bytes")
+        self._entries = entries
+        self._shards: list = [None] * len(entries)
+        self._firsts = firsts
+        self._starts = np.array(firsts + [self.num_microbatches], dtype=np.int64)
+        self._views: dict = {}
+        self._columns: dict = {}
+        names = list(self.manifest.get("schema") or {}) or (self._shard(0).schema.names if entries else [])
+        missing = {"sample_ids", "num_samples", "batch_size", "padded_size", "tokens"} - set(names)
+        if missing:
+            raise SortpackError(f"{self.path}: index lacks column(s) {', '.join(sorted(missing))}")
+        self.has_rows = "row_splits" in names
+        self.mixture = self.manifest.get("mixture") if "source" in names else None
+        self.source_names = [str(src["name"]) for src in self.mixture["sources"]] if self.mixture else None
+        described = str((self.manifest.get("schema") or {}).get("sample_ids", ""))
+        if not described and entries:
+            described = str(self._shard(0).schema.field("sample_ids").type)
+        # int32 when the input's row count allows it (docs/format.md); older indexes are int64
+        self.id_dtype = np.dtype(np.int32 if "int32" in described else np.int64)
+        self._source_rows = int((self.manifest.get("source") or {}).get("num_rows", self.num_samples))
+        self._stored = None
+        if self.verify == "full":
+            for k in range(len(entries)):
+                self._shard(k)  # hashed and checked now: a damaged index fails before training starts
+            if self.manifest.get("data"):
+                self.stored.verify_all()
+
+    @property
+    def stored(self):
+        """Return the index's ``StoredData`` (built with ``--store``/``--store-tokens``), or None."""
+        if self._stored is None and self.manifest.get("data"):
+            from .stored import StoredData
+
+            self._stored = StoredData(self)
+        return self._stored
+
+    def _shard(self, k: int):
+        batch = self._shards[k]
+        if batch is None:
+            entry = self._entries[k]
+            ids = self.verify != "structure"
+            if ids:  # the ids decide what trains: a flipped bit must not turn into a duplicate sample
+                check_sha256(member_path(self.path, entry["file"]), entry)
+            batch = open_shard(self.path, entry, self.manifest.get("schema"))
+            check_index_shard(self.path / entry["file"], batch, entry, self._source_rows, ids=ids)
+            self._shards[k] = batch
+        return batch
+
+    def __reduce__(self):
+        # a worker re-opens at the same level, but never re-hashes the data: the opener did
+        return (PackedIndex, (str(self.path), "index" if self.verify == "full" else self.verify))
+
+    def __repr__(self) -> str:
+        return (f"PackedIndex({str(self.path)!r}, microbatches={self.num_microbatches}, "
+                f"samples={self.num_samples})")
+
+    def __len__(self) -> int:
+        return self.num_microbatches
+
+    @property
+    def content_hash(self) -> str:
+        """Return the manifest's content hash (identifies the index's contents)."""
+        return str(self.manifest.get("content_hash", ""))
+
+    # --- zero-copy views -----------------------------------------------------------
+    def _view(self, k: int, name: str) -> np.ndarray:
+        key = (k, name)
+        view: Any = self._views.get(key)
+        if view is None:
+            col = self._shard(k).column(name)
+            if name in ("sample_ids", "row_splits"):
+                view = (col.offsets.to_numpy(zero_copy_only=True), col.values.to_numpy(zero_copy_only=True))
+            else:
+                view = col.to_numpy(zero_copy_only=True)
+            self._views[key] = view
+        return view
+
+    def _locate(self, i: int) -> tuple[int, int]:
+        if not 0 <= i < self.num_microbatches:
+            raise IndexError(f"micro-batch {i} out of range [0, {self.num_microbatches})")
+        k = bisect.bisect_right(self._firsts, i) - 1
+        return k, i - self._firsts[k]
+
+    def _list_item(self, name: str, i: int) -> np.ndarray:
+        k, j = self._locate(int(i))
+        offsets, values = self._view(k, name)
+        return values[offsets[j]:offsets[j + 1]]
+
+    def microbatch(self, i: int) -> np.ndarray:
+        """Return the sample ids (int64, read-only) of micro-batch ``i``.
+
+        A zero-copy view of an int64 index; a small copy (one micro-batch) of an int32 one.
+        """
+        ids = self._list_item("sample_ids", i)
+        if ids.dtype != np.int64:
+            ids = ids.astype(np.int64)
+            ids.flags.writeable = False
+        return ids
+
+    def all_sample_ids(self) -> np.ndarray:
+        """Return every micro-batch's sample ids one after another, in plan order (int64, a new array)."""
+        parts = []
+        for k in range(len(self._shards)):
+            offsets, values = self._view(k, "sample_ids")
+            parts.append(values[offsets[0]:offsets[-1]])
+        return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
+
+    def find_samples(self, sample_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return (micro-batch, place in it, sample id) of every occurrence of the given ids, in plan order.
+
+        One vectorised pass over each shard's mapped ids (no per-micro-batch Python loop);
+        an id the plan holds twice (a repeated mixture source) is found twice, one it does
+        not hold not at all.
+        """
+        want = np.unique(np.asarray(sample_ids, dtype=np.int64))
+        mbs, places, found = [], [], []
+        for k in range(len(self._shards) if want.size else 0):
+            offsets, values = self._view(k, "sample_ids")
+            hit = np.flatnonzero(np.isin(values[offsets[0]:offsets[-1]], want)) + int(offsets[0])
+            if hit.size:
+                j = np.searchsorted(offsets, hit, side="right") - 1
+                mbs.append(j + self._firsts[k])
+                places.append(hit - offsets[j])
+                found.append(values[hit])
+        if not mbs:
+            return tuple(np.zeros(0, dtype=np.int64) for _ in range(3))  # type: ignore[return-value]
+        return tuple(np.concatenate(p).astype(np.int64) for p in (mbs, places, found))  # type: ignore[return-value]
+
+    def row_splits(self, i: int) -> np.ndarray | None:
+        """Return the offsets of micro-batch ``i``'s packed rows into its sample ids (None without rows)."""
+        return self._list_item("row_splits", i) if self.has_rows else None
+
+    def record(self, i: int) -> tuple[list, int, int, list | None]:
+        """Return (sample ids, batch_size, padded_size, row_splits or None) of micro-batch ``i``."""
+        k, j = self._locate(int(i))
+        offsets, values = self._view(k, "sample_ids")
+        splits = None
+        if self.has_rows:
+            so, sv = self._view(k, "row_splits")
+            splits = sv[so[j]:so[j + 1]].tolist()
+        return (values[offsets[j]:offsets[j + 1]].tolist(), int(self._view(k, "batch_size")[j]),
+                int(self._view(k, "padded_size")[j]), splits)
+
+    def shape(self, i: int) -> tuple[int, int]:
+        """Return ``(batch_size, padded_size)`` of micro-batch ``i``."""
+        k, j = self._locate(int(i))
+        return int(self._view(k, "batch_size")[j]), int(self._view(k, "padded_size")[j])
+
+    # --- column access ----------------------------------------------------------------
+    def __getitem__(self, name: str) -> np.ndarray:
+        """Return a whole per-micro-batch column (read and cached on first use)."""
+        if name not in SCALAR_COLUMNS:
+            raise KeyError(f"{name!r} is not a scalar column of the index ({', '.join(SCALAR_COLUMNS)})")
+        if name == "source" and self.mixture is None:
+            raise KeyError("'source' is a column of mixture plans only (sortpack run --mixture)")
+        col = self._columns.get(name)
+        if col is None:
+            parts = [self._view(k, name) for k in range(len(self._shards))]
+            col = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            col.flags.writeable = False
+            self._columns[name] = col
+        return col
+
+    def take(self, name: str, positions) -> np.ndarray:
+        """Return column ``name`` at the given micro-batch positions, reading only those rows."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if name in self._columns:
+            return self._columns[name][positions]
+        if positions.size == 0:
+            return self._view(0, name)[:0].copy() if self._shards else np.zeros(0, dtype=np.int64)
+        shard = np.searchsorted(self._starts, positions, side="right") - 1
+        lo, hi = int(shard.min()), int(shard.max())
+        if lo == hi:
+            return self._view(lo, name)[positions - self._firsts[lo]]
+        out = np.empty(positions.shape, dtype=self._view(lo, name).dtype)
+        for k in np.unique(shard):
+            sel = shard == k
+            out[sel] = self._view(int(k), name)[positions[sel] - self._firsts[k]]
+        return out
+
+    def range_sum(self, name: str, start: int, stop: int) -> int:
+        """Return the sum of column ``name`` over micro-batches ``[start, stop)``."""
+        if not 0 <= start <= stop <= self.num_microbatches:
+            raise IndexError(f"range [{start}, {stop}) outside [0, {self.num_microbatches}]")
+        k = bisect.bisect_right(self._firsts, start) - 1
+        if stop <= self._starts[k + 1]:  # one shard: the usual case
+            first = self._firsts[k]
+            part = self._view(k, name)[start - first:stop - first]
+            # numpy's reduction has a fixed cost of ~1 us; short steps sum faster in Python
+            return sum(part.tolist()) if len(part) <= 32 else int(part.sum())
+        total = 0
+        while start < stop:
+            first = self._firsts[k]
+            end = min(stop, int(self._starts[k + 1]))
+            total += int(self._view(k, name)[start - first:end - first].sum())
+            start, k = end, k + 1
+        return total

@@ -1,0 +1,555 @@
+"""One rank's sampler over an index: steps of ``W * A`` micro-batches, and its resume state.
+
+The resume state is ``(epoch, position, step)``: where the next pass starts. It moves only
+when the training loop reports what it *received* (``consume(batch)``; ``step()`` counts a
+whole step), so DataLoader workers that prefetch never move it. A sampler iterated directly,
+with no such report, falls back to counting the steps it handed out. The sampler knows
+nothing of the LR: each ``MicroBatch`` carries its step's batch size, and
+``VariableBatchSizeLR`` reads it (or asks ``step_batch()``).
+
+About 430 lines on purpose: the position, the consumed-step bookkeeping and the resume state
+are one state machine; the plan, index and LR it uses live in their own modules.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .index import PackedIndex
+from .lr import lr_scale
+from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions
+from .skips import Skips
+from .state_checks import boolean, check_state, integer, one_of, sequence, text
+from .world import resolve_rank
+
+
+class MicroBatch(list):
+    """The sample ids of one micro-batch (a list) with its shape and its place in the epoch.
+
+    Parameters
+    ----------
+    ids : iterable of int
+        The sample ids.
+    microbatch : int
+        The micro-batch number in the index (-1: not from an index).
+    batch_size : int, optional
+        Rows of the micro-batch's shape (default: ``len(ids)``); more than ``len(ids)`` in a
+        same-shape group (padding slots).
+    padded_size : int, optional
+        Padded length of every row (None: unknown, collate uses the items' lengths).
+    row_splits : list of int, optional
+        Rows mode: offsets of each packed row into ``ids``.
+    epoch, position, step : int
+        The epoch, the flat position where this micro-batch's step starts, and the step's
+        number in the epoch.
+    end : int, optional
+        The flat position after the step (default ``position``).
+    last : bool
+        Whether this is this rank's last micro-batch of the step (the optimizer step follows).
+    step_batch, step_tokens : int
+        Samples and tokens of the whole step over all ranks (what the LR scales by; repeated
+        micro-batches count as often as the loop trains on them). ``step_samples`` is
+        ``step_batch`` by its other name.
+    world_size : int
+        Data-parallel ranks W of the step (``sortpack.reader.torch.step_loss`` scales by it).
+    tokens : int
+        Real tokens of this micro-batch in the plan (the sum of its samples' sizes).
+    repeat : bool
+        Whether it repeats a micro-batch to fill a step (tail padding or warm-up copy):
+        train on it, skip it when evaluating.
+    run_step : int, optional
+        The step in the run's numbering, ``epoch * steps_per_epoch + step`` (default ``step``):
+        the number ``skip_steps`` and ``sortpack inspect --step`` use.
+    source : str, optional
+        The name of the source its samples come from (a mixture plan; None otherwise).
+    """
+
+    def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,
+                 padded_size: int | None = None, row_splits=None, epoch: int = 0, position: int = 0,
+                 *, step: int = 0, end: int | None = None, last: bool = True, step_batch: int = 0,
+                 step_tokens: int = 0, repeat: bool = False, run_step: int | None = None,
+                 source: str | None = None, world_size: int = 1, tokens: int = 0):
+        super().__init__(ids)
+        self.microbatch = microbatch
+        self.batch_size = len(self) if batch_size is None else batch_size
+        self.padded_size = padded_size
+        self.row_splits = row_splits
+        self.epoch = epoch
+        self.position = position
+        self.step = step
+        self.end = position if end is None else end
+        self.last = last
+        self.step_batch = step_batch
+        self.step_tokens = step_tokens
+        self.repeat = repeat
+        self.run_step = step if run_step is None else run_step
+        self.source = source
+        self.world_size = world_size
+        self.tokens = tokens
+
+    @property
+    def step_samples(self) -> int:
+        """Return the samples of the whole step over all ranks (``step_batch``)."""
+        return self.step_batch
+
+    def info(self) -> dict:
+        """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on).
+
+        A mixture plan's micro-batch also has ``source`` (its source's name), so a loop can log per source.
+        """
+        out: dict = {"microbatch": int(self.microbatch), "epoch": int(self.epoch), "step": int(self.step),
+                     "position": int(self.position), "end": int(self.end), "last": bool(self.last),
+                     "step_batch": int(self.step_batch), "step_tokens": int(self.step_tokens),
+                     "step_samples": int(self.step_batch), "world_size": int(self.world_size),
+                     "tokens": int(self.tokens), "num_samples": len(self), "repeat": bool(self.repeat),
+                     "run_step": int(self.run_step)}
+        if self.source is not None:
+            out["source"] = self.source
+        return out
+
+
+class Samples(list):
+    """Dataset items of one micro-batch (a list) and the ``MicroBatch`` they came from, for collate.
+
+    Parameters
+    ----------
+    items : iterable
+        The dataset items, in the micro-batch's order.
+    microbatch : MicroBatch, optional
+        The micro-batch they were read for (None: a plain list of ids).
+    table : pyarrow.Table, optional
+        The same rows as one Arrow slice, when they came from an index's stored data (the
+        collate helpers read stored ``input_ids`` from it without a copy per sample).
+    """
+
+    def __init__(self, items, microbatch: MicroBatch | None = None, table=None):
+        super().__init__(items)
+        self.microbatch = microbatch
+        self.table = table
+
+
+def step_info(batch) -> dict:
+    """Return the step info of what a loop received: a ``MicroBatch``, ``Samples``, a collate dict or the info."""
+    if isinstance(batch, MicroBatch):
+        return batch.info()
+    if isinstance(batch, Samples) and batch.microbatch is not None:
+        return batch.microbatch.info()
+    if isinstance(batch, dict):
+        if "end" in batch and "epoch" in batch:
+            return batch
+        if isinstance(batch.get("microbatch"), dict):
+            return batch["microbatch"]
+    raise TypeError("consume() needs a MicroBatch, Samples of one, or a batch from pad_collate/varlen_collate "
+                    f"(with its 'microbatch' entry), not {type(batch).__name__}")
+
+
+class PackedSampler:
+    """One rank's view of an index: steps of ``world_size * grad_accum`` micro-batches.
+
+    Iterating yields ``MicroBatch`` lists of sample ids, ``grad_accum`` per step; every rank
+    gets the same number of steps. Report what the loop received with ``consume(batch)``
+    so ``state_dict()`` ignores DataLoader prefetch; it resumes exactly, at the same or
+    another world size. Framework-free; see ``sortpack.torch`` for the DataLoader side.
+
+    Parameters
+    ----------
+    index : PackedIndex or path
+        The index (a path is opened).
+    rank : int, optional
+        This rank, ``0 <= rank < world_size``.
+    world_size : int, optional
+        Data-parallel ranks W. Left out, both come from ``torch.distributed`` when
+        initialised, else from the launcher (torchrun's ``RANK``/``WORLD_SIZE``, mpiexec,
+        srun), else 0 of 1; a given value that disagrees with those raises ValueError.
+    grad_accum : int
+        Micro-batches per rank per optimizer step A (``set_grad_accum`` changes it between steps).
+    order : {"index", "shuffle", "curriculum"}
+        ``index``: steps as packed; ``shuffle``: whole steps shuffled per epoch with ``seed``;
+        ``curriculum``: stages in order, steps shuffled within a stage.
+    seed : int
+        The shuffle's seed (the same on every rank).
+    drop_last : bool
+        Drop a short last step instead of filling it with micro-batches from the start.
+    largest_first : bool
+        Put the costliest step (padded tokens) first, to fail fast on out-of-memory.
+    warmup_shapes : bool
+        Start each epoch with steps that show every rank every distinct micro-batch shape.
+    group : torch.distributed process group, optional
+        Take rank and world size from this group (the data-parallel group of a job that
+        also shards the model) instead of the whole job.
+    check_rank : bool
+        Refuse a rank or world size that disagrees with the job's (default). False takes
+        them as given: to look at another rank's share.
+    skip_steps : iterable, optional
+        Run steps not to train on (ints, half-open ``(start, stop)`` pairs, ``range`` objects), in
+        the run's numbering ``epoch * steps_per_epoch + step`` (``MicroBatch.run_step``).
+    skip_samples : iterable of int or dict, optional
+        Sample ids taken out of their micro-batches (a dict maps id to size; see ``Skips``).
+        ``step_batch``/``step_tokens`` of a step that loses samples no longer count them.
+    """
+
+    STATE_VERSION = 1
+
+    def __init__(self, index, rank: int | None = None, world_size: int | None = None, grad_accum: int = 1,
+                 order: str = "index", seed: int = 0, drop_last: bool = False,
+                 largest_first: bool = False, warmup_shapes: bool = False, *, group=None,
+                 check_rank: bool = True, skip_steps=None, skip_samples=None):
+        rank, world_size = resolve_rank(rank, world_size, group, check_rank, type(self).__name__)
+        self.index = index if isinstance(index, PackedIndex) else PackedIndex(index)
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
+        if not (isinstance(world_size, int) and world_size >= 1):
+            raise ValueError(f"world_size must be a positive integer, not {world_size!r}")
+        if not (isinstance(rank, int) and 0 <= rank < world_size):
+            raise ValueError(f"rank must be in [0, {world_size}), not {rank!r}")
+        self.rank, self.world_size = rank, world_size
+        self.order, self.seed, self.drop_last = order, int(seed), bool(drop_last)
+        self.largest_first, self.warmup_shapes = bool(largest_first), bool(warmup_shapes)
+        self.grad_accum = self._checked_accum(grad_accum)
+        self._check_mixture_order()
+        self.epoch = 0
+        self._layout = (world_size, self.grad_accum)  # (W, A) that laid out this epoch
+        self._position = 0  # flat position where the next step starts (the resume state)
+        self._step = 0  # steps of this epoch before it
+        self._explicit = False  # the loop reports consumption (consume/step): hand-outs do not count
+        self._resumed = False  # a loaded state: the next set_epoch of its epoch keeps the place
+        self._pass_start = (0, 0, 0, self._layout)
+        self._plans: dict = {}
+        self.skips = Skips(self.index, skip_steps, skip_samples)
+
+    # --- configuration ---------------------------------------------------------------
+    def _checked_accum(self, a) -> int:
+        if not (isinstance(a, (int, np.integer)) and a >= 1):
+            raise ValueError(f"grad_accum must be a positive integer, not {a!r}")
+        check_group_alignment(self.index.options, self.world_size * int(a))
+        return int(a)
+
+    def _check_mixture_order(self) -> None:
+        """Refuse an order that would move a mixture plan's steps: the plan's order is its schedule."""
+        if self.index.mixture is None:
+            return
+        moved = [f"order={self.order!r}"] if self.order != "index" else []
+        moved += [name for name, on in (("largest_first", self.largest_first),
+                                        ("warmup_shapes", self.warmup_shapes)) if on]
+        if moved:
+            raise ValueError(f"{self.index.path} is a mixture plan: its order is the schedule, and {moved[0]} "
+                             "would break the blend at every prefix; train in order='index' (docs/mixtures.md)")
+
+    @property
+    def width(self) -> int:
+        """Return the micro-batches per step over all ranks (world_size * grad_accum)."""
+        return self.world_size * self.grad_accum
+
+    @property
+    def track_steps(self) -> bool:
+        """Return whether only reported consumption (``consume``/``step``) moves the state, not hand-outs."""
+        return self._explicit
+
+    @track_steps.setter
+    def track_steps(self, on: bool) -> None:
+        """Follow reported consumption (True) or hand-outs (False) from the current position."""
+        self._explicit = bool(on)
+
+    @property
+    def position(self) -> int:
+        """Return the epoch's flat micro-batch position where the next step starts."""
+        return self._position
+
+    def _plan_of(self, epoch: int, layout: tuple) -> EpochPlan:
+        key = (epoch, layout, self.order, self.seed, self.drop_last, self.largest_first, self.warmup_shapes)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 4:  # plans of past epochs and layouts
+                self._plans.clear()
+            w, a = layout
+            plan = self._plans[key] = EpochPlan(self.index, w, a, self.order, self.seed, epoch, self.drop_last,
+                                                self.largest_first, self.warmup_shapes)
+        return plan
+
+    def plan(self) -> EpochPlan:
+        """Return the current epoch's plan (built once per epoch)."""
+        return self._plan_of(self.epoch, self._layout)
+
+    def _steps_left(self, plan: EpochPlan, position: int, width: int) -> int:
+        left = plan.length - position
+        if left <= 0:
+            return 0
+        return left // width if self.drop_last else -(-left // width)
+
+    def _steps_from(self, position: int, step: int | None = None) -> int:
+        plan = self.plan()
+        left = self._steps_left(plan, position, self.width)
+        first = self._run_base(plan) + (self._step if step is None else step)
+        return left - self.skips.skipped_between(first, first + left)
+
+    def _run_base(self, plan: EpochPlan) -> int:
+        """Return the run step of this epoch's step 0 (epoch * steps_per_epoch of the epoch's layout)."""
+        return self.epoch * plan.num_blocks
+
+    def _next_kept(self) -> tuple[int, int]:
+        """Return (position, step) of the first step at or after the consumed one that is not skipped."""
+        base = self._run_base(self.plan())
+        step = self.skips.next_kept(base + self._step) - base
+        return self._position + (step - self._step) * self.width, step
+
+    @property
+    def num_steps(self) -> int:
+        """Return the steps left to train in this epoch from ``position`` (skipped steps not counted)."""
+        return self._steps_from(self.position)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Return the steps of a whole epoch at the current world size and accumulation."""
+        return self._plan_of(self.epoch, (self.world_size, self.grad_accum)).num_blocks
+
+    def __len__(self) -> int:
+        """Return the micro-batches this rank yields from ``position`` to the end of the epoch."""
+        return self.num_steps * self.grad_accum
+
+    def _set_state(self, epoch: int, position: int, step: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self._layout = int(epoch), (self.world_size, self.grad_accum)
+        self._position, self._step = int(position), int(step)
+        if position > 0 and self._steps_from(position, int(step)) == 0:  # the epoch is over: the next one
+            self.epoch, self._layout = self.epoch + 1, (self.world_size, self.grad_accum)
+            self._position = self._step = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its beginning (right after ``load_state_dict`` of that epoch: keep its place)."""
+        if self._resumed and int(epoch) == self.epoch:
+            self._resumed = False
+            return
+        self._resumed = False
+        self.epoch, self._layout = int(epoch), (self.world_size, self.grad_accum)
+        self._position = self._step = 0
+
+    def set_grad_accum(self, grad_accum: int) -> None:
+        """Change the accumulation between steps; the epoch continues from the same position."""
+        self.grad_accum = self._checked_accum(grad_accum)
+
+    # --- progress ---------------------------------------------------------------------
+    def consume(self, batch) -> None:
+        """Record that the training loop received ``batch`` (a ``MicroBatch``, its ``Samples`` or collate dict).
+
+        The state moves to the end of the batch's step once its last micro-batch (``last``)
+        is received, so a ``state_dict()`` taken after k optimizer steps resumes at step k
+        however far DataLoader workers ran ahead. From the first call on, hand-outs no
+        longer move the state.
+        """
+        info = step_info(batch)
+        self._explicit, self._resumed = True, False
+        if info["last"]:
+            self._set_state(info["epoch"], info["end"], info["step"] + 1)
+        else:
+            self._set_state(info["epoch"], info["position"], info["step"])
+
+    def step(self) -> None:
+        """Record one completed optimizer step (counting from where the current pass started).
+
+        An alternative to ``consume`` for loops that count their steps; the step that ends
+        the epoch moves the state to the next epoch.
+        """
+        if not self._explicit:
+            epoch, position, step, layout = self._pass_start
+            self.epoch, self._layout, self._position, self._step = epoch, layout, position, step
+            self._explicit = True
+        self._resumed = False
+        position, step = self._next_kept()
+        self._set_state(self.epoch, position + self.width, step + 1)
+
+    def step_batch(self, by: str = "samples", position: int | None = None) -> int:
+        """Return the samples (or tokens, ``by="tokens"``) of the step at ``position`` over all ranks."""
+        if by not in ("samples", "tokens"):
+            raise ValueError(f"by must be 'samples' or 'tokens', not {by!r}")
+        pos = self._next_kept()[0] if position is None else position
+        plan = self.plan()
+        if plan.length == 0:
+            return 0
+        total = plan.span_sum("num_samples" if by == "samples" else "tokens", pos % plan.length, self.width)
+        if self.skips.sizes:
+            lost = self.skips.lost(plan.packed_array((pos + np.arange(self.width)) % plan.length))
+            total -= lost[0] if by == "samples" else lost[1]
+        return total
+
+    def lr_scale(self, ref_batch_size: float, method: str = "linear", by: str = "samples",
+                 position: int | None = None) -> float:
+        """Return the LR multiplier of the step at ``position`` (identical on every rank)."""
+        return lr_scale(self.step_batch(by, position), ref_batch_size, method)
+
+    def _grid(self) -> tuple[EpochPlan, np.ndarray]:
+        plan = self.plan()
+        flat = step_positions(plan.length, self.world_size, self.grad_accum, self.position, self.drop_last)
+        if len(self.skips.ranges):
+            run = self._run_base(plan) + self._step + np.arange(len(flat), dtype=np.int64)
+            flat = flat[self.skips.kept_mask(run)]
+        return plan, flat % max(plan.length, 1)
+
+    def schedule(self) -> np.ndarray:
+        """Return this rank's micro-batch numbers for the rest of the epoch, shaped (steps, A)."""
+        plan, flat = self._grid()
+        return plan.packed_array(flat[:, :, self.rank])
+
+    def step_batches(self, by: str = "samples") -> np.ndarray:
+        """Return the step batch (samples or tokens over all ranks) of every step left in the epoch."""
+        plan, flat = self._grid()
+        col = "num_samples" if by == "samples" else "tokens"
+        packed = plan.packed_array(flat.reshape(len(flat), self.width))
+        values = self.index.take(col, packed)
+        total = values.reshape(len(flat), self.width).sum(axis=1).astype(np.int64)
+        if self.skips.sizes:
+            total -= self.skips.lost_per_row(packed.reshape(len(flat), self.width))[0 if by == "samples" else 1]
+        return total
+
+    # --- iteration ----------------------------------------------------------------------
+    def __iter__(self):
+        """Yield this rank's micro-batches (``MicroBatch``) from ``position`` to the end of the epoch."""
+        if self.num_steps == 0 and self.position > 0:
+            self._set_state(self.epoch + 1, 0, 0)
+        self._pass_start = (self.epoch, self._position, self._step, self._layout)
+        return self._iterate(self.epoch, self._layout, self._position, self._step)
+
+    def _iterate(self, epoch: int, layout: tuple, pos: int, step: int):
+        plan = self._plan_of(epoch, layout)
+        length = plan.length
+        base = epoch * plan.num_blocks  # run step of the epoch's step 0
+        skips = self.skips
+        names = self.index.source_names or []
+        sources = self.index["source"] if names else None
+        while True:
+            w, a = self.world_size, self.grad_accum  # read per step: set_grad_accum applies at once
+            if self._steps_left(plan, pos, w * a) == 0:
+                return
+            kept = skips.next_kept(base + step) - base
+            if kept != step:  # skipped steps: jump over them, as if they had been trained on
+                pos, step = pos + (kept - step) * w * a, kept
+                if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
+                    self._set_state(epoch, pos, step)
+                continue
+            mine = [pos + k * w + self.rank for k in range(a)]
+            packed = [plan.packed(f % length) for f in mine]
+            repeat = [plan.is_repeat(f) for f in mine]
+            batch = int(plan.span_sum("num_samples", pos % length, w * a))
+            tokens = int(plan.span_sum("tokens", pos % length, w * a))
+            if skips.sizes:
+                lost = skips.lost(plan.packed_array((pos + np.arange(w * a)) % length))
+                batch, tokens = batch - lost[0], tokens - lost[1]
+            start, pos = pos, pos + w * a
+            if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
+                # without reported consumption the state follows what was handed out
+                self._set_state(epoch, pos, step + 1)
+            for k, p in enumerate(packed):
+                ids, bs, ps, splits = self.index.record(p)
+                mb_tokens = self.index.range_sum("tokens", p, p + 1)
+                if skips.sizes:
+                    ids, splits = skips.kept(p, ids, splits)
+                    mb_tokens -= skips.lost([p])[1]
+                yield MicroBatch(ids, p, bs, ps, splits, epoch, start, step=step, end=pos, last=k == a - 1,
+                                 step_batch=batch, step_tokens=tokens, repeat=repeat[k], run_step=base + step,
+                                 source=None if sources is None else names[int(sources[p])], world_size=w,
+                                 tokens=mb_tokens)
+            step += 1
+
+    # --- resume ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Return the resume state: epoch, flat position, step, order, seed, W, A and the epoch layout."""
+        return {
+            "version": self.STATE_VERSION, "epoch": self.epoch, "position": int(self.position),
+            "step": int(self._step),
+            "seed": self.seed, "order": self.order, "drop_last": self.drop_last,
+            "largest_first": self.largest_first, "warmup_shapes": self.warmup_shapes,
+            "world_size": self.world_size, "grad_accum": self.grad_accum,
+            "layout": list(self._layout), "num_microbatches": self.index.num_microbatches,
+            "content_hash": self.index.content_hash, **self.skips.state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state``; W and rank stay this job's, A and the order come from the state.
+
+        A following ``set_epoch`` of the state's epoch keeps the place (a training loop calls
+        it again after resuming).
+        """
+        if not isinstance(state, dict) or state.get("version") != self.STATE_VERSION:
+            version = state.get("version") if isinstance(state, dict) else state
+            raise ValueError(f"unknown sampler state version {version!r}")
+        self._check_state(state)
+        self.order, self.seed = state["order"], int(state["seed"])
+        self.drop_last = bool(state["drop_last"])
+        self.largest_first, self.warmup_shapes = bool(state["largest_first"]), bool(state["warmup_shapes"])
+        self._check_mixture_order()
+        self.grad_accum = self._checked_accum(int(state["grad_accum"]))
+        self.epoch = int(state["epoch"])
+        world, accum = (int(v) for v in state["layout"])
+        self._layout = (world, accum)
+        self._position = int(state["position"])
+        self._step = int(state.get("step", self._position // max(1, self._layout[0] * self._layout[1])))
+        self._pass_start = (self.epoch, self._position, self._step, self._layout)
+        self.skips = self.skips.merged(state)  # a restart's skips join its checkpoint's
+        self._resumed = True
+
+    def _check_state(self, state: dict) -> None:
+        """Raise one ValueError naming the first field of ``state`` that is missing, unknown or out of range."""
+        positive = integer(1)
+        check_state("sampler", state, {
+            "version": integer(), "epoch": integer(0), "position": integer(0), "step": integer(0),
+            "seed": integer(), "order": one_of(*ORDERS), "drop_last": boolean, "largest_first": boolean,
+            "warmup_shapes": boolean, "world_size": positive, "grad_accum": positive,
+            "layout": sequence(positive, 2), "num_microbatches": integer(0), "content_hash": text,
+            "skip_steps": sequence(sequence(integer(0), 2)), "skip_samples": sequence(sequence(integer(0), 2)),
+        }, optional_keys=("step", "skip_steps", "skip_samples"))  # states written before steps and skips
+        if (state["num_microbatches"] != self.index.num_microbatches
+                or state["content_hash"] != self.index.content_hash):
+            raise ValueError("the sampler state belongs to another index (content hash differs)")
+        world, accum = (int(v) for v in state["layout"])
+        plan = EpochPlan(self.index, world, accum, state["order"], int(state["seed"]), int(state["epoch"]),
+                         bool(state["drop_last"]), bool(state["largest_first"]), bool(state["warmup_shapes"]))
+        position = int(state["position"])
+        if position > plan.length:
+            raise ValueError(f"sampler state: 'position' is {position}, past the epoch's {plan.length} "
+                             f"micro-batches (layout {world}x{accum})")
+        if int(state.get("step", 0)) > position:
+            raise ValueError(f"sampler state: 'step' is {state['step']}, more steps than the {position} "
+                             f"micro-batches before 'position'")
+
+
+def _world(rank, world_size) -> tuple[int, int]:
+    """Return (rank, world_size) as a sampler resolves them (kept for code that imported it)."""
+    return resolve_rank(rank, world_size)
+
+
+class PackedBatchSampler(PackedSampler):
+    """A ``DataLoader`` ``batch_sampler``: yields this rank's micro-batches (lists of sample ids).
+
+    ``len()`` is the micro-batches left in the epoch (``steps * grad_accum``). Call
+    ``consume(batch)`` on every batch the loop receives so ``state_dict()`` counts what was
+    trained on, not what workers prefetched; see ``PackedSampler`` for ordering and resume.
+
+    Parameters
+    ----------
+    index : PackedIndex or path
+        The index (a path is opened).
+    rank, world_size : int, optional
+        This rank and the data-parallel ranks; default to ``torch.distributed`` when
+        initialised, else to the launcher's environment (torchrun's ``RANK``/``WORLD_SIZE``,
+        mpiexec, srun; 0 and 1 without). A given value that disagrees raises ValueError.
+    grad_accum : int
+        Micro-batches per rank per optimizer step.
+    order : {"index", "shuffle", "curriculum"}
+        Step order (see ``PackedSampler``).
+    seed : int
+        The shuffle's seed.
+    drop_last : bool
+        Drop a short last step instead of filling it from the start.
+    largest_first : bool
+        Costliest step first.
+    warmup_shapes : bool
+        Every shape to every rank in the first steps.
+    group, check_rank
+        As for ``PackedSampler``.
+    """
+
+    def __init__(self, index, rank: int | None = None, world_size: int | None = None,
+                 grad_accum: int = 1, order: str = "index", seed: int = 0, drop_last: bool = False,
+                 largest_first: bool = False, warmup_shapes: bool = False, *, group=None,
+                 check_rank: bool = True):
+        super().__init__(index, rank=rank, world_size=world_size, grad_accum=grad_accum, order=order,
+                         seed=seed, drop_last=drop_last, largest_first=largest_first,
+                         warmup_shapes=warmup_shapes, group=group, check_rank=check_rank)

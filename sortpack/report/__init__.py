@@ -1,0 +1,1 @@
+"""Reports on a directory: ``sortpack inspect`` and its figure."""

@@ -1,0 +1,129 @@
+"""``sortpack inspect``: summary figures of a metrics, sorted or index directory."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import SortpackError
+from ..format.manifest import read_manifest
+from ..format.shards import read_rows
+
+
+def _column(directory: str, manifest: dict, name: str) -> np.ndarray:
+    return read_rows(directory, manifest, 0, manifest["num_rows"], [name]).column(0).to_numpy()
+
+
+def _quantiles(x: np.ndarray) -> dict:
+    if len(x) == 0:
+        return {"min": 0, "median": 0, "max": 0}
+    return {"min": _num(x.min()), "median": _num(np.median(x)), "max": _num(x.max())}
+
+
+def _num(v):
+    v = float(v)
+    return int(v) if v.is_integer() else v
+
+
+def step_costs(cost: np.ndarray, world_size: int, grad_accum: int) -> np.ndarray:
+    """Return the (steps, world_size) cost of each rank in each step (tail padded from the start)."""
+    from ..reader.plan import step_positions
+
+    # the sampler's layout, (steps, A, W); a short tail repeats micro-batches from the start
+    return cost[step_positions(len(cost), world_size, grad_accum) % len(cost)].sum(axis=1)
+
+
+def inspect_directory(directory: str, world_size: int | None = None, grad_accum: int = 1) -> dict:
+    """Return the inspect report of a directory as a JSON-ready dict."""
+    m = read_manifest(directory)
+    kind = m["_kind"]
+    report = {"directory": str(directory), "kind": kind, "format": m["format"], "version": m["version"],
+              "num_samples": m["num_samples"], "num_shards": len(m["shards"]),
+              "content_hash": m["content_hash"], "options": m["options"]}
+    if kind != "index":
+        size = _column(directory, m, "size")
+        report.update({"size": {**_quantiles(size), "mean": float(size.mean()) if len(size) else 0.0,
+                                "sum": int(size.sum())}})
+        if kind == "sorted" and "stage_counts" in m["stats"]:
+            report["stage_counts"] = m["stats"]["stage_counts"]
+        return report
+    if world_size is not None and world_size < 1:
+        raise SortpackError(f"--world-size {world_size}: must be >= 1")
+    if grad_accum < 1:
+        raise SortpackError(f"--grad-accum {grad_accum}: must be >= 1")
+    table = read_rows(directory, m, 0, m["num_rows"], ["num_samples", "batch_size", "padded_size", "tokens"])
+    ns, bs, ps, tok = (table.column(i).to_numpy().astype(np.int64) for i in range(4))
+    padded = bs * ps
+    shapes = np.unique(np.stack([bs, ps]), axis=1) if len(bs) else np.zeros((2, 0))
+    total_padded = int(padded.sum())
+    report.update({
+        "num_microbatches": m["num_microbatches"],
+        "tokens": int(tok.sum()),
+        "padded_tokens": total_padded,
+        "padding_ratio": (1.0 - tok.sum() / total_padded) if total_padded else 0.0,
+        "fill": float(tok.sum() / total_padded) if total_padded else 1.0,
+        "distinct_shapes": int(shapes.shape[1]),
+        "samples_per_microbatch": _quantiles(ns),
+        "padded_size": _quantiles(ps),
+        "skipped": m["stats"].get("skipped", 0),
+        "truncated": m["stats"].get("truncated", 0),
+        "empty_dropped": m["stats"].get("empty_dropped", 0),
+    })
+    report.update(_shape_lines(m, shapes))
+    if m.get("mixture"):
+        from .mixture import mixture_report
+
+        report["mixture"] = mixture_report(m, {"tokens": tok, "source": _column(directory, m, "source"),
+                                               "num_samples": ns, "batch_size": bs, "padded_size": ps})
+    if m.get("data"):
+        from ..format.data_shards import describe_data
+
+        report["data"] = describe_data(m["data"])
+    if world_size is not None and len(padded):
+        costs = step_costs(padded, world_size, grad_accum)
+        mean = costs.mean(axis=1)
+        ratio = np.where(mean > 0, costs.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
+        report.update({"world_size": world_size, "grad_accum": grad_accum, "steps": int(costs.shape[0]),
+                       "step_imbalance": float(ratio.max()), "step_imbalance_mean": float(ratio.mean())})
+    return report
+
+
+def _shape_lines(m: dict, shapes: np.ndarray) -> dict:
+    """Return the chosen lengths (--shapes auto:K) and the (batch, length) shapes when there are few."""
+    out = {}
+    auto = m["stats"].get("auto_shapes")
+    if auto:
+        out["chosen_lengths"] = {"request": auto["request"], "lengths": auto["lengths"],
+                                 "rounding_padding_ratio": auto["rounding_padding_ratio"]}
+    if shapes.shape[1] <= 32:
+        out["shapes"] = [[int(b), int(length)] for b, length in shapes.T]
+    return out
+
+
+def render(report: dict) -> str:
+    """Return the report as an aligned human-readable table."""
+    rows = []
+    for key, value in report.items():
+        if key == "options":
+            value = ", ".join(f"{k}={v}" for k, v in value.items() if v not in (None, [], False))
+        elif key == "shapes":
+            value = " ".join(f"{b}x{length}" for b, length in value) + "  (batch x padded length)"
+        elif key == "mixture":
+            from .mixture import render_mixture
+
+            value = render_mixture(value)
+        elif key == "chosen_lengths":
+            value = (f"{value['request']}: {','.join(map(str, value['lengths']))}  "
+                     f"(per-sample rounding pads {100 * value['rounding_padding_ratio']:.2f}%)")
+        elif isinstance(value, dict):
+            value = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
+        elif isinstance(value, float):
+            value = f"{100 * value:.2f}%" if key in ("padding_ratio", "fill") else f"{value:.4f}"
+        rows.append((key, str(value)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def plot_directory(directory: str, path: str, world_size: int | None = None, grad_accum: int = 1):
+    """Write the inspect figure (a PNG) and return its matplotlib Figure; see ``sortpack.report.plot``."""
+    from .plot import plot_directory as plot
+
+    return plot(directory, path, world_size, grad_accum)

@@ -1,0 +1,77 @@
+"""Samples: one rank's slice of the per-sample columns, the data every stage passes on.
+
+Neutral ground between the stages: analyze makes it, sort reorders it, pack consumes it,
+so sort and pack need not import analyze.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..parallel import Comm
+
+
+@dataclass
+class Samples:
+    """One rank's contiguous slice of per-sample arrays, with its place in the whole."""
+
+    start: int  # global position of the first local row
+    total: int  # rows over all ranks
+    sample_id: np.ndarray
+    size: np.ndarray
+    difficulty: np.ndarray
+    stage: np.ndarray | None = None
+    files: list[dict] = field(default_factory=list)  # source fingerprint (every rank)
+
+    def __len__(self) -> int:
+        return len(self.sample_id)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Return the per-sample arrays by column name (no ``difficulty`` when it is the size)."""
+        cols = {"sample_id": self.sample_id, "size": self.size}
+        if self.difficulty is not self.size:
+            # the same array would otherwise be moved between ranks twice
+            cols["difficulty"] = self.difficulty
+        if self.stage is not None:
+            cols["stage"] = self.stage
+        return cols
+
+    @classmethod
+    def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict]) -> Samples:
+        """Return Samples rebuilt from ``columns()`` output (difficulty defaults to the size)."""
+        return cls(start, total, cols["sample_id"], cols["size"], cols.get("difficulty", cols["size"]),
+                   cols.get("stage"), files)
+
+
+def exact_sum(values: np.ndarray) -> int:
+    """Return the sum of an integer array as a Python int, exact where numpy's int64 sum would wrap.
+
+    Sizes may come from a user's column (``column:NAME``) and reach 2^60; a sum of 32-bit
+    halves cannot wrap for fewer than 2^31 values per call.
+    """
+    v = np.asarray(values)
+    if v.size == 0:
+        return 0
+    v = v.astype(np.int64, copy=False)
+    high = int((v >> 32).sum(dtype=np.int64))
+    low = int((v & 0xFFFFFFFF).astype(np.uint64).sum(dtype=np.uint64))
+    return (high << 32) + low
+
+
+def sample_stats(comm: Comm, s: Samples) -> dict:
+    """Return the manifest's ``stats`` of the samples over all ranks (count, size and difficulty range)."""
+    n = len(s)
+    size_sum = comm.allreduce(exact_sum(s.size), "sum")  # Python ints: the sum over ranks is exact too
+    smin = comm.allreduce(int(s.size.min()) if n else 2**62, "min")
+    smax = comm.allreduce(int(s.size.max()) if n else -1, "max")
+    dmin = comm.allreduce(float(s.difficulty.min()) if n else float("inf"), "min")
+    dmax = comm.allreduce(float(s.difficulty.max()) if n else float("-inf"), "max")
+    stats = {"num_samples": s.total, "size_sum": size_sum, "size_min": smin, "size_max": smax,
+             "difficulty_min": dmin, "difficulty_max": dmax}
+    if s.stage is not None:
+        counts = np.bincount(s.stage.astype(np.int64), minlength=1) if n else np.zeros(1, np.int64)
+        width = comm.allreduce(len(counts), "max")
+        counts = comm.allreduce(np.pad(counts, (0, width - len(counts))).astype(np.int64), "sum")
+        stats["stage_counts"] = [int(c) for c in counts]
+    return stats

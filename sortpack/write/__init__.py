@@ -1,0 +1,1 @@
+"""The write side: output directories, metrics/sorted/index writers, provenance, the store."""

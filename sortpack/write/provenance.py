@@ -1,0 +1,73 @@
+"""What every manifest records about the job that wrote it: per-stage profile, host, versions, argv."""
+from __future__ import annotations
+
+import datetime as _dt
+import resource
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from .. import __version__
+from ..parallel import Comm
+
+
+class Profile:
+    """Per-stage wall time and Alltoallv bytes of this rank, reduced over ranks at the end."""
+
+    def __init__(self, comm: Comm):
+        self.comm = comm
+        self.stages: dict[str, dict] = {}
+        self.counts: dict[str, int] = {}  # per-rank counts reported for every rank (balance)
+
+    @contextmanager
+    def stage(self, name: str):
+        """Time the enclosed work as stage ``name``."""
+        t0, b0 = time.perf_counter(), self.comm.bytes_sent
+        yield
+        self.comm.barrier()
+        self.stages[name] = {"wall_s": time.perf_counter() - t0, "alltoallv_bytes": self.comm.bytes_sent - b0}
+
+    def reduce(self) -> dict:
+        """Return, per stage, the max over ranks of wall time and bytes, and the peak RSS."""
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        parts = self.comm.allgather_obj((self.stages, rss, self.counts))
+        out = {}
+        for name in self.stages:
+            out[name] = {
+                "wall_s": round(max(p[0][name]["wall_s"] for p in parts), 4),
+                "alltoallv_bytes_max": max(p[0][name]["alltoallv_bytes"] for p in parts),
+                "alltoallv_bytes_total": sum(p[0][name]["alltoallv_bytes"] for p in parts),
+            }
+        out["peak_rss_bytes_max"] = max(p[1] for p in parts)
+        out["peak_rss_bytes_per_rank"] = [p[1] for p in parts]
+        for name in self.counts:
+            out[f"{name}_per_rank"] = [p[2].get(name, 0) for p in parts]
+        return out
+
+
+@dataclass
+class JobInfo:
+    """What every output records about the job that made it."""
+
+    argv: list[str]
+
+
+def provenance(comm: Comm, profile: Profile, job: JobInfo) -> dict:
+    """Return the manifest's ``provenance`` object (collective: reduces the profile over ranks)."""
+    prof = profile.reduce()
+    return {
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "world_size": comm.size,
+        "sortpack_version": __version__,
+        "python": sys.version.split()[0],
+        "pyarrow": pa.__version__,
+        "numpy": np.__version__,
+        "argv": job.argv,
+        "profile": prof,
+    }

@@ -1,0 +1,220 @@
+"""Rows of one Arrow column held in many arrays, gathered into a new array with one copy.
+
+``materialize`` moves stored rows twice: from the input row groups to the ranks that own
+their output positions, and from the received pieces into data shards in plan order.
+pyarrow's ``take`` on a column of many chunks first concatenates them (a copy of every
+chunk per call), so both moves go through a ``RowStore`` instead: each registered row is
+a byte range in one of the arrays' buffers, and a gather is one memcpy per row into a
+buffer of the right size (``kernels.gather_bytes``, compiled).
+
+Byte ranges cover strings and binaries, fixed-width values, and lists of fixed-width
+values without nulls inside the lists. Other types, and such lists with null values, fall
+back to pyarrow ``take`` per array (``raw`` turns False): correct, with more copies.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from .. import kernels
+
+
+def _is_binary_like(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+
+
+def _fixed_width(t: pa.DataType) -> int:
+    """Return the byte width of a fixed-width type (0 when the type is not one, or is bit-packed)."""
+    if pa.types.is_boolean(t) or pa.types.is_null(t):
+        return 0
+    if pa.types.is_fixed_size_binary(t):
+        return int(t.byte_width)
+    try:
+        bits = t.bit_width
+    except ValueError:
+        return 0
+    if bits % 8 or pa.types.is_dictionary(t):
+        return 0
+    return bits // 8
+
+
+def _kind(t: pa.DataType) -> str:
+    if _is_binary_like(t):
+        return "binary"
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _fixed_width(t.value_type):
+        return "list"
+    if _fixed_width(t):
+        return "fixed"
+    return "other"
+
+
+def _offsets_dtype(t: pa.DataType):
+    return np.int64 if pa.types.is_large_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_list(t) \
+        else np.int32
+
+
+class RowStore:
+    """Rows of one column, registered from many arrays in order, numbered from 0."""
+
+    def __init__(self, type: pa.DataType):
+        self.type = type
+        self.kind = _kind(type)
+        self.raw = self.kind != "other"  # False: gather with pyarrow take (see the module doc)
+        self.width = _fixed_width(type.value_type if self.kind == "list" else type)
+        self.arrays: list[pa.Array | None] = []
+        self._bytes: list[np.ndarray] = []  # each array's data buffer as uint8 (raw kinds)
+        self._parts: list[tuple] = []  # per add: (array number, rows in it, start, length, valid)
+        self._flat: tuple | None = None
+
+    def __len__(self) -> int:
+        """Return the number of registered rows."""
+        return sum(len(p[1]) for p in self._parts)
+
+    def add(self, array: pa.Array, rows: np.ndarray | None = None) -> None:
+        """Register ``array``'s rows ``rows`` (all of them when None), in that order."""
+        if isinstance(array, pa.ChunkedArray):
+            ends = np.cumsum([len(c) for c in array.chunks])
+            if rows is not None:
+                rows = np.asarray(rows, dtype=np.int64)
+                which = np.searchsorted(ends, rows, side="right")
+                if len(rows) > 1 and (np.diff(which) < 0).any():
+                    raise ValueError("rows of a chunked array must visit its chunks in order")
+            for k, chunk in enumerate(array.chunks):
+                if rows is None:
+                    self.add(chunk)
+                elif (which == k).any():
+                    self.add(chunk, rows[which == k] - (ends[k] - len(chunk)))
+            return
+        if array.type != self.type:
+            raise TypeError(f"RowStore of {self.type} got an array of {array.type}")
+        n = len(array)
+        rows = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+        k = len(self.arrays)
+        self.arrays.append(array)
+        self._flat = None
+        start = length = None
+        valid = None if array.null_count == 0 else array.is_valid().to_numpy(zero_copy_only=False)
+        if self.raw:
+            try:
+                start, length, data = self._ranges(array)
+            except ValueError:  # lists with null values: pyarrow take from here on
+                self.raw = False
+            else:
+                start, length = start[rows], length[rows]
+                if valid is not None and self.kind != "fixed":  # a null's range may hold stale bytes
+                    length = np.where(valid[rows], length, 0)
+                self._bytes.append(data)
+        if not self.raw:
+            self._bytes.append(np.zeros(0, np.uint8))
+        self._parts.append((k, rows, start, length, None if valid is None else valid[rows]))
+
+    def _ranges(self, array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return each row's byte start and length in the array's data buffer, and that buffer."""
+        n, off = len(array), array.offset
+        bufs = array.buffers()
+        if self.kind == "fixed":
+            data = bufs[1]
+            start = (off + np.arange(n, dtype=np.int64)) * self.width
+            return start, np.full(n, self.width, dtype=np.int64), _as_bytes(data)
+        offsets = np.frombuffer(bufs[1], dtype=_offsets_dtype(self.type), count=off + n + 1)[off:].astype(np.int64)
+        if self.kind == "binary":
+            return offsets[:-1], np.diff(offsets), _as_bytes(bufs[2])
+        values = array.values  # a list's whole child, with its own offset
+        if values.null_count:
+            raise ValueError("list values with nulls")
+        scale = self.width
+        return (values.offset + offsets[:-1]) * scale, np.diff(offsets) * scale, _as_bytes(values.buffers()[1])
+
+    def _flatten(self) -> tuple:
+        if self._flat is None:
+            parts = self._parts
+            piece = np.concatenate([np.full(len(p[1]), p[0], dtype=np.int64) for p in parts]) if parts \
+                else np.zeros(0, np.int64)
+            row_in = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+            start = length = None
+            if self.raw:
+                start = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.int64)
+                length = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0, np.int64)
+            valid = None
+            if any(p[4] is not None for p in parts):
+                valid = np.concatenate([np.ones(len(p[1]), bool) if p[4] is None else p[4] for p in parts])
+            self._flat = (piece, row_in, start, length, valid)
+        return self._flat
+
+    def gather(self, rows: np.ndarray) -> pa.Array:
+        """Return registered rows ``rows`` (numbers from 0, in that order) as one array of the store's type."""
+        rows = np.asarray(rows, dtype=np.int64)
+        piece, row_in, start, length, valid = self._flatten()
+        if not self.raw:
+            return _take(self.arrays, piece[rows], row_in[rows], self.type)
+        data = self._gather_data(piece[rows], start[rows], length[rows])
+        return from_raw(self.type, length[rows], data, None if valid is None else valid[rows])
+
+    def gather_raw(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Return rows ``rows`` as (byte length per row, their bytes one after another, validity or None)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        piece, _, start, length, valid = self._flatten()
+        return length[rows], self._gather_data(piece[rows], start[rows], length[rows]), \
+            None if valid is None else valid[rows]
+
+    def _gather_data(self, piece: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+        bases = np.array([b.ctypes.data if len(b) else 0 for b in self._bytes], dtype=np.uint64)
+        dst = np.empty(int(length.sum()), dtype=np.uint8)
+        return kernels.gather_bytes(bases, self._bytes, piece, start, length, dst)
+
+    def drop_from(self, row: int) -> None:
+        """Forget rows ``row`` onwards (a whole number of adds) and release arrays only they used."""
+        at, count = 0, 0
+        while at < len(self._parts) and count < row:
+            count += len(self._parts[at][1])
+            at += 1
+        if count != row:
+            raise ValueError("drop_from must cut between adds")
+        kept = {p[0] for p in self._parts[:at]}
+        for p in self._parts[at:]:
+            if p[0] not in kept:
+                self.arrays[p[0]] = None
+                self._bytes[p[0]] = np.zeros(0, np.uint8)
+        self._parts = self._parts[:at]
+        self._flat = None
+
+
+def _as_bytes(buf: pa.Buffer | None) -> np.ndarray:
+    return np.zeros(0, np.uint8) if buf is None else np.frombuffer(buf, dtype=np.uint8)
+
+
+def from_raw(type: pa.DataType, length: np.ndarray, data: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+    """Return an array of ``type`` whose row i is ``length[i]`` bytes of ``data`` (zero-copy over ``data``)."""
+    n = len(length)
+    kind = _kind(type)
+    validity = None
+    if valid is not None and not valid.all():
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    values = pa.py_buffer(data)
+    if kind == "fixed":
+        return pa.Array.from_buffers(type, n, [validity, values], null_count=-1 if validity is not None else 0)
+    width = 1 if kind == "binary" else _fixed_width(type.value_type)
+    offsets = np.zeros(n + 1, dtype=_offsets_dtype(type))
+    ends = np.cumsum(length // width)
+    if n and ends[-1] > np.iinfo(offsets.dtype).max:
+        raise OverflowError(f"{int(ends[-1])} values do not fit the 32-bit offsets of {type}")
+    offsets[1:] = ends
+    if kind == "binary":
+        return pa.Array.from_buffers(type, n, [validity, pa.py_buffer(offsets), values],
+                                     null_count=-1 if validity is not None else 0)
+    child = pa.Array.from_buffers(type.value_type, int(ends[-1]) if n else 0, [None, values], null_count=0)
+    return pa.Array.from_buffers(type, n, [validity, pa.py_buffer(offsets)], children=[child],
+                                 null_count=-1 if validity is not None else 0)
+
+
+def _take(arrays: list, piece: np.ndarray, row_in: np.ndarray, type: pa.DataType) -> pa.Array:
+    """Return rows (piece, row_in) of ``arrays`` in that order with pyarrow take: one take per array."""
+    if len(piece) == 0:
+        return pa.array([], type)
+    if (piece == piece[0]).all():
+        return arrays[int(piece[0])].take(pa.array(row_in))
+    by_piece = np.argsort(piece, kind="stable")
+    parts = [arrays[k].take(pa.array(row_in[by_piece][piece[by_piece] == k])) for k in np.unique(piece).tolist()]
+    inverse = np.empty(len(piece), dtype=np.int64)
+    inverse[by_piece] = np.arange(len(piece))
+    return pa.concat_arrays(parts).take(pa.array(inverse))

@@ -1,0 +1,72 @@
+"""Metrics and sorted directories: write them from ranks' Samples and read them back into Samples."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from ..distribute import redistribute
+from ..errors import SortpackError
+from ..format.integrity import check_shards
+from ..format.kinds import new_manifest, rows_per_shard
+from ..format.manifest import VERSION, read_manifest
+from ..format.schemas import kind_schema, schema_json
+from ..format.shards import OutputDir, read_rows, write_owned_shards
+from ..inputs.fingerprints import split_mtimes, with_mtimes
+from ..parallel import Comm
+from ..partition import owner_starts
+from ..stages.samples import Samples, sample_stats
+from .provenance import JobInfo, Profile, provenance
+
+
+def write_samples(comm: Comm, out: OutputDir, kind: str, samples: Samples, options: dict,
+                  profile: Profile, job: JobInfo) -> dict | None:
+    """Write a metrics or sorted directory from this rank's slice; return the manifest on rank 0."""
+    rows = rows_per_shard(kind)
+    dest = owner_starts(samples.total, rows, comm.size)
+    cols = redistribute(comm, samples.columns(), samples.start, dest)
+    cols.setdefault("difficulty", cols["size"])
+    first = int(dest[comm.rank])
+    diff_type = pa.float64() if cols["difficulty"].dtype.kind == "f" else pa.int64()
+    schema = kind_schema(kind, diff_type)
+    if kind == "sorted" and "stage" not in cols:
+        cols["stage"] = np.zeros(len(cols["sample_id"]), np.int16)
+
+    def make_table(a, b):
+        return pa.table({name: cols[name][a:b] for name in schema.names}, schema=schema)
+
+    with profile.stage(f"write_{kind}"):
+        shards = write_owned_shards(comm, out, kind, make_table, first, len(cols["sample_id"]),
+                                    samples.total, rows)
+    stats = sample_stats(comm, samples)
+    prov = provenance(comm, profile, job)
+    files, mtimes = split_mtimes(samples.files)  # when, not what: out of content_hash
+    if mtimes is not None:
+        prov["source_mtime_ns"] = mtimes
+    manifest = new_manifest(
+        kind, version=VERSION,
+        num_rows=samples.total, num_samples=samples.total, rows_per_shard=rows,
+        schema=schema_json(schema), options=options,
+        source={"num_rows": samples.total, "files": files},
+        shards=shards, stats=stats, provenance=prov,
+    )
+    return out.commit(manifest)
+
+
+def read_samples(comm: Comm, directory: str, expect: str) -> tuple[Samples, dict]:
+    """Return this rank's shard-aligned slice of a metrics or sorted directory, and its manifest."""
+    manifest = comm.collectively(read_manifest, directory, expect)
+    total = manifest["num_rows"]
+    starts = owner_starts(total, manifest["rows_per_shard"], comm.size)
+    a, b = int(starts[comm.rank]), int(starts[comm.rank + 1])
+    # a flipped bit in a shard must stop the job here, not become a clean-looking output
+    err = None
+    try:
+        check_shards(directory, manifest, a, b)
+    except SortpackError as exc:
+        err = exc
+    comm.check(err)
+    table = read_rows(directory, manifest, a, b)
+    cols = {name: table.column(name).to_numpy() for name in table.column_names}
+    samples = Samples(a, total, cols["sample_id"].astype(np.int64), cols["size"].astype(np.int64),
+                      cols["difficulty"], cols.get("stage"), with_mtimes(manifest))
+    return samples, manifest

@@ -1,0 +1,227 @@
+"""Mixtures end to end: MIX.json and --blend through ``sortpack run``, the manifest, errors, rank counts."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sortpack.errors import SortpackError
+from sortpack.inputs.mixture import deviations, parse_blend, parse_mixture, schedule_from_dict
+from sortpack.reader import PackedIndex
+
+from support import lognormal, run_sortpack, write_text_parquet
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Three sources: web (two files), code (its text in column 'content'), books (long samples)."""
+    root = tmp_path_factory.mktemp("mix")
+    (root / "web").mkdir()
+    (root / "code").mkdir()
+    (root / "books").mkdir()
+    write_text_parquet(root / "web" / "a.parquet", lognormal(900, 1, 1500), 250)
+    write_text_parquet(root / "web" / "b.parquet", lognormal(600, 2, 1500), 250)
+    lengths = lognormal(500, 3, 2500)
+    texts = ["x" * int(n) for n in lengths]
+    pq.write_table(pa.table({"content": texts, "n": lengths}), root / "code" / "a.parquet", row_group_size=200)
+    write_text_parquet(root / "books" / "a.parquet", lognormal(150, 4, 3000), 50)
+    spec = {"sources": [{"name": "web", "inputs": ["web/"], "weight": 0.6},
+                        {"name": "code", "inputs": ["code/"], "weight": 0.3, "column": "content"},
+                        {"name": "books", "inputs": ["books/"], "weight": 0.1}],
+            "total_tokens": 1_000_000,
+            "schedule": [{"until": 0.7}, {"until": 1.0, "weights": {"web": 0.3, "books": 0.4}}]}
+    (root / "mix.json").write_text(json.dumps(spec))
+    return root
+
+
+def _run(data: Path, out: str, *extra, ranks=None, mix="mix.json", check=True):
+    return run_sortpack(["run", "--mixture", str(data / mix), "-o", str(data / out), "--max-tokens", "8192",
+                         "--overwrite", *map(str, extra)], ranks=ranks, check=check)
+
+
+def _rows(data: Path, name: str) -> int:
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in sorted((data / name).glob("*.parquet")))
+
+
+def test_plan_follows_the_schedule_and_records_each_source(data):
+    _run(data, "plan")
+    idx = PackedIndex(data / "plan")
+    m = idx.manifest["mixture"]
+    assert idx.source_names == ["web", "code", "books"]
+    tokens, source = idx["tokens"].astype(np.int64), idx["source"].astype(np.int64)
+    # every micro-batch holds one source: its ids lie in that source's global row range
+    firsts = np.cumsum([0] + [_rows(data, n) for n in ("web", "code", "books")])
+    for i in range(len(idx)):
+        ids = idx.microbatch(i)
+        s = int(source[i])
+        assert firsts[s] <= ids.min() and ids.max() < firsts[s + 1]
+    schedule = schedule_from_dict(m["schedule"], idx.source_names)
+    dev = deviations(tokens, source, schedule, m["target_tokens"])
+    assert dev.max() <= m["bound_tokens"] and m["bound_tokens"] <= 8192
+    assert dev.max() == pytest.approx(m["max_deviation_tokens"])
+    assert 1_000_000 - 8192 < tokens.sum() <= 1_000_000 == m["total_tokens"]
+    recs = {r["name"]: r for r in m["sources"]}
+    for s, name in enumerate(idx.source_names):
+        mine = source == s
+        assert recs[name]["tokens"] == tokens[mine].sum()
+        assert recs[name]["samples"] == idx["num_samples"][mine].sum()
+        assert recs[name]["passes"] == pytest.approx(recs[name]["tokens"] / recs[name]["tokens_held"])
+        assert recs[name]["whole_passes"] == int(np.floor(recs[name]["passes"])) or recs[name]["passes"] < 1
+    # books (0.19 of 1M tokens, 76k held) repeats; web (0.51 of it, 627k held) is a subset
+    assert recs["books"]["whole_passes"] >= 1 and recs["books"]["most_uses"] == recs["books"]["whole_passes"] + 1
+    assert recs["web"]["passes"] < 1 and recs["web"]["most_uses"] == 1
+    assert recs["code"]["column"] == "content"
+    # the weights switch at 0.7 of the run: books gets more than its early share after it
+    x = np.cumsum(tokens) / tokens.sum()
+    late = x > 0.75
+    assert tokens[late & (source == 2)].sum() / tokens[late].sum() == pytest.approx(0.4, abs=0.05)
+    assert tokens[~late & (source == 2)].sum() / tokens[~late].sum() == pytest.approx(0.1, abs=0.05)
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_the_plan_is_byte_identical_at_any_rank_count(data, ranks):
+    if not (data / "plan1" / "manifest.json").exists():
+        _run(data, "plan1", "--stages", "2", "--key", "size", "--shapes", "auto:4")
+    _run(data, f"plan{ranks}", "--stages", "2", "--key", "size", "--shapes", "auto:4", ranks=ranks)
+    one = json.loads((data / "plan1" / "manifest.json").read_text())
+    other = json.loads((data / f"plan{ranks}" / "manifest.json").read_text())
+    assert one["content_hash"] == other["content_hash"]
+    for shard in one["shards"]:
+        assert (data / "plan1" / shard["file"]).read_bytes() == (data / f"plan{ranks}" / shard["file"]).read_bytes()
+
+
+def test_stages_advance_within_each_source(data):
+    _run(data, "staged", "--stages", "3", "--key", "size")
+    idx = PackedIndex(data / "staged")
+    stage, source = idx["stage"], idx["source"]
+    for s in range(3):
+        st = stage[source == s].astype(np.int64)
+        # ascending as the run advances, but for the source's last few micro-batches
+        assert np.all(np.diff(st[:-3]) >= 0) and set(st.tolist()) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("opts", [["--budget", "tokens"], ["--shapes", "256,1024,4096"],
+                                  ["--rows", "4096"], ["--same-shape", "--group-size", "2"],
+                                  ["--pad-to-multiple", "64", "--static-shapes"]])
+def test_packing_options_apply_within_each_source(data, opts):
+    _run(data, "opts", *opts)
+    idx = PackedIndex(data / "opts")
+    m = idx.manifest["mixture"]
+    source = idx["source"].astype(np.int64)
+    dev = deviations(idx["tokens"], source, schedule_from_dict(m["schedule"], idx.source_names), m["target_tokens"])
+    assert dev.max() <= m["bound_tokens"]
+    if "--same-shape" in opts:  # groups move whole: each pair is one source and one shape
+        assert np.all(source[0::2] == source[1::2])
+        assert np.all(idx["padded_size"][0::2] == idx["padded_size"][1::2])
+
+
+def test_without_total_tokens_no_sample_is_used_twice(data):
+    spec = json.loads((data / "mix.json").read_text())
+    del spec["total_tokens"]
+    (data / "mix-once.json").write_text(json.dumps(spec))
+    _run(data, "once", mix="mix-once.json")
+    idx = PackedIndex(data / "once")
+    ids = idx.all_sample_ids()
+    assert len(np.unique(ids)) == len(ids)
+    recs = idx.manifest["mixture"]["sources"]
+    assert max(r["passes"] for r in recs) > 0.9  # the scarcest source (for its share) is nearly used up
+    assert all(r["most_uses"] <= 1 for r in recs)
+
+
+def test_blend_and_store_and_inspect(data, tmp_path):
+    (tmp_path / "web").symlink_to(data / "web")
+    (tmp_path / "books").symlink_to(data / "books")
+    run_sortpack(["run", "--blend", f"70 {tmp_path / 'web'} 30 {tmp_path / 'books'}", "--total-tokens", "600000",
+                  "-o", str(tmp_path / "b"), "--max-tokens", "8192", "--store", "text"])
+    from sortpack.dataset import SourceDataset
+    from sortpack.reader import PackedSampler
+
+    idx = PackedIndex(tmp_path / "b")
+    assert [s["weight"] for s in idx.manifest["mixture"]["sources"]] == [70, 30]
+    stored, files = SourceDataset(idx, columns=["text"]), SourceDataset(idx, columns=["text"], stored=False)
+    seen = set()
+    for mb in PackedSampler(idx):
+        assert [r["text"] for r in stored.__getitems__(mb)] == [r["text"] for r in files.__getitems__(mb)]
+        seen.add(mb.source)
+    assert seen == {str(tmp_path / "web"), str(tmp_path / "books")}
+    out = run_sortpack(["inspect", str(tmp_path / "b"), "--json"]).stdout
+    rep = json.loads(out)["mixture"]
+    assert rep["max_deviation_tokens"] <= rep["bound_tokens"]
+    assert [s["name"] for s in rep["sources"]] == [str(tmp_path / "web"), str(tmp_path / "books")]
+    assert sum(s["tokens"] for s in rep["sources"]) == rep["tokens"]
+    text = run_sortpack(["inspect", str(tmp_path / "b"), "--plot", str(tmp_path / "b.png")]).stdout
+    assert "largest deviation from the schedule over every prefix" in text
+    assert (tmp_path / "b.png").stat().st_size > 10_000
+
+
+# --- errors ------------------------------------------------------------------------------------------
+BAD_SPECS = {
+    "weight not positive": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 0}]}, "weights must be positive"),
+    "unknown key": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}], "total": 5}, "unknown key 'total'"),
+    "unknown source key": ({"sources": [{"name": "a", "inputs": ["x"], "weigth": 1}]}, "unknown key 'weigth'"),
+    "schedule unknown source": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}],
+                                 "schedule": [{"until": 1.0, "weights": {"b": 1}}]}, "unknown source 'b'"),
+    "schedule not ending at 1": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}],
+                                  "schedule": [{"until": 0.5}]}, "must end at 1.0"),
+    "no weight": ({"sources": [{"name": "a", "inputs": ["x"]}]}, "has no 'weight'"),
+    "duplicate name": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1},
+                                    {"name": "a", "inputs": ["y"], "weight": 1}]}, "appears twice"),
+    "no inputs": ({"sources": [{"name": "a", "inputs": [], "weight": 1}]}, "'inputs' must be a non-empty"),
+    "bad total": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}], "total_tokens": -3}, "total_tokens"),
+    "never used": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}, {"name": "b", "inputs": ["y"],
+                                                                              "weight": 1}],
+                    "schedule": [{"until": 1.0, "weights": {"b": 0}}]}, "weight 0 in every phase"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_bad_specs_are_one_line_errors(case):
+    spec, message = BAD_SPECS[case]
+    with pytest.raises(SortpackError, match=message):
+        parse_mixture(spec)
+
+
+def test_blend_parsing():
+    mix = parse_blend("70 data/web 30 data/code")
+    assert mix.names == ["data/web", "data/code"] and mix.schedule.shares().tolist() == [0.7, 0.3]
+    with pytest.raises(SortpackError, match="pairs of weight and path"):
+        parse_blend("70 data/web 30")
+    with pytest.raises(SortpackError, match="not a weight"):
+        parse_blend("data/web 70")
+
+
+CLI_ERRORS = {
+    "positional inputs": (["run", "web/", "--mixture", "mix.json"], "give no INPUTS"),
+    "both forms": (["run", "--mixture", "mix.json", "--blend", "1 web/"], "exclude each other"),
+    "missing file": (["run", "--mixture", "nope.json"], "nope.json: no such file"),
+    "bad json": (["run", "--mixture", "web/a.parquet"], "not a JSON file"),
+    "source without rows": (["run", "--mixture", "empty.json"], "mixture source 'empty'"),
+    "missing column": (["run", "--mixture", "nocol.json"], "mixture source 'code'"),
+    "total without mixture": (["run", "web/", "--total-tokens", "5"], "apply to a mixture"),
+    "bad total": (["run", "--blend", "1 web/", "--total-tokens", "0"], "--total-tokens 0"),
+    "tiny total": (["run", "--blend", "1 web/", "--total-tokens", "3"], "smaller than the first micro-batch"),
+    "negative weight": (["run", "--blend", "-1 web/ 2 code/"], "weights must be positive"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLI_ERRORS))
+def test_cli_errors_are_one_line_exit_2_and_write_nothing(data, case):
+    (data / "empty").mkdir(exist_ok=True)
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), data / "empty" / "e.parquet")
+    (data / "empty.json").write_text(json.dumps({"sources": [{"name": "web", "inputs": ["web/"], "weight": 1},
+                                                             {"name": "empty", "inputs": ["empty/"], "weight": 1}]}))
+    (data / "nocol.json").write_text(json.dumps({"sources": [{"name": "code", "inputs": ["code/"], "weight": 1}]}))
+    args, message = CLI_ERRORS[case]
+    out = data / f"err-{case.replace(' ', '-')}"
+    args = [a if a.startswith("-") or a in ("run",) or " " in a or a.isdigit() else str(data / a) for a in args]
+    args = [a if " " not in a else " ".join(p if p.lstrip("-").isdigit() else str(data / p) for p in a.split())
+            for a in args]
+    proc = run_sortpack([*args, "-o", str(out), "--max-tokens", "8192"], check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not out.exists()

@@ -1,0 +1,65 @@
+"""Stored token ids go from the Arrow buffers into the batch: the micro-batch's tokens only, no rows built."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+torch = pytest.importorskip("torch")
+from sortpack.dataset import SourceDataset
+from sortpack.reader import PackedIndex
+from sortpack.reader.tokens import ragged_tokens
+from sortpack.torch import PackedBatchSampler, pad_collate, varlen_collate
+
+from support import make_tokenizer, run_sortpack
+
+SMALL = {"SORTPACK_TEST_DATA_ROWS": "70"}  # small data shards
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory):
+    base = tmp_path_factory.mktemp("stored")
+    rng = np.random.default_rng(3)
+    words = np.array(["hello", "world", "the", "quick", "brown", "fox"])
+    texts = [" ".join(words[rng.integers(0, len(words), rng.integers(1, 50))]) for _ in range(400)]
+    pq.write_table(pa.table({"text": texts, "raw": [t.encode() for t in texts]}), base / "d.parquet",
+                   row_group_size=100)
+    tok = make_tokenizer(base / "tok.json")
+    out = base / "plan"
+    run_sortpack(["run", base / "d.parquet", "-o", out, "--column", "text", "--size", "tokens", "--tokenizer", tok,
+                  "--max-tokens", "300", "--store", "raw", "--store-tokens", "--quiet"], env=SMALL)
+    return out
+
+
+def test_collate_reads_only_the_microbatch_and_builds_no_rows(plan):
+    ds = SourceDataset(plan)
+    for mb in PackedBatchSampler(PackedIndex(plan), rank=0, world_size=1, order="shuffle", seed=1):
+        items = ds.__getitems__(mb)
+        values, offsets = ragged_tokens(items, key="input_ids")
+        pad, var = pad_collate(key="input_ids")(items), varlen_collate(key="input_ids")(items)
+        assert items.built is False  # no Python row per sample was made
+        want = [row["input_ids"] for row in items]  # builds the rows now, for the check
+        assert len(values) == sum(len(w) for w in want) == int(var["cu_seqlens"][-1])
+        assert [values[a:b].tolist() for a, b in zip(offsets, offsets[1:])] == want
+        for r, w in enumerate(want):
+            assert pad["input_ids"][r, :len(w)].tolist() == w and pad["lengths"][r] == len(w)
+            assert pad["labels"][r, 0] == -100 and pad["labels"][r, 1:len(w)].tolist() == w[1:]
+        raw_values, raw_offsets = ragged_tokens(items, key="raw")  # a stored binary column: its bytes
+        assert [bytes(raw_values[a:b].astype(np.uint8)) for a, b in zip(raw_offsets, raw_offsets[1:])] == \
+            [row["raw"] for row in items]
+    # ids from all over the plan: rows from several data shards, one chunk each
+    ids = PackedIndex(plan).all_sample_ids()[::7].tolist()
+    items = ds.__getitems__(ids)
+    assert items.table.column("input_ids").num_chunks > 1
+    values, offsets = ragged_tokens(items, key="input_ids")
+    assert [values[a:b].tolist() for a, b in zip(offsets, offsets[1:])] == [row["input_ids"] for row in items]
+
+
+def test_stored_samples_still_read_as_rows(plan):
+    ds = SourceDataset(plan, columns=["raw"], transform=lambda row: len(row["raw"]))
+    mb = next(iter(PackedBatchSampler(PackedIndex(plan), rank=0, world_size=1)))
+    items = ds.__getitems__(mb)
+    assert len(items) == len(mb) and items.microbatch is mb and items.built is False
+    assert list(items) == [len(r) for r in ds.stored.microbatch(mb.microbatch).column("raw").to_pylist()]
+    assert items[0] == list(items)[0] and bool(items)
