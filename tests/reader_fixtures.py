@@ -15,10 +15,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sortpack.format import FORMATS, ROWS_PER_SHARD, VERSION, OutputDir, index_schema
+from sortpack.format import FORMATS, ROWS_PER_SHARD, VERSION, index_schema
 from sortpack.format.schemas import schema_json
-from sortpack.format.shards import write_owned_shards
 from sortpack.parallel import SerialComm
+from sortpack.write.output import OutputDir
+from sortpack.write.shards import write_owned_shards
 
 from support import write_text_parquet
 

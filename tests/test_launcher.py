@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from sortpack.errors import SortpackError
-from sortpack.format.shards import OutputDir
 from sortpack.launcher import launcher_rank, launcher_size
 from sortpack.parallel import SerialComm
+from sortpack.write.output import OutputDir
 
 from support import ROOT, run_sortpack
 

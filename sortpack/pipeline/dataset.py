@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
-from ..format.shards import OutputDir
 from ..inputs.fingerprints import with_mtimes
 from ..parallel import Comm
 from ..stages.analyze import AnalyzeOptions, analyze
@@ -18,6 +17,7 @@ from ..stages.pack import OversizeError, PackOptions, pack_samples
 from ..stages.sort import SortOptions, sort_samples
 from ..write.index_writer import write_index
 from ..write.materialize import StoreOptions, prepare
+from ..write.output import OutputDir
 from ..write.provenance import JobInfo, Profile
 from ..write.sample_dirs import read_samples, write_samples
 

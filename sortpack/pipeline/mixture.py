@@ -24,7 +24,6 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..format.kinds import rows_per_shard
-from ..format.shards import OutputDir
 from ..inputs.mixture import Mixture, deviations
 from ..parallel import Comm
 from ..partition import balanced_blocks
@@ -35,6 +34,7 @@ from ..stages.samples import Samples
 from ..stages.sort import SortOptions, sort_samples
 from ..write.index_writer import write_index
 from ..write.materialize import StoreOptions, prepare
+from ..write.output import OutputDir
 from ..write.provenance import JobInfo, Profile
 
 __all__ = ["run_mixture"]

@@ -8,12 +8,13 @@ from ..distribute import move_ragged, redistribute
 from ..format.kinds import new_manifest, rows_per_shard, samples_per_shard
 from ..format.manifest import DATA_VERSION, VERSION
 from ..format.schemas import index_schema, sample_id_type, schema_json
-from ..format.shards import OutputDir, write_owned_shards
 from ..inputs.fingerprints import split_mtimes
 from ..parallel import Comm
 from ..partition import index_shard_layout
 from ..stages.pack import Microbatches
+from .output import OutputDir
 from .provenance import JobInfo, Profile, provenance
+from .shards import write_owned_shards
 
 
 def _list_array(offsets: np.ndarray, values: np.ndarray, a: int, b: int, value_type) -> pa.Array:

@@ -33,12 +33,13 @@ from ..format.data_shards import (
     data_shard_name,
     write_data_shard,
 )
-from ..format.shards import OutputDir, file_sha256
+from ..format.shards import file_sha256
 from ..inputs.fingerprints import check_unchanged
 from ..inputs.sources import SourceFile, describe, read_units, split_units
 from ..inputs.specs import token_ids
 from ..parallel import Comm
 from ..partition import balanced_blocks
+from .output import OutputDir
 from .row_store import RowStore, from_raw
 
 TOKENS_COLUMN = "input_ids"

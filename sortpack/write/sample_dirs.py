@@ -10,12 +10,14 @@ from ..format.integrity import check_shards
 from ..format.kinds import new_manifest, rows_per_shard
 from ..format.manifest import VERSION, read_manifest
 from ..format.schemas import kind_schema, schema_json
-from ..format.shards import OutputDir, read_rows, write_owned_shards
+from ..format.shards import read_rows
 from ..inputs.fingerprints import split_mtimes, with_mtimes
 from ..parallel import Comm
 from ..partition import owner_starts
 from ..stages.samples import Samples, sample_stats
+from .output import OutputDir
 from .provenance import JobInfo, Profile, provenance
+from .shards import write_owned_shards
 
 
 def write_samples(comm: Comm, out: OutputDir, kind: str, samples: Samples, options: dict,

@@ -5,7 +5,8 @@ import hashlib
 
 import pyarrow as pa
 
-from sortpack.format.shards import file_sha256, write_shard
+from sortpack.format.shards import file_sha256
+from sortpack.write.shards import write_shard
 
 
 def test_write_shard_records_the_file_hash(tmp_path):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from sortpack.format.shards import OutputDir
 from sortpack.parallel import SerialComm
+from sortpack.write.output import OutputDir
 
 from support import run_sortpack
 

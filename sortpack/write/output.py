@@ -1,0 +1,182 @@
+"""Output directories that appear whole or not at all: a temporary sibling, swapped into place on commit."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+from ..errors import SortpackError
+from ..format.manifest import write_manifest
+from ..parallel import Comm, fault_point
+from . import termination
+
+_MADE_PARENTS: set[Path] = set()  # missing parents this process created for outputs
+
+
+class OutputDir:
+    """An output directory that appears only when complete.
+
+    Every rank writes into one temporary sibling, named with its owner (rank 0's pid, start
+    time and host) so that a later job can remove it if this one is killed; ``commit`` has
+    rank 0 write the manifest and swap it into place atomically (replacing an old output only
+    with ``overwrite``, and only one that sortpack wrote). Missing parent directories are
+    created with the temporary one, and removed again by ``discard``. Before any work, rank 0
+    checks the output (``output_guard.check_output``; ``inputs`` must not be inside it) and
+    removes the temporaries of dead jobs beside it.
+    """
+
+    def __init__(self, comm: Comm, path: str | os.PathLike, overwrite: bool = False,
+                 inputs: list[str] | tuple[str, ...] = ()):
+        from .output_guard import check_output, owner_tag, sweep_stale
+
+        self.comm = comm
+        self.path = Path(path)
+        self.overwrite = overwrite
+        err = None
+        if comm.is_root():
+            try:
+                for line in sweep_stale(self.path):
+                    print(line, file=sys.stderr, flush=True)
+                check_output(self.path, overwrite, inputs)
+            except SortpackError as exc:
+                err = exc
+        comm.check(err)
+        name = comm.bcast_obj(f"{uuid.uuid4().hex[:12]}-{owner_tag()}" if comm.is_root() else None)
+        self.tmp = self.path.parent / f".{self.path.name}.tmp-{name}"
+        self._created = False
+        self._cleanup_key: int | None = None
+
+    def ensure(self) -> Path:
+        """Create the temporary directory (and missing parents; collective) and return it."""
+        if not self._created:
+            err = None
+            if self.comm.is_root():
+                missing = [p for p in reversed(self.path.parents) if not p.exists()]
+                try:
+                    for p in missing:
+                        p.mkdir(exist_ok=True)
+                        _MADE_PARENTS.add(p)
+                    self.tmp.mkdir()
+                    self._cleanup_key = termination.register(self._remove_on_signal)
+                except OSError as exc:
+                    err = SortpackError(f"{self.path}: cannot create the output ({' '.join(str(exc).split())})")
+            self.comm.check(err)
+            self._created = True
+        return self.tmp
+
+    def _remove_on_signal(self) -> str | None:
+        """Remove the temporary (and the parents made for it); return its name when it was there."""
+        if not os.path.lexists(self.tmp):
+            return None
+        for _ in range(3):  # another thread may still be adding a file
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        _remove_made_parents()
+        return self.tmp.name
+
+    def commit(self, manifest: dict) -> dict | None:
+        """Write the manifest and move the directory into place; return the manifest on rank 0.
+
+        ``--overwrite`` is checked again at rename time: when another job created the output
+        since this one started, this job fails with one line and removes its temporary
+        directory instead of replacing (or merging into) the other's output.
+        """
+        self.ensure()
+        self.comm.barrier()
+        written, err = None, None
+        if self.comm.is_root():
+            old = None
+            try:
+                written = write_manifest(self.tmp, manifest)
+                old = self._rename_into_place()
+            except (SortpackError, OSError) as exc:
+                if not isinstance(exc, SortpackError):
+                    exc = SortpackError(f"{self.path}: cannot move the output into place "
+                                        f"({' '.join(str(exc).split())})")
+                err = exc
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            finally:
+                self._forget()
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)  # the replaced output; a kill leaves it to the next job
+        self.comm.check(err)
+        _MADE_PARENTS.difference_update(self.path.parents)  # they hold an output now
+        return written
+
+    def _forget(self) -> None:
+        if self._cleanup_key is not None:
+            termination.unregister(self._cleanup_key)
+            self._cleanup_key = None
+
+    def _rename_into_place(self) -> Path | None:
+        """Swap the temporary into place; return where the replaced output now is (None: nothing replaced).
+
+        With an existing output, ``renameat2(RENAME_EXCHANGE)`` swaps the two in one step, so
+        the replaced output ends up under the temporary's name (which names this job as
+        owner); where the system lacks it, the old output is renamed aside first
+        (``.NAME.old-*``, also owner-named) and a kill between the two renames is undone by
+        the next job into the same output.
+        """
+        from ..write.atomic_rename import exchange, move_new
+        from .output_guard import is_sortpack_output
+
+        exists = SortpackError(f"{self.path}: output appeared while this job ran (another job wrote it; "
+                               f"use --overwrite to replace it)")
+        with termination.critical():
+            if os.path.lexists(self.path):
+                if not self.overwrite:
+                    raise exists
+                why = is_sortpack_output(self.path)
+                if why is not None:
+                    raise SortpackError(f"{self.path}: appeared while this job ran and {why}; --overwrite "
+                                        f"replaces only an empty directory or a sortpack output")
+                if exchange(self.tmp, self.path):
+                    return self.tmp
+                old = self.path.parent / self.tmp.name.replace(".tmp-", ".old-", 1)
+                os.rename(self.path, old)
+                fault_point(self.comm, "between_renames")
+                try:
+                    self._move_new()
+                except BaseException:
+                    os.rename(old, self.path)
+                    raise
+                return old
+            try:
+                if not move_new(self.tmp, self.path):
+                    self._move_new()
+            except FileExistsError:
+                raise exists from None
+            return None
+
+    def _move_new(self) -> None:
+        exists = SortpackError(f"{self.path}: output appeared while this job ran (another job wrote it; "
+                               f"use --overwrite to replace it)")
+        try:
+            # rename(2) replaces an empty directory silently: make sure there is none
+            if os.path.lexists(self.path):
+                raise exists
+            os.rename(self.tmp, self.path)
+        except OSError:
+            if os.path.lexists(self.path):
+                raise exists from None  # lost the race to another job's rename
+            raise
+
+    def discard(self) -> None:
+        """Remove the temporary directory and the parents it created (rank 0, best effort)."""
+        if self.comm.is_root():
+            if self.tmp.exists():
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            self._forget()
+            _remove_made_parents()
+
+
+def _remove_made_parents() -> None:
+    # parents are shared by a job's outputs (run --keep-intermediate): each discard
+    # removes those that are empty by now, deepest first
+    for p in sorted(_MADE_PARENTS, key=lambda q: len(q.parts), reverse=True):
+        try:
+            p.rmdir()  # only while empty: another job may have written there since
+            _MADE_PARENTS.discard(p)
+        except OSError:
+            pass
