@@ -86,40 +86,14 @@ def describe_data(data: dict) -> dict:
 
 def verify_data(directory, manifest: dict) -> list[str]:
     """Return the problems of an index's data shards (sha256, bytes, rows, tiling); empty when fine."""
-    from ..errors import SortpackError, one_line
-    from .integrity import member_path
-    from .shards import file_sha256, open_shard
+    from .shards import open_shard, verify_shard_files
 
     data = manifest.get("data")
     if not data:
         return []
-    problems, expected = [], 0
-    for entry in data["shards"]:
-        try:
-            path = member_path(directory, entry["file"])
-        except SortpackError as exc:
-            problems.append(f"{entry['file']}: {one_line(exc)}")
-            continue
-        if not path.is_file():
-            problems.append(f"{entry['file']}: missing")
-            continue
-        if entry["first"] != expected:
-            problems.append(f"{entry['file']}: starts at row {entry['first']}, expected {expected}")
-        expected = entry["first"] + entry["rows"]
-        size = path.stat().st_size
-        if size != entry["bytes"]:
-            # no hash of a file already known to be wrong (it may be a huge sparse file)
-            problems.append(f"{entry['file']}: {size} bytes, manifest says {entry['bytes']}")
-            continue
-        if file_sha256(path) != entry["sha256"]:
-            problems.append(f"{entry['file']}: sha256 mismatch")
-        try:
-            open_shard(directory, entry, data.get("schema"), data["columns"])
-        except SortpackError as exc:
-            problems.append(f"{entry['file']}: {one_line(exc).removeprefix(str(path) + ': ')}")
-        except Exception as exc:  # noqa: BLE001 - report any unreadable shard as a problem
-            problems.append(f"{entry['file']}: unreadable ({exc})")
-    if expected != data["num_rows"] or data["num_rows"] != manifest["num_samples"]:
-        problems.append(f"data shards hold {expected} rows, manifest says {data['num_rows']} "
+    problems, rows = verify_shard_files(
+        directory, data["shards"], lambda entry: open_shard(directory, entry, data.get("schema"), data["columns"]))
+    if rows != data["num_rows"] or data["num_rows"] != manifest["num_samples"]:
+        problems.append(f"data shards hold {rows} rows, manifest says {data['num_rows']} "
                         f"for {manifest['num_samples']} samples")
     return problems

@@ -101,12 +101,33 @@ def _schema_of(directory, manifest) -> pa.Schema:
 
 def verify_directory(directory: str | os.PathLike) -> list[str]:
     """Return a list of problems found by re-hashing every shard (empty when all is well)."""
+    from .data_shards import verify_data
     from .manifest import content_hash
 
     manifest = read_manifest(directory)
-    problems = []
-    expected_first = 0
-    for entry in manifest["shards"]:
+
+    def open_checked(entry: dict) -> None:
+        # e.g. an index's sample ids: int32 or int64, as the manifest's schema records
+        _check_rows(directory, manifest, entry, open_shard(directory, entry, manifest.get("schema")))
+
+    problems, rows = verify_shard_files(directory, manifest["shards"], open_checked)
+    if rows != manifest["num_rows"]:
+        problems.append(f"shards hold {rows} rows, manifest says {manifest['num_rows']}")
+    if content_hash(manifest) != manifest.get("content_hash"):
+        problems.append("manifest content_hash does not match its contents")
+    return problems + verify_data(directory, manifest)
+
+
+def verify_shard_files(directory: str | os.PathLike, entries: list[dict], open_checked) -> tuple[list[str], int]:
+    """Return (problems, rows tiled) of a manifest's shard entries: names, tiling, sizes, sha256, structure.
+
+    The one check of a shard set, for the index, metrics and sorted shards and for data
+    shards alike. ``open_checked(entry)`` opens one shard and raises on a bad structure. A
+    shard whose size already disagrees is not hashed (it may be a huge sparse file).
+    """
+    problems: list[str] = []
+    expected = 0
+    for entry in entries:
         try:
             path = member_path(directory, entry["file"])
         except SortpackError as exc:
@@ -115,28 +136,19 @@ def verify_directory(directory: str | os.PathLike) -> list[str]:
         if not path.is_file():
             problems.append(f"{entry['file']}: missing")
             continue
-        if entry["first"] != expected_first:
-            problems.append(f"{entry['file']}: starts at row {entry['first']}, expected {expected_first}")
-        expected_first = entry["first"] + entry["rows"]
+        if entry["first"] != expected:
+            problems.append(f"{entry['file']}: starts at row {entry['first']}, expected {expected}")
+        expected = entry["first"] + entry["rows"]
         size = path.stat().st_size
         if size != entry["bytes"]:
-            # no hash of a file already known to be wrong (it may be a huge sparse file)
             problems.append(f"{entry['file']}: {size} bytes, manifest says {entry['bytes']}")
             continue
         if file_sha256(path) != entry["sha256"]:
             problems.append(f"{entry['file']}: sha256 mismatch")
         try:
-            # e.g. an index's sample ids: int32 or int64, as the manifest's schema records
-            batch = open_shard(directory, entry, manifest.get("schema"))
-            _check_rows(directory, manifest, entry, batch)
+            open_checked(entry)
         except SortpackError as exc:
             problems.append(f"{entry['file']}: {one_line(exc).removeprefix(str(path) + ': ')}")
         except Exception as exc:  # noqa: BLE001 - report any unreadable shard as a problem
             problems.append(f"{entry['file']}: unreadable ({exc})")
-    if expected_first != manifest["num_rows"]:
-        problems.append(f"shards hold {expected_first} rows, manifest says {manifest['num_rows']}")
-    if content_hash(manifest) != manifest.get("content_hash"):
-        problems.append("manifest content_hash does not match its contents")
-    from .data_shards import verify_data
-
-    return problems + verify_data(directory, manifest)
+    return problems, expected
