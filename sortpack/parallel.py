@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .env import env_flag, env_text
 from .errors import SortpackError, one_line
 
 # MPI counts and displacements are C ints; one round of an exchange moves at most this
@@ -258,7 +259,7 @@ def get_comm() -> Comm:
     global _WORLD
     if _WORLD is not None:
         return _WORLD
-    if os.environ.get("SORTPACK_NO_MPI", "") not in ("", "0"):
+    if env_flag("SORTPACK_NO_MPI"):
         _WORLD = SerialComm()
         return _WORLD
     try:
@@ -317,7 +318,7 @@ def fault_point(comm: Comm, name: str) -> None:
     ``name:rank:kill`` sends that rank SIGKILL instead (a job killed at that very point),
     ``name:rank:stall`` makes it wait 10 minutes (a job to be signalled there).
     """
-    spec = os.environ.get("SORTPACK_FAULT")
+    spec = env_text("SORTPACK_FAULT")
     if spec and spec == f"{name}:{comm.rank}":
         raise RuntimeError(f"injected fault at {name} on rank {comm.rank}")
     if spec and spec == f"{name}:{comm.rank}:kill":

@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sortpack.format import FORMATS, ROWS_PER_SHARD, VERSION, index_schema
+from sortpack.format import FORMATS, VERSION, index_schema
+from sortpack.format import rows_per_shard as format_rows_per_shard
 from sortpack.format.schemas import schema_json
 from sortpack.parallel import SerialComm
 from sortpack.write.output import OutputDir
@@ -133,7 +134,7 @@ def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, 
         columns.append(_list_array(rs_counts, rs_values, pa.int32()))
     schema = index_schema(rows=rows)
     table = pa.Table.from_arrays(columns, schema=schema)
-    rps = rows_per_shard or ROWS_PER_SHARD["index"]
+    rps = rows_per_shard or format_rows_per_shard("index")
     comm = SerialComm()
     out = OutputDir(comm, path, overwrite=True)
     out.ensure()

@@ -14,7 +14,7 @@ from support import ROOT
 PKG = ROOT / "sortpack"
 
 # the sides of the package, by top-level name (a module or a subpackage of sortpack)
-BASE = {"errors", "parallel", "partition", "distribute", "progress", "launcher", "kernels", "permutation"}
+BASE = {"errors", "env", "parallel", "partition", "distribute", "progress", "launcher", "kernels", "permutation"}
 SIDES = {
     **{b: "base" for b in BASE},
     "inputs": "inputs", "format": "format", "stages": "stages", "write": "write",
@@ -24,7 +24,7 @@ SIDES = {
 # side -> the sides it may import (besides itself)
 MAY_IMPORT = {
     "base": {"base"},
-    "format": {"errors"},  # the on-disk contract: no MPI, no writer, no stage
+    "format": {"errors", "env"},  # the on-disk contract: no MPI, no writer, no stage
     "inputs": {"base", "format"},
     "stages": {"base", "inputs"},
     "write": {"base", "format", "inputs", "stages"},
@@ -35,8 +35,8 @@ MAY_IMPORT = {
 }
 # within base, the finer rule: kernels and errors stand alone, only parallel's helpers use parallel
 BASE_MAY_IMPORT = {
-    "errors": set(), "kernels": set(), "launcher": set(), "progress": set(), "permutation": set(),
-    "parallel": {"errors", "launcher"}, "partition": {"parallel"}, "distribute": {"parallel", "partition"},
+    "errors": set(), "env": set(), "kernels": {"env"}, "launcher": set(), "progress": set(), "permutation": set(),
+    "parallel": {"errors", "env", "launcher"}, "partition": {"parallel"}, "distribute": {"parallel", "partition"},
 }
 
 

@@ -11,13 +11,14 @@ import os
 
 import numpy as np
 
+from ..env import env_int
+
 DATA_ROWS_PER_SHARD = 1 << 16
 
 
 def data_rows_per_shard() -> int:
     """Return the rows at which a new data shard starts (``SORTPACK_TEST_DATA_ROWS``, read when used, in tests)."""
-    override = os.environ.get("SORTPACK_TEST_DATA_ROWS")
-    return int(override) if override else DATA_ROWS_PER_SHARD
+    return env_int("SORTPACK_TEST_DATA_ROWS") or DATA_ROWS_PER_SHARD
 
 DATA_PREFIX = "data"
 

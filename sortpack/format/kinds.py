@@ -4,9 +4,9 @@ Every other module asks this table instead of keeping its own copy (docs/format.
 """
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+
+from ..env import env_int
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,7 @@ def rows_per_shard(kind: str) -> int:
     ``SORTPACK_TEST_SHARD_ROWS`` (read here, when used) lets tests exercise many-shard
     layouts on small data.
     """
-    override = os.environ.get("SORTPACK_TEST_SHARD_ROWS")
-    return int(override) if override else KINDS[kind].rows_per_shard
+    return env_int("SORTPACK_TEST_SHARD_ROWS") or KINDS[kind].rows_per_shard
 
 
 # An index shard also ends where its samples cross a multiple of this count, so the shards,
@@ -65,24 +64,8 @@ SAMPLES_PER_SHARD = 1 << 20
 
 def samples_per_shard() -> int:
     """Return the sample count at which a new index shard starts (``SORTPACK_TEST_SHARD_SAMPLES`` in tests)."""
-    override = os.environ.get("SORTPACK_TEST_SHARD_SAMPLES")
-    return int(override) if override else SAMPLES_PER_SHARD
+    return env_int("SORTPACK_TEST_SHARD_SAMPLES") or SAMPLES_PER_SHARD
 
-
-class _RowsPerShard(Mapping):
-    """``rows_per_shard`` as a read-only mapping by kind, for callers that index a table."""
-
-    def __getitem__(self, kind: str) -> int:
-        return rows_per_shard(kind)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(KINDS)
-
-    def __len__(self) -> int:
-        return len(KINDS)
-
-
-ROWS_PER_SHARD: Mapping[str, int] = _RowsPerShard()
 
 
 def new_manifest(kind: str, **fields) -> dict:

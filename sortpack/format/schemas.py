@@ -1,10 +1,9 @@
 """Arrow schemas of the three directory kinds (see docs/format.md)."""
 from __future__ import annotations
 
-import os
-
 import pyarrow as pa
 
+from ..env import env_int
 from .kinds import KIND_OF_FORMAT
 
 
@@ -29,7 +28,7 @@ def sample_id_type(source_rows: int) -> pa.DataType:
     rank, independent of what ``--oversize skip`` drops). ``SORTPACK_TEST_ID_BITS=64`` (read
     here, when used) lets tests write the int64 form on small data.
     """
-    if os.environ.get("SORTPACK_TEST_ID_BITS") == "64":
+    if env_int("SORTPACK_TEST_ID_BITS") == 64:
         return pa.int64()
     return pa.int32() if int(source_rows) <= INT32_ID_ROWS else pa.int64()
 

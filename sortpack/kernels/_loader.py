@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import os
 import warnings
 from typing import Any
 
 import numpy as np
+
+from ..env import env_flag
 
 _ABI_VERSION = 8  # must equal SP_ABI_VERSION in _ckernels.c
 _EXTENSION = __name__.rpartition(".")[0] + "._ckernels"
@@ -41,7 +42,7 @@ _SIGNATURES = {
 def _load_clib() -> Any:
     """Return the ctypes handle of the compiled kernels, or None with the reason recorded."""
     global _fallback_reason
-    if os.environ.get("SORTPACK_NO_CKERNELS", "") not in ("", "0"):
+    if env_flag("SORTPACK_NO_CKERNELS"):
         _fallback_reason = "SORTPACK_NO_CKERNELS is set"
         return None
     try:

@@ -11,6 +11,8 @@ import ctypes
 import errno
 import os
 
+from ..env import env_flag
+
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -27,7 +29,7 @@ def _load():
     return fn
 
 
-_RENAMEAT2 = _load() if os.environ.get("SORTPACK_NO_RENAMEAT2", "") in ("", "0") else None
+_RENAMEAT2 = None if env_flag("SORTPACK_NO_RENAMEAT2") else _load()
 
 
 def _renameat2(src: str | os.PathLike, dst: str | os.PathLike, flags: int) -> bool:

@@ -40,10 +40,8 @@ def test_rows_per_shard_reads_the_test_hook_when_called(monkeypatch):
     assert kinds.rows_per_shard("index") == 1 << 16
     monkeypatch.setenv("SORTPACK_TEST_SHARD_ROWS", "37")
     assert kinds.rows_per_shard("index") == 37 and kinds.rows_per_shard("metrics") == 37
-    assert kinds.ROWS_PER_SHARD["sorted"] == 37  # the mapping form reads it when indexed too
-    assert dict(kinds.ROWS_PER_SHARD) == {"metrics": 37, "sorted": 37, "index": 37}
     monkeypatch.delenv("SORTPACK_TEST_SHARD_ROWS")
-    assert kinds.ROWS_PER_SHARD["metrics"] == 1 << 20
+    assert kinds.rows_per_shard("metrics") == 1 << 20
 
 
 def _fields(kind):
