@@ -10,13 +10,55 @@ buffer of the right size (``kernels.gather_bytes``, compiled).
 Byte ranges cover strings and binaries, fixed-width values, and lists of fixed-width
 values without nulls inside the lists. Other types, and such lists with null values, fall
 back to pyarrow ``take`` per array (``raw`` turns False): correct, with more copies.
+
+Strings, binaries and lists address their values with 32-bit offsets, so one array holds
+at most 2^31 - 1 bytes (values). Whatever may grow past that (a spill, a round's received
+rows, a round's rows that stay) is gathered in pieces of at most ``piece_bytes()`` each
+(``piece_cuts``, ``gather_pieces``, ``from_raw_pieces``) and kept as a chunked array.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pyarrow as pa
 
 from . import kernels
+
+# under the 2 GiB of 32-bit offsets with room to spare: row sizes of nested types are estimates
+PIECE_BYTES = 1 << 30
+
+
+def piece_bytes() -> int:
+    """Return the most bytes one gathered array holds (``SORTPACK_TEST_PIECE_BYTES``, read when used, in tests)."""
+    override = os.environ.get("SORTPACK_TEST_PIECE_BYTES")
+    return max(1, int(override)) if override else PIECE_BYTES
+
+
+def piece_cuts(sizes: np.ndarray, limit: int) -> np.ndarray:
+    """Return cuts ``[0, ..., n]`` into runs of consecutive rows whose summed ``sizes`` stay within ``limit``.
+
+    A row larger than ``limit`` is a run of its own. One search per run, not per row.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    n = len(sizes)
+    cum = np.concatenate(([0], np.cumsum(sizes)))
+    if n == 0 or cum[-1] <= limit:
+        return np.array([0, n], dtype=np.int64)
+    cuts = [0]
+    while cuts[-1] < n:
+        a = cuts[-1]
+        b = int(np.searchsorted(cum, cum[a] + limit, side="right")) - 1
+        cuts.append(max(b, a + 1))
+    return np.array(cuts, dtype=np.int64)
+
+
+def gather_pieces(store: RowStore, rows: np.ndarray, sizes: np.ndarray, limit: int) -> pa.Array | pa.ChunkedArray:
+    """Return ``store.gather(rows)``, as a chunked array of pieces within ``limit`` bytes when it is larger."""
+    cuts = piece_cuts(sizes, limit)
+    if len(cuts) <= 2:
+        return store.gather(rows)
+    return pa.chunked_array([store.gather(rows[a:b]) for a, b in zip(cuts[:-1], cuts[1:])], store.type)
 
 
 def _is_binary_like(t: pa.DataType) -> bool:
@@ -205,6 +247,17 @@ def from_raw(type: pa.DataType, length: np.ndarray, data: np.ndarray, valid: np.
     child = pa.Array.from_buffers(type.value_type, int(ends[-1]) if n else 0, [None, values], null_count=0)
     return pa.Array.from_buffers(type, n, [validity, pa.py_buffer(offsets)], children=[child],
                                  null_count=-1 if validity is not None else 0)
+
+
+def from_raw_pieces(type: pa.DataType, length: np.ndarray, data: np.ndarray, valid: np.ndarray | None,
+                    limit: int) -> pa.Array | pa.ChunkedArray:
+    """Return ``from_raw``'s array; chunked in pieces within ``limit`` bytes when it has offsets and is larger."""
+    cuts = piece_cuts(length, limit) if _kind(type) != "fixed" else np.array([0, len(length)])
+    if len(cuts) <= 2:
+        return from_raw(type, length, data, valid)
+    at = np.concatenate(([0], np.cumsum(length)))[cuts]
+    return pa.chunked_array([from_raw(type, length[a:b], data[at[k]:at[k + 1]], None if valid is None else valid[a:b])
+                             for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))], type)
 
 
 def _take(arrays: list, piece: np.ndarray, row_in: np.ndarray, type: pa.DataType) -> pa.Array:
