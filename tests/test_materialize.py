@@ -59,6 +59,22 @@ def assert_rows_match(plan, src: pa.Table, world: int = 2):
     assert seen >= index.num_samples
 
 
+def assert_take_matches(plan, src: pa.Table, seed: int = 0):
+    """Random ids (repeats, every shard, any order) read back by ``take`` as the source's rows; others refused."""
+    stored = PackedIndex(plan).stored
+    ids = stored.index.all_sample_ids()
+    rng = np.random.default_rng(seed)
+    for n in (0, 1, 7, 1000):
+        want = rng.choice(ids, n)
+        got = stored.take(want)
+        assert got.column_names == stored.columns and got.num_rows == n
+        assert got.to_pylist() == src.select(stored.columns).take(pa.array(want, pa.int64())).to_pylist()
+    absent = np.setdiff1d(np.arange(src.num_rows), ids)
+    for bad in [-1, src.num_rows, *absent[:1].tolist()]:
+        with pytest.raises(KeyError, match=f"sample id {bad} "):
+            stored.take([int(ids[0]), bad])
+
+
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_stored_rows_equal_the_source_in_every_mode(tmp_path, text_dataset, mode):
     files, _ = text_dataset
@@ -71,6 +87,7 @@ def test_stored_rows_equal_the_source_in_every_mode(tmp_path, text_dataset, mode
     assert len(m["data"]["shards"]) > 1
     assert verify_directory(plan) == []
     assert_rows_match(plan, source_table(files))
+    assert_take_matches(plan, source_table(files))
     # the index shards are the plain index's: sampling, resume and world size behave the same
     plain = tmp_path / "plain"
     run_sortpack([a if a != plan else plain for a in args[:-(2 + len(MODES[mode]))]] + MODES[mode], env=SMALL)
