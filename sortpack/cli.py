@@ -233,7 +233,7 @@ def _job(fn):
         if comm.is_root() and manifest is not None and not kw["quiet"]:
             click.echo(_summary(kw["output"], manifest))
             if kw.get("profile"):
-                click.echo(_profile_table(manifest["provenance"]["profile"]))
+                click.echo(_profile_table(manifest["provenance"]["profile"], manifest["provenance"].get("exchange")))
 
     return wrapper
 
@@ -248,12 +248,17 @@ def _summary(path: str, m: dict) -> str:
             f"{len(m['shards'])} shards, content_hash {m['content_hash'][:16]}")
 
 
-def _profile_table(p: dict) -> str:
+def _profile_table(p: dict, exchange: dict | None = None) -> str:
     lines = [f"{'stage':<10} {'wall s':>9} {'alltoallv MB (max rank)':>24}"]
     for name, v in p.items():
         if isinstance(v, dict):
             lines.append(f"{name:<10} {v['wall_s']:>9.3f} {v['alltoallv_bytes_max'] / 1e6:>24.1f}")
     lines.append(f"peak RSS (max rank): {p['peak_rss_bytes_max'] / 2**20:.1f} MiB")
+    if p.get("peak_rss_bytes_per_rank"):
+        lines.append(f"peak RSS per rank (MiB): {', '.join(f'{b / 2**20:.0f}' for b in p['peak_rss_bytes_per_rank'])}")
+    if exchange:
+        lines.append(f"--store: memory limit {exchange['memory_limit'] / 2**20:.1f} MiB per rank, "
+                     f"{exchange['rounds']} rounds, {exchange.get('spills', 0)} spills")
     if p.get("analyze_rows_per_rank"):
         lines.append(f"analyze rows per rank: {', '.join(map(str, p['analyze_rows_per_rank']))}")
     return "\n".join(lines)

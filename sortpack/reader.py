@@ -12,6 +12,7 @@ from .train.index import SCALAR_COLUMNS as _SCALAR_COLUMNS
 from .train.lr import LR_METHODS, lr_scale
 from .train.permutation import _M64, KeyedPermutation, _mix, _mix_vec
 from .train.plan import ORDERS, EpochPlan, check_group_alignment, step_positions
+from .train.prefetch import Prefetched, Prefetcher
 from .train.sampler import MicroBatch, PackedSampler, Samples, step_info
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
            "MicroBatch",
            "PackedIndex",
            "PackedSampler",
+           "Prefetched",
+           "Prefetcher",
            "Samples",
            "check_group_alignment",
            "lr_scale",

@@ -374,3 +374,16 @@ def test_columns_of_every_kind_with_nulls_move_identically_at_1_and_3_ranks(tmp_
     assert data_files(outs[1]) == data_files(outs[0])
     assert verify_directory(outs[0]) == []
     assert_rows_match(outs[0], source_table(files), world=2)
+
+
+@pytest.mark.mpi
+def test_profile_reports_the_peak_rss_of_every_rank_and_the_limit(tmp_path, text_dataset):
+    files, _ = text_dataset
+    proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500",
+                         "--store", "text", "--memory-limit", "64K", "--profile"], ranks=2, env=SMALL, timeout=180)
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("peak RSS per rank (MiB):"))
+    per_rank = [int(x) for x in line.split(":")[1].split(",")]
+    assert len(per_rank) == 2 and all(x > 10 for x in per_rank)
+    assert per_rank == [round(b / 2**20) for b in
+                        manifest(tmp_path / "plan")["provenance"]["profile"]["peak_rss_bytes_per_rank"]]
+    assert "--store: memory limit 0.1 MiB per rank" in proc.stdout and " spills" in proc.stdout
