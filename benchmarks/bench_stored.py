@@ -63,15 +63,14 @@ def make_data(directory: Path, rows: int, seed: int = 0) -> list[Path]:
     rng = np.random.default_rng(seed)
     alphabet = np.frombuffer(b"abcdefghij klmnopqrstuvwxyz", dtype=np.uint8)
     pool = alphabet[rng.integers(0, len(alphabet), 1 << 24)]
-    per_file = min(FILE_ROWS, rows)
-    for k, start in enumerate(range(0, rows, per_file)):
+    for k, start in enumerate(range(0, rows, FILE_ROWS)):
         path = directory / f"part-{k:04d}.parquet"
         files.append(path)
-        n = min(per_file, rows - start)
+        n = min(FILE_ROWS, rows - start)
         lengths = np.clip(rng.lognormal(np.log(300), 0.8, n), 1, 20000).astype(np.int64)
         offs = rng.integers(0, len(pool) - 20001, n)
-        if path.exists():
-            continue
+        if path.exists() and pq.ParquetFile(path).metadata.num_rows == n:
+            continue  # a smaller run's last file is shorter: written again
         data = np.empty(int(lengths.sum()), np.uint8)
         kernels.gather_bytes(np.array([pool.ctypes.data], np.uint64), [pool], np.zeros(n, np.int64), offs, lengths,
                              data)
@@ -292,6 +291,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     ap.add_argument("--world", type=int, default=1, help="world size of the cold-start sampler (rank 0 reads)")
     ap.add_argument("--workdir", type=Path, default=ROOT / "benchmarks" / "_work" / "stored")
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
+    ap.add_argument("--json", type=Path, help="also write the table and notes as JSON here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -307,12 +307,14 @@ def main(argv: list[str] | None = None) -> list[str]:
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     lines = [f"{'part':<6} {'measure':<52} {'sortpack':>12} {'datasets':>12} {'ratio':>7}"]
-    notes = []
+    notes: list[str] = []
+    table: list[list[str]] = []
 
     def row(part, what, value, base=None, digits=0):
         ratio = f"{value / base:.2f}" if base else ""
         baseline = "" if base is None else f"{base:,.{digits}f}"
         lines.append(f"{part:<6} {what:<52} {value:>12,.{digits}f} {baseline:>12} {ratio:>7}")
+        table.append([part, what, f"{value:,.{digits}f}", baseline, ratio])
         print(lines[-1], flush=True)
 
     print(lines[0], flush=True)
@@ -334,6 +336,7 @@ def main(argv: list[str] | None = None) -> list[str]:
                          f"polled, {', '.join(map(fmt_bytes, res['profile']['peak_rss_bytes_per_rank']))} in "
                          f"--profile; {fmt_bytes(plain)} without --store: the store adds "
                          f"{(polled - plain) / limit:.2f}x its memory limit of {fmt_bytes(limit)}")
+            table.append(["store", lines[-1][7:], "", "", ""])
             print(lines[-1], flush=True)
             stages = {k: v["wall_s"] for k, v in res["profile"].items() if isinstance(v, dict)}
             notes.append(f"{n / 1e6:g}M rows, P=2 stages (s, max over ranks): "
@@ -386,7 +389,30 @@ def main(argv: list[str] | None = None) -> list[str]:
     for note in notes:
         lines.append(f"note: {note}")
         print(lines[-1], flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"rows": table, "notes": notes}))
     return lines
+
+
+def bench(ctx) -> list:
+    """The suite's ``stored`` benchmark: this script in a subprocess (5M rows at full scale), its table as a section."""
+    from .report import Section
+    from .runner import launch
+
+    out = ROOT / "benchmarks" / "_work" / "stored.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    full = ctx.scale_name == "full"
+    args = ["--scale", ctx.scale_name, "--json", str(out), "--workdir", str(out.parent / "stored-suite")]
+    args += ["--rows", "5000000"] if full else []
+    ctx.log(f"stored data at scale {ctx.scale_name}" + (" (5M rows; the 20M run: bench_stored.py --scale full)"
+                                                        if full else ""))
+    launch([sys.executable, str(Path(__file__).resolve()), *args], 7200 if full else 900)
+    res = json.loads(out.read_text())
+    ctx.sections.append(Section(f"Stored data (`python benchmarks/bench_stored.py {' '.join(args[:2])}`): sortpack "
+                                "against Hugging Face datasets in the same run",
+                                ["part", "measure", "sortpack", "datasets", "ratio"], res["rows"]))
+    ctx.notes.extend(f"stored: {n}" for n in res["notes"])
+    return []
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -323,6 +324,7 @@ class _Received:
         self._pending_entry = 0  # pos/sizes entries from here on are not spilled
         self._mapped: list[list] = []  # per spill batch: [last position, mmap, first byte, end byte]
         self.rounds = self.spill_batches = 0
+        self.spill_s = 0.0
 
     def add(self, columns: dict, pos: np.ndarray, sizes: np.ndarray, rows: np.ndarray | None = None,
             held: int | None = None) -> None:
@@ -344,6 +346,7 @@ class _Received:
     def _spill(self) -> None:
         import mmap
 
+        t0 = time.perf_counter()
         path = self.directory / f".spill-{self.rank:05d}-{len(self.spills):05d}.arrow"
         first_entry = self._pending_entry  # the entries added since the last spill
         pos = np.concatenate(self.pos[first_entry:])
@@ -375,6 +378,7 @@ class _Received:
         self.sizes[first_entry:] = [sizes]
         self._pending_entry = len(self.pos)
         self.spilled_rows, self.pending_bytes = self.rows, 0
+        self.spill_s += time.perf_counter() - t0
 
     def release_below(self, position: int) -> None:
         """Drop from memory the mapped spill batches whose rows all lie before output ``position``."""
@@ -432,12 +436,20 @@ class _Reader:
     tokens: tuple | None  # (text column, tokenizer, truncate length or 0)
     cursor: int = 0
     row: int = 0
+    seconds: float = 0.0  # reading, decoding and converting the input units
 
     def done(self) -> bool:
         return self.cursor >= len(self.units)
 
     def next_table(self) -> tuple[pa.Table, np.ndarray]:
         """Return the next unit's stored columns and its rows' positions (rows not in the plan dropped)."""
+        t0 = time.perf_counter()
+        try:
+            return self._next_table()
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _next_table(self) -> tuple[pa.Table, np.ndarray]:
         fidx, unit = self.units[self.cursor]
         self.cursor += 1
         src, entry = self.srcs[fidx], self.files[fidx]
@@ -537,10 +549,14 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
     # spill batches of at most a sixteenth of a round: the pages of finished ones are released
     received = _Received(directory, comm.rank, max(1, limit // 2), schema,
                          min(piece_bytes(), max(1 << 20, budget // 16)))
+    t0 = time.perf_counter()
     _exchange(comm, reader, received, owner_starts, budget, limit)
-
+    t1 = time.perf_counter()
     shards = _write_data_shards(comm, directory, received, layout, writer_starts[comm.rank],
                                 writer_starts[comm.rank + 1])
+    # where the time went, max over ranks: the exchange less its reads and spills, and the writes
+    seconds = comm.allreduce(np.array([reader.seconds, t1 - t0 - reader.seconds - received.spill_s,
+                                       received.spill_s, time.perf_counter() - t1]), "max")
     spills = comm.allreduce(np.array([len(received.spills), received.spill_batches], dtype=np.int64), "sum")
     received.remove()
     return {
@@ -548,7 +564,9 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
         "rows_per_shard": data_rows_per_shard(), "num_rows": int(layout[-1, 0]), "shards": shards,
         # varies with the rank count: moved to the manifest's provenance by write_index
         "_exchange": {"rounds": received.rounds, "memory_limit": limit, "round_budget": budget,
-                      "spills": int(spills[0]), "spill_batches": int(spills[1])},  # over all ranks
+                      "spills": int(spills[0]), "spill_batches": int(spills[1]),  # over all ranks
+                      "seconds": {k: round(float(v), 3) for k, v in zip(("read", "exchange", "spill", "write"),
+                                                                          seconds)}},
     }
 
 
