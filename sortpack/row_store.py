@@ -135,37 +135,38 @@ class RowStore:
         self.arrays.append(array)
         self._flat = None
         start = length = None
-        valid = None if array.null_count == 0 else array.is_valid().to_numpy(zero_copy_only=False)
+        # per registered row only: a take of a few rows from a large array costs a few rows
+        valid = None if array.null_count == 0 else _valid_rows(array, rows)
         if self.raw:
             try:
-                start, length, data = self._ranges(array)
+                start, length, data = self._ranges(array, rows)
             except ValueError:  # lists with null values: pyarrow take from here on
                 self.raw = False
             else:
-                start, length = start[rows], length[rows]
                 if valid is not None and self.kind != "fixed":  # a null's range may hold stale bytes
-                    length = np.where(valid[rows], length, 0)
+                    length = np.where(valid, length, 0)
                 self._bytes.append(data)
         if not self.raw:
             self._bytes.append(np.zeros(0, np.uint8))
-        self._parts.append((k, rows, start, length, None if valid is None else valid[rows]))
+        self._parts.append((k, rows, start, length, valid))
 
-    def _ranges(self, array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Return each row's byte start and length in the array's data buffer, and that buffer."""
+    def _ranges(self, array: pa.Array, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return rows ``rows``' byte starts and lengths in the array's data buffer, and that buffer."""
         n, off = len(array), array.offset
         bufs = array.buffers()
         if self.kind == "fixed":
             data = bufs[1]
-            start = (off + np.arange(n, dtype=np.int64)) * self.width
-            return start, np.full(n, self.width, dtype=np.int64), _as_bytes(data)
-        offsets = np.frombuffer(bufs[1], dtype=_offsets_dtype(self.type), count=off + n + 1)[off:].astype(np.int64)
+            start = (off + rows) * self.width
+            return start, np.full(len(rows), self.width, dtype=np.int64), _as_bytes(data)
+        offsets = np.frombuffer(bufs[1], dtype=_offsets_dtype(self.type), count=off + n + 1)[off:]
+        first, end = offsets[rows].astype(np.int64), offsets[rows + 1].astype(np.int64)
         if self.kind == "binary":
-            return offsets[:-1], np.diff(offsets), _as_bytes(bufs[2])
+            return first, end - first, _as_bytes(bufs[2])
         values = array.values  # a list's whole child, with its own offset
         if values.null_count:
             raise ValueError("list values with nulls")
         scale = self.width
-        return (values.offset + offsets[:-1]) * scale, np.diff(offsets) * scale, _as_bytes(values.buffers()[1])
+        return (values.offset + first) * scale, (end - first) * scale, _as_bytes(values.buffers()[1])
 
     def _flatten(self) -> tuple:
         if self._flat is None:
@@ -219,6 +220,16 @@ class RowStore:
                 self._bytes[p[0]] = np.zeros(0, np.uint8)
         self._parts = self._parts[:at]
         self._flat = None
+
+
+def _valid_rows(array: pa.Array, rows: np.ndarray) -> np.ndarray:
+    """Return whether each of rows ``rows`` of ``array`` is valid (read from its validity bitmap)."""
+    bitmap = array.buffers()[0]
+    if bitmap is None:  # nulls without a bitmap: a null-type or union array
+        return array.is_valid().to_numpy(zero_copy_only=False)[rows]
+    at = array.offset + rows
+    bits = np.frombuffer(bitmap, dtype=np.uint8)
+    return ((bits[at >> 3] >> (at & 7).astype(np.uint8)) & 1).astype(bool)
 
 
 def _as_bytes(buf: pa.Buffer | None) -> np.ndarray:

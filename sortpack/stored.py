@@ -121,23 +121,36 @@ class StoredData:
         return self._position_of
 
     def take(self, sample_ids) -> pa.Table:
-        """Return the stored rows of arbitrary sample ids, in the order given (one ``take`` per shard touched)."""
+        """Return the stored rows of arbitrary sample ids, in the order given.
+
+        The ids are grouped by data shard and each row is copied once, straight into its
+        place (``row_store.RowStore``: one compiled memcpy per row; pyarrow ``take`` per
+        shard for the types it cannot address as byte ranges).
+        """
+        from .row_store import RowStore
+
         pos = self.positions(sample_ids)
         if not self._entries:
             return pa.table({c: [] for c in self.columns})
         firsts = np.asarray(self._firsts, dtype=np.int64)
         shard = np.searchsorted(firsts, pos, side="right") - 1
-        if len(pos) == 0 or (shard == shard[0]).all():
-            k = int(shard[0]) if len(pos) else 0
-            return pa.Table.from_batches([self._shard(k).take(pa.array(pos - firsts[k]))])
+        if len(pos) == 0:
+            return pa.Table.from_batches([self._shard(0).slice(0, 0)])
         order = np.argsort(shard, kind="stable")
         by_shard = shard[order]
-        cuts = np.concatenate(([0], np.flatnonzero(np.diff(by_shard)) + 1, [len(order)]))
-        parts = [self._shard(int(by_shard[a])).take(pa.array(pos[order[a:b]] - firsts[by_shard[a]]))
-                 for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
+        cuts = np.concatenate(([0], np.flatnonzero(np.diff(by_shard)) + 1, [len(order)])).tolist()
+        parts = [(self._shard(int(by_shard[a])), pos[order[a:b]] - firsts[by_shard[a]])
+                 for a, b in zip(cuts[:-1], cuts[1:])]
         inverse = np.empty(len(order), dtype=np.int64)
         inverse[order] = np.arange(len(order))
-        return pa.Table.from_batches(parts).take(pa.array(inverse))
+        schema = parts[0][0].schema
+        columns = []
+        for i, f in enumerate(schema):
+            store = RowStore(f.type)
+            for batch, rows in parts:
+                store.add(batch.column(i), rows)
+            columns.append(store.gather(inverse))
+        return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _reopen(index_cls, path):

@@ -374,6 +374,7 @@ def test_columns_of_every_kind_with_nulls_move_identically_at_1_and_3_ranks(tmp_
     assert data_files(outs[1]) == data_files(outs[0])
     assert verify_directory(outs[0]) == []
     assert_rows_match(outs[0], source_table(files), world=2)
+    assert_take_matches(outs[0], source_table(files))  # nulls, structs, lists with null values
 
 
 @pytest.mark.mpi
