@@ -117,9 +117,16 @@ class Prefetcher:
     numbers in the order they will be read. The thread hints micro-batches from the
     reader's position (``advance``) on, as long as the bytes hinted ahead of it stay under
     ``ahead_bytes``. ``stop()`` (or leaving a ``with`` block) ends it and closes its files.
+
+    ``whole``: hint a data shard whole, the first time one of its micro-batches comes up,
+    instead of each micro-batch's ranges. One large sequential read beats many small ones
+    when ``order`` reads most of every shard (one rank of one, or the whole epoch of few
+    ranks); small ranges win when a rank reads a small share (many ranks). None (default):
+    whole shards when ``order`` covers at least half of the rows of the shards it touches.
     """
 
-    def __init__(self, stored, order, ahead_bytes: int = AHEAD_BYTES, start: bool = True):
+    def __init__(self, stored, order, ahead_bytes: int = AHEAD_BYTES, start: bool = True,
+                 whole: bool | None = None):
         self.stored = stored
         self.order = np.asarray(order, dtype=np.int64).reshape(-1)
         self.ahead_bytes = max(1, int(ahead_bytes))
@@ -131,12 +138,25 @@ class Prefetcher:
         entries = stored.index.manifest["data"]["shards"]
         self._files = [str(stored.path / e["file"]) for e in entries]
         self._firsts = np.array([int(e["first"]) for e in entries] + [stored.num_rows], dtype=np.int64)
+        self.whole = self._covers_half() if whole is None else bool(whole)
+        self._whole_done: set[int] = set()
         self._cond = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="sortpack-prefetch", daemon=True)
         self.error: BaseException | None = None
         if start:
             self._thread.start()
+
+    def _covers_half(self) -> bool:
+        """Return whether ``order`` reads at least half of the rows of the shards it touches."""
+        if len(self.order) == 0 or len(self._firsts) < 2:
+            return False
+        row_start = self.stored.row_start
+        mbs = np.unique(self.order)
+        rows = row_start[mbs + 1] - row_start[mbs]
+        shard = np.searchsorted(self._firsts, row_start[mbs], side="right") - 1
+        touched = np.unique(shard)
+        return int(rows.sum()) * 2 >= int((self._firsts[touched + 1] - self._firsts[touched]).sum())
 
     def __enter__(self) -> Prefetcher:
         return self
@@ -194,14 +214,25 @@ class Prefetcher:
             k = int(np.searchsorted(self._firsts, start, side="right")) - 1
             first = int(self._firsts[k])
             end = min(stop, int(self._firsts[k + 1]))
+            first_row, start = start, end
+            if self.whole:
+                if k not in self._whole_done:
+                    self._whole_done.add(k)
+                    fd = os.open(self._files[k], os.O_RDONLY)
+                    try:
+                        if _WILLNEED is not None:
+                            os.posix_fadvise(fd, 0, 0, _WILLNEED)
+                        total += os.fstat(fd).st_size
+                    finally:
+                        os.close(fd)
+                continue
             shard = self._shards.get(k)
             if shard is None:
                 shard = self._shards[k] = _ShardRanges(self._files[k])
-            for offset, length in shard.ranges(start - first, end - first):
+            for offset, length in shard.ranges(first_row - first, end - first):
                 if _WILLNEED is not None:
                     os.posix_fadvise(shard.fd, offset, length, _WILLNEED)
                 total += length
-            start = end
         return total
 
 

@@ -79,7 +79,7 @@ def test_hinted_ranges_hold_every_byte_a_microbatch_reads(plan):
 def test_lookahead_is_bounded_by_bytes_and_follows_the_reader(plan):
     stored = PackedIndex(plan).stored
     order = np.random.default_rng(0).permutation(stored.index.num_microbatches)
-    warm = Prefetcher(stored, order, ahead_bytes=1)
+    warm = Prefetcher(stored, order, ahead_bytes=1, whole=False)
     try:
         assert _wait(lambda: warm.hinted == 1)
         time.sleep(0.1)
@@ -89,10 +89,31 @@ def test_lookahead_is_bounded_by_bytes_and_follows_the_reader(plan):
     finally:
         warm.stop()
     assert not warm._thread.is_alive() and warm.error is None
-    with Prefetcher(stored, order) as whole:  # unbounded: hints everything, then the thread ends alone
+    with Prefetcher(stored, order, whole=False) as whole:  # unbounded: hints everything, then ends alone
         assert _wait(lambda: not whole._thread.is_alive())
         assert whole.hinted == len(order) and whole.error is None
         assert whole.hinted_bytes > 0 and not whole._shards  # its files are closed
+
+
+def test_whole_shards_when_the_order_reads_most_of_them(plan):
+    index = PackedIndex(plan)
+    stored = index.stored
+    entries = index.manifest["data"]["shards"]
+    one = PackedBatchSampler(index, rank=0, world_size=1, order="shuffle").schedule().reshape(-1)
+    four = PackedBatchSampler(index, rank=1, world_size=4, order="shuffle").schedule().reshape(-1)
+    assert Prefetcher(stored, one, start=False).whole and not Prefetcher(stored, four, start=False).whole
+    with Prefetcher(stored, one) as warm:  # each shard hinted once, whole, in the order first needed
+        assert _wait(lambda: not warm._thread.is_alive())
+        assert warm.hinted == len(one) and warm.error is None
+        assert warm.hinted_bytes == sum((plan / e["file"]).stat().st_size for e in entries)
+        assert len(warm._whole_done) == len(entries)
+    warm = Prefetcher(stored, one, ahead_bytes=1)
+    try:  # bounded by bytes: the first shard is ahead of the reader, and micro-batches in it cost nothing
+        assert _wait(lambda: len(warm._whole_done) == 1)
+        time.sleep(0.1)
+        assert len(warm._whole_done) == 1
+    finally:
+        warm.stop()
 
 
 def test_prefetched_sampler_yields_what_the_sampler_yields(plan):
