@@ -222,6 +222,53 @@ class RowStore:
         self._flat = None
 
 
+class ByteRanges:
+    """The byte range of every row of one array in its data buffer, looked up per call (for repeated gathers).
+
+    ``of(array)`` returns None for what byte ranges cannot hold: types of no fixed width,
+    arrays with nulls, lists with null values.
+    """
+
+    def __init__(self, kind: str, data: np.ndarray, offsets: np.ndarray | None, width: int, first: int):
+        self.kind, self.data, self.offsets, self.width, self.first = kind, data, offsets, width, first
+        self.address = data.ctypes.data if len(data) else 0
+
+    @classmethod
+    def of(cls, array: pa.Array) -> ByteRanges | None:
+        """Return the byte ranges of ``array``'s rows, or None when they cannot be gathered as bytes."""
+        kind, t = _kind(array.type), array.type
+        if kind == "other" or array.null_count:
+            return None
+        bufs, off = array.buffers(), array.offset
+        if kind == "fixed":
+            width = _fixed_width(t)
+            return cls(kind, _as_bytes(bufs[1]), None, width, off * width)
+        offsets = np.frombuffer(bufs[1], dtype=_offsets_dtype(t), count=off + len(array) + 1)[off:]
+        if kind == "binary":
+            return cls(kind, _as_bytes(bufs[2]), offsets, 1, 0)
+        values = array.values
+        if values.null_count:
+            return None
+        width = _fixed_width(t.value_type)
+        return cls(kind, _as_bytes(values.buffers()[1]), offsets, width, values.offset * width)
+
+    def ranges(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return rows ``rows``' byte starts in ``data`` and their lengths."""
+        if self.offsets is None:
+            return self.first + rows * self.width, np.full(len(rows), self.width, dtype=np.int64)
+        a, b = self.offsets[rows].astype(np.int64), self.offsets[rows + 1].astype(np.int64)
+        return self.first + a * self.width, (b - a) * self.width
+
+
+def gather_ranges(type: pa.DataType, views: list[ByteRanges], piece: np.ndarray, start: np.ndarray,
+                  length: np.ndarray) -> pa.Array:
+    """Return an array of ``type`` whose row i is ``length[i]`` bytes at ``start[i]`` of ``views[piece[i]]``."""
+    bases = np.array([v.address for v in views], dtype=np.uint64)
+    dst = np.empty(int(length.sum()), dtype=np.uint8)
+    data = kernels.gather_bytes(bases, [v.data for v in views], piece, start, length, dst)
+    return from_raw(type, length, data, None)
+
+
 def _valid_rows(array: pa.Array, rows: np.ndarray) -> np.ndarray:
     """Return whether each of rows ``rows`` of ``array`` is valid (read from its validity bitmap)."""
     bitmap = array.buffers()[0]

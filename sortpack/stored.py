@@ -50,6 +50,7 @@ class StoredData:
         if int(self.row_start[-1]) != self.num_rows:
             raise SortpackError(f"{self.path}: {self.num_rows} stored rows for {int(self.row_start[-1])} samples")
         self._position_of = None
+        self._byte_ranges: dict = {}  # (shard, column) -> row_store.ByteRanges or None, for take
 
     def __reduce__(self):
         from .reader import PackedIndex
@@ -127,30 +128,46 @@ class StoredData:
         place (``row_store.RowStore``: one compiled memcpy per row; pyarrow ``take`` per
         shard for the types it cannot address as byte ranges).
         """
-        from .row_store import RowStore
+        from .row_store import RowStore, gather_ranges
 
         pos = self.positions(sample_ids)
         if not self._entries:
             return pa.table({c: [] for c in self.columns})
         firsts = np.asarray(self._firsts, dtype=np.int64)
-        shard = np.searchsorted(firsts, pos, side="right") - 1
         if len(pos) == 0:
             return pa.Table.from_batches([self._shard(0).slice(0, 0)])
+        shard = np.searchsorted(firsts, pos, side="right") - 1
         order = np.argsort(shard, kind="stable")
         by_shard = shard[order]
-        cuts = np.concatenate(([0], np.flatnonzero(np.diff(by_shard)) + 1, [len(order)])).tolist()
-        parts = [(self._shard(int(by_shard[a])), pos[order[a:b]] - firsts[by_shard[a]])
-                 for a, b in zip(cuts[:-1], cuts[1:])]
+        rows = pos[order] - firsts[by_shard]
+        cuts = np.concatenate(([0], np.flatnonzero(np.diff(by_shard)) + 1, [len(order)]))
+        touched = by_shard[cuts[:-1]].tolist()
         inverse = np.empty(len(order), dtype=np.int64)
         inverse[order] = np.arange(len(order))
-        schema = parts[0][0].schema
+        piece = np.repeat(np.arange(len(touched)), np.diff(cuts))[inverse]
+        schema = self._shard(touched[0]).schema
         columns = []
         for i, f in enumerate(schema):
-            store = RowStore(f.type)
-            for batch, rows in parts:
-                store.add(batch.column(i), rows)
+            views = [self._ranges_of(k, i) for k in touched]
+            if all(v is not None for v in views):  # one copy per row, straight from the mapped shards
+                got = [v.ranges(rows[a:b]) for v, a, b in zip(views, cuts[:-1].tolist(), cuts[1:].tolist())]
+                start, length = np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
+                columns.append(gather_ranges(f.type, views, piece, start[inverse], length[inverse]))
+                continue
+            store = RowStore(f.type)  # nulls or nested types
+            for k, a, b in zip(touched, cuts[:-1].tolist(), cuts[1:].tolist()):
+                store.add(self._shard(k).column(i), rows[a:b])
             columns.append(store.gather(inverse))
         return pa.Table.from_arrays(columns, schema=schema)
+
+    def _ranges_of(self, k: int, i: int):
+        """Return the ``row_store.ByteRanges`` of column ``i`` of shard ``k`` (None: not byte ranges), kept."""
+        from .row_store import ByteRanges
+
+        cache = self._byte_ranges
+        if (k, i) not in cache:
+            cache[k, i] = ByteRanges.of(self._shard(k).column(i))
+        return cache[k, i]
 
 
 def _reopen(index_cls, path):

@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sortpack.row_store import RowStore, from_raw, from_raw_pieces, gather_pieces, piece_bytes, piece_cuts
+from sortpack.row_store import (
+    ByteRanges,
+    RowStore,
+    from_raw,
+    from_raw_pieces,
+    gather_pieces,
+    gather_ranges,
+    piece_bytes,
+    piece_cuts,
+)
 
 TYPES = {
     "string": pa.string(), "large_string": pa.large_string(), "binary": pa.binary(), "int64": pa.int64(),
@@ -145,3 +154,23 @@ def test_piece_bytes_has_a_test_hook_read_when_used(monkeypatch):
     assert piece_bytes() == 1 << 30
     monkeypatch.setenv("SORTPACK_TEST_PIECE_BYTES", "4096")
     assert piece_bytes() == 4096
+
+
+@pytest.mark.parametrize("name", sorted(TYPES))
+def test_byte_ranges_gather_rows_of_many_arrays_in_any_order(name):
+    rng = np.random.default_rng(4)
+    arrays = [_array(name, rng, 30, nulls=False).slice(3, 20) for _ in range(3)]
+    views = [ByteRanges.of(a) for a in arrays]
+    if name not in RAW:
+        assert views == [None] * 3
+        return
+    piece = rng.integers(0, 3, 50)
+    rows = rng.integers(0, 20, 50)
+    start = np.empty(50, np.int64)
+    length = np.empty(50, np.int64)
+    for k, v in enumerate(views):
+        start[piece == k], length[piece == k] = v.ranges(rows[piece == k])
+    got = gather_ranges(TYPES[name], views, piece, start, length)
+    got.validate(full=True)
+    assert got.to_pylist() == [arrays[p][r].as_py() for p, r in zip(piece.tolist(), rows.tolist())]
+    assert ByteRanges.of(_array(name, rng, 30, nulls=True)) is None  # nulls: RowStore reads validity
