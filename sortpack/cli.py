@@ -241,7 +241,7 @@ def _job(fn):
             if dropped:
                 click.echo(f"dropped {dropped} empty samples (size 0; --keep-empty keeps them)")
             if kw.get("profile"):
-                click.echo(_profile_table(manifest["provenance"]["profile"]))
+                click.echo(_profile_table(manifest["provenance"]["profile"], manifest["provenance"].get("exchange")))
         note = _oversize_note(manifest) if comm.is_root() and manifest is not None else None
         if note and (not kw["quiet"] or note.startswith("sortpack: warning")):
             _echo_err(note)
@@ -274,7 +274,7 @@ def _oversize_note(m: dict) -> str | None:
     return None
 
 
-def _profile_table(p: dict) -> str:
+def _profile_table(p: dict, exchange: dict | None = None) -> str:
     stages = [name for name, v in p.items() if isinstance(v, dict)]
     w = max([len("stage")] + [len(name) for name in stages])
     lines = [f"{'stage':<{w}} {'wall s':>9} {'alltoallv MB (max rank)':>24}"]
@@ -282,6 +282,11 @@ def _profile_table(p: dict) -> str:
         v = p[name]
         lines.append(f"{name:<{w}} {v['wall_s']:>9.3f} {v['alltoallv_bytes_max'] / 1e6:>24.1f}")
     lines.append(f"peak RSS (max rank): {p['peak_rss_bytes_max'] / 2**20:.1f} MiB")
+    if p.get("peak_rss_bytes_per_rank"):
+        lines.append(f"peak RSS per rank (MiB): {', '.join(f'{b / 2**20:.0f}' for b in p['peak_rss_bytes_per_rank'])}")
+    if exchange:
+        lines.append(f"--store: memory limit {exchange['memory_limit'] / 2**20:.1f} MiB per rank, "
+                     f"{exchange['rounds']} rounds, {exchange.get('spills', 0)} spills")
     if p.get("analyze_rows_per_rank"):
         lines.append(f"analyze rows per rank: {', '.join(map(str, p['analyze_rows_per_rank']))}")
     return "\n".join(lines)

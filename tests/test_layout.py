@@ -14,7 +14,8 @@ from support import ROOT
 PKG = ROOT / "sortpack"
 
 # the sides of the package, by top-level name (a module or a subpackage of sortpack)
-BASE = {"errors", "env", "parallel", "partition", "distribute", "progress", "launcher", "kernels", "permutation"}
+BASE = {"errors", "env", "parallel", "partition", "distribute", "progress", "launcher", "kernels", "permutation",
+        "row_store"}
 SIDES = {
     **{b: "base" for b in BASE},
     "inputs": "inputs", "format": "format", "stages": "stages", "write": "write",
@@ -28,14 +29,16 @@ MAY_IMPORT = {
     "inputs": {"base", "format"},
     "stages": {"base", "inputs"},
     "write": {"base", "format", "inputs", "stages"},
-    "reader": {"errors", "launcher", "permutation", "format", "inputs"},  # never parallel, stages or writers
+    # never parallel, stages or writers
+    "reader": {"errors", "launcher", "permutation", "row_store", "kernels", "format", "inputs"},
     "report": {"errors", "format", "inputs", "reader"},
     "pipeline": {"base", "format", "inputs", "stages", "write"},
     "cli": {"base", "format", "inputs", "stages", "write", "reader", "report", "pipeline"},
 }
 # within base, the finer rule: kernels and errors stand alone, only parallel's helpers use parallel
 BASE_MAY_IMPORT = {
-    "errors": set(), "env": set(), "kernels": {"env"}, "launcher": set(), "progress": set(), "permutation": set(),
+    "errors": set(), "env": set(), "kernels": {"env"}, "launcher": set(), "progress": set(),
+    "permutation": set(), "row_store": {"kernels"},
     "parallel": {"errors", "env", "launcher"}, "partition": {"parallel"}, "distribute": {"parallel", "partition"},
 }
 

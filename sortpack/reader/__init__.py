@@ -12,6 +12,7 @@ from .index import SCALAR_COLUMNS, PackedIndex
 from .index import SCALAR_COLUMNS as _SCALAR_COLUMNS
 from .lr import LR_METHODS, lr_scale
 from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions
+from .prefetch import Prefetched, Prefetcher
 from .sampler import MicroBatch, PackedSampler, Samples, step_info
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
            "MicroBatch",
            "PackedIndex",
            "PackedSampler",
+           "Prefetched",
+           "Prefetcher",
            "Samples",
            "check_group_alignment",
            "lr_scale",

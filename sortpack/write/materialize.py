@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +40,8 @@ from ..inputs.sources import SourceFile, describe, read_units, split_units
 from ..inputs.specs import token_ids
 from ..parallel import Comm
 from ..partition import balanced_blocks
+from ..row_store import RowStore, from_raw_pieces, gather_pieces, piece_bytes, piece_cuts
 from .output import OutputDir
-from .row_store import RowStore, from_raw
 
 TOKENS_COLUMN = "input_ids"
 ROW_WEIGHT = 16  # per-row bytes (offsets, validity) when balancing the writers by size
@@ -161,8 +162,8 @@ class TokenCache:
         self.parts = self.comm.allgather_obj((str(self.path), start, self.rows))
         self._tables: dict = {}
 
-    def rows_of(self, start: int, stop: int) -> pa.Array:
-        """Return the ids of global rows ``[start, stop)`` as one list<int32> array."""
+    def rows_of(self, start: int, stop: int) -> pa.Array | pa.ChunkedArray:
+        """Return the ids of global rows ``[start, stop)`` as list<int32> (chunked as the cache holds them)."""
         pieces = []
         for path, first, n in self.parts:
             a, b = max(start, first), min(stop, first + n)
@@ -174,7 +175,8 @@ class TokenCache:
             pieces.append(table.column(0).slice(a - first, b - a))
         if not pieces:
             return pa.array([], pa.list_(pa.int32()))
-        return pa.chunked_array([c for p in pieces for c in p.chunks], pa.list_(pa.int32())).combine_chunks()
+        # not combined: a unit's ids may hold more values than 32-bit offsets address
+        return pa.chunked_array([c for p in pieces for c in p.chunks], pa.list_(pa.int32()))
 
     def remove(self) -> None:
         """Delete this rank's file (after every rank has read what it needs)."""
@@ -275,7 +277,7 @@ def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
-        return pc.binary_length(col).to_numpy(zero_copy_only=False).astype(np.int64) + 8
+        return pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64) + 8
     if (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_primitive(t.value_type):
         width = max(1, t.value_type.bit_width // 8)
         lengths = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -289,44 +291,103 @@ def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
 class _Received:
     """Rows received by this rank, one ``RowStore`` per column: in memory up to ``budget`` bytes, spilled past it.
 
-    Rows are numbered in arrival order; ``pos`` holds each one's output position. Rows that
-    stay on their reader's rank are registered in place (no copy) when they are at least
-    half of their round, so the memory held is at most twice what is counted.
+    Rows are numbered in arrival order; ``pos`` holds each one's output position and
+    ``sizes`` its bytes. Rows that stay on their reader's rank are registered in place (no
+    copy) when they are at least half of their round, and then count the bytes of the whole
+    segments they keep alive, so what is counted is what is held.
+
+    A spill writes the pending rows sorted by output position, in record batches of at most
+    ``piece`` bytes (under the 2 GiB of 32-bit offsets, ``row_store.piece_bytes``), and maps
+    the file back; the spilled rows are renumbered in that order. The shards are written in
+    position order, so each spill file is read front to back and ``release_below`` hands
+    the pages of its finished batches back to the kernel: the mapped spill files never
+    stay resident as a whole.
     """
 
-    def __init__(self, directory: Path, rank: int, budget: int, schema: pa.Schema):
+    def __init__(self, directory: Path, rank: int, budget: int, schema: pa.Schema, piece: int):
         self.directory, self.rank, self.budget, self.schema = directory, rank, budget, schema
+        self.piece = max(1, piece)
         self.stores = {f.name: RowStore(f.type) for f in schema}
         self.pos: list[np.ndarray] = []
+        self.sizes: list[np.ndarray] = []
         self.rows = self.spilled_rows = 0  # rows [0, spilled_rows) live in spill files
         self.pending_bytes = 0
         self.spills: list[Path] = []
-        self.rounds = 0
+        self._pending_entry = 0  # pos/sizes entries from here on are not spilled
+        self._mapped: list[list] = []  # per spill batch: [last position, mmap, first byte, end byte]
+        self.rounds = self.spill_batches = 0
+        self.spill_s = 0.0
 
-    def add(self, columns: dict, pos: np.ndarray, nbytes: int, rows: np.ndarray | None = None) -> None:
-        """Register rows ``rows`` (all when None) of ``columns`` (name -> array), with their positions."""
+    def add(self, columns: dict, pos: np.ndarray, sizes: np.ndarray, rows: np.ndarray | None = None,
+            held: int | None = None) -> None:
+        """Register rows ``rows`` (all when None) of ``columns`` (name -> array), with their positions and bytes.
+
+        ``held``: the bytes these rows keep in memory when more than their own (rows registered in place).
+        """
         if len(pos) == 0:
             return
         for name, store in self.stores.items():
             store.add(columns[name], rows)
-        self.pos.append(pos)
+        self.pos.append(np.asarray(pos, dtype=np.int64))
+        self.sizes.append(np.asarray(sizes, dtype=np.int64))
         self.rows += len(pos)
-        self.pending_bytes += int(nbytes)
+        self.pending_bytes += int(self.sizes[-1].sum()) if held is None else int(held)
         if self.pending_bytes > self.budget:
             self._spill()
 
     def _spill(self) -> None:
+        import mmap
+
+        t0 = time.perf_counter()
         path = self.directory / f".spill-{self.rank:05d}-{len(self.spills):05d}.arrow"
-        pending = np.arange(self.spilled_rows, self.rows)
-        table = self.gather(pending)
-        _write_file(path, table, "spill file")
-        del table
+        first_entry = self._pending_entry  # the entries added since the last spill
+        pos = np.concatenate(self.pos[first_entry:])
+        sizes = np.concatenate(self.sizes[first_entry:])
+        order = np.argsort(pos, kind="stable")
+        pos, sizes = pos[order], sizes[order]
+        rows = self.spilled_rows + order
+        cuts = piece_cuts(sizes, self.piece)
         self.spills.append(path)
-        mapped = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+        try:
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, self.schema) as writer:
+                for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+                    writer.write_table(self.gather(rows[a:b]))
+        except (OSError, pa.ArrowException) as exc:
+            raise SortpackError(f"{path}: cannot write the spill file ({' '.join(str(exc).split())})") from None
+        with open(path, "rb") as fh:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        buf = pa.py_buffer(mm)
+        reader = pa.ipc.open_file(pa.BufferReader(buf))  # zero-copy: the batches point into the map
+        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        self.spill_batches += len(batches)
         for name, store in self.stores.items():
             store.drop_from(self.spilled_rows)
-            store.add(mapped.column(name))
+            store.add(pa.chunked_array([bt.column(name) for bt in batches], self.schema.field(name).type))
+        for b, batch in zip(cuts[1:].tolist(), batches):
+            first, end = _byte_range(batch, buf.address)
+            self._mapped.append([int(pos[b - 1]), mm, first, end])
+        self.pos[first_entry:] = [pos]
+        self.sizes[first_entry:] = [sizes]
+        self._pending_entry = len(self.pos)
         self.spilled_rows, self.pending_bytes = self.rows, 0
+        self.spill_s += time.perf_counter() - t0
+
+    def release_below(self, position: int) -> None:
+        """Drop from memory the mapped spill batches whose rows all lie before output ``position``."""
+        import mmap
+
+        page = mmap.PAGESIZE
+        keep = []
+        for entry in self._mapped:
+            last, mm, first, end = entry
+            if last >= position:
+                keep.append(entry)
+                continue
+            lo, hi = first // page * page, min(len(mm), -(-end // page) * page)
+            if hi > lo:
+                # a shared file map: a page dropped by mistake is read back from the file, never lost
+                mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        self._mapped = keep
 
     def gather(self, rows: np.ndarray) -> pa.Table:
         """Return received rows ``rows`` (arrival numbers) as one table of single-chunk columns."""
@@ -335,16 +396,22 @@ class _Received:
     def remove(self) -> None:
         """Drop every row and delete the spill files."""
         self.stores = {}
+        self._mapped = []
         for path in self.spills:
             path.unlink(missing_ok=True)
 
 
-def _write_file(path: Path, table: pa.Table, what: str) -> None:
-    try:
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-    except (OSError, pa.ArrowException) as exc:
-        raise SortpackError(f"{path}: cannot write the {what} ({' '.join(str(exc).split())})") from None
+def _byte_range(batch: pa.RecordBatch, base: int) -> tuple[int, int]:
+    """Return the (first, end) byte offsets from ``base`` spanned by a batch's buffers."""
+    lo, hi = None, None
+    for col in batch.columns:
+        for buf in col.buffers():
+            if buf is None or buf.size == 0:
+                continue
+            a = buf.address - base
+            lo = a if lo is None else min(lo, a)
+            hi = a + buf.size if hi is None else max(hi, a + buf.size)
+    return (0, 0) if lo is None else (lo, hi)
 
 
 @dataclass
@@ -361,12 +428,20 @@ class _Reader:
     tokens: tuple | None  # (text column, tokenizer, truncate length or 0)
     cursor: int = 0
     row: int = 0
+    seconds: float = 0.0  # reading, decoding and converting the input units
 
     def done(self) -> bool:
         return self.cursor >= len(self.units)
 
     def next_table(self) -> tuple[pa.Table, np.ndarray]:
         """Return the next unit's stored columns and its rows' positions (rows not in the plan dropped)."""
+        t0 = time.perf_counter()
+        try:
+            return self._next_table()
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _next_table(self) -> tuple[pa.Table, np.ndarray]:
         fidx, unit = self.units[self.cursor]
         self.cursor += 1
         src, entry = self.srcs[fidx], self.files[fidx]
@@ -466,17 +541,27 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
     tokenize = tokens is not None and (len(tokens) < 4 or tokens[3] is None)
     read_columns = sorted(set(columns) | ({tokens[0]} if tokenize else set()))
     reader = _Reader(srcs, files, unit_list[lo:hi], my_first, local_pos, read_columns, schema, tokens)
-    received = _Received(directory, comm.rank, max(1, limit // 2), schema)
+    # spill batches of at most a sixteenth of a round: the pages of finished ones are released
+    received = _Received(directory, comm.rank, max(1, limit // 2), schema,
+                         min(piece_bytes(), max(1 << 20, budget // 16)))
+    t0 = time.perf_counter()
     _exchange(comm, reader, received, owner_starts, budget, limit)
-
+    t1 = time.perf_counter()
     shards = _write_data_shards(comm, directory, received, layout, writer_starts[comm.rank],
                                 writer_starts[comm.rank + 1])
+    # where the time went, max over ranks: the exchange less its reads and spills, and the writes
+    seconds = comm.allreduce(np.array([reader.seconds, t1 - t0 - reader.seconds - received.spill_s,
+                                       received.spill_s, time.perf_counter() - t1]), "max")
+    spills = comm.allreduce(np.array([len(received.spills), received.spill_batches], dtype=np.int64), "sum")
     received.remove()
     return {
         "columns": [f.name for f in schema], "schema": {f.name: str(f.type) for f in schema},
         "rows_per_shard": data_rows_per_shard(), "num_rows": int(layout[-1, 0]), "shards": shards,
         # varies with the rank count: moved to the manifest's provenance by write_index
-        "_exchange": {"rounds": received.rounds, "memory_limit": limit, "round_budget": budget},
+        "_exchange": {"rounds": received.rounds, "memory_limit": limit, "round_budget": budget,
+                      "spills": int(spills[0]), "spill_batches": int(spills[1]),  # over all ranks
+                      "seconds": {k: round(float(v), 3) for k, v in zip(("read", "exchange", "spill", "write"),
+                                                                          seconds)}},
     }
 
 
@@ -558,7 +643,7 @@ def _send_round(comm: Comm, received: _Received, segments: list, pos: np.ndarray
     rows_out[r] = 0
     # a column's bytes go raw (lengths and bytes) when every rank can gather them so, else as IPC
     raw = comm.allreduce(np.array([int(not s.raw) for s in stores.values()] or [0]), "max") == 0
-    meta = {"pos": pos[others]}
+    meta = {"pos": pos[others], "size": sizes[others]}
     payloads = []
     for k, (name, store) in enumerate(stores.items()):
         if raw[k]:
@@ -567,7 +652,8 @@ def _send_round(comm: Comm, received: _Received, segments: list, pos: np.ndarray
             meta[f"valid{k}"] = np.ones(len(others), np.uint8) if valid is None else valid.astype(np.uint8)
             byte_counts = np.bincount(dest[others], weights=length, minlength=comm.size).astype(np.int64)
         else:
-            data, byte_counts = _ipc_by_destination(store, others, dest[others], comm.size, schema.field(name))
+            data, byte_counts = _ipc_by_destination(store, others, dest[others], sizes[others], comm.size,
+                                                    schema.field(name))
         payloads.append((data, byte_counts))
     got = comm.alltoallv_many(meta, rows_out)
     columns = {}
@@ -578,50 +664,61 @@ def _send_round(comm: Comm, received: _Received, segments: list, pos: np.ndarray
         field_ = schema.field(name)
         if raw[k]:
             valid = got[f"valid{k}"].astype(bool)
-            columns[name] = from_raw(field_.type, got[f"len{k}"], buf, None if valid.all() else valid)
+            # a round may exceed 2 GiB (a limit over 16 GiB): offsets of pieces under it
+            columns[name] = from_raw_pieces(field_.type, got[f"len{k}"], buf, None if valid.all() else valid,
+                                            piece_bytes())
         else:
             columns[name] = _from_ipc(buf, recv_counts, field_)
     payloads.clear()
-    received.add(columns, got["pos"], int(sum(a.nbytes for a in columns.values())))
+    received.add(columns, got["pos"], got["size"])
     if len(own) == 0:
         return
     if 2 * len(own) >= len(dest):  # most rows stay: register them where they are read
         at = 0
         for table, a, b in segments:
             mine = own[(own >= at) & (own < at + b - a)]
-            if len(mine):
-                received.add({n: table.column(n) for n in stores}, pos[mine], int(sizes[mine].sum()),
-                             rows=a + mine - at)
+            if len(mine):  # they keep the whole segment alive: count it
+                received.add({n: table.column(n) for n in stores}, pos[mine], sizes[mine], rows=a + mine - at,
+                             held=int(sizes[at:at + b - a].sum()))
             at += b - a
     else:  # a few rows stay: copy them, so the rows that left do not stay in memory with them
-        received.add({n: s.gather(own) for n, s in stores.items()}, pos[own], int(sizes[own].sum()))
+        limit = piece_bytes()
+        received.add({n: gather_pieces(s, own, sizes[own], limit) for n, s in stores.items()}, pos[own],
+                     sizes[own])
 
 
-def _ipc_by_destination(store: RowStore, rows: np.ndarray, dest: np.ndarray, size: int,
+def _ipc_by_destination(store: RowStore, rows: np.ndarray, dest: np.ndarray, sizes: np.ndarray, size: int,
                         field_: pa.Field) -> tuple[np.ndarray, np.ndarray]:
-    """Return the rows of a column that cannot go raw as one IPC stream per destination, and each stream's bytes."""
+    """Return the rows of a column that cannot go raw as one IPC stream per destination, and each stream's bytes.
+
+    A stream holds one record batch per piece of at most ``piece_bytes()`` (estimated by ``sizes``).
+    """
     sink, counts = pa.BufferOutputStream(), np.zeros(size, dtype=np.int64)
     schema = pa.schema([field_])
+    limit = piece_bytes()
     for p in range(size):
-        mine = rows[dest == p]
+        to_p = dest == p
+        mine = rows[to_p]
         if len(mine) == 0:
             continue
         at = sink.tell()
         with pa.ipc.new_stream(sink, schema) as writer:
-            writer.write_table(pa.Table.from_arrays([store.gather(mine)], schema=schema))
+            column = gather_pieces(store, mine, sizes[to_p], limit)
+            writer.write_table(pa.Table.from_arrays([column], schema=schema))
         counts[p] = sink.tell() - at
     return np.frombuffer(sink.getvalue(), dtype=np.uint8), counts
 
 
 def _from_ipc(buf: np.ndarray, counts: np.ndarray, field_: pa.Field) -> pa.Array:
-    """Return the rows of the IPC streams received from every rank, in rank order, as one array."""
+    """Return the rows of the IPC streams received from every rank, in rank order, as one chunked array."""
     parts, at = [], 0
     for c in counts.tolist():
         if c:
             table = pa.ipc.open_stream(pa.py_buffer(buf[at:at + c])).read_all()
             parts.extend(table.column(0).chunks)
             at += c
-    return pa.concat_arrays(parts) if parts else pa.array([], field_.type)
+    # not concatenated: the round's rows may hold more than 32-bit offsets address
+    return pa.chunked_array(parts, field_.type)
 
 
 def _data_layout(comm: Comm, first_mb: int, mb_offsets: np.ndarray, pos0: int, index_starts: np.ndarray,
@@ -680,6 +777,7 @@ def _write_data_shards(comm: Comm, directory: Path, received: _Received, layout:
                 raise SortpackError(f"{directory.parent / name}: cannot write the data shard "
                                     f"({' '.join(str(exc).split())})") from None
             del table
+            received.release_below(w0 + r1)
             out.append({"file": name, "first": w0 + r0, "rows": r1 - r0, "first_microbatch": mb0,
                         "microbatches": mb1 - mb0, "bytes": size,
                         "sha256": hasher.submit(file_sha256, directory / name)})

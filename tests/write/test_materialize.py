@@ -58,6 +58,22 @@ def assert_rows_match(plan, src: pa.Table, world: int = 2):
     assert seen >= index.num_samples
 
 
+def assert_take_matches(plan, src: pa.Table, seed: int = 0):
+    """Random ids (repeats, every shard, any order) read back by ``take`` as the source's rows; others refused."""
+    stored = PackedIndex(plan).stored
+    ids = stored.index.all_sample_ids()
+    rng = np.random.default_rng(seed)
+    for n in (0, 1, 7, 1000):
+        want = rng.choice(ids, n)
+        got = stored.take(want)
+        assert got.column_names == stored.columns and got.num_rows == n
+        assert got.to_pylist() == src.select(stored.columns).take(pa.array(want, pa.int64())).to_pylist()
+    absent = np.setdiff1d(np.arange(src.num_rows), ids)
+    for bad in [-1, src.num_rows, *absent[:1].tolist()]:
+        with pytest.raises(KeyError, match=f"sample id {bad} "):
+            stored.take([int(ids[0]), bad])
+
+
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_stored_rows_equal_the_source_in_every_mode(tmp_path, text_dataset, mode):
     files, _ = text_dataset
@@ -70,6 +86,7 @@ def test_stored_rows_equal_the_source_in_every_mode(tmp_path, text_dataset, mode
     assert len(m["data"]["shards"]) > 1
     assert verify_directory(plan) == []
     assert_rows_match(plan, source_table(files))
+    assert_take_matches(plan, source_table(files))
     # the index shards are the plain index's: sampling, resume and world size behave the same
     plain = tmp_path / "plain"
     run_sortpack([a if a != plan else plain for a in args[:-(2 + len(MODES[mode]))]] + MODES[mode], env=SMALL)
@@ -276,15 +293,11 @@ def test_store_tokens_kept_from_analyze_are_identical_at_1_and_3_ranks(tmp_path)
         assert [r["input_ids"] for r in ds.__getitems__(mb)] == [tok.encode(texts[i]).ids for i in mb]
 
 
-@pytest.mark.mpi
-def test_columns_of_every_kind_with_nulls_move_identically_at_1_and_3_ranks(tmp_path):
-    # strings and lists go as byte ranges; booleans, structs and lists with null values
-    # take the IPC path; nulls everywhere; a small limit forces rounds and spills
-    rng = np.random.default_rng(5)
-    n = 900
+def _every_kind_table(n=900, seed=5) -> pa.Table:
+    rng = np.random.default_rng(seed)
     k = rng.integers(0, 40, n)
     null = rng.random(n) < 0.2
-    table = pa.table({
+    return pa.table({
         "text": pa.array([None if z else "w" * int(x) for x, z in zip(k, null)], pa.string()),
         "ids": pa.array([list(range(int(x))) for x in k], pa.list_(pa.int32())),
         "holey": pa.array([[1, None] if x % 7 == 0 else [int(x)] for x in k], pa.list_(pa.int64())),
@@ -293,6 +306,59 @@ def test_columns_of_every_kind_with_nulls_move_identically_at_1_and_3_ranks(tmp_
         "when": pa.array(k.astype("datetime64[s]")),
         "n": pa.array(k + 1),
     })
+
+
+@pytest.mark.mpi
+def test_pieces_under_the_offset_limit_give_the_unsplit_bytes_at_1_and_3_ranks(tmp_path):
+    # SORTPACK_TEST_PIECE_BYTES lowers the 1 GiB piece (2 GiB of 32-bit offsets) to 300 bytes:
+    # spills, received rounds, rows that stay and IPC streams all go in many pieces; the
+    # data shards must not change by a byte
+    table = _every_kind_table()
+    files = []
+    for i, part in enumerate((table.slice(0, 400), table.slice(400))):
+        files.append(tmp_path / f"part-{i}.parquet")
+        pq.write_table(part, files[-1], row_group_size=100)
+    args = ["--size", "column:n", "--max-tokens", "200", "--quiet", "--store", "text,ids,holey,flag,meta,when",
+            "--memory-limit", "16K"]
+    runs = {}
+    for ranks, piece in ((1, None), (1, "300"), (3, "300")):
+        out = tmp_path / f"plan{ranks}-{piece}"
+        env = dict(SMALL, **({"SORTPACK_TEST_PIECE_BYTES": piece} if piece else {}))
+        run_sortpack(["run", *files, "-o", out, *args], ranks=ranks, env=env, timeout=180)
+        runs[ranks, piece] = out
+        exchange = manifest(out)["provenance"]["exchange"]
+        assert exchange["spills"] >= 2
+        if piece:  # many pieces per spill file
+            assert exchange["spill_batches"] >= 3 * exchange["spills"], exchange
+        else:
+            assert exchange["spill_batches"] == exchange["spills"], exchange
+    whole = data_files(runs[1, None])
+    assert data_files(runs[1, "300"]) == whole and data_files(runs[3, "300"]) == whole
+    assert_rows_match(runs[3, "300"], source_table(files), world=2)
+
+
+@pytest.mark.mpi
+def test_token_ids_in_pieces_give_the_unsplit_bytes_at_3_ranks(tmp_path):
+    path, texts = _words_dataset(tmp_path, n=900)
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    outs = []
+    for ranks, piece in ((1, None), (3, "256")):
+        out = tmp_path / f"plan{ranks}"
+        env = dict(SMALL, **({"SORTPACK_TEST_PIECE_BYTES": piece} if piece else {}))
+        run_sortpack(["run", path, "-o", out, "--column", "text", "--size", "tokens", "--tokenizer", tok_path,
+                      "--max-tokens", "400", "--quiet", "--store", "text", "--store-tokens",
+                      "--memory-limit", "32K"], ranks=ranks, env=env, timeout=180)
+        outs.append(out)
+    assert manifest(outs[1])["provenance"]["exchange"]["spill_batches"] > \
+        manifest(outs[1])["provenance"]["exchange"]["spills"]
+    assert data_files(outs[1]) == data_files(outs[0])
+
+
+@pytest.mark.mpi
+def test_columns_of_every_kind_with_nulls_move_identically_at_1_and_3_ranks(tmp_path):
+    # strings and lists go as byte ranges; booleans, structs and lists with null values
+    # take the IPC path; nulls everywhere; a small limit forces rounds and spills
+    table = _every_kind_table()
     files = []
     for i, part in enumerate((table.slice(0, 400), table.slice(400))):
         files.append(tmp_path / f"part-{i}.parquet")
@@ -307,3 +373,17 @@ def test_columns_of_every_kind_with_nulls_move_identically_at_1_and_3_ranks(tmp_
     assert data_files(outs[1]) == data_files(outs[0])
     assert verify_directory(outs[0]) == []
     assert_rows_match(outs[0], source_table(files), world=2)
+    assert_take_matches(outs[0], source_table(files))  # nulls, structs, lists with null values
+
+
+@pytest.mark.mpi
+def test_profile_reports_the_peak_rss_of_every_rank_and_the_limit(tmp_path, text_dataset):
+    files, _ = text_dataset
+    proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500",
+                         "--store", "text", "--memory-limit", "64K", "--profile"], ranks=2, env=SMALL, timeout=180)
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("peak RSS per rank (MiB):"))
+    per_rank = [int(x) for x in line.split(":")[1].split(",")]
+    assert len(per_rank) == 2 and all(x > 10 for x in per_rank)
+    assert per_rank == [round(b / 2**20) for b in
+                        manifest(tmp_path / "plan")["provenance"]["profile"]["peak_rss_bytes_per_rank"]]
+    assert "--store: memory limit 0.1 MiB per rank" in proc.stdout and " spills" in proc.stdout

@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sortpack.write.row_store import RowStore, from_raw
+from sortpack.row_store import (
+    ByteRanges,
+    RowStore,
+    from_raw,
+    from_raw_pieces,
+    gather_pieces,
+    gather_ranges,
+    piece_bytes,
+    piece_cuts,
+)
 
 TYPES = {
     "string": pa.string(), "large_string": pa.large_string(), "binary": pa.binary(), "int64": pa.int64(),
@@ -105,3 +114,63 @@ def test_rows_of_a_chunked_array_must_visit_chunks_in_order():
 def test_from_raw_refuses_more_values_than_32_bit_offsets_hold():
     with pytest.raises(OverflowError, match="32-bit offsets"):
         from_raw(pa.string(), np.array([2**31], np.int64), np.zeros(0, np.uint8), None)
+
+
+@settings(max_examples=50, deadline=None)
+@given(sizes=st.lists(st.integers(0, 50), max_size=60), limit=st.integers(1, 120))
+def test_piece_cuts_are_consecutive_runs_within_the_limit(sizes, limit):
+    cuts = piece_cuts(np.array(sizes, np.int64), limit)
+    assert cuts[0] == 0 and cuts[-1] == len(sizes) and (np.diff(cuts) > 0).all() or len(sizes) == 0
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        run = sizes[a:b]
+        assert sum(run) <= limit or len(run) == 1  # only a row larger than the limit is over it
+        if b < len(sizes):
+            assert sum(run) + sizes[b] > limit  # greedy: the next row would not have fit
+
+
+@pytest.mark.parametrize("name", ["string", "binary", "list_int32", "large_list_f64", "int64", "struct"])
+def test_pieces_hold_the_same_rows_as_one_gather(name):
+    rng = np.random.default_rng(3)
+    store = RowStore(TYPES[name])
+    for _ in range(3):
+        store.add(_array(name, rng, 40, nulls=True))
+    order = rng.permutation(len(store))
+    whole = store.gather(order)
+    sizes = np.full(len(order), 16, np.int64)
+    pieces = gather_pieces(store, order, sizes, 100)
+    assert isinstance(pieces, pa.ChunkedArray) and pieces.num_chunks == 20
+    assert pieces.combine_chunks().equals(whole)
+    if store.raw:
+        length, data, valid = store.gather_raw(order)
+        got = from_raw_pieces(TYPES[name], length, data, valid, 64)
+        got.validate(full=True)
+        got = got if isinstance(got, pa.ChunkedArray) else pa.chunked_array([got])
+        assert got.equals(pa.chunked_array([whole]))
+        if name != "int64":  # offsets: cut into pieces of at most 64 bytes (or one longer row)
+            assert got.num_chunks > 1 and all(c.nbytes < 64 + 200 for c in got.chunks)
+
+
+def test_piece_bytes_has_a_test_hook_read_when_used(monkeypatch):
+    assert piece_bytes() == 1 << 30
+    monkeypatch.setenv("SORTPACK_TEST_PIECE_BYTES", "4096")
+    assert piece_bytes() == 4096
+
+
+@pytest.mark.parametrize("name", sorted(TYPES))
+def test_byte_ranges_gather_rows_of_many_arrays_in_any_order(name):
+    rng = np.random.default_rng(4)
+    arrays = [_array(name, rng, 30, nulls=False).slice(3, 20) for _ in range(3)]
+    views = [ByteRanges.of(a) for a in arrays]
+    if name not in RAW:
+        assert views == [None] * 3
+        return
+    piece = rng.integers(0, 3, 50)
+    rows = rng.integers(0, 20, 50)
+    start = np.empty(50, np.int64)
+    length = np.empty(50, np.int64)
+    for k, v in enumerate(views):
+        start[piece == k], length[piece == k] = v.ranges(rows[piece == k])
+    got = gather_ranges(TYPES[name], views, piece, start, length)
+    got.validate(full=True)
+    assert got.to_pylist() == [arrays[p][r].as_py() for p, r in zip(piece.tolist(), rows.tolist())]
+    assert ByteRanges.of(_array(name, rng, 30, nulls=True)) is None  # nulls: RowStore reads validity

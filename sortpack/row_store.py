@@ -10,13 +10,55 @@ buffer of the right size (``kernels.gather_bytes``, compiled).
 Byte ranges cover strings and binaries, fixed-width values, and lists of fixed-width
 values without nulls inside the lists. Other types, and such lists with null values, fall
 back to pyarrow ``take`` per array (``raw`` turns False): correct, with more copies.
+
+Strings, binaries and lists address their values with 32-bit offsets, so one array holds
+at most 2^31 - 1 bytes (values). Whatever may grow past that (a spill, a round's received
+rows, a round's rows that stay) is gathered in pieces of at most ``piece_bytes()`` each
+(``piece_cuts``, ``gather_pieces``, ``from_raw_pieces``) and kept as a chunked array.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pyarrow as pa
 
-from .. import kernels
+from . import kernels
+
+# under the 2 GiB of 32-bit offsets with room to spare: row sizes of nested types are estimates
+PIECE_BYTES = 1 << 30
+
+
+def piece_bytes() -> int:
+    """Return the most bytes one gathered array holds (``SORTPACK_TEST_PIECE_BYTES``, read when used, in tests)."""
+    override = os.environ.get("SORTPACK_TEST_PIECE_BYTES")
+    return max(1, int(override)) if override else PIECE_BYTES
+
+
+def piece_cuts(sizes: np.ndarray, limit: int) -> np.ndarray:
+    """Return cuts ``[0, ..., n]`` into runs of consecutive rows whose summed ``sizes`` stay within ``limit``.
+
+    A row larger than ``limit`` is a run of its own. One search per run, not per row.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    n = len(sizes)
+    cum = np.concatenate(([0], np.cumsum(sizes)))
+    if n == 0 or cum[-1] <= limit:
+        return np.array([0, n], dtype=np.int64)
+    cuts = [0]
+    while cuts[-1] < n:
+        a = cuts[-1]
+        b = int(np.searchsorted(cum, cum[a] + limit, side="right")) - 1
+        cuts.append(max(b, a + 1))
+    return np.array(cuts, dtype=np.int64)
+
+
+def gather_pieces(store: RowStore, rows: np.ndarray, sizes: np.ndarray, limit: int) -> pa.Array | pa.ChunkedArray:
+    """Return ``store.gather(rows)``, as a chunked array of pieces within ``limit`` bytes when it is larger."""
+    cuts = piece_cuts(sizes, limit)
+    if len(cuts) <= 2:
+        return store.gather(rows)
+    return pa.chunked_array([store.gather(rows[a:b]) for a, b in zip(cuts[:-1], cuts[1:])], store.type)
 
 
 def _is_binary_like(t: pa.DataType) -> bool:
@@ -93,37 +135,38 @@ class RowStore:
         self.arrays.append(array)
         self._flat = None
         start = length = None
-        valid = None if array.null_count == 0 else array.is_valid().to_numpy(zero_copy_only=False)
+        # per registered row only: a take of a few rows from a large array costs a few rows
+        valid = None if array.null_count == 0 else _valid_rows(array, rows)
         if self.raw:
             try:
-                start, length, data = self._ranges(array)
+                start, length, data = self._ranges(array, rows)
             except ValueError:  # lists with null values: pyarrow take from here on
                 self.raw = False
             else:
-                start, length = start[rows], length[rows]
                 if valid is not None and self.kind != "fixed":  # a null's range may hold stale bytes
-                    length = np.where(valid[rows], length, 0)
+                    length = np.where(valid, length, 0)
                 self._bytes.append(data)
         if not self.raw:
             self._bytes.append(np.zeros(0, np.uint8))
-        self._parts.append((k, rows, start, length, None if valid is None else valid[rows]))
+        self._parts.append((k, rows, start, length, valid))
 
-    def _ranges(self, array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Return each row's byte start and length in the array's data buffer, and that buffer."""
+    def _ranges(self, array: pa.Array, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return rows ``rows``' byte starts and lengths in the array's data buffer, and that buffer."""
         n, off = len(array), array.offset
         bufs = array.buffers()
         if self.kind == "fixed":
             data = bufs[1]
-            start = (off + np.arange(n, dtype=np.int64)) * self.width
-            return start, np.full(n, self.width, dtype=np.int64), _as_bytes(data)
-        offsets = np.frombuffer(bufs[1], dtype=_offsets_dtype(self.type), count=off + n + 1)[off:].astype(np.int64)
+            start = (off + rows) * self.width
+            return start, np.full(len(rows), self.width, dtype=np.int64), _as_bytes(data)
+        offsets = np.frombuffer(bufs[1], dtype=_offsets_dtype(self.type), count=off + n + 1)[off:]
+        first, end = offsets[rows].astype(np.int64), offsets[rows + 1].astype(np.int64)
         if self.kind == "binary":
-            return offsets[:-1], np.diff(offsets), _as_bytes(bufs[2])
+            return first, end - first, _as_bytes(bufs[2])
         values = array.values  # a list's whole child, with its own offset
         if values.null_count:
             raise ValueError("list values with nulls")
         scale = self.width
-        return (values.offset + offsets[:-1]) * scale, np.diff(offsets) * scale, _as_bytes(values.buffers()[1])
+        return (values.offset + first) * scale, (end - first) * scale, _as_bytes(values.buffers()[1])
 
     def _flatten(self) -> tuple:
         if self._flat is None:
@@ -179,6 +222,63 @@ class RowStore:
         self._flat = None
 
 
+class ByteRanges:
+    """The byte range of every row of one array in its data buffer, looked up per call (for repeated gathers).
+
+    ``of(array)`` returns None for what byte ranges cannot hold: types of no fixed width,
+    arrays with nulls, lists with null values.
+    """
+
+    def __init__(self, kind: str, data: np.ndarray, offsets: np.ndarray | None, width: int, first: int):
+        self.kind, self.data, self.offsets, self.width, self.first = kind, data, offsets, width, first
+        self.address = data.ctypes.data if len(data) else 0
+
+    @classmethod
+    def of(cls, array: pa.Array) -> ByteRanges | None:
+        """Return the byte ranges of ``array``'s rows, or None when they cannot be gathered as bytes."""
+        kind, t = _kind(array.type), array.type
+        if kind == "other" or array.null_count:
+            return None
+        bufs, off = array.buffers(), array.offset
+        if kind == "fixed":
+            width = _fixed_width(t)
+            return cls(kind, _as_bytes(bufs[1]), None, width, off * width)
+        offsets = np.frombuffer(bufs[1], dtype=_offsets_dtype(t), count=off + len(array) + 1)[off:]
+        if kind == "binary":
+            return cls(kind, _as_bytes(bufs[2]), offsets, 1, 0)
+        values = array.values
+        if values.null_count:
+            return None
+        width = _fixed_width(t.value_type)
+        return cls(kind, _as_bytes(values.buffers()[1]), offsets, width, values.offset * width)
+
+    def ranges(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return rows ``rows``' byte starts in ``data`` and their lengths."""
+        if self.offsets is None:
+            return self.first + rows * self.width, np.full(len(rows), self.width, dtype=np.int64)
+        a, b = self.offsets[rows].astype(np.int64), self.offsets[rows + 1].astype(np.int64)
+        return self.first + a * self.width, (b - a) * self.width
+
+
+def gather_ranges(type: pa.DataType, views: list[ByteRanges], piece: np.ndarray, start: np.ndarray,
+                  length: np.ndarray) -> pa.Array:
+    """Return an array of ``type`` whose row i is ``length[i]`` bytes at ``start[i]`` of ``views[piece[i]]``."""
+    bases = np.array([v.address for v in views], dtype=np.uint64)
+    dst = np.empty(int(length.sum()), dtype=np.uint8)
+    data = kernels.gather_bytes(bases, [v.data for v in views], piece, start, length, dst)
+    return from_raw(type, length, data, None)
+
+
+def _valid_rows(array: pa.Array, rows: np.ndarray) -> np.ndarray:
+    """Return whether each of rows ``rows`` of ``array`` is valid (read from its validity bitmap)."""
+    bitmap = array.buffers()[0]
+    if bitmap is None:  # nulls without a bitmap: a null-type or union array
+        return array.is_valid().to_numpy(zero_copy_only=False)[rows]
+    at = array.offset + rows
+    bits = np.frombuffer(bitmap, dtype=np.uint8)
+    return ((bits[at >> 3] >> (at & 7).astype(np.uint8)) & 1).astype(bool)
+
+
 def _as_bytes(buf: pa.Buffer | None) -> np.ndarray:
     return np.zeros(0, np.uint8) if buf is None else np.frombuffer(buf, dtype=np.uint8)
 
@@ -205,6 +305,17 @@ def from_raw(type: pa.DataType, length: np.ndarray, data: np.ndarray, valid: np.
     child = pa.Array.from_buffers(type.value_type, int(ends[-1]) if n else 0, [None, values], null_count=0)
     return pa.Array.from_buffers(type, n, [validity, pa.py_buffer(offsets)], children=[child],
                                  null_count=-1 if validity is not None else 0)
+
+
+def from_raw_pieces(type: pa.DataType, length: np.ndarray, data: np.ndarray, valid: np.ndarray | None,
+                    limit: int) -> pa.Array | pa.ChunkedArray:
+    """Return ``from_raw``'s array; chunked in pieces within ``limit`` bytes when it has offsets and is larger."""
+    cuts = piece_cuts(length, limit) if _kind(type) != "fixed" else np.array([0, len(length)])
+    if len(cuts) <= 2:
+        return from_raw(type, length, data, valid)
+    at = np.concatenate(([0], np.cumsum(length)))[cuts]
+    return pa.chunked_array([from_raw(type, length[a:b], data[at[k]:at[k + 1]], None if valid is None else valid[a:b])
+                             for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))], type)
 
 
 def _take(arrays: list, piece: np.ndarray, row_in: np.ndarray, type: pa.DataType) -> pa.Array:
