@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-_ABI_VERSION = 8  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 9  # must equal SP_ABI_VERSION in _ckernels.c
 _EXTENSION = __name__.rpartition(".")[0] + "._ckernels"
 _UNLOADED: Any = object()
 _clib: Any = _UNLOADED
@@ -35,6 +35,7 @@ _SIGNATURES = {
     "sp_pack_rows": ([_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR], _I64),
     "sp_optimal_lengths": ([_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR], _I64),
     "sp_gather_bytes": ([_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR], _I64),
+    "sp_wf2q": ([_PTR, _PTR, _PTR, _PTR, _PTR, _I64, ctypes.c_double, _PTR, _I64], _I64),
 }
 
 
