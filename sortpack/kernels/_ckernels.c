@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 8
+#define SP_ABI_VERSION 9
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -771,6 +771,66 @@ SP_API int64_t sp_gather_bytes(const uint64_t *bases, int64_t nbases, const int6
         }
     }
     return total;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The WF2Q interleave of a mixture's sources (sortpack/blend.py): which source gives the  */
+/* next unit of the plan. Floating point: only comparisons of the given doubles with each  */
+/* other and with integer prefixes below 2^53 (exact as doubles: the caller checks), so    */
+/* the picks are those of the Python reference exactly.                                    */
+
+/* Stream s is units offsets[s] .. offsets[s + 1] - 1 of starts/finishes/sizes, of which it
+ * may give the first ends[s]. Writes the source of each pick to picks (at most cap) and
+ * returns their number; -1 when cap is too small, -2 when out of memory. */
+SP_API int64_t sp_wf2q(const double *starts, const double *finishes, const int64_t *sizes,
+                       const int64_t *offsets, const int64_t *ends, int64_t k, double total,
+                       int16_t *picks, int64_t cap) {
+    int64_t *at = (int64_t *)malloc((size_t)(k > 0 ? k : 1) * sizeof(int64_t));
+    int64_t *stop = (int64_t *)malloc((size_t)(k > 0 ? k : 1) * sizeof(int64_t));
+    if (at == NULL || stop == NULL) {
+        free(at);
+        free(stop);
+        return -2;
+    }
+    int64_t live = 0;
+    for (int64_t s = 0; s < k; s++) {
+        at[s] = offsets[s];
+        stop[s] = offsets[s] + (ends[s] > 0 ? ends[s] : 0);
+        live += ends[s] > 0;
+    }
+    int64_t x = 0, n = 0;
+    while (live > 0) {
+        int64_t best = -1, wait_src = -1;
+        double best_f = INFINITY, wait = INFINITY;
+        for (int64_t s = 0; s < k; s++) {
+            if (at[s] >= stop[s]) continue;
+            double sj = starts[at[s]];
+            if (sj <= (double)x) {
+                double f = finishes[at[s]];
+                if (f < best_f || best < 0) { /* a started unit that never finishes (inf) beats waiting */
+                    best_f = f;
+                    best = s;
+                }
+            } else if (sj < wait) {
+                wait = sj;
+                wait_src = s;
+            }
+        }
+        if (best < 0) best = wait_src; /* rounding left no unit started: the one that starts first */
+        if (best < 0) break;
+        int64_t m = sizes[at[best]];
+        if ((double)(x + m) > total) break;
+        if (n >= cap) {
+            n = -1;
+            break;
+        }
+        x += m;
+        picks[n++] = (int16_t)best;
+        if (++at[best] >= stop[best]) live--; /* a source that gave all it may gives no more */
+    }
+    free(at);
+    free(stop);
+    return n;
 }
 
 /* ------------------------------------------------------------------------------------ */

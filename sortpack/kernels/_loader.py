@@ -16,7 +16,7 @@ import numpy as np
 
 from ..env import env_flag
 
-_ABI_VERSION = 8  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 9  # must equal SP_ABI_VERSION in _ckernels.c
 _EXTENSION = __name__.rpartition(".")[0] + "._ckernels"
 _UNLOADED: Any = object()
 _clib: Any = _UNLOADED
@@ -36,6 +36,7 @@ _SIGNATURES = {
     "sp_pack_rows": ([_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR], _I64),
     "sp_optimal_lengths": ([_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR], _I64),
     "sp_gather_bytes": ([_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR], _I64),
+    "sp_wf2q": ([_PTR, _PTR, _PTR, _PTR, _PTR, _I64, ctypes.c_double, _PTR, _I64], _I64),
 }
 
 

@@ -13,8 +13,8 @@ The job (collective, like ``pipeline.run_all``):
 4. blend (``blend.plan_blend``): every rank gathers the per-micro-batch token counts (a few
    bytes per micro-batch, never per sample) and computes the same plan order;
 5. move each plan micro-batch's sample ids from the rank that packed it to the rank that
-   writes it (one Alltoallv; a repeated micro-batch is sent once per use) and write the
-   index with its ``source`` column and the manifest's ``mixture`` object.
+   writes its index shard (one Alltoallv; a repeated micro-batch is sent once per use) and
+   write the index with its ``source`` column and the manifest's ``mixture`` object.
 """
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ import dataclasses
 
 import numpy as np
 
+from .. import kernels
 from ..errors import SortpackError
-from ..format.kinds import rows_per_shard
+from ..format.kinds import rows_per_shard, samples_per_shard
 from ..inputs.mixture import Mixture, deviations
 from ..parallel import Comm
-from ..partition import balanced_blocks
+from ..partition import balanced_blocks, index_shard_layout
 from ..stages.analyze import AnalyzeOptions, analyze
 from ..stages.blend import Blend, plan_blend
 from ..stages.pack import Microbatches, PackOptions, _stats, pack_samples
@@ -124,20 +125,16 @@ def _global_ids(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return ids
 
 
-def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Return the positions ``starts[i] .. starts[i] + lengths[i] - 1`` of every i, concatenated."""
+def _take_runs(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Return ``values[starts[i] : starts[i] + lengths[i]]`` of every i, concatenated (one memcpy per run)."""
+    values = np.ascontiguousarray(values)
     lengths = np.asarray(lengths, dtype=np.int64)
-    keep = lengths > 0
-    starts, lengths = np.asarray(starts, np.int64)[keep], lengths[keep]
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    # steps of 1, and at each run's first position the jump from the previous run's last one
-    out = np.ones(total, dtype=np.int64)
-    at = np.cumsum(lengths) - lengths
-    out[at] = starts - np.concatenate(([1], starts[:-1] + lengths[:-1])) + 1
-    out[0] = starts[0]
-    return np.cumsum(out, out=out)
+    out = np.empty(int(lengths.sum()), dtype=values.dtype)
+    width = values.dtype.itemsize
+    raw = values.view(np.uint8)
+    kernels.gather_bytes(np.array([raw.ctypes.data], np.uint64), [raw], np.zeros(len(lengths), np.int64),
+                         np.asarray(starts, dtype=np.int64) * width, lengths * width, out.view(np.uint8))
+    return out
 
 
 @dataclasses.dataclass
@@ -186,10 +183,16 @@ def _move(comm: Comm, mbs: Microbatches, packed: _Packed, g: np.ndarray) -> tupl
                                                                                np.ndarray | None]:
     """Return this rank's block of plan micro-batches: (first, columns, sample ids, row sizes or None).
 
-    Plan micro-batch i is packed micro-batch ``g[i]``; ranks hold blocks of the plan balanced
-    by samples. One Alltoallv of the per-micro-batch columns and one of the sample ids.
+    Plan micro-batch i is packed micro-batch ``g[i]``; each rank gets the block of the plan
+    whose index shards it writes (``write_index`` then moves nothing). One Alltoallv of the
+    per-micro-batch columns and one of the sample ids.
     """
-    lo = balanced_blocks(packed.samples[g].astype(np.float64) + 1.0, comm.size)
+    ns = packed.samples[g]
+    lo = balanced_blocks(ns.astype(np.float64) + 1.0, comm.size)
+    # the shard layout depends on the plan's sample counts only, not on how they are dealt
+    r = comm.rank
+    _, lo = index_shard_layout(comm, ns[lo[r]:lo[r + 1]], int(lo[r]), len(g), rows_per_shard("index"),
+                               samples_per_shard())
     first = int(packed.firsts[comm.rank])
     m = len(mbs.offsets) - 1
     sel = np.flatnonzero((g >= first) & (g < first + m))
@@ -200,13 +203,13 @@ def _move(comm: Comm, mbs: Microbatches, packed: _Packed, g: np.ndarray) -> tupl
     got = comm.alltoallv_many(per_mb, np.bincount(dest, minlength=comm.size))
     ns = mbs.columns["num_samples"].astype(np.int64)
     lens = ns[loc]
-    ids = comm.alltoallv(mbs.sample_ids[_ragged(mbs.offsets[:-1][loc], lens)],
+    ids = comm.alltoallv(_take_runs(mbs.sample_ids, mbs.offsets[:-1][loc], lens),
                          np.bincount(dest, weights=lens, minlength=comm.size).astype(np.int64))
     rows = None
     if mbs.row_sizes is not None:
         nrows = mbs.columns["batch_size"].astype(np.int64)
         row_off = np.concatenate(([0], np.cumsum(nrows)))
-        rows = comm.alltoallv(mbs.row_sizes[_ragged(row_off[:-1][loc], nrows[loc])],
+        rows = comm.alltoallv(_take_runs(mbs.row_sizes, row_off[:-1][loc], nrows[loc]),
                               np.bincount(dest, weights=nrows[loc], minlength=comm.size).astype(np.int64))
     plan = got.pop("plan")
     if len(plan) < 2 or bool(np.all(plan[1:] > plan[:-1])):
@@ -215,11 +218,11 @@ def _move(comm: Comm, mbs: Microbatches, packed: _Packed, g: np.ndarray) -> tupl
     cols = {name: col[order] for name, col in got.items()}
     got_ns = got["num_samples"].astype(np.int64)
     at = np.concatenate(([0], np.cumsum(got_ns)))[:-1]
-    ids = ids[_ragged(at[order], got_ns[order])]
+    ids = _take_runs(ids, at[order], got_ns[order])
     if rows is not None:
         got_rows = got["batch_size"].astype(np.int64)
         rat = np.concatenate(([0], np.cumsum(got_rows)))[:-1]
-        rows = rows[_ragged(rat[order], got_rows[order])]
+        rows = _take_runs(rows, rat[order], got_rows[order])
     return int(lo[comm.rank]), cols, ids, rows
 
 

@@ -246,7 +246,8 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
         ids, codes, payload = _sort_by(comm, codes, codec.bits + group_bits, samples, payload, contiguous, ids_fill)
         stage = np.zeros(len(ids), np.int16)
         if group_bits:
-            stage = (codes >> np.uint64(codec.bits)).astype(np.int16)  # stages == 1: the code is the group
+            # stages == 1: the code is the group; the codes are sorted, so it is runs
+            stage = _top_bits(codes, codec.bits, 1 << group_bits)
             codes &= np.uint64((1 << codec.bits) - 1)
         keys = codec.decode(codes, in_place=True)
         del codes
@@ -276,8 +277,21 @@ def _with_groups(codes: np.ndarray, codec: KeyCodec, groups: np.ndarray | None,
         raise SortpackError(f"the sort key's values span {codec.bits} bits, too wide to sort within "
                             f"{1 << group_bits} mixture sources in one 64-bit key; rescale --difficulty",
                             collective=True)
-    codes |= groups.astype(np.uint64) << np.uint64(codec.bits)
+    n = len(groups)
+    if n and bool(np.all(groups[1:] >= groups[:-1])):
+        # runs (a mixture's sources, analyzed in order): one constant OR per run, no uint64 copy of the groups
+        cuts = np.concatenate(([0], np.flatnonzero(groups[1:] != groups[:-1]) + 1, [n]))
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            codes[a:b] |= np.uint64(int(groups[a]) << codec.bits)
+    else:
+        codes |= groups.astype(np.uint64) << np.uint64(codec.bits)
     return codes, codec
+
+
+def _top_bits(codes: np.ndarray, shift: int, groups: int) -> np.ndarray:
+    """Return ``codes >> shift`` as int16 for codes sorted ascending whose top bits hold a group below ``groups``."""
+    bounds = np.searchsorted(codes, np.arange(1, groups, dtype=np.uint64) << np.uint64(shift))
+    return np.repeat(np.arange(groups, dtype=np.int16), np.diff(np.concatenate(([0], bounds, [len(codes)]))))
 
 
 def _assign_stages(comm: Comm, samples: Samples, opts: SortOptions, contiguous: bool, same: bool,
