@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sortpack.blend import plan_blend
-from sortpack.mixture import Schedule
+from sortpack.stages.blend import plan_blend
+from sortpack.inputs.mixture import Schedule
 
 from sortpack import kernels as K
 from sortpack.errors import SortpackError
