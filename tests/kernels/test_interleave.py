@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sortpack.stages.blend import plan_blend
-from sortpack.inputs.mixture import Schedule
 
 from sortpack import kernels as K
 from sortpack.errors import SortpackError
+from sortpack.inputs.mixture import Schedule
 from sortpack.kernels import _loader
+from sortpack.stages.blend import plan_blend
 
 needs_c = pytest.mark.skipif(K.backend() != "c", reason="the compiled kernels are not built")
 INF = float("inf")
