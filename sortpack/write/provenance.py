@@ -8,6 +8,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +37,7 @@ class Profile:
         """Return, per stage, the max over ranks of wall time and bytes, and the peak RSS."""
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         parts = self.comm.allgather_obj((self.stages, rss, self.counts))
-        out = {}
+        out: dict[str, Any] = {}
         for name in self.stages:
             out[name] = {
                 "wall_s": round(max(p[0][name]["wall_s"] for p in parts), 4),
