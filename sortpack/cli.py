@@ -147,7 +147,7 @@ def store_options(tokenizer: bool):
 
 
 def _make_store(kw):
-    from .write.materialize import StoreOptions, parse_memory, parse_store
+    from .write.store import StoreOptions, parse_memory, parse_store
 
     return StoreOptions(columns=parse_store(kw.pop("store_columns")), tokens=kw.pop("store_tokens"),
                         memory_limit=parse_memory(kw.pop("memory_limit")), tokenizer=kw.pop("store_tokenizer", None))

@@ -16,10 +16,10 @@ from ..stages.analyze import AnalyzeOptions, analyze
 from ..stages.pack import OversizeError, PackOptions, pack_samples
 from ..stages.sort import SortOptions, sort_samples
 from ..write.index_writer import write_index
-from ..write.materialize import StoreOptions, prepare
 from ..write.output import OutputDir
 from ..write.provenance import JobInfo, Profile
 from ..write.sample_dirs import read_samples, write_samples
+from ..write.store import StoreOptions, prepare
 
 __all__ = ["JobInfo", "run_all", "run_analyze", "run_pack", "run_sort"]
 

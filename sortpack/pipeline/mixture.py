@@ -34,9 +34,9 @@ from ..stages.pack import Microbatches, PackOptions, _stats, pack_samples
 from ..stages.samples import Samples
 from ..stages.sort import SortOptions, sort_samples
 from ..write.index_writer import write_index
-from ..write.materialize import StoreOptions, prepare
 from ..write.output import OutputDir
 from ..write.provenance import JobInfo, Profile
+from ..write.store import StoreOptions, prepare
 
 __all__ = ["run_mixture"]
 

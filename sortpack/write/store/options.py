@@ -1,0 +1,137 @@
+"""The ``--store``, ``--store-tokens`` and ``--memory-limit`` options, parsed and checked."""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...errors import SortpackError
+from ...parallel import Comm
+
+TOKENS_COLUMN = "input_ids"
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_memory(text: str | int | None) -> int | None:
+    """Return a byte count from ``text`` such as ``512M``, ``4G`` or ``1000000`` (None stays None)."""
+    if text is None or text == "":
+        return None
+    if isinstance(text, int):
+        value = text
+    else:
+        s = str(text).strip().lower().removesuffix("ib").removesuffix("b")
+        scale = _UNITS.get(s[-1:], 1)
+        try:
+            value = int(float(s[:-1] if s[-1:] in _UNITS else s) * scale)
+        except ValueError:
+            raise SortpackError(f"--memory-limit {text!r}: expected bytes such as 512M, 4G or 1000000",
+                                collective=True) from None
+    if value <= 0:
+        raise SortpackError(f"--memory-limit {text!r}: must be positive", collective=True)
+    return value
+
+
+def default_memory_limit(comm: Comm) -> int:
+    """Return half of this node's physical memory divided by the ranks on this node."""
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        phys = 8 << 30
+    hosts = comm.allgather_obj(socket.gethostname())
+    per_node = max(1, hosts.count(hosts[comm.rank]))
+    return max(1 << 20, phys // 2 // per_node)
+
+
+@dataclass
+class StoreOptions:
+    """What to store with the index.
+
+    ``columns``: input columns to store; ``tokens``: also store ``input_ids`` (the token
+    ids of ``--size tokens``); ``memory_limit``: bytes per rank for the exchange (None: the
+    default, see ``default_memory_limit``); ``tokenizer``: the tokenizer file (``pack``
+    needs it again, ``run`` reuses ``--tokenizer``).
+    """
+
+    columns: tuple[str, ...] = ()
+    tokens: bool = False
+    memory_limit: int | None = None
+    tokenizer: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        """Return whether anything is stored."""
+        return bool(self.columns) or self.tokens
+
+    def validate(self) -> None:
+        """Raise SortpackError on inconsistent options."""
+        if len(set(self.columns)) != len(self.columns):
+            raise SortpackError(f"--store {','.join(self.columns)}: a column is named twice")
+        if any(not c for c in self.columns):
+            raise SortpackError("--store: empty column name")
+        if self.tokens and TOKENS_COLUMN in self.columns:
+            raise SortpackError(f"--store {TOKENS_COLUMN} and --store-tokens both write {TOKENS_COLUMN!r}")
+        if self.memory_limit is not None and self.memory_limit <= 0:
+            raise SortpackError("--memory-limit must be positive")
+
+
+def parse_store(text: str | None) -> tuple[str, ...]:
+    """Return the column names of ``--store COL[,COL...]``."""
+    if not text:
+        return ()
+    return tuple(c.strip() for c in text.split(","))
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """How ``--store-tokens`` gets the ids it stores.
+
+    ``column``: the text column the sizes were counted from; ``tokenizer``: the loaded
+    tokenizer and ``tokenizer_file`` the name the manifest records; ``special_tokens``:
+    whether the counts included the special tokens; ``truncate``: the length stored ids are
+    cut to (``--oversize truncate``), 0 for none.
+    """
+
+    column: str
+    tokenizer: Any
+    tokenizer_file: str
+    special_tokens: bool
+    truncate: int
+
+
+def token_ids_options(opts: StoreOptions, options: dict, popts: Any, tokenizer_path: str | None) -> TokenIds | None:
+    """Return how ``--store-tokens`` gets its ids (None without it), raising SortpackError on bad options.
+
+    Parameters
+    ----------
+    opts : StoreOptions
+        The store options (validated here).
+    options : dict
+        The plan's recorded options (column, size, tokenizer, special_tokens).
+    popts
+        The pack options: ``--oversize truncate`` cuts stored ids to the truncated size.
+    tokenizer_path : str or None
+        ``run``'s ``--tokenizer``, used when ``opts.tokenizer`` is not set.
+    """
+    opts.validate()
+    if not opts.tokens:
+        return None
+    if options.get("size") != "tokens":
+        raise SortpackError(f"--store-tokens stores the ids of --size tokens; this plan's size is "
+                            f"{options.get('size')!r}")
+    column = options.get("column")
+    if not column:
+        raise SortpackError("--store-tokens needs --column (the text column the tokens were counted from)")
+    path = opts.tokenizer or tokenizer_path
+    if not path:
+        raise SortpackError("--store-tokens needs --tokenizer (the tokenizer.json the sizes were counted with)")
+    recorded = options.get("tokenizer")
+    if recorded and Path(path).name != recorded:
+        raise SortpackError(f"--tokenizer {path}: the plan's sizes were counted with {recorded!r}")
+    from ...inputs.specs import load_tokenizer
+
+    tokenizer = load_tokenizer(path, "--store-tokens")
+    cut = popts.truncate_length() if popts.oversize == "truncate" else 0
+    return TokenIds(column, tokenizer, Path(path).name, bool(options.get("special_tokens", True)), cut)

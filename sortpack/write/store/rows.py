@@ -1,0 +1,132 @@
+"""This rank's input rows to store, unit by unit with their output positions, and each row's bytes in memory."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from ...errors import SortpackError, one_line
+from ...inputs.sources import SourceFile, read_units
+from ...inputs.specs import token_ids
+from .options import TOKENS_COLUMN, TokenIds
+from .token_cache import TokenCache
+
+
+def row_bytes(table: pa.Table) -> np.ndarray:
+    """Return an estimate of each row's bytes in memory (values plus offsets), per row."""
+    n = table.num_rows
+    total = np.zeros(n, dtype=np.int64)
+    for col in table.columns:
+        total += column_row_bytes(col)
+    return total
+
+
+def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
+    """Return an estimate of each row's bytes in one column."""
+    import pyarrow.compute as pc  # on use: it costs every rank ~30 ms of start-up
+
+    n, t = len(col), col.type
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        return pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64) + 8
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_primitive(t.value_type):
+        width = max(1, t.value_type.bit_width // 8)
+        lengths = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        return lengths * width + 8
+    if pa.types.is_primitive(t):
+        return np.full(n, max(1, t.bit_width // 8), dtype=np.int64)
+    return np.full(n, -(-col.nbytes // n), dtype=np.int64)
+
+
+@dataclass
+class RowPositions:
+    """Every use of this rank's input rows: ``rows`` (local row numbers, ascending) and their output ``positions``."""
+
+    rows: np.ndarray
+    positions: np.ndarray
+
+
+@dataclass
+class InputRows:
+    """This rank's input rows, unit by unit, with each row's output position."""
+
+    srcs: list[SourceFile]
+    files: list[dict]
+    units: list[tuple[int, int]]  # (file, unit) in global order
+    first_row: int
+    uses: RowPositions
+    read_columns: list[str]
+    schema: pa.Schema
+    tokens: TokenIds | None
+    cache: TokenCache | None  # the ids analyze computed while counting, if kept
+    cursor: int = 0
+    row: int = 0
+    seconds: float = 0.0  # reading, decoding and converting the input units
+
+    def done(self) -> bool:
+        """Return whether every unit has been read."""
+        return self.cursor >= len(self.units)
+
+    def next_table(self) -> tuple[pa.Table, np.ndarray]:
+        """Return the next unit's stored columns and its rows' positions (rows not in the plan dropped)."""
+        t0 = time.perf_counter()
+        try:
+            return self._next_table()
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _next_table(self) -> tuple[pa.Table, np.ndarray]:
+        fidx, unit = self.units[self.cursor]
+        self.cursor += 1
+        src, entry = self.srcs[fidx], self.files[fidx]
+        expected = src.unit_rows[unit] if src.unit_rows is not None else int(entry["rows"])
+        if expected == 0:
+            return self.schema.empty_table(), np.zeros(0, np.int64)
+        text = [self.tokens.column] if self.tokens is not None else None
+        if self.read_columns:
+            table = read_units(src, unit, unit + 1, self.read_columns, text_columns=text)
+        else:  # only token ids, all from analyze's cache: nothing to read
+            table = pa.table({"_": pa.nulls(expected)})
+        if table.num_rows != expected:
+            raise SortpackError(f"{src.path}: read {table.num_rows} rows, the plan was analyzed from {expected} "
+                                "(the input changed since analyze)")
+        cols = {}
+        for f in self.schema:
+            if f.name == TOKENS_COLUMN and self.tokens is not None:
+                cols[f.name] = self._token_ids(table, src.path, expected)
+            else:
+                col = table.column(f.name)
+                try:
+                    cols[f.name] = col.cast(f.type) if col.type != f.type else col
+                except (pa.ArrowException, TypeError) as exc:
+                    raise SortpackError(f"{src.path}: column {f.name!r} ({col.type}) does not convert to "
+                                        f"{f.type} ({one_line(exc)})") from None
+        rows, positions = self.uses.rows, self.uses.positions
+        a, b = np.searchsorted(rows, [self.row, self.row + expected])
+        take, pos = rows[a:b] - self.row, positions[a:b]
+        self.row += expected
+        out = pa.table(cols, schema=self.schema)
+        if b - a != expected or bool(np.any(np.diff(take) != 1)):
+            # rows left out of the plan, or used more than once (a mixture's repeats)
+            out = out.take(pa.array(take))
+        return out, pos
+
+    def _token_ids(self, table: pa.Table, where: str, expected: int) -> pa.Array | pa.ChunkedArray:
+        """Return the stored token ids of the unit being read (from the cache, else tokenized), truncated."""
+        from ...inputs.specs import _column
+
+        assert self.tokens is not None
+        if self.cache is not None:  # the ids analyze computed while counting
+            first = self.first_row + self.row
+            ids = self.cache.rows_of(first, first + expected)
+        else:
+            ids, _ = token_ids(self.tokens.tokenizer, _column(table, self.tokens.column, where),
+                               self.tokens.special_tokens)
+        if self.tokens.truncate:
+            import pyarrow.compute as pc
+
+            ids = pc.list_slice(ids, 0, self.tokens.truncate)
+        return ids

@@ -1,0 +1,90 @@
+"""The plan's input files for storing: described, checked against their fingerprints, and the stored columns' schema."""
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+
+from ...errors import SortpackError, one_line
+from ...inputs.fingerprints import check_unchanged
+from ...inputs.sources import SourceFile, describe, read_units
+from ...parallel import Comm
+
+
+def check_fingerprint(src: SourceFile, entry: dict) -> None:
+    """Raise when a file differs from its manifest entry (size, mtime, digest, rows: ``check_unchanged``)."""
+    check_unchanged(entry, src.bytes, sum(src.unit_rows) if src.unit_rows is not None else None)
+
+
+def describe_files(comm: Comm, files: list[dict]) -> list[SourceFile]:
+    """Return every input file of the plan described (each rank checks a share against its fingerprint)."""
+    mine, err = [], None
+    try:
+        for i, entry in enumerate(files):
+            if i % comm.size != comm.rank:
+                continue
+            if not os.path.isfile(entry["path"]):
+                raise SortpackError(f"{entry['path']}: input file of the plan is missing")
+            src = describe(entry["path"], entry["format"])
+            check_fingerprint(src, entry)
+            mine.append((i, src))
+    except SortpackError as exc:
+        err = exc
+    comm.check(err)
+    found = dict(pair for part in comm.allgather_obj(mine) for pair in part)
+    return [found[i] for i in range(len(files))]
+
+
+def _plain_type(t: pa.DataType) -> pa.DataType:
+    """Return the type a column is stored as: dictionaries decoded, views as large strings/binaries."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if getattr(pa.types, "is_string_view", lambda _: False)(t):
+        return pa.large_string()
+    if getattr(pa.types, "is_binary_view", lambda _: False)(t):
+        return pa.large_binary()
+    return t
+
+
+def _file_schema(src: SourceFile, entry: dict, columns: list[str]) -> pa.Schema | None:
+    """Return one file's schema of the stored columns (None for an empty text file)."""
+    import pyarrow.parquet as pq
+
+    try:
+        if src.format == "parquet":
+            schema = pq.read_schema(src.path)
+        elif src.format == "arrow":
+            from ...inputs.sources import _arrow_reader
+
+            schema = _arrow_reader(src.path).schema
+        else:
+            if int(entry["rows"]) == 0:
+                return None
+            schema = read_units(src, 0, 1, None).schema
+    except (pa.ArrowException, OSError) as exc:
+        raise SortpackError(f"{src.path}: cannot read as {src.format} ({one_line(exc)})") from None
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise SortpackError(f"{src.path}: no column {missing[0]!r} to store (columns: {', '.join(schema.names)})")
+    return pa.schema([pa.field(c, _plain_type(schema.field(c).type)) for c in columns])
+
+
+def output_schema(comm: Comm, srcs: list[SourceFile], files: list[dict], columns: list[str]) -> pa.Schema:
+    """Return the stored columns' schema, unified over every input file in file order."""
+    mine: list[tuple[int, pa.Schema | None]] = []
+    err = None
+    try:
+        mine = [(i, _file_schema(s, files[i], columns)) for i, s in enumerate(srcs) if i % comm.size == comm.rank]
+    except SortpackError as exc:
+        err = exc
+    comm.check(err)
+    found = dict(pair for part in comm.allgather_obj(mine) for pair in part)
+    schemas = [found[i] for i in range(len(srcs)) if found[i] is not None]
+    if not schemas:
+        return pa.schema([pa.field(c, pa.null()) for c in columns])
+    try:
+        unified = pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowException, TypeError) as exc:
+        raise SortpackError(f"--store: input files disagree on a column's type ({one_line(exc)})",
+                            collective=True) from None
+    return pa.schema([unified.field(c) for c in columns])

@@ -1,0 +1,92 @@
+"""The token ids ``analyze`` computed while counting, kept on disk for ``run --store-tokens``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ...errors import SortpackError, one_line
+from ...inputs.specs import token_ids
+from ...parallel import Comm
+from ..output import OutputDir
+from .options import TOKENS_COLUMN
+
+
+@dataclass(frozen=True)
+class CachePart:
+    """One rank's cache file: its path, the global row of its first ids, and its rows."""
+
+    path: str
+    first: int
+    rows: int
+
+
+class TokenCache:
+    """Token ids that ``analyze`` computed while counting (``run --store-tokens``), kept on disk.
+
+    Each rank appends its ids in sample order to ``.tokens-RANK.arrow`` in the output's
+    temporary directory; ``materialize`` reads them back by global row instead of
+    tokenizing a second time. ``__call__`` is the ``token_sink`` that ``analyze`` takes.
+    """
+
+    def __init__(self, out: OutputDir, comm: Comm, special_tokens: bool = True):
+        self.comm = comm
+        self.special_tokens = special_tokens
+        self.path = out.ensure() / f".tokens-{comm.rank:05d}.arrow"
+        self.rows = 0
+        self._sink: pa.NativeFile | None = None
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self.parts: list[CachePart] = []
+        self._tables: dict[str, pa.Table] = {}
+
+    def __call__(self, table: pa.Table, column: str, tokenizer: Any, where: str) -> np.ndarray:
+        """Return the token counts of ``column`` and keep its ids."""
+        from ...inputs.specs import _column, _is_text, evaluate, parse_spec
+
+        col = _column(table, column, where)
+        if not _is_text(col.type):
+            return evaluate(parse_spec("tokens", column, "--size"), table, where, tokenizer)  # raises
+        ids, counts = token_ids(tokenizer, col, self.special_tokens)
+        try:
+            if self._writer is None:
+                self._sink = pa.OSFile(str(self.path), "wb")
+                self._writer = pa.ipc.new_file(self._sink, pa.schema([(TOKENS_COLUMN, ids.type)]))
+            self._writer.write_batch(pa.record_batch([ids], names=[TOKENS_COLUMN]))
+        except (OSError, pa.ArrowException) as exc:
+            raise SortpackError(f"{self.path}: cannot write the token cache ({one_line(exc)})") from None
+        self.rows += len(ids)
+        return counts
+
+    def share(self) -> None:
+        """Close this rank's file and learn every rank's part (path, first row, rows) (collective)."""
+        if self._writer is not None:
+            self._writer.close()
+        if self._sink is not None:
+            self._sink.close()
+        start = self.comm.exscan(self.rows)
+        self.parts = self.comm.allgather_obj(CachePart(str(self.path), start, self.rows))
+        self._tables = {}
+
+    def rows_of(self, start: int, stop: int) -> pa.Array | pa.ChunkedArray:
+        """Return the ids of global rows ``[start, stop)`` as list<int32> (chunked as the cache holds them)."""
+        pieces = []
+        for part in self.parts:
+            a, b = max(start, part.first), min(stop, part.first + part.rows)
+            if a >= b:
+                continue
+            table = self._tables.get(part.path)
+            if table is None:
+                table = self._tables[part.path] = pa.ipc.open_file(pa.memory_map(part.path, "r")).read_all()
+            pieces.append(table.column(0).slice(a - part.first, b - a))
+        if not pieces:
+            return pa.array([], pa.list_(pa.int32()))
+        # not combined: a unit's ids may hold more values than 32-bit offsets address
+        return pa.chunked_array([c for p in pieces for c in p.chunks], pa.list_(pa.int32()))
+
+    def remove(self) -> None:
+        """Delete this rank's file (after every rank has read what it needs)."""
+        self._tables = {}
+        Path(self.path).unlink(missing_ok=True)
