@@ -1,6 +1,6 @@
 """Rows of one Arrow column held in many arrays, gathered into a new array with one copy.
 
-``materialize`` moves stored rows twice: from the input row groups to the ranks that own
+The ``--store`` shuffle (``write.store``) moves stored rows twice: from the input row groups to the ranks that own
 their output positions, and from the received pieces into data shards in plan order.
 pyarrow's ``take`` on a column of many chunks first concatenates them (a copy of every
 chunk per call), so both moves go through a ``RowStore`` instead: each registered row is

@@ -27,7 +27,7 @@ def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, fi
                 profile: Profile, job: JobInfo, store=None, extra: dict | None = None) -> dict | None:
     """Write the index directory from this rank's micro-batches; return the manifest on rank 0.
 
-    ``store`` (from ``materialize.prepare``) also writes the stored columns' data shards;
+    ``store`` (a ``write.store.Store`` from ``prepare``) also writes the stored columns' data shards;
     ``extra`` adds manifest keys (a mixture plan's ``mixture``), covered by ``content_hash``.
     """
     rows = rows_per_shard("index")
