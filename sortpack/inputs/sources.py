@@ -9,7 +9,6 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
@@ -440,54 +439,3 @@ def _file_columns(src: SourceFile) -> list[str]:
     if src.format == "jsonl":
         return _json_call(pjson.open_json, src).schema.names
     return pcsv.open_csv(src.path).schema.names
-
-
-def split_rows(weights: np.ndarray, splittable: np.ndarray, ranks: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return (unit, row offset in it) where each rank's run starts, plus the end ``(n, 0)``.
-
-    Rank r's run starts at cumulative weight ``r * W // ranks`` (weights are rows where
-    known): a splittable unit (rows known) is cut at that exact row, so every rank gets
-    ``N / ranks`` rows whatever the row-group layout; a unit that cannot be cut (rows
-    unknown until parsed) goes whole to the rank whose share holds its midpoint.
-    """
-    w = np.maximum(np.asarray(weights, dtype=np.int64), 0)
-    splittable = np.asarray(splittable, dtype=bool)
-    n = len(w)
-    if n == 0:
-        return np.zeros(ranks + 1, np.int64), np.zeros(ranks + 1, np.int64)
-    if w.sum() == 0:
-        w = np.ones(n, np.int64)  # all empty as far as known: still every unit must be read once
-    ends = np.cumsum(w)
-    starts = ends - w
-    total = int(ends[-1])
-    target = (np.arange(ranks + 1, dtype=np.int64) * total) // ranks
-    unit = np.searchsorted(ends, target, side="right").astype(np.int64)  # unit holding row `target`
-    inside = unit < n
-    off = np.zeros(ranks + 1, np.int64)
-    off[inside] = target[inside] - starts[unit[inside]]
-    whole = inside & ~splittable[np.minimum(unit, n - 1)]
-    # an uncuttable unit starts the next rank's run iff its midpoint lies past the target
-    past_mid = whole & (2 * off >= w[np.minimum(unit, n - 1)])
-    unit[past_mid] += 1
-    off[whole] = 0
-    unit[0], off[0] = 0, 0
-    return unit, off
-
-
-def split_units(weights: np.ndarray, ranks: int) -> np.ndarray:
-    """Return, for each rank, the first unit of its contiguous run (plus the end).
-
-    Runs are balanced by weight (rows where known, else bytes): a unit goes to the rank
-    whose share of the cumulative weight contains the unit's midpoint.
-    """
-    weights = np.asarray(weights, dtype=np.float64)
-    n = len(weights)
-    if n == 0:
-        return np.zeros(ranks + 1, dtype=np.int64)
-    total = weights.sum()
-    if total <= 0:
-        weights = np.ones(n)
-        total = float(n)
-    mid = np.cumsum(weights) - weights / 2
-    owner = np.minimum((mid * ranks / total).astype(np.int64), ranks - 1)
-    return np.searchsorted(owner, np.arange(ranks + 1), side="left").astype(np.int64)

@@ -7,9 +7,10 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..inputs.fingerprints import record
-from ..inputs.sources import SourceFile, describe, expand_inputs, file_columns, read_unit_rows, read_units, split_rows
+from ..inputs.sources import SourceFile, describe, expand_inputs, file_columns, read_unit_rows, read_units
 from ..inputs.specs import as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
+from ..partition import split_rows
 from ..progress import Progress
 from .samples import Samples
 

@@ -35,7 +35,7 @@ from ..format.data_shards import (
 )
 from ..format.shards import file_sha256
 from ..inputs.fingerprints import check_unchanged
-from ..inputs.sources import SourceFile, describe, read_units, split_units
+from ..inputs.sources import SourceFile, describe, read_units
 from ..inputs.specs import token_ids
 from ..parallel import Comm
 from ..partition import balanced_blocks
@@ -442,7 +442,7 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
     unit_list = [(i, u) for i, s in enumerate(srcs) for u in range(s.num_units)]
     unit_rows = np.array([s.unit_rows[u] if s.unit_rows is not None else int(files[i]["rows"])
                           for i, u in unit_list for s in [srcs[i]]], dtype=np.int64)
-    bounds = split_units(unit_rows.astype(np.float64), comm.size)
+    bounds = balanced_blocks(unit_rows.astype(np.float64), comm.size)
     row_starts = np.concatenate(([0], np.cumsum(unit_rows)))
     reader_starts = row_starts[bounds]
     lo, hi = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
