@@ -57,7 +57,7 @@ def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
     When every source reads the same column, one analyze of the sources' inputs in order is the
     union's analyze: each rank's rows are contiguous global ids, as for any plan.
     """
-    from ..inputs.sources import expand_inputs
+    from ..inputs.discover import expand_inputs
 
     def count():
         return [len(expand_inputs(src.inputs, aopts.input_format, aopts.split)) for src in mix.sources]

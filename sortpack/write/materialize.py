@@ -34,8 +34,10 @@ from ..format.data_shards import (
     write_data_shard,
 )
 from ..format.shards import file_sha256
+from ..inputs.arrow_types import is_offset_bytes, is_offset_list, is_text, plain_type
 from ..inputs.fingerprints import check_unchanged
-from ..inputs.sources import SourceFile, describe, read_units
+from ..inputs.formats import open_arrow_reader, open_source, read_units
+from ..inputs.source_file import SourceFile
 from ..inputs.specs import token_ids
 from ..parallel import Comm
 from ..partition import balanced_blocks
@@ -136,10 +138,10 @@ class TokenCache:
 
     def __call__(self, table: pa.Table, column: str, tokenizer, where: str) -> np.ndarray:
         """Return the token counts of ``column`` and keep its ids."""
-        from ..inputs.specs import _column, _is_text, evaluate, parse_spec
+        from ..inputs.specs import _column, evaluate, parse_spec
 
         col = _column(table, column, where)
-        if not _is_text(col.type):
+        if not is_text(col.type):
             return evaluate(parse_spec("tokens", column, "--size"), table, where, tokenizer)  # raises
         ids, counts = token_ids(tokenizer, col, self.special_tokens)
         try:
@@ -196,7 +198,7 @@ def _describe_files(comm: Comm, files: list[dict]) -> list[SourceFile]:
                 continue
             if not os.path.isfile(entry["path"]):
                 raise SortpackError(f"{entry['path']}: input file of the plan is missing")
-            src = describe(entry["path"], entry["format"])
+            src = open_source(entry["path"], entry["format"])
             check_fingerprint(src, entry)
             mine.append((i, src))
     except SortpackError as exc:
@@ -206,16 +208,6 @@ def _describe_files(comm: Comm, files: list[dict]) -> list[SourceFile]:
     return [found[i] for i in range(len(files))]
 
 
-def _plain_type(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if getattr(pa.types, "is_string_view", lambda _: False)(t):
-        return pa.large_string()
-    if getattr(pa.types, "is_binary_view", lambda _: False)(t):
-        return pa.large_binary()
-    return t
-
-
 def _file_schema(src: SourceFile, entry: dict, columns: list[str]) -> pa.Schema | None:
     import pyarrow.parquet as pq
 
@@ -223,9 +215,7 @@ def _file_schema(src: SourceFile, entry: dict, columns: list[str]) -> pa.Schema 
         if src.format == "parquet":
             schema = pq.read_schema(src.path)
         elif src.format == "arrow":
-            from ..inputs.sources import _arrow_reader
-
-            schema = _arrow_reader(src.path).schema
+            schema = open_arrow_reader(src.path).schema
         else:
             if int(entry["rows"]) == 0:
                 return None
@@ -235,7 +225,7 @@ def _file_schema(src: SourceFile, entry: dict, columns: list[str]) -> pa.Schema 
     missing = [c for c in columns if c not in schema.names]
     if missing:
         raise SortpackError(f"{src.path}: no column {missing[0]!r} to store (columns: {', '.join(schema.names)})")
-    return pa.schema([pa.field(c, _plain_type(schema.field(c).type)) for c in columns])
+    return pa.schema([pa.field(c, plain_type(schema.field(c).type)) for c in columns])
 
 
 def output_schema(comm: Comm, srcs: list[SourceFile], files: list[dict], columns: list[str]) -> pa.Schema:
@@ -274,9 +264,9 @@ def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
     n, t = len(col), col.type
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+    if is_offset_bytes(t):
         return pc.binary_length(col).to_numpy(zero_copy_only=False).astype(np.int64) + 8
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_primitive(t.value_type):
+    if is_offset_list(t) and pa.types.is_primitive(t.value_type):
         width = max(1, t.value_type.bit_width // 8)
         lengths = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         return lengths * width + 8

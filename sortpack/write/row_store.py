@@ -17,10 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import kernels
-
-
-def _is_binary_like(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+from ..inputs.arrow_types import is_offset_bytes, is_offset_list
 
 
 def _fixed_width(t: pa.DataType) -> int:
@@ -39,9 +36,9 @@ def _fixed_width(t: pa.DataType) -> int:
 
 
 def _kind(t: pa.DataType) -> str:
-    if _is_binary_like(t):
+    if is_offset_bytes(t):
         return "binary"
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _fixed_width(t.value_type):
+    if is_offset_list(t) and _fixed_width(t.value_type):
         return "list"
     if _fixed_width(t):
         return "fixed"

@@ -1,4 +1,4 @@
-"""Input discovery and reading: sortpack.inputs.sources."""
+"""One reader per input format: sortpack.inputs.formats."""
 from __future__ import annotations
 
 import json
@@ -10,13 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sortpack.errors import SortpackError
-from sortpack.inputs.sources import (
-    describe,
-    expand_inputs,
-    file_columns,
-    read_unit_rows,
-    read_units,
-)
+from sortpack.inputs.formats import INPUT_FORMATS, file_columns, format_of, open_source, read_unit_rows, read_units
 
 
 def write_parquet(path, table, row_group_size=None):
@@ -68,152 +62,71 @@ def touch(path):
     return str(path)
 
 
-# --- expand_inputs ------------------------------------------------------------------
+# --- open_source -----------------------------------------------------------------------
 
 
-def test_files_keep_command_line_order(tmp_path):
-    b = touch(tmp_path / "b.parquet")
-    a = touch(tmp_path / "a.jsonl")
-    assert expand_inputs([b, a]) == [(b, "parquet"), (a, "jsonl")]
-
-
-def test_every_extension_maps_to_its_format(tmp_path):
-    names = {"x.parquet": "parquet", "x.pq": "parquet", "x.arrow": "arrow", "x.feather": "arrow",
-             "x.ipc": "arrow", "x.jsonl": "jsonl", "x.ndjson": "jsonl", "x.json": "jsonl", "x.csv": "csv",
-             "X.PARQUET": "parquet"}
-    for name, fmt in names.items():
-        p = touch(tmp_path / name)
-        assert expand_inputs([p]) == [(p, fmt)]
-
-
-def test_directory_is_recursive_sorted_and_skips_hidden_and_underscore(tmp_path):
-    d = tmp_path / "data"
-    keep = [touch(d / p) for p in ("a.parquet", "b/c.jsonl", "b/d.csv", "c.arrow", "z/y/x.parquet")]
-    for p in (".hidden.parquet", "_SUCCESS", "_metadata.parquet", ".git/x.parquet", "_tmp/y.parquet",
-              "b/.part.csv", "README.md", "notes.txt"):
-        touch(d / p)
-    got = expand_inputs([str(d)])
-    assert [p for p, _ in got] == sorted(keep)
-    assert [f for _, f in got] == ["parquet", "jsonl", "csv", "arrow", "parquet"]
-
-
-def test_directories_and_files_interleave_in_command_line_order(tmp_path):
-    d = tmp_path / "d"
-    inner = [touch(d / "2.parquet"), touch(d / "1.parquet")]
-    first = touch(tmp_path / "z.csv")
-    last = touch(tmp_path / "a.jsonl")
-    got = [p for p, _ in expand_inputs([first, str(d), last])]
-    assert got == [first, sorted(inner)[0], sorted(inner)[1], last]
-
-
-def test_glob_expands_sorted(tmp_path):
-    paths = [touch(tmp_path / f"part-{i}.parquet") for i in (3, 1, 2)]
-    touch(tmp_path / "other.csv")
-    got = expand_inputs([str(tmp_path / "part-*.parquet")])
-    assert [p for p, _ in got] == sorted(paths)
-
-
-def test_recursive_glob(tmp_path):
-    paths = [touch(tmp_path / "x" / "a.jsonl"), touch(tmp_path / "y" / "z" / "b.jsonl")]
-    got = expand_inputs([str(tmp_path / "**" / "*.jsonl")])
-    assert [p for p, _ in got] == sorted(paths)
-
-
-def test_paths_become_absolute(tmp_path, monkeypatch):
-    touch(tmp_path / "a.csv")
-    monkeypatch.chdir(tmp_path)
-    assert expand_inputs(["a.csv"]) == [(str(tmp_path / "a.csv"), "csv")]
-
-
-def test_forced_format_overrides_extension(tmp_path):
-    p = touch(tmp_path / "shard.bin")
-    assert expand_inputs([p], "arrow") == [(p, "arrow")]
-
-
-@pytest.mark.parametrize("make, expect", [
-    (lambda t: [str(t / "nope.parquet")], "nope.parquet: no such file or directory"),
-    (lambda t: [touch(t / "data.txt")], "data.txt: cannot tell the format"),
-    (lambda t: [str(t / "*.parquet")], "*.parquet: no file matches"),
-    (lambda t: [touch(t / "x.txt") and str(t / "*.txt")], "x.txt: cannot tell the format"),
-    (lambda t: [(t / "empty").mkdir() or str(t / "empty")], "empty: directory holds no"),
-    (lambda t: [], "no input files"),
-])
-def test_expand_errors_name_the_input(tmp_path, make, expect):
-    with pytest.raises(SortpackError, match=None) as info:
-        expand_inputs(make(tmp_path))
-    assert expect in str(info.value)
-
-
-def test_unknown_input_format(tmp_path):
-    with pytest.raises(SortpackError, match="--input-format: unknown format 'xml'"):
-        expand_inputs([touch(tmp_path / "a.csv")], "xml")
-
-
-# --- describe -----------------------------------------------------------------------
-
-
-def test_describe_parquet_row_groups(tmp_path):
-    src = describe(write_parquet(tmp_path / "a.parquet", TEXT, row_group_size=3), "parquet")
+def test_open_source_parquet_row_groups(tmp_path):
+    src = open_source(write_parquet(tmp_path / "a.parquet", TEXT, row_group_size=3), "parquet")
     assert src.unit_rows == [3, 3, 1] and src.num_units == 3
     assert src.bytes == os.path.getsize(tmp_path / "a.parquet")
     assert src.fingerprint(7) == {"path": src.path, "format": "parquet", "rows": 7, "bytes": src.bytes}
 
 
-def test_describe_arrow_file_batches(tmp_path):
-    src = describe(write_arrow_file(tmp_path / "a.arrow", TEXT, 2), "arrow")
+def test_open_source_arrow_file_batches(tmp_path):
+    src = open_source(write_arrow_file(tmp_path / "a.arrow", TEXT, 2), "arrow")
     assert src.unit_rows == [2, 2, 2, 1]
 
 
-def test_describe_arrow_stream_is_one_unit(tmp_path):
-    src = describe(write_arrow_stream(tmp_path / "a.arrow", TEXT, 2), "arrow")
+def test_open_source_arrow_stream_is_one_unit(tmp_path):
+    src = open_source(write_arrow_stream(tmp_path / "a.arrow", TEXT, 2), "arrow")
     assert src.unit_rows is None and src.num_units == 1
 
 
-def test_describe_text_formats_are_one_unit(tmp_path):
-    j = describe(write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}]), "jsonl")
-    c = describe(write_csv(tmp_path / "a.csv", ["text"], [["x"]]), "csv")
+def test_open_source_text_formats_are_one_unit(tmp_path):
+    j = open_source(write_jsonl(tmp_path / "a.jsonl", [{"text": "x"}]), "jsonl")
+    c = open_source(write_csv(tmp_path / "a.csv", ["text"], [["x"]]), "csv")
     assert j.unit_rows is None and c.unit_rows is None and j.num_units == c.num_units == 1
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
-def test_describe_garbage_names_file_and_format(tmp_path, fmt):
+def test_open_source_garbage_names_file_and_format(tmp_path, fmt):
     p = tmp_path / f"bad.{fmt}"
     p.write_bytes(b"this is not a " + fmt.encode() + b" file" * 20)
     with pytest.raises(SortpackError, match=rf"bad\.{fmt}: cannot read as {fmt}"):
-        describe(str(p), fmt)
+        open_source(str(p), fmt)
 
 
 # --- read_units ---------------------------------------------------------------------
 
 
 def test_read_parquet_row_groups(tmp_path):
-    src = describe(write_parquet(tmp_path / "a.parquet", TEXT, row_group_size=3), "parquet")
+    src = open_source(write_parquet(tmp_path / "a.parquet", TEXT, row_group_size=3), "parquet")
     t = read_units(src, 1, 3, ["text"])
     assert t.column_names == ["text"] and t.column("text").to_pylist() == TEXT["text"].to_pylist()[3:]
 
 
 def test_read_arrow_file_batches(tmp_path):
-    src = describe(write_arrow_file(tmp_path / "a.arrow", TEXT, 2), "arrow")
+    src = open_source(write_arrow_file(tmp_path / "a.arrow", TEXT, 2), "arrow")
     assert read_units(src, 1, 3, ["n"]).column("n").to_pylist() == [3, 4, 5, 6]
     assert read_units(src, 0, 4, None).equals(TEXT)
 
 
 def test_read_arrow_stream_whole(tmp_path):
-    src = describe(write_arrow_stream(tmp_path / "a.arrows", TEXT, 2), "arrow")
+    src = open_source(write_arrow_stream(tmp_path / "a.arrows", TEXT, 2), "arrow")
     assert read_units(src, 0, 1, ["text", "n"]).equals(TEXT)
 
 
 def test_read_jsonl_and_csv(tmp_path):
-    j = describe(write_jsonl(tmp_path / "a.jsonl", [{"text": "héllo", "n": 1}, {"text": "x y", "n": 2}]), "jsonl")
+    j = open_source(write_jsonl(tmp_path / "a.jsonl", [{"text": "héllo", "n": 1}, {"text": "x y", "n": 2}]), "jsonl")
     assert read_units(j, 0, 1, ["text"]).column("text").to_pylist() == ["héllo", "x y"]
-    c = describe(write_csv(tmp_path / "a.csv", ["text", "n"], [["héllo", 1], ["x y", 2]]), "csv")
+    c = open_source(write_csv(tmp_path / "a.csv", ["text", "n"], [["héllo", 1], ["x y", 2]]), "csv")
     t = read_units(c, 0, 1, ["n"])
     assert t.column_names == ["n"] and t.column("n").to_pylist() == [1, 2]
 
 
 def test_csv_text_column_stays_text(tmp_path):
     # digits would otherwise be guessed as integers, losing the leading zeros
-    c = describe(write_csv(tmp_path / "a.csv", ["text"], [["00123"], ["45"]]), "csv")
+    c = open_source(write_csv(tmp_path / "a.csv", ["text"], [["00123"], ["45"]]), "csv")
     t = read_units(c, 0, 1, ["text"], text_columns=["text"])
     assert t.column("text").to_pylist() == ["00123", "45"]
 
@@ -221,7 +134,7 @@ def test_csv_text_column_stays_text(tmp_path):
 def test_jsonl_type_widens_across_blocks(tmp_path):
     # the first block (1 MiB) sees only integers, a later one a float
     rows = [{"text": "w" * 100, "n": 1}] * 12000 + [{"text": "x", "n": 1.5}]
-    src = describe(write_jsonl(tmp_path / "a.jsonl", rows), "jsonl")
+    src = open_source(write_jsonl(tmp_path / "a.jsonl", rows), "jsonl")
     assert src.bytes > 1 << 20
     n = read_units(src, 0, 1, ["n"]).column("n")
     assert n.type == pa.float64() and n[-1].as_py() == 1.5
@@ -229,7 +142,7 @@ def test_jsonl_type_widens_across_blocks(tmp_path):
 
 def test_empty_jsonl_and_csv_hold_no_rows(tmp_path):
     for name in ("e.jsonl", "e.csv"):
-        src = describe(touch(tmp_path / name), name.split(".")[1])
+        src = open_source(touch(tmp_path / name), name.split(".")[1])
         assert read_units(src, 0, 1, ["text"]).num_rows == 0
         assert file_columns(src) == []
 
@@ -243,22 +156,22 @@ def test_missing_column_names_file_and_column(tmp_path, fmt):
         "csv": lambda p: write_csv(p, ["text", "n"], [list(r.values()) for r in TEXT.to_pylist()]),
     }
     path = writers[fmt](tmp_path / f"in.{fmt}")
-    src = describe(path, fmt)
+    src = open_source(path, fmt)
     with pytest.raises(SortpackError, match=rf"in\.{fmt}: no column 'nope' \(columns: text, n\)"):
         read_units(src, 0, src.num_units, ["nope"])
 
 
 def test_file_columns(tmp_path):
-    src = describe(write_parquet(tmp_path / "a.parquet", TEXT), "parquet")
+    src = open_source(write_parquet(tmp_path / "a.parquet", TEXT), "parquet")
     assert file_columns(src) == ["text", "n"]
-    src = describe(write_jsonl(tmp_path / "a.jsonl", [{"b": 1, "a": "x"}]), "jsonl")
+    src = open_source(write_jsonl(tmp_path / "a.jsonl", [{"b": 1, "a": "x"}]), "jsonl")
     assert file_columns(src) == ["b", "a"]
 
 
 def test_unreadable_jsonl_names_file(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text('{"text": "a"}\n{not json\n')
-    src = describe(str(p), "jsonl")
+    src = open_source(str(p), "jsonl")
     with pytest.raises(SortpackError, match=r"bad\.jsonl: cannot read as jsonl"):
         read_units(src, 0, 1, ["text"])
 
@@ -271,7 +184,7 @@ def test_jsonl_reads_a_10mb_line(tmp_path, where):
     texts = ["hi", "x" * 10_000_000, "yo"] if where == "middle" else ["x" * 10_000_000, "hi", "yo"]
     path = tmp_path / "big.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    src = describe(str(path), "jsonl")
+    src = open_source(str(path), "jsonl")
     assert file_columns(src) == ["text"]
     table = read_units(src, 0, 1, ["text"])
     assert [len(t) for t in table.column("text").to_pylist()] == [len(t) for t in texts]
@@ -282,15 +195,23 @@ def test_jsonl_reads_a_10mb_line(tmp_path, where):
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
 def test_read_unit_rows_reads_a_row_range_of_one_unit(tmp_path, fmt, monkeypatch):
-    from sortpack.inputs import sources
+    from sortpack.inputs import formats
 
-    monkeypatch.setattr(sources, "PARTIAL_BATCH_ROWS", 7)  # ranges straddle decode batches
+    monkeypatch.setattr(formats, "PARTIAL_BATCH_ROWS", 7)  # ranges straddle decode batches
     table = pa.table({"n": np.arange(100, dtype=np.int64), "s": [str(i) for i in range(100)]})
     path = (write_parquet(tmp_path / "a.parquet", table, row_group_size=60) if fmt == "parquet"
             else write_arrow_file(tmp_path / "a.arrow", table, 60))
-    src = describe(path, fmt)
+    src = open_source(path, fmt)
     assert src.unit_rows == [60, 40]
     for unit, lo, hi in [(0, 0, 60), (0, 13, 29), (1, 5, 40), (1, 0, 1), (0, 59, 60), (1, 3, 3)]:
         got = read_unit_rows(src, unit, lo, hi, ["n"])
         assert got.column_names == ["n"]
         assert got.column("n").to_pylist() == list(range(unit * 60 + lo, unit * 60 + hi))
+
+
+def test_one_reader_per_format_and_extension():
+    assert INPUT_FORMATS == ("parquet", "arrow", "jsonl", "csv")
+    assert format_of("a/b.PQ") == "parquet" and format_of("x.feather") == "arrow" and format_of("x.txt") is None
+    assert format_of("x.txt", "csv") == "csv"
+    with pytest.raises(SortpackError, match="unknown input format 'xml'"):
+        open_source("x.xml", "xml")
