@@ -97,7 +97,7 @@ class Schedule:
 
     def phase_at(self, t: float) -> int:
         """Return the phase holding fraction ``t``."""
-        return int(min(np.searchsorted(self.ends, t, side="right"), len(self.ends) - 1))
+        return min(int(np.searchsorted(self.ends, t, side="right")), len(self.ends) - 1)
 
 
 @dataclass
@@ -216,7 +216,7 @@ def _parse_schedule(raw, sources: list[MixSource], origin: str) -> Schedule:
         missing = [s.name for s in sources if s.weight is None]
         if missing:
             raise SortpackError(f"{origin}: source {missing[0]!r} has no 'weight' (and there is no schedule)")
-        rows, ends = [[s.weight for s in sources]], [1.0]
+        rows, ends = [[s.weight for s in sources if s.weight is not None]], [1.0]  # all, as checked above
     else:
         if not isinstance(raw, list) or not raw:
             raise SortpackError(f"{origin}: 'schedule' must be a non-empty list of phases")
