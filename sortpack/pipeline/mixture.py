@@ -24,7 +24,8 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..format.kinds import rows_per_shard
-from ..inputs.mixture import Mixture, deviations
+from ..inputs.mixture import Mixture
+from ..inputs.schedule import deviations
 from ..parallel import Comm
 from ..partition import balanced_blocks
 from ..stages.analyze import AnalyzeOptions, analyze

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SortpackError
-from ..inputs.mixture import Schedule
+from ..inputs.schedule import Schedule
 from ..permutation import _M64, KeyedPermutation, _mix
 
 
