@@ -16,7 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sortpack.inputs.sources import SourceFile, _estimate_rows, check_input_path, check_table
+from sortpack.inputs.discover import check_input_path
+from sortpack.inputs.formats import estimate_rows
+from sortpack.inputs.source_file import SourceFile
+from sortpack.inputs.validate import check_table
 from sortpack.write.output_guard import check_output, sweep_stale
 
 
@@ -52,8 +55,8 @@ def main() -> None:
         files = sorted(d.iterdir())
         per = median_s(lambda: [check_input_path(str(p)) for p in files], 3) / len(files)
         print(f"check_input_path: {per * 1e6:.1f} us per file")
-        per = median_s(lambda: [_estimate_rows(str(p), "jsonl", p.stat().st_size) for p in files], 3) / len(files)
-        print(f"_estimate_rows:   {per * 1e6:.1f} us per file")
+        per = median_s(lambda: [estimate_rows(str(p), p.stat().st_size) for p in files], 3) / len(files)
+        print(f"estimate_rows:    {per * 1e6:.1f} us per file")
         out = d / "plan"
         t = median_s(lambda: (sweep_stale(out), check_output(out, False, [str(files[0])])))
         print(f"check_output + sweep_stale beside 2000 files: {t * 1e3:.2f} ms")

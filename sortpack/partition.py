@@ -49,6 +49,38 @@ def balanced_blocks(weights: np.ndarray, ranks: int) -> np.ndarray:
     return np.searchsorted(owner, np.arange(ranks + 1), side="left").astype(np.int64)
 
 
+def split_rows(weights: np.ndarray, splittable: np.ndarray, ranks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return (unit, row offset in it) where each rank's run starts, plus the end ``(n, 0)``.
+
+    Rank r's run starts at cumulative weight ``r * W // ranks`` (weights are rows where
+    known): a splittable unit (rows known) is cut at that exact row, so every rank gets
+    ``N / ranks`` rows whatever the row-group layout; a unit that cannot be cut (rows
+    unknown until parsed) goes whole to the rank whose share holds its midpoint.
+    """
+    w = np.maximum(np.asarray(weights, dtype=np.int64), 0)
+    splittable = np.asarray(splittable, dtype=bool)
+    n = len(w)
+    if n == 0:
+        return np.zeros(ranks + 1, np.int64), np.zeros(ranks + 1, np.int64)
+    if w.sum() == 0:
+        w = np.ones(n, np.int64)  # all empty as far as known: still every unit must be read once
+    ends = np.cumsum(w)
+    starts = ends - w
+    total = int(ends[-1])
+    target = (np.arange(ranks + 1, dtype=np.int64) * total) // ranks
+    unit = np.searchsorted(ends, target, side="right").astype(np.int64)  # unit holding row `target`
+    inside = unit < n
+    off = np.zeros(ranks + 1, np.int64)
+    off[inside] = target[inside] - starts[unit[inside]]
+    whole = inside & ~splittable[np.minimum(unit, n - 1)]
+    # an uncuttable unit starts the next rank's run iff its midpoint lies past the target
+    past_mid = whole & (2 * off >= w[np.minimum(unit, n - 1)])
+    unit[past_mid] += 1
+    off[whole] = 0
+    unit[0], off[0] = 0, 0
+    return unit, off
+
+
 def index_shard_layout(comm: Comm, num_samples: np.ndarray, first: int, total: int,
                        rows_per_shard: int, samples_per_shard: int) -> tuple[np.ndarray, np.ndarray]:
     """Return (first micro-batch of every index shard plus the end, first micro-batch each rank writes).

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import kernels
+from .arrow_types import is_offset_bytes, is_offset_list
 
 # under the 2 GiB of 32-bit offsets with room to spare: row sizes of nested types are estimates
 PIECE_BYTES = 1 << 30
@@ -61,9 +62,6 @@ def gather_pieces(store: RowStore, rows: np.ndarray, sizes: np.ndarray, limit: i
     return pa.chunked_array([store.gather(rows[a:b]) for a, b in zip(cuts[:-1], cuts[1:])], store.type)
 
 
-def _is_binary_like(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
-
 
 def _fixed_width(t: pa.DataType) -> int:
     """Return the byte width of a fixed-width type (0 when the type is not one, or is bit-packed)."""
@@ -81,9 +79,9 @@ def _fixed_width(t: pa.DataType) -> int:
 
 
 def _kind(t: pa.DataType) -> str:
-    if _is_binary_like(t):
+    if is_offset_bytes(t):
         return "binary"
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _fixed_width(t.value_type):
+    if is_offset_list(t) and _fixed_width(t.value_type):
         return "list"
     if _fixed_width(t):
         return "fixed"

@@ -15,7 +15,7 @@ PKG = ROOT / "sortpack"
 
 # the sides of the package, by top-level name (a module or a subpackage of sortpack)
 BASE = {"errors", "env", "parallel", "partition", "distribute", "progress", "launcher", "kernels", "permutation",
-        "row_store"}
+        "row_store", "arrow_types"}
 SIDES = {
     **{b: "base" for b in BASE},
     "inputs": "inputs", "format": "format", "stages": "stages", "write": "write",
@@ -30,7 +30,7 @@ MAY_IMPORT = {
     "stages": {"base", "inputs"},
     "write": {"base", "format", "inputs", "stages"},
     # never parallel, stages or writers
-    "reader": {"errors", "launcher", "permutation", "row_store", "kernels", "format", "inputs"},
+    "reader": {"errors", "launcher", "permutation", "row_store", "arrow_types", "kernels", "format", "inputs"},
     "report": {"errors", "format", "inputs", "reader"},
     "pipeline": {"base", "format", "inputs", "stages", "write"},
     "cli": {"base", "format", "inputs", "stages", "write", "reader", "report", "pipeline"},
@@ -38,7 +38,7 @@ MAY_IMPORT = {
 # within base, the finer rule: kernels and errors stand alone, only parallel's helpers use parallel
 BASE_MAY_IMPORT = {
     "errors": set(), "env": set(), "kernels": {"env"}, "launcher": set(), "progress": set(),
-    "permutation": set(), "row_store": {"kernels"},
+    "permutation": set(), "row_store": {"kernels", "arrow_types"}, "arrow_types": set(),
     "parallel": {"errors", "env", "launcher"}, "partition": {"parallel"}, "distribute": {"parallel", "partition"},
 }
 

@@ -1,11 +1,11 @@
-"""The partitioning policy: shards cut at fixed rows, ranks own whole shards."""
+"""The partitioning policy: shards cut at fixed rows, ranks own whole shards, inputs split by weight."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sortpack.partition import owner_starts, shard_starts
+from sortpack.partition import balanced_blocks, owner_starts, shard_starts, split_rows
 
 
 @given(total=st.integers(0, 5000), rows=st.integers(1, 700), ranks=st.integers(1, 9))
@@ -26,3 +26,65 @@ def test_empty_and_exact_layouts():
     assert shard_starts(21, 10).tolist() == [0, 10, 20, 21]
     assert owner_starts(21, 10, 2).tolist() == [0, 10, 21]
     assert owner_starts(5, 10, 3).tolist() == [0, 0, 0, 5]
+
+
+# --- balanced_blocks --------------------------------------------------------------------
+
+
+def test_balanced_blocks_balances_by_weight():
+    assert balanced_blocks(np.array([1, 1, 1, 1]), 2).tolist() == [0, 2, 4]
+    assert balanced_blocks(np.array([10, 1, 1, 1, 1]), 2).tolist() == [0, 1, 5]
+    assert balanced_blocks(np.array([5, 5]), 4).tolist() == [0, 0, 1, 1, 2]
+    assert balanced_blocks(np.array([], dtype=np.int64), 3).tolist() == [0, 0, 0, 0]
+    assert balanced_blocks(np.zeros(4), 2).tolist() == [0, 2, 4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 1000), max_size=40), st.integers(1, 9))
+def test_balanced_blocks_covers_every_unit_in_order(weights, ranks):
+    b = balanced_blocks(np.array(weights, dtype=np.float64), ranks)
+    assert len(b) == ranks + 1 and b[0] == 0 and b[-1] == len(weights)
+    assert np.all(np.diff(b) >= 0)
+    w = np.array(weights, dtype=np.float64)
+    if w.sum() > 0:
+        # no rank's share exceeds an even share by more than one unit's weight
+        shares = np.array([w[b[r]:b[r + 1]].sum() for r in range(ranks)])
+        assert shares.max() <= w.sum() / ranks + w.max() + 1e-9
+
+
+# --- split_rows --------------------------------------------------------------------------
+
+
+def _rank_rows(weights, splittable, ranks):
+    """Return each rank's row count under split_rows, checking the runs tile every unit in order."""
+    unit, off = split_rows(np.array(weights, dtype=np.int64), np.array(splittable, dtype=bool), ranks)
+    w = np.array(weights, dtype=np.int64)
+    assert unit[0] == 0 and off[0] == 0 and unit[-1] == len(w) and off[-1] == 0
+    pos = np.concatenate(([0], np.cumsum(w)))[unit] + off  # global row where each run starts
+    assert np.all(np.diff(pos) >= 0)
+    assert all(off[r] == 0 or splittable[unit[r]] for r in range(ranks + 1))  # unknown units stay whole
+    return np.diff(pos)
+
+
+def test_split_rows_cuts_one_row_group_over_every_rank():
+    assert _rank_rows([1000], [True], 4).tolist() == [250, 250, 250, 250]
+    assert _rank_rows([10, 3], [True, True], 4).tolist() == [3, 3, 3, 4]
+    # a whole-file unit (rows unknown) goes whole to the rank holding its midpoint
+    assert _rank_rows([10, 100, 10], [True, False, True], 3).tolist() == [10, 100, 10]
+    assert _rank_rows([], [], 3).tolist() == [0, 0, 0]
+    # empty units (rows 0 as far as known) are still read, each by one rank
+    assert split_rows(np.zeros(2, np.int64), np.ones(2, bool), 2)[0].tolist() == [0, 1, 2]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5000), st.booleans()), max_size=30), st.integers(1, 16))
+def test_split_rows_balances_known_rows_exactly(units, ranks):
+    weights = [w for w, _ in units]
+    splittable = [s for _, s in units]
+    rows = _rank_rows(weights, splittable, ranks)
+    total = sum(weights)
+    if total and all(splittable):
+        assert rows.max() - rows.min() <= 1  # within one row of N/P, whatever the row groups
+    elif total:
+        biggest = max([w for w, s in units if not s], default=0)
+        assert rows.max() <= total / ranks + biggest + 1

@@ -29,7 +29,7 @@ import os
 
 import numpy as np
 
-from ..errors import SortpackError
+from ..errors import SortpackError, one_line
 from ..parallel import Comm
 
 ENDS = 1 << 16  # bytes hashed at each end of a file without a footer
@@ -85,7 +85,7 @@ def record(comm: Comm, paths: list[str], formats: list[str], sizes: list[int], o
             mtime = os.stat(paths[i]).st_mtime_ns
             mine.append((i, {"mtime_ns": int(mtime), **content_digest(paths[i], formats[i], int(sizes[i]))}))
     except OSError as exc:
-        err = SortpackError(f"{paths[i]}: cannot read ({' '.join(str(exc).split())})")
+        err = SortpackError(f"{paths[i]}: cannot read ({one_line(exc)})")
     comm.check(err)
     found = dict(pair for part in comm.allgather_obj(mine) for pair in part)
     return [found[i] for i in range(len(paths))]

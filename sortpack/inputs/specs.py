@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..arrow_types import is_binary, is_list, is_text, plain_column
 from ..errors import SortpackError, one_line
 
-KINDS = ("length", "bytes", "words", "tokens")
+SIZE_KINDS = ("length", "bytes", "words", "tokens")  # the SPECs measured on a text, binary or list column
 _COLUMN_RE = re.compile(r"^column:([^*]+?)(?:\*([-+0-9.eE]+))?$")
 
 
@@ -35,12 +36,12 @@ class Spec:
 
     def columns(self) -> list[str] | None:
         """Return the input columns this spec reads (None: every column)."""
-        return None if self.kind == "python" else [self.column]
+        return None if self.kind == "python" or self.column is None else [self.column]
 
 
 def parse_spec(text: str, column: str | None, option: str) -> Spec:
     """Return the Spec for ``text`` (``option`` names the CLI option in errors)."""
-    if text in KINDS:
+    if text in SIZE_KINDS:
         if not column:
             raise SortpackError(f"{option} {text} needs --column (the text, list or binary column)")
         return Spec(text, column=column, text=text)
@@ -70,6 +71,7 @@ def load_function(spec: Spec) -> Callable:
     Modules are found in the current directory first (as ``python -m`` does; the
     ``sortpack`` console script's own sys.path lacks it), then on sys.path.
     """
+    assert spec.func is not None, "load_function takes a python:MODULE:FUNC spec"
     module, func = spec.func.split(":")
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
@@ -113,36 +115,7 @@ def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
     col = table.column(name)
     if col.null_count:
         raise SortpackError(f"{where}: column {name!r} has {col.null_count} null values")
-    return _plain(col)
-
-
-def _plain(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    # The string kernels used below have no view or dictionary variants: polars writes
-    # string_view to Arrow IPC, pandas categoricals arrive dictionary-encoded.
-    t = col.type
-    if pa.types.is_dictionary(t):
-        col = col.cast(t.value_type)
-        t = col.type
-    view = {"is_string_view": pa.large_string(), "is_binary_view": pa.large_binary()}
-    for test, target in view.items():
-        if getattr(pa.types, test, lambda _: False)(t):
-            return col.cast(target)
-    return col
-
-
-def _is_text(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
-
-
-def _is_binary(t: pa.DataType) -> bool:
-    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
-
-
-def _is_list(t: pa.DataType) -> bool:
-    # list views go to list_value_length as they are: pyarrow's cast of a list view to a
-    # list gives a broken array
-    views = any(getattr(pa.types, name, lambda _: False)(t) for name in ("is_list_view", "is_large_list_view"))
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or views
+    return plain_column(col)
 
 
 def _to_numpy(arr) -> np.ndarray:
@@ -177,6 +150,7 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None,
             raise SortpackError(f"{where}: {spec.text} returned {values.shape[0] if values.ndim else 'a scalar'}"
                                 f" values for {table.num_rows} rows")
         return _numeric(values, where, spec.text)
+    assert spec.column is not None, "every kind but python names its column"
     col = _column(table, spec.column, where)
     t = col.type
     if spec.kind == "column":
@@ -189,20 +163,20 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None,
     import pyarrow.compute as pc  # here, not at the top: 40 ms of start-up that column: specs skip
 
     if spec.kind == "length":
-        if _is_text(t):
+        if is_text(t):
             return _to_numpy(pc.utf8_length(col)).astype(np.int64, copy=False)
-        if _is_binary(t):
+        if is_binary(t):
             return _to_numpy(pc.binary_length(col)).astype(np.int64, copy=False)
-        if _is_list(t):
+        if is_list(t):
             return _to_numpy(pc.list_value_length(col)).astype(np.int64, copy=False)
     elif spec.kind == "bytes":
-        if _is_text(t) or _is_binary(t):
+        if is_text(t) or is_binary(t):
             return _to_numpy(pc.binary_length(col)).astype(np.int64, copy=False)
     elif spec.kind == "words":
-        if _is_text(t):
+        if is_text(t):
             return _word_counts(col)
     elif spec.kind == "tokens":
-        if _is_text(t):
+        if is_text(t):
             return _token_counts(tokenizer, col, special_tokens)
     needs = {"length": "a string, binary or list column", "bytes": "a string or binary column"}
     raise SortpackError(f"{where}: column {spec.column!r} is {t}; {spec.kind} needs "
@@ -285,7 +259,7 @@ def token_ids(tokenizer, col: pa.ChunkedArray, special_tokens: bool = True) -> t
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     counts = np.empty(len(col), dtype=np.int64)
     values, pos = [], 0
-    for chunk in _plain(col).chunks:
+    for chunk in plain_column(col).chunks:
         texts = chunk.to_pylist()
         for a in range(0, len(texts), 4096):
             encs = encode(texts[a:a + 4096], add_special_tokens=special_tokens)

@@ -25,7 +25,8 @@ import numpy as np
 from .. import kernels
 from ..errors import SortpackError
 from ..format.kinds import rows_per_shard, samples_per_shard
-from ..inputs.mixture import Mixture, deviations
+from ..inputs.mixture import Mixture
+from ..inputs.schedule import deviations
 from ..parallel import Comm
 from ..partition import balanced_blocks, index_shard_layout
 from ..stages.analyze import AnalyzeOptions, analyze
@@ -58,7 +59,7 @@ def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
     When every source reads the same column, one analyze of the sources' inputs in order is the
     union's analyze: each rank's rows are contiguous global ids, as for any plan.
     """
-    from ..inputs.sources import expand_inputs
+    from ..inputs.discover import expand_inputs
 
     def count():
         return [len(expand_inputs(src.inputs, aopts.input_format, aopts.split)) for src in mix.sources]

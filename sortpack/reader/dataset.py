@@ -9,7 +9,9 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..format import read_manifest
-from ..inputs.sources import SourceFile, describe, expand_inputs, read_units
+from ..inputs.discover import expand_inputs
+from ..inputs.formats import open_source, read_units
+from ..inputs.source_file import SourceFile
 from . import MicroBatch, PackedIndex, Samples
 from .lazy_rows import TableSamples
 
@@ -81,7 +83,7 @@ class SourceDataset:
             if self.check_bytes and "bytes" in entry and os.path.getsize(path) != int(entry["bytes"]):
                 raise SortpackError(f"{path}: {os.path.getsize(path)} bytes, the index was built from "
                                     f"{entry['bytes']} bytes (the file changed)")
-            src = describe(path, entry["format"])
+            src = open_source(path, entry["format"])
             unit_rows = src.unit_rows if src.unit_rows is not None else [int(entry["rows"])]
             if sum(unit_rows) != int(entry["rows"]):
                 raise SortpackError(f"{path}: {sum(unit_rows)} rows, the index was built from "
@@ -179,7 +181,7 @@ def _source_files(source, split: str | None = None) -> list[dict]:
         return [f for f in items if isinstance(f, dict)]
     files = []
     for path, fmt in expand_inputs([str(p) for p in items], split=split):
-        src = describe(path, fmt)
+        src = open_source(path, fmt)
         if src.unit_rows is not None:
             rows = sum(src.unit_rows)
         else:  # JSONL, CSV and Arrow streams do not say their row count without a read

@@ -26,8 +26,10 @@ def _arrow_chunk(arr) -> tuple[np.ndarray, np.ndarray] | None:
     """Return (values int64, offsets from 0) of a list or binary Arrow array's rows, or None for other types."""
     import pyarrow as pa
 
+    from ..arrow_types import is_offset_binary, is_offset_list
+
     t = arr.type
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
+    if is_offset_list(t):
         offsets = arr.offsets.to_numpy().astype(np.int64)
         lo, hi = int(offsets[0]), int(offsets[-1])
         child = arr.values.slice(lo, hi - lo)  # .values is the whole child array, not the slice's part
@@ -35,7 +37,7 @@ def _arrow_chunk(arr) -> tuple[np.ndarray, np.ndarray] | None:
             raise ValueError("collate: a token list holds nulls")
         values = child.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         return values, offsets - lo
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+    if is_offset_binary(t):
         wide = pa.types.is_large_binary(t)
         bufs = arr.buffers()
         offsets = np.frombuffer(bufs[1], dtype=np.int64 if wide else np.int32)[arr.offset:arr.offset + len(arr) + 1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..inputs.mixture import deviations, schedule_from_dict
+from ..inputs.schedule import deviations, schedule_from_dict
 
 SHARE_BINS = 200  # the shares panel: achieved shares in at most this many equal spans of the run's tokens
 MBS_PER_BIN = 20  # ... and spans of at least about this many micro-batches (a span of one is all one source)

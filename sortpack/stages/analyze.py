@@ -6,10 +6,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SortpackError
+from ..inputs.discover import expand_inputs
 from ..inputs.fingerprints import record
-from ..inputs.sources import SourceFile, describe, expand_inputs, file_columns, read_unit_rows, read_units, split_rows
+from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units
+from ..inputs.source_file import SourceFile
 from ..inputs.specs import as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
+from ..partition import split_rows
 from ..progress import Progress
 from .samples import Samples
 
@@ -51,7 +54,7 @@ def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str |
     # each rank opens only its contiguous slice of them; the small descriptions (row counts
     # per row group) are then shared with one allgather.
     lo, hi = (len(paths) * comm.rank) // comm.size, (len(paths) * (comm.rank + 1)) // comm.size
-    mine = comm.collectively(lambda: [describe(p, f) for p, f in paths[lo:hi]])
+    mine = comm.collectively(lambda: [open_source(p, f) for p, f in paths[lo:hi]])
     return [src for part in comm.allgather_obj(mine) for src in part]
 
 

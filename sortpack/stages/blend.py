@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SortpackError
-from ..inputs.mixture import Schedule
+from ..inputs.schedule import Schedule
 from ..kernels import wf2q_interleave
 from ..permutation import _M64, KeyedPermutation, _mix
 

@@ -209,13 +209,36 @@ def test_the_cli_keeps_pyarrow_from_importing_pandas_and_pandas_still_works(tmp_
     import sys
 
     pytest.importorskip("pandas")
-    code = ("import sys; from sortpack.cli import _skip_pandas; _skip_pandas(['run']); import pyarrow as pa; "
+    code = ("import sys; from sortpack.cli.startup import skip_pandas; skip_pandas(['run']); import pyarrow as pa; "
             "pa.array([1]); print('pandas' in sys.modules); import pandas as pd; "
             "print(type(pa.table({'a': [1]}).to_pandas()).__name__, pa.array(pd.Series([2])).to_pylist())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["False", "DataFrame", "[2]"]
     # a python: SPEC may use pandas itself: nothing is changed then
-    code = ("import sys; from sortpack.cli import _skip_pandas; _skip_pandas(['run', '--size', 'python:m:f']); "
+    code = ("import sys; from sortpack.cli.startup import skip_pandas; skip_pandas(['run', '--size', 'python:m:f']); "
             "import pyarrow as pa; pa.array([1]); print('pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split() == ["True"]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["run", "--help"], ["pack", "-h"], ["inspect", "--help"]])
+def test_help_and_version_load_neither_pyarrow_nor_numpy(argv):
+    # --help is what a user runs first, often on a login node: no Arrow, numpy or MPI start-up for it
+    import subprocess
+    import sys
+
+    code = (f"import sys; from sortpack.cli import main\ntry: main({argv!r})\nexcept SystemExit as e: code = e.code\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'pyarrow', 'numpy', 'mpi4py', 'pandas'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+    assert "Usage: sortpack" in out.stdout or "version" in out.stdout
+
+
+def test_the_cli_is_a_package_whose_commands_each_have_a_module():
+    import sortpack.cli
+    from sortpack.cli.group import cli
+
+    assert sorted(cli.commands) == ["analyze", "inspect", "pack", "run", "sort", "verify"]
+    for name, command in cli.commands.items():
+        assert command.callback.__module__ == f"sortpack.cli.{name}", name
+    assert sortpack.cli.main.__module__ == "sortpack.cli"

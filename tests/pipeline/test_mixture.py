@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sortpack.errors import SortpackError
-from sortpack.inputs.mixture import deviations, parse_blend, parse_mixture, schedule_from_dict
+from sortpack.inputs.mixture import parse_blend, parse_mixture
+from sortpack.inputs.schedule import deviations, schedule_from_dict
 from sortpack.reader import PackedIndex
 
 from support import lognormal, run_sortpack, write_text_parquet

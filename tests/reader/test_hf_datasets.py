@@ -9,7 +9,7 @@ import pytest
 
 from sortpack.dataset import SourceDataset
 from sortpack.errors import SortpackError
-from sortpack.inputs.sources import expand_inputs
+from sortpack.inputs.discover import expand_inputs
 
 from support import run_sortpack
 

@@ -163,13 +163,13 @@ def test_jsonl_progress_counts_rows_not_bytes(tmp_path):
 def test_jsonl_row_estimate_of_a_large_file():
     import tempfile
 
-    from sortpack.inputs.sources import _estimate_rows
+    from sortpack.inputs.formats import estimate_rows
 
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as fh:
         for i in range(50000):
             fh.write('{"text": "%s"}\n' % ("x" * (i % 40 + 1)))
     try:
-        est = _estimate_rows(fh.name, "jsonl", os.path.getsize(fh.name))
+        est = estimate_rows(fh.name, os.path.getsize(fh.name))
         assert 0.8 * 50000 < est < 1.25 * 50000, est
     finally:
         os.unlink(fh.name)

@@ -407,14 +407,14 @@ def test_file_runs_also_split_at_the_byte_limit(monkeypatch):
 
 
 def test_parquet_and_arrow_files_describe_their_units_bytes(tmp_path):
-    from sortpack.inputs.sources import describe
+    from sortpack.inputs.formats import open_source
 
     table = pa.table({"text": [f"{i:03d}" * 34 for i in range(30)]})  # distinct values: no dictionary
     pq.write_table(table, tmp_path / "a.parquet", row_group_size=10)
-    src = describe(str(tmp_path / "a.parquet"), "parquet")
+    src = open_source(str(tmp_path / "a.parquet"), "parquet")
     assert src.unit_rows == [10, 10, 10] and len(src.unit_bytes) == 3 and min(src.unit_bytes) >= 1000
     with pa.OSFile(str(tmp_path / "a.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
         for batch in table.to_batches(max_chunksize=15):
             w.write_batch(batch)
-    src = describe(str(tmp_path / "a.arrow"), "arrow")
+    src = open_source(str(tmp_path / "a.arrow"), "arrow")
     assert src.unit_rows == [15, 15] and min(src.unit_bytes) >= 1500

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
-from sortpack.inputs.mixture import Schedule, deviations
+from sortpack.inputs.schedule import Schedule, deviations
 from sortpack.stages.blend import pass_order, plan_blend
 
 

@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from ...format.data_shards import data_rows_per_shard
-from ...inputs.sources import split_units
 from ...parallel import Comm
+from ...partition import balanced_blocks
 from ...row_store import piece_bytes
 from ..output import OutputDir
 from .exchange import exchange
@@ -72,7 +72,7 @@ def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, 
     unit_list = [(i, u) for i, s in enumerate(srcs) for u in range(s.num_units)]
     unit_rows = np.array([s.unit_rows[u] if s.unit_rows is not None else int(files[i]["rows"])
                           for i, u in unit_list for s in [srcs[i]]], dtype=np.int64)
-    bounds = split_units(unit_rows.astype(np.float64), comm.size)
+    bounds = balanced_blocks(unit_rows.astype(np.float64), comm.size)
     row_starts = np.concatenate(([0], np.cumsum(unit_rows)))
     reader_starts = row_starts[bounds]
     lo, hi = int(bounds[comm.rank]), int(bounds[comm.rank + 1])

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ...arrow_types import is_offset_bytes, is_offset_list
 from ...errors import SortpackError, one_line
-from ...inputs.sources import SourceFile, read_units
+from ...inputs.formats import read_units
+from ...inputs.source_file import SourceFile
 from ...inputs.specs import token_ids
 from .options import TOKENS_COLUMN, TokenIds
 from .token_cache import TokenCache
@@ -30,9 +32,9 @@ def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
     n, t = len(col), col.type
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+    if is_offset_bytes(t):
         return pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64) + 8
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_primitive(t.value_type):
+    if is_offset_list(t) and pa.types.is_primitive(t.value_type):
         width = max(1, t.value_type.bit_width // 8)
         lengths = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         return lengths * width + 8

@@ -5,9 +5,11 @@ import os
 
 import pyarrow as pa
 
+from ...arrow_types import plain_type
 from ...errors import SortpackError, one_line
 from ...inputs.fingerprints import check_unchanged
-from ...inputs.sources import SourceFile, describe, read_units
+from ...inputs.formats import open_arrow_reader, open_source, read_units
+from ...inputs.source_file import SourceFile
 from ...parallel import Comm
 
 
@@ -25,7 +27,7 @@ def describe_files(comm: Comm, files: list[dict]) -> list[SourceFile]:
                 continue
             if not os.path.isfile(entry["path"]):
                 raise SortpackError(f"{entry['path']}: input file of the plan is missing")
-            src = describe(entry["path"], entry["format"])
+            src = open_source(entry["path"], entry["format"])
             check_fingerprint(src, entry)
             mine.append((i, src))
     except SortpackError as exc:
@@ -33,17 +35,6 @@ def describe_files(comm: Comm, files: list[dict]) -> list[SourceFile]:
     comm.check(err)
     found = dict(pair for part in comm.allgather_obj(mine) for pair in part)
     return [found[i] for i in range(len(files))]
-
-
-def _plain_type(t: pa.DataType) -> pa.DataType:
-    """Return the type a column is stored as: dictionaries decoded, views as large strings/binaries."""
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    if getattr(pa.types, "is_string_view", lambda _: False)(t):
-        return pa.large_string()
-    if getattr(pa.types, "is_binary_view", lambda _: False)(t):
-        return pa.large_binary()
-    return t
 
 
 def _file_schema(src: SourceFile, entry: dict, columns: list[str]) -> pa.Schema | None:
@@ -54,9 +45,7 @@ def _file_schema(src: SourceFile, entry: dict, columns: list[str]) -> pa.Schema 
         if src.format == "parquet":
             schema = pq.read_schema(src.path)
         elif src.format == "arrow":
-            from ...inputs.sources import _arrow_reader
-
-            schema = _arrow_reader(src.path).schema
+            schema = open_arrow_reader(src.path).schema
         else:
             if int(entry["rows"]) == 0:
                 return None
@@ -66,7 +55,7 @@ def _file_schema(src: SourceFile, entry: dict, columns: list[str]) -> pa.Schema 
     missing = [c for c in columns if c not in schema.names]
     if missing:
         raise SortpackError(f"{src.path}: no column {missing[0]!r} to store (columns: {', '.join(schema.names)})")
-    return pa.schema([pa.field(c, _plain_type(schema.field(c).type)) for c in columns])
+    return pa.schema([pa.field(c, plain_type(schema.field(c).type)) for c in columns])
 
 
 def output_schema(comm: Comm, srcs: list[SourceFile], files: list[dict], columns: list[str]) -> pa.Schema:

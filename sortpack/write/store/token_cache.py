@@ -44,10 +44,11 @@ class TokenCache:
 
     def __call__(self, table: pa.Table, column: str, tokenizer: Any, where: str) -> np.ndarray:
         """Return the token counts of ``column`` and keep its ids."""
-        from ...inputs.specs import _column, _is_text, evaluate, parse_spec
+        from ...arrow_types import is_text
+        from ...inputs.specs import _column, evaluate, parse_spec
 
         col = _column(table, column, where)
-        if not _is_text(col.type):
+        if not is_text(col.type):
             return evaluate(parse_spec("tokens", column, "--size"), table, where, tokenizer)  # raises
         ids, counts = token_ids(tokenizer, col, self.special_tokens)
         try:

@@ -1,0 +1,34 @@
+"""The ``sortpack`` command line: parse options, call the library, print results.
+
+``startup`` (imported first: thread defaults before numpy loads BLAS), the ``group`` with
+one file per command, the shared ``options`` and the ``builders`` of the library's option
+objects, ``job`` (how a stage command runs on the communicator) and ``printing``.
+"""
+from __future__ import annotations
+
+from . import startup  # isort: split
+
+import sys
+
+import click
+
+from ..errors import one_line
+from ..launcher import launcher_rank
+from . import analyze, inspect, pack, run, sort, verify  # noqa: F401 - each adds its command to the group
+from .group import cli
+from .printing import echo_err
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``sortpack`` console script."""
+    startup.skip_pandas(argv)
+    try:
+        cli.main(args=argv, prog_name="sortpack", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        # one line, printed once: under mpiexec every rank parses the same arguments
+        if launcher_rank() == 0:
+            ctx_cmd = getattr(getattr(exc, "ctx", None), "command_path", "sortpack")
+            echo_err(f"Error: {ctx_cmd}: {one_line(exc.format_message())}")
+        sys.exit(exc.exit_code)

@@ -1,0 +1,88 @@
+"""The library's option objects built from a command's parsed options (each ``make_*`` pops or reads ``kw``)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import SortpackError
+
+if TYPE_CHECKING:
+    from ..inputs.mixture import Mixture
+    from ..stages.analyze import AnalyzeOptions
+    from ..stages.pack import PackOptions
+    from ..stages.sort import SortOptions
+    from ..write.store import StoreOptions
+
+
+def make_analyze(kw: dict) -> AnalyzeOptions:
+    """Return the AnalyzeOptions of the analyze options in ``kw``."""
+    from ..stages.analyze import AnalyzeOptions
+
+    return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
+                          tokenizer=kw["tokenizer"], input_format=kw["input_format"],
+                          special_tokens=kw["special_tokens"], split=kw["split"])
+
+
+def make_sort(kw: dict) -> SortOptions:
+    """Return the SortOptions of the sort options in ``kw``."""
+    from ..stages.sort import SortOptions
+
+    return SortOptions(key=kw["key"], descending=kw["descending"], stages=kw["stages"])
+
+
+def make_pack(kw: dict) -> PackOptions:
+    """Return the PackOptions of the pack options in ``kw``."""
+    from ..stages.pack import SEGMENT_SIZE, PackOptions
+
+    return PackOptions(max_tokens=kw["max_tokens"], budget=kw["budget"], max_samples=kw["max_samples"],
+                       batch_multiple=kw["batch_multiple"], quadratic_scale=kw["quadratic_scale"],
+                       pad_to_multiple=kw["pad_to_multiple"], shapes=kw["shapes"][0], group_size=kw["group_size"],
+                       same_shape=kw["same_shape"], oversize=kw["oversize"],
+                       segment_size=kw["segment_size"] or SEGMENT_SIZE, rows=kw["rows"],
+                       rows_per_microbatch=kw["rows_per_microbatch"], max_segments=kw["max_segments"],
+                       auto_shapes=kw["shapes"][1], static_shapes=kw["static_shapes"],
+                       keep_empty=kw["keep_empty"])
+
+
+def make_store(kw: dict) -> StoreOptions:
+    """Return the StoreOptions of --store, --store-tokens, --memory-limit (popped from ``kw``) and the tokenizer."""
+    from ..write.store import StoreOptions, parse_memory, parse_store
+
+    return StoreOptions(columns=parse_store(kw.pop("store_columns")), tokens=kw.pop("store_tokens"),
+                        memory_limit=parse_memory(kw.pop("memory_limit")), tokenizer=kw.pop("store_tokenizer", None))
+
+
+def make_mixture(inputs: tuple[str, ...], kw: dict, keep_intermediate: bool) -> Mixture | None:
+    """Return the Mixture of --mixture/--blend (None without either), refusing what does not go with it.
+
+    Every rank parses the same arguments and files, so every rank raises the same error.
+    """
+    path, blend = kw.pop("mixture"), kw.pop("blend")
+    total, seed = kw.pop("total_tokens"), kw.pop("seed")
+    if path is None and blend is None:
+        if total is not None or seed is not None:
+            raise SortpackError("--total-tokens and --seed apply to a mixture (--mixture or --blend)", collective=True)
+        if not inputs:
+            raise SortpackError("Missing argument 'INPUTS...' (or --mixture MIX.json, or --blend)", collective=True)
+        return None
+    from ..inputs.mixture import load_mixture, parse_blend
+
+    try:
+        if path is not None and blend is not None:
+            raise SortpackError("--mixture and --blend exclude each other")
+        if inputs:
+            raise SortpackError(f"{'--mixture' if path else '--blend'} names the inputs: give no INPUTS "
+                                f"(got {inputs[0]!r})")
+        if keep_intermediate:
+            raise SortpackError("--keep-intermediate does not apply to a mixture")
+        mix = load_mixture(path) if path is not None else parse_blend(blend)
+        if total is not None:
+            if total <= 0:
+                raise SortpackError(f"--total-tokens {total}: must be a positive integer")
+            mix.total_tokens = total
+        if seed is not None:
+            if seed < 0:
+                raise SortpackError(f"--seed {seed}: must be >= 0")
+            mix.seed = seed
+    except SortpackError as exc:
+        raise SortpackError(str(exc), collective=True) from None
+    return mix

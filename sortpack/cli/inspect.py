@@ -1,0 +1,66 @@
+"""``sortpack inspect``: report on a directory, or trace a plan's steps and samples."""
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from ..errors import SortpackError
+from ..launcher import launcher_rank
+from .group import cli
+from .printing import fail
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--world-size", type=int, default=None, help="Data-parallel ranks: report steps and step imbalance.")
+@click.option("--grad-accum", type=int, default=1, show_default=True, help="Micro-batches per rank per step.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write a PNG: sizes, fill, step balance, shapes, LR scale.")
+@click.option("--step", type=int, default=None,
+              help="List each rank's micro-batches of this run step (epoch * steps_per_epoch + step) with their "
+                   "sample ids.")
+@click.option("--sample", "samples", type=int, multiple=True,
+              help="List the steps and ranks where this sample id comes (repeatable).")
+@click.option("--order", type=click.Choice(["index", "shuffle", "curriculum"]), default="index", show_default=True,
+              help="With --step/--sample: the sampler's order.")
+@click.option("--seed", type=int, default=0, show_default=True, help="With --step/--sample: the sampler's seed.")
+@click.option("--epoch", type=int, default=None,
+              help="With --step: count the step within this epoch; with --sample: the epoch to search (default 0).")
+@click.option("--drop-last", is_flag=True, help="With --step/--sample: the sampler's drop_last.")
+@click.option("--largest-first", is_flag=True, help="With --step/--sample: the sampler's largest_first.")
+@click.option("--warmup-shapes", is_flag=True, help="With --step/--sample: the sampler's warmup_shapes.")
+def inspect(directory, world_size, grad_accum, as_json, plot, step, samples, **sampler):
+    """Report on a metrics, sorted or index directory; --step/--sample trace a plan's steps."""
+    if launcher_rank() != 0:
+        return  # under mpiexec/srun one rank reports (and plots) for all
+    if step is not None or samples:
+        return _trace(directory, 1 if world_size is None else world_size, grad_accum, step, samples, as_json, sampler)
+    from ..report.inspect import inspect_directory, plot_directory, render
+
+    try:
+        report = inspect_directory(directory, world_size, grad_accum)
+        if plot:
+            os.makedirs(os.path.dirname(os.path.abspath(plot)), exist_ok=True)
+            plot_directory(directory, plot, world_size, grad_accum)
+    except SortpackError as exc:
+        fail(exc)
+    click.echo(json.dumps(report, indent=1) if as_json else render(report))
+
+
+def _trace(directory, world_size, grad_accum, step, samples, as_json, sampler):
+    from ..reader.trace import render_trace, sample_trace, step_trace
+
+    try:
+        if step is not None and samples:
+            raise SortpackError("--step and --sample: give one of them")
+        if step is not None:
+            trace = step_trace(directory, step, world_size, grad_accum, **sampler)
+        else:
+            sampler["epoch"] = sampler["epoch"] or 0
+            trace = sample_trace(directory, samples, world_size, grad_accum, **sampler)
+    except SortpackError as exc:
+        fail(exc)
+    click.echo(json.dumps(trace, indent=1) if as_json else render_trace(trace))

@@ -1,0 +1,158 @@
+"""The options the stage commands share, as decorators (analyze, sort, pack, store, mixture, common)."""
+from __future__ import annotations
+
+import click
+
+from ..errors import SortpackError
+
+
+def _shapes(ctx, param, value):
+    """Return (lengths, K) of --shapes: listed lengths, or auto:K (K None when lengths are listed)."""
+    if value is None or value == "":
+        return (), None
+    from ..stages.shapes import parse_shapes
+
+    try:
+        return parse_shapes(value)
+    except SortpackError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[-1]) from None
+
+
+def analyze_options(f):
+    """Add the analyze options to a command."""
+    opts = [
+        click.option("--column", help="Column holding the samples (text, list or binary)."),
+        click.option("--size", "size_spec", default="length", show_default=True,
+                     help="Size SPEC (the budget unit): length, bytes, words, tokens, column:NAME[*SCALE], "
+                          "python:MODULE:FUNC."),
+        click.option("--difficulty", "difficulty_spec", default=None,
+                     help="Difficulty SPEC (curriculum key); defaults to the size."),
+        click.option("--tokenizer", type=click.Path(dir_okay=False),
+                     help="HF tokenizers JSON file for SPEC tokens (its truncation and padding are ignored)."),
+        click.option("--special-tokens/--no-special-tokens", default=True, show_default=True,
+                     help="SPEC tokens: count the special tokens the tokenizer adds ([CLS], [SEP], BOS/EOS), "
+                          "as the model sees them."),
+        click.option("--split", default=None,
+                     help="The split to read from a Hugging Face DatasetDict directory (save_to_disk)."),
+        click.option("--input-format", type=click.Choice(["auto", "parquet", "arrow", "jsonl", "csv"]),
+                     default="auto", show_default=True, help="Input format (auto: by file extension)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def sort_options(f):
+    """Add the sort options to a command."""
+    opts = [
+        click.option("--key", type=click.Choice(["size", "difficulty"]), default="size", show_default=True,
+                     help="Sort key."),
+        click.option("--descending", is_flag=True, help="Largest key first (ties still by sample id)."),
+        click.option("--stages", type=int, default=1, show_default=True,
+                     help="Curriculum stages: exact difficulty quantiles, each ordered by size."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def pack_options(required: bool):
+    """Add the pack options to a command (``--max-tokens`` required or not)."""
+
+    def deco(f):
+        opts = [
+            click.option("--max-tokens", type=int, default=None,
+                         help="Token budget of one micro-batch" + (" (required unless --rows)." if required else ".")),
+            click.option("--budget", type=click.Choice(["padded", "tokens", "quadratic"]), default="padded",
+                         show_default=True,
+                         help="padded: count*max_size; tokens: sum of sizes; quadratic: sum of size+size^2/Q."),
+            click.option("--quadratic-scale", type=float, help="Q of the quadratic budget."),
+            click.option("--max-samples", type=int, default=0, help="Most samples per micro-batch (0: no limit)."),
+            click.option("--batch-multiple", type=int, default=1, show_default=True,
+                         help="Sample count a multiple of M (unless fewer than M)."),
+            click.option("--pad-to-multiple", type=int, default=0,
+                         help="Round each micro-batch's padded length up to a multiple of K."),
+            click.option("--shapes", callback=_shapes,
+                         help="Round padded lengths up to the next of L1,L2,...; auto:K chooses the K lengths "
+                              "that pad this dataset least."),
+            click.option("--static-shapes", is_flag=True,
+                         help="With --shapes/--pad-to-multiple: fix each length's batch size too (padding slots), "
+                              "one (batch, length) shape per length."),
+            click.option("--group-size", type=int, default=1, show_default=True,
+                         help="With --same-shape: runs of G micro-batches share (samples, padded length)."),
+            click.option("--same-shape", is_flag=True, help="Make every G-run of micro-batches one shape."),
+            click.option("--oversize", type=click.Choice(["error", "skip", "truncate"]), default="error",
+                         show_default=True, help="What to do with samples larger than the budget."),
+            click.option("--keep-empty", is_flag=True,
+                         help="Keep samples of size 0 (default: drop them, with a count; they hold no token)."),
+            click.option("--rows", type=int, default=0,
+                         help="Row packing: bin-pack samples into rows of ROW_LEN tokens (multipack).",
+                         metavar="ROW_LEN"),
+            click.option("--rows-per-microbatch", type=int, default=1, show_default=True,
+                         help="With --rows: rows per micro-batch."),
+            click.option("--max-segments", type=int, default=0,
+                         help="With --rows: most samples per row (0: no limit)."),
+            click.option("--segment-size", type=int, default=None, hidden=True,
+                         help="Packing segment (testing only; default 2^20)."),
+        ]
+        for o in reversed(opts):
+            f = o(f)
+        return f
+
+    return deco
+
+
+def store_options(tokenizer: bool):
+    """Add --store, --store-tokens and --memory-limit (and, for pack, --tokenizer) to a command."""
+
+    def deco(f):
+        opts = [
+            click.option("--store", "store_columns", default=None, metavar="COL[,COL...]",
+                         help="Also store these input columns in plan order (data shards in the index)."),
+            click.option("--store-tokens", is_flag=True,
+                         help="Also store the token ids of --size tokens as input_ids (list<int32>)."),
+            click.option("--memory-limit", default=None, metavar="BYTES",
+                         help="Bytes per rank for moving the stored data (e.g. 4G; default: half of "
+                              "physical memory divided by the ranks on the node)."),
+        ]
+        if tokenizer:
+            opts.append(click.option("--tokenizer", type=click.Path(dir_okay=False),
+                                     help="The tokenizer.json the sizes were counted with (for --store-tokens)."))
+        for o in reversed(opts):
+            f = o(f)
+        return f
+
+    return deco
+
+
+def mixture_options(f):
+    """Add --mixture, --blend, --total-tokens and --seed (a plan over weighted sources) to a command."""
+    opts = [
+        click.option("--mixture", type=click.Path(dir_okay=False),
+                     help="MIX.json: weighted sources, schedule and total_tokens (docs/mixtures.md); no INPUTS."),
+        click.option("--blend", help='Megatron-style weighted sources, e.g. "70 data/web 30 data/code"; no INPUTS.'),
+        click.option("--total-tokens", type=int, default=None,
+                     help="Tokens (size units) of the mixture run (overrides MIX.json; default: the largest run "
+                          "that uses no sample twice)."),
+        click.option("--seed", type=int, default=None,
+                     help="Seed of a mixture's repeats, subsets and orders (overrides MIX.json; default 0)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def common_options(f):
+    """Add -o, --overwrite, --quiet, --threads and --profile to a command."""
+    opts = [
+        click.option("-o", "--output", required=True, type=click.Path(file_okay=False),
+                     help="Output directory (written atomically; missing parents are created)."),
+        click.option("--overwrite", is_flag=True, help="Replace an existing output directory."),
+        click.option("--quiet", is_flag=True, help="Print nothing but errors."),
+        click.option("--threads", type=int, default=1, show_default=True,
+                     help="Arrow threads per rank (0: Arrow's default, all cores)."),
+        click.option("--profile", is_flag=True, help="Print per-stage wall time and bytes moved (max over ranks)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f

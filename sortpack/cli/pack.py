@@ -1,0 +1,24 @@
+"""``sortpack pack``: cut a sorted directory into micro-batches."""
+from __future__ import annotations
+
+import click
+
+from .builders import make_pack, make_store
+from .group import cli
+from .job import job_command
+from .options import common_options, pack_options, store_options
+
+
+@cli.command()
+@click.argument("sorted_dir", metavar="SORTED", type=click.Path(file_okay=False))
+@pack_options(required=True)
+@store_options(tokenizer=True)
+@common_options
+@job_command
+def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
+    """Cut a sorted directory into micro-batches; write the index."""
+    from ..pipeline.dataset import run_pack
+
+    kw["store_tokenizer"] = kw.pop("tokenizer")
+    store = make_store(kw)
+    return run_pack(comm, sorted_dir, output, make_pack(kw), overwrite, job, store)

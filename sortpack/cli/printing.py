@@ -1,0 +1,65 @@
+"""What the CLI prints: errors, and the lines that sum up a finished job."""
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import click
+
+from ..errors import one_line
+
+
+def echo_err(msg: str) -> None:
+    """Print ``msg`` on standard error."""
+    click.echo(msg, err=True)
+
+
+def fail(exc: Exception) -> NoReturn:
+    """Print ``exc`` as one ``Error:`` line and exit with status 2."""
+    echo_err(f"Error: {one_line(exc)}")
+    sys.exit(2)
+
+
+def summary_line(path: str, m: dict) -> str:
+    """Return the line that says what a job wrote to ``path`` (manifest ``m``)."""
+    s = m["stats"]
+    if m["format"] == "sortpack-index":
+        return (f"wrote {path}: {m['num_microbatches']} micro-batches, {m['num_samples']} samples, "
+                f"padding {100 * s['padding_ratio']:.2f}%, {s['distinct_shapes']} shapes, "
+                f"{len(m['shards'])} shards, content_hash {m['content_hash'][:16]}")
+    return (f"wrote {path}: {m['num_samples']} samples, sizes {s['size_min']}..{s['size_max']}, "
+            f"{len(m['shards'])} shards, content_hash {m['content_hash'][:16]}")
+
+
+def oversize_note(m: dict) -> str | None:
+    """Return the line that says how many samples --oversize skipped or truncated (None: none)."""
+    s = m.get("stats", {})
+    skipped, truncated = int(s.get("skipped", 0) or 0), int(s.get("truncated", 0) or 0)
+    total = int(m.get("num_samples", 0)) + skipped
+    if skipped and skipped == total:
+        return (f"sortpack: warning: --oversize skip dropped all {skipped} samples (none fits the budget alone): "
+                f"the index is empty")
+    if skipped:
+        return f"sortpack: --oversize skip dropped {skipped} of {total} samples (larger than the budget alone)"
+    if truncated:
+        return f"sortpack: --oversize truncate cut {truncated} of {total} samples to fit the budget"
+    return None
+
+
+def profile_table(p: dict, exchange: dict | None = None) -> str:
+    """Return the --profile table: wall time and bytes moved per stage, peak memory (max over ranks)."""
+    stages = [name for name, v in p.items() if isinstance(v, dict)]
+    w = max([len("stage")] + [len(name) for name in stages])
+    lines = [f"{'stage':<{w}} {'wall s':>9} {'alltoallv MB (max rank)':>24}"]
+    for name in stages:
+        v = p[name]
+        lines.append(f"{name:<{w}} {v['wall_s']:>9.3f} {v['alltoallv_bytes_max'] / 1e6:>24.1f}")
+    lines.append(f"peak RSS (max rank): {p['peak_rss_bytes_max'] / 2**20:.1f} MiB")
+    if p.get("peak_rss_bytes_per_rank"):
+        lines.append(f"peak RSS per rank (MiB): {', '.join(f'{b / 2**20:.0f}' for b in p['peak_rss_bytes_per_rank'])}")
+    if exchange:
+        lines.append(f"--store: memory limit {exchange['memory_limit'] / 2**20:.1f} MiB per rank, "
+                     f"{exchange['rounds']} rounds, {exchange.get('spills', 0)} spills")
+    if p.get("analyze_rows_per_rank"):
+        lines.append(f"analyze rows per rank: {', '.join(map(str, p['analyze_rows_per_rank']))}")
+    return "\n".join(lines)

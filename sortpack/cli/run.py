@@ -1,0 +1,39 @@
+"""``sortpack run``: analyze, sort and pack in one job, from inputs or a mixture."""
+from __future__ import annotations
+
+import click
+
+from .builders import make_analyze, make_mixture, make_pack, make_sort, make_store
+from .group import cli
+from .job import job_command
+from .options import analyze_options, common_options, mixture_options, pack_options, sort_options, store_options
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1)
+@analyze_options
+@sort_options
+@pack_options(required=True)
+@click.option("--keep-intermediate", is_flag=True, help="Also write OUTPUT.metrics and OUTPUT.sorted.")
+@store_options(tokenizer=False)
+@mixture_options
+@common_options
+@job_command
+def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate, **kw):
+    """Analyze, sort and pack in one job; write the index.
+
+    INPUTS are as for analyze: files, directories, globs, Hugging Face save_to_disk
+    directories (a DatasetDict with --split). With --mixture MIX.json or --blend, the
+    sources come from there instead: one plan over weighted sources (docs/mixtures.md).
+    """
+    from ..pipeline.dataset import run_all
+
+    mix = make_mixture(inputs, kw, keep_intermediate)
+    store = make_store(kw)
+    if mix is not None:
+        from ..pipeline.mixture import run_mixture
+
+        return run_mixture(comm, mix, output, make_analyze(kw), make_sort(kw), make_pack(kw), overwrite, job,
+                           progress=not quiet, store=store)
+    return run_all(comm, list(inputs), output, make_analyze(kw), make_sort(kw), make_pack(kw), overwrite,
+                   job, keep_intermediate, progress=not quiet, store=store)

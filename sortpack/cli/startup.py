@@ -1,0 +1,55 @@
+"""What the CLI sets up before a job: one thread per rank, Arrow's pools, no pandas behind pyarrow."""
+from __future__ import annotations
+
+import os
+import sys
+
+# One thread per rank is the HPC norm (ranks = cores); set before numpy loads BLAS.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+
+def set_threads(threads: int) -> None:
+    """Size Arrow's CPU and I/O pools (and the tokenizers' pool) to ``threads`` (0: leave the defaults)."""
+    if not threads:
+        return
+    import pyarrow as pa
+
+    pa.set_cpu_count(threads)
+    pa.set_io_thread_count(max(threads, 1))
+    # the tokenizers library sizes its (rayon) pool from this when first used
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+
+
+def skip_pandas(argv: list[str] | None) -> None:
+    """Keep pyarrow from importing pandas in this process, unless a python: SPEC may want it.
+
+    pyarrow imports pandas, when it is installed, on its first ``pa.array`` (to recognise
+    pandas objects): about 0.2 s per rank, a third of a small job's fixed cost. The CLI
+    never hands pyarrow pandas objects, so pyarrow's first check runs while pandas cannot
+    be imported. pyarrow 26 still converts to and from pandas once the user imports it;
+    a ``python:MODULE:FUNC`` job is left alone all the same, in case another version does not.
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
+    if "pandas" in sys.modules or any("python:" in str(a) for a in args):
+        return
+    if not args or {"--help", "-h", "--version"} & set(map(str, args)):  # no job: do not load pyarrow for it
+        return
+    blocker = _NoPandas()
+    sys.meta_path.insert(0, blocker)
+    try:
+        import pyarrow as pa
+
+        pa.array([0])  # pyarrow's pandas shim tries the import now and remembers the answer
+    finally:
+        sys.meta_path.remove(blocker)  # the user's own code can still import pandas
+
+
+class _NoPandas:
+    """A meta path finder under which ``import pandas`` fails, as if it were not installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        """Raise ModuleNotFoundError for pandas; return None (not found here) for anything else."""
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None

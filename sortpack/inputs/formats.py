@@ -1,0 +1,352 @@
+"""One reader per input format (Parquet, Arrow IPC file or stream, JSONL, CSV), chosen by name.
+
+A file splits into units of rows: Parquet row groups, Arrow file record batches, or the
+whole file where the format does not say its rows without parsing (Arrow streams, JSONL,
+CSV). ``open_source`` reads only metadata; ``read_units`` and ``read_unit_rows`` read
+rows. Every read is checked (``validate.check_table``) except CSV's, whose reader
+validates its own output.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.json as pjson
+import pyarrow.parquet as pq
+
+from ..errors import SortpackError, one_line
+from .source_file import SourceFile
+from .validate import check_table, first_non_utf8_line
+
+HEAD_BYTES = 1 << 16  # bytes of a jsonl/csv file read to estimate its rows
+JSON_BLOCK = 1 << 20  # pyarrow's default block size; a longer line needs a larger block
+PARTIAL_BATCH_ROWS = 1 << 16  # rows decoded at once when a rank reads part of a row group
+
+
+class InputFormat:
+    """How files of one format are opened, listed and read (subclasses fill in the format)."""
+
+    name = ""
+    extensions: tuple[str, ...] = ()
+
+    def open(self, path: str, size: int) -> SourceFile:
+        """Return the SourceFile of ``path`` (``size`` bytes), reading only metadata."""
+        raise NotImplementedError
+
+    def columns(self, src: SourceFile) -> list[str]:
+        """Return the column names of a file."""
+        raise NotImplementedError
+
+    def read(self, src: SourceFile, first: int, last: int, columns: list[str] | None,
+             text_columns: list[str] | None) -> pa.Table:
+        """Return units ``[first, last)`` of a file (only ``columns`` when given)."""
+        raise NotImplementedError
+
+    def read_rows(self, src: SourceFile, unit: int, lo: int, hi: int, columns: list[str] | None,
+                  text_columns: list[str] | None) -> pa.Table:
+        """Return rows ``[lo, hi)`` of one unit: the whole unit read, then sliced."""
+        return self.read(src, unit, unit + 1, columns, text_columns).slice(lo, hi - lo)
+
+    def read_error(self, src: SourceFile, exc: Exception) -> str:
+        """Return the one-line message for a read of ``src`` that raised ``exc``."""
+        return _cannot_read(src, exc)
+
+
+def _cannot_read(src: SourceFile, exc: BaseException) -> str:
+    return f"{src.path}: cannot read as {src.format} ({one_line(exc)})"
+
+
+def _check_columns(src: SourceFile, names: list[str], columns: list[str]) -> None:
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise SortpackError(f"{src.path}: no column {missing[0]!r} (columns: {', '.join(names)})")
+
+
+def _checked(table: pa.Table, src: SourceFile, first_unit: int) -> pa.Table:
+    """Return ``table`` (units from ``first_unit`` on) after ``check_table``."""
+    row0 = sum(src.unit_rows[:first_unit]) if src.unit_rows is not None else 0
+    check_table(table, src, row0)
+    return table
+
+
+class ParquetFormat(InputFormat):
+    """Parquet: one unit per row group; a rank reads part of a row group in bounded batches."""
+
+    name = "parquet"
+    extensions = (".parquet", ".pq")
+
+    def open(self, path: str, size: int) -> SourceFile:
+        """Return the SourceFile with the rows and uncompressed bytes of every row group."""
+        md = pq.ParquetFile(path).metadata
+        groups = [md.row_group(i) for i in range(md.num_row_groups)]
+        return SourceFile(path, self.name, size, [g.num_rows for g in groups], [g.total_byte_size for g in groups])
+
+    def columns(self, src: SourceFile) -> list[str]:
+        """Return the column names of the file's schema."""
+        return pq.ParquetFile(src.path).schema_arrow.names
+
+    def read(self, src: SourceFile, first: int, last: int, columns: list[str] | None,
+             text_columns: list[str] | None) -> pa.Table:
+        """Return row groups ``[first, last)``, one chunk per row group."""
+        pf = pq.ParquetFile(src.path, memory_map=True)
+        if columns is not None:
+            _check_columns(src, pf.schema_arrow.names, columns)
+        # one row group at a time, kept as chunks: read_row_groups merges them, a
+        # full copy of the column that costs 2-4x the read itself
+        parts = [pf.read_row_group(i, columns=columns) for i in range(first, last)]
+        return _checked(parts[0] if len(parts) == 1 else pa.concat_tables(parts), src, first)
+
+    def read_rows(self, src: SourceFile, unit: int, lo: int, hi: int, columns: list[str] | None,
+                  text_columns: list[str] | None) -> pa.Table:
+        """Return rows ``[lo, hi)`` of row group ``unit``, decoded in batches up to ``hi``.
+
+        Memory stays bounded by the range and the batch, not the row group.
+        """
+        if src.unit_rows is None:
+            return super().read_rows(src, unit, lo, hi, columns, text_columns)
+        pf = pq.ParquetFile(src.path, memory_map=True)
+        if columns is not None:
+            _check_columns(src, pf.schema_arrow.names, columns)
+        parts, at = [], 0
+        for batch in pf.iter_batches(batch_size=PARTIAL_BATCH_ROWS, row_groups=[unit], columns=columns,
+                                     use_threads=False):
+            a, b = max(lo, at), min(hi, at + batch.num_rows)
+            if b > a:
+                parts.append(batch.slice(a - at, b - a))
+            at += batch.num_rows
+            if at >= hi:
+                break
+        if not parts:
+            return pf.schema_arrow.empty_table() if columns is None else pf.schema_arrow.empty_table().select(columns)
+        table = pa.Table.from_batches(parts)
+        check_table(table, src, sum(src.unit_rows[:unit]) + lo)
+        return table
+
+
+def open_arrow_reader(path: str) -> Any:
+    """Return a reader of an Arrow IPC file (random access to batches) or, failing that, stream."""
+    source = pa.memory_map(path, "r")
+    try:
+        return pa.ipc.open_file(source)
+    except pa.ArrowInvalid:
+        source.seek(0)
+        return pa.ipc.open_stream(source)
+
+
+class ArrowFormat(InputFormat):
+    """Arrow IPC: a file is one unit per record batch; a stream (no footer) is one unit."""
+
+    name = "arrow"
+    extensions = (".arrow", ".feather", ".ipc")
+
+    def open(self, path: str, size: int) -> SourceFile:
+        """Return the SourceFile with every batch's rows and bytes (none for a stream)."""
+        reader = open_arrow_reader(path)
+        if isinstance(reader, pa.ipc.RecordBatchFileReader):
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            return SourceFile(path, self.name, size, [b.num_rows for b in batches], [b.nbytes for b in batches])
+        return SourceFile(path, self.name, size, None)
+
+    def columns(self, src: SourceFile) -> list[str]:
+        """Return the column names of the file's schema."""
+        return open_arrow_reader(src.path).schema.names
+
+    def read(self, src: SourceFile, first: int, last: int, columns: list[str] | None,
+             text_columns: list[str] | None) -> pa.Table:
+        """Return batches ``[first, last)`` of a file, or the whole stream."""
+        if columns is not None:
+            _check_columns(src, file_columns(src), columns)
+        reader = open_arrow_reader(src.path)
+        if isinstance(reader, pa.ipc.RecordBatchFileReader):
+            batches = [reader.get_batch(i) for i in range(first, last)]
+            table = pa.Table.from_batches(batches, schema=reader.schema)
+        else:
+            table = reader.read_all()
+        return _checked(table.select(columns) if columns is not None else table, src, first)
+
+
+def estimate_rows(path: str, size: int, header_rows: int = 0) -> int:
+    """Return the rows of a text file estimated from its first HEAD_BYTES (exact for a shorter file).
+
+    Parameters
+    ----------
+    path, size : str, int
+        The file and its bytes.
+    header_rows : int
+        Non-blank lines at the top that hold no row (1 for CSV's header).
+    """
+    if size == 0:
+        return 0
+    with open(path, "rb") as fh:
+        head = fh.read(HEAD_BYTES)
+    lines = head.split(b"\n")
+    complete = lines if len(head) >= size else lines[:-1]  # the last piece of a cut head is partial
+    rows = sum(1 for line in complete if line.strip()) - header_rows
+    if len(head) >= size:
+        return max(rows, 0)
+    used = len(head) - len(lines[-1])
+    return max(1, round(max(rows, 1) * size / max(used, 1)))
+
+
+class _TextFormat(InputFormat):
+    """A line-based format: one unit (the whole file), rows estimated from its head, empty file = no rows."""
+
+    header_rows = 0
+
+    def open(self, path: str, size: int) -> SourceFile:
+        """Return the SourceFile with the rows estimated from the file's head."""
+        return SourceFile(path, self.name, size, None, est_rows=estimate_rows(path, size, self.header_rows))
+
+    def columns(self, src: SourceFile) -> list[str]:
+        """Return the column names (none for an empty file)."""
+        # the first block is enough for the names; types are left to read
+        return self._names(src) if src.bytes else []
+
+    def _names(self, src: SourceFile) -> list[str]:
+        raise NotImplementedError
+
+    def read(self, src: SourceFile, first: int, last: int, columns: list[str] | None,
+             text_columns: list[str] | None) -> pa.Table:
+        """Return the whole file (an empty file: no rows, ``columns`` all null)."""
+        if src.bytes == 0:
+            # an empty shard (common among jsonl/csv part files) holds no rows, not an error
+            return pa.table({c: pa.nulls(0) for c in columns or []})
+        return self._read(src, columns, text_columns)
+
+    def _read(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+        raise NotImplementedError
+
+
+def _json_call(fn: Callable[..., Any], src: SourceFile) -> Any:
+    """Return ``fn(path, read_options)`` with a block size that holds the file's longest line.
+
+    pyarrow's JSON reader fails on a line longer than its block ("straddling object"):
+    retry with a block 8x larger, up to the whole file.
+    """
+    block = JSON_BLOCK
+    while True:
+        try:
+            return fn(src.path, read_options=pjson.ReadOptions(block_size=block))
+        except pa.ArrowInvalid as exc:
+            if "straddl" not in str(exc) or block > src.bytes:
+                raise
+            block = min(block * 8, src.bytes + 1, 2**31 - 1)
+
+
+class JsonlFormat(_TextFormat):
+    """JSON lines: one object per line; a column's type widens across blocks (int then float)."""
+
+    name = "jsonl"
+    extensions = (".jsonl", ".ndjson", ".json")
+
+    def _names(self, src: SourceFile) -> list[str]:
+        return _json_call(pjson.open_json, src).schema.names
+
+    def _read(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+        # read_json widens a column's type across blocks (int then float); the dataset
+        # API fixes the type from the first block and fails on a later one
+        table = _json_call(pjson.read_json, src)
+        if columns is None:
+            return _checked(table, src, 0)
+        if table.num_rows == 0:
+            return pa.table({c: pa.nulls(0) for c in columns})
+        # columns are checked after reading: a key may first appear past the block that
+        # open_json guesses the schema from
+        _check_columns(src, table.column_names, columns)
+        return _checked(table.select(columns), src, 0)
+
+
+class CsvFormat(_TextFormat):
+    """CSV with a header line; ``text_columns`` are read as strings, not guessed (leading zeros stay)."""
+
+    name = "csv"
+    extensions = (".csv",)
+    header_rows = 1
+
+    def _names(self, src: SourceFile) -> list[str]:
+        return pcsv.open_csv(src.path).schema.names
+
+    def _read(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+        if columns is not None:
+            _check_columns(src, file_columns(src), columns)
+        text = {c: pa.string() for c in text_columns or []}
+        return pcsv.read_csv(src.path, convert_options=pcsv.ConvertOptions(include_columns=columns,
+                                                                            column_types=text))
+
+    def read_error(self, src: SourceFile, exc: Exception) -> str:
+        """Return the message for a failed read, naming the first line that is not UTF-8 where that is why."""
+        msg = one_line(exc)
+        if "utf8" in msg.lower():
+            line = first_non_utf8_line(src.path)
+            if line is not None:
+                return f"{src.path}: line {line}: not valid UTF-8 text ({msg})"
+        return _cannot_read(src, exc)
+
+
+READERS: dict[str, InputFormat] = {r.name: r for r in (ParquetFormat(), ArrowFormat(), JsonlFormat(), CsvFormat())}
+INPUT_FORMATS = tuple(READERS)  # the names --input-format takes (besides auto)
+_BY_EXTENSION = {ext: r.name for r in READERS.values() for ext in r.extensions}
+
+
+def reader_for(fmt: str) -> InputFormat:
+    """Return the reader of input format ``fmt``."""
+    try:
+        return READERS[fmt]
+    except KeyError:
+        raise SortpackError(f"unknown input format {fmt!r} (formats: {', '.join(INPUT_FORMATS)})") from None
+
+
+def format_of(path: str, forced: str = "auto") -> str | None:
+    """Return the input format of ``path``: ``forced`` unless auto, else by extension (None: unknown)."""
+    if forced != "auto":
+        return forced
+    return _BY_EXTENSION.get(Path(path).suffix.lower())
+
+
+def open_source(path: str, fmt: str) -> SourceFile:
+    """Return the SourceFile of one input file of format ``fmt``, reading only its metadata."""
+    reader = reader_for(fmt)
+    try:
+        return reader.open(path, os.path.getsize(path))
+    except (pa.ArrowException, OSError) as exc:
+        raise SortpackError(f"{path}: cannot read as {fmt} ({one_line(exc)})") from None
+
+
+def file_columns(src: SourceFile) -> list[str]:
+    """Return the column names of a file (none for an empty jsonl/csv file)."""
+    try:
+        return reader_for(src.format).columns(src)
+    except (pa.ArrowException, OSError) as exc:
+        raise SortpackError(_cannot_read(src, exc)) from None
+
+
+def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None,
+               text_columns: list[str] | None = None) -> pa.Table:
+    """Return units ``[first, last)`` of a file as one table (only ``columns`` when given).
+
+    ``text_columns`` are read as strings where the format guesses types (csv).
+    """
+    reader = reader_for(src.format)
+    try:
+        return reader.read(src, first, last, columns, text_columns)
+    except (pa.ArrowException, OSError) as exc:
+        raise SortpackError(reader.read_error(src, exc)) from None
+
+
+def read_unit_rows(src: SourceFile, unit: int, lo: int, hi: int, columns: list[str] | None,
+                   text_columns: list[str] | None = None) -> pa.Table:
+    """Return rows ``[lo, hi)`` of one unit (row group or record batch) of a file whose rows are known.
+
+    Ranks that share a unit read their own rows of it: an Arrow batch is sliced in place;
+    a Parquet row group is decoded in batches up to ``hi``, keeping only ``[lo, hi)``, so
+    memory stays bounded by the range and the batch, not the row group.
+    """
+    reader = reader_for(src.format)
+    try:
+        return reader.read_rows(src, unit, lo, hi, columns, text_columns)
+    except (pa.ArrowException, OSError) as exc:
+        raise SortpackError(reader.read_error(src, exc)) from None
