@@ -18,13 +18,12 @@ rows, a round's rows that stay) is gathered in pieces of at most ``piece_bytes()
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pyarrow as pa
 
 from . import kernels
 from .arrow_types import is_offset_bytes, is_offset_list
+from .env import env_int
 
 # under the 2 GiB of 32-bit offsets with room to spare: row sizes of nested types are estimates
 PIECE_BYTES = 1 << 30
@@ -32,8 +31,8 @@ PIECE_BYTES = 1 << 30
 
 def piece_bytes() -> int:
     """Return the most bytes one gathered array holds (``SORTPACK_TEST_PIECE_BYTES``, read when used, in tests)."""
-    override = os.environ.get("SORTPACK_TEST_PIECE_BYTES")
-    return max(1, int(override)) if override else PIECE_BYTES
+    override = env_int("SORTPACK_TEST_PIECE_BYTES")
+    return PIECE_BYTES if override is None else max(1, override)
 
 
 def piece_cuts(sizes: np.ndarray, limit: int) -> np.ndarray:
