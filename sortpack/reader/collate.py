@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sampler import MicroBatch, Samples
+from .microbatch import MicroBatch, Samples
 from .tokens import ragged_tokens
 
 

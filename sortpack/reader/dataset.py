@@ -10,8 +10,9 @@ import numpy as np
 from ..errors import SortpackError
 from ..format import read_manifest
 from ..inputs.sources import SourceFile, describe, expand_inputs, read_units
-from . import MicroBatch, PackedIndex, Samples
+from .index import PackedIndex
 from .lazy_rows import TableSamples
+from .microbatch import MicroBatch, Samples
 
 
 class SourceDataset:

@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 
 from .goodput import NoiseScale, StepTimeModel, adascale_gain, choose_accum
-from .sampler import step_info
+from .microbatch import step_info
 
 LR_RULES = ("sampler", "adascale")
 

@@ -54,7 +54,7 @@ class StoredData:
         self._position_of = None
 
     def __reduce__(self):
-        from . import PackedIndex
+        from .index import PackedIndex
 
         return (_reopen, (PackedIndex, str(self.path)))
 
