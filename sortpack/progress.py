@@ -170,15 +170,6 @@ class Progress:
         self.close()
 
 
-def progress(items, enabled: bool, **kwargs):
-    """Return ``items`` wrapped in a tqdm bar when ``enabled`` and stderr is a terminal (older API)."""
-    if not enabled or not _isatty(sys.stderr):
-        return items
-    from tqdm import tqdm
-
-    return tqdm(items, file=sys.stderr, leave=False, **kwargs)
-
-
 def phase(name: str) -> None:
     """Count one finished phase ``name`` on the latest open reporter (none open: nothing)."""
     if "open" in _current:

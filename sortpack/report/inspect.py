@@ -121,9 +121,3 @@ def render(report: dict) -> str:
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
-
-def plot_directory(directory: str, path: str, world_size: int | None = None, grad_accum: int = 1):
-    """Write the inspect figure (a PNG) and return its matplotlib Figure; see ``sortpack.report.plot``."""
-    from .plot import plot_directory as plot
-
-    return plot(directory, path, world_size, grad_accum)
