@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +18,13 @@ from ..format.integrity import check_sha256, member_path
 from ..format.shards import open_shard
 
 
+class _RowsById(NamedTuple):
+    """The plan's sample ids sorted, and the stored row of each: where ``positions`` looks ids up."""
+
+    sorted_ids: np.ndarray
+    rows: np.ndarray
+
+
 class StoredData:
     """The data shards of an index.
 
@@ -24,7 +32,7 @@ class StoredData:
     memory-mapped when first touched; ``microbatch(i)`` returns a zero-copy slice.
     """
 
-    def __init__(self, index):
+    def __init__(self, index) -> None:
         self.index = index
         self.path = Path(index.path)
         data = index.manifest.get("data")
@@ -51,7 +59,7 @@ class StoredData:
         self.row_start = np.concatenate(([0], np.cumsum(counts)))
         if int(self.row_start[-1]) != self.num_rows:
             raise SortpackError(f"{self.path}: {self.num_rows} stored rows for {int(self.row_start[-1])} samples")
-        self._position_of = None
+        self._position_of: _RowsById | None = None
 
     def __reduce__(self):
         from .index import PackedIndex
@@ -101,7 +109,7 @@ class StoredData:
         if self._position_of is None:
             ids = self.index.all_sample_ids()
             order = np.argsort(ids, kind="stable")
-            self._position_of = (ids[order], order)
+            self._position_of = _RowsById(ids[order], order)
         sorted_ids, order = self._position_of
         want = np.asarray(sample_ids, dtype=np.int64)
         at = np.searchsorted(sorted_ids, want)
