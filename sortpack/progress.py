@@ -84,7 +84,9 @@ class Progress:
         self.ranks = _DEFAULTS["ranks"] if ranks is None else ranks
         self.interval, self.step = interval, step
         self.delay = _delay() if delay is None else delay
-        self.done, self.extra, self.phase_name = 0, {}, None
+        self.done = 0
+        self.extra: dict[str, int] = {}  # counters such as tokens, summed
+        self.phase_name: str | None = None
         self.lines = 0  # log lines written
         self._bar = None
         if not self.enabled:
@@ -117,7 +119,8 @@ class Progress:
         if now - self.start < self.delay:
             return
         due_time = now - self.last_time >= self.interval
-        due_step = bool(self.total) and (self.done - self.last_done) >= self.step * self.total
+        total = self.total or 0
+        due_step = total != 0 and (self.done - self.last_done) >= self.step * total
         finished = self.total is not None and self.done >= self.total  # ``close`` says it
         if (due_time or due_step) and not finished:
             self._write(self.line(now))

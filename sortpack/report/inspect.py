@@ -88,7 +88,7 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
 
 def _shape_lines(m: dict, shapes: np.ndarray) -> dict:
     """Return the chosen lengths (--shapes auto:K) and the (batch, length) shapes when there are few."""
-    out = {}
+    out: dict[str, object] = {}
     auto = m["stats"].get("auto_shapes")
     if auto:
         out["chosen_lengths"] = {"request": auto["request"], "lengths": auto["lengths"],
