@@ -59,19 +59,31 @@ def duration(seconds: float) -> str:
 class Progress:
     """Reports one stage's progress on this process's stderr.
 
-    Args:
-        stage: the stage's name as printed (``analyze``, ``sort``, ``pack``, ``write index``).
-        total: units this process will do; None when unknown (no percentage or eta).
-        unit: what ``update`` counts (``rows``, ``shards``, ``phases``).
-        enabled: report at all (rank 0 and not ``--quiet``); None takes ``configure``'s setting.
-        ranks: ranks of the job; above 1 lines say ``rank 0 of P`` (only rank 0's share is shown);
-            None takes ``configure``'s setting.
-        clock: seconds since an arbitrary origin; tests pass a fake one.
-        stream: where lines go (stderr); a bar is used when it is a terminal.
-        interval, step: at most one line per ``interval`` seconds or per ``step`` of the total.
-        delay: seconds before the first line (None: ``SORTPACK_PROGRESS_DELAY``, default 2).
-        bar: force (True) or forbid (False) the tqdm bar; None: when ``stream`` is a terminal.
-        job_total: units of the whole job, where known without communication (printed beside rank 0's share).
+    Parameters
+    ----------
+    stage : str
+        The stage's name as printed (``analyze``, ``sort``, ``pack``, ``write index``).
+    total : int or None
+        Units this process will do; None when unknown (no percentage or eta).
+    unit : str
+        What ``update`` counts (``rows``, ``shards``, ``phases``).
+    enabled : bool, optional
+        Report at all (rank 0 and not ``--quiet``); None takes ``configure``'s setting.
+    ranks : int, optional
+        Ranks of the job; above 1 lines say ``rank 0 of P`` (only rank 0's share is shown);
+        None takes ``configure``'s setting.
+    clock : callable
+        Seconds since an arbitrary origin; tests pass a fake one.
+    stream : file, optional
+        Where lines go (stderr); a bar is used when it is a terminal.
+    interval, step : float
+        At most one line per ``interval`` seconds or per ``step`` of the total.
+    delay : float, optional
+        Seconds before the first line (None: ``SORTPACK_PROGRESS_DELAY``, default 2).
+    bar : bool, optional
+        Force (True) or forbid (False) the tqdm bar; None: when ``stream`` is a terminal.
+    job_total : int, optional
+        Units of the whole job, where known without communication (printed beside rank 0's share).
     """
 
     def __init__(self, stage: str, total: int | None, unit: str = "rows", enabled: bool | None = None,
