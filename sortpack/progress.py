@@ -59,19 +59,31 @@ def duration(seconds: float) -> str:
 class Progress:
     """Reports one stage's progress on this process's stderr.
 
-    Args:
-        stage: the stage's name as printed (``analyze``, ``sort``, ``pack``, ``write index``).
-        total: units this process will do; None when unknown (no percentage or eta).
-        unit: what ``update`` counts (``rows``, ``shards``, ``phases``).
-        enabled: report at all (rank 0 and not ``--quiet``); None takes ``configure``'s setting.
-        ranks: ranks of the job; above 1 lines say ``rank 0 of P`` (only rank 0's share is shown);
-            None takes ``configure``'s setting.
-        clock: seconds since an arbitrary origin; tests pass a fake one.
-        stream: where lines go (stderr); a bar is used when it is a terminal.
-        interval, step: at most one line per ``interval`` seconds or per ``step`` of the total.
-        delay: seconds before the first line (None: ``SORTPACK_PROGRESS_DELAY``, default 2).
-        bar: force (True) or forbid (False) the tqdm bar; None: when ``stream`` is a terminal.
-        job_total: units of the whole job, where known without communication (printed beside rank 0's share).
+    Parameters
+    ----------
+    stage : str
+        The stage's name as printed (``analyze``, ``sort``, ``pack``, ``write index``).
+    total : int or None
+        Units this process will do; None when unknown (no percentage or eta).
+    unit : str
+        What ``update`` counts (``rows``, ``shards``, ``phases``).
+    enabled : bool, optional
+        Report at all (rank 0 and not ``--quiet``); None takes ``configure``'s setting.
+    ranks : int, optional
+        Ranks of the job; above 1 lines say ``rank 0 of P`` (only rank 0's share is shown);
+        None takes ``configure``'s setting.
+    clock : callable
+        Seconds since an arbitrary origin; tests pass a fake one.
+    stream : file, optional
+        Where lines go (stderr); a bar is used when it is a terminal.
+    interval, step : float
+        At most one line per ``interval`` seconds or per ``step`` of the total.
+    delay : float, optional
+        Seconds before the first line (None: ``SORTPACK_PROGRESS_DELAY``, default 2).
+    bar : bool, optional
+        Force (True) or forbid (False) the tqdm bar; None: when ``stream`` is a terminal.
+    job_total : int, optional
+        Units of the whole job, where known without communication (printed beside rank 0's share).
     """
 
     def __init__(self, stage: str, total: int | None, unit: str = "rows", enabled: bool | None = None,
@@ -84,7 +96,9 @@ class Progress:
         self.ranks = _DEFAULTS["ranks"] if ranks is None else ranks
         self.interval, self.step = interval, step
         self.delay = _delay() if delay is None else delay
-        self.done, self.extra, self.phase_name = 0, {}, None
+        self.done = 0
+        self.extra: dict[str, int] = {}  # counters such as tokens, summed
+        self.phase_name: str | None = None
         self.lines = 0  # log lines written
         self._bar = None
         if not self.enabled:
@@ -117,7 +131,8 @@ class Progress:
         if now - self.start < self.delay:
             return
         due_time = now - self.last_time >= self.interval
-        due_step = bool(self.total) and (self.done - self.last_done) >= self.step * self.total
+        total = self.total or 0
+        due_step = total != 0 and (self.done - self.last_done) >= self.step * total
         finished = self.total is not None and self.done >= self.total  # ``close`` says it
         if (due_time or due_step) and not finished:
             self._write(self.line(now))
@@ -168,15 +183,6 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def progress(items, enabled: bool, **kwargs):
-    """Return ``items`` wrapped in a tqdm bar when ``enabled`` and stderr is a terminal (older API)."""
-    if not enabled or not _isatty(sys.stderr):
-        return items
-    from tqdm import tqdm
-
-    return tqdm(items, file=sys.stderr, leave=False, **kwargs)
 
 
 def phase(name: str) -> None:

@@ -38,7 +38,8 @@ def inspect(directory, world_size, grad_accum, as_json, plot, step, samples, **s
         return  # under mpiexec/srun one rank reports (and plots) for all
     if step is not None or samples:
         return _trace(directory, 1 if world_size is None else world_size, grad_accum, step, samples, as_json, sampler)
-    from ..report.inspect import inspect_directory, plot_directory, render
+    from ..report.inspect import inspect_directory, render
+    from ..report.plot import plot_directory
 
     try:
         report = inspect_directory(directory, world_size, grad_accum)

@@ -1,19 +1,17 @@
 """Train-time reader, public face: open an index, plan steps for every rank, scale the learning rate.
 
-Depends on numpy and pyarrow only (no torch, no MPI). The implementation lives in
-``sortpack.reader`` (``index``, ``permutation``, ``plan``, ``sampler``, ``lr``); every name
-importable from here before that split still is. ``sortpack.torch`` wraps it for
+Depends on numpy and pyarrow only (no torch, no MPI). ``sortpack.torch`` wraps it for
 ``DataLoader``. See docs/reader.md.
 """
 from __future__ import annotations
 
-from ..permutation import _M64, KeyedPermutation, _mix, _mix_vec
+from ..permutation import KeyedPermutation
 from .index import SCALAR_COLUMNS, PackedIndex
-from .index import SCALAR_COLUMNS as _SCALAR_COLUMNS
 from .lr import LR_METHODS, lr_scale
+from .microbatch import MicroBatch, Samples, step_info
 from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions
 from .prefetch import Prefetched, Prefetcher
-from .sampler import MicroBatch, PackedSampler, Samples, step_info
+from .sampler import PackedSampler
 
 __all__ = [
            "LR_METHODS",
@@ -32,4 +30,3 @@ __all__ = [
            "step_info",
            "step_positions",
 ]
-_PRIVATE = (_SCALAR_COLUMNS, _M64, _mix, _mix_vec)  # importable as before the split

@@ -7,9 +7,11 @@ lengths otherwise.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from .sampler import MicroBatch, Samples
+from .microbatch import MicroBatch, Samples
 from .tokens import ragged_tokens
 
 
@@ -153,8 +155,17 @@ def pad_collate(pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None 
     return PadCollate(pad_id, key, tokenize, attn_mask, pad_to_multiple)
 
 
-def _segments(lengths: np.ndarray, mb, pad_to_multiple: int | None):
-    """Return (segment lengths, real tokens per segment, sample of each segment or -1, rows width or None).
+class Segments(NamedTuple):
+    """How ``varlen_collate`` lays a micro-batch out: one entry per segment (a document or a row's padding)."""
+
+    length: np.ndarray  # tokens of each segment, padding included
+    real: np.ndarray  # real tokens of each segment
+    sample: np.ndarray  # the sample of each segment (its place in the micro-batch), -1 for a row's padding
+    width: int | None  # rows mode: the padded row length; None otherwise
+
+
+def _segments(lengths: np.ndarray, mb, pad_to_multiple: int | None) -> Segments:
+    """Return the ``Segments`` of a micro-batch whose samples have ``lengths`` tokens.
 
     Rows mode (the micro-batch's ``row_splits`` and ``padded_size``): each row's samples, cut
     to the row's room, then the row's padding tail as its own segment. Otherwise one segment
@@ -179,11 +190,11 @@ def _segments(lengths: np.ndarray, mb, pad_to_multiple: int | None):
         seg_len[at], seg_sample[at] = kept, np.arange(n)
         seg_len[(splits[1:] + pads_before)[pads]] = room[pads]
         seg_real = np.where(seg_sample >= 0, seg_len, 0)
-        return seg_len, seg_real, seg_sample, width
+        return Segments(seg_len, seg_real, seg_sample, width)
     if mb is not None and mb.padded_size is not None:
         lengths = np.minimum(lengths, int(mb.padded_size))  # as pad_collate: never longer than the plan's shape
     seg_len = -(-lengths // pad_to_multiple) * pad_to_multiple if pad_to_multiple and pad_to_multiple > 1 else lengths
-    return seg_len, lengths, np.arange(n, dtype=np.int64), None
+    return Segments(seg_len, lengths, np.arange(n, dtype=np.int64), None)
 
 
 class VarlenCollate:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -12,8 +13,16 @@ from ..format import read_manifest
 from ..inputs.discover import expand_inputs
 from ..inputs.formats import open_source, read_units
 from ..inputs.source_file import SourceFile
-from . import MicroBatch, PackedIndex, Samples
+from .index import PackedIndex
 from .lazy_rows import TableSamples
+from .microbatch import MicroBatch, Samples
+
+
+class InputFile(NamedTuple):
+    """One input file of a ``SourceDataset``, checked against the index: its reader and where its units start."""
+
+    source: SourceFile
+    unit_starts: np.ndarray  # the row where each unit (row group, record batch) starts, and the row count last
 
 
 class SourceDataset:
@@ -60,7 +69,7 @@ class SourceDataset:
         self.check_bytes = check_bytes
         rows = np.array([int(f["rows"]) for f in self.files], dtype=np.int64)
         self._file_starts = np.concatenate(([0], np.cumsum(rows)))
-        self._units: dict[int, tuple[SourceFile, np.ndarray]] = {}
+        self._units: dict[int, InputFile] = {}
         self._cache: OrderedDict = OrderedDict()
 
     def __len__(self) -> int:
@@ -73,7 +82,7 @@ class SourceDataset:
         return state
 
     # --- lookup ---------------------------------------------------------------------------
-    def _file(self, k: int) -> tuple[SourceFile, np.ndarray]:
+    def _file(self, k: int) -> InputFile:
         got = self._units.get(k)
         if got is None:
             entry = self.files[k]
@@ -88,7 +97,7 @@ class SourceDataset:
             if sum(unit_rows) != int(entry["rows"]):
                 raise SortpackError(f"{path}: {sum(unit_rows)} rows, the index was built from "
                                     f"{entry['rows']}")
-            got = (src, np.concatenate(([0], np.cumsum(unit_rows))).astype(np.int64))
+            got = InputFile(src, np.concatenate(([0], np.cumsum(unit_rows))).astype(np.int64))
             self._units[k] = got
         return got
 
@@ -96,8 +105,7 @@ class SourceDataset:
         key = (k, u)
         table = self._cache.get(key)
         if table is None:
-            src, _ = self._file(k)
-            table = read_units(src, u, u + 1, self.columns)
+            table = read_units(self._file(k).source, u, u + 1, self.columns)
             self._cache[key] = table
             if len(self._cache) > self.cache_units:
                 self._cache.popitem(last=False)
@@ -127,7 +135,7 @@ class SourceDataset:
         for k in np.unique(files).tolist():
             sel = np.flatnonzero(files == k)
             local = arr[sel] - self._file_starts[k]
-            _, starts = self._file(k)
+            starts = self._file(k).unit_starts
             units = np.searchsorted(starts, local, side="right") - 1
             for u in np.unique(units).tolist():
                 pick = units == u

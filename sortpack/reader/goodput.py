@@ -53,7 +53,7 @@ class NoiseScale:
 
     Parameters
     ----------
-    smoothing:
+    smoothing : float
         Weight of the past in the exponential moving averages of ``|G|^2`` and ``tr(Sigma)``
         (0.95: about the last 20 steps count). The ratio of the two averages is the noise
         scale, as McCandlish et al. recommend (a ratio of averages, not an average of ratios).
@@ -123,7 +123,7 @@ class StepTimeModel:
 
     Parameters
     ----------
-    smoothing:
+    smoothing : float
         Weight of the past in the per-count moving averages.
     """
 

@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 
 from .goodput import NoiseScale, StepTimeModel, adascale_gain, choose_accum
-from .sampler import step_info
+from .microbatch import step_info
 
 LR_RULES = ("sampler", "adascale")
 
@@ -39,32 +39,32 @@ class GoodputController:
 
     Parameters
     ----------
-    model:
+    model : torch.nn.Module
         The module being trained; a ``DistributedDataParallel`` module switches to per-rank
         measurements (its comm hook is registered here, so pass it before the first backward).
-    sampler:
+    sampler : PackedBatchSampler
         The ``PackedBatchSampler`` feeding the loader; its ``set_grad_accum`` is called
         between steps.
-    optimizer:
+    optimizer : torch.optim.Optimizer
         The optimizer (its step hooks measure the step gradient and the step time).
-    by:
+    by : {"samples", "tokens"}
         ``"samples"`` or ``"tokens"``: the unit of batch sizes, as in the LR rule.
-    min_accum, max_accum:
+    min_accum, max_accum : int
         Bounds of the accumulation count. In one process the measurement needs two
         micro-batches per step, so ``min_accum`` must then be at least 2.
-    ref_batch:
+    ref_batch : float, optional
         The reference batch ``M0`` of the efficiency model and of the AdaScale gain
         (default: the first step's batch).
-    warmup_steps, interval:
+    warmup_steps, interval : int
         Steps before the first decision, and steps between decisions.
-    smoothing:
+    smoothing : float
         Weight of the past in the noise-scale averages.
-    lr_rule:
+    lr_rule : {"sampler", "adascale"}
         ``"sampler"`` leaves the LR to ``VariableBatchSizeLR`` (the sampler's linear/sqrt rule
         follows A); ``"adascale"`` multiplies every group's LR during each optimizer step by
         the AdaScale gain ``(M / M0) * E(M)`` (use ``VariableBatchSizeLR(method="none")`` or a
         plain schedule with it).
-    clock:
+    clock : callable
         Seconds as a float (``time.perf_counter``); tests pass a fake one.
     """
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import bisect
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -14,6 +15,26 @@ from ..format.integrity import check_index_shard, check_sha256, member_path
 
 SCALAR_COLUMNS = ("microbatch", "num_samples", "batch_size", "max_size", "padded_size",
                   "tokens", "min_key", "max_key", "stage", "source")
+
+
+class Record(NamedTuple):
+    """One micro-batch as the sampler hands it out: its sample ids, shape and packed rows."""
+
+    sample_ids: list[int]
+    batch_size: int
+    padded_size: int
+    row_splits: list[int] | None  # rows mode: offsets of each packed row into ``sample_ids``
+
+
+_new_record = cast(Callable[[type[Record], tuple], Record], tuple.__new__)
+
+
+class SampleHits(NamedTuple):
+    """Where sample ids occur in a plan: one entry per occurrence, in plan order (int64 arrays)."""
+
+    microbatch: np.ndarray
+    place: np.ndarray  # the sample's place in its micro-batch
+    sample_id: np.ndarray
 
 
 _LEVELS = {False: "index", True: "full", "index": "index", "structure": "structure", "full": "full"}
@@ -172,8 +193,8 @@ class PackedIndex:
             parts.append(values[offsets[0]:offsets[-1]])
         return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
 
-    def find_samples(self, sample_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Return (micro-batch, place in it, sample id) of every occurrence of the given ids, in plan order.
+    def find_samples(self, sample_ids) -> SampleHits:
+        """Return the micro-batch, place in it and sample id of every occurrence of the given ids, in plan order.
 
         One vectorised pass over each shard's mapped ids (no per-micro-batch Python loop);
         an id the plan holds twice (a repeated mixture source) is found twice, one it does
@@ -190,23 +211,25 @@ class PackedIndex:
                 places.append(hit - offsets[j])
                 found.append(values[hit])
         if not mbs:
-            return tuple(np.zeros(0, dtype=np.int64) for _ in range(3))  # type: ignore[return-value]
-        return tuple(np.concatenate(p).astype(np.int64) for p in (mbs, places, found))  # type: ignore[return-value]
+            return SampleHits(*(np.zeros(0, dtype=np.int64) for _ in range(3)))
+        return SampleHits(*(np.concatenate(p).astype(np.int64) for p in (mbs, places, found)))
 
     def row_splits(self, i: int) -> np.ndarray | None:
         """Return the offsets of micro-batch ``i``'s packed rows into its sample ids (None without rows)."""
         return self._list_item("row_splits", i) if self.has_rows else None
 
-    def record(self, i: int) -> tuple[list, int, int, list | None]:
-        """Return (sample ids, batch_size, padded_size, row_splits or None) of micro-batch ``i``."""
+    def record(self, i: int) -> Record:
+        """Return micro-batch ``i``'s ``Record``: sample ids, batch_size, padded_size, row_splits or None."""
         k, j = self._locate(int(i))
         offsets, values = self._view(k, "sample_ids")
         splits = None
         if self.has_rows:
             so, sv = self._view(k, "row_splits")
             splits = sv[so[j]:so[j + 1]].tolist()
-        return (values[offsets[j]:offsets[j + 1]].tolist(), int(self._view(k, "batch_size")[j]),
-                int(self._view(k, "padded_size")[j]), splits)
+        # tuple.__new__ skips the NamedTuple's Python-level __new__ (a third of record's cost:
+        # the sampler calls it for every micro-batch it hands out)
+        return _new_record(Record, (values[offsets[j]:offsets[j + 1]].tolist(),
+                                    int(self._view(k, "batch_size")[j]), int(self._view(k, "padded_size")[j]), splits))
 
     def shape(self, i: int) -> tuple[int, int]:
         """Return ``(batch_size, padded_size)`` of micro-batch ``i``."""

@@ -9,7 +9,7 @@ comparing, pickling) builds them once, so a custom collate sees the usual list o
 """
 from __future__ import annotations
 
-from .sampler import Samples
+from .microbatch import Samples
 
 
 class TableSamples(Samples):

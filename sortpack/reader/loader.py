@@ -15,8 +15,19 @@ from __future__ import annotations
 import queue
 import threading
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 _END = object()
+
+
+@dataclass
+class _Pass:
+    """A running pass over the epoch: the thread that fetches, its stop flag and the queue it fills."""
+
+    thread: threading.Thread
+    stop: threading.Event
+    batches: queue.Queue
 
 
 class _Failure:
@@ -72,7 +83,7 @@ class PlanLoader:
         self.dataset, self.sampler, self.collate_fn = dataset, sampler, collate_fn
         self.prefetch = prefetch
         self.pin_memory = bool(pin_memory) and self._can_pin()
-        self._pass: tuple | None = None
+        self._pass: _Pass | None = None
 
     @staticmethod
     def _can_pin() -> bool:
@@ -128,7 +139,7 @@ class PlanLoader:
         except BaseException as exc:  # raised again in the loop's thread
             put(_Failure(exc))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator:
         """Yield the collated batches of the rest of the sampler's epoch."""
         self.close()
         # hand-outs to the thread must not move the resume state; the loop's receipt does
@@ -137,14 +148,14 @@ class PlanLoader:
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
         thread = threading.Thread(target=self._work, args=(it, q, stop), name="sortpack-PlanLoader", daemon=True)
-        self._pass = (thread, stop, q)
+        run = self._pass = _Pass(thread, stop, q)
         thread.start()
-        return self._receive(thread, stop, q)
+        return self._receive(run)
 
-    def _receive(self, thread: threading.Thread, stop: threading.Event, q: queue.Queue):
+    def _receive(self, run: _Pass) -> Iterator:
         try:
             while True:
-                item = q.get()
+                item = run.batches.get()
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
@@ -153,19 +164,19 @@ class PlanLoader:
                 self.sampler.consume(mb)
                 yield batch
         finally:
-            self._stop(thread, stop, q)
+            self._stop(run)
 
     def close(self) -> None:
         """Stop the running pass's thread (a new ``iter()``, ``set_epoch`` and ``load_state_dict`` do)."""
         if self._pass is not None:
-            self._stop(*self._pass)
+            self._stop(self._pass)
 
-    def _stop(self, thread: threading.Thread, stop: threading.Event, q: queue.Queue) -> None:
-        stop.set()
-        while thread.is_alive():
+    def _stop(self, run: _Pass) -> None:
+        run.stop.set()
+        while run.thread.is_alive():
             try:  # make room so a blocked put sees the stop
-                q.get_nowait()
+                run.batches.get_nowait()
             except queue.Empty:
-                thread.join(timeout=0.05)
-        if self._pass is not None and self._pass[0] is thread:
+                run.thread.join(timeout=0.05)
+        if self._pass is run:
             self._pass = None

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import warnings
 
-IGNORE_INDEX = -100
-
 _warned: set = set()
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from .microbatch import step_info
+
 LR_METHODS = ("linear", "sqrt", "none")
 
 
@@ -78,8 +80,6 @@ class VariableBatchSizeLR:
 
     def follow(self, batch) -> None:
         """Set the LR of the step ``batch`` belongs to (a ``MicroBatch``, its ``Samples`` or collate dict)."""
-        from .sampler import step_info
-
         info = step_info(batch)
         value = info["step_batch"] if self.by == "samples" else info["step_tokens"]
         self.scale = lr_scale(value, self.ref_batch_size, self.method)

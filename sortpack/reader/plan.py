@@ -119,7 +119,7 @@ class EpochPlan:
         self.num_packed_blocks = (m // g) if drop_last else -(-m // g)
         self._perm = KeyedPermutation(self.num_packed_blocks, seed, epoch) if order != "index" else None
         self._order: np.ndarray | None = None
-        self._last = (-1, -1)
+        self._last_t, self._last_block = -1, -1  # the latest block() asked for, kept
         self._synth = np.zeros((0, g), dtype=np.int64)
         if order == "curriculum" or largest_first or warmup_shapes:
             self._materialise(order, largest_first, warmup_shapes)
@@ -178,9 +178,9 @@ class EpochPlan:
         if self._perm is None:
             return t
         # the sampler asks for the same block for the step's ids and for its LR
-        if t != self._last[0]:
-            self._last = (t, self._perm(t))
-        return self._last[1]
+        if t != self._last_t:
+            self._last_t, self._last_block = t, self._perm(t)
+        return self._last_block
 
     def packed(self, flat: int) -> int:
         """Return the micro-batch number at flat position ``flat`` of the epoch."""

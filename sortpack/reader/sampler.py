@@ -6,9 +6,6 @@ whole step), so DataLoader workers that prefetch never move it. A sampler iterat
 with no such report, falls back to counting the steps it handed out. The sampler knows
 nothing of the LR: each ``MicroBatch`` carries its step's batch size, and
 ``VariableBatchSizeLR`` reads it (or asks ``step_batch()``).
-
-About 430 lines on purpose: the position, the consumed-step bookkeeping and the resume state
-are one state machine; the plan, index and LR it uses live in their own modules.
 """
 from __future__ import annotations
 
@@ -16,130 +13,11 @@ import numpy as np
 
 from .index import PackedIndex
 from .lr import lr_scale
+from .microbatch import MicroBatch, step_info
 from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions
+from .sampler_state import Layout, Place, check_sampler_state
 from .skips import Skips
-from .state_checks import boolean, check_state, integer, one_of, sequence, text
 from .world import resolve_rank
-
-
-class MicroBatch(list):
-    """The sample ids of one micro-batch (a list) with its shape and its place in the epoch.
-
-    Parameters
-    ----------
-    ids : iterable of int
-        The sample ids.
-    microbatch : int
-        The micro-batch number in the index (-1: not from an index).
-    batch_size : int, optional
-        Rows of the micro-batch's shape (default: ``len(ids)``); more than ``len(ids)`` in a
-        same-shape group (padding slots).
-    padded_size : int, optional
-        Padded length of every row (None: unknown, collate uses the items' lengths).
-    row_splits : list of int, optional
-        Rows mode: offsets of each packed row into ``ids``.
-    epoch, position, step : int
-        The epoch, the flat position where this micro-batch's step starts, and the step's
-        number in the epoch.
-    end : int, optional
-        The flat position after the step (default ``position``).
-    last : bool
-        Whether this is this rank's last micro-batch of the step (the optimizer step follows).
-    step_batch, step_tokens : int
-        Samples and tokens of the whole step over all ranks (what the LR scales by; repeated
-        micro-batches count as often as the loop trains on them). ``step_samples`` is
-        ``step_batch`` by its other name.
-    world_size : int
-        Data-parallel ranks W of the step (``sortpack.reader.torch.step_loss`` scales by it).
-    tokens : int
-        Real tokens of this micro-batch in the plan (the sum of its samples' sizes).
-    repeat : bool
-        Whether it repeats a micro-batch to fill a step (tail padding or warm-up copy):
-        train on it, skip it when evaluating.
-    run_step : int, optional
-        The step in the run's numbering, ``epoch * steps_per_epoch + step`` (default ``step``):
-        the number ``skip_steps`` and ``sortpack inspect --step`` use.
-    source : str, optional
-        The name of the source its samples come from (a mixture plan; None otherwise).
-    """
-
-    def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,
-                 padded_size: int | None = None, row_splits=None, epoch: int = 0, position: int = 0,
-                 *, step: int = 0, end: int | None = None, last: bool = True, step_batch: int = 0,
-                 step_tokens: int = 0, repeat: bool = False, run_step: int | None = None,
-                 source: str | None = None, world_size: int = 1, tokens: int = 0):
-        super().__init__(ids)
-        self.microbatch = microbatch
-        self.batch_size = len(self) if batch_size is None else batch_size
-        self.padded_size = padded_size
-        self.row_splits = row_splits
-        self.epoch = epoch
-        self.position = position
-        self.step = step
-        self.end = position if end is None else end
-        self.last = last
-        self.step_batch = step_batch
-        self.step_tokens = step_tokens
-        self.repeat = repeat
-        self.run_step = step if run_step is None else run_step
-        self.source = source
-        self.world_size = world_size
-        self.tokens = tokens
-
-    @property
-    def step_samples(self) -> int:
-        """Return the samples of the whole step over all ranks (``step_batch``)."""
-        return self.step_batch
-
-    def info(self) -> dict:
-        """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on).
-
-        A mixture plan's micro-batch also has ``source`` (its source's name), so a loop can log per source.
-        """
-        out: dict = {"microbatch": int(self.microbatch), "epoch": int(self.epoch), "step": int(self.step),
-                     "position": int(self.position), "end": int(self.end), "last": bool(self.last),
-                     "step_batch": int(self.step_batch), "step_tokens": int(self.step_tokens),
-                     "step_samples": int(self.step_batch), "world_size": int(self.world_size),
-                     "tokens": int(self.tokens), "num_samples": len(self), "repeat": bool(self.repeat),
-                     "run_step": int(self.run_step)}
-        if self.source is not None:
-            out["source"] = self.source
-        return out
-
-
-class Samples(list):
-    """Dataset items of one micro-batch (a list) and the ``MicroBatch`` they came from, for collate.
-
-    Parameters
-    ----------
-    items : iterable
-        The dataset items, in the micro-batch's order.
-    microbatch : MicroBatch, optional
-        The micro-batch they were read for (None: a plain list of ids).
-    table : pyarrow.Table, optional
-        The same rows as one Arrow slice, when they came from an index's stored data (the
-        collate helpers read stored ``input_ids`` from it without a copy per sample).
-    """
-
-    def __init__(self, items, microbatch: MicroBatch | None = None, table=None):
-        super().__init__(items)
-        self.microbatch = microbatch
-        self.table = table
-
-
-def step_info(batch) -> dict:
-    """Return the step info of what a loop received: a ``MicroBatch``, ``Samples``, a collate dict or the info."""
-    if isinstance(batch, MicroBatch):
-        return batch.info()
-    if isinstance(batch, Samples) and batch.microbatch is not None:
-        return batch.microbatch.info()
-    if isinstance(batch, dict):
-        if "end" in batch and "epoch" in batch:
-            return batch
-        if isinstance(batch.get("microbatch"), dict):
-            return batch["microbatch"]
-    raise TypeError("consume() needs a MicroBatch, Samples of one, or a batch from pad_collate/varlen_collate "
-                    f"(with its 'microbatch' entry), not {type(batch).__name__}")
 
 
 class PackedSampler:
@@ -207,12 +85,12 @@ class PackedSampler:
         self.grad_accum = self._checked_accum(grad_accum)
         self._check_mixture_order()
         self.epoch = 0
-        self._layout = (world_size, self.grad_accum)  # (W, A) that laid out this epoch
+        self._layout = Layout(world_size, self.grad_accum)  # that laid out this epoch
         self._position = 0  # flat position where the next step starts (the resume state)
         self._step = 0  # steps of this epoch before it
         self._explicit = False  # the loop reports consumption (consume/step): hand-outs do not count
         self._resumed = False  # a loaded state: the next set_epoch of its epoch keeps the place
-        self._pass_start = (0, 0, 0, self._layout)
+        self._pass_start = Place(0, 0, 0, self._layout)
         self._plans: dict = {}
         self.skips = Skips(self.index, skip_steps, skip_samples)
 
@@ -254,7 +132,7 @@ class PackedSampler:
         """Return the epoch's flat micro-batch position where the next step starts."""
         return self._position
 
-    def _plan_of(self, epoch: int, layout: tuple) -> EpochPlan:
+    def _plan_of(self, epoch: int, layout: Layout) -> EpochPlan:
         key = (epoch, layout, self.order, self.seed, self.drop_last, self.largest_first, self.warmup_shapes)
         plan = self._plans.get(key)
         if plan is None:
@@ -299,7 +177,7 @@ class PackedSampler:
     @property
     def steps_per_epoch(self) -> int:
         """Return the steps of a whole epoch at the current world size and accumulation."""
-        return self._plan_of(self.epoch, (self.world_size, self.grad_accum)).num_blocks
+        return self._plan_of(self.epoch, Layout(self.world_size, self.grad_accum)).num_blocks
 
     def __len__(self) -> int:
         """Return the micro-batches this rank yields from ``position`` to the end of the epoch."""
@@ -307,10 +185,10 @@ class PackedSampler:
 
     def _set_state(self, epoch: int, position: int, step: int) -> None:
         if epoch != self.epoch:
-            self.epoch, self._layout = int(epoch), (self.world_size, self.grad_accum)
+            self.epoch, self._layout = int(epoch), Layout(self.world_size, self.grad_accum)
         self._position, self._step = int(position), int(step)
         if position > 0 and self._steps_from(position, int(step)) == 0:  # the epoch is over: the next one
-            self.epoch, self._layout = self.epoch + 1, (self.world_size, self.grad_accum)
+            self.epoch, self._layout = self.epoch + 1, Layout(self.world_size, self.grad_accum)
             self._position = self._step = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -319,7 +197,7 @@ class PackedSampler:
             self._resumed = False
             return
         self._resumed = False
-        self.epoch, self._layout = int(epoch), (self.world_size, self.grad_accum)
+        self.epoch, self._layout = int(epoch), Layout(self.world_size, self.grad_accum)
         self._position = self._step = 0
 
     def set_grad_accum(self, grad_accum: int) -> None:
@@ -349,8 +227,8 @@ class PackedSampler:
         the epoch moves the state to the next epoch.
         """
         if not self._explicit:
-            epoch, position, step, layout = self._pass_start
-            self.epoch, self._layout, self._position, self._step = epoch, layout, position, step
+            start = self._pass_start
+            self.epoch, self._layout, self._position, self._step = start.epoch, start.layout, start.position, start.step
             self._explicit = True
         self._resumed = False
         position, step = self._next_kept()
@@ -367,7 +245,7 @@ class PackedSampler:
         total = plan.span_sum("num_samples" if by == "samples" else "tokens", pos % plan.length, self.width)
         if self.skips.sizes:
             lost = self.skips.lost(plan.packed_array((pos + np.arange(self.width)) % plan.length))
-            total -= lost[0] if by == "samples" else lost[1]
+            total -= lost.samples if by == "samples" else lost.tokens
         return total
 
     def lr_scale(self, ref_batch_size: float, method: str = "linear", by: str = "samples",
@@ -396,7 +274,8 @@ class PackedSampler:
         values = self.index.take(col, packed)
         total = values.reshape(len(flat), self.width).sum(axis=1).astype(np.int64)
         if self.skips.sizes:
-            total -= self.skips.lost_per_row(packed.reshape(len(flat), self.width))[0 if by == "samples" else 1]
+            lost = self.skips.lost_per_row(packed.reshape(len(flat), self.width))
+            total -= lost.samples if by == "samples" else lost.tokens
         return total
 
     # --- iteration ----------------------------------------------------------------------
@@ -404,10 +283,10 @@ class PackedSampler:
         """Yield this rank's micro-batches (``MicroBatch``) from ``position`` to the end of the epoch."""
         if self.num_steps == 0 and self.position > 0:
             self._set_state(self.epoch + 1, 0, 0)
-        self._pass_start = (self.epoch, self._position, self._step, self._layout)
+        self._pass_start = Place(self.epoch, self._position, self._step, self._layout)
         return self._iterate(self.epoch, self._layout, self._position, self._step)
 
-    def _iterate(self, epoch: int, layout: tuple, pos: int, step: int):
+    def _iterate(self, epoch: int, layout: Layout, pos: int, step: int):
         plan = self._plan_of(epoch, layout)
         length = plan.length
         base = epoch * plan.num_blocks  # run step of the epoch's step 0
@@ -431,7 +310,7 @@ class PackedSampler:
             tokens = int(plan.span_sum("tokens", pos % length, w * a))
             if skips.sizes:
                 lost = skips.lost(plan.packed_array((pos + np.arange(w * a)) % length))
-                batch, tokens = batch - lost[0], tokens - lost[1]
+                batch, tokens = batch - lost.samples, tokens - lost.tokens
             start, pos = pos, pos + w * a
             if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
                 # without reported consumption the state follows what was handed out
@@ -441,7 +320,7 @@ class PackedSampler:
                 mb_tokens = self.index.range_sum("tokens", p, p + 1)
                 if skips.sizes:
                     ids, splits = skips.kept(p, ids, splits)
-                    mb_tokens -= skips.lost([p])[1]
+                    mb_tokens -= skips.lost([p]).tokens
                 yield MicroBatch(ids, p, bs, ps, splits, epoch, start, step=step, end=pos, last=k == a - 1,
                                  step_batch=batch, step_tokens=tokens, repeat=repeat[k], run_step=base + step,
                                  source=None if sources is None else names[int(sources[p])], world_size=w,
@@ -470,7 +349,7 @@ class PackedSampler:
         if not isinstance(state, dict) or state.get("version") != self.STATE_VERSION:
             version = state.get("version") if isinstance(state, dict) else state
             raise ValueError(f"unknown sampler state version {version!r}")
-        self._check_state(state)
+        check_sampler_state(state, self.index)
         self.order, self.seed = state["order"], int(state["seed"])
         self.drop_last = bool(state["drop_last"])
         self.largest_first, self.warmup_shapes = bool(state["largest_first"]), bool(state["warmup_shapes"])
@@ -478,42 +357,12 @@ class PackedSampler:
         self.grad_accum = self._checked_accum(int(state["grad_accum"]))
         self.epoch = int(state["epoch"])
         world, accum = (int(v) for v in state["layout"])
-        self._layout = (world, accum)
+        self._layout = Layout(world, accum)
         self._position = int(state["position"])
-        self._step = int(state.get("step", self._position // max(1, self._layout[0] * self._layout[1])))
-        self._pass_start = (self.epoch, self._position, self._step, self._layout)
+        self._step = int(state.get("step", self._position // max(1, world * accum)))
+        self._pass_start = Place(self.epoch, self._position, self._step, self._layout)
         self.skips = self.skips.merged(state)  # a restart's skips join its checkpoint's
         self._resumed = True
-
-    def _check_state(self, state: dict) -> None:
-        """Raise one ValueError naming the first field of ``state`` that is missing, unknown or out of range."""
-        positive = integer(1)
-        check_state("sampler", state, {
-            "version": integer(), "epoch": integer(0), "position": integer(0), "step": integer(0),
-            "seed": integer(), "order": one_of(*ORDERS), "drop_last": boolean, "largest_first": boolean,
-            "warmup_shapes": boolean, "world_size": positive, "grad_accum": positive,
-            "layout": sequence(positive, 2), "num_microbatches": integer(0), "content_hash": text,
-            "skip_steps": sequence(sequence(integer(0), 2)), "skip_samples": sequence(sequence(integer(0), 2)),
-        }, optional_keys=("step", "skip_steps", "skip_samples"))  # states written before steps and skips
-        if (state["num_microbatches"] != self.index.num_microbatches
-                or state["content_hash"] != self.index.content_hash):
-            raise ValueError("the sampler state belongs to another index (content hash differs)")
-        world, accum = (int(v) for v in state["layout"])
-        plan = EpochPlan(self.index, world, accum, state["order"], int(state["seed"]), int(state["epoch"]),
-                         bool(state["drop_last"]), bool(state["largest_first"]), bool(state["warmup_shapes"]))
-        position = int(state["position"])
-        if position > plan.length:
-            raise ValueError(f"sampler state: 'position' is {position}, past the epoch's {plan.length} "
-                             f"micro-batches (layout {world}x{accum})")
-        if int(state.get("step", 0)) > position:
-            raise ValueError(f"sampler state: 'step' is {state['step']}, more steps than the {position} "
-                             f"micro-batches before 'position'")
-
-
-def _world(rank, world_size) -> tuple[int, int]:
-    """Return (rank, world_size) as a sampler resolves them (kept for code that imported it)."""
-    return resolve_rank(rank, world_size)
-
 
 class PackedBatchSampler(PackedSampler):
     """A ``DataLoader`` ``batch_sampler``: yields this rank's micro-batches (lists of sample ids).

@@ -10,9 +10,25 @@ without a skipped sample are unchanged, LR included. numpy only.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class Lost(NamedTuple):
+    """What skipped samples take out of some micro-batches: samples and tokens."""
+
+    samples: int
+    tokens: int
+
+
+class LostPerStep(NamedTuple):
+    """What skipped samples take out of each step: samples and tokens per step (int64 arrays)."""
+
+    samples: np.ndarray
+    tokens: np.ndarray
 
 
 def _ranges(steps) -> np.ndarray:
@@ -120,24 +136,24 @@ class Skips:
         for mb, lo, n in zip(self.drop_mbs.tolist(), first.tolist(), self._drop_count.tolist()):
             self._places[mb] = places[lo:lo + n]
 
-    def lost(self, packed) -> tuple[int, int]:
-        """Return (samples, tokens) the micro-batches ``packed`` (an array, repeats counted) lose."""
+    def lost(self, packed) -> Lost:
+        """Return the samples and tokens (ints) the micro-batches ``packed`` (an array, repeats counted) lose."""
         if not self.sizes:
-            return 0, 0
+            return Lost(0, 0)
         packed = np.asarray(packed, dtype=np.int64).ravel()
         at = np.minimum(np.searchsorted(self.drop_mbs, packed), len(self.drop_mbs) - 1)
         hit = self.drop_mbs[at] == packed
-        return int(self._drop_count[at][hit].sum()), int(self._drop_tokens[at][hit].sum())
+        return Lost(int(self._drop_count[at][hit].sum()), int(self._drop_tokens[at][hit].sum()))
 
-    def lost_per_row(self, packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Return per row of ``packed`` (steps, width) the samples and tokens its micro-batches lose."""
+    def lost_per_row(self, packed: np.ndarray) -> LostPerStep:
+        """Return per row of ``packed`` (steps, width) the samples and tokens (arrays) its micro-batches lose."""
         if not self.sizes:
             z = np.zeros(len(packed), dtype=np.int64)
-            return z, z
+            return LostPerStep(z, z)
         at = np.minimum(np.searchsorted(self.drop_mbs, packed), len(self.drop_mbs) - 1)
         hit = self.drop_mbs[at] == packed
-        return ((self._drop_count[at] * hit).sum(axis=1).astype(np.int64),
-                (self._drop_tokens[at] * hit).sum(axis=1).astype(np.int64))
+        return LostPerStep((self._drop_count[at] * hit).sum(axis=1).astype(np.int64),
+                           (self._drop_tokens[at] * hit).sum(axis=1).astype(np.int64))
 
     def kept(self, mb: int, ids: list, splits: list | None) -> tuple[list, list | None]:
         """Return micro-batch ``mb``'s ids and row splits without its skipped samples."""

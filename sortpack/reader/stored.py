@@ -24,7 +24,7 @@ class StoredData:
     memory-mapped when first touched; ``microbatch(i)`` returns a zero-copy slice.
     """
 
-    def __init__(self, index):
+    def __init__(self, index) -> None:
         self.index = index
         self.path = Path(index.path)
         data = index.manifest.get("data")
@@ -51,11 +51,11 @@ class StoredData:
         self.row_start = np.concatenate(([0], np.cumsum(counts)))
         if int(self.row_start[-1]) != self.num_rows:
             raise SortpackError(f"{self.path}: {self.num_rows} stored rows for {int(self.row_start[-1])} samples")
-        self._position_of = None
+        self._position_of: np.ndarray | None = None
         self._byte_ranges: dict = {}  # (shard, column) -> row_store.ByteRanges or None, for take
 
     def __reduce__(self):
-        from . import PackedIndex
+        from .index import PackedIndex
 
         return (_reopen, (PackedIndex, str(self.path)))
 

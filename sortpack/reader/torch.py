@@ -16,14 +16,9 @@ from .goodput_controller import GoodputController
 from .index import PackedIndex
 from .loader import PlanLoader
 from .loss import step_loss, step_targets
-from .lr import LR_METHODS, VariableBatchSizeLR
-from .sampler import (
-    MicroBatch,
-    PackedBatchSampler,
-    PackedSampler,
-    Samples,
-    _world,
-)
+from .lr import VariableBatchSizeLR
+from .microbatch import MicroBatch
+from .sampler import PackedBatchSampler
 
 __all__ = [
     "GoodputController",
@@ -41,4 +36,3 @@ __all__ = [
     "step_targets",
     "varlen_collate",
 ]
-_PUBLIC_BEFORE = (LR_METHODS, PackedSampler, Samples, _world)  # importable as before the split

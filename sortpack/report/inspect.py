@@ -88,7 +88,7 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
 
 def _shape_lines(m: dict, shapes: np.ndarray) -> dict:
     """Return the chosen lengths (--shapes auto:K) and the (batch, length) shapes when there are few."""
-    out = {}
+    out: dict[str, object] = {}
     auto = m["stats"].get("auto_shapes")
     if auto:
         out["chosen_lengths"] = {"request": auto["request"], "lengths": auto["lengths"],
@@ -121,9 +121,3 @@ def render(report: dict) -> str:
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
-
-def plot_directory(directory: str, path: str, world_size: int | None = None, grad_accum: int = 1):
-    """Write the inspect figure (a PNG) and return its matplotlib Figure; see ``sortpack.report.plot``."""
-    from .plot import plot_directory as plot
-
-    return plot(directory, path, world_size, grad_accum)

@@ -112,7 +112,7 @@ def test_step_loss_scales_by_the_world_and_warns_on_other_tokens(monkeypatch):
     assert float(step_loss(losses, mb, world_size=1, causal=False)) == pytest.approx(6 / 14)
     empty = MicroBatch([0], microbatch=1, step_batch=1, step_tokens=0, world_size=1)
     assert float(step_loss(torch.zeros(0), empty)) == 0.0  # a step without targets: 0, not NaN
-    from sortpack.reader.collate import Samples
+    from sortpack.reader.microbatch import Samples
 
     batch = pad_collate()(Samples([[1, 2, 3], [4, 5, 6]], mb))  # 6 tokens collated, the plan counted 7
     with pytest.warns(RuntimeWarning, match="6 tokens collated, the plan counted 7"):

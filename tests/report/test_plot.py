@@ -13,8 +13,8 @@ from sortpack.format.manifest import read_manifest
 from sortpack.format.shards import read_rows
 from sortpack.parallel import SerialComm
 from sortpack.pipeline.dataset import JobInfo, run_all
-from sortpack.report.inspect import plot_directory, step_costs
-from sortpack.report.plot import axes_titles, weighted_quantiles
+from sortpack.report.inspect import step_costs
+from sortpack.report.plot import axes_titles, plot_directory, weighted_quantiles
 from sortpack.stages.analyze import AnalyzeOptions
 from sortpack.stages.pack import PackOptions
 from sortpack.stages.sort import SortOptions
