@@ -30,7 +30,7 @@ from ..partition import balanced_blocks
 from ..stages.analyze import AnalyzeOptions, analyze
 from ..stages.blend import Blend, plan_blend
 from ..stages.pack import Microbatches, PackOptions, _stats, pack_samples
-from ..stages.samples import Samples
+from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
 from ..write.index_writer import write_index
 from ..write.materialize import StoreOptions, prepare
@@ -40,7 +40,7 @@ from ..write.provenance import JobInfo, Profile
 __all__ = ["run_mixture"]
 
 
-def _analyze_source(comm: Comm, mix: Mixture, k: int, aopts: AnalyzeOptions, progress: bool) -> Samples:
+def _analyze_source(comm: Comm, mix: Mixture, k: int, aopts: AnalyzeOptions, progress: bool) -> SampleColumns:
     """Return this rank's slice of source ``k``'s samples (ids counted within the source)."""
     src = mix.sources[k]
     opts = dataclasses.replace(aopts, column=src.column or aopts.column)
@@ -51,7 +51,7 @@ def _analyze_source(comm: Comm, mix: Mixture, k: int, aopts: AnalyzeOptions, pro
 
 
 def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
-                      progress: bool) -> tuple[Samples, np.ndarray, list[int]]:
+                      progress: bool) -> tuple[SampleColumns, np.ndarray, list[int]]:
     """Return (the union analyzed as one input, the sources' first global ids plus the end, files per source).
 
     When every source reads the same column, one analyze of the sources' inputs in order is the
@@ -81,14 +81,15 @@ def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
     return samples, np.concatenate(([0], np.cumsum(rows))), counts
 
 
-def _groups(samples: Samples, bases: np.ndarray) -> np.ndarray:
+def _groups(samples: SampleColumns, bases: np.ndarray) -> np.ndarray:
     """Return the source of each of this rank's contiguous samples (int16)."""
     n = len(samples)
     cuts = np.clip(bases - samples.start, 0, n)
     return np.repeat(np.arange(len(bases) - 1, dtype=np.int16), np.diff(cuts))
 
 
-def _union(comm: Comm, parts: list[Samples]) -> tuple[Samples, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+def _union(comm: Comm, parts: list[SampleColumns]
+           ) -> tuple[SampleColumns, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
     """Return (the union numbered contiguously per rank, its groups, the segment table, source bases, files).
 
     The segment table (rows: contiguous start, global id start, count) maps the contiguous
@@ -113,7 +114,8 @@ def _union(comm: Comm, parts: list[Samples]) -> tuple[Samples, np.ndarray, np.nd
     groups = np.repeat(np.arange(len(parts), dtype=np.int64), n)
     files = [f for p in parts for f in p.files]
     total = int(rows.sum())
-    union = Samples(vstart, total, np.arange(vstart, vstart + mine, dtype=np.int64), size, difficulty, None, files)
+    union = SampleColumns(vstart, total, np.arange(vstart, vstart + mine, dtype=np.int64), size, difficulty, None,
+                          files)
     return union, groups, table, bases, files
 
 

@@ -11,7 +11,7 @@ from ..inputs.sources import SourceFile, describe, expand_inputs, file_columns, 
 from ..inputs.specs import as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
 from ..progress import Progress
-from .samples import Samples
+from .samples import SampleColumns
 
 _TEXT_KINDS = ("length", "bytes", "words", "tokens")
 
@@ -81,7 +81,7 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]):
 
 
 def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False,
-            token_sink=None) -> Samples:
+            token_sink=None) -> SampleColumns:
     """Return this rank's slice of (sample_id, size, difficulty) for the inputs.
 
     ``token_sink(table, column, tokenizer, where)`` (``run --store-tokens``) replaces the
@@ -193,7 +193,7 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     else:
         diff = np.concatenate(diffs).astype(diff_dtype, copy=False) if diffs else np.empty(0, diff_dtype)
     sample_id = np.arange(start, start + len(size), dtype=np.int64)
-    return Samples(start, total, sample_id, size, diff, None, fingerprint)
+    return SampleColumns(start, total, sample_id, size, diff, None, fingerprint)
 
 
 def _rank_reads(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndarray, lo: int, hi: int,

@@ -21,7 +21,7 @@ from ..errors import SortpackError
 from ..parallel import Comm
 from ..partition import owner_starts
 from ..progress import Progress
-from .samples import Samples, exact_sum
+from .samples import SampleColumns, exact_sum
 from .shapes import choose_shapes
 
 SEGMENT_SIZE = 1 << 20
@@ -241,7 +241,7 @@ class Microbatches:
     row_sizes: np.ndarray | None = None  # rows mode: samples per row, rows in order
 
 
-def _oversize(comm: Comm, samples: Samples, opts: PackOptions) -> tuple[Samples, dict]:
+def _oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, dict]:
     """Return the samples after the --oversize policy, and counts of what it did."""
     over = opts.oversize_mask(samples.size)
     count = comm.allreduce(int(over.sum()), "sum")
@@ -255,16 +255,16 @@ def _oversize(comm: Comm, samples: Samples, opts: PackOptions) -> tuple[Samples,
     if opts.oversize == "skip":
         keep = ~over
         info["skipped"] = count
-        return Samples(samples.start, samples.total, samples.sample_id[keep], samples.size[keep],
+        return SampleColumns(samples.start, samples.total, samples.sample_id[keep], samples.size[keep],
                        samples.difficulty[keep], samples.stage[keep], samples.files), info
     size = samples.size.copy()
     size[over] = opts.truncate_length()
     info["truncated"] = count
-    return Samples(samples.start, samples.total, samples.sample_id, size, samples.difficulty,
+    return SampleColumns(samples.start, samples.total, samples.sample_id, size, samples.difficulty,
                    samples.stage, samples.files), info
 
 
-def _drop_empty(comm: Comm, samples: Samples, opts: PackOptions) -> tuple[Samples, int]:
+def _drop_empty(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, int]:
     """Return the samples without those of size 0 (unless ``keep_empty``) and how many there were over all ranks.
 
     An empty sample has no token to train on: alone or together, empty samples make
@@ -280,7 +280,7 @@ def _drop_empty(comm: Comm, samples: Samples, opts: PackOptions) -> tuple[Sample
     stage = samples.stage[keep] if samples.stage is not None else None
     size = samples.size[keep]
     difficulty = size if samples.difficulty is samples.size else samples.difficulty[keep]
-    return Samples(start, total, samples.sample_id[keep], size, difficulty, stage, samples.files), count
+    return SampleColumns(start, total, samples.sample_id[keep], size, difficulty, stage, samples.files), count
 
 
 def _piece_starts(start: int, stage: np.ndarray, segment_size: int) -> np.ndarray:
@@ -315,7 +315,7 @@ def _greedy(sizes: np.ndarray, opts: PackOptions) -> np.ndarray:
                                opts.pad_to_multiple, shapes)
 
 
-def pack_samples(comm: Comm, samples: Samples, opts: PackOptions, key: str = "size") -> Microbatches:
+def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str = "size") -> Microbatches:
     """Return this rank's micro-batches of globally sorted samples.
 
     ``samples`` must be in global sorted order (rank r holding the r-th range);
@@ -361,13 +361,13 @@ def pack_samples(comm: Comm, samples: Samples, opts: PackOptions, key: str = "si
     return Microbatches(first, total_mb, sample_ids, mb["offsets"], columns, stats, row_sizes)
 
 
-def _pack_greedy(comm: Comm, samples: Samples, opts: PackOptions, key: str):
+def _pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str):
     """Return (sample ids, keys, stages, per-micro-batch arrays, oversize info) of greedy packing."""
     # ranks must own whole segments so that pieces never straddle ranks
     cols = redistribute(comm, samples.columns(), samples.start,
                         owner_starts(samples.total, opts.segment_size, comm.size))
     start, total = global_start(comm, len(cols["sample_id"]))
-    samples = Samples.from_columns(start, total, cols, samples.files)
+    samples = SampleColumns.from_columns(start, total, cols, samples.files)
     starts = _piece_starts(start, samples.stage, opts.segment_size)
     n_before = len(samples)
     samples, info = _oversize(comm, samples, opts)
@@ -396,7 +396,7 @@ def _pack_greedy(comm: Comm, samples: Samples, opts: PackOptions, key: str):
     return samples.sample_id, keyvals, samples.stage, mb, info
 
 
-def _deal_to_windows(comm: Comm, samples: Samples, keyvals: np.ndarray, opts: PackOptions):
+def _deal_to_windows(comm: Comm, samples: SampleColumns, keyvals: np.ndarray, opts: PackOptions):
     """Return this rank's row-packing windows: (ids, sizes, keys, stages, window starts, ends).
 
     A window takes every K-th sample of a curriculum stage in sorted order (K windows per

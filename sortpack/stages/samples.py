@@ -1,4 +1,4 @@
-"""Samples: one rank's slice of the per-sample columns, the data every stage passes on.
+"""SampleColumns: one rank's slice of the per-sample columns, the data every stage passes on.
 
 Neutral ground between the stages: analyze makes it, sort reorders it, pack consumes it,
 so sort and pack need not import analyze.
@@ -13,7 +13,7 @@ from ..parallel import Comm
 
 
 @dataclass
-class Samples:
+class SampleColumns:
     """One rank's contiguous slice of per-sample arrays, with its place in the whole."""
 
     start: int  # global position of the first local row
@@ -38,8 +38,8 @@ class Samples:
         return cols
 
     @classmethod
-    def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict]) -> Samples:
-        """Return Samples rebuilt from ``columns()`` output (difficulty defaults to the size)."""
+    def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict]) -> SampleColumns:
+        """Return SampleColumns rebuilt from ``columns()`` output (difficulty defaults to the size)."""
         return cls(start, total, cols["sample_id"], cols["size"], cols.get("difficulty", cols["size"]),
                    cols.get("stage"), files)
 
@@ -59,7 +59,7 @@ def exact_sum(values: np.ndarray) -> int:
     return (high << 32) + low
 
 
-def sample_stats(comm: Comm, s: Samples) -> dict:
+def sample_stats(comm: Comm, s: SampleColumns) -> dict:
     """Return the manifest's ``stats`` of the samples over all ranks (count, size and difficulty range)."""
     n = len(s)
     size_sum = comm.allreduce(exact_sum(s.size), "sum")  # Python ints: the sum over ranks is exact too

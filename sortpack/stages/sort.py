@@ -17,7 +17,7 @@ from ..errors import SortpackError
 from ..parallel import Comm, fault_point
 from ..partition import owner_starts
 from ..progress import Progress, phase
-from .samples import Samples
+from .samples import SampleColumns
 
 SAMPLES_PER_RANK = 1024  # regular samples each rank contributes to choose splitters
 
@@ -152,7 +152,7 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     return r_hi, r_lo, {k: v[perm] for k, v in r_payload.items()}
 
 
-def _sort_by(comm: Comm, codes: np.ndarray, key_bits: int, samples: Samples,
+def _sort_by(comm: Comm, codes: np.ndarray, key_bits: int, samples: SampleColumns,
              payload: dict[str, np.ndarray], contiguous: bool, ids_fill: bool = False):
     """Return (sample_id, key codes, payload) sorted by (key code, sample_id) over all ranks.
 
@@ -177,7 +177,7 @@ def _sort_by(comm: Comm, codes: np.ndarray, key_bits: int, samples: Samples,
     return lo.view(np.int64), hi, payload
 
 
-def _is_contiguous(comm: Comm, samples: Samples) -> bool:
+def _is_contiguous(comm: Comm, samples: SampleColumns) -> bool:
     """Return whether every rank's ids are ``start + arange(n)`` (then positions come from ids)."""
     ids, n = samples.sample_id, len(samples.sample_id)
     ok = n == 0 or (int(ids[0]) == samples.start and int(ids[-1]) == samples.start + n - 1
@@ -185,8 +185,8 @@ def _is_contiguous(comm: Comm, samples: Samples) -> bool:
     return bool(comm.allreduce(int(ok), "min"))
 
 
-def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard: int,
-                 consume: bool = False, groups: np.ndarray | None = None) -> Samples:
+def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per_shard: int,
+                 consume: bool = False, groups: np.ndarray | None = None) -> SampleColumns:
     """Return the samples globally sorted by (key, sample_id), ranks holding whole output shards.
 
     Keys travel packed with the ids and are decoded afterwards, so with the default key
@@ -238,7 +238,7 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
         if consume and not payload and contiguous:
             # the ids are start + arange(n) and the keys are in the codes: free the input now
             consumed = samples
-            samples = Samples(samples.start, samples.total, np.zeros(0, np.int64), None, None, None, files)
+            samples = SampleColumns(samples.start, samples.total, np.zeros(0, np.int64), None, None, None, files)
             consumed.sample_id = consumed.size = consumed.difficulty = consumed.stage = None
             ids_fill = True
         else:
@@ -254,11 +254,11 @@ def sort_samples(comm: Comm, samples: Samples, opts: SortOptions, rows_per_shard
         difficulty = keys if not by_size else (size if same else payload["difficulty"])
 
     start, total = global_start(comm, len(ids))
-    out = Samples(start, total, ids, size, difficulty, stage if opts.stages > 1 or group_bits else None, files)
+    out = SampleColumns(start, total, ids, size, difficulty, stage if opts.stages > 1 or group_bits else None, files)
     del ids, size, difficulty, stage
     cols = redistribute(comm, out.columns(), start, owner_starts(total, rows_per_shard, comm.size))
     start, _ = global_start(comm, len(cols["sample_id"]))
-    out = Samples.from_columns(start, total, cols, files)
+    out = SampleColumns.from_columns(start, total, cols, files)
     prog.update(1, phase="redistribute")
     prog.close()
     if out.stage is None:
@@ -280,8 +280,8 @@ def _with_groups(codes: np.ndarray, codec: KeyCodec, groups: np.ndarray | None,
     return codes, codec
 
 
-def _assign_stages(comm: Comm, samples: Samples, opts: SortOptions, contiguous: bool, same: bool,
-                   groups: np.ndarray | None = None, group_bits: int = 0) -> tuple[Samples, np.ndarray | None]:
+def _assign_stages(comm: Comm, samples: SampleColumns, opts: SortOptions, contiguous: bool, same: bool,
+                   groups: np.ndarray | None = None, group_bits: int = 0) -> tuple[SampleColumns, np.ndarray | None]:
     """Return the samples in ((group,) difficulty, id) order with stage = exact quantile bucket (within its group).
 
     The groups come back in the new order (None without groups).
@@ -303,4 +303,4 @@ def _assign_stages(comm: Comm, samples: Samples, opts: SortOptions, contiguous: 
         first = np.concatenate(([0], np.cumsum(counts)[:-1]))
         stage = (((pos - first[groups]) * opts.stages) // np.maximum(counts[groups], 1)).astype(np.int16)
     size = difficulty if same else payload["size"]
-    return Samples(start, total, ids, size, difficulty, stage, samples.files), groups
+    return SampleColumns(start, total, ids, size, difficulty, stage, samples.files), groups

@@ -326,7 +326,7 @@ class ThreadComm(Comm):
 
 
 def run_ranks(ranks, inputs, **opts):
-    """Run analyze on ``ranks`` thread ranks; return each rank's Samples or exception."""
+    """Run analyze on ``ranks`` thread ranks; return each rank's SampleColumns or exception."""
     shared = ([None] * ranks, threading.Barrier(ranks, timeout=30))
     results = [None] * ranks
 
