@@ -29,7 +29,7 @@ from ..parallel import Comm
 from ..partition import balanced_blocks
 from ..stages.analyze import AnalyzeOptions, analyze
 from ..stages.blend import Blend, plan_blend
-from ..stages.pack import Microbatches, PackOptions, _stats, pack_samples
+from ..stages.pack import Microbatches, PackOptions, microbatch_stats, pack_samples
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
 from ..write.index_writer import write_index
@@ -319,7 +319,7 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
             record = _record(mix, blend, packed, first, g, bases, file_counts, group)
         info = {key: mbs.stats[key] for key in ("oversize", "skipped", "truncated", "auto_shapes") if key in mbs.stats}
         plan = Microbatches(start, len(g), ids, np.concatenate(([0], np.cumsum(cols["num_samples"], dtype=np.int64))),
-                            cols, _stats(comm, cols, info), rows)
+                            cols, microbatch_stats(comm, cols, info), rows)
         del mbs
         options = {**aopts.as_dict(), **sopts.as_dict(), **popts.as_dict()}
         return write_index(comm, out, plan, options, files, prof, job, store_fn, extra={"mixture": record})

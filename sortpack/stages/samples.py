@@ -37,6 +37,20 @@ class SampleColumns:
             cols["stage"] = self.stage
         return cols
 
+    def stage_or_zero(self) -> np.ndarray:
+        """Return the curriculum stage of each sample (int16, all 0 without stages)."""
+        return self.stage if self.stage is not None else np.zeros(len(self), np.int16)
+
+    def select(self, keep: np.ndarray, start: int, total: int) -> SampleColumns:
+        """Return the samples where ``keep`` is true, placed at ``start`` of ``total`` (same files).
+
+        A difficulty that is the size stays the very same array, so it is still moved once.
+        """
+        size = self.size[keep]
+        difficulty = size if self.difficulty is self.size else self.difficulty[keep]
+        stage = None if self.stage is None else self.stage[keep]
+        return SampleColumns(start, total, self.sample_id[keep], size, difficulty, stage, self.files)
+
     @classmethod
     def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict]) -> SampleColumns:
         """Return SampleColumns rebuilt from ``columns()`` output (difficulty defaults to the size)."""

@@ -716,9 +716,10 @@ def prepare(comm: Comm, opts: StoreOptions, options: dict, popts, tokenizer_path
         if recorded and Path(path).name != recorded:
             raise SortpackError(f"--tokenizer {path}: the plan's sizes were counted with {recorded!r}")
         from ..inputs.specs import load_tokenizer
+        from ..stages.pack import truncate_length
 
         tokenizer = load_tokenizer(path, "--store-tokens")
-        cut = popts.truncate_length() if popts.oversize == "truncate" else 0
+        cut = truncate_length(popts) if popts.oversize == "truncate" else 0
         # the tokenizer travels with whether the counts included the special tokens
         return column, (tokenizer, special), cut
 

@@ -10,7 +10,7 @@ import pytest
 
 from sortpack.errors import SortpackError
 from sortpack.parallel import SerialComm
-from sortpack.stages.pack import PackOptions, pack_samples
+from sortpack.stages.pack import PackOptions, pack_samples, static_batch_size
 from sortpack.stages.samples import SampleColumns
 from sortpack.stages.shapes import choose_shapes, global_histogram, padded_total, parse_shapes
 
@@ -51,7 +51,7 @@ def check_static(opts, mbs, n):
     ns, bs, ps = (c[x].astype(np.int64) for x in ("num_samples", "batch_size", "padded_size"))
     assert np.array_equal(np.sort(mbs.sample_ids), np.arange(n))  # every sample once, no repeats
     assert np.all(ns <= bs) and np.all(ns >= 1)
-    assert np.array_equal(bs, opts.static_batch_size(ps))  # one batch size per length
+    assert np.array_equal(bs, static_batch_size(opts, ps))  # one batch size per length
     lengths = np.unique(ps)
     assert mbs.stats["distinct_shapes"] == len(lengths)
     assert np.all(c["max_size"] <= ps)
