@@ -37,6 +37,12 @@ class SampleColumns:
             cols["stage"] = self.stage
         return cols
 
+    def clear(self) -> None:
+        """Empty the columns in place (their memory goes once nothing else holds it); start, total, files stay."""
+        empty = np.zeros(0, np.int64)
+        self.sample_id = self.size = self.difficulty = empty
+        self.stage = None
+
     def stage_or_zero(self) -> np.ndarray:
         """Return the curriculum stage of each sample (int16, all 0 without stages)."""
         return self.stage if self.stage is not None else np.zeros(len(self), np.int16)

@@ -43,6 +43,24 @@ class SortOptions:
 
 
 @dataclass
+class SortedRecords:
+    """One rank's range of records globally sorted by (hi, lo), with the payload in the same order."""
+
+    hi: np.ndarray
+    lo: np.ndarray | None  # None when hi alone is unique (keys packed with ids)
+    payload: dict[str, np.ndarray]
+
+
+@dataclass
+class SortedKeys:
+    """One rank's range of samples globally sorted by (key code, sample_id)."""
+
+    ids: np.ndarray  # int64 sample ids
+    codes: np.ndarray  # uint64 key codes
+    payload: dict[str, np.ndarray]  # the columns that travelled along, in the same order
+
+
+@dataclass
 class KeyCodec:
     """Maps key values to uint64 codes in the same order (starting at 0) and back, exactly."""
 
@@ -90,15 +108,15 @@ def _splitter_cuts(hi: np.ndarray, lo: np.ndarray | None, split_hi: np.ndarray,
                    split_lo: np.ndarray | None) -> np.ndarray:
     """Return the positions of the splitters in locally sorted (hi[, lo]) records."""
     left = np.searchsorted(hi, split_hi, side="left")
-    if lo is None:
+    if lo is None or split_lo is None:  # both or neither: records and splitters come from the same sort
         return left
     right = np.searchsorted(hi, split_hi, side="right")
     return np.asarray([a + np.searchsorted(lo[a:b], s) for a, b, s in zip(left, right, split_lo)], dtype=np.int64)
 
 
 def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict[str, np.ndarray],
-                ids_from: tuple[int, int] | None = None):
-    """Return (hi, lo, payload) globally sorted by (hi, lo): rank r holds the r-th range.
+                ids_from: tuple[int, int] | None = None) -> SortedRecords:
+    """Return the records globally sorted by (hi, lo): rank r holds the r-th range.
 
     ``lo`` is None when ``hi`` alone is unique (keys packed with ids). For the packed
     form, ``ids_from = (first, id_bits)`` says the low ``id_bits`` bits are the ids
@@ -120,7 +138,7 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     fault_point(comm, "sort")
     phase("local sort")
     if comm.size == 1:
-        return hi, lo, payload
+        return SortedRecords(hi, lo, payload)
 
     take = min(n, SAMPLES_PER_RANK)
     idx = ((np.arange(take, dtype=np.int64) + 1) * n) // (take + 1)
@@ -143,38 +161,38 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     if r_lo is None and not r_payload:
         # nothing rides along: merge the sorted runs in place (timsort finds the runs)
         r_hi.sort(kind="stable")
-        return r_hi, None, {}
+        return SortedRecords(r_hi, None, {})
     if r_lo is None:
         r_hi, perm = kernels.merge_sorted_runs(r_hi, offsets)
     else:
         perm = kernels.merge_sorted_runs2(r_hi, r_lo, offsets)
         r_hi, r_lo = r_hi[perm], r_lo[perm]
-    return r_hi, r_lo, {k: v[perm] for k, v in r_payload.items()}
+    return SortedRecords(r_hi, r_lo, {k: v[perm] for k, v in r_payload.items()})
 
 
-def _sort_by(comm: Comm, codes: np.ndarray, key_bits: int, samples: SampleColumns,
-             payload: dict[str, np.ndarray], contiguous: bool, ids_fill: bool = False):
-    """Return (sample_id, key codes, payload) sorted by (key code, sample_id) over all ranks.
+def _sort_by(comm: Comm, codes: np.ndarray, key_bits: int, start: int, total: int, ids: np.ndarray | None,
+             payload: dict[str, np.ndarray], contiguous: bool) -> SortedKeys:
+    """Return the samples sorted by (key code, sample_id) over all ranks.
 
-    ``codes`` is consumed (modified in place). ``ids_fill``: the ids are
-    ``start + arange(len(codes))`` and ``samples.sample_id`` may be empty.
+    ``codes`` is consumed (modified in place). This rank holds global positions from
+    ``start`` of ``total``; ``ids=None`` says its ids are ``start + arange(len(codes))``.
     """
-    id_bits = max(1, int(samples.total - 1).bit_length())
+    id_bits = max(1, int(total - 1).bit_length())
     if key_bits + id_bits <= 64:
         codes <<= np.uint64(id_bits)
-        if ids_fill:
-            codes |= np.arange(samples.start, samples.start + len(codes), dtype=np.uint64)
+        if ids is None:
+            codes |= np.arange(start, start + len(codes), dtype=np.uint64)
         else:
-            codes |= samples.sample_id.astype(np.int64, copy=False).view(np.uint64)
-        hi, _, payload = sample_sort(comm, codes, None, payload, (samples.start, id_bits) if contiguous else None)
+            codes |= ids.astype(np.int64, copy=False).view(np.uint64)
+        out = sample_sort(comm, codes, None, payload, (start, id_bits) if contiguous else None)
+        hi = out.hi
         out_ids = (hi & np.uint64((1 << id_bits) - 1)).view(np.int64)
         hi >>= np.uint64(id_bits)
-        return out_ids, hi, payload
-    ids = samples.sample_id.astype(np.int64, copy=False)
-    if ids_fill:
-        ids = np.arange(samples.start, samples.start + len(codes), dtype=np.int64)
-    hi, lo, payload = sample_sort(comm, codes, ids.view(np.uint64), payload)
-    return lo.view(np.int64), hi, payload
+        return SortedKeys(out_ids, hi, out.payload)
+    ids = np.arange(start, start + len(codes), dtype=np.int64) if ids is None else ids.astype(np.int64, copy=False)
+    out = sample_sort(comm, codes, ids.view(np.uint64), payload)
+    assert out.lo is not None  # sorted as (key, id) pairs: lo holds the ids
+    return SortedKeys(out.lo.view(np.int64), out.hi, out.payload)
 
 
 def _is_contiguous(comm: Comm, samples: SampleColumns) -> bool:
@@ -208,19 +226,21 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     same = samples.difficulty is samples.size or (
         samples.difficulty.dtype == samples.size.dtype and np.array_equal(samples.difficulty, samples.size))
     same = bool(comm.allreduce(int(same), "min"))
-    payload = {}
+    payload: dict[str, np.ndarray] = {}
     if opts.stages > 1:
         samples, groups = _assign_stages(comm, samples, opts, contiguous, same, groups, group_bits)
         contiguous = False
         # order inside a stage by size: the stage is the most significant part of the key
         codes, codec = encode_keys(comm, samples.size, opts.descending)
         stage_bits = max(1, int(opts.stages - 1).bit_length())
-        codes |= samples.stage.astype(np.uint64) << np.uint64(codec.bits)
+        codes |= samples.stage_or_zero().astype(np.uint64) << np.uint64(codec.bits)
         if groups is not None:
             codes |= groups.astype(np.uint64) << np.uint64(codec.bits + stage_bits)
         if not same:
             payload["difficulty"] = samples.difficulty
-        ids, codes, payload = _sort_by(comm, codes, codec.bits + stage_bits + group_bits, samples, payload, False)
+        out = _sort_by(comm, codes, codec.bits + stage_bits + group_bits, samples.start, samples.total,
+                       samples.sample_id, payload, False)
+        ids, codes, payload = out.ids, out.codes, out.payload
         stage = ((codes >> np.uint64(codec.bits)) & np.uint64((1 << stage_bits) - 1)).astype(np.int16)
         if group_bits:
             group = (codes >> np.uint64(codec.bits + stage_bits)).astype(np.int16)
@@ -235,15 +255,15 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
             payload["size"] = samples.size
         elif not same:
             payload["difficulty"] = samples.difficulty
+        ids_in: np.ndarray | None = samples.sample_id
         if consume and not payload and contiguous:
             # the ids are start + arange(n) and the keys are in the codes: free the input now
-            consumed = samples
-            samples = SampleColumns(samples.start, samples.total, np.zeros(0, np.int64), None, None, None, files)
-            consumed.sample_id = consumed.size = consumed.difficulty = consumed.stage = None
-            ids_fill = True
-        else:
-            ids_fill = False
-        ids, codes, payload = _sort_by(comm, codes, codec.bits + group_bits, samples, payload, contiguous, ids_fill)
+            samples.clear()
+            ids_in = None
+        out = _sort_by(comm, codes, codec.bits + group_bits, samples.start, samples.total, ids_in, payload,
+                       contiguous)
+        del ids_in
+        ids, codes, payload = out.ids, out.codes, out.payload
         stage = np.zeros(len(ids), np.int16)
         if group_bits:
             stage = (codes >> np.uint64(codec.bits)).astype(np.int16)  # stages == 1: the code is the group
@@ -253,17 +273,19 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
         size = keys if by_size else payload["size"]
         difficulty = keys if not by_size else (size if same else payload["difficulty"])
 
+    del out
     start, total = global_start(comm, len(ids))
-    out = SampleColumns(start, total, ids, size, difficulty, stage if opts.stages > 1 or group_bits else None, files)
+    ordered = SampleColumns(start, total, ids, size, difficulty, stage if opts.stages > 1 or group_bits else None,
+                            files)
     del ids, size, difficulty, stage
-    cols = redistribute(comm, out.columns(), start, owner_starts(total, rows_per_shard, comm.size))
+    cols = redistribute(comm, ordered.columns(), start, owner_starts(total, rows_per_shard, comm.size))
     start, _ = global_start(comm, len(cols["sample_id"]))
-    out = SampleColumns.from_columns(start, total, cols, files)
+    ordered = SampleColumns.from_columns(start, total, cols, files)
     prog.update(1, phase="redistribute")
     prog.close()
-    if out.stage is None:
-        out.stage = np.zeros(len(out.sample_id), np.int16)
-    return out
+    if ordered.stage is None:
+        ordered.stage = np.zeros(len(ordered.sample_id), np.int16)
+    return ordered
 
 
 def _with_groups(codes: np.ndarray, codec: KeyCodec, groups: np.ndarray | None,
@@ -288,8 +310,9 @@ def _assign_stages(comm: Comm, samples: SampleColumns, opts: SortOptions, contig
     """
     codes, codec = encode_keys(comm, samples.difficulty, opts.descending)
     codes, codec = _with_groups(codes, codec, groups, group_bits)
-    payload = {} if same else {"size": samples.size}
-    ids, codes, payload = _sort_by(comm, codes, codec.bits + group_bits, samples, payload, contiguous)
+    out = _sort_by(comm, codes, codec.bits + group_bits, samples.start, samples.total, samples.sample_id,
+                   {} if same else {"size": samples.size}, contiguous)
+    ids, codes, payload = out.ids, out.codes, out.payload
     start, total = global_start(comm, len(ids))
     pos = np.arange(start, start + len(ids), dtype=np.int64)
     if groups is None:
