@@ -77,6 +77,7 @@ class Measured:
 
 
 def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str | None = None) -> list[SourceFile]:
+    """Return every input file's description (units, rows per unit), the same list on every rank."""
     paths = comm.collectively(lambda: expand_inputs(inputs, input_format, split) if comm.is_root() else None)
     paths = comm.bcast_obj(paths)
     # Metadata reads are spread over ranks: a cluster job may name thousands of files, and
@@ -88,6 +89,7 @@ def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str |
 
 
 def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None:
+    """Return the column the text SPECs read: ``--column``, the only column, ``text``, or None."""
     if opts.column:
         return opts.column
     # an empty jsonl/csv shard has no columns to choose from: look at the next file
@@ -165,6 +167,7 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     counter = "tokens" if size_spec.kind == "tokens" else "summed size"  # the progress line's running sum
 
     def measure() -> Measured:
+        """Return this rank's sizes and difficulties, read by read."""
         sizes: list[np.ndarray] = []
         diffs: list[np.ndarray] = []
         my_rows: list[int] = []
@@ -243,6 +246,7 @@ def _rank_reads(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.nda
     ``row_lo, row_hi`` set (and is the only unit of its read); whole units have None.
     """
     def part(u: int, a: int, b: int) -> Read:
+        """Return the read of rows ``[a, b)`` of unit ``u``."""
         return Read(int(unit_file[u]), int(unit_local[u]), int(unit_local[u]) + 1, a, b)
 
     if lo == hi:
@@ -260,6 +264,7 @@ def _rank_reads(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.nda
 
 
 def _common_dtype(comm: Comm, parts: list[np.ndarray]) -> np.dtype:
+    """Return the difficulty dtype every rank uses: float64 if any rank measured floats, else int64."""
     # One rank may see only integer values where another sees floats; all must agree.
     is_float = any(p.dtype.kind == "f" for p in parts)
     return np.dtype(np.float64) if comm.allreduce(int(is_float), "max") else np.dtype(np.int64)

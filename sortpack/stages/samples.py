@@ -25,6 +25,7 @@ class SampleColumns:
     files: list[dict] = field(default_factory=list)  # source fingerprint (every rank)
 
     def __len__(self) -> int:
+        """Return the number of samples on this rank."""
         return len(self.sample_id)
 
     def columns(self) -> dict[str, np.ndarray]:

@@ -35,6 +35,7 @@ class PackOptions:
     keep_empty: bool = False  # keep samples of size 0 (default: dropped, counted in stats["empty"])
 
     def __post_init__(self) -> None:
+        """Give row packing its budget (rows per micro-batch times the row length) unless one is set."""
         if self.rows and self.rows > 0 and not self.max_tokens:
             # a row-packed micro-batch holds R rows of ROW_LEN tokens: that is its budget
             self.max_tokens = self.rows * max(self.rows_per_microbatch, 1)
