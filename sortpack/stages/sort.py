@@ -1,9 +1,9 @@
-"""Stage 2: distributed sample sort of (key, sample_id).
+"""Stage 2: sort the samples globally by (key, sample_id), optionally into curriculum stages.
 
-Local sort, regular samples, Allgather of samples, splitters, Alltoallv (counts, then
-payload), merge of the received runs, then a redistribution so every rank holds whole,
-position-aligned output shards. Keys and ids are packed into one uint64 when they fit
-(one ``np.sort`` of uint64 beats a lexsort many times); otherwise the pair is sorted.
+Keys become uint64 codes (``key_codes``), sorted across ranks by the sample sort
+(``sample_sort``), then redistributed so every rank holds whole, position-aligned output
+shards. Keys and ids are packed into one uint64 when they fit (one ``np.sort`` of uint64
+beats a lexsort many times); otherwise the pair is sorted.
 """
 from __future__ import annotations
 
@@ -11,15 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kernels
 from ..distribute import global_start, redistribute
 from ..errors import SortpackError
-from ..parallel import Comm, fault_point
+from ..parallel import Comm
 from ..partition import owner_starts
-from ..progress import Progress, phase
+from ..progress import Progress
+from .key_codes import KeyCodec, encode_keys
+from .sample_sort import sample_sort
 from .samples import SampleColumns
-
-SAMPLES_PER_RANK = 1024  # regular samples each rank contributes to choose splitters
 
 
 @dataclass
@@ -43,131 +42,12 @@ class SortOptions:
 
 
 @dataclass
-class SortedRecords:
-    """One rank's range of records globally sorted by (hi, lo), with the payload in the same order."""
-
-    hi: np.ndarray
-    lo: np.ndarray | None  # None when hi alone is unique (keys packed with ids)
-    payload: dict[str, np.ndarray]
-
-
-@dataclass
 class SortedKeys:
     """One rank's range of samples globally sorted by (key code, sample_id)."""
 
     ids: np.ndarray  # int64 sample ids
     codes: np.ndarray  # uint64 key codes
     payload: dict[str, np.ndarray]  # the columns that travelled along, in the same order
-
-
-@dataclass
-class KeyCodec:
-    """Maps key values to uint64 codes in the same order (starting at 0) and back, exactly."""
-
-    offset: int
-    descending: bool
-    is_float: bool
-    bits: int  # bits the largest code needs
-
-    def decode(self, codes: np.ndarray, in_place: bool = False) -> np.ndarray:
-        """Return the key values of ``codes`` (int64, or float64 for float keys).
-
-        ``in_place`` reuses the codes' memory for integer keys.
-        """
-        if in_place:
-            codes += np.uint64(self.offset)
-            raw = codes
-        else:
-            raw = codes + np.uint64(self.offset)
-        if self.descending:
-            np.invert(raw, out=raw)
-        if not self.is_float:
-            return raw.view(np.int64)
-        top = (raw >> np.uint64(63)).astype(bool)
-        return np.where(top, raw ^ np.uint64(1 << 63), ~raw).view(np.float64)
-
-
-def encode_keys(comm: Comm, values: np.ndarray, descending: bool) -> tuple[np.ndarray, KeyCodec]:
-    """Return (fresh uint64 codes whose order is the values' order, their codec)."""
-    is_float = values.dtype.kind == "f"
-    if is_float:
-        # IEEE order: flip every bit of negatives, only the sign bit of the rest
-        bits = values.astype(np.float64, copy=False).view(np.uint64)
-        codes = np.where((bits >> np.uint64(63)).astype(bool), ~bits, bits | np.uint64(1 << 63))
-    else:
-        codes = values.astype(np.uint64)
-    if descending:
-        np.invert(codes, out=codes)
-    lo = comm.allreduce(np.array([codes.min() if codes.size else np.iinfo(np.uint64).max], np.uint64), "min")[0]
-    codes -= lo
-    hi = comm.allreduce(np.array([codes.max() if codes.size else 0], np.uint64), "max")[0]
-    return codes, KeyCodec(int(lo), descending, is_float, int(hi).bit_length())
-
-
-def _splitter_cuts(hi: np.ndarray, lo: np.ndarray | None, split_hi: np.ndarray,
-                   split_lo: np.ndarray | None) -> np.ndarray:
-    """Return the positions of the splitters in locally sorted (hi[, lo]) records."""
-    left = np.searchsorted(hi, split_hi, side="left")
-    if lo is None or split_lo is None:  # both or neither: records and splitters come from the same sort
-        return left
-    right = np.searchsorted(hi, split_hi, side="right")
-    return np.asarray([a + np.searchsorted(lo[a:b], s) for a, b, s in zip(left, right, split_lo)], dtype=np.int64)
-
-
-def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict[str, np.ndarray],
-                ids_from: tuple[int, int] | None = None) -> SortedRecords:
-    """Return the records globally sorted by (hi, lo): rank r holds the r-th range.
-
-    ``lo`` is None when ``hi`` alone is unique (keys packed with ids). For the packed
-    form, ``ids_from = (first, id_bits)`` says the low ``id_bits`` bits are the ids
-    ``first + arange(n)``: the local sort is then a plain ``np.sort`` and the payload
-    follows by the positions read back from the ids (no argsort).
-    """
-    n = len(hi)
-    if lo is None and ids_from is not None:
-        hi.sort()
-        if payload:
-            first, id_bits = ids_from
-            pos = (hi & np.uint64((1 << id_bits) - 1)).astype(np.int64) - first
-            payload = {k: v[pos] for k, v in payload.items()}
-    else:
-        order = np.argsort(hi, kind="stable") if lo is None else np.lexsort((lo, hi))
-        hi = hi[order]
-        lo = None if lo is None else lo[order]
-        payload = {k: v[order] for k, v in payload.items()}
-    fault_point(comm, "sort")
-    phase("local sort")
-    if comm.size == 1:
-        return SortedRecords(hi, lo, payload)
-
-    take = min(n, SAMPLES_PER_RANK)
-    idx = ((np.arange(take, dtype=np.int64) + 1) * n) // (take + 1)
-    s_hi = comm.allgatherv(hi[idx])
-    s_lo = comm.allgatherv(lo[idx]) if lo is not None else None
-    s_order = np.argsort(s_hi, kind="stable") if s_lo is None else np.lexsort((s_lo, s_hi))
-    pick = s_order[(np.arange(1, comm.size, dtype=np.int64) * len(s_order)) // comm.size] \
-        if len(s_order) else np.zeros(0, np.int64)
-    split_hi = s_hi[pick]
-    split_lo = s_lo[pick] if s_lo is not None else None
-    cuts = np.concatenate(([0], _splitter_cuts(hi, lo, split_hi, split_lo) if len(pick) else
-                           np.zeros(comm.size - 1, np.int64), [n]))
-    send = np.diff(cuts)
-    recv = comm.exchange_counts(send)
-    r_hi = comm.alltoallv(hi, send, recv)
-    r_lo = comm.alltoallv(lo, send, recv) if lo is not None else None
-    r_payload = {k: comm.alltoallv(v, send, recv) for k, v in payload.items()}
-    phase("exchange")
-    offsets = np.concatenate(([0], np.cumsum(recv))).astype(np.int64)
-    if r_lo is None and not r_payload:
-        # nothing rides along: merge the sorted runs in place (timsort finds the runs)
-        r_hi.sort(kind="stable")
-        return SortedRecords(r_hi, None, {})
-    if r_lo is None:
-        r_hi, perm = kernels.merge_sorted_runs(r_hi, offsets)
-    else:
-        perm = kernels.merge_sorted_runs2(r_hi, r_lo, offsets)
-        r_hi, r_lo = r_hi[perm], r_lo[perm]
-    return SortedRecords(r_hi, r_lo, {k: v[perm] for k, v in r_payload.items()})
 
 
 def _sort_by(comm: Comm, codes: np.ndarray, key_bits: int, start: int, total: int, ids: np.ndarray | None,
