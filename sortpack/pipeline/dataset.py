@@ -2,7 +2,7 @@
 
 ``run_analyze``, ``run_sort``, ``run_pack`` and ``run_all`` are what the CLI calls; each
 is collective (every rank calls it) and returns the written manifest on rank 0. This
-module only orchestrates: the stages are analyze.py, sort.py and pack.py; metrics and
+module only orchestrates: the stages are analyze.py, sort.py and pack/; metrics and
 sorted directories are read and written by sample_dirs.py, the index by index_writer.py;
 rows move between ranks in distribute.py; provenance.py times the stages.
 """

@@ -31,8 +31,8 @@ from ..parallel import Comm
 from ..partition import balanced_blocks, index_shard_layout
 from ..stages.analyze import AnalyzeOptions, analyze
 from ..stages.blend import Blend, plan_blend
-from ..stages.pack import Microbatches, PackOptions, _stats, pack_samples
-from ..stages.samples import Samples
+from ..stages.pack import Microbatches, PackOptions, microbatch_stats, pack_samples
+from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
 from ..write.index_writer import write_index
 from ..write.output import OutputDir
@@ -42,7 +42,7 @@ from ..write.store import StoreOptions, prepare
 __all__ = ["run_mixture"]
 
 
-def _analyze_source(comm: Comm, mix: Mixture, k: int, aopts: AnalyzeOptions, progress: bool) -> Samples:
+def _analyze_source(comm: Comm, mix: Mixture, k: int, aopts: AnalyzeOptions, progress: bool) -> SampleColumns:
     """Return this rank's slice of source ``k``'s samples (ids counted within the source)."""
     src = mix.sources[k]
     opts = dataclasses.replace(aopts, column=src.column or aopts.column)
@@ -53,7 +53,7 @@ def _analyze_source(comm: Comm, mix: Mixture, k: int, aopts: AnalyzeOptions, pro
 
 
 def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
-                      progress: bool) -> tuple[Samples, np.ndarray, list[int]]:
+                      progress: bool) -> tuple[SampleColumns, np.ndarray, list[int]]:
     """Return (the union analyzed as one input, the sources' first global ids plus the end, files per source).
 
     When every source reads the same column, one analyze of the sources' inputs in order is the
@@ -83,14 +83,15 @@ def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
     return samples, np.concatenate(([0], np.cumsum(rows))), counts
 
 
-def _groups(samples: Samples, bases: np.ndarray) -> np.ndarray:
+def _groups(samples: SampleColumns, bases: np.ndarray) -> np.ndarray:
     """Return the source of each of this rank's contiguous samples (int16)."""
     n = len(samples)
     cuts = np.clip(bases - samples.start, 0, n)
     return np.repeat(np.arange(len(bases) - 1, dtype=np.int16), np.diff(cuts))
 
 
-def _union(comm: Comm, parts: list[Samples]) -> tuple[Samples, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+def _union(comm: Comm, parts: list[SampleColumns]
+           ) -> tuple[SampleColumns, np.ndarray, np.ndarray, np.ndarray, list[dict]]:
     """Return (the union numbered contiguously per rank, its groups, the segment table, source bases, files).
 
     The segment table (rows: contiguous start, global id start, count) maps the contiguous
@@ -115,7 +116,8 @@ def _union(comm: Comm, parts: list[Samples]) -> tuple[Samples, np.ndarray, np.nd
     groups = np.repeat(np.arange(len(parts), dtype=np.int64), n)
     files = [f for p in parts for f in p.files]
     total = int(rows.sum())
-    union = Samples(vstart, total, np.arange(vstart, vstart + mine, dtype=np.int64), size, difficulty, None, files)
+    union = SampleColumns(vstart, total, np.arange(vstart, vstart + mine, dtype=np.int64), size, difficulty, None,
+                          files)
     return union, groups, table, bases, files
 
 
@@ -321,7 +323,7 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
             record = _record(mix, blend, packed, first, g, bases, file_counts, group)
         info = {key: mbs.stats[key] for key in ("oversize", "skipped", "truncated", "auto_shapes") if key in mbs.stats}
         plan = Microbatches(start, len(g), ids, np.concatenate(([0], np.cumsum(cols["num_samples"], dtype=np.int64))),
-                            cols, _stats(comm, cols, info), rows)
+                            cols, microbatch_stats(comm, cols, info), rows)
         del mbs
         options = {**aopts.as_dict(), **sopts.as_dict(), **popts.as_dict()}
         return write_index(comm, out, plan, options, files, prof, job, store_fn, extra={"mixture": record})

@@ -1,7 +1,9 @@
 """Stage 1: read the inputs in parallel and measure every sample's size and difficulty."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -10,11 +12,11 @@ from ..inputs.discover import expand_inputs
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units
 from ..inputs.source_file import SourceFile
-from ..inputs.specs import as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
+from ..inputs.specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
 from ..partition import split_rows
 from ..progress import Progress
-from .samples import Samples
+from .samples import SampleColumns
 
 _TEXT_KINDS = ("length", "bytes", "words", "tokens")
 
@@ -37,7 +39,7 @@ class AnalyzeOptions:
         ``special_tokens`` is recorded when a SPEC counts tokens and ``split`` when given,
         so the manifests of runs that use neither keep their content hash.
         """
-        out = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
+        out: dict[str, Any] = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
                "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
                "input_format": self.input_format}
         if "tokens" in (self.size, self.difficulty):
@@ -47,7 +49,38 @@ class AnalyzeOptions:
         return out
 
 
+@dataclass
+class Specs:
+    """The parsed size and difficulty SPECs and what evaluating them needs."""
+
+    size: Spec
+    difficulty: Spec | None  # None: the difficulty is the size
+    tokenizer: Any = None  # loaded when a SPEC counts tokens
+    funcs: dict[str, Callable] = field(default_factory=dict)  # python:MODULE:FUNC SPECs by text
+
+
+@dataclass
+class Read:
+    """One read of a rank's run: units ``[first, end)`` of file ``file``, or rows ``[row_lo, row_hi)`` of one unit."""
+
+    file: int
+    first: int
+    end: int
+    row_lo: int | None = None  # set (with row_hi) when the read takes part of a unit
+    row_hi: int | None = None
+
+
+@dataclass
+class Measured:
+    """What one rank measured: its sizes and difficulties per read, and the rows of units without row counts."""
+
+    sizes: list[np.ndarray]
+    diffs: list[np.ndarray]
+    unknown_rows: list[int]
+
+
 def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str | None = None) -> list[SourceFile]:
+    """Return every input file's description (units, rows per unit), the same list on every rank."""
     paths = comm.collectively(lambda: expand_inputs(inputs, input_format, split) if comm.is_root() else None)
     paths = comm.bcast_obj(paths)
     # Metadata reads are spread over ranks: a cluster job may name thousands of files, and
@@ -59,6 +92,7 @@ def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str |
 
 
 def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None:
+    """Return the column the text SPECs read: ``--column``, the only column, ``text``, or None."""
     if opts.column:
         return opts.column
     # an empty jsonl/csv shard has no columns to choose from: look at the next file
@@ -70,8 +104,8 @@ def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None
     return None
 
 
-def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]):
-    """Return the size SPEC, the difficulty SPEC (or None), the tokenizer and the python functions by SPEC."""
+def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
+    """Return the parsed SPECs, the tokenizer they need and their python functions."""
     needs_column = opts.size in _TEXT_KINDS or (opts.difficulty or opts.size) in _TEXT_KINDS
     column = _resolve_column(opts, files) if needs_column else opts.column
     size_spec = parse_spec(opts.size, column, "--size")
@@ -80,11 +114,11 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]):
     if "tokens" in (size_spec.kind, diff_spec.kind if diff_spec else None):
         tokenizer = load_tokenizer(opts.tokenizer, "--size" if size_spec.kind == "tokens" else "--difficulty")
     funcs = {s.text: load_function(s) for s in (size_spec, diff_spec) if s and s.kind == "python"}
-    return size_spec, diff_spec, tokenizer, funcs
+    return Specs(size_spec, diff_spec, tokenizer, funcs)
 
 
 def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False,
-            token_sink=None) -> Samples:
+            token_sink=None) -> SampleColumns:
     """Return this rank's slice of (sample_id, size, difficulty) for the inputs.
 
     ``token_sink(table, column, tokenizer, where)`` (``run --store-tokens``) replaces the
@@ -95,7 +129,8 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     contiguous range of global ids.
     """
     files = _describe_all(comm, inputs, opts.input_format, opts.split)
-    size_spec, diff_spec, tokenizer, funcs = comm.collectively(_parse_specs, opts, files)
+    specs: Specs = comm.collectively(_parse_specs, opts, files)
+    size_spec, diff_spec, tokenizer, funcs = specs.size, specs.difficulty, specs.tokenizer, specs.funcs
 
     # Units in global order; unit rows where metadata knows them.
     unit_file = np.concatenate([np.full(f.num_units, i, dtype=np.int64) for i, f in enumerate(files)])
@@ -127,25 +162,30 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     owners = np.clip(np.searchsorted(cut_unit, first_unit, side="right") - 1, 0, comm.size - 1)
     digests = record(comm, [f.path for f in files], [f.format for f in files], [f.bytes for f in files], owners)
 
-    columns = sorted({c for s in (size_spec, diff_spec) if s for c in (s.columns() or [])}) or None
+    columns = sorted({c for s in (size_spec, diff_spec) if s for c in (s.columns() or []) if c}) or None
     if any(s and s.kind == "python" for s in (size_spec, diff_spec)):
         columns = None
-    text_columns = sorted({s.column for s in (size_spec, diff_spec) if s and s.kind in _TEXT_KINDS})
+    text_columns = sorted({s.column for s in (size_spec, diff_spec) if s and s.kind in _TEXT_KINDS and s.column})
 
-    def measure():
-        sizes, diffs, my_rows = [], [], []
+    counter = "tokens" if size_spec.kind == "tokens" else "summed size"  # the progress line's running sum
+
+    def measure() -> Measured:
+        """Return this rank's sizes and difficulties, read by read."""
+        sizes: list[np.ndarray] = []
+        diffs: list[np.ndarray] = []
+        my_rows: list[int] = []
         reads = _rank_reads(unit_file, unit_local, known, lo, hi, head, tail, unit_bytes)
         mine = int(row_pos[hi] + tail - row_pos[lo] - head)
         prog = Progress("analyze", mine, "rows", show_progress and comm.is_root(), comm.size,
                         job_total=int(row_pos[-1]))
-        for fidx, first, last, row_lo, row_hi in reads:
-            src = files[fidx]
-            if row_lo is None:
-                table = read_units(src, first, last, columns, text_columns)
-                expect = sum(src.unit_rows[first:last]) if src.unit_rows is not None else None
+        for read in reads:
+            src = files[read.file]
+            if read.row_lo is None or read.row_hi is None:
+                table = read_units(src, read.first, read.end, columns, text_columns)
+                expect = sum(src.unit_rows[read.first:read.end]) if src.unit_rows is not None else None
             else:
-                table = read_unit_rows(src, first, row_lo, row_hi, columns, text_columns)
-                expect = row_hi - row_lo
+                table = read_unit_rows(src, read.first, read.row_lo, read.row_hi, columns, text_columns)
+                expect = read.row_hi - read.row_lo
             if src.unit_rows is None:
                 my_rows.append(table.num_rows)
             elif expect != table.num_rows:
@@ -167,11 +207,12 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
                                      src.path, f"--difficulty {diff_spec.text}")
             sizes.append(size)
             diffs.append(diff)
-            prog.update(table.num_rows, **{"tokens" if size_spec.kind == "tokens" else "summed size": int(size.sum())})
+            prog.update(table.num_rows, None, **{counter: int(size.sum())})
         prog.close()
-        return sizes, diffs, my_rows
+        return Measured(sizes, diffs, my_rows)
 
-    sizes, diffs, my_rows = comm.collectively(measure)
+    measured: Measured = comm.collectively(measure)
+    sizes, diffs, my_rows = measured.sizes, measured.diffs, measured.unknown_rows
 
     # Rows of whole-file units are known only now: share them, then number the samples.
     unit_rows = known.copy()
@@ -196,37 +237,37 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     else:
         diff = np.concatenate(diffs).astype(diff_dtype, copy=False) if diffs else np.empty(0, diff_dtype)
     sample_id = np.arange(start, start + len(size), dtype=np.int64)
-    return Samples(start, total, sample_id, size, diff, None, fingerprint)
+    return SampleColumns(start, total, sample_id, size, diff, None, fingerprint)
 
 
 def _rank_reads(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndarray, lo: int, hi: int,
-                head: int, tail: int, unit_bytes: np.ndarray | None = None
-                ) -> list[tuple[int, int, int, int | None, int | None]]:
-    """Return the reads of one rank's run, in global row order: (file, first unit, end unit, row_lo, row_hi).
+                head: int, tail: int, unit_bytes: np.ndarray | None = None) -> list[Read]:
+    """Return the reads of one rank's run, in global row order.
 
     The run starts at row ``head`` of unit ``lo`` and ends before row ``tail`` of unit
     ``hi`` (the end is unit ``hi`` itself when ``tail`` is 0). A unit read only in part has
     ``row_lo, row_hi`` set (and is the only unit of its read); whole units have None.
     """
-    def part(u: int, a: int, b: int) -> tuple[int, int, int, int, int]:
-        return int(unit_file[u]), int(unit_local[u]), int(unit_local[u]) + 1, a, b
+    def part(u: int, a: int, b: int) -> Read:
+        """Return the read of rows ``[a, b)`` of unit ``u``."""
+        return Read(int(unit_file[u]), int(unit_local[u]), int(unit_local[u]) + 1, a, b)
 
     if lo == hi:
         return [part(lo, head, tail)] if tail > head else []
-    reads: list = []
+    reads: list[Read] = []
     first_whole = lo
     if head > 0:
         reads.append(part(lo, head, int(unit_rows[lo])))
         first_whole = lo + 1
-    reads += [(f, a, b, None, None) for f, a, b in
-              _file_runs(unit_file[first_whole:hi], unit_local[first_whole:hi], unit_rows[first_whole:hi],
-                         None if unit_bytes is None else unit_bytes[first_whole:hi])]
+    reads += _file_runs(unit_file[first_whole:hi], unit_local[first_whole:hi], unit_rows[first_whole:hi],
+                        None if unit_bytes is None else unit_bytes[first_whole:hi])
     if tail > 0:
         reads.append(part(hi, 0, tail))
     return reads
 
 
 def _common_dtype(comm: Comm, parts: list[np.ndarray]) -> np.dtype:
+    """Return the difficulty dtype every rank uses: float64 if any rank measured floats, else int64."""
     # One rank may see only integer values where another sees floats; all must agree.
     is_float = any(p.dtype.kind == "f" for p in parts)
     return np.dtype(np.float64) if comm.allreduce(int(is_float), "max") else np.dtype(np.int64)
@@ -239,8 +280,8 @@ READ_BYTES = 64 << 20
 
 
 def _file_runs(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndarray,
-               unit_bytes: np.ndarray | None = None) -> list[tuple[int, int, int]]:
-    """Return (file, first unit, end unit) reads covering a contiguous unit range.
+               unit_bytes: np.ndarray | None = None) -> list[Read]:
+    """Return the reads of whole units covering a contiguous unit range.
 
     A read stays within one file and holds at most READ_ROWS rows and READ_BYTES decoded
     bytes (or one unit).
@@ -262,4 +303,4 @@ def _file_runs(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndar
         new |= np.concatenate(([True], bucket[1:] != bucket[:-1]))
     starts = np.flatnonzero(new)
     ends = np.concatenate((starts[1:], [len(unit_file)]))
-    return [(int(unit_file[a]), int(unit_local[a]), int(unit_local[b - 1]) + 1) for a, b in zip(starts, ends)]
+    return [Read(int(unit_file[a]), int(unit_local[a]), int(unit_local[b - 1]) + 1) for a, b in zip(starts, ends)]

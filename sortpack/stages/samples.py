@@ -1,4 +1,4 @@
-"""Samples: one rank's slice of the per-sample columns, the data every stage passes on.
+"""SampleColumns: one rank's slice of the per-sample columns, the data every stage passes on.
 
 Neutral ground between the stages: analyze makes it, sort reorders it, pack consumes it,
 so sort and pack need not import analyze.
@@ -13,7 +13,7 @@ from ..parallel import Comm
 
 
 @dataclass
-class Samples:
+class SampleColumns:
     """One rank's contiguous slice of per-sample arrays, with its place in the whole."""
 
     start: int  # global position of the first local row
@@ -25,6 +25,7 @@ class Samples:
     files: list[dict] = field(default_factory=list)  # source fingerprint (every rank)
 
     def __len__(self) -> int:
+        """Return the number of samples on this rank."""
         return len(self.sample_id)
 
     def columns(self) -> dict[str, np.ndarray]:
@@ -37,9 +38,29 @@ class Samples:
             cols["stage"] = self.stage
         return cols
 
+    def clear(self) -> None:
+        """Empty the columns in place (their memory goes once nothing else holds it); start, total, files stay."""
+        empty = np.zeros(0, np.int64)
+        self.sample_id = self.size = self.difficulty = empty
+        self.stage = None
+
+    def stage_or_zero(self) -> np.ndarray:
+        """Return the curriculum stage of each sample (int16, all 0 without stages)."""
+        return self.stage if self.stage is not None else np.zeros(len(self), np.int16)
+
+    def select(self, keep: np.ndarray, start: int, total: int) -> SampleColumns:
+        """Return the samples where ``keep`` is true, placed at ``start`` of ``total`` (same files).
+
+        A difficulty that is the size stays the very same array, so it is still moved once.
+        """
+        size = self.size[keep]
+        difficulty = size if self.difficulty is self.size else self.difficulty[keep]
+        stage = None if self.stage is None else self.stage[keep]
+        return SampleColumns(start, total, self.sample_id[keep], size, difficulty, stage, self.files)
+
     @classmethod
-    def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict]) -> Samples:
-        """Return Samples rebuilt from ``columns()`` output (difficulty defaults to the size)."""
+    def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict]) -> SampleColumns:
+        """Return SampleColumns rebuilt from ``columns()`` output (difficulty defaults to the size)."""
         return cls(start, total, cols["sample_id"], cols["size"], cols.get("difficulty", cols["size"]),
                    cols.get("stage"), files)
 
@@ -59,7 +80,7 @@ def exact_sum(values: np.ndarray) -> int:
     return (high << 32) + low
 
 
-def sample_stats(comm: Comm, s: Samples) -> dict:
+def sample_stats(comm: Comm, s: SampleColumns) -> dict:
     """Return the manifest's ``stats`` of the samples over all ranks (count, size and difficulty range)."""
     n = len(s)
     size_sum = comm.allreduce(exact_sum(s.size), "sum")  # Python ints: the sum over ranks is exact too

@@ -1,4 +1,4 @@
-"""Metrics and sorted directories: write them from ranks' Samples and read them back into Samples."""
+"""Metrics and sorted directories: write them from ranks' SampleColumns and read them back into SampleColumns."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,13 +14,13 @@ from ..format.shards import read_rows
 from ..inputs.fingerprints import split_mtimes, with_mtimes
 from ..parallel import Comm
 from ..partition import owner_starts
-from ..stages.samples import Samples, sample_stats
+from ..stages.samples import SampleColumns, sample_stats
 from .output import OutputDir
 from .provenance import JobInfo, Profile, provenance
 from .shards import write_owned_shards
 
 
-def write_samples(comm: Comm, out: OutputDir, kind: str, samples: Samples, options: dict,
+def write_samples(comm: Comm, out: OutputDir, kind: str, samples: SampleColumns, options: dict,
                   profile: Profile, job: JobInfo) -> dict | None:
     """Write a metrics or sorted directory from this rank's slice; return the manifest on rank 0."""
     rows = rows_per_shard(kind)
@@ -54,7 +54,7 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: Samples, optio
     return out.commit(manifest)
 
 
-def read_samples(comm: Comm, directory: str, expect: str) -> tuple[Samples, dict]:
+def read_samples(comm: Comm, directory: str, expect: str) -> tuple[SampleColumns, dict]:
     """Return this rank's shard-aligned slice of a metrics or sorted directory, and its manifest."""
     manifest = comm.collectively(read_manifest, directory, expect)
     total = manifest["num_rows"]
@@ -69,6 +69,6 @@ def read_samples(comm: Comm, directory: str, expect: str) -> tuple[Samples, dict
     comm.check(err)
     table = read_rows(directory, manifest, a, b)
     cols = {name: table.column(name).to_numpy() for name in table.column_names}
-    samples = Samples(a, total, cols["sample_id"].astype(np.int64), cols["size"].astype(np.int64),
+    samples = SampleColumns(a, total, cols["sample_id"].astype(np.int64), cols["size"].astype(np.int64),
                       cols["difficulty"], cols.get("stage"), with_mtimes(manifest))
     return samples, manifest

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from sortpack.parallel import get_comm
-from sortpack.stages.samples import Samples
+from sortpack.stages.samples import SampleColumns
 from sortpack.stages.sort import SortOptions, sort_samples
 
 
@@ -24,7 +24,7 @@ def test_distributed_sort(n, keyspace, key, descending):
     cuts = np.sort(rng.integers(0, n + 1, size=comm.size - 1))
     bounds = np.concatenate(([0], cuts, [n]))
     a, b = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
-    mine = Samples(a, n, np.arange(a, b), size[a:b], diff[a:b])
+    mine = SampleColumns(a, n, np.arange(a, b), size[a:b], diff[a:b])
     rows = 100
     out = sort_samples(comm, mine, SortOptions(key=key, descending=descending), rows)
     ids = np.concatenate(comm.allgather_obj(out.sample_id))

@@ -326,7 +326,7 @@ class ThreadComm(Comm):
 
 
 def run_ranks(ranks, inputs, **opts):
-    """Run analyze on ``ranks`` thread ranks; return each rank's Samples or exception."""
+    """Run analyze on ``ranks`` thread ranks; return each rank's SampleColumns or exception."""
     shared = ([None] * ranks, threading.Barrier(ranks, timeout=30))
     results = [None] * ranks
 
@@ -385,13 +385,17 @@ def test_more_ranks_than_units(tmp_path):
 # --- read planning ------------------------------------------------------------------
 
 
+def runs(*args):
+    return [(r.file, r.first, r.end) for r in _file_runs(*args)]
+
+
 def test_file_runs_split_at_files_and_row_limit(monkeypatch):
     monkeypatch.setattr(analyze_mod, "READ_ROWS", 5)
     unit_file = np.array([0, 0, 0, 0, 1, 2, 2])
     unit_local = np.array([0, 1, 2, 3, 0, 3, 4])
     rows = np.array([3, 3, 3, 3, -1, 10, 1])
-    assert _file_runs(unit_file, unit_local, rows) == [(0, 0, 2), (0, 2, 4), (1, 0, 1), (2, 3, 4), (2, 4, 5)]
-    assert _file_runs(unit_file[:0], unit_local[:0], rows[:0]) == []
+    assert runs(unit_file, unit_local, rows) == [(0, 0, 2), (0, 2, 4), (1, 0, 1), (2, 3, 4), (2, 4, 5)]
+    assert runs(unit_file[:0], unit_local[:0], rows[:0]) == []
 
 
 def test_file_runs_also_split_at_the_byte_limit(monkeypatch):
@@ -402,8 +406,8 @@ def test_file_runs_also_split_at_the_byte_limit(monkeypatch):
     unit_local = np.arange(5)
     rows = np.array([3, 3, 3, 3, 3])
     nbytes = np.array([400, 400, 400, 1500, 10])
-    assert _file_runs(unit_file, unit_local, rows, nbytes) == [(0, 0, 3), (0, 3, 4), (0, 4, 5)]
-    assert _file_runs(unit_file, unit_local, rows) == [(0, 0, 5)]
+    assert runs(unit_file, unit_local, rows, nbytes) == [(0, 0, 3), (0, 3, 4), (0, 4, 5)]
+    assert runs(unit_file, unit_local, rows) == [(0, 0, 5)]
 
 
 def test_parquet_and_arrow_files_describe_their_units_bytes(tmp_path):

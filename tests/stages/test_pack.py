@@ -10,15 +10,15 @@ from hypothesis import strategies as st
 from sortpack.errors import SortpackError
 from sortpack.parallel import SerialComm
 from sortpack.stages.pack import PackOptions, pack_samples
-from sortpack.stages.samples import Samples
+from sortpack.stages.samples import SampleColumns
 
 from support import greedy_oracle as oracle
 
 
-def sorted_samples(sizes, stage=None) -> Samples:
+def sorted_samples(sizes, stage=None) -> SampleColumns:
     sizes = np.asarray(sizes, dtype=np.int64)
     order = np.lexsort((np.arange(len(sizes)), sizes))
-    return Samples(0, len(sizes), order.astype(np.int64), sizes[order], sizes[order],
+    return SampleColumns(0, len(sizes), order.astype(np.int64), sizes[order], sizes[order],
                    None if stage is None else np.asarray(stage, np.int16)[order])
 
 
@@ -95,7 +95,7 @@ def test_segments_restart_greedy_and_stages_never_mix():
     rng = np.random.default_rng(2)
     sizes = rng.integers(1, 100, size=1000)
     stage = (np.arange(1000) * 3) // 1000
-    samples = Samples(0, 1000, np.arange(1000), np.sort(sizes), np.sort(sizes), stage.astype(np.int16))
+    samples = SampleColumns(0, 1000, np.arange(1000), np.sort(sizes), np.sort(sizes), stage.astype(np.int16))
     mbs = pack_samples(SerialComm(), samples, PackOptions(max_tokens=1000, segment_size=256))
     for a, b in zip(mbs.offsets[:-1], mbs.offsets[1:]):
         assert len(set(stage[a:b])) == 1

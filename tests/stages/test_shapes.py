@@ -10,8 +10,8 @@ import pytest
 
 from sortpack.errors import SortpackError
 from sortpack.parallel import SerialComm
-from sortpack.stages.analyze import Samples
-from sortpack.stages.pack import PackOptions, pack_samples
+from sortpack.stages.pack import PackOptions, pack_samples, static_batch_size
+from sortpack.stages.samples import SampleColumns
 from sortpack.stages.shapes import choose_shapes, global_histogram, padded_total, parse_shapes
 
 from support import lognormal, rounding_padding, run_sortpack, write_text_parquet
@@ -40,7 +40,7 @@ def test_parse_shapes():
 def pack(sizes, stage=None, **kw):
     sizes = np.asarray(sizes, np.int64)
     order = np.lexsort((np.arange(len(sizes)), sizes))
-    samples = Samples(0, len(sizes), order.astype(np.int64), sizes[order], sizes[order],
+    samples = SampleColumns(0, len(sizes), order.astype(np.int64), sizes[order], sizes[order],
                       None if stage is None else np.asarray(stage, np.int16)[order])
     opts = PackOptions(**kw)
     return opts, pack_samples(SerialComm(), samples, opts)
@@ -51,7 +51,7 @@ def check_static(opts, mbs, n):
     ns, bs, ps = (c[x].astype(np.int64) for x in ("num_samples", "batch_size", "padded_size"))
     assert np.array_equal(np.sort(mbs.sample_ids), np.arange(n))  # every sample once, no repeats
     assert np.all(ns <= bs) and np.all(ns >= 1)
-    assert np.array_equal(bs, opts.static_batch_size(ps))  # one batch size per length
+    assert np.array_equal(bs, static_batch_size(opts, ps))  # one batch size per length
     lengths = np.unique(ps)
     assert mbs.stats["distinct_shapes"] == len(lengths)
     assert np.all(c["max_size"] <= ps)
@@ -129,10 +129,10 @@ def test_auto_shapes_after_oversize_skip_and_truncate():
 
 def test_reusing_options_chooses_again_from_the_new_data():
     opts = PackOptions(max_tokens=10_000, auto_shapes=2)
-    samples = Samples(0, 3, np.arange(3), np.array([1, 2, 50]), np.array([1, 2, 50]))
+    samples = SampleColumns(0, 3, np.arange(3), np.array([1, 2, 50]), np.array([1, 2, 50]))
     pack_samples(SerialComm(), samples, opts)
     assert opts.shapes == (2, 50)
-    samples = Samples(0, 3, np.arange(3), np.array([7, 8, 8]), np.array([7, 8, 8]))
+    samples = SampleColumns(0, 3, np.arange(3), np.array([7, 8, 8]), np.array([7, 8, 8]))
     pack_samples(SerialComm(), samples, opts)
     assert opts.shapes == (7, 8)
 

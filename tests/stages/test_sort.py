@@ -6,7 +6,7 @@ import pytest
 
 from sortpack.errors import SortpackError
 from sortpack.parallel import SerialComm
-from sortpack.stages.samples import Samples
+from sortpack.stages.samples import SampleColumns
 from sortpack.stages.sort import SortOptions, sort_samples
 
 
@@ -14,7 +14,7 @@ def samples_of(size, difficulty=None, start=0, total=None):
     size = np.asarray(size, dtype=np.int64)
     diff = size if difficulty is None else np.asarray(difficulty)
     ids = np.arange(start, start + len(size), dtype=np.int64)
-    return Samples(start, total or len(size), ids, size, diff)
+    return SampleColumns(start, total or len(size), ids, size, diff)
 
 
 def expected_order(key, descending=False):

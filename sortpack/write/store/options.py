@@ -131,7 +131,8 @@ def token_ids_options(opts: StoreOptions, options: dict, popts: Any, tokenizer_p
     if recorded and Path(path).name != recorded:
         raise SortpackError(f"--tokenizer {path}: the plan's sizes were counted with {recorded!r}")
     from ...inputs.specs import load_tokenizer
+    from ...stages.pack import truncate_length
 
     tokenizer = load_tokenizer(path, "--store-tokens")
-    cut = popts.truncate_length() if popts.oversize == "truncate" else 0
+    cut = truncate_length(popts) if popts.oversize == "truncate" else 0
     return TokenIds(column, tokenizer, Path(path).name, bool(options.get("special_tokens", True)), cut)

@@ -1,0 +1,104 @@
+"""Per-micro-batch arrays from packing cuts: plain, static-shape and same-shape groups."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..samples import SampleColumns
+from .budget import padded_lengths, static_batch_size
+from .options import PackOptions
+
+
+@dataclass
+class BatchArrays:
+    """One rank's micro-batches as arrays: where each starts in the packed samples and its shape."""
+
+    offsets: np.ndarray  # len M+1, into the packed samples
+    num_samples: np.ndarray  # real samples per micro-batch
+    batch_size: np.ndarray  # slots per micro-batch (rows in row packing), padding slots included
+    max_size: np.ndarray  # largest real sample
+    padded_size: np.ndarray  # the length every slot is padded to
+    tokens: np.ndarray  # sum of the real samples' sizes
+
+
+@dataclass
+class Packed:
+    """One rank's samples in micro-batch order, their micro-batches and what ``--oversize`` did."""
+
+    sample_ids: np.ndarray
+    keys: np.ndarray  # float64 sort key per sample (recorded as min_key/max_key)
+    stage: np.ndarray  # int16 curriculum stage per sample
+    batches: BatchArrays
+    info: dict  # oversize counts over all ranks (and the auto:K summary)
+    row_sizes: np.ndarray | None = None  # row packing: samples per row, rows in order
+
+
+def key_values(samples: SampleColumns, key: str) -> np.ndarray:
+    """Return the sort key ``key`` ("size" or "difficulty") of each sample as float64."""
+    return (samples.size if key == "size" else samples.difficulty).astype(np.float64)
+
+
+def segment_reduce(ufunc: np.ufunc, values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Return ``ufunc.reduce`` of ``values[offsets[i]:offsets[i+1]]`` per segment (0 when empty)."""
+    out = np.zeros(len(offsets) - 1, dtype=values.dtype)
+    nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
+    if len(nonempty):
+        # reduceat runs each range up to the next index it is given; skipping the empty
+        # segments (which hold no values) makes that exactly each segment's end
+        out[nonempty] = ufunc.reduceat(values, offsets[nonempty])
+    return out
+
+
+def plain_batches(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> BatchArrays:
+    """Return the arrays of plain micro-batches ``sizes[bounds[i]:bounds[i+1]]``."""
+    count = np.diff(bounds)
+    max_size = segment_reduce(np.maximum, sizes, bounds)
+    tokens = segment_reduce(np.add, sizes, bounds)
+    padded = padded_lengths(opts, max_size) if opts.rounding else max_size
+    return BatchArrays(bounds, count, count, max_size, padded, tokens)
+
+
+def static_batches(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> BatchArrays:
+    """Return the arrays of micro-batches with the batch size fixed by the padded length.
+
+    The greedy never puts more samples at length L than the budget allows, but a piece's
+    last micro-batch may hold more than the batch size rounded down to --batch-multiple:
+    such a micro-batch is cut into full batches and a rest (each rounds to L or less, whose
+    batch size is no smaller). Missing samples become padding slots, never repeats.
+    """
+    mb = plain_batches(bounds, sizes, opts)
+    slots = static_batch_size(opts, mb.padded_size)
+    count = mb.num_samples
+    if np.any(slots < 1):
+        raise RuntimeError("static shapes: a padded length holds no sample")  # oversize handling prevents it
+    if np.any(count > slots):
+        pieces = -(-count // slots)
+        before = np.cumsum(pieces) - pieces
+        nth = np.arange(int(pieces.sum()), dtype=np.int64) - np.repeat(before, pieces)
+        bounds = np.concatenate((np.repeat(bounds[:-1], pieces) + nth * np.repeat(slots, pieces), bounds[-1:]))
+        mb = plain_batches(bounds, sizes, opts)
+        slots = static_batch_size(opts, mb.padded_size)
+    mb.batch_size = slots
+    return mb
+
+
+def same_shape_groups(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) -> BatchArrays:
+    """Return the arrays after splitting each super-batch into G micro-batches of one shape.
+
+    A super-batch of c samples becomes G micro-batches of ceil(c/G) slots each; the first
+    c % G get one more real sample than the rest, whose spare slot is padding.
+    """
+    g = opts.group_size
+    count = np.diff(bounds)
+    slots = -(-count // g)
+    base, extra = count // g, count % g
+    j = np.tile(np.arange(g, dtype=np.int64), len(count))
+    real = np.repeat(base, g) + (j < np.repeat(extra, g))
+    offsets = np.concatenate(([0], np.cumsum(real)))
+    max_size = segment_reduce(np.maximum, sizes, offsets)
+    tokens = segment_reduce(np.add, sizes, offsets)
+    group_max = np.maximum.reduceat(sizes, bounds[:-1]) if len(count) else np.zeros(0, np.int64)
+    padded = padded_lengths(opts, group_max) if opts.rounding else group_max
+    return BatchArrays(offsets.astype(np.int64), real, np.repeat(slots, g), max_size.astype(np.int64),
+                       np.repeat(padded, g), tokens.astype(np.int64))

@@ -1,0 +1,63 @@
+"""The pack stage's entry: globally sorted samples in, this rank's ``Microbatches`` out."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...distribute import global_start
+from ...parallel import Comm
+from ..samples import SampleColumns
+from .batches import segment_reduce
+from .filters import drop_empty
+from .greedy import pack_greedy
+from .options import PackOptions
+from .rows import pack_rows
+from .stats import microbatch_stats
+
+
+@dataclass
+class Microbatches:
+    """One rank's micro-batches: per-micro-batch columns and the flat sample ids."""
+
+    first: int  # global number of the first local micro-batch
+    total: int  # micro-batches over all ranks
+    sample_ids: np.ndarray
+    offsets: np.ndarray  # len M+1, local offsets into sample_ids
+    columns: dict[str, np.ndarray]
+    stats: dict
+    row_sizes: np.ndarray | None = None  # rows mode: samples per row, rows in order
+
+
+def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str = "size") -> Microbatches:
+    """Return this rank's micro-batches of globally sorted samples.
+
+    ``samples`` must be in global sorted order (rank r holding the r-th range);
+    ``key`` names the sort key recorded as ``min_key``/``max_key``. With ``opts.auto_shapes``,
+    the chosen lengths are stored in ``opts.shapes`` (so that ``opts.as_dict()`` records them).
+    """
+    if opts.auto_shapes is not None:
+        opts.shapes = ()  # chosen below from this data, also when the options are reused
+    opts.validate()
+    samples, empty = drop_empty(comm, samples, opts)
+    packed = pack_rows(comm, samples, opts, key) if opts.rows else pack_greedy(comm, samples, opts, key)
+    mb = packed.batches
+    n = len(packed.sample_ids)
+    offsets = mb.offsets
+    m = len(offsets) - 1
+    real_starts = offsets[:-1]
+    stage = packed.stage[np.minimum(real_starts, max(n - 1, 0))] if n else np.zeros(m, np.int16)
+    columns = {
+        "num_samples": mb.num_samples.astype(np.int32),
+        "batch_size": mb.batch_size.astype(np.int32),
+        "max_size": mb.max_size,
+        "padded_size": mb.padded_size,
+        "tokens": mb.tokens,
+        "min_key": segment_reduce(np.minimum, packed.keys, offsets),
+        "max_key": segment_reduce(np.maximum, packed.keys, offsets),
+        "stage": stage.astype(np.int16),
+    }
+    first, total_mb = global_start(comm, m)
+    info = {**packed.info, "empty": empty, "empty_dropped": 0 if opts.keep_empty else empty}
+    stats = microbatch_stats(comm, columns, info)
+    return Microbatches(first, total_mb, packed.sample_ids, offsets, columns, stats, packed.row_sizes)

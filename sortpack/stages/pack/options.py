@@ -1,0 +1,145 @@
+"""The packing options: budget, shape rules, row packing and oversize policy, checked and recorded."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ... import kernels
+from ...errors import SortpackError
+
+# Sorted samples per packing segment: ranks own whole segments, so the packing does not
+# depend on the rank count, and one segment is the sequential greedy.
+SEGMENT_SIZE = 1 << 20
+
+
+@dataclass
+class PackOptions:
+    """How to cut micro-batches: budget, shape rules, oversize policy."""
+
+    max_tokens: int | None = None
+    budget: str = "padded"
+    max_samples: int = 0
+    batch_multiple: int = 1
+    quadratic_scale: float | None = None
+    pad_to_multiple: int = 0
+    shapes: tuple[int, ...] = field(default_factory=tuple)
+    group_size: int = 1
+    same_shape: bool = False
+    oversize: str = "error"
+    segment_size: int = SEGMENT_SIZE
+    rows: int = 0  # row length for row packing (0: off)
+    rows_per_microbatch: int = 1
+    max_segments: int = 0
+    auto_shapes: int | None = None  # --shapes auto:K: K, and ``shapes`` is chosen by pack_samples
+    static_shapes: bool = False  # every micro-batch's batch size fixed by its padded length
+    keep_empty: bool = False  # keep samples of size 0 (default: dropped, counted in stats["empty"])
+
+    def __post_init__(self) -> None:
+        """Give row packing its budget (rows per micro-batch times the row length) unless one is set."""
+        if self.rows and self.rows > 0 and not self.max_tokens:
+            # a row-packed micro-batch holds R rows of ROW_LEN tokens: that is its budget
+            self.max_tokens = self.rows * max(self.rows_per_microbatch, 1)
+
+    @property
+    def limit(self) -> int:
+        """Return ``--max-tokens``, the budget of one micro-batch (SortpackError while it is unset)."""
+        if self.max_tokens is None:
+            raise SortpackError("--max-tokens N is required (or --rows ROW_LEN for row packing)")
+        return self.max_tokens
+
+    @property
+    def scale(self) -> float:
+        """Return ``Q`` of the quadratic budget (1.0 unset: only that budget reads it, and it requires Q)."""
+        return self.quadratic_scale or 1.0
+
+    @property
+    def rounding(self) -> bool:
+        """Return whether padded lengths are rounded to a fixed set."""
+        return self.pad_to_multiple > 1 or bool(self.shapes)
+
+    def window(self) -> int:
+        """Return the best-fit window of row packing (samples), 0 when rows are off."""
+        return kernels.DEFAULT_ROW_WINDOW if self.rows else 0
+
+    def validate(self) -> None:
+        """Raise SortpackError for option values that make no sense."""
+        if self.limit <= 0:
+            raise SortpackError(f"--max-tokens {self.max_tokens}: must be a positive integer")
+        if self.budget not in kernels.BUDGETS:
+            raise SortpackError(f"--budget {self.budget!r}: expected padded, tokens or quadratic")
+        q = self.quadratic_scale
+        if q is not None and not (math.isfinite(q) and q > 0):
+            raise SortpackError(f"--quadratic-scale {q}: must be a finite number > 0")
+        if self.budget == "quadratic" and not (self.quadratic_scale and self.quadratic_scale > 0):
+            raise SortpackError("--budget quadratic needs --quadratic-scale Q > 0 (cost = size + size^2/Q)")
+        if self.max_samples < 0:
+            raise SortpackError(f"--max-samples {self.max_samples}: must be >= 0")
+        if self.batch_multiple < 1:
+            raise SortpackError(f"--batch-multiple {self.batch_multiple}: must be >= 1")
+        if self.pad_to_multiple < 0:
+            raise SortpackError(f"--pad-to-multiple {self.pad_to_multiple}: must be >= 0")
+        if self.pad_to_multiple > 1 and self.shapes:
+            raise SortpackError("--pad-to-multiple and --shapes exclude each other")
+        if self.shapes and (any(s <= 0 for s in self.shapes) or list(self.shapes) != sorted(set(self.shapes))):
+            raise SortpackError("--shapes: expected increasing positive lengths, e.g. 128,256,512")
+        self._validate_auto_static()
+        if self.group_size < 1:
+            raise SortpackError(f"--group-size {self.group_size}: must be >= 1")
+        if self.same_shape and self.group_size < 2:
+            raise SortpackError("--same-shape needs --group-size G with G >= 2")
+        if self.oversize not in ("error", "skip", "truncate"):
+            raise SortpackError(f"--oversize {self.oversize!r}: expected error, skip or truncate")
+        if self.segment_size < 1:
+            raise SortpackError("--segment-size must be positive")
+        if self.rows < 0:
+            raise SortpackError(f"--rows {self.rows}: must be a positive row length")
+        if self.rows:
+            self._validate_rows()
+        elif self.max_segments or self.rows_per_microbatch != 1:
+            raise SortpackError("--max-segments and --rows-per-microbatch need --rows ROW_LEN")
+
+    def _validate_rows(self) -> None:
+        """Raise SortpackError for row-packing options that are out of range or do not apply to rows."""
+        if self.rows_per_microbatch < 1:
+            raise SortpackError(f"--rows-per-microbatch {self.rows_per_microbatch}: must be >= 1")
+        if self.max_segments < 0:
+            raise SortpackError(f"--max-segments {self.max_segments}: must be >= 0")
+        clash = [name for name, on in (("--same-shape", self.same_shape), ("--shapes", bool(self.shapes)),
+                                       ("--pad-to-multiple", self.pad_to_multiple > 1),
+                                       ("--max-samples", self.max_samples > 0),
+                                       ("--batch-multiple", self.batch_multiple > 1),
+                                       ("--shapes auto", self.auto_shapes is not None),
+                                       ("--static-shapes", self.static_shapes)) if on]
+        if clash:
+            raise SortpackError(f"--rows packs fixed-length rows; {clash[0]} does not apply to it")
+
+    def _validate_auto_static(self) -> None:
+        """Raise SortpackError for bad ``--shapes auto:K`` / ``--static-shapes`` combinations."""
+        if self.auto_shapes is not None:
+            if self.auto_shapes < 1:
+                raise SortpackError(f"--shapes auto:{self.auto_shapes}: K must be >= 1 (how many lengths to choose)")
+            if self.pad_to_multiple > 1:
+                raise SortpackError("--pad-to-multiple and --shapes auto:K exclude each other")
+        if self.static_shapes:
+            if not self.rounding and self.auto_shapes is None:
+                raise SortpackError("--static-shapes needs --shapes L1,L2,.. (or auto:K) or --pad-to-multiple K")
+            if self.same_shape:
+                raise SortpackError("--static-shapes and --same-shape exclude each other "
+                                    "(static shapes already fix the shape of every micro-batch of a length)")
+
+    def as_dict(self) -> dict:
+        """Return the options as recorded in manifests."""
+        extra: dict[str, object] = {}
+        if self.auto_shapes is not None:
+            extra["shapes_request"] = f"auto:{self.auto_shapes}"  # ``shapes`` holds the chosen lengths
+        if self.static_shapes:
+            extra["static_shapes"] = True
+        if self.keep_empty:
+            extra["keep_empty"] = True
+        return {**extra, "max_tokens": self.max_tokens, "budget": self.budget, "max_samples": self.max_samples,
+                "batch_multiple": self.batch_multiple, "quadratic_scale": self.quadratic_scale,
+                "pad_to_multiple": self.pad_to_multiple, "shapes": list(self.shapes),
+                "group_size": self.group_size, "same_shape": self.same_shape, "oversize": self.oversize,
+                "segment_size": self.segment_size, "rows": self.rows,
+                "rows_per_microbatch": self.rows_per_microbatch, "max_segments": self.max_segments,
+                "row_window": self.window()}

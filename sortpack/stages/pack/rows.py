@@ -1,0 +1,94 @@
+"""Row packing (``--rows``): samples dealt to best-fit windows, bin-packed into fixed-length rows."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ... import kernels
+from ...distribute import global_start
+from ...parallel import Comm
+from ...progress import Progress
+from ..samples import SampleColumns
+from .batches import BatchArrays, Packed, key_values, segment_reduce
+from .filters import apply_oversize
+from .options import PackOptions
+
+
+@dataclass
+class Windows:
+    """One rank's samples grouped by best-fit window, sorted order kept inside each window."""
+
+    sample_ids: np.ndarray
+    sizes: np.ndarray
+    keys: np.ndarray
+    stage: np.ndarray
+    starts: np.ndarray  # local index where each window starts
+    ends: np.ndarray  # and where it ends
+
+
+def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: PackOptions) -> Windows:
+    """Return this rank's row-packing windows.
+
+    A window takes every K-th sample of a curriculum stage in sorted order (K windows per
+    stage of ``window`` samples each), so each window spans the stage's whole size range:
+    best-fit then fills rows as well as over the whole stage. Windows are numbered
+    globally and dealt to ranks in contiguous blocks (one Alltoallv); inside a window
+    samples keep their sorted order. Nothing depends on the number of ranks.
+    """
+    n = len(samples.sample_id)
+    start, total = global_start(comm, n)
+    stage_of = samples.stage_or_zero()
+    stage = stage_of.astype(np.int64)
+    width = comm.allreduce(int(stage.max()) + 1 if n else 1, "max")
+    per_stage = comm.allreduce(np.bincount(stage, minlength=width).astype(np.int64), "sum")
+    stage_first = np.concatenate(([0], np.cumsum(per_stage)[:-1]))
+    windows = -(-per_stage // opts.window())
+    window_first = np.concatenate(([0], np.cumsum(windows)[:-1]))
+    total_windows = max(int(windows.sum()), 1)
+    pos = np.arange(start, start + n, dtype=np.int64)
+    window = window_first[stage] + (pos - stage_first[stage]) % np.maximum(windows[stage], 1)
+    dest = (window * comm.size) // total_windows
+    order = np.argsort(dest, kind="stable")
+    cols = {"id": samples.sample_id[order], "size": samples.size[order], "key": keys[order],
+            "stage": stage_of[order], "window": window[order], "pos": pos[order]}
+    cols = comm.alltoallv_many(cols, np.bincount(dest, minlength=comm.size))
+    order = np.lexsort((cols["pos"], cols["window"]))
+    cols = {k: v[order] for k, v in cols.items()}
+    w = cols["window"]
+    starts = np.flatnonzero(np.concatenate(([True], w[1:] != w[:-1]))) if len(w) else np.zeros(0, np.int64)
+    ends = np.concatenate((starts[1:], [len(w)])) if len(w) else np.zeros(0, np.int64)
+    return Windows(cols["id"], cols["size"], cols["key"], cols["stage"], starts, ends)
+
+
+def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:
+    """Return this rank's row-packed micro-batches of globally sorted samples, after the ``--oversize`` policy.
+
+    Each window is packed best-fit-decreasing; every ``rows_per_microbatch`` consecutive
+    rows of a window make one micro-batch.
+    """
+    samples, info = apply_oversize(comm, samples, opts)
+    win = deal_to_windows(comm, samples, key_values(samples, key), opts)
+    sizes = win.sizes
+    perms = []
+    splits, mb_rows = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+    rows_done = 0
+    prog = Progress("pack", len(sizes), "rows")
+    for a, b in zip(win.starts, win.ends):
+        order, row_splits = kernels.pack_rows(sizes[a:b], opts.rows, opts.max_segments)
+        prog.update(b - a)
+        perms.append(order + a)
+        splits.append(row_splits[1:] + a)
+        nrows = len(row_splits) - 1
+        cut = np.arange(opts.rows_per_microbatch, nrows, opts.rows_per_microbatch, dtype=np.int64)
+        mb_rows.append(np.concatenate((cut, [nrows])) + rows_done)
+        rows_done += nrows
+    prog.close()
+    perm = np.concatenate(perms) if perms else np.zeros(0, np.int64)
+    row_ends = np.concatenate(splits)
+    mb_row_ends = np.concatenate(mb_rows)
+    offsets = row_ends[mb_row_ends]
+    ordered = sizes[perm]
+    batches = BatchArrays(offsets, np.diff(offsets), np.diff(mb_row_ends), segment_reduce(np.maximum, ordered, offsets),
+                          np.full(len(offsets) - 1, opts.rows, np.int64), segment_reduce(np.add, ordered, offsets))
+    return Packed(win.sample_ids[perm], win.keys[perm], win.stage[perm], batches, info, np.diff(row_ends))
