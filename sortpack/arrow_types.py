@@ -69,3 +69,16 @@ def plain_column(col: pa.ChunkedArray) -> pa.ChunkedArray:
         col = col.cast(col.type.value_type)
     target = plain_type(col.type)
     return col if target == col.type else col.cast(target)
+
+
+def fixed_width(t: pa.DataType) -> int:
+    """Return the byte width of a fixed-width type (0 when the type is not one, or is bit-packed or a dictionary)."""
+    if pa.types.is_boolean(t) or pa.types.is_null(t) or pa.types.is_dictionary(t):
+        return 0
+    if pa.types.is_fixed_size_binary(t):
+        return int(t.byte_width)
+    try:
+        bits = t.bit_width
+    except ValueError:
+        return 0
+    return bits // 8 if bits % 8 == 0 else 0

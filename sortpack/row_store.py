@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import kernels
-from .arrow_types import is_offset_bytes, is_offset_list
+from .arrow_types import fixed_width, is_offset_bytes, is_offset_list
 from .env import env_int
 
 # under the 2 GiB of 32-bit offsets with room to spare: row sizes of nested types are estimates
@@ -61,28 +61,12 @@ def gather_pieces(store: RowStore, rows: np.ndarray, sizes: np.ndarray, limit: i
     return pa.chunked_array([store.gather(rows[a:b]) for a, b in zip(cuts[:-1], cuts[1:])], store.type)
 
 
-
-def _fixed_width(t: pa.DataType) -> int:
-    """Return the byte width of a fixed-width type (0 when the type is not one, or is bit-packed)."""
-    if pa.types.is_boolean(t) or pa.types.is_null(t):
-        return 0
-    if pa.types.is_fixed_size_binary(t):
-        return int(t.byte_width)
-    try:
-        bits = t.bit_width
-    except ValueError:
-        return 0
-    if bits % 8 or pa.types.is_dictionary(t):
-        return 0
-    return bits // 8
-
-
 def _kind(t: pa.DataType) -> str:
     if is_offset_bytes(t):
         return "binary"
-    if is_offset_list(t) and _fixed_width(t.value_type):
+    if is_offset_list(t) and fixed_width(t.value_type):
         return "list"
-    if _fixed_width(t):
+    if fixed_width(t):
         return "fixed"
     return "other"
 
@@ -99,7 +83,7 @@ class RowStore:
         self.type = type
         self.kind = _kind(type)
         self.raw = self.kind != "other"  # False: gather with pyarrow take (see the module doc)
-        self.width = _fixed_width(type.value_type if self.kind == "list" else type)
+        self.width = fixed_width(type.value_type if self.kind == "list" else type)
         self.arrays: list[pa.Array | None] = []
         self._bytes: list[np.ndarray] = []  # each array's data buffer as uint8 (raw kinds)
         self._parts: list[tuple] = []  # per add: (array number, rows in it, start, length, valid)
@@ -238,7 +222,7 @@ class ByteRanges:
             return None
         bufs, off = array.buffers(), array.offset
         if kind == "fixed":
-            width = _fixed_width(t)
+            width = fixed_width(t)
             return cls(kind, _as_bytes(bufs[1]), None, width, off * width)
         offsets = np.frombuffer(bufs[1], dtype=_offsets_dtype(t), count=off + len(array) + 1)[off:]
         if kind == "binary":
@@ -246,7 +230,7 @@ class ByteRanges:
         values = array.values
         if values.null_count:
             return None
-        width = _fixed_width(t.value_type)
+        width = fixed_width(t.value_type)
         return cls(kind, _as_bytes(values.buffers()[1]), offsets, width, values.offset * width)
 
     def ranges(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -290,7 +274,7 @@ def from_raw(type: pa.DataType, length: np.ndarray, data: np.ndarray, valid: np.
     values = pa.py_buffer(data)
     if kind == "fixed":
         return pa.Array.from_buffers(type, n, [validity, values], null_count=-1 if validity is not None else 0)
-    width = 1 if kind == "binary" else _fixed_width(type.value_type)
+    width = 1 if kind == "binary" else fixed_width(type.value_type)
     offsets = np.zeros(n + 1, dtype=_offsets_dtype(type))
     ends = np.cumsum(length // width)
     if n and ends[-1] > np.iinfo(offsets.dtype).max:

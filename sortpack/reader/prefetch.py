@@ -22,24 +22,11 @@ import threading
 import numpy as np
 import pyarrow as pa
 
+from ..arrow_types import fixed_width, is_offset_bytes, is_offset_list
+
 AHEAD_BYTES = 256 << 20
 _WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
 
-
-def _binary_like(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
-
-
-def _width(t: pa.DataType) -> int:
-    if pa.types.is_boolean(t) or pa.types.is_null(t) or pa.types.is_dictionary(t):
-        return 0
-    if pa.types.is_fixed_size_binary(t):
-        return int(t.byte_width)
-    try:
-        bits = t.bit_width
-    except ValueError:
-        return 0
-    return bits // 8 if bits % 8 == 0 else 0
 
 
 class _ShardRanges:
@@ -60,12 +47,12 @@ class _ShardRanges:
         bufs, off, t = arr.buffers(), arr.offset, arr.type
         if bufs[0] is not None:
             self.parts.append(("bits", bufs[0].address - base, bufs[0].size, off, None))
-        if _binary_like(t) or ((pa.types.is_list(t) or pa.types.is_large_list(t)) and _width(t.value_type)):
+        if is_offset_bytes(t) or (is_offset_list(t) and fixed_width(t.value_type)):
             width = 8 if pa.types.is_large_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_list(t) \
                 else 4
             offsets = np.frombuffer(bufs[1], dtype=np.int64 if width == 8 else np.int32)
             self.parts.append(("offsets", bufs[1].address - base, bufs[1].size, off, width))
-            if _binary_like(t):
+            if is_offset_bytes(t):
                 if bufs[2] is not None:
                     self.parts.append(("values", bufs[2].address - base, bufs[2].size, off, (offsets, 1, 0)))
             else:
@@ -75,9 +62,9 @@ class _ShardRanges:
                     self.parts.append(("child_bits", cb[0].address - base, cb[0].size, off, (offsets, child.offset)))
                 if cb[1] is not None:
                     self.parts.append(("values", cb[1].address - base, cb[1].size, off,
-                                       (offsets, _width(t.value_type), child.offset)))
-        elif _width(t) and len(bufs) == 2 and bufs[1] is not None:
-            self.parts.append(("fixed", bufs[1].address - base, bufs[1].size, off, _width(t)))
+                                       (offsets, fixed_width(t.value_type), child.offset)))
+        elif fixed_width(t) and len(bufs) == 2 and bufs[1] is not None:
+            self.parts.append(("fixed", bufs[1].address - base, bufs[1].size, off, fixed_width(t)))
         else:  # nested or bit-packed: the rows' share of each buffer (a hint needs no exact range)
             for buf in bufs[1:]:
                 if buf is not None and buf.size:
