@@ -79,9 +79,9 @@ def _sorted_across(w: _World, first, last, count: int, local_ok: bool) -> bool:
 
 
 def sort_sortpack(a: dict) -> dict:
-    """Time ``sortpack.stages.sort.sample_sort`` on packed uint64 records (``total`` over ranks)."""
+    """Time ``sortpack.stages.sample_sort.sample_sort`` on packed uint64 records (``total`` over ranks)."""
     from sortpack.parallel import MPIComm
-    from sortpack.stages.sort import sample_sort
+    from sortpack.stages.sample_sort import sample_sort
 
     w = _World()
     comm = MPIComm(w.mpi)
@@ -89,7 +89,7 @@ def sort_sortpack(a: dict) -> dict:
     lo, hi = w.span(total)
     keys = data.packed_keys(lo, hi, total)
     bits = data.id_bits(total)
-    secs, (out, _, _) = w.timed(lambda k: sample_sort(comm, k, None, {}, (lo, bits)), a["repeats"], keys.copy)
+    secs, out = w.timed(lambda k: sample_sort(comm, k, None, {}, (lo, bits)).hi, a["repeats"], keys.copy)
     ok = bool(np.all(out[1:] >= out[:-1]))
     ok = _sorted_across(w, int(out[0]) if len(out) else 0, int(out[-1]) if len(out) else 0, len(out), ok)
     n_out = w.mpi.allreduce(len(out))
@@ -99,9 +99,9 @@ def sort_sortpack(a: dict) -> dict:
 
 def sort_stage(a: dict) -> dict:
     """Time ``sortpack.stages.sort.sort_samples`` (the whole stage: payload, redistribution)."""
-    from sortpack.format.kinds import ROWS_PER_SHARD
+    from sortpack.format.kinds import rows_per_shard
     from sortpack.parallel import MPIComm
-    from sortpack.stages.samples import Samples
+    from sortpack.stages.samples import SampleColumns
     from sortpack.stages.sort import SortOptions, sort_samples
 
     w = _World()
@@ -110,14 +110,14 @@ def sort_stage(a: dict) -> dict:
     lo, hi = w.span(total)
     size = data.sizes_range(lo, hi)
     ids = np.arange(lo, hi, dtype=np.int64)
-    secs, out = w.timed(lambda smp: sort_samples(comm, smp, SortOptions(), ROWS_PER_SHARD["sorted"]),
-                        a["repeats"], lambda: _fresh_samples(Samples, lo, total, ids, size))
+    secs, out = w.timed(lambda smp: sort_samples(comm, smp, SortOptions(), rows_per_shard("sorted")),
+                        a["repeats"], lambda: _fresh_samples(SampleColumns, lo, total, ids, size))
     return {"seconds": secs, "records": total,
             "alltoallv_bytes_max": w.mpi.allreduce(comm.bytes_sent // max(a["repeats"], 1), op=_max())}
 
 
 def _fresh_samples(cls, lo: int, total: int, ids: np.ndarray, size: np.ndarray):
-    """Return new Samples over copies (difficulty = size, the default key), for one repeat."""
+    """Return new SampleColumns over copies (difficulty = size, the default key), for one repeat."""
     fresh = size.copy()
     return cls(lo, total, ids.copy(), fresh, fresh)
 
