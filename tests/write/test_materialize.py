@@ -308,16 +308,22 @@ def _every_kind_table(n=900, seed=5) -> pa.Table:
     })
 
 
-@pytest.mark.mpi
-def test_pieces_under_the_offset_limit_give_the_unsplit_bytes_at_1_and_3_ranks(tmp_path):
-    # SORTPACK_TEST_PIECE_BYTES lowers the 1 GiB piece (2 GiB of 32-bit offsets) to 300 bytes:
-    # spills, received rounds, rows that stay and IPC streams all go in many pieces; the
-    # data shards must not change by a byte
+def _every_kind_files(tmp_path) -> list:
+    """Write ``_every_kind_table`` as two Parquet files (row groups of 100) and return their paths."""
     table = _every_kind_table()
     files = []
     for i, part in enumerate((table.slice(0, 400), table.slice(400))):
         files.append(tmp_path / f"part-{i}.parquet")
         pq.write_table(part, files[-1], row_group_size=100)
+    return files
+
+
+@pytest.mark.mpi
+def test_pieces_under_the_offset_limit_give_the_unsplit_bytes_at_1_and_3_ranks(tmp_path):
+    # SORTPACK_TEST_PIECE_BYTES lowers the 1 GiB piece (2 GiB of 32-bit offsets) to 300 bytes:
+    # spills, received rounds, rows that stay and IPC streams all go in many pieces; the
+    # data shards must not change by a byte
+    files = _every_kind_files(tmp_path)
     args = ["--size", "column:n", "--max-tokens", "200", "--quiet", "--store", "text,ids,holey,flag,meta,when",
             "--memory-limit", "16K"]
     runs = {}
@@ -358,11 +364,7 @@ def test_token_ids_in_pieces_give_the_unsplit_bytes_at_3_ranks(tmp_path):
 def test_columns_of_every_kind_with_nulls_move_identically_at_1_and_3_ranks(tmp_path):
     # strings and lists go as byte ranges; booleans, structs and lists with null values
     # take the IPC path; nulls everywhere; a small limit forces rounds and spills
-    table = _every_kind_table()
-    files = []
-    for i, part in enumerate((table.slice(0, 400), table.slice(400))):
-        files.append(tmp_path / f"part-{i}.parquet")
-        pq.write_table(part, files[-1], row_group_size=100)
+    files = _every_kind_files(tmp_path)
     outs = []
     for ranks in (1, 3):
         out = tmp_path / f"plan{ranks}"
