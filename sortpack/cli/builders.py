@@ -7,6 +7,7 @@ from ..errors import SortpackError
 
 if TYPE_CHECKING:
     from ..inputs.mixture import Mixture
+    from ..pipeline.dataset import HoldoutRequest
     from ..stages.analyze import AnalyzeOptions
     from ..stages.pack import PackOptions
     from ..stages.sort import SortOptions
@@ -49,6 +50,28 @@ def make_store(kw: dict) -> StoreOptions:
 
     return StoreOptions(columns=parse_store(kw.pop("store_columns")), tokens=kw.pop("store_tokens"),
                         memory_limit=parse_memory(kw.pop("memory_limit")), tokenizer=kw.pop("store_tokenizer", None))
+
+
+def make_holdout(kw: dict, mixture: bool = False) -> HoldoutRequest | None:
+    """Return the HoldoutRequest of --holdout and --holdout-seed (popped from ``kw``; None without either).
+
+    A mixture may take --holdout-seed alone (its MIX.json names what each source holds out).
+    Every rank parses the same arguments, so every rank raises the same error.
+    """
+    from ..pipeline.dataset import HoldoutRequest
+    from ..stages.holdout import parse_holdout
+
+    value, seed = kw.pop("holdout"), kw.pop("holdout_seed")
+    try:
+        if seed is not None and seed < 0:
+            raise SortpackError(f"--holdout-seed {seed}: must be >= 0")
+        if value is None:
+            if seed is not None and not mixture:
+                raise SortpackError("--holdout-seed applies to a held-out plan (--holdout N|FRACTION)")
+            return None if seed is None else HoldoutRequest(None, seed)
+        return HoldoutRequest(parse_holdout(value), seed)
+    except SortpackError as exc:
+        raise SortpackError(str(exc), collective=True) from None
 
 
 def make_mixture(inputs: tuple[str, ...], kw: dict, keep_intermediate: bool) -> Mixture | None:

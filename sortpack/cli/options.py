@@ -142,6 +142,21 @@ def mixture_options(f):
     return f
 
 
+def holdout_options(f):
+    """Add --holdout and --holdout-seed (a held-out plan in OUTPUT/holdout) to a command."""
+    opts = [
+        click.option("--holdout", default=None, metavar="N|FRACTION",
+                     help="Set aside N samples (or FRACTION of the rows) of each source, chosen at random with "
+                          "--holdout-seed, as a plan of their own in OUTPUT/holdout; the training plan never "
+                          "holds them."),
+        click.option("--holdout-seed", type=int, default=None,
+                     help="Seed of the held-out choice (default 0; recorded in the manifest)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
 def common_options(f):
     """Add -o, --overwrite, --quiet, --threads and --profile to a command."""
     opts = [

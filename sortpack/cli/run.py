@@ -3,10 +3,18 @@ from __future__ import annotations
 
 import click
 
-from .builders import make_analyze, make_mixture, make_pack, make_sort, make_store
+from .builders import make_analyze, make_holdout, make_mixture, make_pack, make_sort, make_store
 from .group import cli
 from .job import job_command
-from .options import analyze_options, common_options, mixture_options, pack_options, sort_options, store_options
+from .options import (
+    analyze_options,
+    common_options,
+    holdout_options,
+    mixture_options,
+    pack_options,
+    sort_options,
+    store_options,
+)
 
 
 @cli.command()
@@ -17,6 +25,7 @@ from .options import analyze_options, common_options, mixture_options, pack_opti
 @click.option("--keep-intermediate", is_flag=True, help="Also write OUTPUT.metrics and OUTPUT.sorted.")
 @store_options(tokenizer=False)
 @mixture_options
+@holdout_options
 @common_options
 @job_command
 def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate, **kw):
@@ -25,15 +34,18 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
     INPUTS are as for analyze: files, directories, globs, Hugging Face save_to_disk
     directories (a DatasetDict with --split). With --mixture MIX.json or --blend, the
     sources come from there instead: one plan over weighted sources (docs/mixtures.md).
+    With --holdout, a seeded set of each source's samples becomes a plan of its own in
+    OUTPUT/holdout, never in the training plan.
     """
     from ..pipeline.dataset import run_all
 
     mix = make_mixture(inputs, kw, keep_intermediate)
     store = make_store(kw)
+    holdout = make_holdout(kw, mixture=mix is not None)
     if mix is not None:
         from ..pipeline.mixture import run_mixture
 
         return run_mixture(comm, mix, output, make_analyze(kw), make_sort(kw), make_pack(kw), overwrite, job,
-                           progress=not quiet, store=store)
+                           progress=not quiet, store=store, holdout=holdout)
     return run_all(comm, list(inputs), output, make_analyze(kw), make_sort(kw), make_pack(kw), overwrite,
-                   job, keep_intermediate, progress=not quiet, store=store)
+                   job, keep_intermediate, progress=not quiet, store=store, holdout=holdout)

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SortpackError
+from .holdout import parse_holdout
 from .schedule import Schedule, schedule_dict
 
-_TOP_KEYS = {"sources", "total_tokens", "schedule", "seed"}
-_SOURCE_KEYS = {"name", "inputs", "weight", "column"}
+_TOP_KEYS = {"sources", "total_tokens", "schedule", "seed", "holdout_seed"}
+_SOURCE_KEYS = {"name", "inputs", "weight", "column", "holdout"}
 _PHASE_KEYS = {"until", "weights"}
 MAX_SOURCES = 1024  # a micro-batch's source is stored as int16; this keeps stage codes in range too
 
@@ -31,6 +32,7 @@ class MixSource:
     inputs: list[str]
     weight: float | None = None
     column: str | None = None
+    holdout: int | float | None = None  # held-out samples: a count or a fraction (None: --holdout's, if any)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Mixture:
     total_tokens: int | None = None
     seed: int = 0
     origin: str = "MIX.json"  # where it came from, for messages
+    holdout_seed: int | None = None  # seed of the held-out choice (None: --holdout-seed's, else 0)
 
     @property
     def names(self) -> list[str]:
@@ -50,12 +53,15 @@ class Mixture:
 
     def as_dict(self) -> dict:
         """Return the spec as recorded in the manifest (weights normalised per phase)."""
+        # holdout keys only where given: a plan without them keeps its content hash
         return {
-            "sources": [{"name": s.name, "inputs": list(s.inputs), "weight": s.weight, "column": s.column}
+            "sources": [{"name": s.name, "inputs": list(s.inputs), "weight": s.weight, "column": s.column,
+                         **({"holdout": s.holdout} if s.holdout is not None else {})}
                         for s in self.sources],
             "total_tokens": self.total_tokens,
             "seed": self.seed,
             "schedule": schedule_dict(self.schedule, self.names),
+            **({"holdout_seed": self.holdout_seed} if self.holdout_seed is not None else {}),
         }
 
 
@@ -121,12 +127,19 @@ def parse_mixture(spec: dict, origin: str = "MIX.json", base_dir: str | None = N
         column = src.get("column")
         if column is not None and (not isinstance(column, str) or not column):
             raise SortpackError(f"{where}: 'column' must be a non-empty string")
-        sources.append(MixSource(name, inputs, weight, column))
+        holdout = src.get("holdout")
+        if holdout is not None:
+            holdout = parse_holdout(holdout, f"{where}: holdout")
+        sources.append(MixSource(name, inputs, weight, column, holdout))
     seed = spec.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise SortpackError(f"{origin}: 'seed' must be a non-negative integer, got {json.dumps(seed)}")
+    holdout_seed = spec.get("holdout_seed")
+    if holdout_seed is not None and (isinstance(holdout_seed, bool) or not isinstance(holdout_seed, int)
+                                     or holdout_seed < 0):
+        raise SortpackError(f"{origin}: 'holdout_seed' must be a non-negative integer, got {json.dumps(holdout_seed)}")
     schedule = _parse_schedule(spec.get("schedule"), sources, origin)
-    return Mixture(sources, schedule, _total(spec.get("total_tokens"), origin), seed, origin)
+    return Mixture(sources, schedule, _total(spec.get("total_tokens"), origin), seed, origin, holdout_seed)
 
 
 def _parse_schedule(raw, sources: list[MixSource], origin: str) -> Schedule:

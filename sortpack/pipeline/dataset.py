@@ -8,20 +8,24 @@ rows move between ranks in distribute.py; provenance.py times the stages.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
 from ..inputs.fingerprints import with_mtimes
 from ..parallel import Comm
 from ..stages.analyze import AnalyzeOptions, analyze
-from ..stages.pack import OversizeError, PackOptions, pack_samples
+from ..stages.holdout import DEFAULT_SEED, DIRECTORY, Holdout, split_holdout
+from ..stages.pack import Microbatches, OversizeError, PackOptions, pack_samples
+from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
 from ..write.index_writer import write_index
-from ..write.output import OutputDir
+from ..write.output import NestedOutput, OutputDir
 from ..write.provenance import JobInfo, Profile
 from ..write.sample_dirs import read_samples, write_samples
 from ..write.store import StoreOptions, prepare
 
-__all__ = ["JobInfo", "run_all", "run_analyze", "run_pack", "run_sort"]
+__all__ = ["HoldoutRequest", "JobInfo", "run_all", "run_analyze", "run_pack", "run_sort", "write_holdout"]
 
 
 def _guarded(outs: OutputDir | list[OutputDir], fn):
@@ -41,6 +45,52 @@ def _keep_hint(output: str, kept: bool) -> str:
                 f"...` repacks them without measuring again")
     return ("To measure once and try pack options, run with --keep-intermediate (OUTPUT.sorted is kept when "
             "packing fails) or run analyze and sort once, then `sortpack pack SORTED`")
+
+
+@dataclasses.dataclass(frozen=True)
+class HoldoutRequest:
+    """``--holdout N|FRACTION`` and ``--holdout-seed`` as parsed (``stages.holdout.parse_holdout``).
+
+    ``value`` None: a mixture's seed alone (MIX.json says what each source holds out);
+    ``seed`` None: MIX.json's ``holdout_seed``, else ``stages.holdout.DEFAULT_SEED``.
+    """
+
+    value: int | float | None
+    seed: int | None = None
+
+
+def _plain_holdout(request: HoldoutRequest | None, files: list[dict]) -> Holdout | None:
+    """Return the holdout of a plan over one input (its rows from the fingerprint), or None."""
+    if request is None or request.value is None:
+        return None
+    rows = int(sum(int(f["rows"]) for f in files))
+    return Holdout.plan([request.value], [0, rows], [None], DEFAULT_SEED if request.seed is None else request.seed)
+
+
+def write_holdout(comm: Comm, out: OutputDir, held: SampleColumns, holdout: Holdout, popts: PackOptions,
+                  key: str, options: dict, files: list[dict], job: JobInfo, store_fn=None,
+                  to_plan=None) -> dict:
+    """Pack the held-out samples and write their plan in ``OUTPUT/holdout``; return the training manifest's record.
+
+    Call it after packing the training plan: with ``--shapes auto:K`` the held-out plan takes
+    the lengths chosen there (``popts.shapes``), so evaluation sees the training's shapes.
+    ``options`` are the training plan's recorded options. ``to_plan(mbs)`` turns the packed
+    micro-batches into the plan's (a mixture's: its ``source`` column); the record (every
+    rank) carries the held-out plan's content hash.
+    """
+    nested = NestedOutput(out, DIRECTORY)
+    prof = Profile(comm)
+    with prof.stage("pack"):
+        mbs: Microbatches = pack_samples(comm, held, dataclasses.replace(popts, auto_shapes=None), key)
+    if to_plan is not None:
+        mbs = to_plan(mbs)
+    record = holdout.as_dict()
+    manifest = write_index(comm, nested, mbs, options, files, prof, job, store_fn,
+                           extra={"held_out": {**{k: v for k, v in record.items() if k != "directory"},
+                                        "training_plan": ".."}})
+    shared = comm.bcast_obj({"content_hash": manifest["content_hash"], "num_microbatches": manifest["num_microbatches"],
+                             "packed_samples": manifest["num_samples"]} if comm.is_root() else None)
+    return {**record, **shared}
 
 
 def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, overwrite: bool,
@@ -77,8 +127,9 @@ def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrit
 
 
 def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overwrite: bool,
-             job: JobInfo, store: StoreOptions | None = None) -> dict | None:
-    """Pack a sorted directory into an index directory (with ``store``: and its data shards)."""
+             job: JobInfo, store: StoreOptions | None = None, holdout: HoldoutRequest | None = None) -> dict | None:
+    """Pack a sorted directory into an index directory (with ``store``: and its data shards; ``holdout``: and
+    the held-out plan in ``OUTPUT/holdout``, the same as ``run --holdout`` writes)."""
     comm.collectively(popts.validate)
     store_fn = None
     if store is not None and store.enabled:
@@ -92,18 +143,32 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         with prof.stage("read"):
             samples, manifest = read_samples(comm, sorted_dir, "sorted")
         key = manifest["options"].get("key", "size")
+        files = with_mtimes(manifest)
+        extra = None
+        plan = comm.collectively(_plain_holdout, holdout, samples.files)
+        held = None
+        if plan is not None:
+            samples, held = split_holdout(comm, samples, plan)
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key)
-        options = {**manifest["options"], **popts.as_dict()}
-        return write_index(comm, out, mbs, options, with_mtimes(manifest), prof, job, store_fn)
+        options = {**manifest["options"], **popts.as_dict()}  # --shapes auto: the lengths chosen here
+        if plan is not None and held is not None:
+            if store_fn is not None:
+                store_fn.also_holdout()
+            with prof.stage("holdout"):
+                extra = {"holdout": write_holdout(comm, out, held, plan, popts, key, options, files, job, store_fn)}
+            del held
+        return write_index(comm, out, mbs, options, files, prof, job, store_fn, extra=extra)
 
     return _guarded(out, work)
 
 
 def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, sopts: SortOptions,
             popts: PackOptions, overwrite: bool, job: JobInfo, keep_intermediate: bool = False,
-            progress: bool = False, store: StoreOptions | None = None) -> dict | None:
-    """Analyze, sort and pack in one job (no intermediate files unless asked; ``store``: data shards too)."""
+            progress: bool = False, store: StoreOptions | None = None,
+            holdout: HoldoutRequest | None = None) -> dict | None:
+    """Analyze, sort and pack in one job (no intermediate files unless asked; ``store``: data shards too;
+    ``holdout``: and the held-out plan in ``OUTPUT/holdout``)."""
     comm.collectively(sopts.validate)
     comm.collectively(popts.validate)
     store_fn = None
@@ -121,6 +186,7 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress, token_sink=sink)
         prof.counts["analyze_rows"] = len(samples)
+        plan = comm.collectively(_plain_holdout, holdout, samples.files)  # a bad count fails before the sort
         if keep_intermediate:
             write_samples(comm, extra[0], "metrics", samples, aopts.as_dict(), prof, job)
         with prof.stage("sort"):
@@ -129,13 +195,27 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         options = {**aopts.as_dict(), **sopts.as_dict()}
         if keep_intermediate:
             write_samples(comm, extra[1], "sorted", ordered, options, prof, job)
-        with prof.stage("pack"):
-            try:
-                mbs = pack_samples(comm, ordered, popts, sopts.key)
-            except OversizeError as exc:
-                raise OversizeError(f"{exc}. {_keep_hint(output, keep_intermediate)}", exc.collective) from None
         files = ordered.files
-        del ordered
-        return write_index(comm, out, mbs, {**options, **popts.as_dict()}, files, prof, job, store_fn)
+        record = None
+        held = None
+        if plan is not None:
+            # held out by sample id, so after the sort is the same as before it, and before packing
+            # drops, skips, truncates or cuts anything; `pack SORTED --holdout` repeats it exactly
+            ordered, held = split_holdout(comm, ordered, plan)
+        try:
+            with prof.stage("pack"):
+                mbs = pack_samples(comm, ordered, popts, sopts.key)
+            del ordered
+            options = {**options, **popts.as_dict()}
+            if plan is not None and held is not None:
+                if store_fn is not None:
+                    store_fn.also_holdout()
+                with prof.stage("holdout"):
+                    record = write_holdout(comm, out, held, plan, popts, sopts.key, options, files, job, store_fn)
+                del held
+        except OversizeError as exc:
+            raise OversizeError(f"{exc}. {_keep_hint(output, keep_intermediate)}", exc.collective) from None
+        return write_index(comm, out, mbs, options, files, prof, job, store_fn,
+                           extra={"holdout": record} if record is not None else None)
 
     return _guarded([out, *extra], work)

@@ -31,6 +31,7 @@ from ..parallel import Comm
 from ..partition import balanced_blocks, index_shard_layout
 from ..stages.analyze import AnalyzeOptions, analyze
 from ..stages.blend import Blend, plan_blend
+from ..stages.holdout import DEFAULT_SEED, Holdout, split_holdout
 from ..stages.pack import Microbatches, PackOptions, microbatch_stats, pack_samples
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
@@ -38,6 +39,7 @@ from ..write.index_writer import write_index
 from ..write.output import OutputDir
 from ..write.provenance import JobInfo, Profile
 from ..write.store import StoreOptions, prepare
+from .dataset import HoldoutRequest, write_holdout
 
 __all__ = ["run_mixture"]
 
@@ -271,10 +273,32 @@ def _record(mix: Mixture, blend: Blend, packed: _Packed, first: np.ndarray, g: n
     }
 
 
+def _holdout_plan(mix: Mixture, request: HoldoutRequest | None, bases: np.ndarray) -> Holdout | None:
+    """Return what each source holds out: its own ``holdout``, else --holdout's (None: nothing anywhere)."""
+    default = request.value if request is not None else None
+    requests = [src.holdout if src.holdout is not None else default for src in mix.sources]
+    seed = request.seed if request is not None and request.seed is not None else mix.holdout_seed
+    return Holdout.plan(requests, bases, list(mix.names), DEFAULT_SEED if seed is None else seed,
+                        what="--holdout" if any(src.holdout is None for src in mix.sources) else "holdout")
+
+
+def _by_source(mbs: Microbatches, stages: int) -> Microbatches:
+    """Return a held-out mixture plan's micro-batches with ``source`` and ``stage`` split from the sort's code."""
+    code = mbs.columns["stage"].astype(np.int64)
+    mbs.columns["source"] = (code // stages).astype(np.int16)
+    mbs.columns["stage"] = (code % stages).astype(np.int16)
+    return mbs
+
+
 def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, sopts: SortOptions,
                 popts: PackOptions, overwrite: bool, job: JobInfo, progress: bool = False,
-                store: StoreOptions | None = None) -> dict | None:
-    """Plan a mixture in one job (analyze, one sort, pack, blend) and write its index; the manifest on rank 0."""
+                store: StoreOptions | None = None, holdout: HoldoutRequest | None = None) -> dict | None:
+    """Plan a mixture in one job (analyze, one sort, pack, blend) and write its index; the manifest on rank 0.
+
+    ``holdout`` (--holdout, --holdout-seed) and the sources' own ``holdout`` say what each source
+    sets aside: those samples leave the plan before packing and form the held-out plan in
+    ``OUTPUT/holdout`` (every held-out sample once, micro-batches by source, no blend).
+    """
     comm.collectively(sopts.validate)
     comm.collectively(popts.validate)
     k = len(mix.sources)
@@ -303,6 +327,7 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
                 union, groups, table, bases, files = _union(comm, parts)
                 del parts
         prof.counts["analyze_rows"] = len(union)
+        hplan = comm.collectively(_holdout_plan, mix, holdout, bases)  # a bad count fails before the sort
         with prof.stage("sort"):
             # by (source, key, id); the stage comes back as source * stages + stage, so the
             # pieces of packing end where the source (or the stage) changes
@@ -310,6 +335,10 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
             del union, groups
             if table is not None:
                 _global_ids(table, ordered.sample_id)
+        held = None
+        if hplan is not None:
+            # by global sample id, before packing drops, skips or cuts anything (docs/mixtures.md)
+            ordered, held = split_holdout(comm, ordered, hplan)
         with prof.stage("pack"):
             mbs = pack_samples(comm, ordered, popts, sopts.key)
         del ordered
@@ -326,7 +355,15 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
                             cols, microbatch_stats(comm, cols, info), rows)
         del mbs
         options = {**aopts.as_dict(), **sopts.as_dict(), **popts.as_dict()}
-        return write_index(comm, out, plan, options, files, prof, job, store_fn, extra={"mixture": record})
+        extra = {"mixture": record}
+        if hplan is not None and held is not None:
+            if store_fn is not None:
+                store_fn.also_holdout()
+            with prof.stage("holdout"):
+                extra["holdout"] = write_holdout(comm, out, held, hplan, popts, sopts.key, options, files, job,
+                                                 store_fn, to_plan=lambda m: _by_source(m, sopts.stages))
+            del held
+        return write_index(comm, out, plan, options, files, prof, job, store_fn, extra=extra)
 
     try:
         return work()

@@ -60,7 +60,8 @@ class PackedIndex:
     Attributes: ``manifest`` (the parsed manifest.json), ``options`` (the pack options),
     ``num_microbatches``, ``num_samples``, ``has_rows`` (rows mode: ``row_splits`` present),
     ``mixture`` (a mixture plan's manifest ``mixture`` object, else None), ``source_names``
-    (a mixture's source names in order, the values of the ``source`` column; else None),
+    (a mixture's source names in order, the values of the ``source`` column, also in a
+    mixture's held-out plan; else None),
     ``id_dtype`` (how the shards store sample ids: int32 when every id fits, else int64;
     every method hands out int64 arrays or Python ints either way).
     """
@@ -100,6 +101,9 @@ class PackedIndex:
         self.has_rows = "row_splits" in names
         self.mixture = self.manifest.get("mixture") if "source" in names else None
         self.source_names = [str(src["name"]) for src in self.mixture["sources"]] if self.mixture else None
+        held = self.manifest.get("held_out") if "source" in names else None
+        if held and self.source_names is None:  # a mixture's held-out plan: micro-batches by source, no blend
+            self.source_names = [str(src["name"]) for src in held["sources"]]
         described = str((self.manifest.get("schema") or {}).get("sample_ids", ""))
         if not described and entries:
             described = str(self._shard(0).schema.field("sample_ids").type)
@@ -241,8 +245,9 @@ class PackedIndex:
         """Return a whole per-micro-batch column (read and cached on first use)."""
         if name not in SCALAR_COLUMNS:
             raise KeyError(f"{name!r} is not a scalar column of the index ({', '.join(SCALAR_COLUMNS)})")
-        if name == "source" and self.mixture is None:
-            raise KeyError("'source' is a column of mixture plans only (sortpack run --mixture)")
+        if name == "source" and self.source_names is None:
+            raise KeyError("'source' is a column of mixture plans only (sortpack run --mixture) and their held-out "
+                           "plans")
         col = self._columns.get(name)
         if col is None:
             parts = [self._view(k, name) for k in range(len(self._shards))]

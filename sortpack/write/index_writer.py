@@ -12,7 +12,7 @@ from ..inputs.fingerprints import split_mtimes
 from ..parallel import Comm
 from ..partition import index_shard_layout
 from ..stages.pack import Microbatches
-from .output import OutputDir
+from .output import PlanDir
 from .provenance import JobInfo, Profile, provenance
 from .shards import write_owned_shards
 
@@ -23,7 +23,7 @@ def _list_array(offsets: np.ndarray, values: np.ndarray, a: int, b: int, value_t
                                     pa.array(values[lo:hi], value_type))
 
 
-def write_index(comm: Comm, out: OutputDir, mbs: Microbatches, options: dict, files: list[dict],
+def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, options: dict, files: list[dict],
                 profile: Profile, job: JobInfo, store=None, extra: dict | None = None) -> dict | None:
     """Write the index directory from this rank's micro-batches; return the manifest on rank 0.
 

@@ -171,6 +171,49 @@ class OutputDir:
             _remove_made_parents()
 
 
+class NestedOutput:
+    """A plan directory written inside another output's temporary directory (the held-out plan).
+
+    It has what ``write_index`` uses of an ``OutputDir`` (``path``, ``ensure``, ``commit``):
+    it appears, is replaced and is removed with its parent, whose rename makes both appear
+    at once; ``commit`` only writes its manifest.
+    """
+
+    def __init__(self, parent: OutputDir, name: str):
+        self.comm = parent.comm
+        self.parent = parent
+        self.name = name
+        self.path = parent.path / name  # where it will be: what messages name
+
+    def ensure(self) -> Path:
+        """Create the directory inside the parent's temporary one (collective) and return it."""
+        directory = self.parent.ensure() / self.name
+        err = None
+        if self.comm.is_root():
+            try:
+                directory.mkdir(exist_ok=True)
+            except OSError as exc:
+                err = SortpackError(f"{self.path}: cannot create the output ({' '.join(str(exc).split())})")
+        self.comm.check(err)
+        return directory
+
+    def commit(self, manifest: dict) -> dict | None:
+        """Write the manifest (rank 0); return it on rank 0. The parent's commit moves it into place."""
+        directory = self.ensure()
+        self.comm.barrier()
+        written, err = None, None
+        if self.comm.is_root():
+            try:
+                written = write_manifest(directory, manifest)
+            except OSError as exc:
+                err = SortpackError(f"{self.path}: cannot write the manifest ({' '.join(str(exc).split())})")
+        self.comm.check(err)
+        return written
+
+
+PlanDir = OutputDir | NestedOutput  # where write_index writes a plan
+
+
 def _remove_made_parents() -> None:
     # parents are shared by a job's outputs (run --keep-intermediate): each discard
     # removes those that are empty by now, deepest first

@@ -21,7 +21,7 @@ from ...format.data_shards import data_rows_per_shard
 from ...parallel import Comm
 from ...partition import balanced_blocks
 from ...row_store import piece_bytes
-from ..output import OutputDir
+from ..output import OutputDir, PlanDir
 from .exchange import exchange
 from .layout import data_layout
 from .options import (
@@ -42,7 +42,7 @@ from .token_cache import TokenCache
 __all__ = ["Store", "StoreOptions", "materialize", "parse_memory", "parse_store", "prepare"]
 
 
-def materialize(comm: Comm, out: OutputDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray,
+def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray,
                 first_mb: int, opts: StoreOptions, tokens: TokenIds | None, cache: TokenCache | None,
                 index_starts: np.ndarray, mb_sizes: np.ndarray | None = None) -> dict:
     """Return the manifest's ``data`` object (every rank), after writing this rank's data shards of the plan.
@@ -124,6 +124,11 @@ class Store:
     def __init__(self, comm: Comm, opts: StoreOptions, tokens: TokenIds | None, special_tokens: bool):
         self.comm, self.opts, self.tokens, self.special_tokens = comm, opts, tokens, special_tokens
         self.caches: list[TokenCache] = []
+        self.plans = 1  # plans still to store: the token cache is removed after the last
+
+    def also_holdout(self) -> None:
+        """Say that a held-out plan is stored too (before the training plan): keep the token cache for both."""
+        self.plans += 1
 
     def token_cache(self, out: OutputDir) -> TokenCache | None:
         """Return the ``token_sink`` for ``analyze`` that keeps its ids (None without --store-tokens)."""
@@ -132,7 +137,7 @@ class Store:
         self.caches.append(TokenCache(out, self.comm, self.special_tokens))
         return self.caches[-1]
 
-    def __call__(self, out: OutputDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray, first_mb: int,
+    def __call__(self, out: PlanDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray, first_mb: int,
                  index_starts: np.ndarray, mb_sizes: np.ndarray | None = None) -> dict:
         """Return the manifest's ``data`` object after writing the data shards (collective)."""
         cache = self.caches[-1] if self.caches else None
@@ -140,7 +145,8 @@ class Store:
             cache.share()
         data = materialize(self.comm, out, files, ids, mb_offsets, first_mb, self.opts, self.tokens, cache,
                            index_starts, mb_sizes)
-        if cache is not None:
+        self.plans -= 1
+        if cache is not None and self.plans <= 0:
             self.comm.barrier()  # every rank has read the ids it needed
             cache.remove()
         if self.tokens is not None:

@@ -63,10 +63,13 @@ class TokenCache:
 
     def share(self) -> None:
         """Close this rank's file and learn every rank's part (path, first row, rows) (collective)."""
+        # a second call (a held-out plan is stored first, then the training plan) finds them closed
         if self._writer is not None:
             self._writer.close()
+            self._writer = None
         if self._sink is not None:
             self._sink.close()
+            self._sink = None
         start = self.comm.exscan(self.rows)
         self.parts = self.comm.allgather_obj(CachePart(str(self.path), start, self.rows))
         self._tables = {}
