@@ -115,7 +115,40 @@ def verify_directory(directory: str | os.PathLike) -> list[str]:
         problems.append(f"shards hold {rows} rows, manifest says {manifest['num_rows']}")
     if content_hash(manifest) != manifest.get("content_hash"):
         problems.append("manifest content_hash does not match its contents")
-    return problems + verify_data(directory, manifest)
+    return problems + verify_data(directory, manifest) + _verify_holdout(directory, manifest)
+
+
+def _verify_holdout(directory: str | os.PathLike, manifest: dict) -> list[str]:
+    """Return the problems of the held-out plan a training plan records (none without one).
+
+    The held-out plan is verified as a directory of its own, and its manifest must be the one
+    the training plan recorded (its ``content_hash``), so neither plan can be swapped alone.
+    """
+    record = manifest.get("holdout")
+    if record is None:
+        return []
+    name = record.get("directory") if isinstance(record, dict) else None
+    if not isinstance(name, str):
+        return ["manifest 'holdout' names no directory"]
+    try:
+        path = member_path(directory, name)
+    except SortpackError as exc:
+        return [f"holdout: {one_line(exc)}"]
+    if path.is_symlink() or not path.is_dir():
+        return [f"{name}/: the held-out plan is missing"]
+    try:
+        held = read_manifest(path, expect="index")
+        problems = [f"{name}/{p}" for p in verify_directory(path)]
+    except SortpackError as exc:
+        return [f"{name}/: {one_line(exc)}"]
+    if held.get("content_hash") != record.get("content_hash"):
+        problems.append(f"{name}/: its content_hash {str(held.get('content_hash'))[:16]} is not the one the training "
+                        f"plan recorded ({str(record.get('content_hash'))[:16]})")
+    counts = [s.get("held_out") for s in record.get("sources", [])]
+    held_counts = [s.get("held_out") for s in (held.get("held_out") or {}).get("sources", [])]
+    if counts != held_counts:
+        problems.append(f"{name}/: holds out {held_counts} samples per source, the training plan says {counts}")
+    return problems
 
 
 def verify_shard_files(directory: str | os.PathLike, entries: list[dict], open_checked) -> tuple[list[str], int]:

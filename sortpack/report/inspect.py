@@ -73,6 +73,8 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
 
         report["mixture"] = mixture_report(m, {"tokens": tok, "source": _column(directory, m, "source"),
                                                "num_samples": ns, "batch_size": bs, "padded_size": ps})
+    if m.get("holdout") or m.get("held_out"):
+        report.update(_holdout_report(m))
     if m.get("data"):
         from ..format.data_shards import describe_data
 
@@ -84,6 +86,33 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         report.update({"world_size": world_size, "grad_accum": grad_accum, "steps": int(costs.shape[0]),
                        "step_imbalance": float(ratio.max()), "step_imbalance_mean": float(ratio.mean())})
     return report
+
+
+def _holdout_report(m: dict) -> dict:
+    """Return the held-out figures: the seed and each source's rows and held-out count.
+
+    A training plan reports its held-out plan (``holdout``, with the directory and its
+    micro-batches); a held-out plan reports what it holds (``held_out``).
+    """
+    rec = m.get("holdout") or m["held_out"]
+    out = {"seed": rec.get("seed"), "num_samples": rec.get("num_samples"),
+           "sources": [{"name": s.get("name"), "num_rows": s.get("num_rows"), "request": s.get("request"),
+                        "held_out": s.get("held_out")} for s in rec.get("sources", [])]}
+    if m.get("holdout"):
+        return {"holdout": {"directory": rec.get("directory"), **out, "num_microbatches": rec.get("num_microbatches")}}
+    return {"held_out": out}
+
+
+def _render_holdout(value: dict) -> str:
+    """Return the holdout line(s): where, how many, the seed, then per source its count of its rows."""
+    head = [f"{value['directory']}/" if value.get("directory") else "this plan",
+            f"{value['num_samples']} samples"]
+    if value.get("num_microbatches") is not None:
+        head.append(f"{value['num_microbatches']} micro-batches")
+    head.append(f"seed {value['seed']}")
+    per = [f"{s['name'] if s['name'] is not None else 'input'} {s['held_out']} of {s['num_rows']}"
+           + (f" (request {s['request']})" if s["request"] else "") for s in value["sources"]]
+    return ", ".join(head) + "; " + ", ".join(per)
 
 
 def _shape_lines(m: dict, shapes: np.ndarray) -> dict:
@@ -110,6 +139,8 @@ def render(report: dict) -> str:
             from .mixture import render_mixture
 
             value = render_mixture(value)
+        elif key in ("holdout", "held_out"):
+            value = _render_holdout(value)
         elif key == "chosen_lengths":
             value = (f"{value['request']}: {','.join(map(str, value['lengths']))}  "
                      f"(per-sample rounding pads {100 * value['rounding_padding_ratio']:.2f}%)")

@@ -30,12 +30,18 @@ def _show(path: str | os.PathLike) -> str:
     return os.fsdecode(path).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def is_sortpack_output(path: Path) -> str | None:
+HOLDOUT_DIR = "holdout"  # the held-out plan an index holds (``run --holdout``); stages.holdout.DIRECTORY
+
+
+def is_sortpack_output(path: Path, nested: bool = True) -> str | None:
     """Return why ``path`` may not be replaced, or None when it is empty or a sortpack output.
 
     A sortpack output is a directory whose manifest names a format sortpack writes and that
-    holds nothing but the manifest and shard files: a user's file put inside it (or a
-    subdirectory) makes it not replaceable, as its deletion would lose what sortpack did not write.
+    holds nothing but the manifest and shard files, and, where its manifest records a
+    held-out plan, the ``holdout/`` directory holding that plan alone (itself a sortpack
+    output with no directory inside; ``nested=False`` checks one such). A user's file put
+    inside either (or any other subdirectory) makes it not replaceable, as its deletion
+    would lose what sortpack did not write.
     """
     if path.is_symlink():
         return "is a symbolic link"
@@ -47,14 +53,22 @@ def is_sortpack_output(path: Path) -> str | None:
     if MANIFEST not in names:
         return f"is not a sortpack output (no {MANIFEST}; it holds {_some(names)})"
     try:
-        fmt = json.loads((path / MANIFEST).read_text()).get("format")
+        manifest = json.loads((path / MANIFEST).read_text())
+        fmt = manifest.get("format")
     except (OSError, ValueError, AttributeError) as exc:
         return f"has an unreadable {MANIFEST} ({one_line(exc)})"
     if fmt not in KIND_OF_FORMAT:
         return f"is not a sortpack output ({MANIFEST} says format {fmt!r})"
-    foreign = sorted(n for n in names if n != MANIFEST and not (_OWN_FILES.match(n) and (path / n).is_file()))
+    held = nested and HOLDOUT_DIR in names and isinstance(manifest.get("holdout"), dict) and (
+        (path / HOLDOUT_DIR).is_dir() and not (path / HOLDOUT_DIR).is_symlink())
+    foreign = sorted(n for n in names if n != MANIFEST and not (_OWN_FILES.match(n) and (path / n).is_file())
+                     and not (held and n == HOLDOUT_DIR))
     if foreign:
         return f"holds files sortpack did not write ({_some(foreign)})"
+    if held:
+        why = is_sortpack_output(path / HOLDOUT_DIR, nested=False)
+        if why is not None:
+            return f"has a {HOLDOUT_DIR}/ that {why}"
     return None
 
 
