@@ -1,0 +1,250 @@
+"""Held-out plans end to end: ``run``/``pack --holdout``, MIX.json's ``holdout``, the reader, inspect, verify."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from sortpack.reader import PackedIndex, PackedSampler
+from sortpack.stages.holdout import holdout_mask
+
+from support import lognormal, run_sortpack, write_text_parquet
+
+PACK = ["--column", "text", "--max-tokens", "4096", "--segment-size", "256"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Two sources (web: two files, books: one) and a 1-rank plan of web with --holdout 0.1."""
+    root = tmp_path_factory.mktemp("holdout")
+    (root / "web").mkdir()
+    (root / "books").mkdir()
+    write_text_parquet(root / "web" / "a.parquet", lognormal(700, 1, 3000), 200)
+    write_text_parquet(root / "web" / "b.parquet", lognormal(500, 2, 3000), 200)
+    write_text_parquet(root / "books" / "a.parquet", lognormal(300, 3, 3000), 100)
+    spec = {"sources": [{"name": "web", "inputs": ["web/"], "weight": 0.7},
+                        {"name": "books", "inputs": ["books/"], "weight": 0.3, "holdout": 25}],
+            "holdout_seed": 5}
+    (root / "mix.json").write_text(json.dumps(spec))
+    run_sortpack(["run", root / "web", "-o", root / "plan", *PACK, "--holdout", "0.1", "--quiet"])
+    return root
+
+
+def _ids(path: Path) -> np.ndarray:
+    idx = PackedIndex(path)
+    return np.concatenate([idx.microbatch(i) for i in range(len(idx))]) if len(idx) else np.zeros(0, np.int64)
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    """Return every data file of a plan and its held-out plan (manifests aside) by relative name."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*.arrow"))}
+
+
+def _hash(path: Path) -> str:
+    return json.loads((path / "manifest.json").read_text())["content_hash"]
+
+
+def test_the_union_of_training_and_holdout_is_every_sample_once(data):
+    train, held = _ids(data / "plan"), _ids(data / "plan" / "holdout")
+    assert len(held) == 120 and len(train) == 1080
+    assert np.array_equal(np.sort(np.concatenate([train, held])), np.arange(1200))
+    # exactly the seeded choice, keyed by sample id
+    assert np.array_equal(np.sort(held), np.flatnonzero(holdout_mask(np.arange(1200), np.array([0, 1200]),
+                                                                     np.array([120]), 0)))
+    m = json.loads((data / "plan" / "manifest.json").read_text())
+    rec = m["holdout"]
+    assert rec["seed"] == 0 and rec["directory"] == "holdout" and rec["num_samples"] == 120
+    assert rec["sources"] == [{"name": None, "first_sample": 0, "num_rows": 1200, "request": 0.1, "held_out": 120}]
+    assert rec["content_hash"] == _hash(data / "plan" / "holdout")
+    h = json.loads((data / "plan" / "holdout" / "manifest.json").read_text())
+    assert h["held_out"]["sources"] == rec["sources"] and h["options"] == m["options"]
+    assert h["num_samples"] == 120 and m["num_samples"] == 1080
+
+
+def test_another_seed_holds_out_other_samples(data, tmp_path):
+    run_sortpack(["run", data / "web", "-o", tmp_path / "p", *PACK, "--holdout", "120", "--holdout-seed", "9",
+                  "--quiet"])
+    held = np.sort(_ids(tmp_path / "p" / "holdout"))
+    assert len(held) == 120 and not np.array_equal(held, np.sort(_ids(data / "plan" / "holdout")))
+    assert json.loads((tmp_path / "p" / "manifest.json").read_text())["holdout"]["seed"] == 9
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_both_plans_are_byte_identical_at_any_rank_count(data, tmp_path, ranks):
+    run_sortpack(["run", data / "web", "-o", tmp_path / "p", *PACK, "--holdout", "0.1", "--quiet"], ranks=ranks,
+                 timeout=180)
+    assert _files(tmp_path / "p") == _files(data / "plan")
+    assert "holdout/microbatches-00000.arrow" in _files(tmp_path / "p")
+    assert _hash(tmp_path / "p") == _hash(data / "plan")
+    assert _hash(tmp_path / "p" / "holdout") == _hash(data / "plan" / "holdout")
+
+
+def test_pack_of_a_sorted_directory_holds_out_the_same_plans(data, tmp_path):
+    run_sortpack(["run", data / "web", "-o", tmp_path / "p", *PACK, "--keep-intermediate", "--quiet"])
+    run_sortpack(["pack", tmp_path / "p.sorted", "-o", tmp_path / "q", "--max-tokens", "4096", "--segment-size",
+                  "256", "--holdout", "0.1", "--quiet"], ranks=2, timeout=180)
+    assert _files(tmp_path / "q") == _files(data / "plan")
+
+
+def test_a_mixture_holds_out_per_source_and_its_union_is_every_sample(data, tmp_path):
+    # total_tokens past every source's tokens: each training sample is used at least once
+    mix = ["run", "--mixture", data / "mix.json", "--max-tokens", "4096", "--holdout", "0.05", "--total-tokens",
+           "6000000", "--quiet"]
+    run_sortpack([*mix, "-o", tmp_path / "m"])
+    m = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    rec = m["holdout"]
+    assert rec["seed"] == 5  # MIX.json's holdout_seed
+    assert [(s["name"], s["request"], s["held_out"]) for s in rec["sources"]] == [("web", 0.05, 60),
+                                                                                  ("books", 25, 25)]
+    held_idx = PackedIndex(tmp_path / "m" / "holdout")
+    assert held_idx.source_names == ["web", "books"] and held_idx.mixture is None
+    held = _ids(tmp_path / "m" / "holdout")
+    src = held_idx["source"]
+    for i in range(len(held_idx)):  # a held-out micro-batch holds one source
+        ids = held_idx.microbatch(i)
+        assert ((ids >= 1200) == bool(src[i])).all()
+    train = np.unique(_ids(tmp_path / "m"))
+    assert all(s["whole_passes"] >= 1 for s in m["mixture"]["sources"])
+    assert np.array_equal(np.sort(np.concatenate([train, held])), np.arange(1500))  # every sample on one side
+    assert len(held) == 85 and sum(s["samples_held"] for s in m["mixture"]["sources"]) == 1415
+    run_sortpack([*mix, "-o", tmp_path / "m3"], ranks=3, timeout=180)
+    assert _files(tmp_path / "m3") == _files(tmp_path / "m") and _hash(tmp_path / "m3") == _hash(tmp_path / "m")
+
+
+def test_blend_takes_holdout_for_every_source(data, tmp_path):
+    run_sortpack(["run", "--blend", f"70 {data / 'web'} 30 {data / 'books'}", "-o", tmp_path / "b",
+                  "--max-tokens", "4096", "--holdout", "30", "--quiet"])
+    rec = json.loads((tmp_path / "b" / "manifest.json").read_text())["holdout"]
+    assert [s["held_out"] for s in rec["sources"]] == [30, 30] and rec["seed"] == 0
+
+
+@pytest.mark.torch
+def test_the_reader_opens_the_holdout_like_any_plan(data):
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from sortpack.dataset import SourceDataset
+    from sortpack.torch import PackedBatchSampler, pad_collate
+
+    held = data / "plan" / "holdout"
+    texts = pq.read_table(sorted((data / "web").glob("*.parquet"))).column("text").to_pylist()
+    ds = SourceDataset(str(held), columns=["text"])
+    # two ranks over an odd count: the tail step repeats micro-batches, flagged not real
+    seen: list[int] = []
+    for rank in range(2):
+        sampler = PackedBatchSampler(str(held), rank=rank, world_size=2)
+        assert sampler.order == "index"  # plan order by default: evaluation reads the plan as packed
+        loader = DataLoader(ds, batch_sampler=sampler, collate_fn=pad_collate(
+            pad_id=0, tokenize=lambda row: np.frombuffer(row["text"].encode(), np.uint8)))
+        for batch in loader:
+            ids = batch["sample_ids"].numpy()
+            real = batch["real"].numpy()
+            seen.extend(ids[real].tolist())
+            for j, i in enumerate(ids[real]):
+                n = int(batch["lengths"][j])
+                assert bytes(batch["input_ids"][j, :n].numpy().astype(np.uint8)).decode() == texts[i]
+    assert sorted(seen) == sorted(_ids(held).tolist())  # every held-out sample once over the real ones
+    assert [mb.repeat for mb in PackedSampler(PackedIndex(held))] == [False] * len(PackedIndex(held))
+
+
+def test_store_writes_the_holdouts_data_too(data, tmp_path):
+    from sortpack.dataset import SourceDataset
+
+    run_sortpack(["run", data / "web", "-o", tmp_path / "s", *PACK, "--holdout", "0.1", "--store", "text",
+                  "--quiet"], ranks=2, timeout=180)
+    held = PackedIndex(tmp_path / "s" / "holdout")
+    assert held.stored is not None
+    stored, files = SourceDataset(held, columns=["text"]), SourceDataset(held, columns=["text"], stored=False)
+    n = 0
+    for mb in PackedSampler(held):
+        got = [r["text"] for r in stored.__getitems__(mb)]
+        assert got == [r["text"] for r in files.__getitems__(mb)]
+        n += len(got)
+    assert n == 120
+    # the index shards are those of the plan without --store
+    assert _files(tmp_path / "s")["holdout/microbatches-00000.arrow"] == \
+        _files(data / "plan")["holdout/microbatches-00000.arrow"]
+    assert "ok" in run_sortpack(["verify", tmp_path / "s"]).stdout
+
+
+def test_inspect_prints_and_verify_checks_the_holdout(data, tmp_path):
+    rep = json.loads(run_sortpack(["inspect", data / "plan", "--json"]).stdout)
+    assert rep["holdout"]["num_samples"] == 120 and rep["holdout"]["seed"] == 0
+    assert rep["holdout"]["sources"][0]["held_out"] == 120 and rep["holdout"]["directory"] == "holdout"
+    text = run_sortpack(["inspect", data / "plan"]).stdout
+    assert "holdout/, 120 samples" in text and "seed 0" in text and "input 120 of 1200" in text
+    assert "held_out" in json.loads(run_sortpack(["inspect", data / "plan" / "holdout", "--json"]).stdout)
+    assert run_sortpack(["verify", data / "plan"]).stdout.strip().endswith("ok")
+    bad = tmp_path / "bad"
+    shutil.copytree(data / "plan", bad)
+    shard = bad / "holdout" / "microbatches-00000.arrow"
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    proc = run_sortpack(["verify", bad], check=False)
+    assert proc.returncode == 1 and "holdout/microbatches-00000.arrow: sha256 mismatch" in proc.stderr
+    # a held-out plan from another run is refused, though it verifies on its own
+    shutil.rmtree(bad / "holdout")
+    run_sortpack(["run", data / "web", "-o", tmp_path / "other", *PACK, "--holdout", "0.1", "--holdout-seed", "3",
+                  "--quiet"])
+    shutil.copytree(tmp_path / "other" / "holdout", bad / "holdout")
+    proc = run_sortpack(["verify", bad], check=False)
+    assert proc.returncode == 1 and "is not the one the training plan recorded" in proc.stderr
+    shutil.rmtree(bad / "holdout")
+    proc = run_sortpack(["verify", bad], check=False)
+    assert proc.returncode == 1 and "the held-out plan is missing" in proc.stderr
+
+
+def test_overwrite_replaces_the_holdout_it_wrote_and_nothing_else(data, tmp_path):
+    out = tmp_path / "o"
+    args = ["run", data / "books", "-o", out, *PACK, "--holdout", "10", "--overwrite", "--quiet"]
+    run_sortpack(args)
+    run_sortpack(args)  # a plan with its holdout/ is sortpack's own
+    mine = out / "holdout" / "notes.txt"
+    mine.write_text("mine")
+    proc = run_sortpack(args, check=False)
+    assert proc.returncode == 2 and "holdout/ that holds files sortpack did not write (notes.txt)" in proc.stderr
+    assert mine.read_text() == "mine"
+    mine.unlink()
+    (out / "holdout" / "sub").mkdir()
+    assert run_sortpack(args, check=False).returncode == 2 and (out / "holdout" / "sub").is_dir()
+    (out / "holdout" / "sub").rmdir()
+    # a holdout/ the manifest does not record is not sortpack's
+    run_sortpack(["run", data / "books", "-o", out, *PACK, "--overwrite", "--quiet"])
+    (out / "holdout").mkdir()
+    (out / "holdout" / "manifest.json").write_text((out / "manifest.json").read_text())
+    proc = run_sortpack(args, check=False)
+    assert proc.returncode == 2 and "holds files sortpack did not write (holdout)" in proc.stderr
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--holdout", "0"], "--holdout 0: a count of held-out samples must be at least 1"),
+    (["--holdout", "-3"], "--holdout -3: a count of held-out samples must be at least 1"),
+    (["--holdout", "1.0"], "--holdout 1.0: a fraction must be in (0, 1)"),
+    (["--holdout", "2000"], "--holdout 2000: holds out 2000 of the 1200 rows of the input"),
+    (["--holdout", "0.1", "--holdout-seed", "-1"], "--holdout-seed -1: must be >= 0"),
+    (["--holdout-seed", "4"], "--holdout-seed applies to a held-out plan"),
+])
+def test_bad_values_are_one_line_exit_2_and_write_nothing(data, tmp_path, extra, message):
+    proc = run_sortpack(["run", data / "web", "-o", tmp_path / "x" / "p", *PACK, *extra], ranks=2, check=False,
+                        timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_mixture_source_too_small_for_its_holdout_is_named(data, tmp_path):
+    spec = json.loads((data / "mix.json").read_text())
+    spec["sources"][1]["holdout"] = 300
+    for s in spec["sources"]:
+        s["inputs"] = [str(data / p) for p in s["inputs"]]
+    (tmp_path / "mix.json").write_text(json.dumps(spec))
+    proc = run_sortpack(["run", "--mixture", tmp_path / "mix.json", "-o", tmp_path / "m", "--max-tokens", "4096"],
+                        check=False)
+    assert proc.returncode == 2 and "source 'books'" in proc.stderr and "leaving none to train on" in proc.stderr
+    assert not (tmp_path / "m").exists()
