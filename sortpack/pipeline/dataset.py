@@ -88,9 +88,11 @@ def write_holdout(comm: Comm, out: OutputDir, held: SampleColumns, holdout: Hold
     manifest = write_index(comm, nested, mbs, options, files, prof, job, store_fn,
                            extra={"held_out": {**{k: v for k, v in record.items() if k != "directory"},
                                         "training_plan": ".."}})
-    shared = comm.bcast_obj({"content_hash": manifest["content_hash"], "num_microbatches": manifest["num_microbatches"],
-                             "packed_samples": manifest["num_samples"]} if comm.is_root() else None)
-    return {**record, **shared}
+    mine = None
+    if manifest is not None:  # rank 0
+        mine = {"content_hash": manifest["content_hash"], "num_microbatches": manifest["num_microbatches"],
+                "packed_samples": manifest["num_samples"]}
+    return {**record, **comm.bcast_obj(mine)}
 
 
 def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, overwrite: bool,

@@ -12,7 +12,7 @@ from ..format.shards import file_sha256
 from ..parallel import Comm, fault_point
 from ..partition import shard_starts
 from ..progress import Progress
-from .output import OutputDir
+from .output import PlanDir
 
 
 def write_shard(path: Path, table: pa.Table) -> dict:
@@ -28,7 +28,7 @@ def write_shard(path: Path, table: pa.Table) -> dict:
 
 def write_owned_shards(
     comm: Comm,
-    out: OutputDir,
+    out: PlanDir,
     kind: str,
     make_table,
     first_row: int,

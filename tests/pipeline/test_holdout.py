@@ -248,3 +248,35 @@ def test_a_mixture_source_too_small_for_its_holdout_is_named(data, tmp_path):
                         check=False)
     assert proc.returncode == 2 and "source 'books'" in proc.stderr and "leaving none to train on" in proc.stderr
     assert not (tmp_path / "m").exists()
+
+
+def test_store_tokens_stores_the_holdouts_ids_from_the_one_tokenization(tmp_path):
+    from tokenizers import Tokenizer
+
+    from sortpack.dataset import SourceDataset
+
+    from support import make_tokenizer
+
+    words = np.array(["hello", "world", "the", "quick", "brown", "fox"])
+    rng = np.random.default_rng(4)
+    texts = [" ".join(words[rng.integers(0, 6, int(n))]) for n in rng.integers(1, 60, 400)]
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet", row_group_size=50)
+    tok_path = make_tokenizer(tmp_path / "tokenizer.json")
+    run_sortpack(["run", tmp_path / "t.parquet", "-o", tmp_path / "plan", "--column", "text", "--size", "tokens",
+                  "--tokenizer", tok_path, "--max-tokens", "400", "--holdout", "40", "--store", "text",
+                  "--store-tokens", "--keep-intermediate", "--quiet"], ranks=2, timeout=180)
+    tok = Tokenizer.from_file(tok_path)
+    for plan, count in ((tmp_path / "plan", 360), (tmp_path / "plan" / "holdout", 40)):
+        ds, n = SourceDataset(plan), 0
+        for mb in PackedSampler(PackedIndex(plan)):
+            for sid, row in zip(mb, ds.__getitems__(mb)):
+                assert row["text"] == texts[sid] and list(row["input_ids"]) == tok.encode(texts[sid]).ids
+                n += 1
+        assert n == count
+    assert not list((tmp_path / "plan").rglob(".tokens-*"))  # the cache is gone once both plans are stored
+    # pack --store-tokens from the sorted directory (tokenizing again) gives the same bytes
+    run_sortpack(["pack", tmp_path / "plan.sorted", "-o", tmp_path / "packed", "--max-tokens", "400", "--holdout",
+                  "40", "--store", "text", "--store-tokens", "--tokenizer", tok_path, "--quiet"])
+    assert _files(tmp_path / "packed") == _files(tmp_path / "plan")
