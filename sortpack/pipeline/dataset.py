@@ -15,7 +15,7 @@ from ..format.manifest import read_manifest
 from ..inputs.fingerprints import with_mtimes
 from ..parallel import Comm
 from ..stages.analyze import AnalyzeOptions, analyze
-from ..stages.holdout import DEFAULT_SEED, DIRECTORY, Holdout, split_holdout
+from ..stages.holdout import DEFAULT_SEED, DIRECTORY, Holdout, holdout_lengths, split_holdout
 from ..stages.pack import Microbatches, OversizeError, PackOptions, pack_samples
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
@@ -73,15 +73,20 @@ def write_holdout(comm: Comm, out: OutputDir, held: SampleColumns, holdout: Hold
     """Pack the held-out samples and write their plan in ``OUTPUT/holdout``; return the training manifest's record.
 
     Call it after packing the training plan: with ``--shapes auto:K`` the held-out plan takes
-    the lengths chosen there (``popts.shapes``), so evaluation sees the training's shapes.
+    the lengths chosen there (``popts.shapes``), so evaluation sees the training's shapes
+    (``stages.holdout.holdout_lengths``: plus one when a held-out sample is longer than all).
     ``options`` are the training plan's recorded options. ``to_plan(mbs)`` turns the packed
     micro-batches into the plan's (a mixture's: its ``source`` column); the record (every
     rank) carries the held-out plan's content hash.
     """
     nested = NestedOutput(out, DIRECTORY)
     prof = Profile(comm)
+    hopts = dataclasses.replace(popts, auto_shapes=None)
+    if popts.auto_shapes is not None and popts.shapes:
+        hopts.shapes = comm.collectively(holdout_lengths, comm, held.size, popts)
+        options = {**options, **hopts.as_dict()}
     with prof.stage("pack"):
-        mbs: Microbatches = pack_samples(comm, held, dataclasses.replace(popts, auto_shapes=None), key)
+        mbs: Microbatches = pack_samples(comm, held, hopts, key)
     if to_plan is not None:
         mbs = to_plan(mbs)
     record = holdout.as_dict()

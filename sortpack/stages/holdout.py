@@ -24,7 +24,8 @@ from ..parallel import Comm
 from ..permutation import KeyedPermutation
 from .samples import SampleColumns
 
-__all__ = ["DEFAULT_SEED", "DIRECTORY", "Holdout", "held_counts", "holdout_mask", "parse_holdout", "split_holdout"]
+__all__ = ["DEFAULT_SEED", "DIRECTORY", "Holdout", "held_counts", "holdout_lengths", "holdout_mask", "parse_holdout",
+           "split_holdout"]
 
 DEFAULT_SEED = 0
 DIRECTORY = "holdout"  # the held-out plan's directory inside the training plan's
@@ -129,3 +130,21 @@ def split_holdout(comm: Comm, samples: SampleColumns, holdout: Holdout) -> tuple
     train = samples.select(~held, start, total)
     start, total = global_start(comm, int(held.sum()))
     return train, samples.select(held, start, total)
+
+
+def holdout_lengths(comm: Comm, sizes: np.ndarray, popts) -> tuple[int, ...]:
+    """Return the padded lengths of a held-out plan under ``--shapes auto:K``: the training's (``popts.shapes``).
+
+    A held-out sample longer than every chosen length (the longest document may be held out)
+    would be oversize although it fits the budget: the held-out plan then adds one length,
+    its largest such size, so only samples that no plan could hold meet ``--oversize``.
+    """
+    from dataclasses import replace
+
+    from .pack import truncate_length
+
+    shapes = tuple(int(x) for x in popts.shapes)
+    cap = truncate_length(replace(popts, shapes=(), auto_shapes=None))
+    fit = sizes[sizes <= cap]
+    largest = comm.allreduce(int(fit.max()) if len(fit) else 0, "max")
+    return shapes + (largest,) if largest > shapes[-1] else shapes

@@ -280,3 +280,35 @@ def test_store_tokens_stores_the_holdouts_ids_from_the_one_tokenization(tmp_path
     run_sortpack(["pack", tmp_path / "plan.sorted", "-o", tmp_path / "packed", "--max-tokens", "400", "--holdout",
                   "40", "--store", "text", "--store-tokens", "--tokenizer", tok_path, "--quiet"])
     assert _files(tmp_path / "packed") == _files(tmp_path / "plan")
+
+
+def _longest_held_out(tmp_path: Path, longest: int) -> Path:
+    """Write 500 samples whose longest (``longest``) is held out by ``--holdout 20`` (seed 0)."""
+    mask = holdout_mask(np.arange(500), np.array([0, 500]), np.array([20]), 0)
+    lengths = np.random.default_rng(1).integers(10, 300, 500)
+    lengths[np.flatnonzero(mask)[0]] = longest
+    return write_text_parquet(tmp_path / "c.parquet", lengths)
+
+
+def test_auto_shapes_give_the_holdout_the_training_lengths_and_one_for_a_longer_sample(tmp_path):
+    path = _longest_held_out(tmp_path, 900)
+    run_sortpack(["run", path, "-o", tmp_path / "p", "--column", "text", "--max-tokens", "1000", "--holdout", "20",
+                  "--shapes", "auto:4", "--quiet"])
+    train = json.loads((tmp_path / "p" / "manifest.json").read_text())["options"]
+    held = json.loads((tmp_path / "p" / "holdout" / "manifest.json").read_text())["options"]
+    assert len(train["shapes"]) == 4 and max(train["shapes"]) < 300
+    assert held["shapes"] == train["shapes"] + [900] and held["shapes_request"] == "auto:4"
+    assert set(PackedIndex(tmp_path / "p" / "holdout")["padded_size"].tolist()) <= set(held["shapes"])
+
+
+def test_oversize_applies_to_held_out_samples_after_the_choice(tmp_path):
+    path = _longest_held_out(tmp_path, 5000)
+    args = ["run", path, "-o", tmp_path / "p", "--column", "text", "--max-tokens", "1000", "--holdout", "20",
+            "--quiet"]
+    proc = run_sortpack(args, check=False)
+    assert proc.returncode == 2 and "1 samples" in proc.stderr and not (tmp_path / "p").exists()
+    run_sortpack([*args, "--oversize", "skip"])
+    rec = json.loads((tmp_path / "p" / "manifest.json").read_text())["holdout"]
+    # the choice is made first: the skipped sample stays held out, it is not replaced
+    assert rec["num_samples"] == 20 and rec["packed_samples"] == 19
+    assert len(_ids(tmp_path / "p")) == 480 and len(_ids(tmp_path / "p" / "holdout")) == 19
