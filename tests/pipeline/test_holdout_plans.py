@@ -312,3 +312,49 @@ def test_oversize_applies_to_held_out_samples_after_the_choice(tmp_path):
     # the choice is made first: the skipped sample stays held out, it is not replaced
     assert rec["num_samples"] == 20 and rec["packed_samples"] == 19
     assert len(_ids(tmp_path / "p")) == 480 and len(_ids(tmp_path / "p" / "holdout")) == 19
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_sigterm_while_writing_removes_the_holdout_with_its_plan(data, tmp_path, ranks):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from support import ROOT, sortpack_cmd
+
+    # the held-out plan is written first; its last rank stalls once its shards are written
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SORTPACK_FAULT": f"wrote_index:{ranks - 1}:stall"}
+    cmd = sortpack_cmd(["run", data / "books", "-o", "plan", *PACK, "--holdout", "30", "--quiet"],
+                       ranks if ranks > 1 else None)
+    proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".plan.tmp-*/holdout/microbatches-*.arrow")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode != 0 and "terminated by SIGTERM; removed .plan.tmp-" in err, err
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failure_or_kill_after_the_holdout_is_written_leaves_nothing(data, tmp_path):
+    args = ["run", data / "books", "-o", tmp_path / "plan", *PACK, "--holdout", "30", "--quiet"]
+    proc = run_sortpack(args, ranks=2, check=False, env={"SORTPACK_FAULT": "wrote_index:0"}, timeout=120)
+    assert proc.returncode != 0 and "injected fault at wrote_index" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    # a kill leaves the temporary, holdout/ inside it: the next job into the output removes it whole
+    proc = run_sortpack(args, ranks=2, check=False, env={"SORTPACK_FAULT": "wrote_index:1:kill"}, timeout=120)
+    assert proc.returncode != 0
+    assert len(list(tmp_path.glob(".plan.tmp-*/holdout/microbatches-*.arrow"))) == 1
+    proc = run_sortpack(args)
+    assert "left by a killed job" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan"]
