@@ -67,14 +67,17 @@ def holdout_mask(ids: np.ndarray, bases: np.ndarray, counts: np.ndarray, seed: i
     mask = np.zeros(len(ids), dtype=bool)
     if not len(ids):
         return mask
-    src = np.searchsorted(bases, ids, side="right") - 1
-    for k in np.unique(src).tolist():
-        if not counts[k]:
+    one = len(bases) == 2  # one source (a plan that is no mixture): every id is of source 0
+    src = None if one else np.searchsorted(bases, ids, side="right") - 1
+    for k in ([0] if src is None else np.unique(src).tolist()):
+        count = int(counts[k])
+        if not count:
             continue
         rows = int(bases[k + 1] - bases[k])
-        at = np.flatnonzero(src == k)
-        perm = KeyedPermutation(rows, seed, _SALT + k)
-        mask[at] = perm.array(ids[at] - bases[k]) < int(counts[k])
+        at = slice(None) if src is None else np.flatnonzero(src == k)
+        # every id mapped forward, O(1) each: inverting the count's images and looking the ids
+        # up was slower on ids in sort order (random lookups), so there is one path
+        mask[at] = KeyedPermutation(rows, seed, _SALT + k).array(ids[at] - bases[k]) < count
     return mask
 
 
