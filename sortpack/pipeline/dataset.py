@@ -155,7 +155,8 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         plan = comm.collectively(_plain_holdout, holdout, samples.files)
         held = None
         if plan is not None:
-            samples, held = split_holdout(comm, samples, plan)
+            with prof.stage("holdout_choice"):
+                samples, held = split_holdout(comm, samples, plan)
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key)
         options = {**manifest["options"], **popts.as_dict()}  # --shapes auto: the lengths chosen here
@@ -208,7 +209,8 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         if plan is not None:
             # held out by sample id, so after the sort is the same as before it, and before packing
             # drops, skips, truncates or cuts anything; `pack SORTED --holdout` repeats it exactly
-            ordered, held = split_holdout(comm, ordered, plan)
+            with prof.stage("holdout_choice"):
+                ordered, held = split_holdout(comm, ordered, plan)
         try:
             with prof.stage("pack"):
                 mbs = pack_samples(comm, ordered, popts, sopts.key)

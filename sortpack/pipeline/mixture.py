@@ -338,7 +338,8 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
         held = None
         if hplan is not None:
             # by global sample id, before packing drops, skips or cuts anything (docs/mixtures.md)
-            ordered, held = split_holdout(comm, ordered, hplan)
+            with prof.stage("holdout_choice"):
+                ordered, held = split_holdout(comm, ordered, hplan)
         with prof.stage("pack"):
             mbs = pack_samples(comm, ordered, popts, sopts.key)
         del ordered
