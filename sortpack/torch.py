@@ -1,7 +1,9 @@
-"""torch side of the reader, public face: ``PackedBatchSampler``, ``PlanLoader``, ``VariableBatchSizeLR``, collate.
+"""The torch door: what a PyTorch training loop imports from sortpack.
 
-The implementation lives in ``sortpack.reader.torch``; torch is
-imported only where it is used, so importing this module is cheap and works without torch.
+Reading (``PackedBatchSampler``, ``PlanLoader``, ``SourceDataset``, the collate helpers) comes
+from ``sortpack.reader``; the training-loop helpers (``VariableBatchSizeLR``, ``step_loss``,
+``GoodputController``) from ``sortpack.train``. torch is imported only where it is used, so
+importing this module is cheap and works without torch.
 
 This file is named ``torch.py``: when the ``sortpack/`` directory itself is on ``sys.path``
 (``python sortpack/some_script.py``), ``import torch`` would find it instead of PyTorch.
@@ -26,5 +28,37 @@ if __name__ == "torch":  # loaded as top-level ``torch`` because sortpack/ is on
     # the import system returns sys.modules["torch"]: the real package
     _sys.modules["torch"] = _real
 else:
-    from .reader.torch import *  # noqa: F403
-    from .reader.torch import __all__  # noqa: F401
+    from .reader.collate import (
+        PackedDataset,
+        PadCollate,
+        VarlenCollate,
+        hf_inputs,
+        pad_collate,
+        varlen_collate,
+    )
+    from .reader.dataset import SourceDataset
+    from .reader.index import PackedIndex
+    from .reader.loader import PlanLoader
+    from .reader.microbatch import MicroBatch
+    from .reader.sampler import PackedBatchSampler
+    from .train.goodput_controller import GoodputController
+    from .train.loss import step_loss, step_targets
+    from .train.lr import VariableBatchSizeLR
+
+    __all__ = [
+        "GoodputController",
+        "MicroBatch",
+        "PackedBatchSampler",
+        "PackedDataset",
+        "PackedIndex",
+        "PadCollate",
+        "PlanLoader",
+        "SourceDataset",
+        "VariableBatchSizeLR",
+        "VarlenCollate",
+        "hf_inputs",
+        "pad_collate",
+        "step_loss",
+        "step_targets",
+        "varlen_collate",
+    ]

@@ -19,7 +19,7 @@ BASE = {"errors", "env", "parallel", "partition", "distribute", "progress", "lau
 SIDES = {
     **{b: "base" for b in BASE},
     "inputs": "inputs", "format": "format", "stages": "stages", "write": "write",
-    "reader": "reader", "dataset": "reader", "torch": "reader",
+    "reader": "reader", "dataset": "reader", "train": "train", "torch": "train",
     "report": "report", "pipeline": "pipeline", "cli": "cli", "__main__": "cli", "__init__": "base",
 }
 # side -> the sides it may import (besides itself)
@@ -31,6 +31,8 @@ MAY_IMPORT = {
     "write": {"base", "format", "inputs", "stages"},
     # never parallel, stages or writers
     "reader": {"errors", "launcher", "permutation", "row_store", "arrow_types", "kernels", "format", "inputs"},
+    # training-loop helpers beside the reader: the reader's rules, plus the reader; the reader never imports them
+    "train": {"errors", "launcher", "permutation", "row_store", "arrow_types", "kernels", "format", "inputs", "reader"},
     "report": {"errors", "format", "inputs", "reader"},
     "pipeline": {"base", "format", "inputs", "stages", "write"},
     "cli": {"base", "format", "inputs", "stages", "write", "reader", "report", "pipeline"},
@@ -117,8 +119,23 @@ def _loaded_after_import(module: str) -> list[str]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-READER_MODULES = sorted({"sortpack.reader", "sortpack.dataset", "sortpack.torch"} | {
-    "sortpack.reader." + p.stem for p in (PKG / "reader").glob("*.py") if p.stem != "__init__"})
+READER_MODULES = sorted({"sortpack.reader", "sortpack.dataset", "sortpack.torch", "sortpack.train"} | {
+    f"sortpack.{side}." + p.stem for side in ("reader", "train") for p in (PKG / side).glob("*.py")
+    if p.stem != "__init__"})
+
+
+# what only a training loop needs: the reader (what the plan says) does not define it
+TRAINING_HELPERS = ("VariableBatchSizeLR", "step_loss", "step_targets", "GoodputController", "NoiseScale",
+                    "StepTimeModel", "choose_accum")
+
+
+def test_the_reader_defines_no_training_helper():
+    for path in sorted((PKG / "reader").rglob("*.py")):
+        defined = {n.name for n in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        found = defined & set(TRAINING_HELPERS)
+        assert not found, f"{path.relative_to(PKG.parent)} defines {sorted(found)}: it belongs in sortpack/train/"
+        assert "train" not in _module_imports(path), f"{path.relative_to(PKG.parent)} imports sortpack.train"
 
 
 @pytest.mark.parametrize("module", READER_MODULES)

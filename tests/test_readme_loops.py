@@ -14,7 +14,7 @@ from sortpack.reader import step_info
 from support import ROOT, make_tokenizer, run_sortpack, write_text_parquet
 
 pytestmark = pytest.mark.torch
-BASE = sortpack.reader.torch.PackedBatchSampler
+BASE = sortpack.torch.PackedBatchSampler
 
 
 def stored_loop() -> str:

@@ -34,7 +34,7 @@ class MicroBatch(list):
         micro-batches count as often as the loop trains on them). ``step_samples`` is
         ``step_batch`` by its other name.
     world_size : int
-        Data-parallel ranks W of the step (``sortpack.reader.torch.step_loss`` scales by it).
+        Data-parallel ranks W of the step (``sortpack.torch.step_loss`` scales by it).
     tokens : int
         Real tokens of this micro-batch in the plan (the sum of its samples' sizes).
     repeat : bool

@@ -1,4 +1,4 @@
-"""sortpack.torch (sortpack.reader.lr/collate/sampler with torch): LR wrapper, collate, DataLoader, resume."""
+"""sortpack.torch (the LR wrapper of sortpack.train, collate and samplers with torch): collate, DataLoader, resume."""
 from __future__ import annotations
 
 import math
@@ -317,7 +317,7 @@ def test_sortpack_torch_never_shadows_torch(tmp_path):
     # with sortpack/ itself on sys.path (python sortpack/x.py), `import torch` must be PyTorch
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import torch; "
             "assert hasattr(torch, 'tensor') and hasattr(torch.optim, 'SGD'), torch.__file__; "
-            "import sortpack.torch as face, sortpack.reader.lr as lr; "
+            "import sortpack.torch as face, sortpack.train.lr as lr; "
             "assert face.PackedBatchSampler and lr.VariableBatchSizeLR; print(torch.__file__)")
     out = subprocess.run([sys.executable, "-c", code, str(ROOT / "sortpack")], check=False, capture_output=True,
                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=str(tmp_path))

@@ -322,7 +322,7 @@ def test_sampler_load_state_dict_validates_every_field(tmp_path, field, value, m
 
 
 def test_goodput_and_lr_states_are_validated():
-    from sortpack.reader.goodput import NoiseScale, StepTimeModel
+    from sortpack.train.goodput import NoiseScale, StepTimeModel
 
     noise = NoiseScale()
     for bad in ({**noise.state_dict(), "smoothing": 1.5}, {**noise.state_dict(), "steps": -1},

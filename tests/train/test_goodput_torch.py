@@ -1,4 +1,4 @@
-"""Tests of sortpack.reader.torch.GoodputController on a real index and a problem with a known noise scale."""
+"""Tests of sortpack.torch.GoodputController on a real index and a problem with a known noise scale."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -142,7 +142,7 @@ def test_the_controller_leaves_no_reference_cycle(regression):
 
 def test_ddp_noise_scale_matches_the_exact_value(regression):
     ix = regression[0]
-    out = run_gloo_ranks([str(ROOT / "tests" / "goodput_ddp_worker.py"), str(ix), "3"])[0]
+    out = run_gloo_ranks([str(ROOT / "tests" / "train" / "goodput_ddp_worker.py"), str(ix), "3"])[0]
     line = next(line for line in out.splitlines() if line.startswith("rank 0 truth"))
     truth, estimate = float(line.split()[3]), float(line.split()[5])
     assert estimate == pytest.approx(truth, rel=0.15)

@@ -1,4 +1,4 @@
-"""Tests of sortpack.reader.goodput: the noise-scale estimator, the step-time model and the choice of A."""
+"""Tests of sortpack.train.goodput: the noise-scale estimator, the step-time model and the choice of A."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sortpack.reader.goodput import (
+from sortpack.train.goodput import (
     NoiseScale,
     StepTimeModel,
     adascale_gain,

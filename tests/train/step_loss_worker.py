@@ -1,6 +1,6 @@
 """One gloo rank of the token-exact loss test: DDP over the plan's steps, gradients of each step saved by rank 0.
 
-    python tests/reader/step_loss_worker.py INDEX SIZES.npy MODE GRAD_ACCUM STEPS OUT.npz   (RANK/WORLD_SIZE set)
+    python tests/train/step_loss_worker.py INDEX SIZES.npy MODE GRAD_ACCUM STEPS OUT.npz   (RANK/WORLD_SIZE set)
 """
 from __future__ import annotations
 

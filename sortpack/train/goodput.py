@@ -9,7 +9,7 @@ The statistical efficiency of batch M against a reference batch M0 is
 Goodput is samples per second times E; the accumulation count A that maximises it (within the
 user's bounds) is what ``choose_accum`` returns.
 
-Nothing here knows torch: ``sortpack.reader.torch.GoodputController`` measures the norms and step
+Nothing here knows torch: ``sortpack.torch.GoodputController`` measures the norms and step
 times during training and feeds them in.
 """
 from __future__ import annotations
@@ -104,7 +104,7 @@ class NoiseScale:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what ``state_dict`` returned."""
-        from .state_checks import check_state, integer, real
+        from ..reader.state_checks import check_state, integer, real
 
         check_state("NoiseScale", state, {"smoothing": real(0.0, 1.0, hi_open=True), "g2": real(), "trace": real(),
                                           "weight": real(0.0, 1.0), "steps": integer(0)})
@@ -172,7 +172,7 @@ class StepTimeModel:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what ``state_dict`` returned."""
-        from .state_checks import check_state, real, sequence
+        from ..reader.state_checks import check_state, real, sequence
 
         def by_accum(v):
             if not isinstance(v, dict):

@@ -103,7 +103,7 @@ def test_step_counts_come_from_the_plan(tmp_path):
 
 
 def test_step_loss_scales_by_the_world_and_warns_on_other_tokens(monkeypatch):
-    import sortpack.reader.loss as loss_module
+    import sortpack.train.loss as loss_module
 
     monkeypatch.setattr(loss_module, "_warned", set())  # it warns once per process
     mb = MicroBatch([0, 1], microbatch=0, padded_size=4, step_batch=4, step_tokens=14, world_size=2, tokens=7)

@@ -1,6 +1,6 @@
 """``GoodputController``: adapt gradient accumulation to the gradient noise scale during training.
 
-Public as ``sortpack.reader.torch.GoodputController``. The numbers live in ``sortpack.reader.goodput``;
+Public as ``sortpack.torch.GoodputController``. The numbers live in ``sortpack.train.goodput``;
 this module only measures them with torch hooks, so collecting them costs no extra backward:
 
 - under DDP (W >= 2 ranks) the small batch is one rank's share of the step: a DDP comm hook
@@ -19,8 +19,8 @@ import weakref
 
 import numpy as np
 
+from ..reader.microbatch import step_info
 from .goodput import NoiseScale, StepTimeModel, adascale_gain, choose_accum
-from .microbatch import step_info
 
 LR_RULES = ("sampler", "adascale")
 
@@ -275,7 +275,7 @@ class GoodputController:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what ``state_dict`` returned (load the sampler's own state first)."""
-        from .state_checks import check_state, integer, optional, real
+        from ..reader.state_checks import check_state, integer, optional, real
 
         check_state("GoodputController", state, {
             "noise": lambda v: None if isinstance(v, dict) else "a dict", "times": lambda v: None if isinstance(
