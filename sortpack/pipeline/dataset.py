@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
-from ..inputs.fingerprints import with_mtimes
+from ..inputs.locations import with_locations
 from ..parallel import Comm
 from ..stages.analyze import AnalyzeOptions, analyze
 from ..stages.pack import OversizeError, PackOptions, pack_samples
@@ -95,7 +95,7 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key)
         options = {**manifest["options"], **popts.as_dict()}
-        return write_index(comm, out, mbs, options, with_mtimes(manifest), prof, job, store_fn)
+        return write_index(comm, out, mbs, options, with_locations(manifest), prof, job, store_fn)
 
     return _guarded(out, work)
 

@@ -12,6 +12,8 @@ from ..errors import SortpackError
 from ..format import read_manifest
 from ..inputs.discover import expand_inputs
 from ..inputs.formats import open_source, read_units
+from ..inputs.locations import with_locations
+from ..inputs.objects import is_url, size_of
 from ..inputs.source_file import SourceFile
 from .index import PackedIndex
 from .lazy_rows import TableSamples
@@ -87,10 +89,10 @@ class SourceDataset:
         if got is None:
             entry = self.files[k]
             path = entry["path"]
-            if not os.path.isfile(path):
+            if not is_url(path) and not os.path.isfile(path):  # an object: open_source's HEAD says
                 raise SortpackError(f"{path}: input file of the index is missing")
-            if self.check_bytes and "bytes" in entry and os.path.getsize(path) != int(entry["bytes"]):
-                raise SortpackError(f"{path}: {os.path.getsize(path)} bytes, the index was built from "
+            if self.check_bytes and "bytes" in entry and size_of(path) != int(entry["bytes"]):
+                raise SortpackError(f"{path}: {size_of(path)} bytes, the index was built from "
                                     f"{entry['bytes']} bytes (the file changed)")
             src = open_source(path, entry["format"])
             unit_rows = src.unit_rows if src.unit_rows is not None else [int(entry["rows"])]
@@ -181,9 +183,9 @@ def _stored_data(source, columns):
 
 def _source_files(source, split: str | None = None) -> list[dict]:
     if isinstance(source, PackedIndex):
-        return list(source.manifest["source"]["files"])
+        return with_locations(source.manifest)
     if isinstance(source, (str, os.PathLike)) and (Path(source) / "manifest.json").is_file():
-        return list(read_manifest(source)["source"]["files"])
+        return with_locations(read_manifest(source))
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     if items and all(isinstance(f, dict) for f in items):
         return [f for f in items if isinstance(f, dict)]
