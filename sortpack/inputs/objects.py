@@ -105,7 +105,7 @@ def object_error(url: str, exc: BaseException) -> SortpackError:
         why = "no such object"
         if "bucket" in low:
             why = "no such bucket"
-    elif any(w in low for w in ("access_denied", "accessdenied", "invalidaccesskeyid", "signaturedoesnotmatch",
+    elif any(w in low for w in ("access_denied", "accessdenied", "invalidaccesskeyid", "signaturedoesnotmatch", "signature_does_not_match", "invalid_access_key",
                                 "forbidden", "403", "credential", "unauthorized", "401")):
         why = "access denied: check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)"
     elif any(w in low for w in ("network_connection", "could not connect", "couldn't connect", "timed out",
@@ -250,7 +250,7 @@ def glob_regex(pattern: str) -> re.Pattern:
 
 
 def glob_objects(url: str) -> list[tuple[str, int]]:
-    """Return the URL and size of every object whose URL matches glob ``url``, in sorted order."""
+    """Return the URL and size of every object whose URL matches glob ``url``, in sorted order (as ``glob.glob``)."""
     scheme, path = split_url(url)
     names = path.split("/")
     fixed = []
@@ -262,4 +262,7 @@ def glob_objects(url: str) -> list[tuple[str, int]]:
         raise SortpackError(f"{url}: a glob needs a fixed bucket name")
     base = join_url(scheme, "/".join(fixed))
     rx = glob_regex(path)
-    return [(u, s) for u, s in list_objects(base) if rx.match(split_url(u)[1])]
+    # as Python's glob: wildcards do not match a name starting with "." (a pattern may name one)
+    dotted = "/." in "/" + path
+    return [(u, s) for u, s in list_objects(base)
+            if rx.match(split_url(u)[1]) and (dotted or "/." not in "/" + split_url(u)[1])]

@@ -1,0 +1,211 @@
+"""Object-store inputs (issue 26): s3:// URLs read through pyarrow's S3 filesystem from a real server.
+
+The server is moto's S3 server on 127.0.0.1 (tests/object_store.py), reached over HTTP with
+checked credentials; the same data on local disk is the reference: a plan of objects must
+equal the plan of the files (content_hash and index shards) at any rank count.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sortpack.errors import SortpackError
+from sortpack.inputs.discover import expand_inputs
+from sortpack.inputs.objects import glob_regex
+from sortpack.dataset import SourceDataset
+from sortpack.reader import PackedIndex
+
+from object_store import BAD_KEY
+from support import lognormal, run_sortpack, write_text_parquet
+
+
+def _texts(n: int, seed: int) -> list[str]:
+    return ["w" * int(k) for k in lognormal(n, seed, 900)]
+
+
+def _corpus(root: Path) -> Path:
+    """Write every input format below ``root/data`` (and a hidden file the prefix must skip); return it."""
+    data = root / "data"
+    (data / "web").mkdir(parents=True)
+    (data / "_tmp").mkdir()
+    write_text_parquet(data / "web" / "a.parquet", lognormal(700, 1, 900), 150)
+    write_text_parquet(data / "web" / "b.parquet", lognormal(400, 2, 900), 100)
+    table = pa.table({"text": _texts(300, 3)})
+    with pa.ipc.new_file(data / "c.arrow", table.schema) as w:
+        for batch in table.to_batches(max_chunksize=70):
+            w.write_batch(batch)
+    (data / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in _texts(200, 4)))
+    (data / "e.csv").write_text("text\n" + "".join(t + "\n" for t in _texts(150, 5)))
+    (data / "_tmp" / "skip.parquet").write_bytes(b"not parquet")
+    return data
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, s3_server):
+    """The corpus on disk and the same files as objects under s3://corpus/data/."""
+    root = tmp_path_factory.mktemp("objects")
+    data = _corpus(root)
+    s3_server.bucket("corpus")
+    s3_server.upload_tree(data, "s3://corpus/data")
+    return root, data
+
+
+def _run(server, args, ranks=None, check=True, **env):
+    return run_sortpack(args, ranks=ranks, check=check, timeout=240, env=server.env(**env))
+
+
+def test_discover_objects_file_prefix_and_glob(corpus, s3_env):
+    _, data = corpus
+    local = expand_inputs([str(data)])
+    urls = expand_inputs(["s3://corpus/data/"])
+    assert [u.path for u in urls] == ["s3://corpus/data/" + Path(p.path).relative_to(data).as_posix() for p in local]
+    assert [u.format for u in urls] == [p.format for p in local] == ["arrow", "jsonl", "csv", "parquet", "parquet"]
+    for pattern in ("**/*.parquet", "w*/?.parquet"):  # the same files as Python's glob finds locally
+        assert [u.path for u in expand_inputs([f"s3://corpus/data/{pattern}"])] == \
+            ["s3://corpus/data/" + Path(p.path).relative_to(data).as_posix()
+             for p in expand_inputs([f"{data}/{pattern}"])]
+    assert [u.path for u in expand_inputs(["s3://corpus/data/web/b.parquet"])] == ["s3://corpus/data/web/b.parquet"]
+    with pytest.raises(SortpackError, match=r"s3://corpus/nope: no such object or prefix"):
+        expand_inputs(["s3://corpus/nope"])
+    with pytest.raises(SortpackError, match="no object matches"):
+        expand_inputs(["s3://corpus/data/*.txt"])
+    with pytest.raises(SortpackError, match="unsupported URL scheme 'http'"):
+        expand_inputs(["http://example.com/a.parquet"])
+
+
+@pytest.mark.parametrize("pattern, key, hit", [("a/*.parquet", "a/b.parquet", True),
+                                                ("a/*.parquet", "a/x/b.parquet", False),
+                                                ("a/**/*.parquet", "a/b.parquet", True),
+                                                ("a/**/*.parquet", "a/x/y/b.parquet", True),
+                                                ("a/?.csv", "a/bb.csv", False), ("a/[!x].csv", "a/b.csv", True)])
+def test_glob_regex_follows_glob_rules(pattern, key, hit):
+    assert bool(glob_regex(pattern).match(key)) is hit
+
+
+def _index_bytes(plan: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(plan.glob("*.arrow"))}
+
+
+@pytest.mark.mpi
+def test_plan_of_objects_equals_plan_of_files_at_1_and_2_ranks(corpus, s3_server):
+    root, data = corpus
+    opts = ["--max-tokens", "4096", "--overwrite"]
+    _run(s3_server, ["run", str(data), "-o", root / "local", *opts])
+    _run(s3_server, ["run", "s3://corpus/data/", "-o", root / "obj1", *opts])
+    _run(s3_server, ["run", "s3://corpus/data/", "-o", root / "obj2", *opts], ranks=2)
+    local, obj1, obj2 = (json.loads((root / n / "manifest.json").read_text()) for n in ("local", "obj1", "obj2"))
+    assert local["content_hash"] == obj1["content_hash"] == obj2["content_hash"]
+    assert _index_bytes(root / "local") == _index_bytes(root / "obj1") == _index_bytes(root / "obj2")
+    # where and which version: the provenance, per file; the URL, size and ETag of each object
+    paths = obj2["provenance"]["source_paths"]
+    assert paths == ["s3://corpus/data/" + Path(p).relative_to(data).as_posix()
+                     for p in local["provenance"]["source_paths"]]
+    assert [f["bytes"] for f in obj2["source"]["files"]] == [f["bytes"] for f in local["source"]["files"]]
+    etags = obj2["provenance"]["source_etags"]
+    assert all(isinstance(e, str) and len(e) == 32 for e in etags)  # moto: the md5 of a single PUT
+    assert "source_etags" not in local["provenance"]
+    # nothing of the credentials or the endpoint is written
+    text = (root / "obj2" / "manifest.json").read_text()
+    assert s3_server.key not in text and s3_server.secret not in text and s3_server.endpoint not in text
+
+
+@pytest.mark.mpi
+def test_mixture_of_a_local_and_an_object_source(corpus, s3_server, tmp_path):
+    root, data = corpus
+    spec = {"sources": [{"name": "web", "inputs": [str(data / "web")], "weight": 0.5},
+                        {"name": "objects", "inputs": ["s3://corpus/data/c.arrow", "s3://corpus/data/d.jsonl"],
+                         "weight": 0.5}]}
+    (tmp_path / "mix.json").write_text(json.dumps(spec))
+    _run(s3_server, ["run", "--mixture", tmp_path / "mix.json", "-o", tmp_path / "plan", "--max-tokens", "4096"],
+         ranks=2)
+    idx = PackedIndex(tmp_path / "plan")
+    assert idx.source_names == ["web", "objects"]
+    web_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in sorted((data / "web").glob("*.parquet")))
+    ds = SourceDataset(idx, columns=["text"])
+    assert len(ds) == web_rows + 300 + 200
+    # every sample id of the objects' source reads the row the object holds
+    obj_texts = pa.ipc.open_file(data / "c.arrow").read_all().column("text").to_pylist() + \
+        [json.loads(line)["text"] for line in (data / "d.jsonl").read_text().splitlines()]
+    picks = np.arange(web_rows, len(ds), 37)
+    assert [r["text"] for r in ds.__getitems__(picks.tolist())] == [obj_texts[i - web_rows] for i in picks]
+
+
+def test_pack_store_refuses_a_changed_object(corpus, s3_server, tmp_path):
+    root, data = corpus
+    s3_server.bucket("changing")
+    for name in ("web/a.parquet", "d.jsonl"):
+        s3_server.upload(data / name, f"s3://changing/{name}")
+    _run(s3_server, ["run", "s3://changing/", "-o", tmp_path / "plan", "--max-tokens", "4096",
+                     "--keep-intermediate"])
+    # the same bytes uploaded again: same ETag, accepted
+    s3_server.upload(data / "web" / "a.parquet", "s3://changing/web/a.parquet")
+    _run(s3_server, ["pack", tmp_path / "plan.sorted", "-o", tmp_path / "stored", "--max-tokens", "4096",
+                     "--store", "text"])
+    assert PackedIndex(tmp_path / "stored").stored is not None
+    # a rewritten object: refused, one line naming the URL, nothing written
+    write_text_parquet(tmp_path / "other.parquet", lognormal(700, 9, 900), 150)
+    s3_server.upload(tmp_path / "other.parquet", "s3://changing/web/a.parquet")
+    proc = _run(s3_server, ["pack", tmp_path / "plan.sorted", "-o", tmp_path / "again", "--max-tokens", "4096",
+                            "--store", "text"], check=False)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr
+    assert "s3://changing/web/a.parquet" in err[0] and "analyze it again" in err[0]
+    assert not (tmp_path / "again").exists()
+
+
+@pytest.mark.parametrize("case", ["missing", "bad credentials", "unreachable", "url output"])
+def test_object_errors_are_one_line_exit_2_nothing_written(corpus, s3_server, tmp_path, case):
+    url, env, out = "s3://corpus/data/web/a.parquet", {}, str(tmp_path / "out")
+    if case == "missing":
+        url, want = "s3://corpus/data/web/zz.parquet", "s3://corpus/data/web/zz.parquet: no such object"
+    elif case == "bad credentials":
+        env, want = BAD_KEY, "s3://corpus/data/web/a.parquet: access denied"
+    elif case == "unreachable":
+        env, want = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "SORTPACK_OBJECT_TIMEOUT": "2"}, "cannot reach"
+    else:
+        out, want = "s3://corpus/out", "-o s3://corpus/out: sortpack writes its output to a local"
+    t0 = time.monotonic()
+    with s3_server.checking_credentials() if case == "bad credentials" else contextlib.nullcontext():
+        proc = _run(s3_server, ["run", url, "-o", out, "--max-tokens", "4096"], check=False, **env)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr
+    assert want in err[0]
+    assert time.monotonic() - t0 < 60
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("store", [False, True])
+def test_plan_loader_reads_a_plan_of_objects(corpus, s3_server, s3_env, tmp_path, store):
+    torch = pytest.importorskip("torch")
+    from sortpack.torch import PackedBatchSampler, PlanLoader, pad_collate
+    root, data = corpus
+    extra = ["--store", "text"] if store else []
+    _run(s3_server, ["run", "s3://corpus/data/web/", "-o", tmp_path / "plan", "--max-tokens", "4096", *extra])
+    _run(s3_server, ["run", str(data / "web"), "-o", tmp_path / "local", "--max-tokens", "4096"])
+    texts = pq.read_table(data / "web" / "a.parquet").column("text").to_pylist() + \
+        pq.read_table(data / "web" / "b.parquet").column("text").to_pylist()
+
+    def encode(row):
+        return {"input_ids": [ord(c) - 96 for c in row["text"]]}
+
+    def batches(plan):
+        ds = SourceDataset(plan, columns=["text"], transform=encode)
+        assert (ds.stored is not None) is (store and plan == tmp_path / "plan")
+        sampler = PackedBatchSampler(plan, rank=1, world_size=2, order="shuffle", seed=5)
+        return list(PlanLoader(ds, sampler, pad_collate(key="input_ids"), prefetch=2))
+
+    got, ref = batches(tmp_path / "plan"), batches(tmp_path / "local")
+    assert len(got) == len(ref) > 3
+    for a, b in zip(got, ref):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["sample_ids"], b["sample_ids"])
+        for row, sid in enumerate(a["sample_ids"].tolist()):
+            n = len(texts[sid])
+            assert a["input_ids"][row, :n].tolist() == [ord(c) - 96 for c in texts[sid]]
