@@ -117,7 +117,7 @@ def test_plan_of_objects_equals_plan_of_files_at_1_and_2_ranks(corpus, s3_server
 
 
 @pytest.mark.mpi
-def test_mixture_of_a_local_and_an_object_source(corpus, s3_server, tmp_path):
+def test_mixture_of_a_local_and_an_object_source(corpus, s3_server, s3_env, tmp_path):
     root, data = corpus
     spec = {"sources": [{"name": "web", "inputs": [str(data / "web")], "weight": 0.5},
                         {"name": "objects", "inputs": ["s3://corpus/data/c.arrow", "s3://corpus/data/d.jsonl"],
@@ -144,20 +144,34 @@ def test_pack_store_refuses_a_changed_object(corpus, s3_server, tmp_path):
         s3_server.upload(data / name, f"s3://changing/{name}")
     _run(s3_server, ["run", "s3://changing/", "-o", tmp_path / "plan", "--max-tokens", "4096",
                      "--keep-intermediate"])
-    # the same bytes uploaded again: same ETag, accepted
+
+    def pack(out):
+        return _run(s3_server, ["pack", tmp_path / "plan.sorted", "-o", tmp_path / out, "--max-tokens", "4096",
+                                "--store", "text"], check=False)
+
+    # the same bytes uploaded again (one PUT): the same ETag, accepted
     s3_server.upload(data / "web" / "a.parquet", "s3://changing/web/a.parquet")
-    _run(s3_server, ["pack", tmp_path / "plan.sorted", "-o", tmp_path / "stored", "--max-tokens", "4096",
-                     "--store", "text"])
+    assert pack("stored").returncode == 0
     assert PackedIndex(tmp_path / "stored").stored is not None
-    # a rewritten object: refused, one line naming the URL, nothing written
-    write_text_parquet(tmp_path / "other.parquet", lognormal(700, 9, 900), 150)
-    s3_server.upload(tmp_path / "other.parquet", "s3://changing/web/a.parquet")
-    proc = _run(s3_server, ["pack", tmp_path / "plan.sorted", "-o", tmp_path / "again", "--max-tokens", "4096",
-                            "--store", "text"], check=False)
-    err = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(err) == 1, proc.stderr
-    assert "s3://changing/web/a.parquet" in err[0] and "analyze it again" in err[0]
-    assert not (tmp_path / "again").exists()
+    # the same bytes as a multipart upload: a new ETag (a new version) of a Parquet object, refused as
+    # a new mtime of a local Parquet file is; a JSONL object with two lines swapped (same size): refused
+    # by its whole-file sha256
+    client = s3_server.client()
+    up = client.create_multipart_upload(Bucket="changing", Key="web/a.parquet")
+    part = client.upload_part(Bucket="changing", Key="web/a.parquet", UploadId=up["UploadId"], PartNumber=1,
+                              Body=(data / "web" / "a.parquet").read_bytes())
+    client.complete_multipart_upload(Bucket="changing", Key="web/a.parquet", UploadId=up["UploadId"],
+                                     MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]})
+    for out, url, why in (("again", "s3://changing/web/a.parquet", "modified since analyze (ETag"),
+                          ("again2", "s3://changing/d.jsonl", "content changed since analyze")):
+        proc = pack(out)
+        err = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(err) == 1, proc.stderr
+        assert f"{url}: {why}" in err[0] and "analyze it again" in err[0]
+        assert not (tmp_path / out).exists()
+        s3_server.upload(data / "web" / "a.parquet", "s3://changing/web/a.parquet")  # back to the PUT's ETag
+        lines = (data / "d.jsonl").read_text().splitlines(keepends=True)
+        client.put_object(Bucket="changing", Key="d.jsonl", Body="".join([lines[1], lines[0], *lines[2:]]).encode())
 
 
 @pytest.mark.parametrize("case", ["missing", "bad credentials", "unreachable", "url output"])
