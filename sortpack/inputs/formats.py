@@ -66,7 +66,7 @@ def _input(path: str) -> Any:
 
 
 def _parquet(path: str) -> pq.ParquetFile:
-    """Return a ParquetFile over ``path``: memory-mapped when local, ranged reads (coalesced per row group) for a URL."""
+    """Return a ParquetFile over ``path``: memory-mapped when local, ranged reads (coalesced) for a URL."""
     if objects.is_url(path):
         return pq.ParquetFile(objects.open_input(path), pre_buffer=True)
     return pq.ParquetFile(path, memory_map=True)
@@ -155,6 +155,60 @@ def open_arrow_reader(path: str) -> Any:
         return pa.ipc.open_stream(source)
 
 
+def _table_field(buf: bytes, table: int, field: int) -> int | None:
+    """Return the position of field ``field`` of the flatbuffer table at ``table``, or None when absent."""
+    vtable = table - int.from_bytes(buf[table:table + 4], "little", signed=True)
+    vsize = int.from_bytes(buf[vtable:vtable + 2], "little")
+    at = 4 + 2 * field
+    if at + 2 > vsize:
+        return None
+    off = int.from_bytes(buf[vtable + at:vtable + at + 2], "little")
+    return table + off if off else None
+
+
+def _deref(buf: bytes, pos: int) -> int:
+    """Return where the uoffset stored at ``pos`` points."""
+    return pos + int.from_bytes(buf[pos:pos + 4], "little")
+
+
+def arrow_file_batches(fh: Any, size: int) -> list[tuple[int, int]] | None:
+    """Return (rows, body bytes) of every record batch of an Arrow IPC file from its footer and batch headers.
+
+    Reads the footer and each batch's metadata (a few hundred bytes each), never a batch
+    body: on an object store, describing a file costs small ranged GETs, not the file.
+    None when ``fh`` is no Arrow IPC file (a stream: read whole, as before).
+    """
+    tail = 10  # int32 footer length + "ARROW1"
+    if size < tail + 8:
+        return None
+    end = fh.read_at(tail, size - tail)
+    if not end.endswith(b"ARROW1"):
+        return None
+    length = int.from_bytes(end[:4], "little", signed=True)
+    if length <= 0 or length + tail > size:
+        return None
+    foot = fh.read_at(length, size - tail - length)
+    batches = _table_field(foot, _deref(foot, 0), 3)  # Footer.recordBatches: [Block]
+    if batches is None:
+        return []
+    vec = _deref(foot, batches)
+    out = []
+    for k in range(int.from_bytes(foot[vec:vec + 4], "little")):
+        at = vec + 4 + 24 * k  # Block {offset: long, metaDataLength: int, (pad), bodyLength: long}
+        offset = int.from_bytes(foot[at:at + 8], "little", signed=True)
+        meta_len = int.from_bytes(foot[at + 8:at + 12], "little", signed=True)
+        body = int.from_bytes(foot[at + 16:at + 24], "little", signed=True)
+        meta = fh.read_at(meta_len, offset)
+        start = 8 if meta[:4] == b"\xff\xff\xff\xff" else 4  # continuation marker, then the length
+        msg = meta[start:]
+        header = _table_field(msg, _deref(msg, 0), 2)  # Message.header: RecordBatch
+        if header is None:
+            raise pa.ArrowInvalid(f"record batch {k}: message without a header")
+        rows_at = _table_field(msg, _deref(msg, header), 0)  # RecordBatch.length
+        out.append((int.from_bytes(msg[rows_at:rows_at + 8], "little", signed=True) if rows_at else 0, body))
+    return out
+
+
 class ArrowFormat(InputFormat):
     """Arrow IPC: a file is one unit per record batch; a stream (no footer) is one unit."""
 
@@ -163,6 +217,11 @@ class ArrowFormat(InputFormat):
 
     def open(self, path: str, size: int) -> SourceFile:
         """Return the SourceFile with every batch's rows and bytes (none for a stream)."""
+        if objects.is_url(path):
+            with objects.open_input(path) as fh:
+                blocks = arrow_file_batches(fh, size)
+            if blocks is not None:
+                return SourceFile(path, self.name, size, [r for r, _ in blocks], [b for _, b in blocks])
         reader = open_arrow_reader(path)
         if isinstance(reader, pa.ipc.RecordBatchFileReader):
             batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]

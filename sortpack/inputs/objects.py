@@ -69,7 +69,7 @@ def join_url(scheme: str, path: str) -> str:
     return f"{scheme}://{path}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _filesystem(scheme: str) -> pafs.FileSystem:
     """Return the (cached, per process) filesystem of a scheme, configured from the environment."""
     timeout = float(env_int("SORTPACK_OBJECT_TIMEOUT") or 30)
@@ -97,6 +97,10 @@ def filesystem(url: str) -> tuple[pafs.FileSystem, str]:
         raise SortpackError(f"{url}: cannot set up the {scheme} filesystem ({one_line(exc)})") from None
 
 
+_DENIED = ("access_denied", "accessdenied", "invalidaccesskeyid", "invalid_access_key", "signaturedoesnotmatch",
+           "signature_does_not_match", "forbidden", "403", "credential", "unauthorized", "401")
+
+
 def object_error(url: str, exc: BaseException) -> SortpackError:
     """Return the one-line error of a failed request for ``url``: missing, denied, unreachable or other."""
     text = one_line(exc)
@@ -105,8 +109,7 @@ def object_error(url: str, exc: BaseException) -> SortpackError:
         why = "no such object"
         if "bucket" in low:
             why = "no such bucket"
-    elif any(w in low for w in ("access_denied", "accessdenied", "invalidaccesskeyid", "signaturedoesnotmatch", "signature_does_not_match", "invalid_access_key",
-                                "forbidden", "403", "credential", "unauthorized", "401")):
+    elif any(w in low for w in _DENIED):
         why = "access denied: check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)"
     elif any(w in low for w in ("network_connection", "could not connect", "couldn't connect", "timed out",
                                 "timeout", "resolve host", "connection refused")):

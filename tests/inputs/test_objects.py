@@ -15,11 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from sortpack.dataset import SourceDataset
 from sortpack.errors import SortpackError
 from sortpack.inputs.discover import expand_inputs
+from sortpack.inputs.formats import arrow_file_batches
 from sortpack.inputs.objects import glob_regex
-from sortpack.dataset import SourceDataset
 from sortpack.reader import PackedIndex
 
 from object_store import BAD_KEY
@@ -223,3 +226,22 @@ def test_plan_loader_reads_a_plan_of_objects(corpus, s3_server, s3_env, tmp_path
         for row, sid in enumerate(a["sample_ids"].tolist()):
             n = len(texts[sid])
             assert a["input_ids"][row, :n].tolist() == [ord(c) - 96 for c in texts[sid]]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 300), min_size=0, max_size=8), st.sampled_from([None, "lz4", "zstd"]))
+def test_arrow_batches_from_the_footer_and_headers_match_the_reader(tmp_path_factory, sizes, compression):
+    # what an object's Arrow file is described by: its footer and batch headers only, no body read
+    path = tmp_path_factory.mktemp("ipc") / "x.arrow"
+    schema = pa.schema([("text", pa.string()), ("n", pa.int64())])
+    with pa.ipc.new_file(path, schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
+        for n in sizes:
+            w.write_batch(pa.record_batch([pa.array(["t" * (i % 9) for i in range(n)]), pa.array(range(n))],
+                                          schema=schema))
+    with pa.memory_map(str(path)) as fh:
+        got = arrow_file_batches(fh, path.stat().st_size)
+    assert got is not None and [rows for rows, _ in got] == sizes
+    with pa.OSFile(str(path), "wb") as fh, pa.ipc.new_stream(fh, schema) as w:
+        w.write_batch(pa.record_batch([pa.array(["a"]), pa.array([1])], schema=schema))
+    with pa.memory_map(str(path)) as fh:
+        assert arrow_file_batches(fh, path.stat().st_size) is None  # a stream: no footer
