@@ -73,6 +73,7 @@ class SourceDataset:
         self._file_starts = np.concatenate(([0], np.cumsum(rows)))
         self._units: dict[int, InputFile] = {}
         self._cache: OrderedDict = OrderedDict()
+        self._warm = None  # a UnitWarmer's units read ahead (Prefetched over a plan without --store)
 
     def __len__(self) -> int:
         """Return the number of samples (rows over all files)."""
@@ -81,6 +82,7 @@ class SourceDataset:
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_cache"] = OrderedDict()  # decoded units stay with the process that read them
+        state["_warm"] = None
         return state
 
     # --- lookup ---------------------------------------------------------------------------
@@ -103,16 +105,31 @@ class SourceDataset:
             self._units[k] = got
         return got
 
+    def units_of(self, ids) -> list[tuple[int, int]]:
+        """Return the (file, unit) pairs that hold the rows of sample ids ``ids``, in order of first use."""
+        arr, files = self._where(np.asarray(list(ids), dtype=np.int64))
+        out: dict[tuple[int, int], None] = {}
+        for k, local in zip(files.tolist(), (arr - self._file_starts[files]).tolist()):
+            starts = self._file(k).unit_starts
+            out[(k, int(np.searchsorted(starts, local, side="right")) - 1)] = None
+        return list(out)
+
+    def read_unit(self, k: int, u: int):
+        """Return unit ``u`` of file ``k`` decoded (``columns`` only), read now and not cached."""
+        return read_units(self._file(k).source, u, u + 1, self.columns)
+
     def _unit(self, k: int, u: int):
         key = (k, u)
-        table = self._cache.get(key)
+        # a unit read ahead is taken even when the cache holds it too, so the warmer's store drains
+        table = self._warm.take(key) if self._warm is not None else None
         if table is None:
-            table = read_units(self._file(k).source, u, u + 1, self.columns)
-            self._cache[key] = table
-            if len(self._cache) > self.cache_units:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
+            table = self._cache.get(key)
+        if table is None:
+            table = self.read_unit(k, u)
+        self._cache[key] = table
+        self._cache.move_to_end(key)
+        if len(self._cache) > self.cache_units:
+            self._cache.popitem(last=False)
         return table
 
     def _where(self, ids: np.ndarray):

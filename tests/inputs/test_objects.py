@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -245,3 +246,45 @@ def test_arrow_batches_from_the_footer_and_headers_match_the_reader(tmp_path_fac
         w.write_batch(pa.record_batch([pa.array(["a"]), pa.array([1])], schema=schema))
     with pa.memory_map(str(path)) as fh:
         assert arrow_file_batches(fh, path.stat().st_size) is None  # a stream: no footer
+
+
+@pytest.mark.torch
+def test_prefetched_reads_the_units_of_an_unstored_plan_ahead_in_the_sampler_order(corpus, s3_server, s3_env,
+                                                                                   tmp_path):
+    pytest.importorskip("torch")
+    from sortpack.reader import Prefetched
+    from sortpack.torch import PackedBatchSampler, PlanLoader, pad_collate
+    root, data = corpus
+    _run(s3_server, ["run", "s3://corpus/data/web/", "-o", tmp_path / "plan", "--max-tokens", "2048"])
+
+    def encode(row):
+        return {"input_ids": [1 + len(row["text"]) % 7] * len(row["text"])}
+
+    def loader(warm: bool):
+        ds = SourceDataset(tmp_path / "plan", columns=["text"], transform=encode, cache_units=2)
+        sampler = PackedBatchSampler(tmp_path / "plan", rank=0, world_size=2, order="shuffle", seed=1)
+        return ds, (Prefetched(sampler, dataset=ds, ahead_units=4) if warm else sampler)
+
+    ds, plain = loader(False)
+    ref = [b["sample_ids"].tolist() for b in PlanLoader(ds, plain, pad_collate(key="input_ids"))]
+    ds, warm = loader(True)
+    order = warm.schedule().reshape(-1).tolist()  # this pass's schedule (the next pass has its own)
+    index = PackedIndex(tmp_path / "plan")
+    want = list(dict.fromkeys(key for mb in order for key in ds.units_of(index.microbatch(mb))))
+    ahead, read = [], ds.read_unit
+
+    def read_unit(k, u):
+        if threading.current_thread().name == "sortpack-warm-units":
+            ahead.append((k, u))
+        return read(k, u)
+
+    ds.read_unit = read_unit
+    got = [b["sample_ids"].tolist() for b in PlanLoader(ds, warm, pad_collate(key="input_ids"))]
+    assert got == ref and len(got) > 3
+    warmer = warm.last
+    assert warmer is not None and warmer.error is None and warmer.warmed == len(ahead) > 0
+    # read ahead in the order the schedule first needs the units, each once
+    assert ahead == [key for key in want if key in set(ahead)]
+    assert ds._warm is None  # the pass's end stopped it
+    with pytest.raises(ValueError, match="dataset=SourceDataset"):
+        Prefetched(PackedBatchSampler(tmp_path / "plan", rank=0, world_size=2))
