@@ -9,7 +9,8 @@ Credentials and endpoints come from the standard places the AWS and Google SDKs 
 (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_PROFILE``
 and ``~/.aws/credentials``, ``AWS_REGION``/``AWS_DEFAULT_REGION``; for GCS the
 application-default credentials); the endpoint of an S3-compatible server from
-``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``. None of them is ever written to a
+``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, of a GCS emulator from
+``STORAGE_EMULATOR_HOST``. None of them is ever written to a
 manifest. Timeouts and retries are bounded so that an unreachable endpoint fails in
 seconds, not minutes: ``SORTPACK_OBJECT_TIMEOUT`` (seconds per connect and request,
 default 30) and ``SORTPACK_OBJECT_RETRIES`` (attempts per request, default 3).
@@ -85,7 +86,13 @@ def _filesystem(scheme: str) -> pafs.FileSystem:
         if region:
             kw["region"] = region
         return pafs.S3FileSystem(**kw)
-    return pafs.GcsFileSystem(retry_time_limit=timedelta(seconds=timeout * attempts))
+    gcs: dict[str, Any] = {"retry_time_limit": timedelta(seconds=timeout * attempts)}
+    emulator = env_text("STORAGE_EMULATOR_HOST")  # the Google client libraries' emulator setting
+    if emulator:
+        gcs["scheme"] = "https" if emulator.startswith("https://") else "http"
+        gcs["endpoint_override"] = emulator.split("://", 1)[-1]
+        gcs["anonymous"] = True
+    return pafs.GcsFileSystem(**gcs)
 
 
 def filesystem(url: str) -> tuple[pafs.FileSystem, str]:
@@ -110,10 +117,12 @@ def object_error(url: str, exc: BaseException) -> SortpackError:
         if "bucket" in low:
             why = "no such bucket"
     elif any(w in low for w in _DENIED):
-        why = "access denied: check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)"
+        why = ("access denied: check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)"
+               if url_scheme(url) == "s3" else "access denied: check the credentials (GOOGLE_APPLICATION_CREDENTIALS)")
     elif any(w in low for w in ("network_connection", "could not connect", "couldn't connect", "timed out",
                                 "timeout", "resolve host", "connection refused")):
-        why = "cannot reach the endpoint (check AWS_ENDPOINT_URL and the network)"
+        setting = "AWS_ENDPOINT_URL" if url_scheme(url) == "s3" else "STORAGE_EMULATOR_HOST"
+        why = f"cannot reach the endpoint (check {setting} and the network)"
     else:
         why = "request failed"
     return SortpackError(f"{url}: {why} ({text})")

@@ -139,6 +139,10 @@ def test_mixture_of_a_local_and_an_object_source(corpus, s3_server, s3_env, tmp_
         [json.loads(line)["text"] for line in (data / "d.jsonl").read_text().splitlines()]
     picks = np.arange(web_rows, len(ds), 37)
     assert [r["text"] for r in ds.__getitems__(picks.tolist())] == [obj_texts[i - web_rows] for i in picks]
+    # --blend takes URLs too
+    _run(s3_server, ["run", "--blend", f"1 {data / 'web'} 1 s3://corpus/data/c.arrow", "-o", tmp_path / "blend",
+                     "--max-tokens", "4096"])
+    assert PackedIndex(tmp_path / "blend").source_names == [str(data / "web"), "s3://corpus/data/c.arrow"]
 
 
 def test_pack_store_refuses_a_changed_object(corpus, s3_server, tmp_path):
