@@ -292,3 +292,18 @@ def test_prefetched_reads_the_units_of_an_unstored_plan_ahead_in_the_sampler_ord
     assert ds._warm is None  # the pass's end stopped it
     with pytest.raises(ValueError, match="dataset=SourceDataset"):
         Prefetched(PackedBatchSampler(tmp_path / "plan", rank=0, world_size=2))
+
+
+def test_a_moved_copy_of_the_inputs_gives_the_same_plan(tmp_path):
+    # the location is provenance, not content: the rule that makes objects equal files holds for copies too
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        write_text_parquet(tmp_path / name / "x.parquet", lognormal(300, 7, 500), 64)
+        run_sortpack(["run", tmp_path / name, "-o", tmp_path / f"plan-{name}", "--max-tokens", "2048", "--quiet"])
+    a, b = (json.loads((tmp_path / f"plan-{n}" / "manifest.json").read_text()) for n in ("a", "b"))
+    assert a["content_hash"] == b["content_hash"]
+    assert a["provenance"]["source_paths"] == [str(tmp_path / "a" / "x.parquet")]
+    assert "path" not in a["source"]["files"][0]
+    # and the reader finds the inputs through the provenance
+    ds = SourceDataset(tmp_path / "plan-b", columns=["text"])
+    assert ds[5]["text"] == pq.read_table(tmp_path / "b" / "x.parquet").column("text")[5].as_py()
