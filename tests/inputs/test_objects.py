@@ -307,3 +307,60 @@ def test_a_moved_copy_of_the_inputs_gives_the_same_plan(tmp_path):
     # and the reader finds the inputs through the provenance
     ds = SourceDataset(tmp_path / "plan-b", columns=["text"])
     assert ds[5]["text"] == pq.read_table(tmp_path / "b" / "x.parquet").column("text")[5].as_py()
+
+
+class _Counting:
+    """A file-like object over a pyarrow file that counts the bytes read through it."""
+
+    def __init__(self, inner, counter: list):
+        self.inner, self.counter, self.closed = inner, counter, False
+
+    def read(self, n=-1):
+        data = self.inner.read() if n is None or n < 0 else self.inner.read(n)
+        self.counter.append(len(data))
+        return data
+
+    def seek(self, pos, whence=0):
+        return self.inner.seek(pos, whence)
+
+    def tell(self):
+        return self.inner.tell()
+
+    def seekable(self):
+        return True
+
+    def readable(self):
+        return True
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_rank_fetches_only_the_byte_ranges_of_its_own_rows(s3_env, tmp_path, monkeypatch):
+    from sortpack.inputs import formats, objects
+
+    server = s3_env
+    server.bucket("ranges")
+    rng = np.random.default_rng(11)  # random letters: the files do not compress to a few pages
+    table = pa.table({"text": [rng.integers(97, 123, int(n), dtype=np.uint8).tobytes().decode()
+                               for n in lognormal(4000, 11, 900)]})
+    pq_path = tmp_path / "x.parquet"
+    pq.write_table(table, pq_path, row_group_size=400)  # 10 row groups
+    with pa.ipc.new_file(tmp_path / "y.arrow", table.schema) as w:
+        for batch in table.to_batches(max_chunksize=400):
+            w.write_batch(batch)
+    for p in (pq_path, tmp_path / "y.arrow"):
+        server.upload(p, f"s3://ranges/{p.name}")
+    counted: list[int] = []
+    real = objects.open_input
+    monkeypatch.setattr(objects, "open_input", lambda path: pa.PythonFile(_Counting(real(path), counted), mode="r"))
+    for name, fmt in (("x.parquet", "parquet"), ("y.arrow", "arrow")):
+        size = (tmp_path / name).stat().st_size
+        counted.clear()
+        src = formats.open_source(f"s3://ranges/{name}", fmt)
+        assert src.unit_rows == [400] * 10
+        assert 0 < sum(counted) < size // 10, (name, sum(counted), size)  # described from metadata only
+        counted.clear()
+        got = formats.read_unit_rows(src, 7, 100, 300, ["text"])  # the rows a rank takes of one unit
+        assert got.column("text").to_pylist() == table.column("text")[2900:3100].to_pylist()
+        assert sum(counted) < size // 4, (name, sum(counted), size)  # one unit's bytes, not the file's
