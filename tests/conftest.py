@@ -18,3 +18,25 @@ def text_dataset(tmp_path) -> tuple[list[Path], np.ndarray]:
     for k in range(3):
         files.append(write_text_parquet(tmp_path / f"part-{k}.parquet", lengths[k * 700:(k + 1) * 700], 250))
     return files, lengths
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3 server on 127.0.0.1 for the whole session (tests/object_store.py), with credentials checked."""
+    from object_store import start_server, stop_server
+
+    server = start_server()
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """Point this process's object-store reads at the session's moto server; return the server."""
+    from sortpack.inputs import objects
+
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    objects._filesystem.cache_clear()
+    yield s3_server
+    objects._filesystem.cache_clear()

@@ -9,6 +9,7 @@ import stat
 from typing import NamedTuple
 
 from ..errors import SortpackError, one_line
+from . import objects
 from .formats import INPUT_FORMATS, format_of
 
 
@@ -26,6 +27,10 @@ def expand_inputs(inputs: list[str], input_format: str = "auto", split: str | No
     (files of unknown extension skipped); globs expand in sorted order. A Hugging Face
     ``save_to_disk`` directory is its ``data-*.arrow`` files in ``state.json`` order (its JSON
     metadata is no data); a ``DatasetDict`` directory is the dataset of split ``split``.
+
+    ``s3://`` and ``gs://`` URLs name an object, a prefix (every object below it, in key
+    order, the same rules as a directory) or a glob (``*``, ``?`` within a name, ``**``
+    across names); they are kept as given (``inputs.objects``).
     """
     if input_format not in ("auto",) + INPUT_FORMATS:
         raise SortpackError(f"--input-format: unknown format {input_format!r}")
@@ -34,7 +39,10 @@ def expand_inputs(inputs: list[str], input_format: str = "auto", split: str | No
     out: list[tuple[str, str]] = []
     used_split = False
     for item in inputs:
-        if os.path.isdir(item):
+        objects.check_scheme(item)
+        if objects.is_url(item):
+            out.extend(_expand_url(item, input_format))
+        elif os.path.isdir(item):
             groups = []  # (sort key, files in order): a Hugging Face dataset keeps its own order
             for root, dirs, files in os.walk(item):
                 hf = hf_dataset_files(root, split)
@@ -78,7 +86,46 @@ def expand_inputs(inputs: list[str], input_format: str = "auto", split: str | No
     if split is not None and not used_split:
         raise SortpackError(f"--split {split}: no input is a Hugging Face DatasetDict directory "
                             f"(one with {HF_DICT})")
-    return [InputPath(os.path.abspath(p), f) for p, f in out]
+    return [InputPath(p if objects.is_url(p) else os.path.abspath(p), f) for p, f in out]
+
+
+def _hidden(key: str) -> bool:
+    """Return whether a key below a listed prefix has a name part starting with ``.`` or ``_`` (skipped)."""
+    return any(part.startswith((".", "_")) for part in key.split("/") if part)
+
+
+def _expand_url(url: str, input_format: str) -> list[tuple[str, str]]:
+    """Return the (URL, format) of the objects an s3:// or gs:// item names: one object, a prefix or a glob."""
+    if glob.has_magic(url):
+        matches = objects.glob_objects(url)
+        if not matches:
+            raise SortpackError(f"{url}: no object matches this pattern")
+        found = []
+        for u, _ in matches:
+            fmt = format_of(u, input_format)
+            if fmt is None:
+                raise SortpackError(f"{u}: cannot tell the format from the extension (use --input-format)")
+            found.append((u, fmt))
+        return found
+    what = objects.kind(url)
+    if what == "file":
+        fmt = format_of(url, input_format)
+        if fmt is None:
+            raise SortpackError(f"{url}: cannot tell the format from the extension (use --input-format)")
+        return [(url, fmt)]
+    if what == "missing":
+        raise SortpackError(f"{url}: no such object or prefix")
+    base = url.rstrip("/")
+    found = []
+    for u, _ in objects.list_objects(base):
+        if _hidden(u[len(base):]):
+            continue
+        fmt = format_of(u, input_format)
+        if fmt is not None:
+            found.append((u, fmt))
+    if not found:
+        raise SortpackError(f"{url}: prefix holds no parquet, arrow, jsonl or csv objects")
+    return found
 
 
 _NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),

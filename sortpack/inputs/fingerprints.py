@@ -1,6 +1,6 @@
 """What a plan records of each input file so that a later stage can tell the file changed.
 
-Each entry of a manifest's ``source.files`` holds the path, format, rows and bytes, and a
+Each entry of a manifest's ``source.files`` holds the format, rows and bytes, and a
 content digest: ``sha256`` of what ``sha256_of`` names:
 
 - ``file`` (JSONL, CSV): the whole file. Analyze parses every byte of a text file anyway;
@@ -12,15 +12,20 @@ content digest: ``sha256`` of what ``sha256_of`` names:
   more than analyzing a column of sizes.
 - ``ends`` (Arrow IPC streams, which have no footer): the first and last 64 KiB.
 
-The file's ``mtime_ns`` is recorded too, but it says when, not what: it is kept out of
-``content_hash`` (identical files give identical plans, however they were copied), in
-``provenance.source_mtime_ns`` (one per file, in ``source.files`` order). In memory the
-entries carry it as ``mtime_ns``; ``split_mtimes`` and ``with_mtimes`` move it to and from
-the provenance when a manifest is written and read.
+Where a file lies and when it was written say nothing of what it holds: they are kept out
+of ``content_hash``, so the same data gives the same plan wherever it was read from (a
+local copy, another directory, an ``s3://`` or ``gs://`` object): ``provenance`` holds,
+one per file in ``source.files`` order, ``source_paths`` (the path or URL),
+``source_mtime_ns`` (the file's mtime, the object's Last-Modified) and, for objects,
+``source_etags`` (S3's ETag or GCS's generation, from one HEAD request). In memory the
+entries carry them as ``path``, ``mtime_ns`` and ``etag``; ``locations.split_locations`` and
+``locations.with_locations`` move them to and from the provenance when a manifest is written and
+read (a manifest written before keeps ``path`` in its entries, and reads the same).
 
 ``check_unchanged`` is what ``pack --store`` (and ``run --store``) call before reading an
-input again: size, mtime, digest and rows must all agree, except that a file whose whole
-content hash agrees is accepted with a new mtime (touched or copied, not changed).
+input again: size, version, digest and rows must all agree. The version is the mtime of a
+local file and the ETag (generation) of an object; a file whose whole content hash agrees
+is accepted with a new version (touched, copied or uploaded again, not changed).
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import numpy as np
 
 from ..errors import SortpackError, one_line
 from ..parallel import Comm
+from . import objects
 
 ENDS = 1 << 16  # bytes hashed at each end of a file without a footer
 _CHUNK = 1 << 22
@@ -39,7 +45,8 @@ _CHUNK = 1 << 22
 def content_digest(path: str, fmt: str, size: int) -> dict:
     """Return ``{"sha256": hex, "sha256_of": "file" | "footer" | "ends"}`` of one input file."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    # a local file through Python's buffered reads; an object through ranged GETs
+    with (objects.open_input(path) if objects.is_url(path) else open(path, "rb")) as fh:
         if fmt in ("jsonl", "csv"):
             for chunk in iter(lambda: fh.read(_CHUNK), b""):
                 digest.update(chunk)
@@ -82,13 +89,28 @@ def record(comm: Comm, paths: list[str], formats: list[str], sizes: list[int], o
     mine, err = [], None
     try:
         for i in np.flatnonzero(np.asarray(owners) == comm.rank).tolist():
-            mtime = os.stat(paths[i]).st_mtime_ns
-            mine.append((i, {"mtime_ns": int(mtime), **content_digest(paths[i], formats[i], int(sizes[i]))}))
+            mine.append((i, {**version(paths[i]), **content_digest(paths[i], formats[i], int(sizes[i]))}))
+    except SortpackError as exc:
+        err = exc
     except OSError as exc:
-        err = SortpackError(f"{paths[i]}: cannot read ({one_line(exc)})")
+        err = objects.object_error(paths[i], exc) if objects.is_url(paths[i]) else \
+            SortpackError(f"{paths[i]}: cannot read ({one_line(exc)})")
     comm.check(err)
     found = dict(pair for part in comm.allgather_obj(mine) for pair in part)
     return [found[i] for i in range(len(paths))]
+
+
+def version(path: str) -> dict:
+    """Return what says which version of a file was read: ``mtime_ns``, and ``etag`` for an object."""
+    if not objects.is_url(path):
+        return {"mtime_ns": int(os.stat(path).st_mtime_ns)}
+    info = objects.head(path)
+    out: dict = {}
+    if info.mtime_ns is not None:
+        out["mtime_ns"] = info.mtime_ns
+    if info.etag is not None:
+        out["etag"] = info.etag
+    return out
 
 
 def check_unchanged(entry: dict, size: int, rows: int | None) -> None:
@@ -97,11 +119,16 @@ def check_unchanged(entry: dict, size: int, rows: int | None) -> None:
     if size != int(entry["bytes"]):
         raise SortpackError(f"{path}: {size} bytes, the plan was analyzed from {entry['bytes']} bytes "
                             "(the input changed since analyze)")
-    mtime = os.stat(path).st_mtime_ns
-    moved = entry.get("mtime_ns") is not None and mtime != int(entry["mtime_ns"])
+    now_version = version(path)
+    if entry.get("etag") is not None:  # an object: its ETag (generation) names the version, not its time
+        moved = now_version.get("etag") != entry["etag"]
+        what = f"ETag {now_version.get('etag')}, the plan recorded {entry['etag']}"
+    else:
+        mtime = now_version.get("mtime_ns")
+        moved = entry.get("mtime_ns") is not None and mtime != int(entry["mtime_ns"])
+        what = f"mtime {mtime} ns, the plan recorded {entry.get('mtime_ns')}"
     if moved and entry.get("sha256_of") != "file":
-        raise SortpackError(f"{path}: modified since analyze (mtime {mtime} ns, the plan recorded "
-                            f"{entry['mtime_ns']}); analyze it again")
+        raise SortpackError(f"{path}: modified since analyze ({what}); analyze it again")
     if entry.get("sha256"):
         now = content_digest(path, entry["format"], size)
         if now["sha256"] != entry["sha256"] or now["sha256_of"] != entry.get("sha256_of"):
@@ -110,20 +137,3 @@ def check_unchanged(entry: dict, size: int, rows: int | None) -> None:
     if rows is not None and rows != int(entry["rows"]):
         raise SortpackError(f"{path}: {rows} rows, the plan was analyzed from {entry['rows']} rows "
                             "(the input changed since analyze)")
-
-
-def split_mtimes(files: list[dict]) -> tuple[list[dict], list[int | None] | None]:
-    """Return the entries without ``mtime_ns`` and the mtimes in order (None when no entry has one)."""
-    if not any("mtime_ns" in f for f in files):
-        return files, None
-    return ([{k: v for k, v in f.items() if k != "mtime_ns"} for f in files],
-            [f.get("mtime_ns") for f in files])
-
-
-def with_mtimes(manifest: dict) -> list[dict]:
-    """Return a manifest's ``source.files`` with each file's ``mtime_ns`` from the provenance (when recorded)."""
-    files = list(manifest["source"]["files"])
-    mtimes = (manifest.get("provenance") or {}).get("source_mtime_ns")
-    if not isinstance(mtimes, list) or len(mtimes) != len(files):
-        return files
-    return [{**f, "mtime_ns": m} if m is not None else f for f, m in zip(files, mtimes)]

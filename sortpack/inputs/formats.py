@@ -5,10 +5,13 @@ whole file where the format does not say its rows without parsing (Arrow streams
 CSV). ``open_source`` reads only metadata; ``read_units`` and ``read_unit_rows`` read
 rows. Every read is checked (``validate.check_table``) except CSV's, whose reader
 validates its own output.
+
+A path may be an ``s3://`` or ``gs://`` URL (``inputs.objects``): Parquet and Arrow IPC
+files are then read through a random-access file over the object, so reading a row group
+or a record batch fetches only its byte ranges; JSONL and CSV objects are read whole.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
 from ..errors import SortpackError, one_line
+from . import objects
 from .source_file import SourceFile
 from .validate import check_table, first_non_utf8_line
 
@@ -56,7 +60,21 @@ class InputFormat:
         return _cannot_read(src, exc)
 
 
+def _input(path: str) -> Any:
+    """Return what pyarrow's readers open: a local path as is, a URL as a random-access file."""
+    return objects.open_input(path) if objects.is_url(path) else path
+
+
+def _parquet(path: str) -> pq.ParquetFile:
+    """Return a ParquetFile over ``path``: memory-mapped when local, ranged reads (coalesced) for a URL."""
+    if objects.is_url(path):
+        return pq.ParquetFile(objects.open_input(path), pre_buffer=True)
+    return pq.ParquetFile(path, memory_map=True)
+
+
 def _cannot_read(src: SourceFile, exc: BaseException) -> str:
+    if objects.is_url(src.path) and objects.is_request_error(exc):
+        return str(objects.object_error(src.path, exc))  # missing, denied or unreachable, not bad data
     return f"{src.path}: cannot read as {src.format} ({one_line(exc)})"
 
 
@@ -81,18 +99,18 @@ class ParquetFormat(InputFormat):
 
     def open(self, path: str, size: int) -> SourceFile:
         """Return the SourceFile with the rows and uncompressed bytes of every row group."""
-        md = pq.ParquetFile(path).metadata
+        md = _parquet(path).metadata
         groups = [md.row_group(i) for i in range(md.num_row_groups)]
         return SourceFile(path, self.name, size, [g.num_rows for g in groups], [g.total_byte_size for g in groups])
 
     def columns(self, src: SourceFile) -> list[str]:
         """Return the column names of the file's schema."""
-        return pq.ParquetFile(src.path).schema_arrow.names
+        return _parquet(src.path).schema_arrow.names
 
     def read(self, src: SourceFile, first: int, last: int, columns: list[str] | None,
              text_columns: list[str] | None) -> pa.Table:
         """Return row groups ``[first, last)``, one chunk per row group."""
-        pf = pq.ParquetFile(src.path, memory_map=True)
+        pf = _parquet(src.path)
         if columns is not None:
             _check_columns(src, pf.schema_arrow.names, columns)
         # one row group at a time, kept as chunks: read_row_groups merges them, a
@@ -108,7 +126,7 @@ class ParquetFormat(InputFormat):
         """
         if src.unit_rows is None:
             return super().read_rows(src, unit, lo, hi, columns, text_columns)
-        pf = pq.ParquetFile(src.path, memory_map=True)
+        pf = _parquet(src.path)
         if columns is not None:
             _check_columns(src, pf.schema_arrow.names, columns)
         parts, at = [], 0
@@ -129,12 +147,66 @@ class ParquetFormat(InputFormat):
 
 def open_arrow_reader(path: str) -> Any:
     """Return a reader of an Arrow IPC file (random access to batches) or, failing that, stream."""
-    source = pa.memory_map(path, "r")
+    source = objects.open_input(path)
     try:
         return pa.ipc.open_file(source)
     except pa.ArrowInvalid:
         source.seek(0)
         return pa.ipc.open_stream(source)
+
+
+def _table_field(buf: bytes, table: int, field: int) -> int | None:
+    """Return the position of field ``field`` of the flatbuffer table at ``table``, or None when absent."""
+    vtable = table - int.from_bytes(buf[table:table + 4], "little", signed=True)
+    vsize = int.from_bytes(buf[vtable:vtable + 2], "little")
+    at = 4 + 2 * field
+    if at + 2 > vsize:
+        return None
+    off = int.from_bytes(buf[vtable + at:vtable + at + 2], "little")
+    return table + off if off else None
+
+
+def _deref(buf: bytes, pos: int) -> int:
+    """Return where the uoffset stored at ``pos`` points."""
+    return pos + int.from_bytes(buf[pos:pos + 4], "little")
+
+
+def arrow_file_batches(fh: Any, size: int) -> list[tuple[int, int]] | None:
+    """Return (rows, body bytes) of every record batch of an Arrow IPC file from its footer and batch headers.
+
+    Reads the footer and each batch's metadata (a few hundred bytes each), never a batch
+    body: on an object store, describing a file costs small ranged GETs, not the file.
+    None when ``fh`` is no Arrow IPC file (a stream: read whole, as before).
+    """
+    tail = 10  # int32 footer length + "ARROW1"
+    if size < tail + 8:
+        return None
+    end = fh.read_at(tail, size - tail)
+    if not end.endswith(b"ARROW1"):
+        return None
+    length = int.from_bytes(end[:4], "little", signed=True)
+    if length <= 0 or length + tail > size:
+        return None
+    foot = fh.read_at(length, size - tail - length)
+    batches = _table_field(foot, _deref(foot, 0), 3)  # Footer.recordBatches: [Block]
+    if batches is None:
+        return []
+    vec = _deref(foot, batches)
+    out = []
+    for k in range(int.from_bytes(foot[vec:vec + 4], "little")):
+        at = vec + 4 + 24 * k  # Block {offset: long, metaDataLength: int, (pad), bodyLength: long}
+        offset = int.from_bytes(foot[at:at + 8], "little", signed=True)
+        meta_len = int.from_bytes(foot[at + 8:at + 12], "little", signed=True)
+        body = int.from_bytes(foot[at + 16:at + 24], "little", signed=True)
+        meta = fh.read_at(meta_len, offset)
+        start = 8 if meta[:4] == b"\xff\xff\xff\xff" else 4  # continuation marker, then the length
+        msg = meta[start:]
+        header = _table_field(msg, _deref(msg, 0), 2)  # Message.header: RecordBatch
+        if header is None:
+            raise pa.ArrowInvalid(f"record batch {k}: message without a header")
+        rows_at = _table_field(msg, _deref(msg, header), 0)  # RecordBatch.length
+        out.append((int.from_bytes(msg[rows_at:rows_at + 8], "little", signed=True) if rows_at else 0, body))
+    return out
 
 
 class ArrowFormat(InputFormat):
@@ -145,6 +217,11 @@ class ArrowFormat(InputFormat):
 
     def open(self, path: str, size: int) -> SourceFile:
         """Return the SourceFile with every batch's rows and bytes (none for a stream)."""
+        if objects.is_url(path):
+            with objects.open_input(path) as fh:
+                blocks = arrow_file_batches(fh, size)
+            if blocks is not None:
+                return SourceFile(path, self.name, size, [r for r, _ in blocks], [b for _, b in blocks])
         reader = open_arrow_reader(path)
         if isinstance(reader, pa.ipc.RecordBatchFileReader):
             batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
@@ -181,8 +258,7 @@ def estimate_rows(path: str, size: int, header_rows: int = 0) -> int:
     """
     if size == 0:
         return 0
-    with open(path, "rb") as fh:
-        head = fh.read(HEAD_BYTES)
+    head = objects.read_head(path, HEAD_BYTES)
     lines = head.split(b"\n")
     complete = lines if len(head) >= size else lines[:-1]  # the last piece of a cut head is partial
     rows = sum(1 for line in complete if line.strip()) - header_rows
@@ -230,7 +306,7 @@ def _json_call(fn: Callable[..., Any], src: SourceFile) -> Any:
     block = JSON_BLOCK
     while True:
         try:
-            return fn(src.path, read_options=pjson.ReadOptions(block_size=block))
+            return fn(_input(src.path), read_options=pjson.ReadOptions(block_size=block))
         except pa.ArrowInvalid as exc:
             if "straddl" not in str(exc) or block > src.bytes:
                 raise
@@ -268,19 +344,19 @@ class CsvFormat(_TextFormat):
     header_rows = 1
 
     def _names(self, src: SourceFile) -> list[str]:
-        return pcsv.open_csv(src.path).schema.names
+        return pcsv.open_csv(_input(src.path)).schema.names
 
     def _read(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
         if columns is not None:
             _check_columns(src, file_columns(src), columns)
         text = {c: pa.string() for c in text_columns or []}
-        return pcsv.read_csv(src.path, convert_options=pcsv.ConvertOptions(include_columns=columns,
+        return pcsv.read_csv(_input(src.path), convert_options=pcsv.ConvertOptions(include_columns=columns,
                                                                             column_types=text))
 
     def read_error(self, src: SourceFile, exc: Exception) -> str:
         """Return the message for a failed read, naming the first line that is not UTF-8 where that is why."""
         msg = one_line(exc)
-        if "utf8" in msg.lower():
+        if "utf8" in msg.lower() and not objects.is_url(src.path):
             line = first_non_utf8_line(src.path)
             if line is not None:
                 return f"{src.path}: line {line}: not valid UTF-8 text ({msg})"
@@ -311,9 +387,11 @@ def open_source(path: str, fmt: str) -> SourceFile:
     """Return the SourceFile of one input file of format ``fmt``, reading only its metadata."""
     reader = reader_for(fmt)
     try:
-        return reader.open(path, os.path.getsize(path))
+        return reader.open(path, objects.size_of(path))
+    except SortpackError:
+        raise
     except (pa.ArrowException, OSError) as exc:
-        raise SortpackError(f"{path}: cannot read as {fmt} ({one_line(exc)})") from None
+        raise SortpackError(_cannot_read(SourceFile(path, fmt, 0), exc)) from None
 
 
 def file_columns(src: SourceFile) -> list[str]:

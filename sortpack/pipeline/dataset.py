@@ -12,7 +12,7 @@ import dataclasses
 
 from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
-from ..inputs.fingerprints import with_mtimes
+from ..inputs.locations import with_locations
 from ..parallel import Comm
 from ..stages.analyze import AnalyzeOptions, analyze
 from ..stages.holdout import DEFAULT_SEED, DIRECTORY, Holdout, holdout_lengths, split_holdout
@@ -150,7 +150,7 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         with prof.stage("read"):
             samples, manifest = read_samples(comm, sorted_dir, "sorted")
         key = manifest["options"].get("key", "size")
-        files = with_mtimes(manifest)
+        files = with_locations(manifest)
         extra = None
         plan = comm.collectively(_plain_holdout, holdout, samples.files)
         held = None

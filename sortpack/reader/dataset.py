@@ -12,6 +12,8 @@ from ..errors import SortpackError
 from ..format import read_manifest
 from ..inputs.discover import expand_inputs
 from ..inputs.formats import open_source, read_units
+from ..inputs.locations import with_locations
+from ..inputs.objects import is_url, size_of
 from ..inputs.source_file import SourceFile
 from .index import PackedIndex
 from .lazy_rows import TableSamples
@@ -71,6 +73,7 @@ class SourceDataset:
         self._file_starts = np.concatenate(([0], np.cumsum(rows)))
         self._units: dict[int, InputFile] = {}
         self._cache: OrderedDict = OrderedDict()
+        self._warm = None  # a UnitWarmer's units read ahead (Prefetched over a plan without --store)
 
     def __len__(self) -> int:
         """Return the number of samples (rows over all files)."""
@@ -79,6 +82,7 @@ class SourceDataset:
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_cache"] = OrderedDict()  # decoded units stay with the process that read them
+        state["_warm"] = None
         return state
 
     # --- lookup ---------------------------------------------------------------------------
@@ -87,10 +91,10 @@ class SourceDataset:
         if got is None:
             entry = self.files[k]
             path = entry["path"]
-            if not os.path.isfile(path):
+            if not is_url(path) and not os.path.isfile(path):  # an object: open_source's HEAD says
                 raise SortpackError(f"{path}: input file of the index is missing")
-            if self.check_bytes and "bytes" in entry and os.path.getsize(path) != int(entry["bytes"]):
-                raise SortpackError(f"{path}: {os.path.getsize(path)} bytes, the index was built from "
+            if self.check_bytes and "bytes" in entry and size_of(path) != int(entry["bytes"]):
+                raise SortpackError(f"{path}: {size_of(path)} bytes, the index was built from "
                                     f"{entry['bytes']} bytes (the file changed)")
             src = open_source(path, entry["format"])
             unit_rows = src.unit_rows if src.unit_rows is not None else [int(entry["rows"])]
@@ -101,16 +105,31 @@ class SourceDataset:
             self._units[k] = got
         return got
 
+    def units_of(self, ids) -> list[tuple[int, int]]:
+        """Return the (file, unit) pairs that hold the rows of sample ids ``ids``, in order of first use."""
+        arr, files = self._where(np.asarray(list(ids), dtype=np.int64))
+        out: dict[tuple[int, int], None] = {}
+        for k, local in zip(files.tolist(), (arr - self._file_starts[files]).tolist()):
+            starts = self._file(k).unit_starts
+            out[(k, int(np.searchsorted(starts, local, side="right")) - 1)] = None
+        return list(out)
+
+    def read_unit(self, k: int, u: int):
+        """Return unit ``u`` of file ``k`` decoded (``columns`` only), read now and not cached."""
+        return read_units(self._file(k).source, u, u + 1, self.columns)
+
     def _unit(self, k: int, u: int):
         key = (k, u)
-        table = self._cache.get(key)
+        # a unit read ahead is taken even when the cache holds it too, so the warmer's store drains
+        table = self._warm.take(key) if self._warm is not None else None
         if table is None:
-            table = read_units(self._file(k).source, u, u + 1, self.columns)
-            self._cache[key] = table
-            if len(self._cache) > self.cache_units:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
+            table = self._cache.get(key)
+        if table is None:
+            table = self.read_unit(k, u)
+        self._cache[key] = table
+        self._cache.move_to_end(key)
+        if len(self._cache) > self.cache_units:
+            self._cache.popitem(last=False)
         return table
 
     def _where(self, ids: np.ndarray):
@@ -181,9 +200,9 @@ def _stored_data(source, columns):
 
 def _source_files(source, split: str | None = None) -> list[dict]:
     if isinstance(source, PackedIndex):
-        return list(source.manifest["source"]["files"])
+        return with_locations(source.manifest)
     if isinstance(source, (str, os.PathLike)) and (Path(source) / "manifest.json").is_file():
-        return list(read_manifest(source)["source"]["files"])
+        return with_locations(read_manifest(source))
     items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
     if items and all(isinstance(f, dict) for f in items):
         return [f for f in items if isinstance(f, dict)]

@@ -11,8 +11,10 @@ the reader, so the reads are in flight before the loop needs them. It only hints
 reader returns never changes. On a warm cache a hint is a page-cache lookup.
 
 ``Prefetched(sampler)`` wraps a ``PackedSampler``/``PackedBatchSampler``: iterating it
-iterates the sampler, warming this rank's schedule as it goes. Depends on numpy and pyarrow
-only.
+iterates the sampler, warming this rank's schedule as it goes. Over a plan without
+``--store`` (its rows read from the inputs, local files or ``s3://``/``gs://`` objects),
+``Prefetched(sampler, dataset=ds)`` reads the ``SourceDataset``'s input units ahead in the
+same order (``UnitWarmer``). Depends on numpy and pyarrow only.
 """
 from __future__ import annotations
 
@@ -223,6 +225,101 @@ class Prefetcher:
         return total
 
 
+class UnitWarmer:
+    """A background thread that reads the input units of a ``SourceDataset`` ahead, in the order given.
+
+    A plan without ``--store`` reads its rows from the input files: on an object store
+    (``s3://``, ``gs://``) each unit (Parquet row group, Arrow record batch) is a ranged GET
+    whose latency the loop would otherwise wait for. ``order`` are micro-batch numbers of
+    ``index``; the thread reads the units their samples lie in, in first-use order, keeping
+    at most ``ahead_units`` decoded units not yet taken by the dataset (``take``). What the
+    dataset returns never changes: a unit not warmed in time is read by the dataset itself.
+    """
+
+    def __init__(self, dataset, index, order, ahead_units: int = 16, start: bool = True):
+        self.dataset, self.index = dataset, index
+        self.order = np.asarray(order, dtype=np.int64).reshape(-1)
+        self.ahead_units = max(1, int(ahead_units))
+        self.warmed = 0  # units read ahead so far
+        self._ready: dict = {}
+        self._reading = None  # the unit being read now
+        self._passed: set = set()  # units the dataset read itself before the thread got to them
+        self._cond = threading.Condition()
+        self._stopped = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="sortpack-warm-units", daemon=True)
+        dataset._warm = self
+        if start:
+            self._thread.start()
+
+    def advance(self, position: int) -> None:
+        """Note the reader's position (the lookahead is bounded by the units not yet taken, not by it)."""
+
+    def take(self, key):
+        """Return the unit ``key`` (file, unit) if it was read ahead (and forget it), else None.
+
+        A unit the thread is reading now is waited for; one it has not reached yet is
+        struck from its list (the dataset reads it now, and it is not read twice).
+        """
+        with self._cond:
+            while self._reading == key and not self._stopped:
+                self._cond.wait()
+            table = self._ready.pop(key, None)
+            if table is None:
+                self._passed.add(key)
+            self._cond.notify_all()
+        return table
+
+    def __enter__(self) -> UnitWarmer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """End the thread and drop the units not taken."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._cond:
+            self._ready.clear()
+        if self.dataset._warm is self:
+            self.dataset._warm = None
+
+    def _run(self) -> None:
+        try:
+            seen: set = set()
+            for mb in self.order.tolist():
+                for key in self.dataset.units_of(self.index.microbatch(mb)):
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    with self._cond:
+                        while not self._stopped and len(self._ready) >= self.ahead_units:
+                            self._cond.wait()
+                        if self._stopped:
+                            return
+                        if key in self._passed:
+                            continue
+                        self._reading = key
+                    try:
+                        table = self.dataset.read_unit(*key)
+                    finally:
+                        with self._cond:
+                            self._reading = None
+                            self._cond.notify_all()
+                    with self._cond:
+                        if self._stopped:
+                            return
+                        self._ready[key] = table
+                        self.warmed += 1
+                        self._cond.notify_all()
+        except Exception as exc:  # noqa: BLE001 - a failed read ahead must never break the reader
+            self.error = exc
+
+
 class Prefetched:
     """A sampler whose iteration warms, in a background thread, the stored bytes of this rank's next micro-batches.
 
@@ -231,15 +328,21 @@ class Prefetched:
     sampler's ``schedule()`` at the start of each pass; if the loop changes it mid-pass
     (``set_grad_accum``), warming stops for the rest of the pass. Use it as the
     ``batch_sampler`` of a ``DataLoader``: the page cache is shared with the workers.
+
+    A plan without ``--store`` has no stored bytes: given ``dataset`` (its ``SourceDataset``,
+    read in this process, e.g. by ``PlanLoader``), a ``UnitWarmer`` reads the input units
+    (row groups, record batches; ranged GETs for objects) in the same order instead, at most
+    ``ahead_units`` ahead.
     """
 
-    def __init__(self, sampler, ahead_bytes: int = AHEAD_BYTES):
+    def __init__(self, sampler, ahead_bytes: int = AHEAD_BYTES, dataset=None, ahead_units: int = 16):
         stored = sampler.index.stored
-        if stored is None:
+        if stored is None and (dataset is None or getattr(dataset, "stored", None) is not None):
             raise ValueError(f"{sampler.index.path}: the index stores no data (built without --store): "
-                             "nothing to prefetch")
+                             "nothing to prefetch; pass dataset=SourceDataset(...) to read its input units ahead")
         self.sampler, self.stored, self.ahead_bytes = sampler, stored, ahead_bytes
-        self.last: Prefetcher | None = None
+        self.dataset, self.ahead_units = dataset, ahead_units
+        self.last: Prefetcher | UnitWarmer | None = None
 
     def __getattr__(self, name):
         return getattr(self.sampler, name)
@@ -252,7 +355,11 @@ class Prefetched:
         """Yield the sampler's micro-batches while a ``Prefetcher`` warms the ones that follow."""
         items = iter(self.sampler)
         order = self.sampler.schedule().reshape(-1)
-        warm = self.last = Prefetcher(self.stored, order, self.ahead_bytes)
+        warm: Prefetcher | UnitWarmer
+        if self.stored is not None:
+            warm = self.last = Prefetcher(self.stored, order, self.ahead_bytes)
+        else:
+            warm = self.last = UnitWarmer(self.dataset, self.sampler.index, order, self.ahead_units)
         try:
             for k, mb in enumerate(items):
                 if k < len(order) and getattr(mb, "microbatch", order[k]) == order[k]:

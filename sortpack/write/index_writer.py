@@ -8,7 +8,7 @@ from ..distribute import move_ragged, redistribute
 from ..format.kinds import new_manifest, rows_per_shard, samples_per_shard
 from ..format.manifest import DATA_VERSION, VERSION
 from ..format.schemas import index_schema, sample_id_type, schema_json
-from ..inputs.fingerprints import split_mtimes
+from ..inputs.locations import split_locations
 from ..parallel import Comm
 from ..partition import index_shard_layout
 from ..stages.pack import Microbatches
@@ -78,9 +78,8 @@ def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, options: dict, file
         with profile.stage("materialize"):
             data = store(out, files, ids, offsets, first, starts, cols["tokens"])
     prov = provenance(comm, profile, job)
-    files, mtimes = split_mtimes(files)  # when, not what: out of content_hash
-    if mtimes is not None:
-        prov["source_mtime_ns"] = mtimes
+    files, where = split_locations(files)  # where and when, not what: out of content_hash
+    prov.update(where)
     if data is not None:
         prov["exchange"] = data.pop("_exchange", None)
     manifest = new_manifest(

@@ -29,6 +29,7 @@ class OutputDir:
 
     def __init__(self, comm: Comm, path: str | os.PathLike, overwrite: bool = False,
                  inputs: list[str] | tuple[str, ...] = ()):
+        from ..inputs.objects import url_scheme
         from .output_guard import check_output, owner_tag, sweep_stale
 
         self.comm = comm
@@ -37,6 +38,9 @@ class OutputDir:
         err = None
         if comm.is_root():
             try:
+                if url_scheme(str(path)) is not None:  # Path() would fold "s3://b/x" into a local "s3:/b/x"
+                    raise SortpackError(f"-o {path}: sortpack writes its output to a local (POSIX) directory; "
+                                        "URLs are read as inputs only")
                 for line in sweep_stale(self.path):
                     print(line, file=sys.stderr, flush=True)
                 check_output(self.path, overwrite, inputs)

@@ -11,7 +11,7 @@ from ..format.kinds import new_manifest, rows_per_shard
 from ..format.manifest import VERSION, read_manifest
 from ..format.schemas import kind_schema, schema_json
 from ..format.shards import read_rows
-from ..inputs.fingerprints import split_mtimes, with_mtimes
+from ..inputs.locations import split_locations, with_locations
 from ..parallel import Comm
 from ..partition import owner_starts
 from ..stages.samples import SampleColumns, sample_stats
@@ -41,9 +41,8 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: SampleColumns,
                                     samples.total, rows)
     stats = sample_stats(comm, samples)
     prov = provenance(comm, profile, job)
-    files, mtimes = split_mtimes(samples.files)  # when, not what: out of content_hash
-    if mtimes is not None:
-        prov["source_mtime_ns"] = mtimes
+    files, where = split_locations(samples.files)  # where and when, not what: out of content_hash
+    prov.update(where)
     manifest = new_manifest(
         kind, version=VERSION,
         num_rows=samples.total, num_samples=samples.total, rows_per_shard=rows,
@@ -70,5 +69,5 @@ def read_samples(comm: Comm, directory: str, expect: str) -> tuple[SampleColumns
     table = read_rows(directory, manifest, a, b)
     cols = {name: table.column(name).to_numpy() for name in table.column_names}
     samples = SampleColumns(a, total, cols["sample_id"].astype(np.int64), cols["size"].astype(np.int64),
-                      cols["difficulty"], cols.get("stage"), with_mtimes(manifest))
+                      cols["difficulty"], cols.get("stage"), with_locations(manifest))
     return samples, manifest

@@ -9,6 +9,7 @@ from ...arrow_types import plain_type
 from ...errors import SortpackError, one_line
 from ...inputs.fingerprints import check_unchanged
 from ...inputs.formats import open_arrow_reader, open_source, read_units
+from ...inputs.objects import is_url, open_input
 from ...inputs.source_file import SourceFile
 from ...parallel import Comm
 
@@ -25,7 +26,7 @@ def describe_files(comm: Comm, files: list[dict]) -> list[SourceFile]:
         for i, entry in enumerate(files):
             if i % comm.size != comm.rank:
                 continue
-            if not os.path.isfile(entry["path"]):
+            if not is_url(entry["path"]) and not os.path.isfile(entry["path"]):  # an object: the HEAD says
                 raise SortpackError(f"{entry['path']}: input file of the plan is missing")
             src = open_source(entry["path"], entry["format"])
             check_fingerprint(src, entry)
@@ -43,7 +44,7 @@ def _file_schema(src: SourceFile, entry: dict, columns: list[str]) -> pa.Schema 
 
     try:
         if src.format == "parquet":
-            schema = pq.read_schema(src.path)
+            schema = pq.read_schema(open_input(src.path))
         elif src.format == "arrow":
             schema = open_arrow_reader(src.path).schema
         else:

@@ -1,0 +1,227 @@
+"""Object-store inputs (issue 26): what reading from a local S3 server costs against local files.
+
+    PYTHONPATH=$PWD python -m benchmarks.bench_objects --scale small   # 200k rows, about a minute
+    PYTHONPATH=$PWD python -m benchmarks.bench_objects --scale full    # 2M rows
+    PYTHONPATH=$PWD python -m benchmarks --only objects                 # in the suite's table
+
+The same Parquet files (text rows, log-normal lengths, row groups of 25k rows) on local disk
+and as objects of moto's S3 server on 127.0.0.1 (started here, in its own process; boto3
+uploads). Interleaved over rounds, best of each kept, measured in the same run:
+
+- ``analyze``: ``sortpack analyze --size length`` of the files against the objects, per rank count;
+- ``read``: ``SourceDataset`` samples per second over an unstored plan (micro-batches in the
+  sampler's ``shuffle`` order, rank 0 of 2, rows as Python objects, ``cache_units=4``), reading
+  the local files, the objects, and the objects with ``Prefetched(sampler, dataset=ds)``.
+
+A local server has no network latency: the figures are the cost of going through HTTP, the
+S3 client and pyarrow's ranged reads, a lower bound of what a remote store costs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SCALES = {"small": {"rows": 200_000, "files": 4, "rounds": 2, "read_mbs": 150},
+          "full": {"rows": 2_000_000, "files": 8, "rounds": 3, "read_mbs": 1500}}
+ROW_GROUP = 25_000
+MAX_TOKENS = 65536
+
+
+def write_data(directory: Path, rows: int, files: int) -> list[Path]:
+    """Write ``rows`` text rows as ``files`` Parquet files (reused when present); return them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    out = []
+    for k, n in enumerate(np.diff(np.linspace(0, rows, files + 1).astype(np.int64)).tolist()):
+        path = directory / f"part-{k:03d}.parquet"
+        out.append(path)
+        lengths = np.clip(rng.lognormal(np.log(300), 0.8, n), 1, 8000).astype(np.int64)
+        if path.exists() and pq.ParquetFile(path).metadata.num_rows == n:
+            continue
+        pool = np.frombuffer(b"abcdefghij klmnopqrstuvwxyz" * 400, dtype=np.uint8)
+        texts = [pool[: int(m)].tobytes().decode() for m in lengths]
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=ROW_GROUP)
+    return out
+
+
+class Server:
+    """moto's S3 server on a free port of 127.0.0.1, and the environment that reaches it."""
+
+    def __init__(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).read()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("moto server did not start (pip install 'moto[server]')") from None
+                time.sleep(0.2)
+        self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def upload(self, files: list[Path], bucket: str) -> str:
+        """Put ``files`` under ``s3://bucket/data/``; return that prefix."""
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                              aws_access_key_id="bench", aws_secret_access_key="bench")
+        client.create_bucket(Bucket=bucket)
+        for f in files:
+            client.upload_file(str(f), bucket, f"data/{f.name}")
+        return f"s3://{bucket}/data/"
+
+    def stop(self) -> None:
+        """End the server process."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _cli(args: list[str], ranks: int, env: dict, timeout: float = 1200) -> float:
+    """Run ``sortpack ARGS`` under ``mpiexec -n ranks``; return its wall seconds."""
+    from .runner import bench_env, mpiexec
+
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "sortpack", *args]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env={**bench_env(), **env}, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def _read_worker(args: dict) -> dict:
+    """In this process: samples/s of SourceDataset over the plan in the sampler's order (optionally Prefetched)."""
+    from sortpack.dataset import SourceDataset
+    from sortpack.reader import PackedSampler, Prefetched
+
+    ds = SourceDataset(args["plan"], columns=["text"], cache_units=4)
+    sampler = PackedSampler(args["plan"], rank=0, world_size=2, order="shuffle", seed=1)
+    it = Prefetched(sampler, dataset=ds) if args["prefetch"] else sampler
+    n, t0 = 0, time.perf_counter()
+    for k, mb in enumerate(it):
+        n += len(ds.__getitems__(mb))
+        if k + 1 >= args["mbs"]:
+            break
+    wall = time.perf_counter() - t0
+    if args["prefetch"] and it.last is not None:
+        it.last.stop()
+    return {"samples": n, "wall": wall}
+
+
+def _read(plan: Path, mbs: int, prefetch: bool, env: dict) -> dict:
+    """Run ``_read_worker`` in a fresh process (own filesystem clients, own caches); return its result."""
+    from .runner import bench_env
+
+    code = ("import json, sys; from benchmarks.bench_objects import _read_worker; "
+            "print(json.dumps(_read_worker(json.loads(sys.argv[1]))))")
+    arg = json.dumps({"plan": str(plan), "mbs": mbs, "prefetch": prefetch})
+    proc = subprocess.run([sys.executable, "-c", code, arg], cwd=ROOT, env={**bench_env(), **env},
+                          capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"read worker failed\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(scale: str, ranks: list[int], workdir: Path) -> list[dict]:
+    """Return one dict per figure: what, ranks, local and object-store values."""
+    cfg = SCALES[scale]
+    files = write_data(workdir / f"data-{cfg['rows']}", cfg["rows"], cfg["files"])
+    server = Server()
+    try:
+        prefix = server.upload(files, "bench")
+        env = server.env
+        best: dict = {}
+        for _ in range(cfg["rounds"]):
+            for p in ranks:
+                for where, src in (("local", str(files[0].parent)), ("s3", prefix)):
+                    wall = _cli(["analyze", src, "-o", str(workdir / f"m-{where}-{p}"), "--overwrite", "--quiet"],
+                                p, env)
+                    best[("analyze", p, where)] = min(best.get(("analyze", p, where), float("inf")), wall)
+        hashes = {where: json.loads((workdir / f"m-{where}-{ranks[-1]}" / "manifest.json").read_text())
+                  ["content_hash"] for where in ("local", "s3")}
+        for where, src in (("local", str(files[0].parent)), ("s3", prefix)):
+            _cli(["run", src, "-o", str(workdir / f"plan-{where}"), "--max-tokens", str(MAX_TOKENS), "--overwrite",
+                  "--quiet"], 1, env)
+        for _ in range(cfg["rounds"]):
+            for name, plan, pre in (("local", "plan-local", False), ("s3", "plan-s3", False),
+                                    ("s3+Prefetched", "plan-s3", True)):
+                got = _read(workdir / plan, cfg["read_mbs"], pre, env)
+                rate = got["samples"] / got["wall"]
+                best[("read", 1, name)] = max(best.get(("read", 1, name), 0.0), rate)
+    finally:
+        server.stop()
+    rows = []
+    for p in ranks:
+        local, s3 = best[("analyze", p, "local")], best[("analyze", p, "s3")]
+        rows.append({"what": f"analyze --size length, {cfg['rows']:,} rows in {cfg['files']} Parquet files",
+                     "ranks": p, "local": local, "s3": s3, "ratio": s3 / local, "unit": "s",
+                     "same_hash": hashes["local"] == hashes["s3"]})
+    for name in ("s3", "s3+Prefetched"):
+        local, obj = best[("read", 1, "local")], best[("read", 1, name)]
+        rows.append({"what": f"SourceDataset samples/s, unstored plan, shuffle order, {cfg['read_mbs']} micro-batches"
+                     f" ({name})", "ranks": 1, "local": local, "s3": obj, "ratio": local / obj, "unit": "samples/s"})
+    return rows
+
+
+def bench(ctx) -> list:
+    """Return the suite's rows: analyze and SourceDataset reads, objects of a local S3 server vs local files."""
+    from .report import Row, secs
+
+    ctx.log("objects: writing Parquet files, starting moto's S3 server, uploading")
+    rows = []
+    for r in measure(ctx.scale_name, list(ctx.ranks), ROOT / "benchmarks" / "_work" / "objects"):
+        if r["unit"] == "s":
+            rows.append(Row("objects", r["what"] + ": s3:// vs local", r["ranks"], secs(r["s3"]),
+                            f"local: {secs(r['local'])}", f"{r['ratio']:.2f}× local", "", None,
+                            "same content_hash" if r["same_hash"] else "content_hash DIFFERS"))
+        else:
+            rows.append(Row("objects", r["what"], r["ranks"], f"{r['s3']:,.0f}/s", f"local: {r['local']:,.0f}/s",
+                            f"{r['ratio']:.2f}× slower", "", None, ""))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table of figures."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", choices=sorted(SCALES), default="small")
+    ap.add_argument("--ranks", default="1,2")
+    ap.add_argument("--workdir", default=str(ROOT / "benchmarks" / "_work" / "objects"))
+    args = ap.parse_args(argv)
+    ranks = [int(x) for x in args.ranks.split(",") if x]
+    os.environ.setdefault("PYTHONPATH", str(ROOT))
+    rows = measure(args.scale, ranks, Path(args.workdir))
+    print(f"{'figure':<100} {'P':>2} {'local':>12} {'s3 (moto, 127.0.0.1)':>22} {'ratio':>8}")
+    for r in rows:
+        fmt = (lambda v: f"{v:.3f} s") if r["unit"] == "s" else (lambda v: f"{v:,.0f}/s")
+        print(f"{r['what']:<100} {r['ranks']:>2} {fmt(r['local']):>12} {fmt(r['s3']):>22} {r['ratio']:>7.2f}x")
+        if "same_hash" in r:
+            print(f"{'':<100}    content_hash local == s3: {r['same_hash']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

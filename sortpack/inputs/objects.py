@@ -1,0 +1,280 @@
+"""Object-store inputs (``s3://``, ``gs://``): the one place sortpack opens pyarrow's S3 and GCS filesystems.
+
+An input named by URL is read through ``pyarrow.fs``: a Parquet row group or an Arrow
+record batch is a ranged GET of its bytes (a random-access file over the object), so
+each rank fetches only what it reads; a JSONL or CSV object is read whole by the one
+rank that parses it, as a local file is.
+
+Credentials and endpoints come from the standard places the AWS and Google SDKs read
+(``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_PROFILE``
+and ``~/.aws/credentials``, ``AWS_REGION``/``AWS_DEFAULT_REGION``; for GCS the
+application-default credentials); the endpoint of an S3-compatible server from
+``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, of a GCS emulator from
+``STORAGE_EMULATOR_HOST``. None of them is ever written to a
+manifest. Timeouts and retries are bounded so that an unreachable endpoint fails in
+seconds, not minutes: ``SORTPACK_OBJECT_TIMEOUT`` (seconds per connect and request,
+default 30) and ``SORTPACK_OBJECT_RETRIES`` (attempts per request, default 3).
+
+Every failure becomes one ``SortpackError`` line naming the URL and what went wrong.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from ..env import env_int, env_text
+from ..errors import SortpackError, one_line
+
+SCHEMES = ("s3", "gs", "gcs")
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
+
+
+def url_scheme(path: str) -> str | None:
+    """Return the scheme of ``path`` when it is a URL (``s3``, ``gs``...), else None."""
+    m = _URL.match(str(path))
+    return m.group(1).lower() if m else None
+
+
+def is_url(path: str) -> bool:
+    """Return whether ``path`` names an object in an object store (``s3://`` or ``gs://``)."""
+    return url_scheme(path) in SCHEMES
+
+
+def check_scheme(path: str) -> None:
+    """Raise one line when ``path`` is a URL of a scheme sortpack cannot read."""
+    scheme = url_scheme(path)
+    if scheme is not None and scheme not in SCHEMES and scheme != "file":
+        raise SortpackError(f"{path}: unsupported URL scheme {scheme!r} (inputs are local paths, "
+                            "s3:// or gs:// URLs)")
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """Return the scheme and the filesystem path (``bucket/key``) of an object URL."""
+    m = _URL.match(url)
+    if m is None or m.group(1).lower() not in SCHEMES:
+        raise SortpackError(f"{url}: not an s3:// or gs:// URL")
+    path = m.group(2).strip("/")
+    if not path:
+        raise SortpackError(f"{url}: the URL names no bucket")
+    return m.group(1).lower(), path
+
+
+def join_url(scheme: str, path: str) -> str:
+    """Return the URL of filesystem path ``path`` (``bucket/key``) under ``scheme``."""
+    return f"{scheme}://{path}"
+
+
+@functools.cache
+def _filesystem(scheme: str) -> pafs.FileSystem:
+    """Return the (cached, per process) filesystem of a scheme, configured from the environment."""
+    timeout = float(env_int("SORTPACK_OBJECT_TIMEOUT") or 30)
+    attempts = max(1, env_int("SORTPACK_OBJECT_RETRIES") or 3)
+    if scheme == "s3":
+        kw: dict[str, Any] = {"connect_timeout": timeout, "request_timeout": timeout,
+                              "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=attempts)}
+        endpoint = env_text("AWS_ENDPOINT_URL_S3") or env_text("AWS_ENDPOINT_URL")
+        if endpoint:
+            kw["endpoint_override"] = endpoint
+            kw["scheme"] = "http" if endpoint.startswith("http://") else "https"
+        region = env_text("AWS_REGION") or env_text("AWS_DEFAULT_REGION")
+        if region:
+            kw["region"] = region
+        return pafs.S3FileSystem(**kw)
+    gcs: dict[str, Any] = {"retry_time_limit": timedelta(seconds=timeout * attempts)}
+    emulator = env_text("STORAGE_EMULATOR_HOST")  # the Google client libraries' emulator setting
+    if emulator:
+        gcs["scheme"] = "https" if emulator.startswith("https://") else "http"
+        gcs["endpoint_override"] = emulator.split("://", 1)[-1]
+        gcs["anonymous"] = True
+    return pafs.GcsFileSystem(**gcs)
+
+
+def filesystem(url: str) -> tuple[pafs.FileSystem, str]:
+    """Return the filesystem that reads ``url`` and the object's path in it."""
+    scheme, path = split_url(url)
+    try:
+        return _filesystem("gs" if scheme == "gcs" else scheme), path
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise SortpackError(f"{url}: cannot set up the {scheme} filesystem ({one_line(exc)})") from None
+
+
+_DENIED = ("access_denied", "accessdenied", "invalidaccesskeyid", "invalid_access_key", "signaturedoesnotmatch",
+           "signature_does_not_match", "forbidden", "403", "credential", "unauthorized", "401")
+
+
+def object_error(url: str, exc: BaseException) -> SortpackError:
+    """Return the one-line error of a failed request for ``url``: missing, denied, unreachable or other."""
+    text = one_line(exc)
+    low = text.lower()
+    if isinstance(exc, FileNotFoundError) or "nosuchkey" in low or "not found" in low or "does not exist" in low:
+        why = "no such object"
+        if "bucket" in low:
+            why = "no such bucket"
+    elif any(w in low for w in _DENIED):
+        why = ("access denied: check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE)"
+               if url_scheme(url) == "s3" else "access denied: check the credentials (GOOGLE_APPLICATION_CREDENTIALS)")
+    elif any(w in low for w in ("network_connection", "could not connect", "couldn't connect", "timed out",
+                                "timeout", "resolve host", "connection refused")):
+        setting = "AWS_ENDPOINT_URL" if url_scheme(url) == "s3" else "STORAGE_EMULATOR_HOST"
+        why = f"cannot reach the endpoint (check {setting} and the network)"
+    else:
+        why = "request failed"
+    return SortpackError(f"{url}: {why} ({text})")
+
+
+def is_request_error(exc: BaseException) -> bool:
+    """Return whether ``exc`` is a failed request to the store (not bad data in an object)."""
+    text = one_line(exc)
+    return isinstance(exc, FileNotFoundError) or any(w in text for w in ("AWS Error", "curl", "GCS", "google"))
+
+
+class ObjectInfo(NamedTuple):
+    """What one HEAD of an object says: its size, last-modified time and version tag."""
+
+    size: int
+    mtime_ns: int | None
+    etag: str | None  # S3's ETag, or GCS's generation: changes with every write of the object
+
+
+def _meta(meta: dict) -> dict[str, str]:
+    return {k.decode() if isinstance(k, bytes) else str(k): v.decode() if isinstance(v, bytes) else str(v)
+            for k, v in (meta or {}).items()}
+
+
+def head(url: str) -> ObjectInfo:
+    """Return the size, mtime and ETag (or generation) of object ``url`` from one HEAD request."""
+    fs, path = filesystem(url)
+    try:
+        with fs.open_input_file(path) as fh:
+            size, meta = fh.size(), _meta(fh.metadata())
+    except (OSError, pa.ArrowException) as exc:
+        raise object_error(url, exc) from None
+    tag = meta.get("ETag") or meta.get("etag") or meta.get("x-goog-generation") or meta.get("generation")
+    mtime = _parse_time(meta.get("Last-Modified") or meta.get("last-modified") or meta.get("mtime"))
+    return ObjectInfo(int(size), mtime, tag.strip('"') if tag else None)
+
+
+def _parse_time(text: str | None) -> int | None:
+    """Return nanoseconds since the epoch of an ISO-8601 or HTTP date, or None."""
+    if not text:
+        return None
+    for parse in (lambda t: datetime.fromisoformat(t.replace("Z", "+00:00")),
+                  lambda t: datetime.strptime(t, "%a, %d %b %Y %H:%M:%S %Z").replace(tzinfo=timezone.utc)):
+        try:
+            return int(parse(text).timestamp() * 1e9)
+        except ValueError:
+            continue
+    return None
+
+
+def kind(url: str) -> str:
+    """Return ``"file"``, ``"prefix"`` (objects below it) or ``"missing"`` for ``url``."""
+    fs, path = filesystem(url)
+    try:
+        info = fs.get_file_info(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise object_error(url, exc) from None
+    if info.type == pafs.FileType.File:
+        return "file"
+    if info.type == pafs.FileType.Directory:
+        return "prefix"
+    return "missing"
+
+
+def list_objects(url: str) -> list[tuple[str, int]]:
+    """Return the URL and size of every object below prefix ``url``, in sorted key order."""
+    fs, path = filesystem(url)
+    scheme = url_scheme(url) or "s3"
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    except (OSError, pa.ArrowException) as exc:
+        raise object_error(url, exc) from None
+    return sorted((join_url(scheme, i.path), int(i.size or 0)) for i in infos if i.type == pafs.FileType.File)
+
+
+def open_input(path: str) -> pa.NativeFile:
+    """Return a random-access file over ``path``: memory-mapped when local, ranged GETs when a URL."""
+    if not is_url(path):
+        return pa.memory_map(path, "r")
+    fs, key = filesystem(path)
+    try:
+        return fs.open_input_file(key)
+    except (OSError, pa.ArrowException) as exc:
+        raise object_error(path, exc) from None
+
+
+def size_of(path: str) -> int:
+    """Return the byte size of a local file or an object."""
+    return head(path).size if is_url(path) else os.path.getsize(path)
+
+
+def read_all(path: str) -> pa.Buffer:
+    """Return the whole content of a local file or an object as one buffer."""
+    with open_input(path) as fh:
+        return fh.read_buffer()
+
+
+def read_head(path: str, n: int) -> bytes:
+    """Return the first ``n`` bytes of a local file or an object (one ranged GET)."""
+    if not is_url(path):
+        with open(path, "rb") as fh:
+            return fh.read(n)
+    with open_input(path) as fh:
+        return fh.read_at(min(n, fh.size()), 0)
+
+
+def glob_regex(pattern: str) -> re.Pattern:
+    """Return the regex of a glob over ``/``-separated keys: ``*`` and ``?`` stay within a name, ``**`` spans names."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif c == "*":
+            out.append("[^/]*")
+            i += 1
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[":
+            j = pattern.find("]", i + 2)
+            if j < 0:
+                out.append(re.escape(c))
+                i += 1
+            else:
+                body = pattern[i + 1:j]
+                out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+                i = j + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def glob_objects(url: str) -> list[tuple[str, int]]:
+    """Return the URL and size of every object whose URL matches glob ``url``, in sorted order (as ``glob.glob``)."""
+    scheme, path = split_url(url)
+    names = path.split("/")
+    fixed = []
+    for name in names:
+        if re.search(r"[*?\[]", name):
+            break
+        fixed.append(name)
+    if not fixed:
+        raise SortpackError(f"{url}: a glob needs a fixed bucket name")
+    base = join_url(scheme, "/".join(fixed))
+    rx = glob_regex(path)
+    # as Python's glob: wildcards do not match a name starting with "." (a pattern may name one)
+    dotted = "/." in "/" + path
+    return [(u, s) for u, s in list_objects(base)
+            if rx.match(split_url(u)[1]) and (dotted or "/." not in "/" + split_url(u)[1])]
