@@ -186,7 +186,7 @@ class MPIComm(Comm):
 
     def exchange_counts(self, sendcounts):
         if self.size == 1:
-            return SerialComm.exchange_counts(self, sendcounts)
+            return np.asarray(sendcounts, dtype=np.int64).copy()
         send = np.ascontiguousarray(sendcounts, dtype=np.int64)
         recv = np.empty(self.size, dtype=np.int64)
         self._c.Alltoall(send, recv)
@@ -194,7 +194,7 @@ class MPIComm(Comm):
 
     def alltoallv(self, arr, sendcounts, recvcounts=None):
         if self.size == 1:
-            return SerialComm.alltoallv(self, arr, sendcounts)
+            return SerialComm().alltoallv(arr, sendcounts)
         arr = np.ascontiguousarray(arr)
         if arr.ndim != 1:
             raise ValueError("alltoallv takes 1-D arrays")

@@ -5,13 +5,16 @@ import bisect
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
 from ..errors import SortpackError
 from ..format import open_shard, read_manifest
 from ..format.integrity import check_index_shard, check_sha256, member_path
+
+if TYPE_CHECKING:  # imported when used: the stored data's modules load with --store only
+    from .stored import StoredData
 
 SCALAR_COLUMNS = ("microbatch", "num_samples", "batch_size", "max_size", "padded_size",
                   "tokens", "min_key", "max_key", "stage", "source")
@@ -110,7 +113,7 @@ class PackedIndex:
         # int32 when the input's row count allows it (docs/format.md); older indexes are int64
         self.id_dtype = np.dtype(np.int32 if "int32" in described else np.int64)
         self._source_rows = int((self.manifest.get("source") or {}).get("num_rows", self.num_samples))
-        self._stored = None
+        self._stored: StoredData | None = None
         if self.verify == "full":
             for k in range(len(entries)):
                 self._shard(k)  # hashed and checked now: a damaged index fails before training starts
