@@ -171,14 +171,14 @@ def bpe_tokenizer(texts: Path, vocab: int = 8000, train_rows: int = 3000) -> Pat
     return path
 
 
-def bench_tokens(scale: str, log) -> tuple[list[Section], list[Row]]:
+def bench_tokens(scale: str, log, texts_n: int | None = None) -> tuple[list[Section], list[Row]]:
     """Alternate encode_batch and ``analyze --size tokens`` at P=1, P=2; return the table and goal rows."""
     import importlib.util
 
     if importlib.util.find_spec("tokenizers") is None:
         return [], [Row("scaling", "analyze --size tokens vs encode_batch", None, "skipped",
                         note="tokenizers is not installed")]
-    texts = stdlib_texts(TEXTS[scale])
+    texts = stdlib_texts(TEXTS[scale] if texts_n is None else texts_n)
     tok = bpe_tokenizer(texts)
     out = data.work_dir("scaling-tokens")
     best: dict = {}
@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_scaling", description=__doc__.splitlines()[0])
     ap.add_argument("--scale", choices=sorted(SIZES), default="small")
     ap.add_argument("--only", choices=["sort", "tokens"], help="one part only")
+    ap.add_argument("--texts", type=int, help="stdlib texts to tokenize (0: all; default: the scale's)")
     args = ap.parse_args(argv)
     print(f"bench_scaling, scale {args.scale}, load average {'/'.join(f'{x:.1f}' for x in os.getloadavg())}, "
           f"{os.cpu_count()} cores", flush=True)
@@ -250,11 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  .. {msg}", flush=True)
 
     sections, rows = [], []
-    for name, fn in (("sort", bench_sort), ("tokens", bench_tokens)):
-        if args.only in (None, name):
-            s, r = fn(args.scale, log)
-            sections += s
-            rows += r
+    if args.only in (None, "sort"):
+        s, r = bench_sort(args.scale, log)
+        sections, rows = sections + s, rows + r
+    if args.only in (None, "tokens"):
+        s, r = bench_tokens(args.scale, log, args.texts)
+        sections, rows = sections + s, rows + r
     for sec in sections:
         print(f"\n{sec.title}\n" + plain(sec.header, sec.rows))
     print()

@@ -58,7 +58,8 @@ def profile_table(p: dict, exchange: dict | None = None) -> str:
         for ph, secs in v.get("phases", {}).items():  # this rank's phases, max over ranks each
             lines.append(f"{'  ' + ph:<{w}} {secs:>9.3f}")
     if p.get("startup_s") is not None:
-        lines.append(f"start-up (process start to the first stage, max rank): {p['startup_s']:.3f} s")
+        lines.append(f"start-up (process start to the first stage, max rank): {p['startup_s']:.3f} s"
+                     + (f", {p['startup_cpu_s']:.3f} s CPU" if "startup_cpu_s" in p else ""))
     lines.append(f"peak RSS (max rank): {p['peak_rss_bytes_max'] / 2**20:.1f} MiB")
     if p.get("peak_rss_bytes_per_rank"):
         lines.append(f"peak RSS per rank (MiB): {', '.join(f'{b / 2**20:.0f}' for b in p['peak_rss_bytes_per_rank'])}")

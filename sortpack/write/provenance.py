@@ -40,12 +40,13 @@ class Profile:
         self.stages: dict[str, dict] = {}
         self.counts: dict[str, int] = {}  # per-rank counts reported for every rank (balance)
         self.startup_s: float | None = None  # process start to the first stage's start
+        self.startup_cpu_s = 0.0  # CPU time spent by then (what start-up costs without other load)
 
     @contextmanager
     def stage(self, name: str):
         """Time the enclosed work as stage ``name``, with the phases it marks (``progress.phase``)."""
         if self.startup_s is None:
-            self.startup_s = process_age()
+            self.startup_s, self.startup_cpu_s = process_age(), time.process_time()
         t0, b0 = time.perf_counter(), self.comm.bytes_sent
         with phase_times() as phases:
             yield
@@ -56,7 +57,7 @@ class Profile:
     def reduce(self) -> dict:
         """Return, per stage, the max over ranks of wall time and bytes, and the peak RSS."""
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        parts = self.comm.allgather_obj((self.stages, rss, self.counts, self.startup_s))
+        parts = self.comm.allgather_obj((self.stages, rss, self.counts, self.startup_s, self.startup_cpu_s))
         out: dict[str, Any] = {}
         for name in self.stages:
             out[name] = {
@@ -72,6 +73,7 @@ class Profile:
         if all(p[3] is not None for p in parts) and self.stages:
             out["startup_s"] = round(max(p[3] for p in parts), 3)
             out["startup_s_per_rank"] = [round(p[3], 3) for p in parts]
+            out["startup_cpu_s"] = round(max(p[4] for p in parts), 3)
         out["peak_rss_bytes_max"] = max(p[1] for p in parts)
         out["peak_rss_bytes_per_rank"] = [p[1] for p in parts]
         for name in self.counts:
