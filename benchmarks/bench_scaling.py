@@ -41,6 +41,8 @@ ROUNDS = {"small": 1, "full": 3}
 RANKS = (1, 2)
 SORT_TARGET, RUN_TARGET, STARTUP_TARGET = 0.6, 0.7, 0.3
 TIMEOUT = 1200
+# the sort's phases in the order they run (manifests store keys sorted)
+PHASES = ["keys", "local sort", "splitters", "exchange", "merge", "decode", "redistribute"]
 
 
 def _load1() -> float:
@@ -95,7 +97,8 @@ def sort_section(n: int, rounds: dict) -> tuple[Section, dict]:
     for name in stages:
         a, b = p1["profile"][name], p2["profile"].get(name, {})
         row(name, a["wall_s"], b.get("wall_s"))
-        phases = list(dict.fromkeys([*b.get("phases", {}), *a.get("phases", {})]))  # P=2 has every phase
+        found = {*b.get("phases", {}), *a.get("phases", {})}
+        phases = [ph for ph in PHASES if ph in found] + sorted(found - set(PHASES))
         for ph in phases:
             row(f"  {name}: {ph}", a.get("phases", {}).get(ph), b.get("phases", {}).get(ph))
     row("start-up (process start to first stage)", p1["profile"].get("startup_s"), p2["profile"].get("startup_s"))
