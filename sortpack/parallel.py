@@ -68,6 +68,10 @@ class Comm:
     def barrier(self) -> None:
         """Wait for every rank."""
 
+    def node_size(self) -> int:
+        """Return how many ranks of the job share this rank's node (its memory and cores)."""
+        return 1
+
     def abort(self, code: int) -> None:
         """End every rank of the job with exit status ``code``."""
         sys.stdout.flush()
@@ -171,6 +175,13 @@ class MPIComm(Comm):
 
     def barrier(self):
         self._c.Barrier()
+
+    def node_size(self):
+        node = self._c.Split_type(self._MPI.COMM_TYPE_SHARED)
+        try:
+            return node.Get_size()
+        finally:
+            node.Free()
 
     def abort(self, code):
         sys.stdout.flush()

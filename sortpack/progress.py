@@ -18,11 +18,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 _DEFAULTS = {"enabled": False, "ranks": 1}
 _current: dict[str, Progress] = {}  # the latest open reporter: ``phase`` reports to it
+_clocks: list[tuple[dict[str, float], list[float]]] = []  # open ``phase_times`` blocks: (seconds by phase, last mark)
 
 
 def configure(enabled: bool, ranks: int = 1) -> None:
@@ -186,9 +188,29 @@ class Progress:
 
 
 def phase(name: str) -> None:
-    """Count one finished phase ``name`` on the latest open reporter (none open: nothing)."""
+    """Count one finished phase ``name`` on the latest open reporter, and time it in the innermost ``phase_times``.
+
+    The phase's time is this rank's wall time since the previous ``phase`` call (or the block's start);
+    a phase named twice adds up.
+    """
+    if _clocks:
+        times, last = _clocks[-1]
+        now = time.perf_counter()
+        times[name] = times.get(name, 0.0) + now - last[0]
+        last[0] = now
     if "open" in _current:
         _current["open"].update(1, phase=name)
+
+
+@contextmanager
+def phase_times() -> Iterator[dict[str, float]]:
+    """Yield the dict that collects, per phase name, the seconds of the phases ended inside the block."""
+    times: dict[str, float] = {}
+    _clocks.append((times, [time.perf_counter()]))
+    try:
+        yield times
+    finally:
+        _clocks.pop()
 
 
 def _isatty(stream) -> bool:

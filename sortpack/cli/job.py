@@ -10,7 +10,7 @@ import click
 from ..errors import SortpackError
 from ..launcher import launcher_rank
 from .printing import echo_err, fail, oversize_note, profile_table, summary_line
-from .startup import set_threads
+from .startup import set_threads, set_tokenizer_threads
 
 
 def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
@@ -38,6 +38,7 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
             if launcher_rank() == 0:
                 fail(exc)
             sys.exit(2)
+        set_tokenizer_threads(comm.node_size())
         configure_progress(comm.is_root() and not kw["quiet"], comm.size)
         job = JobInfo(argv=["sortpack"] + sys.argv[1:])
         result = {}

@@ -47,13 +47,19 @@ def oversize_note(m: dict) -> str | None:
 
 
 def profile_table(p: dict, exchange: dict | None = None) -> str:
-    """Return the --profile table: wall time and bytes moved per stage, peak memory (max over ranks)."""
+    """Return the --profile table: wall time and bytes per stage and phase, start-up, peak memory (max over ranks)."""
     stages = [name for name, v in p.items() if isinstance(v, dict)]
-    w = max([len("stage")] + [len(name) for name in stages])
+    w = max([len("stage")] + [len(name) for name in stages]
+            + [2 + len(ph) for name in stages for ph in p[name].get("phases", {})])
     lines = [f"{'stage':<{w}} {'wall s':>9} {'alltoallv MB (max rank)':>24}"]
     for name in stages:
         v = p[name]
         lines.append(f"{name:<{w}} {v['wall_s']:>9.3f} {v['alltoallv_bytes_max'] / 1e6:>24.1f}")
+        for ph, secs in v.get("phases", {}).items():  # this rank's phases, max over ranks each
+            lines.append(f"{'  ' + ph:<{w}} {secs:>9.3f}")
+    if p.get("startup_s") is not None:
+        lines.append(f"start-up (process start to the first stage, max rank): {p['startup_s']:.3f} s"
+                     + (f", {p['startup_cpu_s']:.3f} s CPU" if "startup_cpu_s" in p else ""))
     lines.append(f"peak RSS (max rank): {p['peak_rss_bytes_max'] / 2**20:.1f} MiB")
     if p.get("peak_rss_bytes_per_rank"):
         lines.append(f"peak RSS per rank (MiB): {', '.join(f'{b / 2**20:.0f}' for b in p['peak_rss_bytes_per_rank'])}")

@@ -10,15 +10,38 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 
 def set_threads(threads: int) -> None:
-    """Size Arrow's CPU and I/O pools (and the tokenizers' pool) to ``threads`` (0: leave the defaults)."""
+    """Size Arrow's CPU and I/O pools to ``threads`` (0: leave the defaults)."""
     if not threads:
         return
     import pyarrow as pa
 
     pa.set_cpu_count(threads)
     pa.set_io_thread_count(max(threads, 1))
-    # the tokenizers library sizes its (rayon) pool from this when first used
-    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+
+
+def tokenizer_threads(ranks_on_node: int) -> int:
+    """Return the tokenizer threads per rank: the cores this rank may use shared by the node's ranks (at least 1).
+
+    A launcher that pins ranks to cores leaves each one its own share already.
+    """
+    try:
+        mine = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        mine = os.cpu_count() or 1
+    if mine < (os.cpu_count() or mine):
+        return max(mine, 1)
+    return max(mine // max(ranks_on_node, 1), 1)
+
+
+def set_tokenizer_threads(ranks_on_node: int) -> None:
+    """Size the tokenizers library's (Rayon) pool so ranks x threads = cores, unless ``RAYON_NUM_THREADS`` is set.
+
+    The pool reads the variable when first used, so this runs before any tokenizer is loaded;
+    ranks and tokenizer threads would otherwise compete for the same cores.
+    """
+    if os.environ.get("RAYON_NUM_THREADS", "").strip():
+        return  # the user's choice
+    os.environ["RAYON_NUM_THREADS"] = str(tokenizer_threads(ranks_on_node))
 
 
 def skip_pandas(argv: list[str] | None) -> None:

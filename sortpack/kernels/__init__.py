@@ -17,11 +17,12 @@ from .gather import gather_bytes
 from .greedy import greedy_pack, greedy_pack_reference
 from .interleave import wf2q_interleave, wf2q_reference
 from .lengths import optimal_lengths
-from .merge import merge_sorted_runs, merge_sorted_runs2
+from .merge import merge_sorted_keys, merge_sorted_runs, merge_sorted_runs2
 from .rows import DEFAULT_ROW_WINDOW, pack_rows, pack_rows_reference, pack_rows_windows
 
 __all__ = [
     "BUDGETS", "DEFAULT_ROW_WINDOW", "backend", "batch_capacity", "gather_bytes", "greedy_pack",
-    "greedy_pack_reference", "merge_sorted_runs", "merge_sorted_runs2", "optimal_lengths", "pack_rows",
-    "pack_rows_reference", "pack_rows_windows", "round_lengths", "sample_cost", "wf2q_interleave", "wf2q_reference",
+    "greedy_pack_reference", "merge_sorted_keys", "merge_sorted_runs", "merge_sorted_runs2", "optimal_lengths",
+    "pack_rows", "pack_rows_reference", "pack_rows_windows", "round_lengths", "sample_cost", "wf2q_interleave",
+    "wf2q_reference",
 ]

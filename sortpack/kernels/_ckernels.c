@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 9
+#define SP_ABI_VERSION 10
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -254,7 +254,7 @@ SP_INLINE int key_lt(uint64_t ah, uint64_t al, uint64_t bh, uint64_t bl, int pai
  * x86-64's 15 registers. Returns non-zero when an input run was not sorted. */
 SP_INLINE int merge2_gen(const uint64_t *kh, const uint64_t *kl, const int64_t *pay, int64_t a,
                          int64_t m, int64_t e, uint64_t *oh, uint64_t *ol, int64_t *op, int pair,
-                         int haspay, int outkeys) {
+                         int haspay, int outkeys, int outpos) {
     const int64_t h = a + (e - a) / 2;
     int64_t i = a, j = m, of = a;          /* front: next of each run, next output */
     int64_t ia = m - 1, jb = e - 1, ob = e - 1; /* back: the same, walking down */
@@ -274,7 +274,7 @@ SP_INLINE int merge2_gen(const uint64_t *kh, const uint64_t *kl, const int64_t *
             uint64_t xh = kh[i], yh = kh[j], xl = pair ? kl[i] : 0, yl = pair ? kl[j] : 0;
             int64_t tb = key_lt(yh, yl, xh, xl, pair);
             uint64_t vh = sel_u(tb, yh, xh), vl = pair ? sel_u(tb, yl, xl) : 0;
-            op[of] = haspay ? sel_i(tb, pay[j], pay[i]) : sel_i(tb, j, i);
+            if (outpos) op[of] = haspay ? sel_i(tb, pay[j], pay[i]) : sel_i(tb, j, i);
             if (outkeys) oh[of] = vh;
             if (outkeys && pair) ol[of] = vl;
             bad |= key_lt(vh, vl, fh, fl, pair);
@@ -287,7 +287,7 @@ SP_INLINE int merge2_gen(const uint64_t *kh, const uint64_t *kl, const int64_t *
             uint64_t uh = kh[ia], wh = kh[jb], ul = pair ? kl[ia] : 0, wl = pair ? kl[jb] : 0;
             int64_t ta = key_lt(wh, wl, uh, ul, pair); /* ties take the right run: it goes last */
             uint64_t zh = sel_u(ta, uh, wh), zl = pair ? sel_u(ta, ul, wl) : 0;
-            op[ob] = haspay ? sel_i(ta, pay[ia], pay[jb]) : sel_i(ta, ia, jb);
+            if (outpos) op[ob] = haspay ? sel_i(ta, pay[ia], pay[jb]) : sel_i(ta, ia, jb);
             if (outkeys) oh[ob] = zh;
             if (outkeys && pair) ol[ob] = zl;
             bad |= key_lt(bh, bl, zh, zl, pair);
@@ -302,7 +302,7 @@ SP_INLINE int merge2_gen(const uint64_t *kh, const uint64_t *kl, const int64_t *
         int tb = i >= m || (j < e && key_lt(kh[j], pair ? kl[j] : 0, kh[i], pair ? kl[i] : 0, pair));
         int64_t q = tb ? j++ : i++;
         uint64_t vh = kh[q], vl = pair ? kl[q] : 0;
-        op[of] = haspay ? pay[q] : q;
+        if (outpos) op[of] = haspay ? pay[q] : q;
         if (outkeys) oh[of] = vh;
         if (outkeys && pair) ol[of] = vl;
         bad |= key_lt(vh, vl, fh, fl, pair);
@@ -314,7 +314,7 @@ SP_INLINE int merge2_gen(const uint64_t *kh, const uint64_t *kl, const int64_t *
         int ta = jb < m || (ia >= a && key_lt(kh[jb], pair ? kl[jb] : 0, kh[ia], pair ? kl[ia] : 0, pair));
         int64_t q = ta ? ia-- : jb--;
         uint64_t zh = kh[q], zl = pair ? kl[q] : 0;
-        op[ob] = haspay ? pay[q] : q;
+        if (outpos) op[ob] = haspay ? pay[q] : q;
         if (outkeys) oh[ob] = zh;
         if (outkeys && pair) ol[ob] = zl;
         bad |= key_lt(bh, bl, zh, zl, pair);
@@ -332,11 +332,11 @@ SP_INLINE int merge2_gen(const uint64_t *kh, const uint64_t *kl, const int64_t *
 /* Copies run [a, e) through a pass unmerged (an odd run out), checking that it is sorted. */
 SP_INLINE int copy_run(const uint64_t *kh, const uint64_t *kl, const int64_t *pay, int64_t a,
                        int64_t e, uint64_t *oh, uint64_t *ol, int64_t *op, int pair, int haspay,
-                       int outkeys) {
+                       int outkeys, int outpos) {
     uint64_t bad = 0;
     for (int64_t q = a; q < e; q++) {
         if (q > a) bad |= key_lt(kh[q], pair ? kl[q] : 0, kh[q - 1], pair ? kl[q - 1] : 0, pair);
-        op[q] = haspay ? pay[q] : q;
+        if (outpos) op[q] = haspay ? pay[q] : q;
         if (outkeys) oh[q] = kh[q];
         if (outkeys && pair) ol[q] = kl[q];
     }
@@ -348,14 +348,18 @@ SP_INLINE int pass_step(int first, int last, int pair, const uint64_t *kh, const
                         uint64_t *ol, int64_t *op) {
     /* the flags become constants in each call below, so every variant is compiled lean */
     int outkeys = !(last && pair);
-    if (m == e) {
-        if (first) return copy_run(kh, kl, pay, a, e, oh, ol, op, pair, 0, outkeys);
-        return copy_run(kh, kl, pay, a, e, oh, ol, op, pair, 1, outkeys);
+    if (!op) { /* keys only (single keys): no positions are read or written */
+        if (m == e) return copy_run(kh, kl, pay, a, e, oh, ol, op, 0, 0, 1, 0);
+        return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, 0, 0, 1, 0);
     }
-    if (first && last) return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 0, outkeys);
-    if (first) return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 0, 1);
-    if (last) return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 1, outkeys);
-    return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 1, 1);
+    if (m == e) {
+        if (first) return copy_run(kh, kl, pay, a, e, oh, ol, op, pair, 0, outkeys, 1);
+        return copy_run(kh, kl, pay, a, e, oh, ol, op, pair, 1, outkeys, 1);
+    }
+    if (first && last) return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 0, outkeys, 1);
+    if (first) return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 0, 1, 1);
+    if (last) return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 1, outkeys, 1);
+    return merge2_gen(kh, kl, pay, a, m, e, oh, ol, op, pair, 1, 1, 1);
 }
 
 static int merge_passes(int64_t k) {
@@ -395,7 +399,7 @@ SP_INLINE int64_t merge_cascade(const uint64_t *hi, const uint64_t *lo, const in
     uint64_t *t1l = pair ? scratch + 2 * nn : NULL;
     uint64_t *t0h = pair ? scratch + 3 * nn : ok, *t0l = pair ? scratch + 4 * nn : NULL;
     uint64_t *sh[2] = {t0h, t1h}, *sl[2] = {t0l, t1l};
-    int64_t *sp[2] = {op, (int64_t *)t1p};
+    int64_t *sp[2] = {op, op ? (int64_t *)t1p : NULL}; /* no positions: keys only */
     int bad = 0;
     int64_t nr = k;
     const uint64_t *ch = hi, *cl = lo;
@@ -434,6 +438,13 @@ SP_API int64_t sp_merge_runs_u64(const uint64_t *keys, const int64_t *offsets, i
                                  uint64_t *ok, int64_t *op, uint64_t *scratch) {
     if (runs_check(offsets, k)) return -2;
     return merge_cascade(keys, NULL, offsets, k, ok, op, 0, scratch);
+}
+
+/* As sp_merge_runs_u64, merged keys only (no positions: less to write, half the scratch used). */
+SP_API int64_t sp_merge_keys_u64(const uint64_t *keys, const int64_t *offsets, int64_t k, uint64_t *ok,
+                                 uint64_t *scratch) {
+    if (runs_check(offsets, k)) return -2;
+    return merge_cascade(keys, NULL, offsets, k, ok, NULL, 0, scratch);
 }
 
 /* As sp_merge_runs_u64 with keys ordered by the pair (hi, lo); positions only. */

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..env import env_flag
 
-_ABI_VERSION = 9  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 10  # must equal SP_ABI_VERSION in _ckernels.c
 _EXTENSION = __name__.rpartition(".")[0] + "._ckernels"
 _UNLOADED: Any = object()
 _clib: Any = _UNLOADED
@@ -31,6 +31,7 @@ _SIGNATURES = {
                         ctypes.c_double, _I64, _PTR, _I64, _PTR], _I64),
     "sp_merge_scratch_words": ([_I64, _I64, _I64], _I64),
     "sp_merge_runs_u64": ([_PTR, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
+    "sp_merge_keys_u64": ([_PTR, _PTR, _I64, _PTR, _PTR], _I64),
     "sp_merge_runs_pair": ([_PTR, _PTR, _PTR, _I64, _PTR, _PTR], _I64),
     "sp_pack_rows_scratch_words": ([_I64, _I64, _I64], _I64),
     "sp_pack_rows": ([_PTR, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR], _I64),

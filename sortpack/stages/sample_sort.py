@@ -1,7 +1,10 @@
 """The distributed sample sort of uint64 records (with an optional second key) and their payload.
 
-Local sort, regular samples, Allgather of samples, splitters, Alltoallv (counts, then
-payload), merge of the received runs: rank r ends up holding the r-th range of the order.
+Local sort, splitters, Alltoallv (counts, then payload), merge of the received runs: rank r
+ends up holding the r-th range of the order. Splitters come from regular samples (Allgather),
+or, for unique keys and ranges given up front, by exact selection: a few rounds of
+multi-probe search over key values with one Allreduce of counts each, so each rank receives
+exactly its final range and no second redistribution is needed.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from ..parallel import Comm, fault_point
 from ..progress import phase
 
 SAMPLES_PER_RANK = 1024  # regular samples each rank contributes to choose splitters
+PROBES = 255  # key values probed per splitter and round of exact selection (8 rounds span 64 bits)
 
 
 @dataclass
@@ -23,6 +27,22 @@ class SortedRecords:
     hi: np.ndarray
     lo: np.ndarray | None  # None when hi alone is unique (keys packed with ids)
     payload: dict[str, np.ndarray]
+
+
+def _sample_cuts(comm: Comm, hi: np.ndarray, lo: np.ndarray | None) -> np.ndarray:
+    """Return where this rank's sorted records split by splitters chosen from regular samples (collective)."""
+    n = len(hi)
+    take = min(n, SAMPLES_PER_RANK)
+    idx = ((np.arange(take, dtype=np.int64) + 1) * n) // (take + 1)
+    s_hi = comm.allgatherv(hi[idx])
+    s_lo = comm.allgatherv(lo[idx]) if lo is not None else None
+    s_order = np.argsort(s_hi, kind="stable") if s_lo is None else np.lexsort((s_lo, s_hi))
+    pick = s_order[(np.arange(1, comm.size, dtype=np.int64) * len(s_order)) // comm.size] \
+        if len(s_order) else np.zeros(0, np.int64)
+    split_hi = s_hi[pick]
+    split_lo = s_lo[pick] if s_lo is not None else None
+    return np.concatenate(([0], _splitter_cuts(hi, lo, split_hi, split_lo) if len(pick) else
+                           np.zeros(comm.size - 1, np.int64), [n]))
 
 
 def _splitter_cuts(hi: np.ndarray, lo: np.ndarray | None, split_hi: np.ndarray,
@@ -35,16 +55,72 @@ def _splitter_cuts(hi: np.ndarray, lo: np.ndarray | None, split_hi: np.ndarray,
     return np.asarray([a + np.searchsorted(lo[a:b], s) for a, b, s in zip(left, right, split_lo)], dtype=np.int64)
 
 
+def probe_values(below: np.ndarray, above: np.ndarray, probes: int) -> np.ndarray:
+    """Return, per row, ``probes`` rising uint64 values strictly between ``below`` and ``above`` (object ints).
+
+    Fewer distinct values exist when the gap is small: the row then repeats its last value.
+    """
+    gap = above - below  # Python ints: the bounds may be -1 and 2**64
+    steps = np.arange(1, probes + 1, dtype=object)
+    vals = below[:, None] + np.maximum((gap[:, None] * steps[None, :]) // (probes + 1), 1)
+    return np.minimum(vals, (above - 1)[:, None])
+
+
+def narrow(below: np.ndarray, above: np.ndarray, probes: np.ndarray, counts: np.ndarray,
+           targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return the new (below, above) bounds of each target's splitter from the global ``counts`` at ``probes``.
+
+    The invariant: count(keys < below) < target <= count(keys < above); the splitter is the
+    least value v with count(keys < v) >= target, in (below, above].
+    """
+    under = counts < targets[:, None]
+    # probes rise along a row, so the ones under the target come first
+    k = under.sum(axis=1)
+    rows = np.arange(len(targets))
+    new_below = np.where(k > 0, probes[rows, np.maximum(k - 1, 0)], below)
+    new_above = np.where(k < probes.shape[1], probes[rows, np.minimum(k, probes.shape[1] - 1)], above)
+    return new_below, new_above
+
+
+def exact_cuts(comm: Comm, hi: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Return where this rank's sorted unique keys split so rank r receives positions [targets[r], targets[r+1]).
+
+    Collective. The splitter of target t is the least key value v with count(keys < v) = t,
+    found by ``PROBES``-ary search over values: each round counts the probes on every rank
+    (``searchsorted``) and sums the counts in one Allreduce.
+    """
+    inner = np.asarray(targets[1:-1], dtype=np.int64)
+    cuts = np.zeros(len(inner), np.int64)
+    live = (inner > 0) & (inner < int(targets[-1]))
+    cuts[inner >= int(targets[-1])] = len(hi)
+    if not live.any():
+        return np.concatenate(([0], cuts, [len(hi)]))
+    want = inner[live]
+    lo_key = comm.allreduce(np.array([hi[0] if len(hi) else np.iinfo(np.uint64).max], np.uint64), "min")[0]
+    hi_key = comm.allreduce(np.array([hi[-1] if len(hi) else 0], np.uint64), "max")[0]
+    below = np.full(len(want), int(lo_key) - 1, dtype=object)  # count(keys < min) = 0 < target
+    above = np.full(len(want), int(hi_key) + 1, dtype=object)  # count(keys < max + 1) = total >= target
+    probes = max(1, min(PROBES, (1 << 16) // len(want)))  # at most 64k probes per round
+    while np.any(above - below > 1):
+        vals = probe_values(below, above, probes)
+        flat = vals.astype(np.uint64).ravel()
+        counts = comm.allreduce(np.searchsorted(hi, flat, side="left").astype(np.int64), "sum")
+        below, above = narrow(below, above, vals, counts.reshape(vals.shape), want)
+    cuts[live] = np.searchsorted(hi, above.astype(np.uint64), side="left")
+    return np.concatenate(([0], cuts, [len(hi)]))
+
+
 def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict[str, np.ndarray],
-                ids_from: tuple[int, int] | None = None) -> SortedRecords:
+                ids_from: tuple[int, int] | None = None, targets: np.ndarray | None = None) -> SortedRecords:
     """Return the records globally sorted by (hi, lo): rank r holds the r-th range.
 
     ``lo`` is None when ``hi`` alone is unique (keys packed with ids). For the packed
     form, ``ids_from = (first, id_bits)`` says the low ``id_bits`` bits are the ids
     ``first + arange(n)``: the local sort is then a plain ``np.sort`` and the payload
-    follows by the positions read back from the ids (no argsort).
+    follows by the positions read back from the ids (no argsort). ``targets`` (P + 1
+    rising global positions, ending at the total), with unique ``hi``, makes rank r hold
+    exactly positions ``[targets[r], targets[r+1])``; otherwise ranges are near-even.
     """
-    n = len(hi)
     if lo is None and ids_from is not None:
         hi.sort()
         if payload:
@@ -61,31 +137,28 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     if comm.size == 1:
         return SortedRecords(hi, lo, payload)
 
-    take = min(n, SAMPLES_PER_RANK)
-    idx = ((np.arange(take, dtype=np.int64) + 1) * n) // (take + 1)
-    s_hi = comm.allgatherv(hi[idx])
-    s_lo = comm.allgatherv(lo[idx]) if lo is not None else None
-    s_order = np.argsort(s_hi, kind="stable") if s_lo is None else np.lexsort((s_lo, s_hi))
-    pick = s_order[(np.arange(1, comm.size, dtype=np.int64) * len(s_order)) // comm.size] \
-        if len(s_order) else np.zeros(0, np.int64)
-    split_hi = s_hi[pick]
-    split_lo = s_lo[pick] if s_lo is not None else None
-    cuts = np.concatenate(([0], _splitter_cuts(hi, lo, split_hi, split_lo) if len(pick) else
-                           np.zeros(comm.size - 1, np.int64), [n]))
+    if targets is not None and lo is None:
+        cuts = exact_cuts(comm, hi, targets)
+    else:
+        cuts = _sample_cuts(comm, hi, lo)
     send = np.diff(cuts)
     recv = comm.exchange_counts(send)
+    phase("splitters")
     r_hi = comm.alltoallv(hi, send, recv)
     r_lo = comm.alltoallv(lo, send, recv) if lo is not None else None
     r_payload = {k: comm.alltoallv(v, send, recv) for k, v in payload.items()}
     phase("exchange")
     offsets = np.concatenate(([0], np.cumsum(recv))).astype(np.int64)
     if r_lo is None and not r_payload:
-        # nothing rides along: merge the sorted runs in place (timsort finds the runs)
-        r_hi.sort(kind="stable")
+        # nothing rides along: merge the keys alone (no permutation to write)
+        r_hi = kernels.merge_sorted_keys(r_hi, offsets)
+        phase("merge")
         return SortedRecords(r_hi, None, {})
     if r_lo is None:
         r_hi, perm = kernels.merge_sorted_runs(r_hi, offsets)
     else:
         perm = kernels.merge_sorted_runs2(r_hi, r_lo, offsets)
         r_hi, r_lo = r_hi[perm], r_lo[perm]
-    return SortedRecords(r_hi, r_lo, {k: v[perm] for k, v in r_payload.items()})
+    out = SortedRecords(r_hi, r_lo, {k: v[perm] for k, v in r_payload.items()})
+    phase("merge")
+    return out

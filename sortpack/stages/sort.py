@@ -15,7 +15,7 @@ from ..distribute import global_start, redistribute
 from ..errors import SortpackError
 from ..parallel import Comm
 from ..partition import owner_starts
-from ..progress import Progress
+from ..progress import Progress, phase
 from .key_codes import KeyCodec, encode_keys
 from .sample_sort import sample_sort
 from .samples import SampleColumns
@@ -51,11 +51,13 @@ class SortedKeys:
 
 
 def _sort_by(comm: Comm, codes: np.ndarray, key_bits: int, start: int, total: int, ids: np.ndarray | None,
-             payload: dict[str, np.ndarray], contiguous: bool) -> SortedKeys:
+             payload: dict[str, np.ndarray], contiguous: bool, targets: np.ndarray | None = None) -> SortedKeys:
     """Return the samples sorted by (key code, sample_id) over all ranks.
 
     ``codes`` is consumed (modified in place). This rank holds global positions from
     ``start`` of ``total``; ``ids=None`` says its ids are ``start + arange(len(codes))``.
+    ``targets`` (each rank's first global position, and the total) asks for exactly those
+    ranges; it is honoured when keys and ids pack into one uint64 (else ranges are near-even).
     """
     id_bits = max(1, int(total - 1).bit_length())
     if key_bits + id_bits <= 64:
@@ -64,12 +66,14 @@ def _sort_by(comm: Comm, codes: np.ndarray, key_bits: int, start: int, total: in
             codes |= np.arange(start, start + len(codes), dtype=np.uint64)
         else:
             codes |= ids.astype(np.int64, copy=False).view(np.uint64)
-        out = sample_sort(comm, codes, None, payload, (start, id_bits) if contiguous else None)
+        phase("keys")
+        out = sample_sort(comm, codes, None, payload, (start, id_bits) if contiguous else None, targets)
         hi = out.hi
         out_ids = (hi & np.uint64((1 << id_bits) - 1)).view(np.int64)
         hi >>= np.uint64(id_bits)
         return SortedKeys(out_ids, hi, out.payload)
     ids = np.arange(start, start + len(codes), dtype=np.int64) if ids is None else ids.astype(np.int64, copy=False)
+    phase("keys")
     out = sample_sort(comm, codes, ids.view(np.uint64), payload)
     assert out.lo is not None  # sorted as (key, id) pairs: lo holds the ids
     return SortedKeys(out.lo.view(np.int64), out.hi, out.payload)
@@ -107,6 +111,8 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
         samples.difficulty.dtype == samples.size.dtype and np.array_equal(samples.difficulty, samples.size))
     same = bool(comm.allreduce(int(same), "min"))
     payload: dict[str, np.ndarray] = {}
+    # each rank's final range of whole output shards: an exact sort lands there, the redistribution is then a no-op
+    targets = owner_starts(samples.total, rows_per_shard, comm.size)
     if opts.stages > 1:
         samples, groups = _assign_stages(comm, samples, opts, contiguous, same, groups, group_bits)
         contiguous = False
@@ -119,7 +125,7 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
         if not same:
             payload["difficulty"] = samples.difficulty
         out = _sort_by(comm, codes, codec.bits + stage_bits + group_bits, samples.start, samples.total,
-                       samples.sample_id, payload, False)
+                       samples.sample_id, payload, False, targets)
         ids, codes, payload = out.ids, out.codes, out.payload
         stage = ((codes >> np.uint64(codec.bits)) & np.uint64((1 << stage_bits) - 1)).astype(np.int16)
         if group_bits:
@@ -141,7 +147,7 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
             samples.clear()
             ids_in = None
         out = _sort_by(comm, codes, codec.bits + group_bits, samples.start, samples.total, ids_in, payload,
-                       contiguous)
+                       contiguous, targets)
         del ids_in
         ids, codes, payload = out.ids, out.codes, out.payload
         stage = np.zeros(len(ids), np.int16)
@@ -155,6 +161,7 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
         difficulty = keys if not by_size else (size if same else payload["difficulty"])
 
     del out
+    phase("decode")
     start, total = global_start(comm, len(ids))
     ordered = SampleColumns(start, total, ids, size, difficulty, stage if opts.stages > 1 or group_bits else None,
                             files)
@@ -162,7 +169,7 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     cols = redistribute(comm, ordered.columns(), start, owner_starts(total, rows_per_shard, comm.size))
     start, _ = global_start(comm, len(cols["sample_id"]))
     ordered = SampleColumns.from_columns(start, total, cols, files)
-    prog.update(1, phase="redistribute")
+    phase("redistribute")
     prog.close()
     if ordered.stage is None:
         ordered.stage = np.zeros(len(ordered.sample_id), np.int16)

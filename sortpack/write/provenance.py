@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import resource
 import socket
 import sys
@@ -15,28 +16,48 @@ import pyarrow as pa
 
 from .. import __version__
 from ..parallel import Comm
+from ..progress import phase_times
+
+
+def process_age() -> float | None:
+    """Return the seconds since this process started (Linux ``/proc``; None where unknown)."""
+    try:
+        with open("/proc/self/stat") as f:
+            # fields after the parenthesised command name; starttime is field 22 of the stat line
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Profile:
-    """Per-stage wall time and Alltoallv bytes of this rank, reduced over ranks at the end."""
+    """Per-stage wall time and phases, Alltoallv bytes and start-up of this rank, reduced over ranks at the end."""
 
     def __init__(self, comm: Comm):
         self.comm = comm
         self.stages: dict[str, dict] = {}
         self.counts: dict[str, int] = {}  # per-rank counts reported for every rank (balance)
+        self.startup_s: float | None = None  # process start to the first stage's start
+        self.startup_cpu_s = 0.0  # CPU time spent by then (what start-up costs without other load)
 
     @contextmanager
     def stage(self, name: str):
-        """Time the enclosed work as stage ``name``."""
+        """Time the enclosed work as stage ``name``, with the phases it marks (``progress.phase``)."""
+        if self.startup_s is None:
+            self.startup_s, self.startup_cpu_s = process_age(), time.process_time()
         t0, b0 = time.perf_counter(), self.comm.bytes_sent
-        yield
+        with phase_times() as phases:
+            yield
         self.comm.barrier()
-        self.stages[name] = {"wall_s": time.perf_counter() - t0, "alltoallv_bytes": self.comm.bytes_sent - b0}
+        self.stages[name] = {"wall_s": time.perf_counter() - t0, "alltoallv_bytes": self.comm.bytes_sent - b0,
+                             "phases": phases}
 
     def reduce(self) -> dict:
         """Return, per stage, the max over ranks of wall time and bytes, and the peak RSS."""
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        parts = self.comm.allgather_obj((self.stages, rss, self.counts))
+        parts = self.comm.allgather_obj((self.stages, rss, self.counts, self.startup_s, self.startup_cpu_s))
         out: dict[str, Any] = {}
         for name in self.stages:
             out[name] = {
@@ -44,6 +65,15 @@ class Profile:
                 "alltoallv_bytes_max": max(p[0][name]["alltoallv_bytes"] for p in parts),
                 "alltoallv_bytes_total": sum(p[0][name]["alltoallv_bytes"] for p in parts),
             }
+            phases = [ph for p in parts for ph in p[0][name]["phases"]]
+            if phases:
+                # max over ranks per phase: a rank waiting in a collective shows where the slowest one was
+                out[name]["phases"] = {ph: round(max(p[0][name]["phases"].get(ph, 0.0) for p in parts), 4)
+                                       for ph in dict.fromkeys(phases)}
+        if all(p[3] is not None for p in parts) and self.stages:
+            out["startup_s"] = round(max(p[3] for p in parts), 3)
+            out["startup_s_per_rank"] = [round(p[3], 3) for p in parts]
+            out["startup_cpu_s"] = round(max(p[4] for p in parts), 3)
         out["peak_rss_bytes_max"] = max(p[1] for p in parts)
         out["peak_rss_bytes_per_rank"] = [p[1] for p in parts]
         for name in self.counts:

@@ -242,3 +242,43 @@ def test_the_cli_is_a_package_whose_commands_each_have_a_module():
     for name, command in cli.commands.items():
         assert command.callback.__module__ == f"sortpack.cli.{name}", name
     assert sortpack.cli.main.__module__ == "sortpack.cli"
+
+
+@pytest.mark.mpi
+def test_profile_splits_the_sort_into_phases_and_records_start_up(tmp_path, text_dataset):
+    files, _ = text_dataset
+    proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500",
+                         "--profile"], ranks=2, env=SMALL)
+    profile = read_manifest(tmp_path / "plan")["provenance"]["profile"]
+    phases = profile["sort"]["phases"]
+    assert {"keys", "local sort", "splitters", "exchange", "merge", "decode", "redistribute"} <= set(phases)
+    assert all(v >= 0 for v in phases.values()) and sum(phases.values()) <= profile["sort"]["wall_s"] + 0.01
+    assert len(profile["startup_s_per_rank"]) == 2 and 0 < profile["startup_s"] < 60
+    assert 0 < profile["startup_cpu_s"] <= profile["startup_s"] * 4  # a process's CPU clock, not a wall clock
+    assert "  exchange" in proc.stdout and "start-up (process start to the first stage" in proc.stdout
+
+
+THREADS_SPEC = "import os\n\ndef rayon(batch):\n    return [int(os.environ['RAYON_NUM_THREADS'])] * batch.num_rows\n"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks,env,expect", [
+    (1, {}, None),                              # one rank: every core this process may use
+    (2, {}, "half"),                            # ranks x tokenizer threads = cores
+    (2, {"RAYON_NUM_THREADS": "3"}, 3),         # the user's setting wins
+])
+def test_tokenizer_threads_share_the_cores_between_ranks(tmp_path, text_dataset, ranks, env, expect):
+    import os
+
+    from support import ROOT
+
+    files, _ = text_dataset
+    (tmp_path / "sp_threads_spec.py").write_text(THREADS_SPEC)
+    # an empty RAYON_NUM_THREADS counts as unset: the test does not inherit the caller's
+    env = {"RAYON_NUM_THREADS": "", **env, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    run_sortpack(["analyze", *files, "-o", tmp_path / "m", "--column", "text", "--size",
+                  "python:sp_threads_spec:rayon", "--quiet"], ranks=ranks, env=env)
+    cores = len(os.sched_getaffinity(0))
+    want = {None: cores, "half": max(cores // 2, 1)}.get(expect, expect)
+    sizes = read_manifest(tmp_path / "m")["stats"]
+    assert sizes["size_min"] == sizes["size_max"] == want

@@ -94,3 +94,34 @@ def test_empty():
     merged, perm = K.merge_sorted_runs(np.zeros(0, np.uint64), [0])
     assert len(merged) == len(perm) == 0
     assert len(K.merge_sorted_runs2(np.zeros(0, np.uint64), np.zeros(0, np.uint64), [0, 0, 0])) == 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(runs())
+def test_merge_keys_alone_equals_the_sort(lists):
+    hi, _, offsets = as_runs(lists)
+    merged = K.merge_sorted_keys(hi, offsets)
+    assert merged.dtype == np.uint64
+    np.testing.assert_array_equal(merged, np.sort(hi))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7])
+def test_merge_keys_alone_large_unsorted_and_fallback(k, fallback):
+    rng = np.random.default_rng(k)
+    keys = rng.integers(0, 2**62, 50_000, dtype=np.uint64)
+    offsets = np.linspace(0, len(keys), k + 1).astype(np.int64)
+    runs_sorted = np.concatenate([np.sort(keys[a:b]) for a, b in zip(offsets[:-1], offsets[1:])])
+    np.testing.assert_array_equal(fallback.merge_sorted_keys(runs_sorted, offsets), np.sort(keys))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7])
+def test_merge_keys_alone_large_and_unsorted_runs(k):
+    rng = np.random.default_rng(k)
+    keys = rng.integers(0, 2**62, 50_000, dtype=np.uint64)
+    offsets = np.linspace(0, len(keys), k + 1).astype(np.int64)
+    runs_sorted = np.concatenate([np.sort(keys[a:b]) for a, b in zip(offsets[:-1], offsets[1:])])
+    np.testing.assert_array_equal(K.merge_sorted_keys(runs_sorted, offsets), np.sort(keys))
+    # runs that are not sorted still give the sort (the kernel notices and falls back)
+    np.testing.assert_array_equal(K.merge_sorted_keys(keys, offsets), np.sort(keys))
+    with pytest.raises(ValueError):
+        K.merge_sorted_keys(keys, [0, 5])

@@ -36,3 +36,54 @@ def test_distributed_sort(n, keyspace, key, descending):
     counts = comm.allgather_obj(len(out.sample_id))
     assert max(counts) - min(counts) <= rows
     assert out.start == sum(counts[:comm.rank])
+
+
+@pytest.mark.parametrize("n,keyspace", [(3000, 5), (2500, 10**9), (3, 2), (0, 2)])
+def test_exact_splitters_land_each_rank_on_its_targets(n, keyspace):
+    from sortpack.stages.sample_sort import sample_sort
+
+    comm = get_comm()
+    rng = np.random.default_rng(5)
+    size = rng.integers(0, keyspace, size=n).astype(np.uint64)
+    bits = max(1, int(max(n, 1) - 1).bit_length())
+    packed = (size << np.uint64(bits)) | np.arange(n, dtype=np.uint64)  # unique keys, as the sort packs them
+    cuts = np.sort(rng.integers(0, n + 1, size=comm.size - 1))
+    bounds = np.concatenate(([0], cuts, [n]))
+    a, b = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
+    # uneven targets, some ranks empty
+    inner = np.sort(rng.integers(0, n + 1, size=comm.size - 1))
+    targets = np.concatenate(([0], inner, [n])).astype(np.int64)
+    out = sample_sort(comm, packed[a:b].copy(), None, {}, None, targets)
+    assert len(out.hi) == targets[comm.rank + 1] - targets[comm.rank]
+    np.testing.assert_array_equal(np.concatenate(comm.allgather_obj(out.hi)), np.sort(packed))
+
+
+@pytest.mark.parametrize("stages", [1, 3])
+def test_sort_lands_on_output_shards_without_a_second_exchange(stages, monkeypatch):
+    import sortpack.stages.sort as sort_mod
+    from sortpack.partition import owner_starts
+
+    comm = get_comm()
+    n, rows = 4000, 64
+    rng = np.random.default_rng(17)
+    size = rng.integers(1, 50, size=n)
+    bounds = np.linspace(0, n, comm.size + 1).astype(np.int64)
+    a, b = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
+    moved = []
+    real = sort_mod.redistribute
+
+    def spy(c, columns, my_start, dest):
+        out = real(c, columns, my_start, dest)
+        moved.append(any(out[k] is not columns[k] for k in columns))
+        return out
+
+    monkeypatch.setattr(sort_mod, "redistribute", spy)
+    mine = SampleColumns(a, n, np.arange(a, b), size[a:b], size[a:b])
+    out = sort_samples(comm, mine, SortOptions(stages=stages), rows)
+    assert moved == [False]  # every rank already held its whole shards
+    assert out.start == owner_starts(n, rows, comm.size)[comm.rank]
+    ids = np.concatenate(comm.allgather_obj(out.sample_id))
+    if stages == 1:
+        np.testing.assert_array_equal(ids, np.lexsort((np.arange(n), size)))
+    else:
+        assert sorted(ids.tolist()) == list(range(n))

@@ -1,0 +1,289 @@
+"""Do ranks pay for themselves (issue 29)? P=1 against P=2 on one node, side by side in one run.
+
+Two tables and their P2/P1 ratios:
+
+- ``sortpack run DIR --size column:ntokens --max-tokens 500000 --profile`` of 20M and 60M
+  samples (``--scale small``: 1M), P=1 and P=2 launched alternately, best of 3 (small: 1) by
+  whole-command wall time: the sort stage split into its phases (``provenance.profile``), the
+  other stages, the start-up (process start to the first stage) and the whole command.
+- ``sortpack analyze --size tokens`` of real text (the standard library's source, one row per
+  function or class, from ``examples/make_stdlib_dataset.py``) with a byte-level BPE
+  ``tokenizer.json`` trained here with the ``tokenizers`` library, at P=1 and P=2, against one
+  ``Tokenizer.encode_batch`` of the same texts (already in memory, the library's default thread
+  pool) in one process, launched alternately with them. Neither side pins ``RAYON_NUM_THREADS``:
+  sortpack sizes the tokenizer's pool itself (ranks x threads = cores).
+
+Goals on a 2-core machine: sort at P=2 <= 0.6x P=1 at 60M, whole run <= 0.7x, start-up
+<= 0.3 s, tokens analyze >= 1x encode_batch's throughput at every P. Each figure carries the
+1-minute load average seen when its best run started: the machine may be shared.
+
+    PYTHONPATH=$PWD python -m benchmarks.bench_scaling --scale full      # the issue's tables
+    PYTHONPATH=$PWD python -m benchmarks --only scaling --scale small    # in the suite (CI)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from . import data
+from .report import Row, Section, plain, secs
+from .runner import ROOT, launch, timed_worker
+
+MAX_TOKENS = 500_000
+SIZES = {"small": [1_000_000], "full": [20_000_000, 60_000_000]}
+TEXTS = {"small": 1500, "full": 0}  # rows of the stdlib dataset tokenized (0: all of them)
+ROUNDS = {"small": 1, "full": 3}
+RANKS = (1, 2)
+SORT_TARGET, RUN_TARGET, STARTUP_TARGET = 0.6, 0.7, 0.3
+TIMEOUT = 1200
+# the sort's phases in the order they run (manifests store keys sorted)
+PHASES = ["keys", "local sort", "splitters", "exchange", "merge", "decode", "redistribute"]
+
+
+def _load1() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
+def _run(inputs: Path, out: Path, p: int) -> dict:
+    """Return one ``sortpack run`` at P ranks: wall seconds, the manifest's profile and hash, the load at start."""
+    load = _load1()
+    wall, _ = launch([sys.executable, "-m", "sortpack", "run", str(inputs), "-o", str(out), "--size",
+                      "column:ntokens", "--max-tokens", str(MAX_TOKENS), "--profile", "--overwrite", "--quiet"],
+                     TIMEOUT, p, pin_rayon=False)
+    man = json.loads((out / "manifest.json").read_text())
+    return {"wall": wall, "profile": man["provenance"]["profile"], "hash": man["content_hash"], "load": load}
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{b / a:.2f}" if a and b is not None else ""
+
+
+def _best_of(runs: list[dict]) -> dict:
+    """Return the rounds' best figure per part: each stage, phase, start-up and the whole command at its minimum."""
+    best = min(runs, key=lambda r: r["wall"])
+    prof: dict = {}
+    for name, v in best["profile"].items():
+        if isinstance(v, dict):
+            got = [r["profile"][name] for r in runs if name in r["profile"]]
+            prof[name] = {"wall_s": min(g["wall_s"] for g in got),
+                          "phases": {ph: min(g.get("phases", {}).get(ph, float("inf")) for g in got)
+                                     for ph in v.get("phases", {})}}
+    ups = [r["profile"].get("startup_s") for r in runs]
+    prof["startup_s"] = None if None in ups else min(ups)
+    return {**best, "profile": prof}
+
+
+def sort_section(n: int, rounds: dict) -> tuple[Section, dict]:
+    """Return the per-phase table of P=1 and P=2 runs of ``n`` samples (best of the rounds per part), and ratios."""
+    p1, p2 = _best_of(rounds[1]), _best_of(rounds[2])
+    sec = Section(f"sortpack run, {n / 1e6:g}M samples, --size column:ntokens --max-tokens {MAX_TOKENS} "
+                  f"(each part: best of the alternated rounds; max over ranks)",
+                  ["part", "P=1", "P=2", "P2/P1", "load at P=1 / P=2 run"])
+    load = f"{p1['load']:.1f} / {p2['load']:.1f}"
+
+    def row(name: str, a: float | None, b: float | None) -> None:
+        sec.rows.append([name, secs(a) if a is not None else "", secs(b) if b is not None else "", _ratio(a, b),
+                         load])
+
+    stages = [k for k, v in p1["profile"].items() if isinstance(v, dict)]
+    for name in stages:
+        a, b = p1["profile"][name], p2["profile"].get(name, {})
+        row(name, a["wall_s"], b.get("wall_s"))
+        found = {*b.get("phases", {}), *a.get("phases", {})}
+        phases = [ph for ph in PHASES if ph in found] + sorted(found - set(PHASES))
+        for ph in phases:
+            row(f"  {name}: {ph}", a.get("phases", {}).get(ph), b.get("phases", {}).get(ph))
+    row("start-up (process start to first stage)", p1["profile"].get("startup_s"), p2["profile"].get("startup_s"))
+    row("whole command (mpiexec launch to exit)", p1["wall"], p2["wall"])
+    ups = [p["profile"].get("startup_s") for p in (p1, p2)]
+    ratios = {"sort": p2["profile"]["sort"]["wall_s"] / p1["profile"]["sort"]["wall_s"],
+              "run": p2["wall"] / p1["wall"], "startup": None if None in ups else max(ups),
+              "same": p1["hash"] == p2["hash"]}
+    return sec, ratios
+
+
+def bench_sort(scale: str, log) -> tuple[list[Section], list[Row]]:
+    """Alternate P=1 and P=2 runs per size; return the tables and the goal rows."""
+    sections, rows = [], []
+    for n in SIZES[scale]:
+        log(f"{n / 1e6:g}M sizes as Parquet")
+        inputs = data.size_parquet(n)
+        out = data.work_dir("scaling-out")
+        runs: dict = {p: [] for p in RANKS}
+        for r in range(ROUNDS[scale]):
+            for p in RANKS:
+                res = _run(inputs, out / f"P{p}", p)
+                log(f"round {r + 1}, {n / 1e6:g}M, P={p}: {res['wall']:.2f} s, sort "
+                    f"{res['profile']['sort']['wall_s']:.2f} s (load {res['load']:.1f})")
+                runs[p].append(res)
+        shutil.rmtree(out, ignore_errors=True)
+        sec, q = sort_section(n, runs)
+        best = {p: _best_of(runs[p]) for p in RANKS}
+        sections.append(sec)
+        label = f"{n / 1e6:g}M samples"
+        load = f"load {best[1]['load']:.1f} / {best[2]['load']:.1f}"
+        rows += [
+            Row("scaling", f"sort stage P=2 / P=1, {label}", 2, secs(best[2]["profile"]["sort"]["wall_s"]),
+                f"P=1: {secs(best[1]['profile']['sort']['wall_s'])}", f"{q['sort']:.2f}×", f"≤ {SORT_TARGET}×",
+                q["sort"] <= SORT_TARGET, load),
+            Row("scaling", f"whole run P=2 / P=1, {label}", 2, secs(best[2]["wall"]), f"P=1: {secs(best[1]['wall'])}",
+                f"{q['run']:.2f}×", f"≤ {RUN_TARGET}×", q["run"] <= RUN_TARGET,
+                f"{load}; content_hash {'identical' if q['same'] else 'DIFFERS'} at P=1 and P=2"),
+            Row("scaling", f"start-up (process start to the first stage), {label}", None,
+                "not recorded" if q["startup"] is None else secs(q["startup"]), target=f"≤ {STARTUP_TARGET} s",
+                met=None if q["startup"] is None else q["startup"] <= STARTUP_TARGET,
+                note=f"max over P and ranks; {load}"),
+        ]
+    return sections, rows
+
+
+def stdlib_texts(rows: int) -> Path:
+    """Return a directory of Parquet text (the stdlib's functions and classes), ``rows`` of them (0: all)."""
+    full = data.WORK / "stdlib"
+    if not (full / "_done").is_file():
+        subprocess.run([sys.executable, str(ROOT / "examples" / "make_stdlib_dataset.py"), str(full),
+                        "--max-files", "100000", "--shards", "8"], check=True, capture_output=True)
+        (full / "_done").write_text("")
+    if not rows:
+        return full
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    part = data.WORK / f"stdlib-{rows}"
+    if not (part / "_done").is_file():
+        part.mkdir(parents=True, exist_ok=True)
+        table = ds.dataset(str(full), format="parquet").head(rows, columns=["text"])
+        # two files of a few row groups: analyze deals whole row groups to ranks
+        half = rows // 2
+        for i, (a, b) in enumerate(((0, half), (half, rows))):
+            pq.write_table(table.slice(a, b - a), part / f"part-{i}.parquet", row_group_size=max((b - a) // 4, 1))
+        (part / "_done").write_text("")
+    return part
+
+
+def bpe_tokenizer(texts: Path, vocab: int = 8000, train_rows: int = 3000) -> Path:
+    """Return a byte-level BPE ``tokenizer.json`` trained here on the first ``train_rows`` texts."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    path = data.WORK / f"stdlib-bpe-{vocab}.json"
+    if path.is_file():
+        return path
+    import pyarrow.dataset as ds
+
+    sample = ds.dataset(str(texts), format="parquet").head(train_rows, columns=["text"])["text"].to_pylist()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(sample, trainer=trainer)
+    tok.save(str(path))
+    return path
+
+
+def bench_tokens(scale: str, log, texts_n: int | None = None) -> tuple[list[Section], list[Row]]:
+    """Alternate encode_batch and ``analyze --size tokens`` at P=1, P=2; return the table and goal rows."""
+    import importlib.util
+
+    if importlib.util.find_spec("tokenizers") is None:
+        return [], [Row("scaling", "analyze --size tokens vs encode_batch", None, "skipped",
+                        note="tokenizers is not installed")]
+    texts = stdlib_texts(TEXTS[scale] if texts_n is None else texts_n)
+    tok = bpe_tokenizer(texts)
+    out = data.work_dir("scaling-tokens")
+    best: dict = {}
+    for r in range(ROUNDS[scale]):
+        load = _load1()
+        wall, res = timed_worker("encode", {"path": str(texts), "column": "text", "tokenizer": str(tok),
+                                            "repeats": 1}, TIMEOUT, None, False)
+        if "base" not in best or res["seconds"] < best["base"]["seconds"]:
+            best["base"] = {**res, "load": load}
+        log(f"round {r + 1}: encode_batch {res['seconds']:.2f} s (load {load:.1f})")
+        for p in RANKS:
+            load = _load1()
+            wall, _ = launch([sys.executable, "-m", "sortpack", "analyze", str(texts), "-o", str(out / f"P{p}"),
+                              "--column", "text", "--size", "tokens", "--tokenizer", str(tok), "--profile",
+                              "--overwrite", "--quiet"], TIMEOUT, p, pin_rayon=False)
+            man = json.loads((out / f"P{p}" / "manifest.json").read_text())
+            stage = man["provenance"]["profile"]["analyze"]["wall_s"]
+            log(f"round {r + 1}: analyze --size tokens P={p}: stage {stage:.2f} s, command {wall:.2f} s "
+                f"(load {load:.1f})")
+            if p not in best or stage < best[p]["stage"]:
+                best[p] = {"stage": stage, "wall": wall, "load": load,
+                           "size_sum": man["stats"]["size_sum"], "samples": man["num_samples"]}
+    shutil.rmtree(out, ignore_errors=True)
+    base = best["base"]
+    chars = sum(len(t) for t in _texts(texts))
+    sec = Section(f"analyze --size tokens, {base['samples']} stdlib texts ({chars / 1e6:.1f}M characters), "
+                  "BPE 8k, vs one encode_batch (default thread pool) in the same run",
+                  ["P", "analyze stage", "whole command", "encode_batch", "throughput vs encode_batch (stage)",
+                   "(command)", "load at run / baseline"])
+    rows = []
+    for p in RANKS:
+        b = best[p]
+        same = b["size_sum"] == base["size_sum"] and b["samples"] == base["samples"]
+        sec.rows.append([str(p), secs(b["stage"]), secs(b["wall"]), secs(base["seconds"]),
+                         f"{base['seconds'] / b['stage']:.2f}×", f"{base['seconds'] / b['wall']:.2f}×",
+                         f"{b['load']:.1f} / {base['load']:.1f}"])
+        rows.append(Row("scaling", "analyze --size tokens (stage) vs one encode_batch, stdlib source", p,
+                        secs(b["stage"]), f"encode_batch: {secs(base['seconds'])}",
+                        f"{base['seconds'] / b['stage']:.2f}× throughput", "≥ 1×", base["seconds"] / b["stage"] >= 1
+                        and same, f"load {b['load']:.1f}; " + ("same token counts" if same
+                                                               else "TOKEN COUNTS DIFFER FROM encode_batch")))
+    return [sec], rows
+
+
+def _texts(path: Path) -> list[str]:
+    import pyarrow.dataset as ds
+
+    return ds.dataset(str(path), format="parquet").to_table(columns=["text"])["text"].to_pylist()
+
+
+def bench(ctx) -> list[Row]:
+    """The suite's ``scaling`` benchmark: both tables into the report, the goal rows back."""
+    sort_secs, sort_rows = bench_sort(ctx.scale_name, ctx.log)
+    tok_secs, tok_rows = bench_tokens(ctx.scale_name, ctx.log)
+    ctx.sections.extend(sort_secs + tok_secs)
+    return sort_rows + tok_rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both parts and print their tables."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_scaling", description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", choices=sorted(SIZES), default="small")
+    ap.add_argument("--only", choices=["sort", "tokens"], help="one part only")
+    ap.add_argument("--texts", type=int, help="stdlib texts to tokenize (0: all; default: the scale's)")
+    args = ap.parse_args(argv)
+    print(f"bench_scaling, scale {args.scale}, load average {'/'.join(f'{x:.1f}' for x in os.getloadavg())}, "
+          f"{os.cpu_count()} cores", flush=True)
+
+    def log(msg: str) -> None:
+        print(f"  .. {msg}", flush=True)
+
+    sections, rows = [], []
+    if args.only in (None, "sort"):
+        s, r = bench_sort(args.scale, log)
+        sections, rows = sections + s, rows + r
+    if args.only in (None, "tokens"):
+        s, r = bench_tokens(args.scale, log, args.texts)
+        sections, rows = sections + s, rows + r
+    for sec in sections:
+        print(f"\n{sec.title}\n" + plain(sec.header, sec.rows))
+    print()
+    print(plain(["figure", "P", "value", "baseline", "ratio", "target", "status", "note"],
+                [[r.figure, "" if r.ranks is None else str(r.ranks), r.value, r.baseline, r.ratio, r.target,
+                  r.status(), r.note] for r in rows]))
+    print(f"\nload average at end {'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
