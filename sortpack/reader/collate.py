@@ -49,7 +49,10 @@ def _round_up(n: int, k: int | None) -> int:
     return -(-n // k) * k if k and k > 1 else n
 
 
-def _sample_ids(mb, n: int) -> np.ndarray:
+def _sample_ids(mb, n: int, items=None) -> np.ndarray:
+    known = getattr(items, "sample_ids", None)  # the stored slice's ids (TableSamples), already an array
+    if known is not None and len(known) == n:
+        return np.array(known, dtype=np.int64)
     if mb is None:
         return np.full(n, -1, dtype=np.int64)
     return np.array(mb if len(mb) == n else mb[:n], dtype=np.int64).reshape(-1)
@@ -101,7 +104,7 @@ class PadCollate:
         # labels aligned to input_ids (the model shifts): no target at a sample's first token or at padding
         ids, labels, lengths, padding = pad_tokens(values, offsets, n, rows, width, self.pad_id, IGNORE_INDEX)
         sample_ids = np.full(rows, -1, dtype=np.int64)
-        sample_ids[:n] = _sample_ids(mb, n)
+        sample_ids[:n] = _sample_ids(mb, n, items)
         real = np.zeros(rows, dtype=np.bool_)
         real[:n] = not getattr(mb, "repeat", False)
         out = {
@@ -248,7 +251,7 @@ class VarlenCollate:
             "max_length_k": max_len,
             "lengths": torch.from_numpy(kept),
             "token_mask": torch.from_numpy(token_mask),
-            "sample_ids": torch.from_numpy(_sample_ids(mb, n)),
+            "sample_ids": torch.from_numpy(_sample_ids(mb, n, items)),
             "real": torch.from_numpy(np.full(n, not getattr(mb, "repeat", False))),
         }
         if self.pad_to_multiple:

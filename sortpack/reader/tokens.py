@@ -69,7 +69,8 @@ _INT_VALUES: dict = {}  # Arrow type id of int32 / int64 -> the values' dtype
 def _fill_types() -> None:
     import pyarrow as pa
 
-    _LIST_OFFSETS.update({pa.list_(pa.int32()).id: np.dtype(np.int32), pa.large_list(pa.int32()).id: np.dtype(np.int64)})
+    _LIST_OFFSETS.update({pa.list_(pa.int32()).id: np.dtype(np.int32),
+                          pa.large_list(pa.int32()).id: np.dtype(np.int64)})
     _INT_VALUES.update({pa.int32().id: np.dtype(np.int32), pa.int64().id: np.dtype(np.int64)})
 
 
