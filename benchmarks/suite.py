@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bench_loader, bench_mixture, bench_stored, data, train_payoff
+from . import bench_loader, bench_mixture, bench_stored, bench_tokens_loop, data, train_payoff
 from .report import ROW_HEADER, Row, Section, machine, plain, render_markdown, row_cells, secs, speed
 from .runner import ROOT, BenchError, sortpack_cli, timed_worker, worker
 
@@ -343,7 +343,8 @@ def bench_reader(ctx: Context) -> list[Row]:
 
 BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze": bench_analyze,
               "tokens": bench_tokens, "reader": bench_reader, "train": train_payoff.bench,
-              "loader": bench_loader.bench, "mixture": bench_mixture.bench, "stored": bench_stored.bench}
+              "loader": bench_loader.bench, "mixture": bench_mixture.bench, "stored": bench_stored.bench,
+              "tokens_loop": bench_tokens_loop.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .microbatch import MicroBatch, Samples
 from ..kernels import pad_tokens, varlen_tokens
+from .microbatch import MicroBatch, Samples
 from .tokens import ragged_tokens, stored_token_view
 
 

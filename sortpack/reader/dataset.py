@@ -158,7 +158,7 @@ class SourceDataset:
         return TableSamples(table, mb, self.transform, sample_ids=known)
 
     def _whole_microbatch(self, mb: MicroBatch):
-        """Return (the stored slice, its sample ids) when ``mb`` holds its micro-batch's ids unchanged, else (None, None).
+        """Return (the stored slice, its sample ids) if ``mb`` holds its micro-batch's ids unchanged, else Nones.
 
         The sampler's micro-batch is one contiguous slice; its ids (compared as Python ints,
         no array built) say it is the right one, and not one that lost skipped samples.
