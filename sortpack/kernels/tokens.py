@@ -8,11 +8,32 @@ every offset against ``values`` before it reads a sample.
 """
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
+from . import _loader
 from ._loader import _c
 
 _WIDTHS = (np.dtype(np.int32), np.dtype(np.int64))
+_HELD: dict = {}  # the compiled library's path -> its handle that keeps the GIL
+
+
+def _token_lib(lib):
+    """Return the token kernels of ``lib`` through a handle that keeps the GIL during the call.
+
+    A call takes microseconds: releasing the GIL gains nothing, and a thread waiting for it
+    (the training loop, beside ``PlanLoader``'s thread) would take it and force a switch per
+    micro-batch.
+    """
+    got = _HELD.get(lib._name)
+    if got is None:
+        got = ctypes.PyDLL(lib._name)
+        for name in ("sp_pad_tokens", "sp_varlen_tokens"):
+            fn = getattr(got, name)
+            fn.argtypes, fn.restype = _loader._SIGNATURES[name]
+        _HELD[lib._name] = got
+    return got
 
 
 def _checked(values: np.ndarray, offsets: np.ndarray) -> None:
@@ -37,13 +58,16 @@ def pad_tokens(values: np.ndarray, offsets: np.ndarray, n: int, rows: int, width
         raise ValueError(f"pad_tokens: {n} samples, {rows} rows, {len(offsets)} offsets, width {width}")
     lib = _c()
     if lib is not None:
-        ids = np.empty((rows, width), dtype=np.int64)
-        labels = np.empty((rows, width), dtype=np.int64)
-        lengths = np.empty(rows, dtype=np.int64)
-        mask = np.empty((rows, width), dtype=np.bool_)
-        got = lib.sp_pad_tokens(values.ctypes.data, values.itemsize, len(values), offsets.ctypes.data,
-                                offsets.itemsize, n, rows, width, int(pad_id), int(ignore), ids.ctypes.data,
-                                labels.ctypes.data, lengths.ctypes.data, mask.ctypes.data)
+        cells = rows * width
+        # one allocation for the four outputs (one address to hand over): ids, labels, lengths, then the mask
+        buf = np.empty(8 * (2 * cells + rows) + cells, dtype=np.uint8)
+        words = buf[:8 * (2 * cells + rows)].view(np.int64)
+        ids, labels = words[:cells].reshape(rows, width), words[cells:2 * cells].reshape(rows, width)
+        lengths, mask = words[2 * cells:], buf[8 * (2 * cells + rows):].view(np.bool_).reshape(rows, width)
+        at = buf.ctypes.data
+        got = _token_lib(lib).sp_pad_tokens(values.ctypes.data, values.itemsize, len(values), offsets.ctypes.data,
+                                            offsets.itemsize, n, rows, width, int(pad_id), int(ignore), at,
+                                            at + 8 * cells, at + 16 * cells, at + 8 * (2 * cells + rows))
         if got < 0:
             raise ValueError("pad_tokens: the offsets reach outside the token values")
         return ids, labels, lengths, mask
@@ -88,16 +112,17 @@ def varlen_tokens(values: np.ndarray, offsets: np.ndarray, cu: np.ndarray, seg_r
     total = int(cu[-1])
     lib = _c()
     if lib is not None:
-        ids = np.empty(total, dtype=np.int64)
-        labels = np.empty(total, dtype=np.int64)
-        pos = np.empty(total, dtype=np.int64)
-        seq_idx = np.empty(total, dtype=np.int32)
-        mask = np.empty(total, dtype=np.bool_)
-        got = lib.sp_varlen_tokens(values.ctypes.data, values.itemsize, len(values), offsets.ctypes.data,
-                                   offsets.itemsize, nseg, cu.ctypes.data, seg_real.ctypes.data,
-                                   seg_sample.ctypes.data, int(pad_id), int(ignore), int(pos_start),
-                                   ids.ctypes.data, labels.ctypes.data, pos.ctypes.data, seq_idx.ctypes.data,
-                                   mask.ctypes.data)
+        # one allocation for the five outputs: ids, labels, positions (int64), seq_idx (int32), then the mask
+        buf = np.empty(29 * total, dtype=np.uint8)
+        words = buf[:24 * total].view(np.int64)
+        ids, labels, pos = words[:total], words[total:2 * total], words[2 * total:]
+        seq_idx, mask = buf[24 * total:28 * total].view(np.int32), buf[28 * total:].view(np.bool_)
+        at = buf.ctypes.data
+        got = _token_lib(lib).sp_varlen_tokens(values.ctypes.data, values.itemsize, len(values), offsets.ctypes.data,
+                                               offsets.itemsize, nseg, cu.ctypes.data, seg_real.ctypes.data,
+                                               seg_sample.ctypes.data, int(pad_id), int(ignore), int(pos_start),
+                                               at, at + 8 * total, at + 16 * total, at + 24 * total,
+                                               at + 28 * total)
         if got < 0:
             raise ValueError("varlen_tokens: the offsets or segments reach outside the token values")
         return ids, labels, pos, seq_idx, mask

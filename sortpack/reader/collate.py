@@ -229,9 +229,12 @@ class VarlenCollate:
         cu = np.zeros(len(seg_len) + 1, dtype=np.int64)
         np.cumsum(seg_len, out=cu[1:])
         total = int(cu[-1])
-        doc = seg_sample >= 0
-        kept = np.zeros(n, dtype=np.int64)
-        kept[seg_sample[doc]] = seg_real[doc]
+        if width is None:  # one segment per sample, in order
+            kept = seg_real
+        else:
+            doc = seg_sample >= 0
+            kept = np.zeros(n, dtype=np.int64)
+            kept[seg_sample[doc]] = seg_real[doc]
         # one pass (compiled) writes every per-token array
         ids, labels, position_ids, seg_of, token_mask = varlen_tokens(
             values, offsets, cu, seg_real, seg_sample, self.pad_id, IGNORE_INDEX, self.position_ids_start)
