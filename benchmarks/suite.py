@@ -12,7 +12,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import bench_loader, bench_mixture, bench_objects, bench_scaling, bench_stored, data, train_payoff
+from . import (
+    bench_loader,
+    bench_mixture,
+    bench_objects,
+    bench_scaling,
+    bench_stored,
+    bench_tokens_loop,
+    data,
+    train_payoff,
+)
 from .report import ROW_HEADER, Row, Section, machine, plain, render_markdown, row_cells, secs, speed
 from .runner import ROOT, BenchError, sortpack_cli, timed_worker, worker
 
@@ -344,7 +353,7 @@ def bench_reader(ctx: Context) -> list[Row]:
 BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze": bench_analyze,
               "tokens": bench_tokens, "reader": bench_reader, "train": train_payoff.bench,
               "loader": bench_loader.bench, "mixture": bench_mixture.bench, "stored": bench_stored.bench,
-              "objects": bench_objects.bench, "scaling": bench_scaling.bench}
+              "objects": bench_objects.bench, "scaling": bench_scaling.bench, "tokens_loop": bench_tokens_loop.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

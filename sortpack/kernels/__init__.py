@@ -1,5 +1,6 @@
 """Numeric kernels: greedy packing, merging of sorted runs, bin packing into rows, the choice
-of padded lengths, a byte gather and a mixture's interleave; the public names here are the contract the stages use.
+of padded lengths, a byte gather, a mixture's interleave and the token collate; the public
+names here are the contract the stages (and the reader's collate) use.
 
 Each runs the compiled C kernels (``_ckernels``, built by ``pip install``; called through
 ctypes, with the GIL released) when present, and otherwise falls back, after one warning,
@@ -7,7 +8,8 @@ to a numpy implementation in the same file that gives identical results, more sl
 Set ``SORTPACK_NO_CKERNELS=1`` to force the fallback; ``backend()`` says which is in use.
 
 ``_loader`` loads the library and holds the backend state; ``budget`` the packing-budget
-policy; ``greedy``, ``merge``, ``rows``, ``lengths``, ``gather`` and ``interleave`` one kernel family each.
+policy; ``greedy``, ``merge``, ``rows``, ``lengths``, ``gather``, ``interleave`` and ``tokens``
+one kernel family each.
 """
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ from .interleave import wf2q_interleave, wf2q_reference
 from .lengths import optimal_lengths
 from .merge import merge_sorted_keys, merge_sorted_runs, merge_sorted_runs2
 from .rows import DEFAULT_ROW_WINDOW, pack_rows, pack_rows_reference, pack_rows_windows
+from .tokens import pad_tokens, varlen_tokens
 
 __all__ = [
     "BUDGETS", "DEFAULT_ROW_WINDOW", "backend", "batch_capacity", "gather_bytes", "greedy_pack",
     "greedy_pack_reference", "merge_sorted_keys", "merge_sorted_runs", "merge_sorted_runs2", "optimal_lengths",
-    "pack_rows", "pack_rows_reference", "pack_rows_windows", "round_lengths", "sample_cost", "wf2q_interleave",
-    "wf2q_reference",
+    "pack_rows", "pack_rows_reference", "pack_rows_windows", "pad_tokens", "round_lengths", "sample_cost",
+    "varlen_tokens", "wf2q_interleave", "wf2q_reference",
 ]

@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 10
+#define SP_ABI_VERSION 11
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -842,6 +842,104 @@ SP_API int64_t sp_wf2q(const double *starts, const double *finishes, const int64
     free(at);
     free(stop);
     return n;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Token collate: a micro-batch's stored token ids (an Arrow list column's child values  */
+/* and offsets, read in place) written into the padded or the varlen batch in one pass.  */
+
+static inline int64_t tok_at(const void *v, int64_t vbytes, int64_t i) {
+    return vbytes == 4 ? (int64_t)((const int32_t *)v)[i] : ((const int64_t *)v)[i];
+}
+
+/* rows x width ids (pad_id past each sample), labels (ids, ignore at column 0 and padding),
+   lengths (tokens kept: at most width) and key_padding_mask (1 = padding); the first n
+   rows are samples 0..n-1, whose tokens are values[offsets[j]:offsets[j+1]].
+   Returns 0, -1 for a width of value or offset it does not know, -2 for offsets outside
+   the values (checked before a sample is read). */
+SP_API int64_t sp_pad_tokens(const void *values, int64_t vbytes, int64_t nvalues, const void *offsets, int64_t obytes,
+                             int64_t n, int64_t rows, int64_t width, int64_t pad_id, int64_t ignore,
+                             int64_t *ids, int64_t *labels, int64_t *lengths, uint8_t *kpm) {
+    if ((vbytes != 4 && vbytes != 8) || (obytes != 4 && obytes != 8)) return -1;
+    for (int64_t j = 0; j < rows; j++) {
+        int64_t *row = ids + j * width, *lab = labels + j * width;
+        uint8_t *mask = kpm + j * width;
+        int64_t len = 0, start = 0;
+        if (j < n) {
+            start = tok_at(offsets, obytes, j);
+            int64_t end = tok_at(offsets, obytes, j + 1);
+            if (start < 0 || end < start || end > nvalues) return -2;
+            len = end - start;
+            if (len > width) len = width;
+        }
+        if (vbytes == 4) {
+            const int32_t *src = (const int32_t *)values + start;
+            for (int64_t t = 0; t < len; t++) row[t] = src[t];
+        } else {
+            memcpy(row, (const int64_t *)values + start, (size_t)len * sizeof(int64_t));
+        }
+        if (len > 0) {
+            lab[0] = ignore;
+            memcpy(lab + 1, row + 1, (size_t)(len - 1) * sizeof(int64_t));
+        }
+        for (int64_t t = len; t < width; t++) {
+            row[t] = pad_id;
+            lab[t] = ignore;
+        }
+        if (len == 0 && width > 0) lab[0] = ignore;
+        memset(mask, 0, (size_t)len);
+        memset(mask + len, 1, (size_t)(width - len));
+        lengths[j] = len;
+    }
+    return 0;
+}
+
+/* The varlen layout: segment s (cu[s]..cu[s+1]) holds sample seg_sample[s]'s first
+   seg_real[s] tokens then pad_id (seg_sample -1: all padding). Per token: ids, labels (ids,
+   ignore at a segment's first token and at padding), position (place in the segment +
+   pos_start), seq_idx (s, int32) and token_mask (1 = a sample's token). Returns 0, -1 for
+   an unknown width, -2 for offsets outside the values or a segment whose real tokens exceed
+   it or its sample. */
+SP_API int64_t sp_varlen_tokens(const void *values, int64_t vbytes, int64_t nvalues, const void *offsets,
+                                int64_t obytes,
+                                int64_t nseg, const int64_t *cu, const int64_t *seg_real,
+                                const int64_t *seg_sample, int64_t pad_id, int64_t ignore, int64_t pos_start,
+                                int64_t *ids, int64_t *labels, int64_t *pos, int32_t *seq_idx,
+                                uint8_t *token_mask) {
+    if ((vbytes != 4 && vbytes != 8) || (obytes != 4 && obytes != 8)) return -1;
+    for (int64_t s = 0; s < nseg; s++) {
+        int64_t at = cu[s], len = cu[s + 1] - at, real = 0, start = 0;
+        int64_t j = seg_sample[s];
+        if (j >= 0) {
+            start = tok_at(offsets, obytes, j);
+            int64_t end = tok_at(offsets, obytes, j + 1);
+            if (start < 0 || end < start || end > nvalues) return -2;
+            real = seg_real[s];
+            if (real < 0 || real > len || real > end - start) return -2;
+        }
+        int64_t *row = ids + at, *lab = labels + at, *p = pos + at;
+        if (vbytes == 4) {
+            const int32_t *src = (const int32_t *)values + start;
+            for (int64_t t = 0; t < real; t++) row[t] = src[t];
+        } else {
+            memcpy(row, (const int64_t *)values + start, (size_t)real * sizeof(int64_t));
+        }
+        if (real > 0) {
+            lab[0] = ignore;
+            memcpy(lab + 1, row + 1, (size_t)(real - 1) * sizeof(int64_t));
+        }
+        for (int64_t t = real; t < len; t++) {
+            row[t] = pad_id;
+            lab[t] = ignore;
+        }
+        for (int64_t t = 0; t < len; t++) {
+            p[t] = t + pos_start;
+            seq_idx[at + t] = (int32_t)s;
+        }
+        memset(token_mask + at, 1, (size_t)real);
+        memset(token_mask + at + real, 0, (size_t)(len - real));
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------ */

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..env import env_flag
 
-_ABI_VERSION = 10  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 11  # must equal SP_ABI_VERSION in _ckernels.c
 _EXTENSION = __name__.rpartition(".")[0] + "._ckernels"
 _UNLOADED: Any = object()
 _clib: Any = _UNLOADED
@@ -38,6 +38,9 @@ _SIGNATURES = {
     "sp_optimal_lengths": ([_PTR, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _PTR], _I64),
     "sp_gather_bytes": ([_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _PTR], _I64),
     "sp_wf2q": ([_PTR, _PTR, _PTR, _PTR, _PTR, _I64, ctypes.c_double, _PTR, _I64], _I64),
+    "sp_pad_tokens": ([_PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR], _I64),
+    "sp_varlen_tokens": ([_PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64,
+                          _PTR, _PTR, _PTR, _PTR, _PTR], _I64),
 }
 
 

@@ -11,8 +11,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..kernels import pad_tokens, varlen_tokens
 from .microbatch import MicroBatch, Samples
-from .tokens import ragged_tokens
+from .tokens import ragged_tokens, stored_token_view
 
 
 class PackedDataset:
@@ -48,24 +49,19 @@ def _round_up(n: int, k: int | None) -> int:
     return -(-n // k) * k if k and k > 1 else n
 
 
-def _sample_ids(mb, n: int) -> np.ndarray:
-    return np.asarray(mb[:n] if mb is not None else [-1] * n, dtype=np.int64).reshape(-1)
+def _sample_ids(mb, n: int, items=None) -> np.ndarray:
+    known = getattr(items, "sample_ids", None)  # the stored slice's ids (TableSamples), already an array
+    if known is not None and len(known) == n:
+        return np.array(known, dtype=np.int64)
+    if mb is None:
+        return np.full(n, -1, dtype=np.int64)
+    return np.array(mb if len(mb) == n else mb[:n], dtype=np.int64).reshape(-1)
 
 
-def _scatter(values: np.ndarray, offsets: np.ndarray, keep: np.ndarray, dest_start: np.ndarray,
-             out: np.ndarray) -> None:
-    """Write the first ``keep[j]`` tokens of sample j to ``out[dest_start[j]:]`` (one vectorised copy)."""
-    lengths = np.diff(offsets)
-    if np.array_equal(keep, lengths) and (len(dest_start) < 2 or np.array_equal(np.diff(dest_start), lengths[:-1])):
-        start = int(dest_start[0]) if len(dest_start) else 0
-        out[start:start + len(values)] = values  # contiguous: one block copy
-        return
-    total = int(keep.sum())
-    if total == 0:
-        return
-    before = np.cumsum(keep) - keep  # kept tokens before each sample
-    step = np.arange(total, dtype=np.int64)
-    out[step + np.repeat(dest_start - before, keep)] = values[step + np.repeat(offsets[:-1] - before, keep)]
+def _token_arrays(items, key, tokenize) -> tuple[np.ndarray, np.ndarray]:
+    """Return (values, offsets) of the items' token ids: stored ids as zero-copy views, else ``ragged_tokens``."""
+    view = stored_token_view(items, key) if tokenize is None else None
+    return view if view is not None else ragged_tokens(items, key, tokenize)
 
 
 class PadCollate:
@@ -96,35 +92,33 @@ class PadCollate:
         """Return input_ids, labels, lengths, key_padding_mask, real, sample_ids (and attn_mask) tensors."""
         import torch
 
-        values, offsets = ragged_tokens(items, self.key, self.tokenize)
-        full = np.diff(offsets)
-        n = len(full)
+        values, offsets = _token_arrays(items, self.key, self.tokenize)
+        n = len(offsets) - 1
         mb = getattr(items, "microbatch", None)
         if mb is not None and mb.padded_size is not None:
             rows, width = max(int(mb.batch_size), n), int(mb.padded_size)
         else:
-            rows, width = n, _round_up(int(full.max(initial=0)), self.pad_to_multiple)
-        ids = np.full((rows, width), self.pad_id, dtype=np.int64)
-        lengths = np.zeros(rows, dtype=np.int64)
-        lengths[:n] = np.minimum(full, width)  # a tokenizer longer than the index's size is cut to the shape
-        _scatter(values, offsets, lengths[:n], np.arange(n, dtype=np.int64) * width, ids.reshape(-1))
-        valid = np.arange(width)[None, :] < lengths[:, None]
+            longest = int(np.diff(offsets).max(initial=0))
+            rows, width = n, _round_up(longest, self.pad_to_multiple)
+        # one pass (compiled): a tokenizer longer than the index's size is cut to the shape;
         # labels aligned to input_ids (the model shifts): no target at a sample's first token or at padding
-        labels = np.where(valid, ids, IGNORE_INDEX)
-        labels[:, :1] = IGNORE_INDEX
+        ids, labels, lengths, padding = pad_tokens(values, offsets, n, rows, width, self.pad_id, IGNORE_INDEX)
         sample_ids = np.full(rows, -1, dtype=np.int64)
-        sample_ids[:n] = _sample_ids(mb, n)
+        sample_ids[:n] = _sample_ids(mb, n, items)
+        real = np.zeros(rows, dtype=np.bool_)
+        real[:n] = not getattr(mb, "repeat", False)
         out = {
             "input_ids": torch.from_numpy(ids),
             "labels": torch.from_numpy(labels),
             "lengths": torch.from_numpy(lengths),
-            "key_padding_mask": torch.from_numpy(~valid),
-            "real": torch.from_numpy((np.arange(rows) < n) & (not getattr(mb, "repeat", False))),
+            "key_padding_mask": torch.from_numpy(padding),
+            "real": torch.from_numpy(real),
             "sample_ids": torch.from_numpy(sample_ids),
         }
         if mb is not None:
             out["microbatch"] = mb.info()
         if self.attn_mask is not None:
+            valid = ~padding
             allowed = valid[:, None, :] & valid[:, :, None]
             if self.attn_mask == "causal":
                 allowed &= np.tril(np.ones((width, width), dtype=bool))[None]
@@ -227,45 +221,40 @@ class VarlenCollate:
         """Return input_ids, labels, position_ids, cu_seqlens, seq_idx, the Hugging Face keys, lengths and masks."""
         import torch
 
-        values, offsets = ragged_tokens(items, self.key, self.tokenize)
+        values, offsets = _token_arrays(items, self.key, self.tokenize)
         mb = getattr(items, "microbatch", None)
-        full = np.diff(offsets)
+        full = np.diff(offsets).astype(np.int64, copy=False)
         n = len(full)
         seg_len, seg_real, seg_sample, width = _segments(full, mb, self.pad_to_multiple)
         cu = np.zeros(len(seg_len) + 1, dtype=np.int64)
         np.cumsum(seg_len, out=cu[1:])
         total = int(cu[-1])
-        doc = seg_sample >= 0
-        kept = np.zeros(n, dtype=np.int64)
-        kept[seg_sample[doc]] = seg_real[doc]
-        dest = np.zeros(n, dtype=np.int64)
-        dest[seg_sample[doc]] = cu[:-1][doc]
-        if total == len(values) and np.array_equal(kept, full):
-            ids = values  # whole samples back to back, nothing padded: the stored tokens as they are
+        if width is None:  # one segment per sample, in order
+            kept = seg_real
         else:
-            ids = np.full(total, self.pad_id, dtype=np.int64)
-            _scatter(values, offsets, kept, dest, ids)
-        seg_of = np.repeat(np.arange(len(seg_len)), seg_len)
-        offset_in = np.arange(total, dtype=np.int64) - cu[:-1][seg_of]
-        token_mask = doc[seg_of] & (offset_in < seg_real[seg_of])
-        labels = np.where(token_mask & (offset_in > 0), ids, IGNORE_INDEX)
+            doc = seg_sample >= 0
+            kept = np.zeros(n, dtype=np.int64)
+            kept[seg_sample[doc]] = seg_real[doc]
+        # one pass (compiled) writes every per-token array
+        ids, labels, position_ids, seg_of, token_mask = varlen_tokens(
+            values, offsets, cu, seg_real, seg_sample, self.pad_id, IGNORE_INDEX, self.position_ids_start)
         cu32 = torch.from_numpy(cu.astype(np.int32))
         max_len = int(seg_len.max(initial=0))
         out = {
             "input_ids": torch.from_numpy(ids),
             "labels": torch.from_numpy(labels),
-            "position_ids": torch.from_numpy(offset_in + self.position_ids_start),
+            "position_ids": torch.from_numpy(position_ids),
             "cu_seqlens": cu32,
             "max_seqlen": max_len,
             "seq_index": torch.from_numpy(seg_sample),
-            "seq_idx": torch.from_numpy(seg_of.astype(np.int32)),
+            "seq_idx": torch.from_numpy(seg_of),
             "cu_seq_lens_q": cu32,
             "cu_seq_lens_k": cu32,
             "max_length_q": max_len,
             "max_length_k": max_len,
             "lengths": torch.from_numpy(kept),
             "token_mask": torch.from_numpy(token_mask),
-            "sample_ids": torch.from_numpy(_sample_ids(mb, n)),
+            "sample_ids": torch.from_numpy(_sample_ids(mb, n, items)),
             "real": torch.from_numpy(np.full(n, not getattr(mb, "repeat", False))),
         }
         if self.pad_to_multiple:

@@ -164,23 +164,33 @@ class SourceDataset:
         return Samples(out, ids if isinstance(ids, MicroBatch) else None)
 
     def _stored_items(self, ids) -> Samples:
-        index, stored = self.index, self.stored
-        assert index is not None and stored is not None
+        stored = self.stored
+        assert stored is not None
         mb = ids if isinstance(ids, MicroBatch) else None
-        want = np.asarray(list(ids), dtype=np.int64)
-        table = None
-        # the sampler's micro-batch is one contiguous slice; its ids say it is the right one
-        if (mb is not None and 0 <= mb.microbatch < index.num_microbatches
-                and np.array_equal(index.microbatch(mb.microbatch), want)):
-            table = stored.microbatch(mb.microbatch)
+        table, known = self._whole_microbatch(mb) if mb is not None else (None, None)
         if table is None:
-            table = stored.take(want)
+            table = stored.take(np.asarray(list(ids), dtype=np.int64))
         if self.columns is not None:
             table = table.select(self.columns)
         # the rows become Python objects only if something asks for them: the collate
         # helpers read stored token ids from the Arrow slice itself
-        return TableSamples(table, mb, self.transform)
+        return TableSamples(table, mb, self.transform, sample_ids=known)
 
+    def _whole_microbatch(self, mb: MicroBatch):
+        """Return (the stored slice, its sample ids) if ``mb`` holds its micro-batch's ids unchanged, else Nones.
+
+        The sampler's micro-batch is one contiguous slice; its ids (compared as Python ints,
+        no array built) say it is the right one, and not one that lost skipped samples.
+        """
+        index, stored = self.index, self.stored
+        assert index is not None and stored is not None
+        i = mb.microbatch
+        if not 0 <= i < index.num_microbatches:
+            return None, None
+        known = index.microbatch(i)
+        if len(known) != len(mb) or known.tolist() != mb:
+            return None, None
+        return stored.microbatch(i), known
 
 def _stored_data(source, columns):
     if isinstance(source, PackedIndex):

@@ -23,12 +23,16 @@ class TableSamples(Samples):
         The micro-batch they were read for.
     transform : callable, optional
         Maps each row (a dict) to the item.
+    sample_ids : numpy.ndarray, optional
+        The sample id of each row of ``table`` (int64), when known: what the collate helpers
+        report as ``sample_ids`` without a conversion of the ``MicroBatch`` list.
     """
 
-    def __init__(self, table, microbatch=None, transform=None):
+    def __init__(self, table, microbatch=None, transform=None, sample_ids=None):
         super().__init__((), microbatch, table)
         self._transform = transform
         self._pending = True
+        self.sample_ids = sample_ids
 
     def _fill(self) -> None:
         if self._pending:

@@ -4,9 +4,11 @@ With stored data a micro-batch's fetch is one zero-copy Arrow slice (tens of mic
 and its collate a few numpy copies. DataLoader worker processes then cost more than the work:
 every batch is pickled through a pipe and unpickled in the main process, and through
 ``DataLoader(num_workers=2)`` every fast path ties at the pipe's rate. One thread in the
-training process needs no pickling; the fetch and the collate's copies run in Arrow, numpy
-and torch code that releases the GIL while the training step runs, and a bounded queue keeps
-at most ``prefetch`` batches ahead. The resume state stays exact: the loader reports each
+training process needs no pickling; a micro-batch's fetch and collate cost tens of
+microseconds of Python and one compiled pass over its tokens (which keeps the GIL: handing it
+to the loop's thread for microseconds would cost a thread switch per batch), while the
+training step's torch kernels release the GIL; a bounded queue keeps at most ``prefetch``
+batches ahead. The resume state stays exact: the loader reports each
 batch to the sampler when it hands it to the loop (``sampler.consume``), never when the
 thread fetched it, so ``sampler.state_dict()`` counts what the loop received.
 """

@@ -125,3 +125,11 @@ def step_info(batch) -> dict:
     raise TypeError("consume() needs a MicroBatch, Samples of one, or a batch from pad_collate/varlen_collate "
                     f"(with its 'microbatch' entry), not {type(batch).__name__}")
 
+
+
+def step_place(batch) -> tuple[int, int, int, int, bool]:
+    """Return (epoch, position, end, step, last) of what a loop received (as ``step_info``, without its dict)."""
+    if isinstance(batch, MicroBatch):
+        return int(batch.epoch), int(batch.position), int(batch.end), int(batch.step), bool(batch.last)
+    info = step_info(batch)
+    return int(info["epoch"]), int(info["position"]), int(info["end"]), int(info["step"]), bool(info["last"])

@@ -125,6 +125,7 @@ class EpochPlan:
             self._materialise(order, largest_first, warmup_shapes)
         self.num_blocks = self.num_packed_blocks if self._order is None else len(self._order)
         self.length = self.num_blocks * g
+        self._flat: tuple | None = None  # per flat position: micro-batch, repeat, running samples/tokens
 
     def _base_order(self, order: str) -> np.ndarray:
         s = self.num_packed_blocks
@@ -232,6 +233,41 @@ class EpochPlan:
         else:
             b = t
         return (flat >= self.length) | (b < 0) | (b * self.width + flat % self.width >= self.m)
+
+    def _flat_table(self) -> tuple:
+        """Return, per flat position of the epoch, (micro-batch, repeat flag, running sums of samples and tokens).
+
+        Built once per plan with a few vectorised passes (O(length)), so the sampler hands out
+        a step with array lookups instead of a block lookup per micro-batch and a sum per step.
+        """
+        if self._flat is None:
+            flat = np.arange(self.length, dtype=np.int64)
+            packed = self.packed_array(flat)
+            sums = []
+            for name in ("num_samples", "tokens"):
+                run = np.zeros(self.length + 1, dtype=np.int64)
+                if self.length:
+                    np.cumsum(self.index.take(name, packed), out=run[1:])
+                sums.append(run)
+            self._flat = (packed, self.repeated(flat), sums[0], sums[1])
+        return self._flat
+
+    def step_parts(self, pos: int, world: int, accum: int, rank: int) -> tuple[list, list, int, int]:
+        """Return rank ``rank``'s part of the step of ``world * accum`` positions from flat ``pos``.
+
+        That is (its micro-batch numbers, whether each repeats one to fill a step, the step's
+        samples and tokens over all ranks): what ``packed``, ``is_repeat`` and ``span_sum``
+        give, read from the epoch's flat table.
+        """
+        packed, repeat, samples, tokens = self._flat_table()
+        length, width = self.length, world * accum
+        mine = [pos + k * world + rank for k in range(accum)]
+        ids = [int(packed[f % length]) for f in mine]
+        rep = [f >= length or bool(repeat[f]) for f in mine]
+        start = pos % length
+        if start + width <= length:
+            return ids, rep, int(samples[start + width] - samples[start]), int(tokens[start + width] - tokens[start])
+        return ids, rep, int(self.span_sum("num_samples", start, width)), int(self.span_sum("tokens", start, width))
 
     def span_sum(self, name: str, start: int, count: int) -> int:
         """Return the sum of column ``name`` over flat positions ``[start, start+count)`` (mod length)."""

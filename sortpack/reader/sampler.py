@@ -13,7 +13,7 @@ import numpy as np
 
 from .index import PackedIndex
 from .lr import lr_scale
-from .microbatch import MicroBatch, step_info
+from .microbatch import MicroBatch, step_place
 from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions
 from .sampler_state import Layout, Place, check_sampler_state
 from .skips import Skips
@@ -213,12 +213,13 @@ class PackedSampler:
         however far DataLoader workers ran ahead. From the first call on, hand-outs no
         longer move the state.
         """
-        info = step_info(batch)
+        epoch, position, end, step, last = step_place(batch)
         self._explicit, self._resumed = True, False
-        if info["last"]:
-            self._set_state(info["epoch"], info["end"], info["step"] + 1)
-        else:
-            self._set_state(info["epoch"], info["position"], info["step"])
+        if last:
+            self._set_state(epoch, end, step + 1)
+        elif (epoch, position, step) != (self.epoch, self._position, self._step):
+            self._set_state(epoch, position, step)
+        # else: a later micro-batch of the step already recorded (no state change)
 
     def step(self) -> None:
         """Record one completed optimizer step (counting from where the current pass started).
@@ -293,6 +294,7 @@ class PackedSampler:
         skips = self.skips
         names = self.index.source_names or []
         sources = self.index["source"] if names else None
+        mb_sizes = self.index["tokens"]  # one read of the column, then a lookup per micro-batch
         while True:
             w, a = self.world_size, self.grad_accum  # read per step: set_grad_accum applies at once
             if self._steps_left(plan, pos, w * a) == 0:
@@ -303,11 +305,7 @@ class PackedSampler:
                 if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
                     self._set_state(epoch, pos, step)
                 continue
-            mine = [pos + k * w + self.rank for k in range(a)]
-            packed = [plan.packed(f % length) for f in mine]
-            repeat = [plan.is_repeat(f) for f in mine]
-            batch = int(plan.span_sum("num_samples", pos % length, w * a))
-            tokens = int(plan.span_sum("tokens", pos % length, w * a))
+            packed, repeat, batch, tokens = plan.step_parts(pos, w, a, self.rank)
             if skips.sizes:
                 lost = skips.lost(plan.packed_array((pos + np.arange(w * a)) % length))
                 batch, tokens = batch - lost.samples, tokens - lost.tokens
@@ -317,7 +315,7 @@ class PackedSampler:
                 self._set_state(epoch, pos, step + 1)
             for k, p in enumerate(packed):
                 ids, bs, ps, splits = self.index.record(p)
-                mb_tokens = self.index.range_sum("tokens", p, p + 1)
+                mb_tokens = int(mb_sizes[p])
                 if skips.sizes:
                     ids, splits = skips.kept(p, ids, splits)
                     mb_tokens -= skips.lost([p]).tokens

@@ -62,6 +62,55 @@ def _from_table(table, key: str) -> tuple[np.ndarray, np.ndarray] | None:
     return values, np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
 
 
+_LIST_OFFSETS: dict = {}  # Arrow type id of list / large_list -> the offsets' dtype (filled on first use)
+_INT_VALUES: dict = {}  # Arrow type id of int32 / int64 -> the values' dtype
+
+
+def _fill_types() -> None:
+    import pyarrow as pa
+
+    _LIST_OFFSETS.update({pa.list_(pa.int32()).id: np.dtype(np.int32),
+                          pa.large_list(pa.int32()).id: np.dtype(np.int64)})
+    _INT_VALUES.update({pa.int32().id: np.dtype(np.int32), pa.int64().id: np.dtype(np.int64)})
+
+
+def stored_token_view(items, key) -> tuple[np.ndarray, np.ndarray] | None:
+    """Return (values, offsets): zero-copy numpy views of the stored token ids of ``items.table[key]``, or None.
+
+    Sample j's ids are ``values[offsets[j]:offsets[j + 1]]`` (int32 or int64 as stored; the
+    offsets index the list column's child array, as Arrow lays them out). None unless the
+    column is one list (or large_list) of int32/int64 without a null id, in one chunk: the
+    caller then takes ``ragged_tokens``, which handles every other case.
+    """
+    table = getattr(items, "table", None)
+    if table is None or not isinstance(key, str):
+        return None
+    i = table.schema.get_field_index(key)
+    if i < 0:
+        return None
+    col = table.column(i)
+    if not hasattr(col, "buffers"):  # a Table's ChunkedArray
+        if col.num_chunks != 1:
+            return None
+        col = col.chunk(0)
+    if not _LIST_OFFSETS:
+        _fill_types()
+    off_dtype = _LIST_OFFSETS.get(col.type.id)
+    if off_dtype is None:
+        return None
+    bufs = col.buffers()  # validity, offsets, the child's validity, the child's values
+    if len(bufs) != 4 or bufs[2] is not None or bufs[3] is None:
+        return None
+    child = col.values
+    vdtype = _INT_VALUES.get(child.type.id)
+    if vdtype is None:
+        return None
+    offsets = np.frombuffer(bufs[1], dtype=off_dtype, count=len(col) + 1, offset=col.offset * off_dtype.itemsize)
+    # the offsets count from the child's own start
+    values = np.frombuffer(bufs[3], dtype=vdtype, count=child.offset + len(child))[child.offset:]
+    return values, offsets
+
+
 def ragged_tokens(items, key=None, tokenize=None) -> tuple[np.ndarray, np.ndarray]:
     """Return (values, offsets): the items' token ids one after another (int64) and where each starts (n + 1).
 

@@ -195,3 +195,25 @@ def test_same_shape_groups_refuse_misaligned_steps(tmp_path):
     s = PackedSampler(path, world_size=2, grad_accum=2)
     with pytest.raises(ValueError):
         s.set_grad_accum(3)
+
+
+@pytest.mark.parametrize("order,kw", [("index", {}), ("shuffle", {}), ("shuffle", {"largest_first": True}),
+                                      ("index", {"warmup_shapes": True}), ("shuffle", {"drop_last": True})])
+def test_step_parts_read_from_the_flat_table_equal_the_per_position_answers(small, order, kw):
+    """The sampler's per-epoch table gives what packed / is_repeat / span_sum give, at every step and width."""
+    from sortpack.reader.plan import EpochPlan
+
+    ix = PackedIndex(small)
+    for world, accum in [(1, 1), (2, 3), (4, 2), (3, 1)]:
+        plan = EpochPlan(ix, world, accum, order, seed=5, epoch=1, **kw)
+        width = world * accum
+        for w, a in [(world, accum), (world, 1), (1, accum + 1)]:  # set_grad_accum: other widths on the plan
+            for pos in range(0, plan.length + 2 * width, w * a):
+                for rank in range(w):
+                    ids, rep, samples, tokens = plan.step_parts(pos, w, a, rank)
+                    mine = [pos + k * w + rank for k in range(a)]
+                    assert ids == [plan.packed(f % plan.length) for f in mine]
+                    assert rep == [plan.is_repeat(f) for f in mine]
+                    assert samples == plan.span_sum("num_samples", pos % plan.length, w * a)
+                    assert tokens == plan.span_sum("tokens", pos % plan.length, w * a)
+        assert width == plan.width

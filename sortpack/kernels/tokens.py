@@ -1,0 +1,144 @@
+"""The token collate kernels: a micro-batch's token ids (values + offsets, read in place) into the
+padded or the varlen batch in one pass (the compiled kernel, and a numpy fallback giving the same arrays).
+
+``values`` is a 1-D int32 or int64 array and ``offsets`` an int32 or int64 array: sample j's
+tokens are ``values[offsets[j]:offsets[j + 1]]`` (an Arrow list column's child values and
+offsets, as they lie in the stored data shards, need no copy). The compiled kernel checks
+every offset against ``values`` before it reads a sample.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from . import _loader
+from ._loader import _c
+
+_WIDTHS = (np.dtype(np.int32), np.dtype(np.int64))
+_HELD: dict = {}  # the compiled library's path -> its handle that keeps the GIL
+
+
+def _token_lib(lib):
+    """Return the token kernels of ``lib`` through a handle that keeps the GIL during the call.
+
+    A call takes microseconds: releasing the GIL gains nothing, and a thread waiting for it
+    (the training loop, beside ``PlanLoader``'s thread) would take it and force a switch per
+    micro-batch.
+    """
+    got = _HELD.get(lib._name)
+    if got is None:
+        got = ctypes.PyDLL(lib._name)
+        for name in ("sp_pad_tokens", "sp_varlen_tokens"):
+            fn = getattr(got, name)
+            fn.argtypes, fn.restype = _loader._SIGNATURES[name]
+        _HELD[lib._name] = got
+    return got
+
+
+def _checked(values: np.ndarray, offsets: np.ndarray) -> None:
+    if values.ndim != 1 or offsets.ndim != 1 or values.dtype not in _WIDTHS or offsets.dtype not in _WIDTHS:
+        raise TypeError("token kernels: values and offsets must be 1-D int32 or int64 arrays")
+    if not (values.flags.c_contiguous and offsets.flags.c_contiguous):
+        raise ValueError("token kernels: values and offsets must be contiguous")
+
+
+def pad_tokens(values: np.ndarray, offsets: np.ndarray, n: int, rows: int, width: int, pad_id: int,
+               ignore: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Return (ids, labels, lengths, key_padding_mask) of samples 0..n-1 padded into ``rows`` x ``width``.
+
+    Row j < n holds sample j's first ``min(len, width)`` tokens then ``pad_id``; rows from n
+    on are all padding. ``labels`` are the ids with ``ignore`` at each row's first position
+    and at padding; ``lengths`` (int64) the tokens kept per row; the mask (bool) is True at
+    padding.
+    """
+    _checked(values, offsets)
+    n, rows, width = int(n), int(rows), int(width)
+    if not 0 <= n <= rows or len(offsets) < n + 1 or width < 0:
+        raise ValueError(f"pad_tokens: {n} samples, {rows} rows, {len(offsets)} offsets, width {width}")
+    lib = _c()
+    if lib is not None:
+        cells = rows * width
+        # one allocation for the four outputs (one address to hand over): ids, labels, lengths, then the mask
+        buf = np.empty(8 * (2 * cells + rows) + cells, dtype=np.uint8)
+        words = buf[:8 * (2 * cells + rows)].view(np.int64)
+        ids, labels = words[:cells].reshape(rows, width), words[cells:2 * cells].reshape(rows, width)
+        lengths, mask = words[2 * cells:], buf[8 * (2 * cells + rows):].view(np.bool_).reshape(rows, width)
+        at = buf.ctypes.data
+        got = _token_lib(lib).sp_pad_tokens(values.ctypes.data, values.itemsize, len(values), offsets.ctypes.data,
+                                            offsets.itemsize, n, rows, width, int(pad_id), int(ignore), at,
+                                            at + 8 * cells, at + 16 * cells, at + 8 * (2 * cells + rows))
+        if got < 0:
+            raise ValueError("pad_tokens: the offsets reach outside the token values")
+        return ids, labels, lengths, mask
+    off = offsets[:n + 1].astype(np.int64)
+    full = np.diff(off)
+    if n and (off[0] < 0 or (full < 0).any() or off[-1] > len(values)):
+        raise ValueError("pad_tokens: the offsets reach outside the token values")
+    ids = np.full((rows, width), pad_id, dtype=np.int64)
+    lengths = np.zeros(rows, dtype=np.int64)
+    keep = lengths[:n]
+    np.minimum(full, width, out=keep)
+    total = int(keep.sum())
+    if total:
+        before = np.cumsum(keep) - keep  # kept tokens before each sample
+        step = np.arange(total, dtype=np.int64)
+        dest = np.arange(n, dtype=np.int64) * width
+        ids.reshape(-1)[step + np.repeat(dest - before, keep)] = values[step + np.repeat(off[:-1] - before, keep)]
+    valid = np.arange(width)[None, :] < lengths[:, None]
+    labels = np.where(valid, ids, ignore)
+    labels[:, :1] = ignore
+    return ids, labels, lengths, ~valid
+
+
+def varlen_tokens(values: np.ndarray, offsets: np.ndarray, cu: np.ndarray, seg_real: np.ndarray,
+                  seg_sample: np.ndarray, pad_id: int, ignore: int, pos_start: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Return (ids, labels, position_ids, seq_idx, token_mask) of the varlen layout of segments.
+
+    Segment s spans ``cu[s]:cu[s + 1]`` and holds sample ``seg_sample[s]``'s first
+    ``seg_real[s]`` tokens, then ``pad_id`` (``seg_sample`` -1: padding only). ``labels`` are
+    the ids with ``ignore`` at each segment's first token and at padding; positions restart
+    at ``pos_start`` in every segment; ``seq_idx`` (int32) is the segment of each token and
+    ``token_mask`` (bool) is True at a sample's tokens.
+    """
+    _checked(values, offsets)
+    cu = np.ascontiguousarray(cu, dtype=np.int64)
+    seg_real = np.ascontiguousarray(seg_real, dtype=np.int64)
+    seg_sample = np.ascontiguousarray(seg_sample, dtype=np.int64)
+    nseg = len(seg_real)
+    if len(cu) != nseg + 1 or len(seg_sample) != nseg or (nseg and int(seg_sample.max()) >= len(offsets) - 1):
+        raise ValueError("varlen_tokens: cu, seg_real and seg_sample disagree with each other or the offsets")
+    total = int(cu[-1])
+    lib = _c()
+    if lib is not None:
+        # one allocation for the five outputs: ids, labels, positions (int64), seq_idx (int32), then the mask
+        buf = np.empty(29 * total, dtype=np.uint8)
+        words = buf[:24 * total].view(np.int64)
+        ids, labels, pos = words[:total], words[total:2 * total], words[2 * total:]
+        seq_idx, mask = buf[24 * total:28 * total].view(np.int32), buf[28 * total:].view(np.bool_)
+        at = buf.ctypes.data
+        got = _token_lib(lib).sp_varlen_tokens(values.ctypes.data, values.itemsize, len(values), offsets.ctypes.data,
+                                               offsets.itemsize, nseg, cu.ctypes.data, seg_real.ctypes.data,
+                                               seg_sample.ctypes.data, int(pad_id), int(ignore), int(pos_start),
+                                               at, at + 8 * total, at + 16 * total, at + 24 * total,
+                                               at + 28 * total)
+        if got < 0:
+            raise ValueError("varlen_tokens: the offsets or segments reach outside the token values")
+        return ids, labels, pos, seq_idx, mask
+    seg_len = np.diff(cu)
+    doc = seg_sample >= 0
+    start = np.zeros(nseg, dtype=np.int64)
+    end = np.zeros(nseg, dtype=np.int64)
+    start[doc] = offsets[seg_sample[doc]]
+    end[doc] = offsets[seg_sample[doc] + 1]
+    real = np.where(doc, seg_real, 0)
+    if ((real < 0) | (real > seg_len) | (start < 0) | (end < start) | (real > end - start) | (end > len(values))).any():
+        raise ValueError("varlen_tokens: the offsets or segments reach outside the token values")
+    seg_of = np.repeat(np.arange(nseg), seg_len)
+    offset_in = np.arange(total, dtype=np.int64) - cu[:-1][seg_of]
+    mask = offset_in < real[seg_of]
+    ids = np.full(total, pad_id, dtype=np.int64)
+    ids[mask] = values[(start[seg_of] + offset_in)[mask]]
+    labels = np.where(mask & (offset_in > 0), ids, ignore)
+    return ids, labels, offset_in + pos_start, seg_of.astype(np.int32), mask
