@@ -1,0 +1,132 @@
+"""The part pass of a mixture source: which samples give its uses beyond the whole passes.
+
+A source used r times (r = tokens used / tokens held) gives floor(r) whole passes and, for
+the rest, a *part pass* over a seeded random subset of its samples (never of its micro-batches:
+a micro-batch holds samples of similar length, so choosing whole micro-batches would favour
+some lengths). The subset is then packed on its own; it is a subsequence of the sorted order,
+so it packs as well as the source does.
+
+Each sample's priority is a 64-bit key: its rank inside its stratum (16 consecutive samples
+of the source's sorted order, ranked by a keyed permutation of the stratum) in the top 4 bits,
+a keyed hash of its sample id below. The part pass is the samples of smallest key whose
+tokens reach the pass's need, so every stratum, hence every length range, gives the same
+share of its samples (to one sample per stratum), and which samples of a stratum is seeded.
+Keys depend on (seed, source, position in the source's sorted order, sample id) only: the
+subset is the same for any rank count. ``part_keys`` is the pure half; ``select_part`` finds
+the threshold with one allreduce per key bit (64, of a number per source).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..distribute import global_start
+from ..parallel import Comm
+from ..permutation import _M64, _mix, _mix_vec
+from .pack import PackOptions, truncate_length
+from .pack.budget import oversize_mask
+from .samples import SampleColumns
+
+STRATUM_BITS = 4  # strata of 16 consecutive samples of the sorted order
+_HASH_BITS = 64 - STRATUM_BITS
+_SALT = 0x70617274  # "part": apart from the blend's pass orders and the reader's shuffles
+
+
+def _keys(seed: int, source: int, rounds: int = 4) -> list[int]:
+    base = _mix((int(seed) & _M64) ^ _mix(_SALT + int(source)))
+    return [_mix(base + r) for r in range(rounds)]
+
+
+def part_keys(position: np.ndarray, sample_id: np.ndarray, seed: int, source: int) -> np.ndarray:
+    """Return the part-pass priority (uint64, smaller first) of samples at ``position`` in their source's order."""
+    pos = np.asarray(position, dtype=np.int64).astype(np.uint64)
+    ids = np.asarray(sample_id, dtype=np.int64).astype(np.uint64)
+    keys = _keys(seed, source)
+    half = STRATUM_BITS // 2
+    mask = np.uint64((1 << half) - 1)
+    with np.errstate(over="ignore"):
+        stratum = _mix_vec(pos >> np.uint64(STRATUM_BITS))
+        low = pos & np.uint64((1 << STRATUM_BITS) - 1)
+        # a Feistel network on the position's low bits, keyed by the stratum: a bijection of the stratum
+        left, right = low >> np.uint64(half), low & mask
+        for k in keys:
+            left, right = right, left ^ (_mix_vec(right ^ stratum ^ np.uint64(k)) & mask)
+        rank = (left << np.uint64(half)) | right
+        jitter = _mix_vec(ids ^ np.uint64(keys[0] ^ keys[1])) >> np.uint64(STRATUM_BITS)
+    return (rank << np.uint64(_HASH_BITS)) | jitter
+
+
+def select_part(comm: Comm, group: np.ndarray, position: np.ndarray, sample_id: np.ndarray, tokens: np.ndarray,
+                need: np.ndarray, seed: int) -> np.ndarray:
+    """Return which of this rank's samples make their source's part pass (bool per sample).
+
+    ``group`` is each sample's source, ``position`` its place in its source's sorted order,
+    ``tokens`` what it adds to a micro-batch (0 where packing drops it: such a sample is never
+    chosen). ``need[s]`` is the tokens source s's part pass must reach (0: no part pass; at
+    least the source's tokens: all of them). Per source, the part pass is the samples of
+    smallest ``part_keys`` whose tokens reach ``need[s]`` (collective: 64 allreduces of a
+    number per source).
+    """
+    k = len(need)
+    group = np.asarray(group, dtype=np.int64)
+    tokens = np.asarray(tokens, dtype=np.int64)
+    keep = np.zeros(len(group), dtype=bool)
+    held = comm.allreduce(np.bincount(group, weights=tokens, minlength=k).astype(np.int64), "sum")
+    partial = [s for s in range(k) if 0 < need[s] < held[s]]
+    for s in range(k):
+        if need[s] >= held[s]:
+            keep |= (group == s) & (tokens > 0)
+    if not partial:
+        return keep
+    sorted_keys, cum, where = {}, {}, {}
+    for s in partial:
+        mine = np.flatnonzero((group == s) & (tokens > 0))
+        key = part_keys(position[mine], sample_id[mine], seed, s)
+        order = np.argsort(key, kind="stable")
+        sorted_keys[s] = key[order]
+        cum[s] = np.concatenate(([0], np.cumsum(tokens[mine][order])))
+        where[s] = mine
+    lo = {s: 0 for s in partial}
+    hi = {s: _M64 for s in partial}  # every sample's key is <= hi: its tokens reach the need
+    while any(lo[s] < hi[s] for s in partial):
+        mid = {s: (lo[s] + hi[s]) // 2 for s in partial}
+        local = np.array([int(cum[s][np.searchsorted(sorted_keys[s], np.uint64(mid[s]), side="right")])
+                          for s in partial], dtype=np.int64)
+        got = comm.allreduce(local, "sum")
+        for i, s in enumerate(partial):
+            if lo[s] >= hi[s]:
+                continue
+            if got[i] >= need[s]:
+                hi[s] = mid[s]
+            else:
+                lo[s] = mid[s] + 1
+    for s in partial:
+        key = part_keys(position[where[s]], sample_id[where[s]], seed, s)
+        keep[where[s]] = key <= np.uint64(hi[s])
+    return keep
+
+
+def part_pass_samples(comm: Comm, ordered: SampleColumns, popts: PackOptions, part: np.ndarray, held: np.ndarray,
+                      seed: int, stages: int) -> SampleColumns | None:
+    """Return the part passes' samples in sorted order (None: no source's last pass is a proper subset).
+
+    ``ordered`` is the mixture's sorted union (its stage code is source * ``stages`` + stage);
+    ``part`` and ``held`` are each source's last-pass need and tokens (``blend.pass_needs``).
+    A sample's tokens are what packing gives it: 0 if dropped (empty, ``--oversize skip``),
+    the cut length if truncated. Collective.
+    """
+    need = np.where(np.asarray(part) < np.asarray(held), np.asarray(part, dtype=np.float64), 0.0)
+    if not np.any(need > 0):
+        return None
+    k = len(need)
+    group = ordered.stage_or_zero().astype(np.int64) // max(1, stages)
+    counts = comm.allreduce(np.bincount(group, minlength=k).astype(np.int64), "sum")
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    position = ordered.start + np.arange(len(group), dtype=np.int64) - first[group]
+    tokens = ordered.size.astype(np.int64)  # an empty sample adds 0 tokens: never chosen
+    over = oversize_mask(popts, ordered.size)
+    if over.any():
+        tokens = tokens.copy()
+        tokens[over] = truncate_length(popts) if popts.oversize == "truncate" else 0
+    keep = select_part(comm, group, position, ordered.sample_id, tokens, need, seed)
+    start, total = global_start(comm, int(keep.sum()))
+    return ordered.select(keep, start, total)
