@@ -318,6 +318,8 @@ def test_a_mixture_stores_token_ids_and_reads_each_source_column_as_the_plan_col
         seen.add(mb.source)
     assert seen == {"prose", "code"}
     assert "content" not in files[300] and files[300]["text"] == content[0]  # the decoy 'text' is not read
+    # what the recipes read: SourceDataset(index, columns=["text"]), from the input files too
+    assert SourceDataset(idx, columns=["text"], stored=False)[300] == {"text": content[0]}
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
