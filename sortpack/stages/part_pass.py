@@ -13,7 +13,7 @@ tokens reach the pass's need, so every stratum, hence every length range, gives 
 share of its samples (to one sample per stratum), and which samples of a stratum is seeded.
 Keys depend on (seed, source, position in the source's sorted order, sample id) only: the
 subset is the same for any rank count. ``part_keys`` is the pure half; ``select_part`` finds
-the threshold with one allreduce per key bit (64, of a number per source).
+the threshold with a few dozen allreduces of a number per source.
 """
 from __future__ import annotations
 
@@ -31,27 +31,36 @@ _HASH_BITS = 64 - STRATUM_BITS
 _SALT = 0x70617274  # "part": apart from the blend's pass orders and the reader's shuffles
 
 
-def _keys(seed: int, source: int, rounds: int = 4) -> list[int]:
+def _keys(seed: int, source: int) -> tuple[int, int]:
     base = _mix((int(seed) & _M64) ^ _mix(_SALT + int(source)))
-    return [_mix(base + r) for r in range(rounds)]
+    return _mix(base), _mix(base + 1)
 
 
 def part_keys(position: np.ndarray, sample_id: np.ndarray, seed: int, source: int) -> np.ndarray:
     """Return the part-pass priority (uint64, smaller first) of samples at ``position`` in their source's order."""
-    pos = np.asarray(position, dtype=np.int64).astype(np.uint64)
+    pos = np.asarray(position, dtype=np.int64)
     ids = np.asarray(sample_id, dtype=np.int64).astype(np.uint64)
-    keys = _keys(seed, source)
-    half = STRATUM_BITS // 2
-    mask = np.uint64((1 << half) - 1)
+    stratum_key, id_key = _keys(seed, source)
+    if not len(pos):
+        return np.zeros(0, np.uint64)
+    stratum = pos >> STRATUM_BITS
+    first = int(stratum.min())
     with np.errstate(over="ignore"):
-        stratum = _mix_vec(pos >> np.uint64(STRATUM_BITS))
-        low = pos & np.uint64((1 << STRATUM_BITS) - 1)
-        # a Feistel network on the position's low bits, keyed by the stratum: a bijection of the stratum
-        left, right = low >> np.uint64(half), low & mask
-        for k in keys:
-            left, right = right, left ^ (_mix_vec(right ^ stratum ^ np.uint64(k)) & mask)
-        rank = (left << np.uint64(half)) | right
-        jitter = _mix_vec(ids ^ np.uint64(keys[0] ^ keys[1])) >> np.uint64(STRATUM_BITS)
+        # one hash per stratum, not per sample: its bytes are the round functions of a 4-round
+        # Feistel network on the low bits, a keyed bijection of the stratum, tabled for its 16
+        # positions in bytes
+        table = _mix_vec(np.arange(first, int(stratum.max()) + 1, dtype=np.int64).astype(np.uint64)
+                         ^ np.uint64(stratum_key))
+        rounds = table.view(np.uint8).reshape(-1, 8)[:, :4]
+        low = np.arange(1 << STRATUM_BITS, dtype=np.uint8)
+        left = np.broadcast_to(low >> 2, (len(table), len(low)))
+        right = np.broadcast_to(low & 3, (len(table), len(low)))
+        for r in range(4):
+            f = (rounds[:, r:r + 1] >> (right << 1)) & 3
+            left, right = right, left ^ f
+        perm = ((left << 2) | right).astype(np.uint8)
+        rank = perm[stratum - first, pos & ((1 << STRATUM_BITS) - 1)].astype(np.uint64)
+        jitter = _mix_vec(ids ^ np.uint64(id_key)) >> np.uint64(STRATUM_BITS)
     return (rank << np.uint64(_HASH_BITS)) | jitter
 
 
@@ -63,8 +72,8 @@ def select_part(comm: Comm, group: np.ndarray, position: np.ndarray, sample_id: 
     ``tokens`` what it adds to a micro-batch (0 where packing drops it: such a sample is never
     chosen). ``need[s]`` is the tokens source s's part pass must reach (0: no part pass; at
     least the source's tokens: all of them). Per source, the part pass is the samples of
-    smallest ``part_keys`` whose tokens reach ``need[s]`` (collective: 64 allreduces of a
-    number per source).
+    smallest ``part_keys`` whose tokens reach ``need[s]``. Collective: one allreduce of the
+    tokens per stratum rank, then one per key bit inside the rank where the need is reached.
     """
     k = len(need)
     group = np.asarray(group, dtype=np.int64)
@@ -77,31 +86,40 @@ def select_part(comm: Comm, group: np.ndarray, position: np.ndarray, sample_id: 
             keep |= (group == s) & (tokens > 0)
     if not partial:
         return keep
-    sorted_keys, cum, where = {}, {}, {}
-    for s in partial:
+    levels = 1 << STRATUM_BITS
+    where, keys, per_level = {}, {}, np.zeros((len(partial), levels), np.int64)
+    for i, s in enumerate(partial):
         mine = np.flatnonzero((group == s) & (tokens > 0))
-        key = part_keys(position[mine], sample_id[mine], seed, s)
-        order = np.argsort(key, kind="stable")
-        sorted_keys[s] = key[order]
-        cum[s] = np.concatenate(([0], np.cumsum(tokens[mine][order])))
-        where[s] = mine
-    lo = {s: 0 for s in partial}
-    hi = {s: _M64 for s in partial}  # every sample's key is <= hi: its tokens reach the need
+        where[s], keys[s] = mine, part_keys(position[mine], sample_id[mine], seed, s)
+        level = (keys[s] >> np.uint64(_HASH_BITS)).astype(np.int64)
+        per_level[i] = np.bincount(level, weights=tokens[mine], minlength=levels).astype(np.int64)
+    per_level = comm.allreduce(per_level, "sum")
+    # the stratum rank where each source's need is reached; below it every sample is chosen
+    cum = np.cumsum(per_level, axis=1)
+    level = {s: int(np.searchsorted(cum[i], need[s], side="left")) for i, s in enumerate(partial)}
+    rest = {s: need[s] - (int(cum[i][level[s] - 1]) if level[s] else 0) for i, s in enumerate(partial)}
+    sorted_keys, sums = {}, {}
+    for s in partial:
+        at = np.flatnonzero((keys[s] >> np.uint64(_HASH_BITS)) == np.uint64(level[s]))
+        order = np.argsort(keys[s][at], kind="stable")
+        sorted_keys[s] = keys[s][at][order]
+        sums[s] = np.concatenate(([0], np.cumsum(tokens[where[s][at[order]]])))
+    lo = {s: level[s] << _HASH_BITS for s in partial}
+    hi = {s: ((level[s] + 1) << _HASH_BITS) - 1 for s in partial}  # the whole level reaches the need
     while any(lo[s] < hi[s] for s in partial):
         mid = {s: (lo[s] + hi[s]) // 2 for s in partial}
-        local = np.array([int(cum[s][np.searchsorted(sorted_keys[s], np.uint64(mid[s]), side="right")])
+        local = np.array([int(sums[s][np.searchsorted(sorted_keys[s], np.uint64(mid[s]), side="right")])
                           for s in partial], dtype=np.int64)
         got = comm.allreduce(local, "sum")
         for i, s in enumerate(partial):
             if lo[s] >= hi[s]:
                 continue
-            if got[i] >= need[s]:
+            if got[i] >= rest[s]:
                 hi[s] = mid[s]
             else:
                 lo[s] = mid[s] + 1
     for s in partial:
-        key = part_keys(position[where[s]], sample_id[where[s]], seed, s)
-        keep[where[s]] = key <= np.uint64(hi[s])
+        keep[where[s]] = keys[s] <= np.uint64(hi[s])
     return keep
 
 
