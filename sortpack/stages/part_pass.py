@@ -64,46 +64,43 @@ def part_keys(position: np.ndarray, sample_id: np.ndarray, seed: int, source: in
     return (rank << np.uint64(_HASH_BITS)) | jitter
 
 
-def select_part(comm: Comm, group: np.ndarray, position: np.ndarray, sample_id: np.ndarray, tokens: np.ndarray,
-                need: np.ndarray, seed: int) -> np.ndarray:
-    """Return which of this rank's samples make their source's part pass (bool per sample).
+def select_part(comm: Comm, first_position: list[int], sample_ids: list[np.ndarray], tokens: list[np.ndarray],
+                need: np.ndarray, seed: int) -> list[np.ndarray]:
+    """Return, per source, which of this rank's samples make its part pass (bool per sample).
 
-    ``group`` is each sample's source, ``position`` its place in its source's sorted order,
-    ``tokens`` what it adds to a micro-batch (0 where packing drops it: such a sample is never
-    chosen). ``need[s]`` is the tokens source s's part pass must reach (0: no part pass; at
-    least the source's tokens: all of them). Per source, the part pass is the samples of
-    smallest ``part_keys`` whose tokens reach ``need[s]``. Collective: one allreduce of the
-    tokens per stratum rank, then one per key bit inside the rank where the need is reached.
+    This rank holds of source s the run of its sorted order that starts at position
+    ``first_position[s]``: ``sample_ids[s]`` and ``tokens[s]`` (what each adds to a
+    micro-batch; 0 where packing drops it: such a sample is never chosen). ``need[s]`` is the
+    tokens source s's part pass must reach, below the source's tokens (0: no part pass). The
+    part pass is the samples of smallest ``part_keys`` whose tokens reach ``need[s]``.
+    Collective: one allreduce of the tokens per stratum rank, then one per key bit inside
+    the rank where the need is reached (a number per source each).
     """
     k = len(need)
-    group = np.asarray(group, dtype=np.int64)
-    tokens = np.asarray(tokens, dtype=np.int64)
-    keep = np.zeros(len(group), dtype=bool)
-    held = comm.allreduce(np.bincount(group, weights=tokens, minlength=k).astype(np.int64), "sum")
-    partial = [s for s in range(k) if 0 < need[s] < held[s]]
-    for s in range(k):
-        if need[s] >= held[s]:
-            keep |= (group == s) & (tokens > 0)
+    keep = [np.zeros(len(t), dtype=bool) for t in tokens]
+    partial = [s for s in range(k) if need[s] > 0]
     if not partial:
         return keep
     levels = 1 << STRATUM_BITS
-    where, keys, per_level = {}, {}, np.zeros((len(partial), levels), np.int64)
+    where, keys, level_of, per_level = {}, {}, {}, np.zeros((len(partial), levels), np.int64)
     for i, s in enumerate(partial):
-        mine = np.flatnonzero((group == s) & (tokens > 0))
-        where[s], keys[s] = mine, part_keys(position[mine], sample_id[mine], seed, s)
-        level = (keys[s] >> np.uint64(_HASH_BITS)).astype(np.int64)
-        per_level[i] = np.bincount(level, weights=tokens[mine], minlength=levels).astype(np.int64)
+        t = np.asarray(tokens[s])
+        mine = np.flatnonzero(t > 0)
+        where[s] = mine
+        keys[s] = part_keys(first_position[s] + mine, np.asarray(sample_ids[s])[mine], seed, s)
+        level_of[s] = (keys[s] >> np.uint64(_HASH_BITS)).astype(np.uint8)
+        per_level[i] = np.bincount(level_of[s], weights=t[mine], minlength=levels).astype(np.int64)
     per_level = comm.allreduce(per_level, "sum")
     # the stratum rank where each source's need is reached; below it every sample is chosen
     cum = np.cumsum(per_level, axis=1)
-    level = {s: int(np.searchsorted(cum[i], need[s], side="left")) for i, s in enumerate(partial)}
+    level = {s: min(int(np.searchsorted(cum[i], need[s], side="left")), levels - 1) for i, s in enumerate(partial)}
     rest = {s: need[s] - (int(cum[i][level[s] - 1]) if level[s] else 0) for i, s in enumerate(partial)}
     sorted_keys, sums = {}, {}
     for s in partial:
-        at = np.flatnonzero((keys[s] >> np.uint64(_HASH_BITS)) == np.uint64(level[s]))
+        at = np.flatnonzero(level_of[s] == level[s])
         order = np.argsort(keys[s][at], kind="stable")
         sorted_keys[s] = keys[s][at][order]
-        sums[s] = np.concatenate(([0], np.cumsum(tokens[where[s][at[order]]])))
+        sums[s] = np.concatenate(([0], np.cumsum(np.asarray(tokens[s])[where[s][at[order]]])))
     lo = {s: level[s] << _HASH_BITS for s in partial}
     hi = {s: ((level[s] + 1) << _HASH_BITS) - 1 for s in partial}  # the whole level reaches the need
     while any(lo[s] < hi[s] for s in partial):
@@ -119,7 +116,7 @@ def select_part(comm: Comm, group: np.ndarray, position: np.ndarray, sample_id: 
             else:
                 lo[s] = mid[s] + 1
     for s in partial:
-        keep[where[s]] = keys[s] <= np.uint64(hi[s])
+        keep[s][where[s]] = keys[s] <= np.uint64(hi[s])
     return keep
 
 
@@ -127,24 +124,35 @@ def part_pass_samples(comm: Comm, ordered: SampleColumns, popts: PackOptions, pa
                       seed: int, stages: int) -> SampleColumns | None:
     """Return the part passes' samples in sorted order (None: no source's last pass is a proper subset).
 
-    ``ordered`` is the mixture's sorted union (its stage code is source * ``stages`` + stage);
-    ``part`` and ``held`` are each source's last-pass need and tokens (``blend.pass_needs``).
-    A sample's tokens are what packing gives it: 0 if dropped (empty, ``--oversize skip``),
-    the cut length if truncated. Collective.
+    ``ordered`` is the mixture's sorted union (its stage code is source * ``stages`` + stage, so
+    each source is a run of it); ``part`` and ``held`` are each source's last-pass need and
+    tokens (``blend.pass_needs``). A sample's tokens are what packing gives it: 0 if dropped
+    (empty, ``--oversize skip``), the cut length if truncated. Collective.
     """
     need = np.where(np.asarray(part) < np.asarray(held), np.asarray(part, dtype=np.float64), 0.0)
     if not np.any(need > 0):
         return None
     k = len(need)
-    group = ordered.stage_or_zero().astype(np.int64) // max(1, stages)
-    counts = comm.allreduce(np.bincount(group, minlength=k).astype(np.int64), "sum")
+    stages = max(1, stages)
+    bounds = np.searchsorted(ordered.stage_or_zero(), np.arange(k + 1) * stages, side="left")
+    bounds[-1] = len(ordered)
+    counts = comm.allreduce(np.diff(bounds).astype(np.int64), "sum")
     first = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    position = ordered.start + np.arange(len(group), dtype=np.int64) - first[group]
-    tokens = ordered.size.astype(np.int64)  # an empty sample adds 0 tokens: never chosen
-    over = oversize_mask(popts, ordered.size)
-    if over.any():
-        tokens = tokens.copy()
-        tokens[over] = truncate_length(popts) if popts.oversize == "truncate" else 0
-    keep = select_part(comm, group, position, ordered.sample_id, tokens, need, seed)
+    ids, tokens = [], []
+    for s in range(k):
+        a, b = int(bounds[s]), int(bounds[s + 1])
+        size = ordered.size[a:b] if need[s] > 0 else ordered.size[:0]
+        over = oversize_mask(popts, size)
+        if over.any():  # an empty sample adds 0 tokens already: never chosen
+            size = size.astype(np.int64)
+            size[over] = truncate_length(popts) if popts.oversize == "truncate" else 0
+        ids.append(ordered.sample_id[a:b] if need[s] > 0 else ordered.sample_id[:0])
+        tokens.append(size)
+    starts = [ordered.start + int(bounds[s]) - int(first[s]) for s in range(k)]
+    chosen = select_part(comm, starts, ids, tokens, need, seed)
+    keep = np.zeros(len(ordered), dtype=bool)
+    for s in range(k):
+        if need[s] > 0:
+            keep[int(bounds[s]):int(bounds[s + 1])] = chosen[s]
     start, total = global_start(comm, int(keep.sum()))
     return ordered.select(keep, start, total)

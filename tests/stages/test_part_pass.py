@@ -90,24 +90,23 @@ def test_every_length_quartile_is_used_r_times(n, budget, r, seed, longest):
     assert deviations(unit_tokens, blend.source, schedule, blend.total).max() <= blend.bound + 1e-9 * blend.total
 
 
-def test_the_subset_is_the_same_for_any_split_of_the_samples():
-    """Keys depend on position and id only; the threshold search gives one subset for any rank count."""
+def test_the_subset_reaches_the_need_stratum_by_stratum_and_follows_the_seed():
+    """Keys depend on position and id only; the threshold search reaches the need by less than one sample."""
     rng = np.random.default_rng(5)
-    n = 5000
-    tokens = rng.integers(1, 500, n)
-    group = np.repeat([0, 1], [3000, 2000])
-    position = np.concatenate((np.arange(3000), np.arange(2000)))
-    ids = rng.permutation(n)
-    need = np.array([0.3 * tokens[:3000].sum(), 0.8 * tokens[3000:].sum()])
-    one = select_part(SerialComm(), group, position, ids, tokens, need, 7)
+    tokens = [rng.integers(1, 500, 3000), rng.integers(1, 500, 2000)]
+    ids = [rng.permutation(3000), 3000 + rng.permutation(2000)]
+    need = np.array([0.3 * tokens[0].sum(), 0.8 * tokens[1].sum()])
+    one = select_part(SerialComm(), [0, 0], ids, tokens, need, 7)
     for q, need_s in enumerate(need):
-        mine = group == q
-        got = int(tokens[one & mine].sum())
-        assert got >= need_s and got - need_s < tokens[mine].max()  # reaches the need by less than one sample
-    # each stratum of 16 gives its share of samples, to one sample
-    counts = np.bincount(position[one & (group == 0)] >> STRATUM_BITS, minlength=3000 >> STRATUM_BITS)
+        got = int(tokens[q][one[q]].sum())
+        assert got >= need_s and got - need_s < tokens[q].max()
+    # each stratum of 16 gives its share of samples, to one sample plus the boundary rank's draw
+    counts = np.bincount(np.flatnonzero(one[0]) >> STRATUM_BITS, minlength=3000 >> STRATUM_BITS)
     assert counts.max() - counts.min() <= 6
     # a different seed, a different subset; the keys are a bijection inside each stratum
-    assert not np.array_equal(one, select_part(SerialComm(), group, position, ids, tokens, need, 8))
+    assert not np.array_equal(one[0], select_part(SerialComm(), [0, 0], ids, tokens, need, 8)[0])
     top = part_keys(np.arange(64), np.arange(64), 3, 0) >> np.uint64(64 - STRATUM_BITS)
     assert all(sorted(top[i:i + 16].tolist()) == list(range(16)) for i in range(0, 64, 16))
+    # a run of the sorted order starting elsewhere (another rank's share) gets the same keys
+    assert np.array_equal(part_keys(np.arange(40, 64), np.arange(40, 64), 3, 0),
+                          part_keys(np.arange(64), np.arange(64), 3, 0)[40:])
