@@ -36,32 +36,42 @@ def _keys(seed: int, source: int) -> tuple[int, int]:
     return _mix(base), _mix(base + 1)
 
 
-def part_keys(position: np.ndarray, sample_id: np.ndarray, seed: int, source: int) -> np.ndarray:
-    """Return the part-pass priority (uint64, smaller first) of samples at ``position`` in their source's order."""
+def stratum_ranks(position: np.ndarray, seed: int, source: int) -> np.ndarray:
+    """Return each sample's rank inside its stratum (uint8, a keyed bijection of the stratum's 16 positions)."""
     pos = np.asarray(position, dtype=np.int64)
-    ids = np.asarray(sample_id, dtype=np.int64).astype(np.uint64)
-    stratum_key, id_key = _keys(seed, source)
     if not len(pos):
-        return np.zeros(0, np.uint64)
+        return np.zeros(0, np.uint8)
+    stratum_key, _ = _keys(seed, source)
     stratum = pos >> STRATUM_BITS
     first = int(stratum.min())
     with np.errstate(over="ignore"):
         # one hash per stratum, not per sample: its bytes are the round functions of a 4-round
-        # Feistel network on the low bits, a keyed bijection of the stratum, tabled for its 16
-        # positions in bytes
+        # Feistel network on the low bits, tabled for the stratum's 16 positions in bytes
         table = _mix_vec(np.arange(first, int(stratum.max()) + 1, dtype=np.int64).astype(np.uint64)
                          ^ np.uint64(stratum_key))
-        rounds = table.view(np.uint8).reshape(-1, 8)[:, :4]
-        low = np.arange(1 << STRATUM_BITS, dtype=np.uint8)
-        left = np.broadcast_to(low >> 2, (len(table), len(low)))
-        right = np.broadcast_to(low & 3, (len(table), len(low)))
-        for r in range(4):
-            f = (rounds[:, r:r + 1] >> (right << 1)) & 3
-            left, right = right, left ^ f
-        perm = ((left << 2) | right).astype(np.uint8)
-        rank = perm[stratum - first, pos & ((1 << STRATUM_BITS) - 1)].astype(np.uint64)
-        jitter = _mix_vec(ids ^ np.uint64(id_key)) >> np.uint64(STRATUM_BITS)
-    return (rank << np.uint64(_HASH_BITS)) | jitter
+    rounds = table.view(np.uint8).reshape(-1, 8)[:, :4]
+    low = np.arange(1 << STRATUM_BITS, dtype=np.uint8)
+    left = np.broadcast_to(low >> 2, (len(table), len(low)))
+    right = np.broadcast_to(low & 3, (len(table), len(low)))
+    for r in range(4):
+        f = (rounds[:, r:r + 1] >> (right << 1)) & 3
+        left, right = right, left ^ f
+    perm = ((left << 2) | right).astype(np.uint8)
+    return perm[stratum - first, pos & ((1 << STRATUM_BITS) - 1)]
+
+
+def jitters(sample_id: np.ndarray, seed: int, source: int) -> np.ndarray:
+    """Return each sample's keyed hash (uint64 below 2^60): the order inside its stratum rank."""
+    _, id_key = _keys(seed, source)
+    with np.errstate(over="ignore"):
+        ids = np.asarray(sample_id, dtype=np.int64).astype(np.uint64)
+        return _mix_vec(ids ^ np.uint64(id_key)) >> np.uint64(STRATUM_BITS)
+
+
+def part_keys(position: np.ndarray, sample_id: np.ndarray, seed: int, source: int) -> np.ndarray:
+    """Return the part-pass priority (uint64, smaller first) of samples at ``position`` in their source's order."""
+    rank = stratum_ranks(position, seed, source).astype(np.uint64)
+    return (rank << np.uint64(_HASH_BITS)) | jitters(sample_id, seed, source)
 
 
 def select_part(comm: Comm, first_position: list[int], sample_ids: list[np.ndarray], tokens: list[np.ndarray],
@@ -72,9 +82,10 @@ def select_part(comm: Comm, first_position: list[int], sample_ids: list[np.ndarr
     ``first_position[s]``: ``sample_ids[s]`` and ``tokens[s]`` (what each adds to a
     micro-batch; 0 where packing drops it: such a sample is never chosen). ``need[s]`` is the
     tokens source s's part pass must reach, below the source's tokens (0: no part pass). The
-    part pass is the samples of smallest ``part_keys`` whose tokens reach ``need[s]``.
-    Collective: one allreduce of the tokens per stratum rank, then one per key bit inside
-    the rank where the need is reached (a number per source each).
+    part pass is the samples of smallest ``part_keys`` whose tokens reach ``need[s]``: every
+    sample of the stratum ranks below the one where the need is reached, and of that rank the
+    samples of smallest hash. Collective: one allreduce of the tokens per stratum rank, then
+    one per hash bit (a number per source each).
     """
     k = len(need)
     keep = [np.zeros(len(t), dtype=bool) for t in tokens]
@@ -82,30 +93,30 @@ def select_part(comm: Comm, first_position: list[int], sample_ids: list[np.ndarr
     if not partial:
         return keep
     levels = 1 << STRATUM_BITS
-    where, keys, level_of, per_level = {}, {}, {}, np.zeros((len(partial), levels), np.int64)
+    ranks = {}
+    per_level = np.zeros((len(partial), levels), np.int64)
     for i, s in enumerate(partial):
         t = np.asarray(tokens[s])
-        mine = np.flatnonzero(t > 0)
-        where[s] = mine
-        keys[s] = part_keys(first_position[s] + mine, np.asarray(sample_ids[s])[mine], seed, s)
-        level_of[s] = (keys[s] >> np.uint64(_HASH_BITS)).astype(np.uint8)
-        per_level[i] = np.bincount(level_of[s], weights=t[mine], minlength=levels).astype(np.int64)
+        ranks[s] = stratum_ranks(first_position[s] + np.arange(len(t), dtype=np.int64), seed, s)
+        ranks[s][t <= 0] = levels - 1  # never chosen: counted nowhere, kept out below
+        per_level[i] = np.bincount(ranks[s], weights=t, minlength=levels).astype(np.int64)
     per_level = comm.allreduce(per_level, "sum")
-    # the stratum rank where each source's need is reached; below it every sample is chosen
     cum = np.cumsum(per_level, axis=1)
     level = {s: min(int(np.searchsorted(cum[i], need[s], side="left")), levels - 1) for i, s in enumerate(partial)}
     rest = {s: need[s] - (int(cum[i][level[s] - 1]) if level[s] else 0) for i, s in enumerate(partial)}
-    sorted_keys, sums = {}, {}
+    at, hashes, sorted_hash, sums = {}, {}, {}, {}
     for s in partial:
-        at = np.flatnonzero(level_of[s] == level[s])
-        order = np.argsort(keys[s][at], kind="stable")
-        sorted_keys[s] = keys[s][at][order]
-        sums[s] = np.concatenate(([0], np.cumsum(np.asarray(tokens[s])[where[s][at[order]]])))
-    lo = {s: level[s] << _HASH_BITS for s in partial}
-    hi = {s: ((level[s] + 1) << _HASH_BITS) - 1 for s in partial}  # the whole level reaches the need
+        t = np.asarray(tokens[s])
+        at[s] = np.flatnonzero((ranks[s] == level[s]) & (t > 0))
+        hashes[s] = jitters(np.asarray(sample_ids[s])[at[s]], seed, s)
+        order = np.argsort(hashes[s], kind="stable")
+        sorted_hash[s] = hashes[s][order]
+        sums[s] = np.concatenate(([0], np.cumsum(t[at[s][order]])))
+    lo = {s: 0 for s in partial}
+    hi = {s: (1 << _HASH_BITS) - 1 for s in partial}  # the whole rank reaches the need
     while any(lo[s] < hi[s] for s in partial):
         mid = {s: (lo[s] + hi[s]) // 2 for s in partial}
-        local = np.array([int(sums[s][np.searchsorted(sorted_keys[s], np.uint64(mid[s]), side="right")])
+        local = np.array([int(sums[s][np.searchsorted(sorted_hash[s], np.uint64(mid[s]), side="right")])
                           for s in partial], dtype=np.int64)
         got = comm.allreduce(local, "sum")
         for i, s in enumerate(partial):
@@ -116,7 +127,9 @@ def select_part(comm: Comm, first_position: list[int], sample_ids: list[np.ndarr
             else:
                 lo[s] = mid[s] + 1
     for s in partial:
-        keep[s][where[s]] = keys[s] <= np.uint64(hi[s])
+        t = np.asarray(tokens[s])
+        keep[s] = (ranks[s] < level[s]) & (t > 0)
+        keep[s][at[s]] = hashes[s] <= np.uint64(hi[s])
     return keep
 
 
