@@ -12,6 +12,7 @@ import dataclasses
 
 from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
+from ..inputs.columns import check_columns, input_columns, reads_text
 from ..inputs.locations import with_locations
 from ..parallel import Comm
 from ..stages.analyze import AnalyzeOptions, analyze
@@ -36,6 +37,16 @@ def _guarded(outs: OutputDir | list[OutputDir], fn):
         for out in outs if isinstance(outs, list) else [outs]:
             out.discard()
         raise
+
+
+def check_read_columns(comm: Comm, inputs: list[str], aopts: AnalyzeOptions, store: StoreOptions | None) -> None:
+    """Refuse, before anything is measured, inputs without ``--column`` (where it is read) or a ``--store`` column."""
+    storing = store is not None and store.enabled
+    wanted = [(c, "--store") for c in store.columns] if store is not None and storing else []
+    if aopts.column and reads_text(aopts.size, aopts.difficulty, storing and bool(store and store.tokens)):
+        wanted.append((aopts.column, "--column"))
+    if wanted:
+        check_columns(input_columns(comm, [inputs], aopts.input_format, aopts.split)[0], wanted)
 
 
 def _keep_hint(output: str, kept: bool) -> str:
@@ -182,6 +193,7 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
     store_fn = None
     if store is not None and store.enabled:
         store_fn = prepare(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
+    check_read_columns(comm, inputs, aopts, store)
     out = OutputDir(comm, output, overwrite, inputs)
     extra = []
     if keep_intermediate:

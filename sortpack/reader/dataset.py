@@ -14,6 +14,7 @@ from ..inputs.discover import expand_inputs
 from ..inputs.formats import open_source, read_units
 from ..inputs.locations import with_locations
 from ..inputs.objects import is_url, size_of
+from ..inputs.renames import as_plan_names, manifest_renames, read_names
 from ..inputs.source_file import SourceFile
 from .index import PackedIndex
 from .lazy_rows import TableSamples
@@ -65,6 +66,8 @@ class SourceDataset:
         self.stored = _stored_data(source, columns) if stored else None
         self.index = self.stored.index if self.stored is not None else None
         self.files = _source_files(self.index if self.index is not None else source, split)
+        # a mixture source's own column comes under the plan's column name, as stored data has it
+        self._renames = _renames(self.index if self.index is not None else source)
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.cache_units = max(1, int(cache_units))
@@ -116,7 +119,12 @@ class SourceDataset:
 
     def read_unit(self, k: int, u: int):
         """Return unit ``u`` of file ``k`` decoded (``columns`` only), read now and not cached."""
-        return read_units(self._file(k).source, u, u + 1, self.columns)
+        rename = self._renames[k] if self._renames else None
+        table = read_units(self._file(k).source, u, u + 1, read_names(self.columns, rename))
+        if rename is not None:
+            keep, names = as_plan_names(table.column_names, rename)
+            table = table.select(keep).rename_columns(names)
+        return table
 
     def _unit(self, k: int, u: int):
         key = (k, u)
@@ -206,6 +214,15 @@ def _stored_data(source, columns):
     if stored is None or (columns is not None and not set(columns) <= set(stored.columns)):
         return None
     return stored
+
+
+def _renames(source) -> list[dict[str, str] | None] | None:
+    """Return per input file ``{plan column: input column}`` of a mixture index (None: names agree)."""
+    if isinstance(source, PackedIndex):
+        return manifest_renames(source.manifest)
+    if isinstance(source, (str, os.PathLike)) and (Path(source) / "manifest.json").is_file():
+        return manifest_renames(read_manifest(source))
+    return None
 
 
 def _source_files(source, split: str | None = None) -> list[dict]:

@@ -6,15 +6,21 @@ token counts and curriculum stages, in pack order; the schedule; the run's total
 (source, unit, pass). Everything here works on unit-level arrays (a few per micro-batch,
 never per sample) and is a pure function of them, so every rank computes the same plan.
 
-Selection. A source's units are visited pass after pass, each pass in its own keyed
-permutation of (seed, source, pass) (``KeyedPermutation``: the same on any machine). What a
-source gives is always a prefix of that visiting order: whole passes plus a seeded part-pass,
-so every sample appears floor(r) or ceil(r) times (r = tokens used / tokens held).
+Selection. A source used r times (r = tokens used / tokens held) gives ``whole`` passes over
+its units, each in its own keyed permutation of (seed, source, pass) (``KeyedPermutation``:
+the same on any machine), then a last pass: the units of its *part pass*, a seeded random
+subset of its samples packed on their own (``part_pass.select_part``: chosen by sample, not
+by micro-batch, so every length range gives its share), or, where the last pass needs every
+sample, the source's units once more. What the source gives is a prefix of that stream, and
+the stream holds at least the source's need, so every sample appears floor(r) or ceil(r)
+times. The interleave decides the last units (within one unit of the need): the last pass
+ends with its units of the fewest samples per token (2 units' worth), so the units left out
+hold as few samples as possible and every length range keeps its share.
 
 Order inside a source. With curriculum stages, the units the source surely gives (its
-selection prefix up to ``need - 2 * bound`` tokens) go in stage order (then pass, then the
-seeded order); the last units, whose number the interleave decides, follow in the visiting
-order. Without stages that is the visiting order itself.
+stream up to ``need - 2 * bound`` tokens) go in stage order (then pass, then the seeded
+order); the last units, whose number the interleave decides, follow in the stream's order.
+Without stages that is the stream itself.
 
 Interleave: WF2Q (worst-case fair weighted fair queueing, Bennett and Zhang 1996) against
 the schedule's fluid targets ``target_s(X)``. Unit j of source s *starts* at the prefix X where
@@ -41,10 +47,14 @@ from ..permutation import _M64, KeyedPermutation, _mix
 
 @dataclass
 class Blend:
-    """A plan's units in order: source, unit within the source, pass; and the run's figures."""
+    """A plan's units in order: source, unit within the source, pass; and the run's figures.
+
+    A source's units are numbered as ``plan_blend`` took them: its whole packing's units, then
+    its part pass's units (``parts``).
+    """
 
     source: np.ndarray  # int16 per plan unit
-    unit: np.ndarray  # int64, unit index within its source (pack order)
+    unit: np.ndarray  # int64, unit index within its source (pack order; part-pass units after the rest)
     passes: np.ndarray  # int32, the pass of that use of the unit
     total: float  # T of the targets: total_tokens, or the largest run without reuse
     bound: int  # the largest unit's tokens over every source (the prefix bound)
@@ -53,30 +63,102 @@ class Blend:
         return len(self.source)
 
 
+@dataclass
+class Needs:
+    """What each source must give: its tokens ``need``, its ``whole`` passes, and its last pass's tokens ``part``.
+
+    ``part`` is in (0, held]: at ``held`` the last pass is one more pass over every sample.
+    """
+
+    total: float
+    need: np.ndarray
+    whole: np.ndarray
+    part: np.ndarray
+
+
+def pass_needs(held: np.ndarray, schedule: Schedule, total_tokens: int | None) -> Needs:
+    """Return each source's need, whole passes and last pass's tokens for sources holding ``held`` tokens."""
+    held = np.asarray(held, dtype=np.float64)
+    shares = schedule.shares()
+    total = float(np.min(held / shares)) if total_tokens is None else float(total_tokens)
+    need = shares * total
+    r = need / held
+    if total_tokens is None:
+        r = np.minimum(r, 1.0)  # the largest run without reuse: rounding must not start a second pass
+    whole = np.maximum(np.ceil(r) - 1, 0).astype(np.int64)
+    part = np.minimum(need - whole * held, held)
+    return Needs(total, need, whole, part)
+
+
 def pass_order(n: int, seed: int, source: int, pass_: int) -> np.ndarray:
     """Return the order in which pass ``pass_`` of a source visits its ``n`` units (a keyed permutation)."""
     key = _mix((int(seed) & _M64) ^ _mix(0x6D697874 + int(source)))  # "mixt": apart from the reader's shuffles
     return KeyedPermutation(n, key, pass_).array(np.arange(n, dtype=np.int64))
 
 
-def _stream(tokens: np.ndarray, stages: np.ndarray, need: float, bound: int, seed: int, source: int,
-            passes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return (units, pass) of a source's stream: its visiting order with the sure head in stage order."""
-    n = len(tokens)
-    visit = np.concatenate([pass_order(n, seed, source, p) for p in range(passes)])
-    pass_of = np.repeat(np.arange(passes, dtype=np.int32), n)
+def _sparse_last(order: np.ndarray, tokens: np.ndarray, samples: np.ndarray | None,
+                 reserve: int) -> tuple[np.ndarray, int]:
+    """Return (a pass's ``order`` with its units of fewest samples per token last, how many are last).
+
+    The last units hold at least ``reserve`` tokens (all of the pass where it holds fewer).
+    """
+    if samples is None or len(order) < 2:
+        return order, 0
+    t = tokens[order].astype(np.float64)
+    density = samples[order] / np.maximum(t, 1.0)
+    rank = np.lexsort((np.arange(len(order)), density))
+    cut = min(int(np.searchsorted(np.cumsum(t[rank]), reserve, side="left")) + 1, len(order))
+    last = np.zeros(len(order), dtype=bool)
+    last[rank[:cut]] = True
+    return np.concatenate((order[~last], order[last])), cut
+
+
+def _stream(tokens: np.ndarray, stages: np.ndarray, samples: np.ndarray | None, whole: int, part_units: int,
+            need: float, bound: int, seed: int, source: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return (units, pass) of a source's stream: whole passes, the last pass, the sure head in stage order.
+
+    Units ``[0, n)`` are the whole packing's, ``[n, n + part_units)`` the part pass's (none:
+    the last pass visits the whole packing again).
+    """
+    n = len(tokens) - part_units
+    orders = [pass_order(n, seed, source, p) for p in range(whole)]
+    if part_units:
+        orders.append(n + pass_order(part_units, seed, source, whole))
+    else:
+        orders.append(pass_order(n, seed, source, whole))
+    # the interleave leaves out at most 2 units' worth at the stream's end: units holding few samples
+    reserve = 2 * bound
+    orders[-1], sparse = _sparse_last(orders[-1], tokens, samples, reserve)
+    last_tokens = int(tokens[orders[-1]].sum())
+    one_pass_tail = not (len(orders) > 1 and last_tokens < reserve)
+    if not one_pass_tail:
+        orders[-2], sparse = _sparse_last(orders[-2], tokens, samples, reserve - last_tokens)
+        sparse += len(orders[-1]) if sparse else 0
+    visit = np.concatenate(orders)
+    pass_of = np.repeat(np.arange(len(orders), dtype=np.int32), [len(o) for o in orders])
     cum = np.cumsum(tokens[visit])
-    head = int(np.searchsorted(cum, need - 2 * bound, side="right"))
-    if head and np.any(stages != stages[0]):
+    # the sure head: before the sparse tail (which holds the 2 units' worth left out at most)
+    head = len(visit) - sparse if sparse else int(np.searchsorted(cum, need - 2 * bound, side="right"))
+    if np.any(stages != stages[0]):
         order = np.lexsort((np.arange(head), pass_of[:head], stages[visit[:head]]))
-        visit = np.concatenate((visit[:head][order], visit[head:]))
-        pass_of = np.concatenate((pass_of[:head][order], pass_of[head:]))
+        visit[:head], pass_of[:head] = visit[:head][order], pass_of[:head][order]
+        if sparse and one_pass_tail:  # one pass: the stage order holds to the end, the drop stays sparse
+            order = head + np.lexsort((np.arange(sparse), stages[visit[head:]]))
+            visit[head:], pass_of[head:] = visit[order], pass_of[order]
     return visit, pass_of
 
 
 def plan_blend(tokens: list[np.ndarray], stages: list[np.ndarray], schedule: Schedule,
-               total_tokens: int | None, seed: int, names: list[str] | None = None) -> Blend:
-    """Return the blend of the sources' units (see the module docstring)."""
+               total_tokens: int | None, seed: int, names: list[str] | None = None,
+               samples: list[np.ndarray] | None = None,
+               parts: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] | None = None) -> Blend:
+    """Return the blend of the sources' units (see the module docstring).
+
+    ``tokens``/``stages``/``samples`` describe each source's packed units; ``parts[s]`` its
+    part pass's units as (tokens, stages, samples), None where the last pass is the whole
+    packing's (without ``parts``, every source's). The part pass must hold at least the
+    source's ``pass_needs(...).part`` tokens.
+    """
     k = len(tokens)
     names = names or [str(s) for s in range(k)]
     held = np.array([int(np.asarray(t, np.int64).sum()) for t in tokens], dtype=np.float64)
@@ -84,30 +166,43 @@ def plan_blend(tokens: list[np.ndarray], stages: list[np.ndarray], schedule: Sch
         if held[s] <= 0:
             raise SortpackError(f"mixture source {names[s]!r}: no tokens to plan (every sample skipped or empty)",
                                 collective=True)
-    bound = max(int(np.max(t)) for t in tokens)
-    shares = schedule.shares()
-    if total_tokens is None:
-        total = float(np.min(held / shares))
-    else:
-        total = float(total_tokens)
-    need = shares * total
+    needs = pass_needs(held, schedule, total_tokens)
+    parts = parts or [None] * k
+    all_tokens, all_stages, all_samples, part_units = [], [], [], []
+    for s in range(k):
+        t, st = np.asarray(tokens[s], dtype=np.int64), np.asarray(stages[s])
+        n_s = None if samples is None else np.asarray(samples[s], dtype=np.int64)
+        p = parts[s]
+        if p is not None and len(p[0]):
+            if int(np.sum(p[0])) < needs.part[s]:
+                raise ValueError(f"plan_blend: source {s}'s part pass holds {int(np.sum(p[0]))} tokens, "
+                                 f"below its need {needs.part[s]}")
+            t = np.concatenate((t, np.asarray(p[0], dtype=np.int64)))
+            st = np.concatenate((st, np.asarray(p[1], dtype=st.dtype)))
+            if n_s is not None:
+                n_s = np.concatenate((n_s, np.asarray(p[2], dtype=np.int64)))
+            part_units.append(len(p[0]))
+        else:
+            part_units.append(0)
+        all_tokens.append(t)
+        all_stages.append(st)
+        all_samples.append(n_s)
+    bound = max(int(np.max(t)) for t in all_tokens)
+    total = needs.total
     starts, finishes, sizes, units, pass_ids = [], [], [], [], []
     for s in range(k):
-        t = np.asarray(tokens[s], dtype=np.int64)
-        passes = max(2, int((need[s] + 3 * bound) // held[s]) + 1)
-        visit, pass_of = _stream(t, np.asarray(stages[s]), need[s], bound, seed, s, passes)
+        t = all_tokens[s]
+        visit, pass_of = _stream(t, all_stages[s], all_samples[s], int(needs.whole[s]), part_units[s],
+                                 float(needs.need[s]), bound, seed, s)
         sizes.append(t[visit])
         cum = np.concatenate(([0], np.cumsum(sizes[s])))
         starts.append(schedule.inverse(s, cum[:-1], total))
         finishes.append(schedule.inverse(s, cum[1:], total))
         units.append(visit)
         pass_ids.append(pass_of)
-    # without total_tokens, a source that gave its whole first pass gives no more: with the
-    # largest run without reuse as the total, its target never rises above what it gave (the
-    # sum of the targets is the prefix, so some other source is then behind and has a unit
-    # that started)
-    first_pass_end = [int(np.searchsorted(pass_ids[s], 1)) for s in range(k)]
-    source = wf2q_interleave(starts, finishes, sizes, total, None if total_tokens is not None else first_pass_end)
+    # every stream holds at least its source's need, so a source that gave its whole stream is
+    # not behind its target, and the run ends before the first unit that would pass the total
+    source = wf2q_interleave(starts, finishes, sizes, total, [len(u) for u in units])
     if not len(source):
         raise SortpackError(f"total_tokens {total_tokens} is smaller than the first micro-batch's tokens "
                             f"({bound} tokens at most): nothing to plan", collective=True)

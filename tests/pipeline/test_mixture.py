@@ -226,3 +226,140 @@ def test_cli_errors_are_one_line_exit_2_and_write_nothing(data, case):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert not out.exists()
+
+
+def test_a_part_pass_uses_every_length_quartile_r_times(tmp_path):
+    """A source used half (log-uniform lengths): each length quartile is used half, not by whole micro-batches."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    lengths = {name: np.exp(rng.uniform(np.log(16), np.log(4096), n)).astype(np.int64) for name in ("a", "b")}
+    for name, n_col in lengths.items():
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"n": n_col}), tmp_path / name / "p.parquet")
+    held = int(lengths["a"].sum())
+    (tmp_path / "mix.json").write_text(json.dumps({
+        "sources": [{"name": "a", "inputs": ["a"], "weight": 0.5}, {"name": "b", "inputs": ["b"], "weight": 0.5}],
+        "total_tokens": held, "seed": 1}))
+    run_sortpack(["run", "--mixture", str(tmp_path / "mix.json"), "-o", str(tmp_path / "plan"), "--size", "column:n",
+                  "--max-tokens", "16384"])
+    idx = PackedIndex(tmp_path / "plan")
+    ids = idx.all_sample_ids()
+    a = lengths["a"]
+    uses = np.bincount(ids[ids < n], minlength=n)
+    r = float((uses * a).sum() / held)
+    assert set(np.unique(uses).tolist()) <= {0, 1} and 0.45 < r < 0.55
+    quartile = np.empty(n, np.int64)
+    quartile[np.lexsort((np.arange(n), a))] = np.arange(n) * 4 // n
+    means = [float(uses[quartile == q].mean()) for q in range(4)]
+    assert max(abs(m - r) for m in means) <= 0.1, (means, r)
+    rec = idx.manifest["mixture"]["sources"][0]
+    assert rec["part_pass"]["samples"] >= rec["unique_samples"] and rec["whole_passes"] == 0
+
+
+# --- a source's own column, stored text and stored token ids ------------------------------------------
+WORDS = "hello world the quick brown fox".split()
+
+
+@pytest.fixture(scope="module")
+def wordy(tmp_path_factory):
+    """Two sources of word texts: prose (column 'text'), code (column 'content' and a decoy 'text')."""
+    from support import make_tokenizer
+
+    root = tmp_path_factory.mktemp("wordy")
+    rng = np.random.default_rng(3)
+
+    def texts(n, most):
+        return [" ".join(rng.choice(WORDS, int(k))) for k in rng.integers(1, most, n)]
+
+    (root / "prose").mkdir()
+    (root / "code").mkdir()
+    pq.write_table(pa.table({"text": texts(300, 60), "id": np.arange(300)}), root / "prose" / "a.parquet",
+                   row_group_size=70)
+    content = texts(200, 120)
+    pq.write_table(pa.table({"content": content, "text": ["decoy"] * 200}), root / "code" / "a.parquet",
+                   row_group_size=50)
+    (root / "mix.json").write_text(json.dumps({
+        "sources": [{"name": "prose", "inputs": ["prose/"], "weight": 0.5},
+                    {"name": "code", "inputs": ["code/"], "weight": 0.5, "column": "content"}],
+        "total_tokens": 12000}))
+    make_tokenizer(root / "tok.json")
+    return root
+
+
+def _run_tokens(root: Path, out: str, ranks=None, *extra):
+    return run_sortpack(["run", "--mixture", str(root / "mix.json"), "-o", str(root / out), "--size", "tokens",
+                         "--tokenizer", str(root / "tok.json"), "--max-tokens", "256", "--store-tokens",
+                         "--store", "text", "--overwrite", *extra], ranks=ranks)
+
+
+def test_a_mixture_stores_token_ids_and_reads_each_source_column_as_the_plan_column(wordy):
+    from tokenizers import Tokenizer
+
+    from sortpack.dataset import SourceDataset
+    from sortpack.reader import PackedSampler
+
+    _run_tokens(wordy, "tok1")
+    idx = PackedIndex(wordy / "tok1")
+    assert idx.manifest["options"]["column"] == "text"
+    assert idx.manifest["data"]["columns"] == ["text", "input_ids"]
+    tok = Tokenizer.from_file(str(wordy / "tok.json"))
+    content = pq.read_table(wordy / "code" / "a.parquet").column("content").to_pylist()
+    prose = pq.read_table(wordy / "prose" / "a.parquet").column("text").to_pylist()
+    truth = prose + content  # global ids: prose's rows, then code's
+    stored, files = SourceDataset(idx), SourceDataset(idx, stored=False)
+    seen = set()
+    for mb in PackedSampler(idx):
+        rows = stored.__getitems__(mb)
+        from_files = files.__getitems__(mb)
+        for i, row, frow in zip(list(mb), rows, from_files):
+            # one name, whatever the source calls it: the stored row and the input file's row agree
+            assert row["text"] == frow["text"] == truth[i]
+            assert row["input_ids"] == tok.encode(truth[i]).ids
+        seen.add(mb.source)
+    assert seen == {"prose", "code"}
+    assert "content" not in files[300] and files[300]["text"] == content[0]  # the decoy 'text' is not read
+    # what the recipes read: SourceDataset(index, columns=["text"]), from the input files too
+    assert SourceDataset(idx, columns=["text"], stored=False)[300] == {"text": content[0]}
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_a_mixture_with_stored_tokens_is_byte_identical_at_any_rank_count(wordy, ranks):
+    if not (wordy / "tok1" / "manifest.json").exists():
+        _run_tokens(wordy, "tok1")
+    _run_tokens(wordy, f"tok{ranks}", ranks)
+    one = json.loads((wordy / "tok1" / "manifest.json").read_text())
+    other = json.loads((wordy / f"tok{ranks}" / "manifest.json").read_text())
+    assert one["content_hash"] == other["content_hash"]
+    for shard in one["shards"] + one["data"]["shards"]:
+        assert (wordy / "tok1" / shard["file"]).read_bytes() == (wordy / f"tok{ranks}" / shard["file"]).read_bytes()
+
+
+COLUMN_ERRORS = {
+    "store missing": (["--store", "nope"], "mixture source 'prose': ", "no column 'nope' (--store nope"),
+    "source column missing": (["--store", "text"], "mixture source 'code': ", "no column 'body' (its 'column'"),
+    "dataset store missing": (["--store", "nope"], "", "no column 'nope' (--store"),
+    "dataset column missing": (["--column", "body", "--size", "length"], "", "no column 'body' (--column"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COLUMN_ERRORS))
+@pytest.mark.parametrize("ranks", [None, 2])
+def test_a_missing_column_is_refused_before_analyze(wordy, case, ranks):
+    extra, where, message = COLUMN_ERRORS[case]
+    if case == "source column missing":
+        spec = json.loads((wordy / "mix.json").read_text())
+        spec["sources"][1]["column"] = "body"
+        (wordy / "mix-body.json").write_text(json.dumps(spec))
+        job = ["--mixture", str(wordy / "mix-body.json")]
+    elif case.startswith("dataset"):
+        job = [str(wordy / "prose")]
+    else:
+        job = ["--mixture", str(wordy / "mix.json")]
+    out = wordy / f"colerr-{case.replace(' ', '-')}-{ranks}"
+    proc = run_sortpack(["run", *job, "-o", str(out), "--max-tokens", "4096", *extra], ranks=ranks, check=False,
+                        env={"SORTPACK_PROGRESS_DELAY": "0"})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    # one line, before any progress line: nothing was measured
+    assert len(lines) == 1 and where in lines[0] and message in lines[0] and "a.parquet" in lines[0], proc.stderr
+    assert not out.exists()

@@ -44,7 +44,8 @@ __all__ = ["Store", "StoreOptions", "materialize", "parse_memory", "parse_store"
 
 def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray,
                 first_mb: int, opts: StoreOptions, tokens: TokenIds | None, cache: TokenCache | None,
-                index_starts: np.ndarray, mb_sizes: np.ndarray | None = None) -> dict:
+                index_starts: np.ndarray, mb_sizes: np.ndarray | None = None,
+                renames: list[dict[str, str] | None] | None = None) -> dict:
     """Return the manifest's ``data`` object (every rank), after writing this rank's data shards of the plan.
 
     Parameters
@@ -56,6 +57,8 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
         How ``--store-tokens`` gets its ids; ``cache`` holds them when ``analyze`` kept them.
     mb_sizes : numpy.ndarray or None
         The micro-batches' summed sample sizes (what balances the writers).
+    renames : list or None
+        Per input file, ``{plan column: input column}`` (a mixture source's own ``column``).
     """
     directory = out.ensure()
     limit = opts.memory_limit or default_memory_limit(comm)
@@ -64,7 +67,7 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
     budget = max(1, limit // 8)
     columns = list(opts.columns)
     srcs = describe_files(comm, files)
-    schema = output_schema(comm, srcs, files, columns) if columns else pa.schema([])
+    schema = output_schema(comm, srcs, files, columns, renames) if columns else pa.schema([])
     if tokens is not None:
         schema = schema.append(pa.field(TOKENS_COLUMN, pa.list_(pa.int32())))
 
@@ -94,7 +97,8 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
 
     tokenize = tokens is not None and cache is None
     read_columns = sorted(set(columns) | ({tokens.column} if tokens is not None and tokenize else set()))
-    reader = InputRows(srcs, files, unit_list[lo:hi], my_first, uses, read_columns, schema, tokens, cache)
+    reader = InputRows(srcs, files, unit_list[lo:hi], my_first, uses, read_columns, schema, tokens, cache,
+                       renames)
     # spill batches of at most a sixteenth of a round: the pages of finished ones are released
     received = ReceivedRows(directory, comm.rank, max(1, limit // 2), schema,
                             min(piece_bytes(), max(1 << 20, budget // 16)))
@@ -121,8 +125,10 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
 class Store:
     """The stored columns' writer that ``write_index`` calls, with the token cache ``analyze`` fills."""
 
-    def __init__(self, comm: Comm, opts: StoreOptions, tokens: TokenIds | None, special_tokens: bool):
+    def __init__(self, comm: Comm, opts: StoreOptions, tokens: TokenIds | None, special_tokens: bool,
+                 renames: list[dict[str, str] | None] | None = None):
         self.comm, self.opts, self.tokens, self.special_tokens = comm, opts, tokens, special_tokens
+        self.renames = renames  # per input file: {plan column: input column} (a mixture's sources)
         self.caches: list[TokenCache] = []
         self.plans = 1  # plans still to store: the token cache is removed after the last
 
@@ -144,7 +150,7 @@ class Store:
         if cache is not None:
             cache.share()
         data = materialize(self.comm, out, files, ids, mb_offsets, first_mb, self.opts, self.tokens, cache,
-                           index_starts, mb_sizes)
+                           index_starts, mb_sizes, self.renames)
         self.plans -= 1
         if cache is not None and self.plans <= 0:
             self.comm.barrier()  # every rank has read the ids it needed
@@ -159,11 +165,13 @@ class Store:
         return data
 
 
-def prepare(comm: Comm, opts: StoreOptions, options: dict, popts: Any, tokenizer_path: str | None) -> Store:
+def prepare(comm: Comm, opts: StoreOptions, options: dict, popts: Any, tokenizer_path: str | None,
+            renames: list[dict[str, str] | None] | None = None) -> Store:
     """Return the ``Store`` for ``write_index``, checking the options collectively.
 
     ``options`` are the plan's recorded options (column, size, tokenizer); ``popts`` the
-    pack options (``--oversize truncate`` cuts stored ids to the truncated size).
+    pack options (``--oversize truncate`` cuts stored ids to the truncated size); ``renames``
+    per input file ``{plan column: input column}`` (a mixture source's own ``column``).
     """
     tokens = comm.collectively(token_ids_options, opts, options, popts, tokenizer_path)
-    return Store(comm, opts, tokens, bool(options.get("special_tokens", True)))
+    return Store(comm, opts, tokens, bool(options.get("special_tokens", True)), renames)

@@ -10,6 +10,7 @@ import pyarrow as pa
 from ...arrow_types import is_offset_bytes, is_offset_list
 from ...errors import SortpackError, one_line
 from ...inputs.formats import read_units
+from ...inputs.renames import as_plan_names, read_names
 from ...inputs.source_file import SourceFile
 from ...inputs.specs import token_ids
 from .options import TOKENS_COLUMN, TokenIds
@@ -64,6 +65,7 @@ class InputRows:
     schema: pa.Schema
     tokens: TokenIds | None
     cache: TokenCache | None  # the ids analyze computed while counting, if kept
+    renames: list[dict[str, str] | None] | None = None  # per file: {plan column: input column}
     cursor: int = 0
     row: int = 0
     seconds: float = 0.0  # reading, decoding and converting the input units
@@ -87,9 +89,13 @@ class InputRows:
         expected = src.unit_rows[unit] if src.unit_rows is not None else int(entry["rows"])
         if expected == 0:
             return self.schema.empty_table(), np.zeros(0, np.int64)
-        text = [self.tokens.column] if self.tokens is not None else None
+        rename = self.renames[fidx] if self.renames else None
+        text = read_names([self.tokens.column], rename) if self.tokens is not None else None
         if self.read_columns:
-            table = read_units(src, unit, unit + 1, self.read_columns, text_columns=text)
+            table = read_units(src, unit, unit + 1, read_names(self.read_columns, rename), text_columns=text)
+            if rename is not None:  # a mixture source's own column, under the plan's name
+                keep, names = as_plan_names(table.column_names, rename)
+                table = table.select(keep).rename_columns(names)
         else:  # only token ids, all from analyze's cache: nothing to read
             table = pa.table({"_": pa.nulls(expected)})
         if table.num_rows != expected:

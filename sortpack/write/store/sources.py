@@ -10,6 +10,7 @@ from ...errors import SortpackError, one_line
 from ...inputs.fingerprints import check_unchanged
 from ...inputs.formats import open_arrow_reader, open_source, read_units
 from ...inputs.objects import is_url, open_input
+from ...inputs.renames import read_names
 from ...inputs.source_file import SourceFile
 from ...parallel import Comm
 
@@ -38,8 +39,12 @@ def describe_files(comm: Comm, files: list[dict]) -> list[SourceFile]:
     return [found[i] for i in range(len(files))]
 
 
-def _file_schema(src: SourceFile, entry: dict, columns: list[str]) -> pa.Schema | None:
-    """Return one file's schema of the stored columns (None for an empty text file)."""
+def _file_schema(src: SourceFile, entry: dict, columns: list[str],
+                 rename: dict[str, str] | None = None) -> pa.Schema | None:
+    """Return one file's schema of the stored columns, by their plan names (None for an empty text file).
+
+    ``rename`` maps a plan column to the input column this file gives it from (a mixture source's ``column``).
+    """
     import pyarrow.parquet as pq
 
     try:
@@ -53,18 +58,21 @@ def _file_schema(src: SourceFile, entry: dict, columns: list[str]) -> pa.Schema 
             schema = read_units(src, 0, 1, None).schema
     except (pa.ArrowException, OSError) as exc:
         raise SortpackError(f"{src.path}: cannot read as {src.format} ({one_line(exc)})") from None
-    missing = [c for c in columns if c not in schema.names]
+    names = read_names(columns, rename) or []
+    missing = [c for c in names if c not in schema.names]
     if missing:
         raise SortpackError(f"{src.path}: no column {missing[0]!r} to store (columns: {', '.join(schema.names)})")
-    return pa.schema([pa.field(c, plain_type(schema.field(c).type)) for c in columns])
+    return pa.schema([pa.field(c, plain_type(schema.field(n).type)) for c, n in zip(columns, names)])
 
 
-def output_schema(comm: Comm, srcs: list[SourceFile], files: list[dict], columns: list[str]) -> pa.Schema:
-    """Return the stored columns' schema, unified over every input file in file order."""
+def output_schema(comm: Comm, srcs: list[SourceFile], files: list[dict], columns: list[str],
+                  renames: list[dict[str, str] | None] | None = None) -> pa.Schema:
+    """Return the stored columns' schema, unified over every input file in file order (``renames``: per file)."""
     mine: list[tuple[int, pa.Schema | None]] = []
     err = None
     try:
-        mine = [(i, _file_schema(s, files[i], columns)) for i, s in enumerate(srcs) if i % comm.size == comm.rank]
+        mine = [(i, _file_schema(s, files[i], columns, renames[i] if renames else None))
+                for i, s in enumerate(srcs) if i % comm.size == comm.rank]
     except SortpackError as exc:
         err = exc
     comm.check(err)

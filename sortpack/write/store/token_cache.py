@@ -17,11 +17,12 @@ from .options import TOKENS_COLUMN
 
 @dataclass(frozen=True)
 class CachePart:
-    """One rank's cache file: its path, the global row of its first ids, and its rows."""
+    """A run of one rank's cache file: its path, the global row of its first ids, its rows, its first in the file."""
 
     path: str
     first: int
     rows: int
+    offset: int = 0
 
 
 class TokenCache:
@@ -41,6 +42,7 @@ class TokenCache:
         self._writer: pa.ipc.RecordBatchFileWriter | None = None
         self.parts: list[CachePart] = []
         self._tables: dict[str, pa.Table] = {}
+        self.runs: list[tuple[int, int]] | None = None  # (global first row, rows) in the order written
 
     def __call__(self, table: pa.Table, column: str, tokenizer: Any, where: str) -> np.ndarray:
         """Return the token counts of ``column`` and keep its ids."""
@@ -61,8 +63,16 @@ class TokenCache:
         self.rows += len(ids)
         return counts
 
+    def set_runs(self, runs: list[tuple[int, int]]) -> None:
+        """Say which global rows this rank's ids are, as (first row, rows) runs in the order written.
+
+        Without it they are one run after the lower ranks' (one analyze of every input); a
+        mixture whose sources were analyzed apart has a run per source.
+        """
+        self.runs = [(int(a), int(n)) for a, n in runs if n]
+
     def share(self) -> None:
-        """Close this rank's file and learn every rank's part (path, first row, rows) (collective)."""
+        """Close this rank's file and learn every rank's parts (path, first row, rows, offset) (collective)."""
         # a second call (a held-out plan is stored first, then the training plan) finds them closed
         if self._writer is not None:
             self._writer.close()
@@ -70,8 +80,12 @@ class TokenCache:
         if self._sink is not None:
             self._sink.close()
             self._sink = None
-        start = self.comm.exscan(self.rows)
-        self.parts = self.comm.allgather_obj(CachePart(str(self.path), start, self.rows))
+        if self.runs is None:
+            mine = [CachePart(str(self.path), self.comm.exscan(self.rows), self.rows)]
+        else:
+            offsets = np.concatenate(([0], np.cumsum([n for _, n in self.runs], dtype=np.int64)))
+            mine = [CachePart(str(self.path), a, n, int(o)) for (a, n), o in zip(self.runs, offsets)]
+        self.parts = [p for part in self.comm.allgather_obj(mine) for p in part]
         self._tables = {}
 
     def rows_of(self, start: int, stop: int) -> pa.Array | pa.ChunkedArray:
@@ -84,7 +98,7 @@ class TokenCache:
             table = self._tables.get(part.path)
             if table is None:
                 table = self._tables[part.path] = pa.ipc.open_file(pa.memory_map(part.path, "r")).read_all()
-            pieces.append(table.column(0).slice(a - part.first, b - a))
+            pieces.append(table.column(0).slice(part.offset + a - part.first, b - a))
         if not pieces:
             return pa.array([], pa.list_(pa.int32()))
         # not combined: a unit's ids may hold more values than 32-bit offsets address
