@@ -12,7 +12,7 @@ from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
 from ..inputs.fingerprints import with_mtimes
 from ..parallel import Comm
-from ..stages.analyze import AnalyzeOptions, analyze
+from ..stages.analyze import AnalyzeOptions, analyze, measured_options
 from ..stages.pack import OversizeError, PackOptions, pack_samples
 from ..stages.sort import SortOptions, sort_samples
 from ..write.index_writer import write_index
@@ -53,7 +53,7 @@ def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOption
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress)
         prof.counts["analyze_rows"] = len(samples)
-        return write_samples(comm, out, "metrics", samples, aopts.as_dict(), prof, job)
+        return write_samples(comm, out, "metrics", samples, measured_options(aopts, samples), prof, job)
 
     return _guarded(out, work)
 
@@ -121,12 +121,13 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress, token_sink=sink)
         prof.counts["analyze_rows"] = len(samples)
+        measured = measured_options(aopts, samples)
         if keep_intermediate:
-            write_samples(comm, extra[0], "metrics", samples, aopts.as_dict(), prof, job)
+            write_samples(comm, extra[0], "metrics", samples, measured, prof, job)
         with prof.stage("sort"):
             ordered = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
         del samples
-        options = {**aopts.as_dict(), **sopts.as_dict()}
+        options = {**measured, **sopts.as_dict()}
         if keep_intermediate:
             write_samples(comm, extra[1], "sorted", ordered, options, prof, job)
         with prof.stage("pack"):

@@ -117,7 +117,7 @@ def _union(comm: Comm, parts: list[SampleColumns]
     files = [f for p in parts for f in p.files]
     total = int(rows.sum())
     union = SampleColumns(vstart, total, np.arange(vstart, vstart + mine, dtype=np.int64), size, difficulty, None,
-                          files)
+                          files, max((p.empty_size for p in parts), default=0))
     return union, groups, table, bases, files
 
 

@@ -23,6 +23,9 @@ class SampleColumns:
     difficulty: np.ndarray
     stage: np.ndarray | None = None
     files: list[dict] = field(default_factory=list)  # source fingerprint (every rank)
+    # the size of a sample without content (``--size tokens`` with special tokens: the
+    # [CLS][SEP] an empty text measures), what analyze decided; 0 for every other size kind
+    empty_size: int = 0
 
     def __len__(self) -> int:
         """Return the number of samples on this rank."""
@@ -56,13 +59,15 @@ class SampleColumns:
         size = self.size[keep]
         difficulty = size if self.difficulty is self.size else self.difficulty[keep]
         stage = None if self.stage is None else self.stage[keep]
-        return SampleColumns(start, total, self.sample_id[keep], size, difficulty, stage, self.files)
+        return SampleColumns(start, total, self.sample_id[keep], size, difficulty, stage, self.files,
+                             self.empty_size)
 
     @classmethod
-    def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict]) -> SampleColumns:
+    def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict],
+                     empty_size: int = 0) -> SampleColumns:
         """Return SampleColumns rebuilt from ``columns()`` output (difficulty defaults to the size)."""
         return cls(start, total, cols["sample_id"], cols["size"], cols.get("difficulty", cols["size"]),
-                   cols.get("stage"), files)
+                   cols.get("stage"), files, empty_size)
 
 
 def exact_sum(values: np.ndarray) -> int:

@@ -157,11 +157,11 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     del out
     start, total = global_start(comm, len(ids))
     ordered = SampleColumns(start, total, ids, size, difficulty, stage if opts.stages > 1 or group_bits else None,
-                            files)
+                            files, samples.empty_size)
     del ids, size, difficulty, stage
     cols = redistribute(comm, ordered.columns(), start, owner_starts(total, rows_per_shard, comm.size))
     start, _ = global_start(comm, len(cols["sample_id"]))
-    ordered = SampleColumns.from_columns(start, total, cols, files)
+    ordered = SampleColumns.from_columns(start, total, cols, files, samples.empty_size)
     prog.update(1, phase="redistribute")
     prog.close()
     if ordered.stage is None:
@@ -220,4 +220,4 @@ def _assign_stages(comm: Comm, samples: SampleColumns, opts: SortOptions, contig
         first = np.concatenate(([0], np.cumsum(counts)[:-1]))
         stage = (((pos - first[groups]) * opts.stages) // np.maximum(counts[groups], 1)).astype(np.int16)
     size = difficulty if same else payload["size"]
-    return SampleColumns(start, total, ids, size, difficulty, stage, samples.files), groups
+    return SampleColumns(start, total, ids, size, difficulty, stage, samples.files, samples.empty_size), groups

@@ -70,5 +70,6 @@ def read_samples(comm: Comm, directory: str, expect: str) -> tuple[SampleColumns
     table = read_rows(directory, manifest, a, b)
     cols = {name: table.column(name).to_numpy() for name in table.column_names}
     samples = SampleColumns(a, total, cols["sample_id"].astype(np.int64), cols["size"].astype(np.int64),
-                      cols["difficulty"], cols.get("stage"), with_mtimes(manifest))
+                      cols["difficulty"], cols.get("stage"), with_mtimes(manifest),
+                      int(manifest["options"].get("empty_size", 0)))
     return samples, manifest

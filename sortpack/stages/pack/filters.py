@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from ...distribute import global_start
 from ...errors import SortpackError
 from ...parallel import Comm
@@ -15,14 +17,26 @@ class OversizeError(SortpackError):
     """Samples larger than the budget under ``--oversize error`` (``run`` adds how to keep its analysis)."""
 
 
+def content_empty(samples: SampleColumns) -> np.ndarray:
+    """Return which samples have no content: a size no larger than what an empty sample measures.
+
+    Under ``--size tokens`` with special tokens an empty text measures the tokens the
+    post-processor adds (``[CLS] [SEP]``: 2), which analyze records as ``empty_size``; a
+    text of whitespace only measures the same and holds no token either. Every other size
+    kind measures an empty sample as 0.
+    """
+    return samples.size <= samples.empty_size
+
+
 def drop_empty(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, int]:
-    """Return the samples without those of size 0 (unless ``keep_empty``) and how many there were over all ranks.
+    """Return the samples without content-empty ones (unless ``keep_empty``) and how many there were over all ranks.
 
     An empty sample has no token to train on: alone or together, empty samples make
-    micro-batches of pure padding. The rest keep their order and sample ids; positions
-    close up globally, so the packing does not depend on the rank count.
+    micro-batches of pure padding (or of special tokens only). The rest keep their order
+    and sample ids; positions close up globally, so the packing does not depend on the
+    rank count.
     """
-    empty = samples.size == 0
+    empty = content_empty(samples)
     count = comm.allreduce(int(empty.sum()), "sum")
     if count == 0 or opts.keep_empty:
         return samples, count
