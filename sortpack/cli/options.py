@@ -84,7 +84,8 @@ def pack_options(required: bool):
             click.option("--oversize", type=click.Choice(["error", "skip", "truncate"]), default="error",
                          show_default=True, help="What to do with samples larger than the budget."),
             click.option("--keep-empty", is_flag=True,
-                         help="Keep samples without content (size 0, or only the special tokens under --size tokens; default: drop them, with a count)."),
+                         help="Keep samples without content (size 0, or only the special tokens under "
+                              "--size tokens; default: drop them, with a count)."),
             click.option("--rows", type=int, default=0,
                          help="Row packing: bin-pack samples into rows of ROW_LEN tokens (multipack).",
                          metavar="ROW_LEN"),
