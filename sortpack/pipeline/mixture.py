@@ -34,6 +34,7 @@ from ..stages.blend import Blend, plan_blend
 from ..stages.pack import Microbatches, PackOptions, microbatch_stats, pack_samples
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
+from ..stages.split import check_split
 from ..write.index_writer import write_index
 from ..write.output import OutputDir
 from ..write.provenance import JobInfo, Profile
@@ -277,6 +278,8 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
     """Plan a mixture in one job (analyze, one sort, pack, blend) and write its index; the manifest on rank 0."""
     comm.collectively(sopts.validate)
     comm.collectively(popts.validate)
+    if popts.oversize == "split":
+        comm.collectively(check_split, aopts.as_dict(), mixture=True)
     k = len(mix.sources)
     if k * sopts.stages > np.iinfo(np.int16).max:
         raise SortpackError(f"--stages {sopts.stages} with {k} mixture sources: at most "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..distribute import global_start, redistribute
+from ..distribute import fetch_rows, global_start, redistribute
 from ..errors import SortpackError
 from ..parallel import Comm
 from ..partition import owner_starts
@@ -97,6 +97,8 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     back from the key's top bits, so it costs no extra column in the sort).
     """
     opts.validate()
+    if samples.begin is not None:
+        return _sort_pieces(comm, samples, opts, rows_per_shard, consume, groups)
     group_bits = 0
     if groups is not None:
         group_bits = max(1, int(comm.allreduce(int(groups.max()) if len(groups) else 0, "max")).bit_length())
@@ -166,6 +168,27 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     prog.close()
     if ordered.stage is None:
         ordered.stage = np.zeros(len(ordered.sample_id), np.int16)
+    return ordered
+
+
+def _sort_pieces(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per_shard: int, consume: bool,
+                 groups: np.ndarray | None) -> SampleColumns:
+    """Return pieces (``--oversize split``) sorted by (key, position), their sample ids and ranges fetched back.
+
+    The pieces of a sample share its id, so the id alone cannot break ties: the pieces are
+    sorted by their global positions instead (numbered in (sample, piece) order, a total
+    order that does not depend on the rank count), and each sorted position then fetches its
+    sample id and range from the rank that held it.
+    """
+    keep = {"sample_id": samples.sample_id, "begin": samples.begin}
+    start, total = samples.start, samples.total
+    rows = SampleColumns(start, total, np.arange(start, start + len(samples), dtype=np.int64), samples.size,
+                         samples.difficulty, samples.stage, samples.files, samples.empty_size)
+    if consume:
+        samples.clear()
+    ordered = sort_samples(comm, rows, opts, rows_per_shard, consume, groups)
+    got = fetch_rows(comm, keep, start, ordered.sample_id)
+    ordered.sample_id, ordered.begin = got["sample_id"], got["begin"]
     return ordered
 
 

@@ -104,6 +104,24 @@ class OutputDir:
         _MADE_PARENTS.difference_update(self.path.parents)  # they hold an output now
         return written
 
+    def commit_alone(self, manifest: dict) -> bool:
+        """Write the manifest and move the directory into place from this rank alone; return whether it moved.
+
+        For a job that is failing: the shards were all written before (``write_samples(...,
+        commit=False)`` ends with a barrier), and the rank that fails keeps them without the
+        other ranks, which may be blocked or aborted. Best effort: any error leaves the
+        temporary for ``discard`` (or the next job) and returns False.
+        """
+        try:
+            write_manifest(self.tmp, manifest)
+            self._rename_into_place()
+        except (SortpackError, OSError):
+            return False
+        finally:
+            self._forget()
+        _MADE_PARENTS.difference_update(self.path.parents)
+        return True
+
     def _forget(self) -> None:
         if self._cleanup_key is not None:
             termination.unregister(self._cleanup_key)

@@ -25,7 +25,10 @@ def content_empty(samples: SampleColumns) -> np.ndarray:
     text of whitespace only measures the same and holds no token either. Every other size
     kind measures an empty sample as 0.
     """
-    return samples.size <= samples.empty_size
+    empty = samples.size <= samples.empty_size
+    if samples.begin is not None:
+        empty &= samples.begin == 0  # a document's last piece may hold just [SEP]: it is content all the same
+    return empty
 
 
 def drop_empty(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, int]:
@@ -45,16 +48,33 @@ def drop_empty(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[S
     return samples.select(keep, start, total), count
 
 
-def apply_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, dict]:
-    """Return the samples after the ``--oversize`` policy, and counts of what it did (over all ranks)."""
+def refuse_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> None:
+    """Raise OversizeError (on every rank) when a sample does not fit alone under ``--oversize error``.
+
+    ``run`` calls it right after analyze, before the sort, so a plan that cannot be packed
+    fails in seconds rather than after the sort (pack calls it again through ``apply_oversize``).
+    """
+    if opts.oversize != "error":
+        return
     over = oversize_mask(opts, samples.size)
     count = comm.allreduce(int(over.sum()), "sum")
-    largest = comm.allreduce(int(samples.size[over].max()) if over.any() else 0, "max")
+    if count:
+        largest = comm.allreduce(int(samples.size[over].max()) if over.any() else 0, "max")
+        raise OversizeError(f"{count} samples {oversize_reason(opts, largest)}, or use --oversize split (cut "
+                            f"them into pieces that fit, no token lost), skip or truncate", collective=True)
+
+
+def apply_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, dict]:
+    """Return the samples after the ``--oversize`` policy, and counts of what it did (over all ranks)."""
+    refuse_oversize(comm, samples, opts)
+    over = oversize_mask(opts, samples.size)
+    count = comm.allreduce(int(over.sum()), "sum")
     info = {"oversize": count, "skipped": 0, "truncated": 0}
     if count == 0:
         return samples, info
-    if opts.oversize == "error":
-        raise OversizeError(f"{count} samples {oversize_reason(opts, largest)}, or use --oversize skip|truncate",
+    if opts.oversize == "split":
+        # split happens before the sort (stages.split): nothing here may still be too large
+        raise SortpackError(f"{count} samples are still larger than the budget after --oversize split",
                             collective=True)
     if opts.oversize == "skip":
         info["skipped"] = count

@@ -86,4 +86,7 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
         batches = static_batches(bounds, sizes, opts)
     else:
         batches = plain_batches(bounds, sizes, opts)
-    return Packed(samples.sample_id, key_values(samples, key), samples.stage_or_zero(), batches, info)
+    packed = Packed(samples.sample_id, key_values(samples, key), samples.stage_or_zero(), batches, info)
+    if samples.begin is not None:
+        packed.begin, packed.end = samples.begin, samples.begin + samples.size
+    return packed
