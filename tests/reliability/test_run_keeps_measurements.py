@@ -30,9 +30,10 @@ def test_an_oversize_run_stops_before_the_sort_and_keeps_the_measurements(tmp_pa
     assert metrics["format"] == "sortpack-metrics" and metrics["num_samples"] == 800
     sort, pack = _hinted(line)
     assert run(sort, tmp_path).returncode == 0
-    done = run([a if a != "split" else "skip" for a in pack], tmp_path)  # TODO(split)
+    done = run(pack, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert json.loads((tmp_path / "plan" / "manifest.json").read_text())["stats"]["oversize"] > 0
+    stats = json.loads((tmp_path / "plan" / "manifest.json").read_text())["stats"]
+    assert stats["split"] > 0 and stats["tokens"] == metrics["stats"]["size_sum"]  # every character kept
 
 
 def test_a_crash_in_the_sort_keeps_the_measurements(tmp_path):
