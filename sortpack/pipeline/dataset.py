@@ -51,14 +51,15 @@ def _repack_hint(metrics: str, output: str, sopts: SortOptions, popts: PackOptio
             f"&& sortpack pack {output}.sorted -o {output} {pack_flags} ...` packs them without measuring again")
 
 
-def _kept_metrics(comm: Comm, output: str, overwrite: bool, inputs: list[str]) -> OutputDir | None:
+def _kept_metrics(comm: Comm, out: OutputDir, overwrite: bool, inputs: list[str]) -> OutputDir | None:
     """Return where ``run`` keeps its measurements if it fails after analyze (None: OUTPUT.metrics is taken).
 
-    The directory is written right after analyze but appears only when the job fails; a
-    directory already there is replaced only with ``--overwrite`` (else nothing is kept).
+    The directory is written right after analyze, inside the output's temporary, and moves
+    out to OUTPUT.metrics only when the job fails; a directory already there is replaced
+    only with ``--overwrite`` (else nothing is kept).
     """
     try:
-        return OutputDir(comm, f"{output}.metrics", overwrite, inputs)
+        return OutputDir(comm, f"{out.path}.metrics", overwrite, inputs, inside=out)
     except SortpackError:  # raised on every rank together (the check is collective)
         return None
 
@@ -172,7 +173,7 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         extra = [OutputDir(comm, f"{output}.metrics", overwrite, inputs),
                  OutputDir(comm, f"{output}.sorted", overwrite, inputs)]
     # the measurements outlive a failure after analyze (an oversize sample, an error in sort or pack)
-    kept = extra[0] if keep_intermediate else _kept_metrics(comm, output, overwrite, inputs)
+    kept = extra[0] if keep_intermediate else _kept_metrics(comm, out, overwrite, inputs)
     prof = Profile(comm)
     metrics_manifest: dict | None = None
 
@@ -216,16 +217,16 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         return manifest
 
     try:
-        return _guarded([out, *extra], work)
+        return work()
     except BaseException as exc:
-        if metrics_manifest is None or not isinstance(exc, Exception):  # a signal or ^C: nothing stays
-            if kept is not None and not keep_intermediate:
-                kept.discard()
-            raise
-        where = str(kept.path) if keep_intermediate and kept is not None else _keep_on_failure(
-            comm, kept, metrics_manifest, exc)
-        if kept is not None and not keep_intermediate:
-            kept.discard()  # nothing left when it was not kept
+        where = None
+        if metrics_manifest is not None and isinstance(exc, Exception):  # a signal or ^C: nothing stays
+            where = str(kept.path) if keep_intermediate and kept is not None else _keep_on_failure(
+                comm, kept, metrics_manifest, exc)
+        # a collective error leaves every rank here: drop the half-written directories (the
+        # measurements moved out of the output's temporary first)
+        for o in [out, *extra]:
+            o.discard()
         if where is None:
             raise
         hint = _repack_hint(where, output, sopts, popts, isinstance(exc, OversizeError))

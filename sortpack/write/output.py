@@ -28,7 +28,7 @@ class OutputDir:
     """
 
     def __init__(self, comm: Comm, path: str | os.PathLike, overwrite: bool = False,
-                 inputs: list[str] | tuple[str, ...] = ()):
+                 inputs: list[str] | tuple[str, ...] = (), inside: OutputDir | None = None):
         from .output_guard import check_output, owner_tag, sweep_stale
 
         self.comm = comm
@@ -45,12 +45,21 @@ class OutputDir:
         comm.check(err)
         name = comm.bcast_obj(f"{uuid.uuid4().hex[:12]}-{owner_tag()}" if comm.is_root() else None)
         self.tmp = self.path.parent / f".{self.path.name}.tmp-{name}"
+        # ``inside``: the temporary lives in another output's temporary (run's kept measurements),
+        # so a killed or signalled job leaves one temporary, not two
+        self.inside = inside
+        self.nested: list[OutputDir] = []  # outputs whose temporaries live in this one's
+        if inside is not None:
+            self.tmp = inside.tmp / f".{self.path.name}.tmp"
+            inside.nested.append(self)
         self._created = False
         self._cleanup_key: int | None = None
 
     def ensure(self) -> Path:
         """Create the temporary directory (and missing parents; collective) and return it."""
         if not self._created:
+            if self.inside is not None:
+                self.inside.ensure()
             err = None
             if self.comm.is_root():
                 missing = [p for p in reversed(self.path.parents) if not p.exists()]
@@ -87,6 +96,8 @@ class OutputDir:
         written, err = None, None
         if self.comm.is_root():
             old = None
+            for child in self.nested:  # never part of this output
+                shutil.rmtree(child.tmp, ignore_errors=True)
             try:
                 written = write_manifest(self.tmp, manifest)
                 old = self._rename_into_place()

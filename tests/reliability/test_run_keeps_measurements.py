@@ -51,6 +51,7 @@ def test_a_run_that_succeeds_keeps_nothing_and_a_taken_name_is_left_alone(tmp_pa
     assert run(["run", "data", "-o", "plan", "--column", "text", "--max-tokens", "400", "--quiet"],
                tmp_path).returncode == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "plan"]
+    assert not any(p.name.startswith(".") for p in (tmp_path / "plan").iterdir())  # no measurements inside
     mine = tmp_path / "other.metrics"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
