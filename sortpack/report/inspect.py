@@ -65,6 +65,12 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         "padded_size": _quantiles(ps),
         "skipped": m["stats"].get("skipped", 0),
         "truncated": m["stats"].get("truncated", 0),
+        # tokens (size units) too: older plans did not record them (None there when samples were lost)
+        "skipped_tokens": m["stats"].get("skipped_tokens", 0 if not m["stats"].get("skipped") else None),
+        "truncated_tokens": m["stats"].get("truncated_tokens", 0 if not m["stats"].get("truncated") else None),
+        "split": m["stats"].get("split", 0),
+        "split_pieces": m["stats"].get("split_pieces", 0),
+        "split_tokens": m["stats"].get("split_tokens", 0),
         "empty_dropped": m["stats"].get("empty_dropped", 0),
     })
     report.update(_shape_lines(m, shapes))

@@ -197,3 +197,36 @@ def test_split_plans_are_byte_identical_at_1_to_4_ranks(tmp_path, corpus):
         assert shards(other) == shards(outs[0])
         assert manifest(other)["content_hash"] == manifest(outs[0])["content_hash"]
     assert len(manifest(outs[0])["shards"]) > 1 and len(manifest(outs[0])["data"]["shards"]) > 1
+
+
+def test_inspect_reports_the_tokens_truncate_skip_and_split_lose_or_keep(tmp_path, corpus):
+    args = ["--column", "text", "--size", "tokens", "--tokenizer", corpus["tok_path"], "--max-tokens", "64"]
+    tok = corpus["tok"]
+    sizes = np.array([len(tok.encode(t).ids) for t in corpus["texts"] if t])
+    over = sizes[sizes > 64]
+    reports = {}
+    for policy in ("split", "truncate", "skip"):
+        proc = run_sortpack(["run", *corpus["files"], "-o", tmp_path / policy, *args, "--oversize", policy])
+        reports[policy] = json.loads(run_sortpack(["inspect", tmp_path / policy, "--json"]).stdout)
+        assert f"--oversize {policy}" in proc.stderr
+    assert reports["split"]["split"] == len(over) and reports["split"]["split_tokens"] == int(over.sum())
+    assert reports["split"]["tokens"] == int(sizes.sum())
+    assert reports["truncate"]["truncated_tokens"] == int((over - 64).sum())
+    assert reports["truncate"]["tokens"] == int(sizes.sum()) - int((over - 64).sum())
+    assert reports["skip"]["skipped_tokens"] == int(over.sum())
+    assert reports["skip"]["tokens"] == int(sizes.sum()) - int(over.sum())
+
+
+def test_row_packing_and_keep_intermediate_take_pieces_too(tmp_path, corpus):
+    args = ["--column", "input_ids", "--size", "length", "--oversize", "split"]
+    run_sortpack(["run", *corpus["files"], "-o", tmp_path / "rows", *args, "--rows", "128", "--store", "input_ids",
+                  "--keep-intermediate", "--quiet"])
+    expected = {i: v.tolist() for i, v in enumerate(corpus["ids"])}
+    assert_whole(pieces_of(tmp_path / "rows", collated(tmp_path / "rows", pad_collate(key="input_ids"), "pad")),
+                 expected)
+    # the sorted directory keeps the pieces (a begin column), and pack reads them back as they are
+    assert "begin" in manifest(tmp_path / "rows.sorted")["schema"]
+    run_sortpack(["pack", tmp_path / "rows.sorted", "-o", tmp_path / "again", "--rows", "128", "--oversize", "split",
+                  "--quiet"])
+    assert shards(tmp_path / "again") == {k: v for k, v in shards(tmp_path / "rows").items()
+                                          if k.startswith("microbatches")}

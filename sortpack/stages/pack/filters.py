@@ -8,7 +8,7 @@ import numpy as np
 from ...distribute import global_start
 from ...errors import SortpackError
 from ...parallel import Comm
-from ..samples import SampleColumns
+from ..samples import SampleColumns, exact_sum
 from .budget import oversize_mask, oversize_reason, truncate_length
 from .options import PackOptions
 
@@ -76,11 +76,17 @@ def apply_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tup
         # split happens before the sort (stages.split): nothing here may still be too large
         raise SortpackError(f"{count} samples are still larger than the budget after --oversize split",
                             collective=True)
+    # the tokens (size units) lost too, not only the samples: recorded only when some were,
+    # so plans that lost none keep their content hash
+    lost = samples.size[over]
     if opts.oversize == "skip":
         info["skipped"] = count
+        info["skipped_tokens"] = comm.allreduce(exact_sum(lost), "sum")
         # start/total stay: the greedy maps its pieces through the skip, row packing renumbers
         return samples.select(~over, samples.start, samples.total), info
     size = samples.size.copy()
-    size[over] = truncate_length(opts)
+    cap = truncate_length(opts)
+    size[over] = cap
     info["truncated"] = count
+    info["truncated_tokens"] = comm.allreduce(exact_sum(lost - cap), "sum")
     return replace(samples, size=size), info
