@@ -175,12 +175,12 @@ class SourceDataset:
         """Return ``(begin, end)`` of a sampler's micro-batch's samples in a split plan (None: whole samples)."""
         if self.pieces is None or not isinstance(ids, MicroBatch) or ids.microbatch < 0:
             return None
-        got = self.pieces.index.piece_ranges(ids.microbatch)
+        got = self.pieces.plan.piece_ranges(ids.microbatch)
         if got is None:
             return None
         begin, end = got
         if len(begin) != len(ids):  # samples the loop skips (reader.skips) left the micro-batch
-            keep = np.isin(self.pieces.index.microbatch(ids.microbatch), np.asarray(list(ids), dtype=np.int64))
+            keep = np.isin(self.pieces.plan.microbatch(ids.microbatch), np.asarray(list(ids), dtype=np.int64))
             begin, end = begin[keep], end[keep]
         return begin, end
 
@@ -192,7 +192,7 @@ class SourceDataset:
 class PiecePlan(NamedTuple):
     """A split plan's index and what its ranges count: ``unit`` ("tokens" or "length") of ``column``."""
 
-    index: PackedIndex
+    plan: PackedIndex
     unit: str
     column: str | None
 

@@ -104,7 +104,7 @@ def lr_warnings(num_samples: np.ndarray, tokens: np.ndarray, world_size: int, gr
     The reference batch is the mean step's, as the recipes take it; the ratio to the median
     step does not depend on it. A loss averaged over tokens (``step_loss``) wants ``by="tokens"``.
     """
-    out = []
+    out: list[str] = []
     if not len(num_samples):
         return out
     for by, values in (("samples", num_samples), ("tokens", tokens)):

@@ -180,6 +180,7 @@ def _sort_pieces(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     order that does not depend on the rank count), and each sorted position then fetches its
     sample id and range from the rank that held it.
     """
+    assert samples.begin is not None
     keep = {"sample_id": samples.sample_id, "begin": samples.begin}
     start, total = samples.start, samples.total
     rows = SampleColumns(start, total, np.arange(start, start + len(samples), dtype=np.int64), samples.size,
