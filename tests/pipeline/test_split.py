@@ -230,3 +230,19 @@ def test_row_packing_and_keep_intermediate_take_pieces_too(tmp_path, corpus):
                   "--quiet"])
     assert shards(tmp_path / "again") == {k: v for k, v in shards(tmp_path / "rows").items()
                                           if k.startswith("microbatches")}
+
+
+@pytest.mark.mpi
+def test_pack_split_of_a_sorted_directory_is_byte_identical_at_any_rank_count(tmp_path, corpus):
+    args = ["--column", "text", "--size", "tokens", "--tokenizer", corpus["tok_path"]]
+    run_sortpack(["analyze", *corpus["files"], "-o", tmp_path / "m", *args, "--quiet"], env=SMALL)
+    run_sortpack(["sort", tmp_path / "m", "-o", tmp_path / "s", "--quiet"], env=SMALL)
+    outs = []
+    for ranks in (1, 2, 3):
+        out = tmp_path / f"p{ranks}"
+        run_sortpack(["pack", tmp_path / "s", "-o", out, "--max-tokens", "64", "--oversize", "split", "--quiet"],
+                     ranks=ranks, env=SMALL, timeout=180)
+        outs.append(out)
+    for other in outs[1:]:
+        assert shards(other) == shards(outs[0])
+        assert manifest(other)["content_hash"] == manifest(outs[0])["content_hash"]
