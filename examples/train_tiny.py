@@ -121,8 +121,9 @@ def main() -> None:
     model = nn.parallel.DistributedDataParallel(TinyLM(max_len=max_len))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 10))
-    ref = max(1, round(sampler.index.num_samples / max(1, sampler.steps_per_epoch)))
-    sched = VariableBatchSizeLR(warmup, sampler, ref_batch_size=ref, method=args.method)
+    # the loss is a mean over tokens: the LR scales with the step's tokens, from the mean step's
+    ref = max(1, round(int(sampler.index["tokens"].sum()) / max(1, sampler.steps_per_epoch)))
+    sched = VariableBatchSizeLR(warmup, sampler, ref_batch_size=ref, method=args.method, by="tokens")
     ctl = None
     if args.goodput:  # three lines turn it on: this one, ctl.backward, and stepping when it says so
         ctl = GoodputController(model, sampler, opt, by="tokens", min_accum=1 if world > 1 else 2,

@@ -47,3 +47,29 @@ def move_ragged(comm: Comm, values: np.ndarray, lengths: np.ndarray, first: int,
     flat_start, flat_total = global_start(comm, len(values))
     starts = _owner_offsets(comm, dest, first, m, flat_start, offsets, flat_total)
     return redistribute(comm, {"v": values}, flat_start, starts)["v"]
+
+
+def fetch_rows(comm: Comm, columns: dict[str, np.ndarray], my_start: int,
+               positions: np.ndarray) -> dict[str, np.ndarray]:
+    """Return the values of the rows at global ``positions`` (any order), each rank holding a contiguous block.
+
+    This rank holds global rows ``[my_start, my_start + n)`` of ``columns``; one Alltoallv
+    sends each request to the rank holding the row, one more brings the values back.
+    """
+    n = len(next(iter(columns.values())))
+    starts = np.asarray(comm.allgather_obj(int(my_start)) + [0], dtype=np.int64)
+    starts[-1] = comm.allreduce(int(my_start + n), "max")
+    positions = np.asarray(positions, dtype=np.int64)
+    owner = np.searchsorted(starts, positions, side="right") - 1
+    order = np.argsort(owner, kind="stable")
+    asked = comm.alltoallv_many({"pos": positions[order]}, np.bincount(owner, minlength=comm.size))["pos"]
+    # the requests came back grouped by asking rank, in rank order: answer in the same grouping
+    counts = comm.exchange_counts(np.bincount(owner, minlength=comm.size))
+    local = asked - my_start
+    answers = comm.alltoallv_many({k: v[local] for k, v in columns.items()}, counts)
+    out = {}
+    for k, v in answers.items():
+        back = np.empty_like(v)
+        back[order] = v
+        out[k] = back
+    return out

@@ -119,3 +119,17 @@ def make_tokenizer(path):
                             trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
     tok.save(str(path))
     return str(path)
+
+
+def make_special_tokenizer(path, texts=("hello world", "the quick brown fox", "hello, fox!")):
+    """Train a tiny word-level tokenizer whose post-processor adds [CLS] ... [SEP] (as BERT's) and save it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(list(texts), trainers.WordLevelTrainer(special_tokens=["[UNK]", "[CLS]", "[SEP]"]))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls),
+                                                                                            ("[SEP]", sep)])
+    tok.save(str(path))
+    return str(path)

@@ -115,12 +115,15 @@ def test_ddp_two_gloo_ranks(indexes):
 
 
 def expected_lrs(index: Path, steps: int, lr: float = 1e-3, grad_accum: int = 2, seed: int = 0) -> list[float]:
-    """Return the LR of each step: lr x sqrt(step batch / mean samples per step), as the recipes set it."""
+    """Return the LR of each step: lr x sqrt(step tokens / mean tokens per step), as the recipes set it.
+
+    The recipes' loss is ``step_loss``, a mean over the step's tokens: the LR scales by tokens.
+    """
     from sortpack.torch import PackedBatchSampler
 
     sampler = PackedBatchSampler(index, rank=0, world_size=1, grad_accum=grad_accum, order="shuffle", seed=seed)
-    ref = max(1, round(sampler.index.num_samples / sampler.steps_per_epoch))
-    return [lr * (b / ref) ** 0.5 for b in sampler.step_batches()[:steps]]
+    ref = max(1, round(int(sampler.index["tokens"].sum()) / sampler.steps_per_epoch))
+    return [lr * (b / ref) ** 0.5 for b in sampler.step_batches(by="tokens")[:steps]]
 
 
 def test_hf_trainer(indexes):

@@ -32,7 +32,7 @@ def main() -> None:
     model = TinyLM(max_len=max_len(sampler.index))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model, opt = accelerator.prepare(model, opt)  # not the loader
-    sched = VariableBatchSizeLR(opt.optimizer, sampler, ref_batch_size=ref_batch(sampler), method="sqrt")
+    sched = VariableBatchSizeLR(opt.optimizer, sampler, ref_batch_size=ref_batch(sampler), method="sqrt", by="tokens")
 
     step, epoch, step_loss_sum = 0, 0, 0.0
     while step < args.steps:

@@ -116,5 +116,12 @@ def parser(doc: str) -> argparse.ArgumentParser:
 
 
 def ref_batch(sampler) -> int:
-    """Return a reference batch size for the LR: the mean samples per step of an epoch."""
-    return max(1, round(sampler.index.num_samples / max(1, sampler.steps_per_epoch)))
+    """Return the reference batch of the LR rule: the mean tokens per step of an epoch.
+
+    The loss is ``step_loss``, a mean over the step's tokens, so the LR scales with the
+    step's tokens (``VariableBatchSizeLR(..., by="tokens")``): scaled by samples, a step of
+    many short samples (empty files, one-line modules) would train at several times the LR
+    of the median step although it holds few tokens.
+    """
+    tokens = int(sampler.index["tokens"].sum())
+    return max(1, round(tokens / max(1, sampler.steps_per_epoch)))

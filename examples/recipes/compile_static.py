@@ -41,7 +41,7 @@ def main() -> None:
                         num_workers=args.num_workers, collate_fn=pad_collate(tokenize=utf8_bytes))
     model = TinyLM(max_len=max_len(sampler.index))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    sched = VariableBatchSizeLR(opt, sampler, ref_batch_size=ref_batch(sampler), method="sqrt")
+    sched = VariableBatchSizeLR(opt, sampler, ref_batch_size=ref_batch(sampler), method="sqrt", by="tokens")
     # compile the model and the per-token losses; step_loss (the step's counts, new every step) stays outside
     step_fn = torch.compile(padded_token_losses, dynamic=False, backend=args.backend)
 

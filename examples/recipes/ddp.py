@@ -41,7 +41,7 @@ def main() -> None:
     model = torch.nn.parallel.DistributedDataParallel(TinyLM(max_len=max_len(sampler.index)))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
-    sched = VariableBatchSizeLR(warmup, sampler, ref_batch_size=ref_batch(sampler), method="sqrt")
+    sched = VariableBatchSizeLR(warmup, sampler, ref_batch_size=ref_batch(sampler), method="sqrt", by="tokens")
 
     step, epoch, step_loss_sum = 0, 0, 0.0
     while step < args.steps:

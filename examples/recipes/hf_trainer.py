@@ -72,7 +72,7 @@ class PackedTrainer(Trainer):
                                  num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
                                  num_training_steps=num_training_steps)
             self.lr_scheduler = VariableBatchSizeLR(base, self.packed_sampler, self.ref_batch_size,
-                                                    method=self.lr_method)
+                                                    method=self.lr_method, by="tokens")
         return self.lr_scheduler
 # --- end recipe ---
 

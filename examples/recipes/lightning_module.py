@@ -49,7 +49,8 @@ class PackedLM(L.LightningModule):
     def configure_optimizers(self):
         """Return AdamW and the per-step VariableBatchSizeLR."""
         opt = torch.optim.AdamW(self.parameters(), lr=self.lr)
-        sched = VariableBatchSizeLR(opt, self.sampler, ref_batch_size=ref_batch(self.sampler), method="sqrt")
+        sched = VariableBatchSizeLR(opt, self.sampler, ref_batch_size=ref_batch(self.sampler), method="sqrt",
+                                    by="tokens")
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def lr_scheduler_step(self, scheduler, metric) -> None:

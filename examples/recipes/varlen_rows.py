@@ -72,7 +72,7 @@ def main() -> None:
                         num_workers=args.num_workers, collate_fn=varlen_collate(tokenize=utf8_bytes))
     model = TinyLM(max_len=max_len(sampler.index)).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    sched = VariableBatchSizeLR(opt, sampler, ref_batch_size=ref_batch(sampler), method="sqrt")
+    sched = VariableBatchSizeLR(opt, sampler, ref_batch_size=ref_batch(sampler), method="sqrt", by="tokens")
     step, epoch, step_loss_sum = 0, 0, 0.0
     while step < args.steps:
         sampler.set_epoch(epoch)

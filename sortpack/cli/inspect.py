@@ -49,6 +49,8 @@ def inspect(directory, world_size, grad_accum, as_json, plot, step, samples, **s
     except SortpackError as exc:
         fail(exc)
     click.echo(json.dumps(report, indent=1) if as_json else render(report))
+    for warning in report.get("warnings", []):
+        click.echo(f"sortpack: warning: {warning}", err=True)
 
 
 def _trace(directory, world_size, grad_accum, step, samples, as_json, sampler):

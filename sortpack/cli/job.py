@@ -54,7 +54,7 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
             click.echo(summary_line(kw["output"], manifest))
             dropped = manifest.get("stats", {}).get("empty_dropped", 0)
             if dropped:
-                click.echo(f"dropped {dropped} empty samples (size 0; --keep-empty keeps them)")
+                click.echo(f"dropped {dropped} empty samples (no content; --keep-empty keeps them)")
             if kw.get("profile"):
                 click.echo(profile_table(manifest["provenance"]["profile"], manifest["provenance"].get("exchange")))
         note = oversize_note(manifest) if comm.is_root() and manifest is not None else None

@@ -81,10 +81,12 @@ def pack_options(required: bool):
             click.option("--group-size", type=int, default=1, show_default=True,
                          help="With --same-shape: runs of G micro-batches share (samples, padded length)."),
             click.option("--same-shape", is_flag=True, help="Make every G-run of micro-batches one shape."),
-            click.option("--oversize", type=click.Choice(["error", "skip", "truncate"]), default="error",
-                         show_default=True, help="What to do with samples larger than the budget."),
+            click.option("--oversize", type=click.Choice(["error", "skip", "truncate", "split"]), default="error",
+                         show_default=True, help="What to do with samples larger than the budget (split: cut "
+                                                 "them into consecutive pieces that fit, no token lost)."),
             click.option("--keep-empty", is_flag=True,
-                         help="Keep samples of size 0 (default: drop them, with a count; they hold no token)."),
+                         help="Keep samples without content (size 0, or only the special tokens under "
+                              "--size tokens; default: drop them, with a count)."),
             click.option("--rows", type=int, default=0,
                          help="Row packing: bin-pack samples into rows of ROW_LEN tokens (multipack).",
                          metavar="ROW_LEN"),

@@ -32,7 +32,7 @@ def summary_line(path: str, m: dict) -> str:
 
 
 def oversize_note(m: dict) -> str | None:
-    """Return the line that says how many samples --oversize skipped or truncated (None: none)."""
+    """Return the line that says how many samples --oversize skipped, truncated or split (None: none)."""
     s = m.get("stats", {})
     skipped, truncated = int(s.get("skipped", 0) or 0), int(s.get("truncated", 0) or 0)
     total = int(m.get("num_samples", 0)) + skipped
@@ -42,7 +42,13 @@ def oversize_note(m: dict) -> str | None:
     if skipped:
         return f"sortpack: --oversize skip dropped {skipped} of {total} samples (larger than the budget alone)"
     if truncated:
-        return f"sortpack: --oversize truncate cut {truncated} of {total} samples to fit the budget"
+        lost = s.get("truncated_tokens")
+        return (f"sortpack: --oversize truncate cut {truncated} of {total} samples to fit the budget"
+                + (f" ({lost} tokens dropped; --oversize split keeps them)" if lost else ""))
+    split = int(s.get("split", 0) or 0)
+    if split:
+        return (f"sortpack: --oversize split cut {split} samples into {s.get('split_pieces', 0)} pieces that fit "
+                f"the budget ({s.get('split_tokens', 0)} tokens, none lost)")
     return None
 
 

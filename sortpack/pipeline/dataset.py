@@ -9,17 +9,20 @@ rows move between ranks in distribute.py; provenance.py times the stages.
 from __future__ import annotations
 
 import dataclasses
+import sys
 
+from ..errors import SortpackError
 from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
 from ..inputs.columns import check_columns, input_columns, reads_text
 from ..inputs.locations import with_locations
-from ..parallel import Comm
-from ..stages.analyze import AnalyzeOptions, analyze
+from ..parallel import Comm, fault_point
+from ..stages.analyze import AnalyzeOptions, analyze, measured_options
 from ..stages.holdout import DEFAULT_SEED, DIRECTORY, Holdout, holdout_lengths, split_holdout
-from ..stages.pack import Microbatches, OversizeError, PackOptions, pack_samples
+from ..stages.pack import Microbatches, OversizeError, PackOptions, pack_samples, refuse_oversize
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
+from ..stages.split import check_split, split_oversize
 from ..write.index_writer import write_index
 from ..write.output import NestedOutput, OutputDir
 from ..write.provenance import JobInfo, Profile
@@ -49,13 +52,58 @@ def check_read_columns(comm: Comm, inputs: list[str], aopts: AnalyzeOptions, sto
         check_columns(input_columns(comm, [inputs], aopts.input_format, aopts.split)[0], wanted)
 
 
-def _keep_hint(output: str, kept: bool) -> str:
-    """Return how to reuse a failed run's measurements with other pack options."""
-    if kept:
-        return (f"The measured samples are kept in {output}.sorted: `sortpack pack {output}.sorted -o {output} "
-                f"...` repacks them without measuring again")
-    return ("To measure once and try pack options, run with --keep-intermediate (OUTPUT.sorted is kept when "
-            "packing fails) or run analyze and sort once, then `sortpack pack SORTED`")
+def _repack_hint(metrics: str, output: str, sopts: SortOptions, popts: PackOptions, oversize: bool) -> str:
+    """Return the commands that sort and pack kept measurements without measuring again."""
+    sort_flags = "".join(f" {flag}" for flag, on in ((f"--key {sopts.key}", sopts.key != "size"),
+                                                      ("--descending", sopts.descending),
+                                                      (f"--stages {sopts.stages}", sopts.stages > 1)) if on)
+    pack_flags = f"--max-tokens {popts.max_tokens}" if not popts.rows else f"--rows {popts.rows}"
+    if oversize:
+        pack_flags += " --oversize split"
+    return (f"The measured samples are kept in {metrics}: `sortpack sort {metrics} -o {output}.sorted{sort_flags} "
+            f"&& sortpack pack {output}.sorted -o {output} {pack_flags} ...` packs them without measuring again")
+
+
+def _kept_metrics(comm: Comm, out: OutputDir, overwrite: bool, inputs: list[str]) -> OutputDir | None:
+    """Return where ``run`` keeps its measurements if it fails after analyze (None: OUTPUT.metrics is taken).
+
+    The directory is written right after analyze, inside the output's temporary, and moves
+    out to OUTPUT.metrics only when the job fails; a directory already there is replaced
+    only with ``--overwrite`` (else nothing is kept).
+    """
+    try:
+        return OutputDir(comm, f"{out.path}.metrics", overwrite, inputs, inside=out)
+    except SortpackError:  # raised on every rank together (the check is collective)
+        return None
+
+
+def _keep_on_failure(comm: Comm, kept: OutputDir | None, manifest: dict | None, exc: Exception) -> str | None:
+    """Return the kept metrics directory after a failure past analyze (None: nothing kept).
+
+    A user error raised together on every rank is kept by rank 0; an error on one rank by
+    that rank alone (the others are blocked or aborted): the shards are all written already.
+    """
+    if kept is None or manifest is None:
+        return None
+    collective = isinstance(exc, SortpackError) and exc.collective
+    if collective and not comm.is_root():
+        return str(kept.path)  # rank 0 keeps it; only rank 0 prints a collective error
+    return str(kept.path) if kept.commit_alone(manifest) else None
+
+
+def split_sorted(comm: Comm, samples: SampleColumns, popts: PackOptions, recorded: dict
+                 ) -> tuple[SampleColumns, dict]:
+    """Return sorted samples with the oversize ones cut into pieces and sorted again (``pack --oversize split``).
+
+    ``run`` splits before its sort; a sorted directory is split here and sorted once more with
+    its recorded sort options, so the pieces are sorted by their own sizes too.
+    """
+    samples, split = split_oversize(comm, samples, popts)
+    if samples.begin is not None:
+        sopts = SortOptions(key=recorded.get("key", "size"), descending=bool(recorded.get("descending", False)),
+                            stages=int(recorded.get("stages", 1)))
+        samples = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
+    return samples, split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +169,7 @@ def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOption
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress)
         prof.counts["analyze_rows"] = len(samples)
-        return write_samples(comm, out, "metrics", samples, aopts.as_dict(), prof, job)
+        return write_samples(comm, out, "metrics", samples, measured_options(aopts, samples), prof, job)
 
     return _guarded(out, work)
 
@@ -150,9 +198,11 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
     the held-out plan in ``OUTPUT/holdout``, the same as ``run --holdout`` writes)."""
     comm.collectively(popts.validate)
     store_fn = None
+    recorded = comm.collectively(read_manifest, sorted_dir, "sorted")["options"]
+    if popts.oversize == "split":
+        comm.collectively(check_split, recorded)
     if store is not None and store.enabled:
         # the inputs are found through the sorted (or metrics) manifest's source fingerprint
-        recorded = comm.collectively(read_manifest, sorted_dir, "sorted")["options"]
         store_fn = prepare(comm, store, recorded, popts, None)
     out = OutputDir(comm, output, overwrite, [sorted_dir])
     prof = Profile(comm)
@@ -166,10 +216,17 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         plan = comm.collectively(_plain_holdout, holdout, samples.files)
         held = None
         if plan is not None:
+            # by sample id, before the pieces are cut: a document's pieces stay on one side
             with prof.stage("holdout_choice"):
                 samples, held = split_holdout(comm, samples, plan)
+        split = None
+        if popts.oversize == "split":
+            with prof.stage("split"):
+                samples, split = split_sorted(comm, samples, popts, manifest["options"])
+                if held is not None:
+                    held, _ = split_sorted(comm, held, popts, manifest["options"])
         with prof.stage("pack"):
-            mbs = pack_samples(comm, samples, popts, key)
+            mbs = pack_samples(comm, samples, popts, key, split)
         options = {**manifest["options"], **popts.as_dict()}  # --shapes auto: the lengths chosen here
         if plan is not None and held is not None:
             if store_fn is not None:
@@ -190,6 +247,8 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
     ``holdout``: and the held-out plan in ``OUTPUT/holdout``)."""
     comm.collectively(sopts.validate)
     comm.collectively(popts.validate)
+    if popts.oversize == "split":
+        comm.collectively(check_split, aopts.as_dict())
     store_fn = None
     if store is not None and store.enabled:
         store_fn = prepare(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
@@ -199,44 +258,82 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
     if keep_intermediate:
         extra = [OutputDir(comm, f"{output}.metrics", overwrite, inputs),
                  OutputDir(comm, f"{output}.sorted", overwrite, inputs)]
+    # the measurements outlive a failure after analyze (an oversize sample, an error in sort or pack)
+    kept = extra[0] if keep_intermediate else _kept_metrics(comm, out, overwrite, inputs)
     prof = Profile(comm)
+    metrics_manifest: dict | None = None
 
     def work():
+        nonlocal metrics_manifest
         sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress, token_sink=sink)
         prof.counts["analyze_rows"] = len(samples)
         plan = comm.collectively(_plain_holdout, holdout, samples.files)  # a bad count fails before the sort
+        measured = measured_options(aopts, samples)
         if keep_intermediate:
-            write_samples(comm, extra[0], "metrics", samples, aopts.as_dict(), prof, job)
+            # committed at once (the manifest is then rank 0's only)
+            metrics_manifest = write_samples(comm, extra[0], "metrics", samples, measured, prof, job) or {}
+        elif kept is not None:
+            try:
+                metrics_manifest = write_samples(comm, kept, "metrics", samples, measured, prof, job, commit=False)
+            except SortpackError as exc:
+                if not exc.collective:
+                    raise
+                kept.discard()  # insurance only: a full disk here does not stop the job
+        fault_point(comm, "after_analyze")
+        refuse_oversize(comm, samples, popts)  # fail fast: before the sort, not after it
+        split = None
+        if popts.oversize == "split":
+            # before the sort: the pieces are sorted by their own sizes
+            with prof.stage("split"):
+                samples, split = split_oversize(comm, samples, popts)
         with prof.stage("sort"):
             ordered = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
         del samples
-        options = {**aopts.as_dict(), **sopts.as_dict()}
+        options = {**measured, **sopts.as_dict()}
         if keep_intermediate:
             write_samples(comm, extra[1], "sorted", ordered, options, prof, job)
         files = ordered.files
         record = None
         held = None
         if plan is not None:
-            # held out by sample id, so after the sort is the same as before it, and before packing
-            # drops, skips, truncates or cuts anything; `pack SORTED --holdout` repeats it exactly
+            # held out by sample id, so after the sort is the same as before it, and a document's
+            # pieces (they share its id) stay on one side; `pack SORTED --holdout` repeats it exactly
             with prof.stage("holdout_choice"):
                 ordered, held = split_holdout(comm, ordered, plan)
-        try:
-            with prof.stage("pack"):
-                mbs = pack_samples(comm, ordered, popts, sopts.key)
-            del ordered
-            options = {**options, **popts.as_dict()}
-            if plan is not None and held is not None:
-                if store_fn is not None:
-                    store_fn.also_holdout()
-                with prof.stage("holdout"):
-                    record = write_holdout(comm, out, held, plan, popts, sopts.key, options, files, job, store_fn)
-                del held
-        except OversizeError as exc:
-            raise OversizeError(f"{exc}. {_keep_hint(output, keep_intermediate)}", exc.collective) from None
-        return write_index(comm, out, mbs, options, files, prof, job, store_fn,
-                           extra={"holdout": record} if record is not None else None)
+        with prof.stage("pack"):
+            mbs = pack_samples(comm, ordered, popts, sopts.key, split)
+        del ordered
+        options = {**options, **popts.as_dict()}
+        if plan is not None and held is not None:
+            if store_fn is not None:
+                store_fn.also_holdout()
+            with prof.stage("holdout"):
+                record = write_holdout(comm, out, held, plan, popts, sopts.key, options, files, job, store_fn)
+            del held
+        manifest = write_index(comm, out, mbs, options, files, prof, job, store_fn,
+                               extra={"holdout": record} if record is not None else None)
+        if kept is not None and not keep_intermediate:
+            kept.discard()  # measured only to survive a failure
+        return manifest
 
-    return _guarded([out, *extra], work)
+    try:
+        return work()
+    except BaseException as exc:
+        where = None
+        if metrics_manifest is not None and isinstance(exc, Exception):  # a signal or ^C: nothing stays
+            where = str(kept.path) if keep_intermediate and kept is not None else _keep_on_failure(
+                comm, kept, metrics_manifest, exc)
+        # a collective error leaves every rank here: drop the half-written directories (the
+        # measurements moved out of the output's temporary first)
+        for o in [out, *extra]:
+            o.discard()
+        if where is None:
+            raise
+        hint = _repack_hint(where, output, sopts, popts, isinstance(exc, OversizeError))
+        if isinstance(exc, SortpackError):
+            cls = type(exc) if type(exc) in (SortpackError, OversizeError) else SortpackError
+            raise cls(f"{exc}. {hint}", exc.collective) from None
+        sys.stderr.write(f"sortpack: {hint}\n")
+        raise

@@ -40,6 +40,7 @@ from ..stages.pack import Microbatches, PackOptions, microbatch_stats, pack_samp
 from ..stages.part_pass import part_pass_samples
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
+from ..stages.split import check_split
 from ..write.index_writer import write_index
 from ..write.output import OutputDir
 from ..write.provenance import JobInfo, Profile
@@ -155,7 +156,7 @@ def _union(comm: Comm, parts: list[SampleColumns]
     files = [f for p in parts for f in p.files]
     total = int(rows.sum())
     union = SampleColumns(vstart, total, np.arange(vstart, vstart + mine, dtype=np.int64), size, difficulty, None,
-                          files)
+                          files, max((p.empty_size for p in parts), default=0))
     return union, groups, table, bases, files
 
 
@@ -380,6 +381,8 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
     """
     comm.collectively(sopts.validate)
     comm.collectively(popts.validate)
+    if popts.oversize == "split":
+        comm.collectively(check_split, aopts.as_dict(), mixture=True)
     k = len(mix.sources)
     if k * sopts.stages > np.iinfo(np.int16).max:
         raise SortpackError(f"--stages {sopts.stages} with {k} mixture sources: at most "

@@ -65,6 +65,7 @@ class SourceDataset:
                  check_bytes: bool = True, split: str | None = None, stored: bool = True):
         self.stored = _stored_data(source, columns) if stored else None
         self.index = self.stored.index if self.stored is not None else None
+        self.pieces = _piece_plan(self.index if self.index is not None else source)
         self.files = _source_files(self.index if self.index is not None else source, split)
         # a mixture source's own column comes under the plan's column name, as stored data has it
         self._renames = _renames(self.index if self.index is not None else source)
@@ -158,6 +159,9 @@ class SourceDataset:
         if self.stored is not None:
             return self._stored_items(ids)
         arr, files = self._where(np.asarray(list(ids), dtype=np.int64))
+        ranges = self._ranges(ids)
+        cut = self.pieces.column if ranges is not None and self.pieces is not None and self.pieces.unit == "length" \
+            else None
         out = [None] * len(arr)
         for k in np.unique(files).tolist():
             sel = np.flatnonzero(files == k)
@@ -168,8 +172,10 @@ class SourceDataset:
                 pick = units == u
                 rows = self._unit(k, u).take(local[pick] - starts[u]).to_pylist()
                 for slot, row in zip(sel[pick].tolist(), rows):
+                    if cut is not None and ranges is not None and row.get(cut) is not None:
+                        row[cut] = _cut_value(row[cut], ranges[0][slot], ranges[1][slot])
                     out[slot] = row if self.transform is None else self.transform(row)
-        return Samples(out, ids if isinstance(ids, MicroBatch) else None)
+        return Samples(out, ids if isinstance(ids, MicroBatch) else None, token_ranges=self._token_ranges(ranges))
 
     def _stored_items(self, ids) -> Samples:
         stored = self.stored
@@ -182,7 +188,71 @@ class SourceDataset:
             table = table.select(self.columns)
         # the rows become Python objects only if something asks for them: the collate
         # helpers read stored token ids from the Arrow slice itself
-        return TableSamples(table, mb, self.transform, sample_ids=known)
+        samples = TableSamples(table, mb, self.transform, sample_ids=known)
+        # stored columns are cut to the pieces already, except text under --size tokens
+        samples.token_ranges = self._token_ranges(self._ranges(ids))
+        return samples
+
+    def _whole_microbatch(self, mb: MicroBatch):
+        """Return (the stored slice, its sample ids) if ``mb`` holds its micro-batch's ids unchanged, else Nones.
+
+        The sampler's micro-batch is one contiguous slice; its ids (compared as Python ints,
+        no array built) say it is the right one, and not one that lost skipped samples.
+        """
+        index, stored = self.index, self.stored
+        assert index is not None and stored is not None
+        i = mb.microbatch
+        if not 0 <= i < index.num_microbatches:
+            return None, None
+        known = index.microbatch(i)
+        if len(known) != len(mb) or known.tolist() != mb:
+            return None, None
+        return stored.microbatch(i), known
+
+    def _ranges(self, ids) -> tuple[np.ndarray, np.ndarray] | None:
+        """Return ``(begin, end)`` of a sampler's micro-batch's samples in a split plan (None: whole samples)."""
+        if self.pieces is None or not isinstance(ids, MicroBatch) or ids.microbatch < 0:
+            return None
+        got = self.pieces.plan.piece_ranges(ids.microbatch)
+        if got is None:
+            return None
+        begin, end = got
+        if len(begin) != len(ids):  # samples the loop skips (reader.skips) left the micro-batch
+            keep = np.isin(self.pieces.plan.microbatch(ids.microbatch), np.asarray(list(ids), dtype=np.int64))
+            begin, end = begin[keep], end[keep]
+        return begin, end
+
+    def _token_ranges(self, ranges):
+        """Return the ranges the collate helpers apply after tokenize: a ``--size tokens`` plan's only."""
+        return ranges if ranges is not None and self.pieces is not None and self.pieces.unit == "tokens" else None
+
+
+class PiecePlan(NamedTuple):
+    """A split plan's index and what its ranges count: ``unit`` ("tokens" or "length") of ``column``."""
+
+    plan: PackedIndex
+    unit: str
+    column: str | None
+
+
+def _piece_plan(source) -> PiecePlan | None:
+    """Return the ``PiecePlan`` of an index that ``--oversize split`` cut samples of (None otherwise)."""
+    index = None
+    if isinstance(source, PackedIndex):
+        index = source
+    elif isinstance(source, (str, os.PathLike)) and (Path(source) / "manifest.json").is_file():
+        manifest = read_manifest(source)
+        if manifest.get("_kind") == "index" and "piece_begin" in (manifest.get("schema") or {}):
+            index = PackedIndex(source)
+    if index is None or not index.has_pieces:
+        return None
+    options = index.manifest.get("options") or {}
+    return PiecePlan(index, str(options.get("size")), options.get("column"))
+
+
+def _cut_value(value, begin: int, end: int):
+    """Return a row's value cut to ``[begin, end)`` (characters of a text, elements of a list, bytes)."""
+    return value[int(begin):int(end)]
 
     def _whole_microbatch(self, mb: MicroBatch):
         """Return (the stored slice, its sample ids) if ``mb`` holds its micro-batch's ids unchanged, else Nones.

@@ -102,6 +102,8 @@ class PackedIndex:
         if missing:
             raise SortpackError(f"{self.path}: index lacks column(s) {', '.join(sorted(missing))}")
         self.has_rows = "row_splits" in names
+        # --oversize split: each sample's range in its source sample (docs/format.md "Pieces")
+        self.has_pieces = "piece_begin" in names and "piece_end" in names
         self.mixture = self.manifest.get("mixture") if "source" in names else None
         self.source_names = [str(src["name"]) for src in self.mixture["sources"]] if self.mixture else None
         held = self.manifest.get("held_out") if "source" in names else None
@@ -163,7 +165,7 @@ class PackedIndex:
         view: Any = self._views.get(key)
         if view is None:
             col = self._shard(k).column(name)
-            if name in ("sample_ids", "row_splits"):
+            if name in ("sample_ids", "row_splits", "piece_begin", "piece_end"):
                 view = (col.offsets.to_numpy(zero_copy_only=True), col.values.to_numpy(zero_copy_only=True))
             else:
                 view = col.to_numpy(zero_copy_only=True)
@@ -224,6 +226,17 @@ class PackedIndex:
     def row_splits(self, i: int) -> np.ndarray | None:
         """Return the offsets of micro-batch ``i``'s packed rows into its sample ids (None without rows)."""
         return self._list_item("row_splits", i) if self.has_rows else None
+
+    def piece_ranges(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Return ``(begin, end)`` of micro-batch ``i``'s samples in their source samples (None: no sample was split).
+
+        A sample ``--oversize split`` cut holds units ``[begin, end)`` of its source sample (token
+        ids under ``--size tokens``, characters or list elements under ``length``); a whole one
+        ``[0, size)``.
+        """
+        if not self.has_pieces:
+            return None
+        return self._list_item("piece_begin", i), self._list_item("piece_end", i)
 
     def record(self, i: int) -> Record:
         """Return micro-batch ``i``'s ``Record``: sample ids, batch_size, padded_size, row_splits or None."""

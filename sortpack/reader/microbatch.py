@@ -103,12 +103,18 @@ class Samples(list):
     table : pyarrow.Table, optional
         The same rows as one Arrow slice, when they came from an index's stored data (the
         collate helpers read stored ``input_ids`` from it without a copy per sample).
+    token_ranges : tuple of numpy.ndarray, optional
+        ``(begin, end)`` per item of a plan whose ``--size tokens`` samples ``--oversize split``
+        cut: the collate helpers keep token ids ``[begin, end)`` of what ``tokenize`` returns.
     """
 
-    def __init__(self, items, microbatch: MicroBatch | None = None, table=None):
+    def __init__(self, items, microbatch: MicroBatch | None = None, table=None, token_ranges=None):
         super().__init__(items)
         self.microbatch = microbatch
         self.table = table
+        # --oversize split under --size tokens: each item's (begin, end) in its text's token ids,
+        # which the collate helpers apply after tokenize (a text cannot be cut by tokens before)
+        self.token_ranges = token_ranges
 
 
 def step_info(batch) -> dict:

@@ -111,6 +111,12 @@ def stored_token_view(items, key) -> tuple[np.ndarray, np.ndarray] | None:
     return values, offsets
 
 
+def _cut_to_pieces(seqs: list[np.ndarray], ranges) -> list[np.ndarray]:
+    """Return each tokenized text cut to its piece's token range (``--oversize split`` under ``--size tokens``)."""
+    begin, end = ranges
+    return [s[int(b):int(e)] for s, b, e in zip(seqs, begin, end)]
+
+
 def ragged_tokens(items, key=None, tokenize=None) -> tuple[np.ndarray, np.ndarray]:
     """Return (values, offsets): the items' token ids one after another (int64) and where each starts (n + 1).
 
@@ -123,6 +129,8 @@ def ragged_tokens(items, key=None, tokenize=None) -> tuple[np.ndarray, np.ndarra
         if got is not None:
             return got
     seqs = [_item_tokens(it, key, tokenize) for it in items]
+    if tokenize is not None and getattr(items, "token_ranges", None) is not None:
+        seqs = _cut_to_pieces(seqs, items.token_ranges)
     offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
     if seqs:
         np.cumsum([len(s) for s in seqs], out=offsets[1:])

@@ -65,6 +65,12 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         "padded_size": _quantiles(ps),
         "skipped": m["stats"].get("skipped", 0),
         "truncated": m["stats"].get("truncated", 0),
+        # tokens (size units) too: older plans did not record them (None there when samples were lost)
+        "skipped_tokens": m["stats"].get("skipped_tokens", 0 if not m["stats"].get("skipped") else None),
+        "truncated_tokens": m["stats"].get("truncated_tokens", 0 if not m["stats"].get("truncated") else None),
+        "split": m["stats"].get("split", 0),
+        "split_pieces": m["stats"].get("split_pieces", 0),
+        "split_tokens": m["stats"].get("split_tokens", 0),
         "empty_dropped": m["stats"].get("empty_dropped", 0),
     })
     report.update(_shape_lines(m, shapes))
@@ -79,6 +85,9 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         from ..format.data_shards import describe_data
 
         report["data"] = describe_data(m["data"])
+    warnings = lr_warnings(ns, tok, world_size or 1, grad_accum)
+    if warnings:
+        report["warnings"] = warnings
     if world_size is not None and len(padded):
         costs = step_costs(padded, world_size, grad_accum)
         mean = costs.mean(axis=1)
@@ -115,6 +124,32 @@ def _render_holdout(value: dict) -> str:
     return ", ".join(head) + "; " + ", ".join(per)
 
 
+LR_SPREAD = 4.0  # a step's LR scale past this multiple of the median step's is worth a warning
+
+
+def lr_warnings(num_samples: np.ndarray, tokens: np.ndarray, world_size: int, grad_accum: int) -> list[str]:
+    """Return a warning per LR rule (sqrt, by samples or by tokens) under which a step's LR scale exceeds 4x the median.
+
+    The reference batch is the mean step's, as the recipes take it; the ratio to the median
+    step does not depend on it. A loss averaged over tokens (``step_loss``) wants ``by="tokens"``.
+    """
+    out: list[str] = []
+    if not len(num_samples):
+        return out
+    for by, values in (("samples", num_samples), ("tokens", tokens)):
+        batch = step_costs(values.astype(np.float64), world_size, grad_accum).sum(axis=1)
+        scale = np.sqrt(batch / max(float(batch.mean()), 1e-300))
+        median = float(np.median(scale))
+        if median > 0 and float(scale.max()) > LR_SPREAD * median:
+            worst = int(np.argmax(scale))
+            out.append(f"step {worst} trains at {scale[worst] / median:.2f}x the median step's LR under "
+                       f"sqrt LR scaling by {by} ({int(batch[worst])} {by} vs a median of "
+                       f"{float(np.median(batch)):g}); "
+                       + ("scale by tokens (by=\"tokens\") when the loss is a mean over tokens (step_loss)"
+                          if by == "samples" else "its tokens are far from the median step's"))
+    return out
+
+
 def _shape_lines(m: dict, shapes: np.ndarray) -> dict:
     """Return the chosen lengths (--shapes auto:K) and the (batch, length) shapes when there are few."""
     out: dict[str, object] = {}
@@ -131,6 +166,8 @@ def render(report: dict) -> str:
     """Return the report as an aligned human-readable table."""
     rows = []
     for key, value in report.items():
+        if key == "warnings":
+            continue  # the CLI prints them to stderr
         if key == "options":
             value = ", ".join(f"{k}={v}" for k, v in value.items() if v not in (None, [], False))
         elif key == "shapes":

@@ -237,7 +237,29 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     else:
         diff = np.concatenate(diffs).astype(diff_dtype, copy=False) if diffs else np.empty(0, diff_dtype)
     sample_id = np.arange(start, start + len(size), dtype=np.int64)
-    return SampleColumns(start, total, sample_id, size, diff, None, fingerprint)
+    empty_size = empty_token_count(tokenizer) if size_spec.kind == "tokens" and opts.special_tokens else 0
+    return SampleColumns(start, total, sample_id, size, diff, None, fingerprint, empty_size)
+
+
+def empty_token_count(tokenizer) -> int:
+    """Return the tokens an empty text measures with special tokens on (the post-processor's, e.g. 2).
+
+    One encode of the empty string, once per job: a sample whose measured size is no more than
+    this has no content (``stages.pack.filters.content_empty``), so no second encode per sample.
+    """
+    return len(tokenizer.encode("", add_special_tokens=True).ids)
+
+
+def measured_options(opts: AnalyzeOptions, samples: SampleColumns) -> dict:
+    """Return the options a metrics manifest records: ``opts`` plus what analyze decided (``empty_size``).
+
+    ``empty_size`` is recorded only when it is not 0, so plans that count no special tokens
+    keep their content hash.
+    """
+    out = opts.as_dict()
+    if samples.empty_size:
+        out["empty_size"] = samples.empty_size
+    return out
 
 
 def _rank_reads(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndarray, lo: int, hi: int,

@@ -23,6 +23,12 @@ class SampleColumns:
     difficulty: np.ndarray
     stage: np.ndarray | None = None
     files: list[dict] = field(default_factory=list)  # source fingerprint (every rank)
+    # the size of a sample without content (``--size tokens`` with special tokens: the
+    # [CLS][SEP] an empty text measures), what analyze decided; 0 for every other size kind
+    empty_size: int = 0
+    # ``--oversize split``: where each sample's range starts in its source sample (its end is
+    # ``begin + size``); None when no sample was cut, so other plans carry no such column
+    begin: np.ndarray | None = None
 
     def __len__(self) -> int:
         """Return the number of samples on this rank."""
@@ -36,6 +42,8 @@ class SampleColumns:
             cols["difficulty"] = self.difficulty
         if self.stage is not None:
             cols["stage"] = self.stage
+        if self.begin is not None:
+            cols["begin"] = self.begin
         return cols
 
     def clear(self) -> None:
@@ -43,6 +51,7 @@ class SampleColumns:
         empty = np.zeros(0, np.int64)
         self.sample_id = self.size = self.difficulty = empty
         self.stage = None
+        self.begin = None
 
     def stage_or_zero(self) -> np.ndarray:
         """Return the curriculum stage of each sample (int16, all 0 without stages)."""
@@ -56,13 +65,16 @@ class SampleColumns:
         size = self.size[keep]
         difficulty = size if self.difficulty is self.size else self.difficulty[keep]
         stage = None if self.stage is None else self.stage[keep]
-        return SampleColumns(start, total, self.sample_id[keep], size, difficulty, stage, self.files)
+        begin = None if self.begin is None else self.begin[keep]
+        return SampleColumns(start, total, self.sample_id[keep], size, difficulty, stage, self.files,
+                             self.empty_size, begin)
 
     @classmethod
-    def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict]) -> SampleColumns:
+    def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict],
+                     empty_size: int = 0) -> SampleColumns:
         """Return SampleColumns rebuilt from ``columns()`` output (difficulty defaults to the size)."""
         return cls(start, total, cols["sample_id"], cols["size"], cols.get("difficulty", cols["size"]),
-                   cols.get("stage"), files)
+                   cols.get("stage"), files, empty_size, cols.get("begin"))
 
 
 def exact_sum(values: np.ndarray) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..distribute import global_start, redistribute
+from ..distribute import fetch_rows, global_start, redistribute
 from ..errors import SortpackError
 from ..parallel import Comm
 from ..partition import owner_starts
@@ -101,6 +101,8 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     back from the key's top bits, so it costs no extra column in the sort).
     """
     opts.validate()
+    if samples.begin is not None:
+        return _sort_pieces(comm, samples, opts, rows_per_shard, consume, groups)
     group_bits = 0
     if groups is not None:
         group_bits = max(1, int(comm.allreduce(int(groups.max()) if len(groups) else 0, "max")).bit_length())
@@ -164,15 +166,37 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     phase("decode")
     start, total = global_start(comm, len(ids))
     ordered = SampleColumns(start, total, ids, size, difficulty, stage if opts.stages > 1 or group_bits else None,
-                            files)
+                            files, samples.empty_size)
     del ids, size, difficulty, stage
     cols = redistribute(comm, ordered.columns(), start, owner_starts(total, rows_per_shard, comm.size))
     start, _ = global_start(comm, len(cols["sample_id"]))
-    ordered = SampleColumns.from_columns(start, total, cols, files)
+    ordered = SampleColumns.from_columns(start, total, cols, files, samples.empty_size)
     phase("redistribute")
     prog.close()
     if ordered.stage is None:
         ordered.stage = np.zeros(len(ordered.sample_id), np.int16)
+    return ordered
+
+
+def _sort_pieces(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per_shard: int, consume: bool,
+                 groups: np.ndarray | None) -> SampleColumns:
+    """Return pieces (``--oversize split``) sorted by (key, position), their sample ids and ranges fetched back.
+
+    The pieces of a sample share its id, so the id alone cannot break ties: the pieces are
+    sorted by their global positions instead (numbered in (sample, piece) order, a total
+    order that does not depend on the rank count), and each sorted position then fetches its
+    sample id and range from the rank that held it.
+    """
+    assert samples.begin is not None
+    keep = {"sample_id": samples.sample_id, "begin": samples.begin}
+    start, total = samples.start, samples.total
+    rows = SampleColumns(start, total, np.arange(start, start + len(samples), dtype=np.int64), samples.size,
+                         samples.difficulty, samples.stage, samples.files, samples.empty_size)
+    if consume:
+        samples.clear()
+    ordered = sort_samples(comm, rows, opts, rows_per_shard, consume, groups)
+    got = fetch_rows(comm, keep, start, ordered.sample_id)
+    ordered.sample_id, ordered.begin = got["sample_id"], got["begin"]
     return ordered
 
 
@@ -227,4 +251,4 @@ def _assign_stages(comm: Comm, samples: SampleColumns, opts: SortOptions, contig
         first = np.concatenate(([0], np.cumsum(counts)[:-1]))
         stage = (((pos - first[groups]) * opts.stages) // np.maximum(counts[groups], 1)).astype(np.int16)
     size = difficulty if same else payload["size"]
-    return SampleColumns(start, total, ids, size, difficulty, stage, samples.files), groups
+    return SampleColumns(start, total, ids, size, difficulty, stage, samples.files, samples.empty_size), groups

@@ -35,6 +35,11 @@ def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, options: dict, file
     # shards cut by sample count and dealt by bytes: every rank writes, whatever the sizes
     starts, dest = index_shard_layout(comm, np.diff(mbs.offsets), mbs.first, mbs.total, rows, samples_per_shard())
     ids = move_ragged(comm, mbs.sample_ids, np.diff(mbs.offsets), mbs.first, dest)
+    ranges = None
+    if mbs.begin is not None and mbs.end is not None:
+        # --oversize split: each sample's range in its source sample, moved as its id is
+        ranges = {name: move_ragged(comm, v, np.diff(mbs.offsets), mbs.first, dest)
+                  for name, v in (("piece_begin", mbs.begin), ("piece_end", mbs.end))}
     row_sizes = None
     if mbs.row_sizes is not None:
         row_sizes = move_ragged(comm, mbs.row_sizes, mbs.columns["batch_size"].astype(np.int64), mbs.first, dest)
@@ -45,7 +50,8 @@ def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, options: dict, file
     source_rows = int(sum(f["rows"] for f in files))
     # the id width follows the input's row count, the same on every rank: bytes never depend on P
     id_type = sample_id_type(source_rows)
-    schema = index_schema(rows=row_sizes is not None, id_type=id_type, source="source" in cols)
+    schema = index_schema(rows=row_sizes is not None, id_type=id_type, source="source" in cols,
+                          pieces=ranges is not None)
     if row_sizes is not None:
         row_offsets = np.concatenate(([0], np.cumsum(cols["batch_size"], dtype=np.int64)))
         # row_splits of a micro-batch: where each of its rows starts in its sample_ids, plus the end
@@ -57,6 +63,8 @@ def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, options: dict, file
         for name in schema.names:
             if name == "sample_ids":
                 data[name] = _list_array(offsets, ids, a, b, id_type)
+            elif ranges is not None and name in ranges:
+                data[name] = _list_array(offsets, ranges[name], a, b, pa.int64())
             elif name == "row_splits":
                 # per micro-batch: where each row starts in its sample_ids, then the end
                 counts = cols["batch_size"][a:b].astype(np.int64)
@@ -76,7 +84,7 @@ def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, options: dict, file
     data = None
     if store is not None:
         with profile.stage("materialize"):
-            data = store(out, files, ids, offsets, first, starts, cols["tokens"])
+            data = store(out, files, ids, offsets, first, starts, cols["tokens"], ranges)
     prov = provenance(comm, profile, job)
     files, where = split_locations(files)  # where and when, not what: out of content_hash
     prov.update(where)

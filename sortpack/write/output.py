@@ -28,7 +28,7 @@ class OutputDir:
     """
 
     def __init__(self, comm: Comm, path: str | os.PathLike, overwrite: bool = False,
-                 inputs: list[str] | tuple[str, ...] = ()):
+                 inputs: list[str] | tuple[str, ...] = (), inside: OutputDir | None = None):
         from ..inputs.objects import url_scheme
         from .output_guard import check_output, owner_tag, sweep_stale
 
@@ -49,12 +49,21 @@ class OutputDir:
         comm.check(err)
         name = comm.bcast_obj(f"{uuid.uuid4().hex[:12]}-{owner_tag()}" if comm.is_root() else None)
         self.tmp = self.path.parent / f".{self.path.name}.tmp-{name}"
+        # ``inside``: the temporary lives in another output's temporary (run's kept measurements),
+        # so a killed or signalled job leaves one temporary, not two
+        self.inside = inside
+        self.nested: list[OutputDir] = []  # outputs whose temporaries live in this one's
+        if inside is not None:
+            self.tmp = inside.tmp / f".{self.path.name}.tmp"
+            inside.nested.append(self)
         self._created = False
         self._cleanup_key: int | None = None
 
     def ensure(self) -> Path:
         """Create the temporary directory (and missing parents; collective) and return it."""
         if not self._created:
+            if self.inside is not None:
+                self.inside.ensure()
             err = None
             if self.comm.is_root():
                 missing = [p for p in reversed(self.path.parents) if not p.exists()]
@@ -91,6 +100,8 @@ class OutputDir:
         written, err = None, None
         if self.comm.is_root():
             old = None
+            for child in self.nested:  # never part of this output
+                shutil.rmtree(child.tmp, ignore_errors=True)
             try:
                 written = write_manifest(self.tmp, manifest)
                 old = self._rename_into_place()
@@ -107,6 +118,24 @@ class OutputDir:
         self.comm.check(err)
         _MADE_PARENTS.difference_update(self.path.parents)  # they hold an output now
         return written
+
+    def commit_alone(self, manifest: dict) -> bool:
+        """Write the manifest and move the directory into place from this rank alone; return whether it moved.
+
+        For a job that is failing: the shards were all written before (``write_samples(...,
+        commit=False)`` ends with a barrier), and the rank that fails keeps them without the
+        other ranks, which may be blocked or aborted. Best effort: any error leaves the
+        temporary for ``discard`` (or the next job) and returns False.
+        """
+        try:
+            write_manifest(self.tmp, manifest)
+            self._rename_into_place()
+        except (SortpackError, OSError):
+            return False
+        finally:
+            self._forget()
+        _MADE_PARENTS.difference_update(self.path.parents)
+        return True
 
     def _forget(self) -> None:
         if self._cleanup_key is not None:

@@ -21,15 +21,19 @@ from .shards import write_owned_shards
 
 
 def write_samples(comm: Comm, out: OutputDir, kind: str, samples: SampleColumns, options: dict,
-                  profile: Profile, job: JobInfo) -> dict | None:
-    """Write a metrics or sorted directory from this rank's slice; return the manifest on rank 0."""
+                  profile: Profile, job: JobInfo, commit: bool = True) -> dict | None:
+    """Write a metrics or sorted directory from this rank's slice; return the manifest on rank 0.
+
+    ``commit=False`` writes the shards only and returns the manifest on every rank, for
+    ``out.commit`` or ``out.commit_alone`` later (``run`` keeps its measurements on failure).
+    """
     rows = rows_per_shard(kind)
     dest = owner_starts(samples.total, rows, comm.size)
     cols = redistribute(comm, samples.columns(), samples.start, dest)
     cols.setdefault("difficulty", cols["size"])
     first = int(dest[comm.rank])
     diff_type = pa.float64() if cols["difficulty"].dtype.kind == "f" else pa.int64()
-    schema = kind_schema(kind, diff_type)
+    schema = kind_schema(kind, diff_type, pieces="begin" in cols)
     if kind == "sorted" and "stage" not in cols:
         cols["stage"] = np.zeros(len(cols["sample_id"]), np.int16)
 
@@ -50,6 +54,9 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: SampleColumns,
         source={"num_rows": samples.total, "files": files},
         shards=shards, stats=stats, provenance=prov,
     )
+    if not commit:
+        comm.barrier()  # every shard is on disk: any one rank may commit from here on
+        return manifest
     return out.commit(manifest)
 
 
@@ -69,5 +76,6 @@ def read_samples(comm: Comm, directory: str, expect: str) -> tuple[SampleColumns
     table = read_rows(directory, manifest, a, b)
     cols = {name: table.column(name).to_numpy() for name in table.column_names}
     samples = SampleColumns(a, total, cols["sample_id"].astype(np.int64), cols["size"].astype(np.int64),
-                      cols["difficulty"], cols.get("stage"), with_locations(manifest))
+                      cols["difficulty"], cols.get("stage"), with_locations(manifest),
+                      int(manifest["options"].get("empty_size", 0)), cols.get("begin"))
     return samples, manifest

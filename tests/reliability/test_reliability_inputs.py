@@ -189,7 +189,8 @@ def test_the_oversize_message_blames_the_option_at_fault(tmp_path, case):
     extra, expect = OVERSIZE[case]
     line = error_line(run(["run", "data", "-o", "plan", *RUN, *extra], tmp_path))
     assert expect in line, line
-    assert "--keep-intermediate" in line  # how not to lose the measuring pass next time
+    # the measurements are kept, and the line says how to pack them without measuring again
+    assert "kept in plan.metrics" in line and "sortpack sort plan.metrics -o plan.sorted" in line, line
 
 
 def test_skipped_samples_are_counted_and_an_empty_index_warns(tmp_path):

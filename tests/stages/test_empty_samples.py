@@ -44,7 +44,7 @@ def test_empty_samples_are_dropped_identically_at_any_rank_count(tmp_path, data,
     for ranks in (1, 2, 3):
         out = tmp_path / f"plan{ranks}"
         proc = run_sortpack(["run", *files, "-o", out, "--column", "text", *MODES[mode]], ranks=ranks, env=SMALL)
-        assert "dropped 90 empty samples (size 0; --keep-empty keeps them)" in proc.stdout
+        assert "dropped 90 empty samples (no content; --keep-empty keeps them)" in proc.stdout
         outs.append(out)
     for other in outs[1:]:
         assert shards(other) == shards(outs[0])
@@ -76,3 +76,33 @@ def test_keep_empty_keeps_them_and_pack_takes_it_too(tmp_path, data):
     assert quiet.stdout == ""
     report = json.loads(run_sortpack(["inspect", tmp_path / "p", "--json"]).stdout)
     assert report["empty_dropped"] == 90
+
+
+def test_special_tokens_only_is_empty_under_size_tokens(tmp_path):
+    """An empty (or blank) text measures [CLS] [SEP] under --size tokens: it is dropped as empty all the same."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from support import make_special_tokenizer
+
+    tok = make_special_tokenizer(tmp_path / "tok.json")
+    texts = ["hello world"] * 5 + [""] * 4 + ["   "] * 2 + ["the quick brown fox"] * 3
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": texts}), src)
+    args = ["--column", "text", "--size", "tokens", "--tokenizer", tok, "--max-tokens", "64"]
+    proc = run_sortpack(["run", src, "-o", tmp_path / "p", *args])
+    assert "dropped 6 empty samples (no content; --keep-empty keeps them)" in proc.stdout
+    ix = PackedIndex(tmp_path / "p")
+    assert sorted(ix.all_sample_ids().tolist()) == [0, 1, 2, 3, 4, 11, 12, 13]
+    assert manifest(tmp_path / "p")["options"]["empty_size"] == 2
+    kept = run_sortpack(["run", src, "-o", tmp_path / "k", *args, "--keep-empty"])
+    assert "dropped" not in kept.stdout and PackedIndex(tmp_path / "k").num_samples == 14
+    # the separate commands read what analyze decided from the metrics manifest
+    run_sortpack(["analyze", src, "-o", tmp_path / "m", *args[:-2], "--quiet"])
+    run_sortpack(["sort", tmp_path / "m", "-o", tmp_path / "s", "--quiet"])
+    run_sortpack(["pack", tmp_path / "s", "-o", tmp_path / "q", "--max-tokens", "64", "--quiet"])
+    assert PackedIndex(tmp_path / "q").num_samples == 8
+    # without special tokens nothing changes: only size 0 is empty, and no empty_size is recorded
+    run_sortpack(["run", src, "-o", tmp_path / "n", *args, "--no-special-tokens", "--quiet"])
+    assert PackedIndex(tmp_path / "n").num_samples == 8
+    assert "empty_size" not in manifest(tmp_path / "n")["options"]

@@ -30,11 +30,17 @@ def test_every_command_creates_missing_parents(tmp_path, text_dataset):
 def test_a_failed_job_creates_no_parents(tmp_path, text_dataset):
     files, _ = text_dataset
     (tmp_path / "kept").mkdir()
+    # a failure before anything was measured leaves nothing, not even the parents it made
     proc = run_sortpack(["run", *files, "-o", tmp_path / "kept" / "new" / "deeper" / "plan", "--column", "text",
-                         "--max-tokens", "5"], check=False)
+                         "--size", "tokens", "--max-tokens", "5"], check=False)
     assert proc.returncode == 2, proc.stderr
     assert [p.name for p in tmp_path.iterdir() if p.name != "kept" and not p.name.endswith(".parquet")] == []
     assert list((tmp_path / "kept").iterdir()) == []
+    # a failure after analyze keeps the measurements (and the parents that hold them), nothing else
+    proc = run_sortpack(["run", *files, "-o", tmp_path / "kept" / "new" / "deeper" / "plan", "--column", "text",
+                         "--max-tokens", "5"], check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert [p.name for p in (tmp_path / "kept" / "new" / "deeper").iterdir()] == ["plan.metrics"]
 
 
 def test_discard_removes_only_parents_it_made_while_empty(tmp_path):

@@ -14,10 +14,10 @@ count; a dataset of one segment gives exactly the sequential greedy's micro-batc
 from __future__ import annotations
 
 from .budget import static_batch_size, truncate_length
-from .filters import OversizeError
+from .filters import OversizeError, refuse_oversize
 from .microbatches import Microbatches, pack_samples
 from .options import SEGMENT_SIZE, PackOptions
 from .stats import microbatch_stats
 
 __all__ = ["SEGMENT_SIZE", "Microbatches", "OversizeError", "PackOptions", "microbatch_stats", "pack_samples",
-           "static_batch_size", "truncate_length"]
+           "refuse_oversize", "static_batch_size", "truncate_length"]

@@ -32,6 +32,8 @@ class Packed:
     batches: BatchArrays
     info: dict  # oversize counts over all ranks (and the auto:K summary)
     row_sizes: np.ndarray | None = None  # row packing: samples per row, rows in order
+    begin: np.ndarray | None = None  # --oversize split: each sample's range in its source sample
+    end: np.ndarray | None = None
 
 
 def key_values(samples: SampleColumns, key: str) -> np.ndarray:

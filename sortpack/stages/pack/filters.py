@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from ...distribute import global_start
 from ...errors import SortpackError
 from ...parallel import Comm
-from ..samples import SampleColumns
+from ..samples import SampleColumns, exact_sum
 from .budget import oversize_mask, oversize_reason, truncate_length
 from .options import PackOptions
 
@@ -15,14 +17,29 @@ class OversizeError(SortpackError):
     """Samples larger than the budget under ``--oversize error`` (``run`` adds how to keep its analysis)."""
 
 
+def content_empty(samples: SampleColumns) -> np.ndarray:
+    """Return which samples have no content: a size no larger than what an empty sample measures.
+
+    Under ``--size tokens`` with special tokens an empty text measures the tokens the
+    post-processor adds (``[CLS] [SEP]``: 2), which analyze records as ``empty_size``; a
+    text of whitespace only measures the same and holds no token either. Every other size
+    kind measures an empty sample as 0.
+    """
+    empty = samples.size <= samples.empty_size
+    if samples.begin is not None:
+        empty &= samples.begin == 0  # a document's last piece may hold just [SEP]: it is content all the same
+    return empty
+
+
 def drop_empty(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, int]:
-    """Return the samples without those of size 0 (unless ``keep_empty``) and how many there were over all ranks.
+    """Return the samples without content-empty ones (unless ``keep_empty``) and how many there were over all ranks.
 
     An empty sample has no token to train on: alone or together, empty samples make
-    micro-batches of pure padding. The rest keep their order and sample ids; positions
-    close up globally, so the packing does not depend on the rank count.
+    micro-batches of pure padding (or of special tokens only). The rest keep their order
+    and sample ids; positions close up globally, so the packing does not depend on the
+    rank count.
     """
-    empty = samples.size == 0
+    empty = content_empty(samples)
     count = comm.allreduce(int(empty.sum()), "sum")
     if count == 0 or opts.keep_empty:
         return samples, count
@@ -31,22 +48,45 @@ def drop_empty(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[S
     return samples.select(keep, start, total), count
 
 
-def apply_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, dict]:
-    """Return the samples after the ``--oversize`` policy, and counts of what it did (over all ranks)."""
+def refuse_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> None:
+    """Raise OversizeError (on every rank) when a sample does not fit alone under ``--oversize error``.
+
+    ``run`` calls it right after analyze, before the sort, so a plan that cannot be packed
+    fails in seconds rather than after the sort (pack calls it again through ``apply_oversize``).
+    """
+    if opts.oversize != "error":
+        return
     over = oversize_mask(opts, samples.size)
     count = comm.allreduce(int(over.sum()), "sum")
-    largest = comm.allreduce(int(samples.size[over].max()) if over.any() else 0, "max")
+    if count:
+        largest = comm.allreduce(int(samples.size[over].max()) if over.any() else 0, "max")
+        raise OversizeError(f"{count} samples {oversize_reason(opts, largest)}, or use --oversize split (cut "
+                            f"them into pieces that fit, no token lost), skip or truncate", collective=True)
+
+
+def apply_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, dict]:
+    """Return the samples after the ``--oversize`` policy, and counts of what it did (over all ranks)."""
+    refuse_oversize(comm, samples, opts)
+    over = oversize_mask(opts, samples.size)
+    count = comm.allreduce(int(over.sum()), "sum")
     info = {"oversize": count, "skipped": 0, "truncated": 0}
     if count == 0:
         return samples, info
-    if opts.oversize == "error":
-        raise OversizeError(f"{count} samples {oversize_reason(opts, largest)}, or use --oversize skip|truncate",
+    if opts.oversize == "split":
+        # split happens before the sort (stages.split): nothing here may still be too large
+        raise SortpackError(f"{count} samples are still larger than the budget after --oversize split",
                             collective=True)
+    # the tokens (size units) lost too, not only the samples: recorded only when some were,
+    # so plans that lost none keep their content hash
+    lost = samples.size[over]
     if opts.oversize == "skip":
         info["skipped"] = count
+        info["skipped_tokens"] = comm.allreduce(exact_sum(lost), "sum")
         # start/total stay: the greedy maps its pieces through the skip, row packing renumbers
         return samples.select(~over, samples.start, samples.total), info
     size = samples.size.copy()
-    size[over] = truncate_length(opts)
+    cap = truncate_length(opts)
+    size[over] = cap
     info["truncated"] = count
+    info["truncated_tokens"] = comm.allreduce(exact_sum(lost - cap), "sum")
     return replace(samples, size=size), info

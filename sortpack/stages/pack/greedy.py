@@ -58,7 +58,7 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
     cols = redistribute(comm, samples.columns(), samples.start,
                         owner_starts(samples.total, opts.segment_size, comm.size))
     start, total = global_start(comm, len(cols["sample_id"]))
-    samples = SampleColumns.from_columns(start, total, cols, samples.files)
+    samples = SampleColumns.from_columns(start, total, cols, samples.files, samples.empty_size)
     starts = piece_starts(start, samples.stage_or_zero(), opts.segment_size)
     n_before = len(samples)
     samples, info = apply_oversize(comm, samples, opts)
@@ -86,4 +86,7 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
         batches = static_batches(bounds, sizes, opts)
     else:
         batches = plain_batches(bounds, sizes, opts)
-    return Packed(samples.sample_id, key_values(samples, key), samples.stage_or_zero(), batches, info)
+    packed = Packed(samples.sample_id, key_values(samples, key), samples.stage_or_zero(), batches, info)
+    if samples.begin is not None:
+        packed.begin, packed.end = samples.begin, samples.begin + samples.size
+    return packed

@@ -27,14 +27,18 @@ class Microbatches:
     columns: dict[str, np.ndarray]
     stats: dict
     row_sizes: np.ndarray | None = None  # rows mode: samples per row, rows in order
+    begin: np.ndarray | None = None  # --oversize split: each sample's range [begin, end) in its source sample
+    end: np.ndarray | None = None
 
 
-def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str = "size") -> Microbatches:
+def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str = "size",
+                 split: dict | None = None) -> Microbatches:
     """Return this rank's micro-batches of globally sorted samples.
 
     ``samples`` must be in global sorted order (rank r holding the r-th range);
     ``key`` names the sort key recorded as ``min_key``/``max_key``. With ``opts.auto_shapes``,
     the chosen lengths are stored in ``opts.shapes`` (so that ``opts.as_dict()`` records them).
+    ``split`` holds what ``--oversize split`` did before (``stages.split``), for the stats.
     """
     if opts.auto_shapes is not None:
         opts.shapes = ()  # chosen below from this data, also when the options are reused
@@ -59,5 +63,9 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
     }
     first, total_mb = global_start(comm, m)
     info = {**packed.info, "empty": empty, "empty_dropped": 0 if opts.keep_empty else empty}
+    if opts.oversize == "split":
+        info.update(split or {"split": 0, "split_pieces": 0, "split_tokens": 0})
+        info["oversize"] = info["split"]
     stats = microbatch_stats(comm, columns, info)
-    return Microbatches(first, total_mb, packed.sample_ids, offsets, columns, stats, packed.row_sizes)
+    return Microbatches(first, total_mb, packed.sample_ids, offsets, columns, stats, packed.row_sizes,
+                        packed.begin, packed.end)

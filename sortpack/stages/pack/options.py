@@ -87,8 +87,8 @@ class PackOptions:
             raise SortpackError(f"--group-size {self.group_size}: must be >= 1")
         if self.same_shape and self.group_size < 2:
             raise SortpackError("--same-shape needs --group-size G with G >= 2")
-        if self.oversize not in ("error", "skip", "truncate"):
-            raise SortpackError(f"--oversize {self.oversize!r}: expected error, skip or truncate")
+        if self.oversize not in ("error", "skip", "truncate", "split"):
+            raise SortpackError(f"--oversize {self.oversize!r}: expected error, skip, truncate or split")
         if self.segment_size < 1:
             raise SortpackError("--segment-size must be positive")
         if self.rows < 0:

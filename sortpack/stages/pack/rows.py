@@ -25,6 +25,7 @@ class Windows:
     stage: np.ndarray
     starts: np.ndarray  # local index where each window starts
     ends: np.ndarray  # and where it ends
+    begin: np.ndarray | None = None  # --oversize split: each sample's range start in its source sample
 
 
 def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: PackOptions) -> Windows:
@@ -52,13 +53,15 @@ def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: 
     order = np.argsort(dest, kind="stable")
     cols = {"id": samples.sample_id[order], "size": samples.size[order], "key": keys[order],
             "stage": stage_of[order], "window": window[order], "pos": pos[order]}
+    if samples.begin is not None:
+        cols["begin"] = samples.begin[order]
     cols = comm.alltoallv_many(cols, np.bincount(dest, minlength=comm.size))
     order = np.lexsort((cols["pos"], cols["window"]))
     cols = {k: v[order] for k, v in cols.items()}
     w = cols["window"]
     starts = np.flatnonzero(np.concatenate(([True], w[1:] != w[:-1]))) if len(w) else np.zeros(0, np.int64)
     ends = np.concatenate((starts[1:], [len(w)])) if len(w) else np.zeros(0, np.int64)
-    return Windows(cols["id"], cols["size"], cols["key"], cols["stage"], starts, ends)
+    return Windows(cols["id"], cols["size"], cols["key"], cols["stage"], starts, ends, cols.get("begin"))
 
 
 def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:
@@ -91,4 +94,8 @@ def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -
     ordered = sizes[perm]
     batches = BatchArrays(offsets, np.diff(offsets), np.diff(mb_row_ends), segment_reduce(np.maximum, ordered, offsets),
                           np.full(len(offsets) - 1, opts.rows, np.int64), segment_reduce(np.add, ordered, offsets))
-    return Packed(win.sample_ids[perm], win.keys[perm], win.stage[perm], batches, info, np.diff(row_ends))
+    packed = Packed(win.sample_ids[perm], win.keys[perm], win.stage[perm], batches, info, np.diff(row_ends))
+    if win.begin is not None:
+        packed.begin = win.begin[perm]
+        packed.end = packed.begin + ordered
+    return packed

@@ -45,7 +45,8 @@ __all__ = ["Store", "StoreOptions", "materialize", "parse_memory", "parse_store"
 def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray,
                 first_mb: int, opts: StoreOptions, tokens: TokenIds | None, cache: TokenCache | None,
                 index_starts: np.ndarray, mb_sizes: np.ndarray | None = None,
-                renames: list[dict[str, str] | None] | None = None) -> dict:
+                renames: list[dict[str, str] | None] | None = None, ranges: dict[str, np.ndarray] | None = None,
+                cut_columns: tuple[str, ...] = ()) -> dict:
     """Return the manifest's ``data`` object (every rank), after writing this rank's data shards of the plan.
 
     Parameters
@@ -59,6 +60,9 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
         The micro-batches' summed sample sizes (what balances the writers).
     renames : list or None
         Per input file, ``{plan column: input column}`` (a mixture source's own ``column``).
+    ranges : dict or None
+        ``--oversize split``: ``piece_begin``/``piece_end`` of each sample (as ``ids``); the
+        columns in ``cut_columns`` (and the token ids) are stored cut to them, others whole.
     """
     directory = out.ensure()
     limit = opts.memory_limit or default_memory_limit(comm)
@@ -87,11 +91,16 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
     positions = pos0 + np.arange(n, dtype=np.int64)
     to_reader = np.searchsorted(reader_starts, ids, side="right") - 1
     order = np.argsort(to_reader, kind="stable")
-    got = comm.alltoallv_many({"id": np.ascontiguousarray(ids[order], dtype=np.int64),
-                               "pos": positions[order]}, np.bincount(to_reader, minlength=comm.size))
-    # a mixture plan may use a row more than once: every (row, position) pair, by row
+    asked = {"id": np.ascontiguousarray(ids[order], dtype=np.int64), "pos": positions[order]}
+    if ranges is not None:
+        asked.update({"begin": ranges["piece_begin"][order], "end": ranges["piece_end"][order]})
+    got = comm.alltoallv_many(asked, np.bincount(to_reader, minlength=comm.size))
+    # a mixture plan may use a row more than once, a split plan cut it into pieces: every (row, position) pair
     by_row = np.lexsort((got["pos"], got["id"]))
     uses = RowPositions(got["id"][by_row] - my_first, got["pos"][by_row])
+    if ranges is not None:
+        uses.begin, uses.end = got["begin"][by_row], got["end"][by_row]
+        uses.cut = tuple(c for c in (*cut_columns, *((TOKENS_COLUMN,) if tokens is not None else ())))
     del got, order, to_reader, by_row
     layout = data_layout(comm, first_mb, mb_offsets, pos0, index_starts, mb_sizes)
 
@@ -126,9 +135,10 @@ class Store:
     """The stored columns' writer that ``write_index`` calls, with the token cache ``analyze`` fills."""
 
     def __init__(self, comm: Comm, opts: StoreOptions, tokens: TokenIds | None, special_tokens: bool,
-                 renames: list[dict[str, str] | None] | None = None):
+                 renames: list[dict[str, str] | None] | None = None, cut_columns: tuple[str, ...] = ()):
         self.comm, self.opts, self.tokens, self.special_tokens = comm, opts, tokens, special_tokens
         self.renames = renames  # per input file: {plan column: input column} (a mixture's sources)
+        self.cut_columns = cut_columns  # --oversize split: stored columns cut to each piece's range
         self.caches: list[TokenCache] = []
         self.plans = 1  # plans still to store: the token cache is removed after the last
 
@@ -144,13 +154,14 @@ class Store:
         return self.caches[-1]
 
     def __call__(self, out: PlanDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray, first_mb: int,
-                 index_starts: np.ndarray, mb_sizes: np.ndarray | None = None) -> dict:
+                 index_starts: np.ndarray, mb_sizes: np.ndarray | None = None,
+                 ranges: dict[str, np.ndarray] | None = None) -> dict:
         """Return the manifest's ``data`` object after writing the data shards (collective)."""
         cache = self.caches[-1] if self.caches else None
         if cache is not None:
             cache.share()
         data = materialize(self.comm, out, files, ids, mb_offsets, first_mb, self.opts, self.tokens, cache,
-                           index_starts, mb_sizes, self.renames)
+                           index_starts, mb_sizes, self.renames, ranges, self.cut_columns)
         self.plans -= 1
         if cache is not None and self.plans <= 0:
             self.comm.barrier()  # every rank has read the ids it needed
@@ -162,6 +173,10 @@ class Store:
                 "special_tokens": self.special_tokens, "truncated_to": self.tokens.truncate or None,
                 "note": "the ids the size counted: len(input_ids) == size",
             }
+        if ranges is not None:
+            # which stored columns hold a piece's range only (the others hold the whole sample)
+            data["pieces"] = {"cut": [c for c in data["columns"] if c in self.cut_columns or
+                                      (self.tokens is not None and c == TOKENS_COLUMN)]}
         return data
 
 
@@ -174,4 +189,7 @@ def prepare(comm: Comm, opts: StoreOptions, options: dict, popts: Any, tokenizer
     per input file ``{plan column: input column}`` (a mixture source's own ``column``).
     """
     tokens = comm.collectively(token_ids_options, opts, options, popts, tokenizer_path)
-    return Store(comm, opts, tokens, bool(options.get("special_tokens", True)), renames)
+    # a split plan's pieces are ranges of what the size counted: under --size length, the column's
+    # characters or elements, which a stored copy of that column is cut to
+    cut = (str(options.get("column")),) if options.get("size") == "length" and options.get("column") else ()
+    return Store(comm, opts, tokens, bool(options.get("special_tokens", True)), renames, cut)

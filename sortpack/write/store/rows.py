@@ -44,12 +44,26 @@ def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
     return np.full(n, -(-col.nbytes // n), dtype=np.int64)
 
 
+def _cut_pieces(table: pa.Table, columns: tuple[str, ...], begin: np.ndarray, end: np.ndarray) -> pa.Table:
+    """Return ``table`` with ``columns`` cut to each row's piece range (``--oversize split``)."""
+    from ...inputs.pieces import cut_array
+
+    for name in columns:
+        if name in table.column_names:
+            i = table.column_names.index(name)
+            table = table.set_column(i, table.schema.field(i), cut_array(table.column(i), begin, end))
+    return table
+
+
 @dataclass
 class RowPositions:
     """Every use of this rank's input rows: ``rows`` (local row numbers, ascending) and their output ``positions``."""
 
     rows: np.ndarray
     positions: np.ndarray
+    begin: np.ndarray | None = None  # --oversize split: each use's range in the row
+    end: np.ndarray | None = None
+    cut: tuple[str, ...] = ()  # the columns cut to the range (the others are stored whole)
 
 
 @dataclass
@@ -118,8 +132,10 @@ class InputRows:
         self.row += expected
         out = pa.table(cols, schema=self.schema)
         if b - a != expected or bool(np.any(np.diff(take) != 1)):
-            # rows left out of the plan, or used more than once (a mixture's repeats)
+            # rows left out of the plan, or used more than once (a mixture's repeats, a split's pieces)
             out = out.take(pa.array(take))
+        if self.uses.begin is not None and self.uses.end is not None:
+            out = _cut_pieces(out, self.uses.cut, self.uses.begin[a:b], self.uses.end[a:b])
         return out, pos
 
     def _token_ids(self, table: pa.Table, where: str, expected: int) -> pa.Array | pa.ChunkedArray:
