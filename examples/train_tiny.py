@@ -25,18 +25,12 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from recipes.common import PAD, TinyLM, close_process_group, train_batches, utf8_bytes
 from torch import nn
 from torch.utils.data import DataLoader
 
 from sortpack.dataset import SourceDataset
 from sortpack.torch import GoodputController, PackedBatchSampler, VariableBatchSizeLR, pad_collate
-
-PAD = 0  # byte 0 does not occur in text
-
-
-def utf8_bytes(row: dict) -> bytes:
-    """Return the byte-level tokens of a row (module level, so DataLoader workers can pickle it)."""
-    return row["text"].encode("utf-8")
 
 
 def lm_loss(logits, targets):
@@ -55,40 +49,11 @@ def rank_and_world() -> tuple[int, int]:
     return launcher_rank(), launcher_size()[0]
 
 
-class Block(nn.Module):
-    """One pre-norm transformer block using a per-sample (B, T, T) attention mask."""
-
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x, mask):
-        """Return the block's output for x (B, T, D) under mask (B, T, T; True = may attend)."""
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
-        x = x + self.out(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.norm2(x))
-
-
-class TinyLM(nn.Module):
-    """A two-block byte-level language model."""
-
-    def __init__(self, dim: int = 32, heads: int = 2, max_len: int = 4096):
-        super().__init__()
-        self.embed, self.pos = nn.Embedding(256, dim), nn.Embedding(max_len, dim)
-        self.blocks = nn.ModuleList([Block(dim, heads) for _ in range(2)])
-        self.head = nn.Linear(dim, 256)
-
-    def forward(self, ids, mask):
-        """Return next-byte logits (B, T, 256)."""
-        x = self.embed(ids) + self.pos(torch.arange(ids.shape[1]))[None]
-        for block in self.blocks:
-            x = block(x, mask)
-        return self.head(x)
+def attend_under(mask: torch.Tensor):
+    """Return an attention function (``common.TinyLM``'s) for a per-sample (B, T, T) mask (True = may attend)."""
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+    return attend
 
 
 def main() -> None:
@@ -118,7 +83,7 @@ def main() -> None:
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.num_workers,
                         collate_fn=pad_collate(pad_id=PAD, tokenize=utf8_bytes, attn_mask="causal"))
     max_len = int(sampler.index["padded_size"].max(initial=1))
-    model = nn.parallel.DistributedDataParallel(TinyLM(max_len=max_len))
+    model = nn.parallel.DistributedDataParallel(TinyLM(max_len=max_len))  # recipes/common.py's model
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 10))
     # the loss is a mean over tokens: the LR scales with the step's tokens, from the mean step's
@@ -129,44 +94,37 @@ def main() -> None:
         ctl = GoodputController(model, sampler, opt, by="tokens", min_accum=1 if world > 1 else 2,
                                 max_accum=args.max_accum, warmup_steps=4, interval=2)
 
-    step, epoch, shapes, tokens = 0, 0, [], 0
-    while step < args.steps:
-        sampler.set_epoch(epoch)
-        for i, batch in enumerate(loader):
-            sampler.consume(batch)  # the resume state counts what the loop received, not worker prefetch
-            sched.follow(batch)  # this step's LR, from the step batch the micro-batch carries
-            ids, mask = batch["input_ids"], batch["attn_mask"]
-            targets = ids[:, 1:].masked_fill(batch["key_padding_mask"][:, 1:], -100)
-            if ctl is not None:
-                accum = ctl.grad_accum
-                loss = lm_loss(model(ids, mask), targets)
-                sync = ctl.backward(loss, batch)  # loss / A, no_sync but on the last micro-batch
-            else:
-                accum, sync = args.grad_accum, (i + 1) % args.grad_accum == 0
-                with contextlib.nullcontext() if sync else model.no_sync():  # all-reduce once per step
-                    loss = lm_loss(model(ids, mask), targets)
-                    (loss / args.grad_accum).backward()
-            shapes.append(tuple(ids.shape))
-            tokens += int(batch["lengths"].sum())
-            if sync:
-                lr = opt.param_groups[0]["lr"]
-                opt.step()
-                opt.zero_grad()
-                sched.step()
-                extra = "" if ctl is None else f" grad_accum {accum} noise_scale {ctl.noise_scale:.1f}"
-                print(f"rank {rank} step {step}: batch shapes {shapes} tokens {tokens} lr {lr:.3e} "
-                      f"loss {loss.item():.3f}{extra}", flush=True)
-                step, shapes, tokens = step + 1, [], 0
-                if step >= args.steps:
-                    break
-        epoch += 1
+    shapes, tokens = [], 0
+    for step, batch in train_batches(sampler, loader, sched, args.steps):  # recipes/common.py: epochs, resume, LR
+        ids, mask = batch["input_ids"], batch["attn_mask"]
+        targets = ids[:, 1:].masked_fill(batch["key_padding_mask"][:, 1:], -100)
+        positions = torch.arange(ids.shape[1]).expand_as(ids)
+        if ctl is not None:
+            accum = ctl.grad_accum
+            loss = lm_loss(model(ids, positions, attend_under(mask)), targets)
+            sync = ctl.backward(loss, batch)  # loss / A, no_sync but on the last micro-batch
+        else:
+            accum, sync = args.grad_accum, batch["microbatch"]["last"]
+            with contextlib.nullcontext() if sync else model.no_sync():  # all-reduce once per step
+                loss = lm_loss(model(ids, positions, attend_under(mask)), targets)
+                (loss / args.grad_accum).backward()
+        shapes.append(tuple(ids.shape))
+        tokens += int(batch["lengths"].sum())
+        if sync:
+            lr = opt.param_groups[0]["lr"]
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+            extra = "" if ctl is None else f" grad_accum {accum} noise_scale {ctl.noise_scale:.1f}"
+            print(f"rank {rank} step {step}: batch shapes {shapes} tokens {tokens} lr {lr:.3e} "
+                  f"loss {loss.item():.3f}{extra}", flush=True)
+            shapes, tokens = [], 0
     if ctl is not None and rank == 0:
         noise = " ".join(f"{h['noise_scale']:.0f}" for h in ctl.history)
         chosen = " ".join(str(h["grad_accum"]) for h in ctl.history)
         print(f"goodput: noise scale (tokens) per step: {noise}\ngoodput: grad_accum per step: {chosen}")
-    del ctl, opt, model  # DDP goes before its process group: freed after it, gloo can abort at exit
-    dist.barrier()
-    dist.destroy_process_group()
+    del ctl, opt, model  # DDP goes before its process group
+    close_process_group()
 
 
 if __name__ == "__main__":

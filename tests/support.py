@@ -1,6 +1,7 @@
-"""Test helpers: small datasets on disk and a runner for the CLI under mpiexec."""
+"""Test helpers: small datasets on disk, a runner for the CLI under mpiexec, rank-count identity checks."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -48,6 +49,43 @@ def run_sortpack(args: list[str], ranks: int | None = None, timeout: float = 120
         raise AssertionError(f"sortpack {' '.join(map(str, args))} failed ({proc.returncode}):\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def read_manifest(directory: Path) -> dict:
+    """Return an output directory's manifest.json as a dict."""
+    return json.loads((Path(directory) / "manifest.json").read_text())
+
+
+def output_files(directory: Path) -> dict[str, bytes]:
+    """Return every file of an output directory but its manifest, by name, with its bytes."""
+    return {p.name: p.read_bytes() for p in sorted(Path(directory).iterdir()) if p.name != "manifest.json"}
+
+
+def assert_same_outputs(first: Path, *others: Path) -> None:
+    """Assert that output directories hold the same files, byte for byte, and manifests of the same content_hash."""
+    want, want_hash = output_files(first), read_manifest(first)["content_hash"]
+    for other in others:
+        got = output_files(other)
+        assert sorted(got) == sorted(want), (first, other)
+        for name in want:
+            assert got[name] == want[name], f"{other}/{name} differs from {first}/{name}"
+        assert read_manifest(other)["content_hash"] == want_hash, other
+
+
+def assert_same_at_ranks(args: list, out: Path, ranks=(1, 2, 3, 4), env: dict | None = None,
+                         timeout: float = 180) -> list[Path]:
+    """Run ``sortpack ARGS -o OUT/plan<K>`` under ``mpiexec -n K`` for each K of ``ranks``; return the outputs.
+
+    The test fails unless every output holds the first's files byte for byte and the same
+    manifest ``content_hash`` (the determinism rule: any rank count, the same plan).
+    """
+    outs = []
+    for k in ranks:
+        outs.append(Path(out) / f"plan{k}")
+        run_sortpack([*args, "-o", outs[-1]], ranks=k, env=env, timeout=timeout)
+    assert_same_outputs(*outs)
+    assert [read_manifest(o)["provenance"]["world_size"] for o in outs] == list(ranks)
+    return outs
 
 
 def greedy_oracle(sizes, max_tokens, max_samples=0, batch_multiple=1) -> list[list[int]]:

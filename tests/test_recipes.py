@@ -100,6 +100,7 @@ def losses(out: str) -> list[str]:
     return [line.split(" loss ")[1].split()[0] for line in step_lines(out)]
 
 
+@pytest.mark.slow
 def test_ddp_two_gloo_ranks(indexes):
     from sortpack.torch import PackedBatchSampler
 
@@ -126,6 +127,7 @@ def expected_lrs(index: Path, steps: int, lr: float = 1e-3, grad_accum: int = 2,
     return [lr * (b / ref) ** 0.5 for b in sampler.step_batches(by="tokens")[:steps]]
 
 
+@pytest.mark.slow
 def test_hf_trainer(indexes):
     steps = steps_past_longest(indexes["padded"], seed=42)  # the sampler takes the Trainer's seed, 42
     out = run_recipe("hf_trainer.py", indexes["padded"], "--steps", str(steps))
@@ -134,6 +136,7 @@ def test_hf_trainer(indexes):
     assert lrs(out) == pytest.approx(expected_lrs(indexes["padded"], steps, seed=42), rel=1e-3)
 
 
+@pytest.mark.slow
 def test_accelerate(indexes):
     steps = steps_past_longest(indexes["padded"])
     out = run_recipe("accelerate_loop.py", indexes["padded"], "--steps", str(steps))
@@ -141,6 +144,7 @@ def test_accelerate(indexes):
     assert lrs(out) == pytest.approx(expected_lrs(indexes["padded"], steps), rel=1e-3)
 
 
+@pytest.mark.slow
 def test_lightning(indexes):
     steps = steps_past_longest(indexes["padded"])
     out = run_recipe("lightning_module.py", indexes["padded"], "--steps", str(steps))
@@ -148,6 +152,7 @@ def test_lightning(indexes):
     assert lrs(out) == pytest.approx(expected_lrs(indexes["padded"], steps), rel=1e-3)
 
 
+@pytest.mark.slow
 def test_compile_static_shapes_compiles_every_shape_up_front(indexes):
     from sortpack.reader import PackedIndex
 
@@ -161,6 +166,7 @@ def test_compile_static_shapes_compiles_every_shape_up_front(indexes):
     assert f"distinct shapes {distinct}, shapes seen {distinct}, graphs compiled {distinct}" in out
 
 
+@pytest.mark.slow
 def test_flex_document_mask_and_varlen_reference_agree(indexes):
     flex = run_recipe("flex_rows.py", indexes["rows"], "--steps", "3")
     varlen = run_recipe("varlen_rows.py", indexes["rows"], "--steps", "3")
@@ -170,6 +176,7 @@ def test_flex_document_mask_and_varlen_reference_agree(indexes):
     assert losses(flex) == losses(varlen) and "nan" not in flex
 
 
+@pytest.mark.slow
 def test_varlen_on_a_padded_index(indexes):
     steps = steps_past_longest(indexes["padded"])
     out = run_recipe("varlen_rows.py", indexes["padded"], "--steps", str(steps))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 from accelerate import Accelerator
-from common import TinyLM, max_len, padded_forward, parser, ref_batch, utf8_bytes
+from common import TinyLM, max_len, padded_forward, parser, ref_batch, train_batches, utf8_bytes
 from torch.utils.data import DataLoader
 
 from sortpack.dataset import SourceDataset
@@ -34,30 +34,23 @@ def main() -> None:
     model, opt = accelerator.prepare(model, opt)  # not the loader
     sched = VariableBatchSizeLR(opt.optimizer, sampler, ref_batch_size=ref_batch(sampler), method="sqrt", by="tokens")
 
-    step, epoch, step_loss_sum = 0, 0, 0.0
-    while step < args.steps:
-        sampler.set_epoch(epoch)
-        for batch in loader:
-            sampler.consume(batch)  # the resume state counts what the loop received
-            sched.follow(batch)  # the LR of this batch's step
-            batch = {k: v.to(accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
-            with accelerator.accumulate(model):
-                # accelerator.backward divides by grad_accum: step_loss multiplies it back
-                loss = padded_forward(model, batch, divided_by=args.grad_accum)
-                accelerator.backward(loss)
-                step_loss_sum += loss.item() / args.grad_accum
-                if accelerator.sync_gradients:  # the last micro-batch of the step
-                    lr = opt.param_groups[0]["lr"]
-                opt.step()  # the prepared optimizer steps only when gradients are synced
-                opt.zero_grad()
-            if accelerator.sync_gradients:
-                sched.step()
-                accelerator.print(f"step {step} shape {tuple(batch['input_ids'].shape)} lr {lr:.3e} "
-                                  f"loss {step_loss_sum:.3f}")
-                step, step_loss_sum = step + 1, 0.0
-                if step == args.steps:
-                    break
-        epoch += 1
+    step_loss_sum = 0.0
+    for step, batch in train_batches(sampler, loader, sched, args.steps):  # common.py: epochs, resume state, LR
+        batch = {k: v.to(accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        with accelerator.accumulate(model):
+            # accelerator.backward divides by grad_accum: step_loss multiplies it back
+            loss = padded_forward(model, batch, divided_by=args.grad_accum)
+            accelerator.backward(loss)
+            step_loss_sum += loss.item() / args.grad_accum
+            if accelerator.sync_gradients:  # the last micro-batch of the step
+                lr = opt.param_groups[0]["lr"]
+            opt.step()  # the prepared optimizer steps only when gradients are synced
+            opt.zero_grad()
+        if accelerator.sync_gradients:
+            sched.step()
+            accelerator.print(f"step {step} shape {tuple(batch['input_ids'].shape)} lr {lr:.3e} "
+                              f"loss {step_loss_sum:.3f}")
+            step_loss_sum = 0.0
     # --- end recipe ---
     accelerator.end_training()
 

@@ -7,13 +7,18 @@ over ``text`` with ``--size bytes`` (sizes in characters, the default ``length``
 but then a non-ASCII text has more tokens than the plan counted and the loss is not the
 step's exact mean: ``step_loss`` warns). The loss of every recipe is ``step_loss``: each
 micro-batch's summed per-token losses over the step's target count (from the plan), so a
-step's gradient is the mean over its tokens at any world size and accumulation.
+step's gradient is the mean over its tokens at any world size and accumulation. Every
+loop takes its micro-batches from ``train_batches`` (epochs, the resume state, the LR of
+the batch's step); ``train_tiny.py`` and the recipes share the model, and the DDP scripts
+``close_process_group``.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -125,3 +130,59 @@ def ref_batch(sampler) -> int:
     """
     tokens = int(sampler.index["tokens"].sum())
     return max(1, round(tokens / max(1, sampler.steps_per_epoch)))
+
+
+# --- recipe ---
+def train_batches(sampler, loader, sched, steps: int):
+    """Yield (step, micro-batch) epoch after epoch until ``steps`` optimizer steps have ended.
+
+    A step ends with this rank's last micro-batch of it (``batch["microbatch"]["last"]``),
+    where the loop steps the optimizer. ``sched`` is the ``VariableBatchSizeLR``.
+    """
+    step, epoch = 0, 0
+    while step < steps:
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            sampler.consume(batch)  # the resume state counts what the loop received
+            sched.follow(batch)  # the LR of this batch's step
+            yield step, batch
+            if batch["microbatch"]["last"]:  # this rank's last micro-batch of the step
+                step += 1
+                if step == steps:
+                    return
+        epoch += 1
+
+
+def train_steps(model, sampler, loader, opt, sched, steps: int, forward, describe, prefix: str = "") -> None:
+    """Train for ``steps`` optimizer steps; print each step's ``describe(batch)``, LR and summed loss.
+
+    ``forward(model, batch, n)`` returns the n-th micro-batch's share of its step's mean loss
+    (``step_loss``). A DDP model all-reduces on a step's last micro-batch only (``no_sync``).
+    """
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    step_loss_sum = 0.0
+    for n, (step, batch) in enumerate(train_batches(sampler, loader, sched, steps)):
+        last = batch["microbatch"]["last"]
+        with contextlib.nullcontext() if last or not ddp else model.no_sync():  # all-reduce once per step
+            loss = forward(model, batch, n)
+            loss.backward()  # not divided by grad_accum: step_loss weighs every token of the step alike
+        step_loss_sum += loss.item()
+        if last:
+            lr = opt.param_groups[0]["lr"]
+            opt.step()
+            opt.zero_grad()
+            sched.step()  # the base schedule; the scale follows the batches
+            print(f"{prefix}step {step} {describe(batch)} lr {lr:.3e} loss {step_loss_sum:.3f}",
+                  flush=True)  # under DDP this rank's share: the ranks' mean is the step's loss
+            step_loss_sum = 0.0
+# --- end recipe ---
+
+
+def close_process_group() -> None:
+    """Wait for every rank, then tear the process group down (delete the DDP model first).
+
+    DDP goes before its process group: freed after it, gloo can abort at exit; the barrier
+    keeps a rank from tearing gloo down while another still talks to it.
+    """
+    dist.barrier()
+    dist.destroy_process_group()

@@ -9,12 +9,11 @@ LR of every step from the step's global batch, the same number on every rank.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
 import torch.distributed as dist
-from common import TinyLM, max_len, padded_forward, parser, ref_batch, utf8_bytes
+from common import TinyLM, close_process_group, max_len, padded_forward, parser, ref_batch, train_steps, utf8_bytes
 from torch.utils.data import DataLoader
 
 from sortpack.dataset import SourceDataset
@@ -43,32 +42,12 @@ def main() -> None:
     warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
     sched = VariableBatchSizeLR(warmup, sampler, ref_batch_size=ref_batch(sampler), method="sqrt", by="tokens")
 
-    step, epoch, step_loss_sum = 0, 0, 0.0
-    while step < args.steps:
-        sampler.set_epoch(epoch)
-        for batch in loader:
-            sampler.consume(batch)  # the resume state counts what the loop received
-            sched.follow(batch)  # the LR of this batch's step
-            last = batch["microbatch"]["last"]  # this rank's last micro-batch of the step
-            with contextlib.nullcontext() if last else model.no_sync():  # all-reduce once per step
-                loss = padded_forward(model, batch)  # this micro-batch's share of the step's mean loss
-                loss.backward()  # not divided by grad_accum: step_loss weighs every token of the step alike
-            step_loss_sum += loss.item()
-            if last:
-                lr = opt.param_groups[0]["lr"]
-                opt.step()
-                opt.zero_grad()
-                sched.step()  # the base schedule; the scale follows the batches
-                print(f"rank {rank} step {step} shape {tuple(batch['input_ids'].shape)} lr {lr:.3e} "
-                      f"loss {step_loss_sum:.3f}", flush=True)  # this rank's share; the ranks' mean is the step's loss
-                step, step_loss_sum = step + 1, 0.0
-                if step == args.steps:
-                    break
-        epoch += 1
+    train_steps(model, sampler, loader, opt, sched, args.steps,  # common.py: the loop every recipe shares
+                forward=lambda model, batch, n: padded_forward(model, batch),
+                describe=lambda batch: f"shape {tuple(batch['input_ids'].shape)}", prefix=f"rank {rank} ")
     # --- end recipe ---
-    del opt, model  # DDP goes before its process group: freed after it, gloo can abort at exit
-    dist.barrier()  # no rank tears gloo down while another still talks to it
-    dist.destroy_process_group()
+    del opt, model  # DDP goes before its process group
+    close_process_group()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from common import TinyLM, parser, ref_batch, token_losses, utf8_bytes
+from common import TinyLM, parser, ref_batch, token_losses, train_steps, utf8_bytes
 from torch.nn.attention.flex_attention import (
     create_block_mask,
     create_mask,
@@ -90,27 +90,13 @@ def main() -> None:
     model = TinyLM(max_len=row_len).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     sched = VariableBatchSizeLR(opt, sampler, ref_batch_size=ref_batch(sampler), method="sqrt", by="tokens")
-    step, epoch, step_loss_sum = 0, 0, 0.0
-    while step < args.steps:
-        sampler.set_epoch(epoch)
-        for i, batch in enumerate(loader):
-            sampler.consume(batch)  # the resume state counts what the loop received
-            sched.follow(batch)  # the LR of this batch's step
-            loss = rows_forward(model, batch, row_len, check=step == 0 and i == 0)
-            loss.backward()  # not divided by grad_accum: step_loss weighs every token of the step alike
-            step_loss_sum += loss.item()
-            if batch["microbatch"]["last"]:  # this rank's last micro-batch of the step
-                lr = opt.param_groups[0]["lr"]
-                opt.step()
-                opt.zero_grad()
-                sched.step()
-                docs = int((batch["seq_index"] >= 0).sum())
-                print(f"step {step} rows {batch['input_ids'].numel() // row_len}x{row_len} documents {docs} "
-                      f"lr {lr:.3e} loss {step_loss_sum:.3f}", flush=True)
-                step, step_loss_sum = step + 1, 0.0
-                if step == args.steps:
-                    break
-        epoch += 1
+
+    def describe(batch) -> str:
+        docs = int((batch["seq_index"] >= 0).sum())
+        return f"rows {batch['input_ids'].numel() // row_len}x{row_len} documents {docs}"
+
+    train_steps(model, sampler, loader, opt, sched, args.steps, describe=describe,
+                forward=lambda model, batch, n: rows_forward(model, batch, row_len, check=n == 0))
 
 
 if __name__ == "__main__":

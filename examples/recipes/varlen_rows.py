@@ -16,7 +16,7 @@ import itertools
 
 import torch
 import torch.nn.functional as F
-from common import TinyLM, max_len, parser, ref_batch, token_losses, utf8_bytes
+from common import TinyLM, max_len, parser, ref_batch, token_losses, train_steps, utf8_bytes
 from torch.utils.data import DataLoader
 
 from sortpack.dataset import SourceDataset
@@ -73,27 +73,13 @@ def main() -> None:
     model = TinyLM(max_len=max_len(sampler.index)).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     sched = VariableBatchSizeLR(opt, sampler, ref_batch_size=ref_batch(sampler), method="sqrt", by="tokens")
-    step, epoch, step_loss_sum = 0, 0, 0.0
-    while step < args.steps:
-        sampler.set_epoch(epoch)
-        for batch in loader:
-            sampler.consume(batch)  # the resume state counts what the loop received
-            sched.follow(batch)  # the LR of this batch's step
-            loss = varlen_forward(model, batch)
-            loss.backward()  # not divided by grad_accum: step_loss weighs every token of the step alike
-            step_loss_sum += loss.item()
-            if batch["microbatch"]["last"]:  # this rank's last micro-batch of the step
-                lr = opt.param_groups[0]["lr"]
-                opt.step()
-                opt.zero_grad()
-                sched.step()
-                kernel = "flash_attn_varlen_func" if flash_attn_varlen_func and DEVICE == "cuda" else "reference"
-                print(f"step {step} tokens {batch['input_ids'].numel()} segments {len(batch['cu_seqlens']) - 1} "
-                      f"kernel {kernel} lr {lr:.3e} loss {step_loss_sum:.3f}", flush=True)
-                step, step_loss_sum = step + 1, 0.0
-                if step == args.steps:
-                    break
-        epoch += 1
+
+    def describe(batch) -> str:
+        kernel = "flash_attn_varlen_func" if flash_attn_varlen_func and DEVICE == "cuda" else "reference"
+        return f"tokens {batch['input_ids'].numel()} segments {len(batch['cu_seqlens']) - 1} kernel {kernel}"
+
+    train_steps(model, sampler, loader, opt, sched, args.steps, lambda model, batch, n: varlen_forward(model, batch),
+                describe)
 
 
 if __name__ == "__main__":

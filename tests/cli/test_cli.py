@@ -9,63 +9,35 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from support import run_sortpack
+from support import assert_same_at_ranks, assert_same_outputs, read_manifest, run_sortpack
 
 # small shards and segments so that 2-4 ranks really split the work
 SMALL = {"SORTPACK_TEST_SHARD_ROWS": "100"}
 
 
-def data_files(d):
-    return sorted(p.name for p in d.iterdir() if p.name != "manifest.json")
-
-
-def read_manifest(d):
-    return json.loads((d / "manifest.json").read_text())
-
-
-def assert_identical(a, b):
-    assert data_files(a) == data_files(b)
-    for name in data_files(a):
-        assert (a / name).read_bytes() == (b / name).read_bytes(), name
-    assert read_manifest(a)["content_hash"] == read_manifest(b)["content_hash"]
-
-
 @pytest.mark.mpi
 def test_run_is_byte_identical_for_1_to_4_ranks(tmp_path, text_dataset):
     files, lengths = text_dataset
-    outs = []
-    for ranks in (1, 2, 3, 4):
-        out = tmp_path / f"plan{ranks}"
-        run_sortpack(["run", *files, "-o", out, "--column", "text", "--max-tokens", "1500",
-                      "--segment-size", "700", "--quiet"], ranks=ranks, env=SMALL, timeout=120)
-        outs.append(out)
+    outs = assert_same_at_ranks(["run", *files, "--column", "text", "--max-tokens", "1500", "--segment-size", "700",
+                                 "--quiet"], tmp_path, env=SMALL, timeout=120)
     m = read_manifest(outs[0])
     assert len(m["shards"]) >= 2 and m["num_samples"] == len(lengths)
     assert m["schema"]["sample_ids"] == "list<item: int32>"  # the default id width for < 2^31 rows
-    for other in outs[1:]:
-        assert_identical(outs[0], other)
-    assert {read_manifest(o)["provenance"]["world_size"] for o in outs} == {1, 2, 3, 4}
 
 
 @pytest.mark.mpi
-def test_three_stages_are_byte_identical_for_1_to_4_ranks(tmp_path, text_dataset):
+def test_three_stage_jobs_write_what_run_writes_in_one(tmp_path, text_dataset):
+    # each stage at 1-4 ranks: tests/mpi/test_invariance_mpi.py, in process
     files, _ = text_dataset
-    first = None
-    for ranks in (1, 2, 3, 4):
-        m, s, p = (tmp_path / f"{x}{ranks}" for x in ("metrics", "sorted", "index"))
-        run_sortpack(["analyze", *files, "-o", m, "--column", "text", "--quiet"], ranks=ranks, env=SMALL)
-        run_sortpack(["sort", m, "-o", s, "--descending", "--quiet"], ranks=ranks, env=SMALL)
-        run_sortpack(["pack", s, "-o", p, "--max-tokens", "1500", "--segment-size", "700", "--quiet"],
-                     ranks=ranks, env=SMALL)
-        if first is None:
-            first = (m, s, p)
-        else:
-            for a, b in zip(first, (m, s, p)):
-                assert_identical(a, b)
-    # the run-in-one-job result equals the three stages
-    run_sortpack(["run", *files, "-o", tmp_path / "one", "--column", "text", "--descending",
-                  "--max-tokens", "1500", "--segment-size", "700", "--quiet"], ranks=2, env=SMALL)
-    assert_identical(first[2], tmp_path / "one")
+    m, s, p = (tmp_path / x for x in ("metrics", "sorted", "index"))
+    run_sortpack(["analyze", *files, "-o", m, "--column", "text", "--quiet"], ranks=3, env=SMALL)
+    run_sortpack(["sort", m, "-o", s, "--descending", "--quiet"], ranks=3, env=SMALL)
+    run_sortpack(["pack", s, "-o", p, "--max-tokens", "1500", "--segment-size", "700", "--quiet"], ranks=3, env=SMALL)
+    run_sortpack(["run", *files, "-o", tmp_path / "one", "--column", "text", "--descending", "--max-tokens", "1500",
+                  "--segment-size", "700", "--quiet", "--keep-intermediate"], ranks=2, env=SMALL)
+    assert_same_outputs(p, tmp_path / "one")
+    assert_same_outputs(m, tmp_path / "one.metrics")
+    assert_same_outputs(s, tmp_path / "one.sorted")
 
 
 def test_sorted_directory_is_a_sorted_permutation(tmp_path, text_dataset):
@@ -167,13 +139,8 @@ def test_runs_as_one_rank_with_a_warning_when_mpi_cannot_load(tmp_path, text_dat
 ])
 def test_every_mode_is_identical_at_1_and_3_ranks(tmp_path, text_dataset, mode):
     files, lengths = text_dataset
-    outs = []
-    for ranks in (1, 3):
-        out = tmp_path / f"plan{ranks}"
-        run_sortpack(["run", *files, "-o", out, "--column", "text", "--max-tokens", "1500",
-                      "--segment-size", "700", "--quiet", *mode], ranks=ranks, env=SMALL)
-        outs.append(out)
-    assert_identical(*outs)
+    outs = assert_same_at_ranks(["run", *files, "--column", "text", "--max-tokens", "1500", "--segment-size", "700",
+                                 "--quiet", *mode], tmp_path, ranks=(1, 3), env=SMALL, timeout=120)
     m = read_manifest(outs[0])
     table = pa.concat_tables(pa.ipc.open_file(str(outs[0] / e["file"])).read_all() for e in m["shards"])
     ids = np.concatenate(table["sample_ids"].to_numpy(zero_copy_only=False))

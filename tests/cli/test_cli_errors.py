@@ -173,26 +173,22 @@ def test_good_input_succeeds(data):
 needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec on PATH")
 
 
-@pytest.mark.mpi
-@needs_mpi
-@pytest.mark.parametrize("command", ["analyze", "run"])
-def test_mpi_bad_column(data, command):
-    extra = ["--max-tokens", "100"] if command == "run" else []
-    proc = sortpack([command, "good.parquet", "good2.parquet", "-o", "out", "--column", "body", *extra],
-                    data, ranks=2, timeout=120)
-    assert_clean_failure(proc, data, contains="no column 'body'")
+# two files of two rows: rank 0 reads the first, rank 1 the second (for "negative", the bad one)
+MPI_BAD = {"bad column": (["good.parquet", "good2.parquet", "--column", "body"], "no column 'body'"),
+           "bad value only on rank one": (["first.parquet", "negative.parquet", "--size", "column:n"],
+                                          "negative.parquet: --size column:n has 1 negative values")}
 
 
 @pytest.mark.mpi
 @needs_mpi
+@pytest.mark.parametrize("case", sorted(MPI_BAD))
 @pytest.mark.parametrize("command", ["analyze", "run"])
-def test_mpi_bad_value_only_on_rank_one(data, command):
-    # two files of two rows: rank 0 reads the first, rank 1 the second (with the negative)
+def test_mpi_bad_input_fails_cleanly(data, command, case):
     pq.write_table(pa.table({"text": ["a", "b"], "n": [1, 2]}), data / "first.parquet")
+    args, message = MPI_BAD[case]
     extra = ["--max-tokens", "100"] if command == "run" else []
-    proc = sortpack([command, "first.parquet", "negative.parquet", "-o", "out", "--size", "column:n", *extra],
-                    data, ranks=2, timeout=120)
-    assert_clean_failure(proc, data, contains="negative.parquet: --size column:n has 1 negative values")
+    proc = sortpack([command, *args, "-o", "out", *extra], data, ranks=2, timeout=120)
+    assert_clean_failure(proc, data, contains=message)
 
 
 @pytest.mark.mpi

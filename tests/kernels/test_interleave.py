@@ -52,10 +52,8 @@ def _both(monkeypatch, *args):
     return compiled, fallback
 
 
-@needs_c
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(streams())
-def test_compiled_picks_equal_the_python_loop(monkeypatch, case):
+def _picks_equal_the_python_loop(monkeypatch, case):
+    """Check both backends against the pure-Python reference on one drawn case."""
     starts, finishes, sizes, total, stop_at = case
     compiled, fallback = _both(monkeypatch, starts, finishes, sizes, total, stop_at)
     assert compiled.dtype == fallback.dtype == np.int16
@@ -64,6 +62,15 @@ def test_compiled_picks_equal_the_python_loop(monkeypatch, case):
     ref = K.wf2q_reference([s.tolist() for s in starts], [f.tolist() for f in finishes],
                            [m.tolist() for m in sizes], total, [min(e, len(s)) for e, s in zip(ends, starts)])
     assert fallback.tolist() == ref
+
+
+# the reference is pure Python: 60 cases in the quick loop, 600 more in the full run (-m slow)
+test_compiled_picks_equal_the_python_loop = needs_c(settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])(
+    given(streams())(_picks_equal_the_python_loop)))
+test_compiled_picks_equal_the_python_loop_600 = pytest.mark.slow(needs_c(settings(
+    max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])(
+    given(streams())(_picks_equal_the_python_loop))))
 
 
 @needs_c

@@ -90,6 +90,7 @@ def rows_index(tmp_path_factory):
     return PackedIndex(path), docs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows", [True, False], ids=["rows-layout", "flat-layout"])
 def test_hugging_face_llama_packed_rows_equal_each_document_alone(rows_index, rows):
     ix, docs = rows_index
@@ -120,6 +121,7 @@ def test_hugging_face_keys_match_data_collator_with_flattening():
     assert kw["max_length_q"] == kw["max_length_k"] == theirs["max_length_q"] == 4
 
 
+@pytest.mark.slow
 def test_recipe_model_under_the_document_mask_equals_each_document_alone(rows_index):
     sys.path.insert(0, str(ROOT / "examples" / "recipes"))
     from common import TinyLM, sdpa_padded, token_losses

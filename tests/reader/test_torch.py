@@ -281,6 +281,7 @@ def resume_index(tmp_path_factory):
     return write_text_index(tmp / "ix", files, max_tokens=90)
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                 HealthCheck.function_scoped_fixture])
 @given(data=st.data(), with_lr=st.booleans(), accum=st.integers(1, 2))
@@ -301,6 +302,7 @@ def test_state_after_k_consumed_steps_resumes_at_step_k_with_workers(resume_inde
     assert head + _train(resume_index, dataset, second, lr=with_lr) == whole
 
 
+@pytest.mark.slow
 def test_example_trains_with_two_gloo_ranks(text_index, tmp_path):
     _, index = text_index
     outs = run_gloo_ranks([ROOT / "examples" / "train_tiny.py", index, "--steps", "3", "--grad-accum", "2"],
@@ -313,6 +315,7 @@ def test_example_trains_with_two_gloo_ranks(text_index, tmp_path):
     assert lrs[0] == lrs[1]  # every rank steps with the same LR
 
 
+@pytest.mark.slow
 def test_sortpack_torch_never_shadows_torch(tmp_path):
     # with sortpack/ itself on sys.path (python sortpack/x.py), `import torch` must be PyTorch
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import torch; "

@@ -105,7 +105,8 @@ def _outputs(outs: list[str]) -> list[dict]:
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("mode", ["plain", "reader", "dist", "mismatch"])
+@pytest.mark.parametrize("mode", ["plain", "reader", pytest.param("dist", marks=pytest.mark.slow),
+                                  pytest.param("mismatch", marks=pytest.mark.slow)])
 def test_two_processes_take_complementary_shares(plan, mode):
     pytest.importorskip("torch")
     clean = {v: "" for v in JOB_VARS if v not in ("RANK", "WORLD_SIZE")}

@@ -122,22 +122,6 @@ def test_a_touched_parquet_input_is_refused_and_mtimes_stay_out_of_content_hash(
     assert "modified since analyze" in _one_error_line(proc)
 
 
-def test_fingerprints_are_the_same_for_any_rank_count(tmp_path):
-    inputs = [_write_jsonl(tmp_path / "a.jsonl", 300),
-              write_text_parquet(tmp_path / "b.parquet", np.arange(1, 500) % 70 + 1, row_group_size=50),
-              _write_jsonl(tmp_path / "c.jsonl", 200)]
-    hashes = []
-    for ranks in (1, 2, 3, 4):
-        out = tmp_path / f"ix{ranks}"
-        run_sortpack(["run", *inputs, "-o", out, "--column", "text", "--max-tokens", 300, "--quiet"],
-                     ranks=ranks, timeout=180)
-        m = _manifest(out)
-        hashes.append(m["content_hash"])
-        assert [f["sha256_of"] for f in m["source"]["files"]] == ["file", "footer", "file"]
-        assert m["provenance"]["source_mtime_ns"] == [p.stat().st_mtime_ns for p in inputs]
-    assert len(set(hashes)) == 1
-
-
 # --- item 3: a stage verifies the directory it reads ---------------------------------------
 @pytest.mark.parametrize("ranks", [None, 2])
 def test_pack_and_sort_refuse_a_flipped_bit_and_write_nothing(sorted_dir, tmp_path, ranks):

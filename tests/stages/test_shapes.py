@@ -14,7 +14,7 @@ from sortpack.stages.pack import PackOptions, pack_samples, static_batch_size
 from sortpack.stages.samples import SampleColumns
 from sortpack.stages.shapes import choose_shapes, global_histogram, padded_total, parse_shapes
 
-from support import lognormal, rounding_padding, run_sortpack, write_text_parquet
+from support import assert_same_at_ranks, lognormal, rounding_padding, run_sortpack, write_text_parquet
 
 
 # --- the global histogram ---------------------------------------------------------------------------
@@ -180,20 +180,11 @@ def read_index(path):
 @pytest.mark.mpi
 def test_auto_static_is_byte_identical_for_1_to_4_ranks(tmp_path, lognormal_dataset):
     files, sizes = lognormal_dataset
-    outs = []
-    for ranks in (1, 2, 3, 4):
-        out = tmp_path / f"plan{ranks}"
-        run_sortpack(["run", *files, "-o", out, "--column", "text", "--max-tokens", "8000", "--shapes", "auto:8",
-                      "--static-shapes", "--segment-size", "700", "--quiet"], ranks=ranks, env=SMALL, timeout=120)
-        outs.append(out)
+    outs = assert_same_at_ranks(["run", *files, "--column", "text", "--max-tokens", "8000", "--shapes", "auto:8",
+                                 "--static-shapes", "--segment-size", "700", "--quiet"], tmp_path, env=SMALL,
+                                timeout=120)
     m, table = read_index(outs[0])
     assert len(m["shards"]) >= 2
-    for other in outs[1:]:
-        names = sorted(p.name for p in other.iterdir() if p.name != "manifest.json")
-        assert names == sorted(p.name for p in outs[0].iterdir() if p.name != "manifest.json")
-        for name in names:
-            assert (outs[0] / name).read_bytes() == (other / name).read_bytes(), name
-        assert read_index(other)[0]["content_hash"] == m["content_hash"]
     lengths = m["options"]["shapes"]
     assert m["options"]["shapes_request"] == "auto:8" and m["options"]["static_shapes"] is True
     assert len(lengths) == 8 and lengths[-1] == int(sizes.max())

@@ -140,6 +140,7 @@ def test_the_controller_leaves_no_reference_cycle(regression):
         gc.enable()
 
 
+@pytest.mark.slow
 def test_ddp_noise_scale_matches_the_exact_value(regression):
     ix = regression[0]
     out = run_gloo_ranks([str(ROOT / "tests" / "train" / "goodput_ddp_worker.py"), str(ix), "3"])[0]
@@ -148,6 +149,7 @@ def test_ddp_noise_scale_matches_the_exact_value(regression):
     assert estimate == pytest.approx(truth, rel=0.15)
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_choose_the_same_accumulation(tmp_path):
     from support import write_text_parquet
 

@@ -55,6 +55,7 @@ def full_batch_grads(ix: PackedIndex, sizes, schedule: np.ndarray) -> list[list[
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_gradients_equal_at_any_world_and_accumulation(tmp_path, mode):
     path, sizes = build(tmp_path, mode)

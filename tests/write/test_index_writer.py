@@ -1,12 +1,12 @@
 """The index's sample-id width: int32 when every input row number fits, int64 otherwise; identical
-bytes for any rank count at either width, and readers, ``verify`` and ``--store`` accept both."""
+bytes for any rank count at either width (int64 at 1-4 ranks: tests/mpi/test_invariance_mpi.py), and
+readers, ``verify`` and ``--store`` accept both."""
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pyarrow as pa
-import pytest
 
 from sortpack.dataset import SourceDataset
 from sortpack.format import verify_directory
@@ -53,33 +53,6 @@ def test_the_width_is_decided_by_the_input_rows_not_the_packed_samples(tmp_path,
     m = manifest(ix)
     assert seen == [6] and m["num_samples"] == 5 and m["source"]["num_rows"] == 6
     assert m["schema"]["sample_ids"] == "list<item: int32>"
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("bits", [64])  # the int32 default: test_cli's 1-4-rank identity test
-def test_either_width_is_byte_identical_for_1_to_4_ranks(tmp_path, text_dataset, bits):
-    files, lengths = text_dataset
-    env = {**SMALL, "SORTPACK_TEST_ID_BITS": "64"} if bits == 64 else SMALL
-    outs = []
-    for ranks in (1, 2, 3, 4):
-        out = tmp_path / f"plan{ranks}"
-        run_sortpack(["run", *files, "-o", out, "--column", "text", "--max-tokens", "1500",
-                      "--segment-size", "700", "--quiet"], ranks=ranks, env=env, timeout=120)
-        outs.append(out)
-    m = manifest(outs[0])
-    assert m["schema"]["sample_ids"] == f"list<item: int{bits}>" and len(m["shards"]) >= 2
-    table = shard_table(outs[0])
-    assert table.schema.field("sample_ids").type == pa.list_(pa.int32() if bits == 32 else pa.int64())
-    ids = np.concatenate(table["sample_ids"].to_numpy(zero_copy_only=False))
-    assert sorted(ids.tolist()) == list(range(len(lengths)))
-    names = sorted(p.name for p in outs[0].iterdir())
-    for other in outs[1:]:
-        assert sorted(p.name for p in other.iterdir()) == names
-        for name in names:
-            if name != "manifest.json":
-                assert (outs[0] / name).read_bytes() == (other / name).read_bytes(), name
-        assert manifest(other)["content_hash"] == m["content_hash"]
-    assert run_sortpack(["verify", outs[0]]).returncode == 0
 
 
 def test_both_widths_read_verify_and_store_the_same(tmp_path):

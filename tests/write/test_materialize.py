@@ -15,7 +15,7 @@ from sortpack.format.shards import verify_directory
 from sortpack.reader import PackedIndex
 from sortpack.torch import PackedBatchSampler, pad_collate, varlen_collate
 
-from support import make_tokenizer, run_sortpack
+from support import assert_same_at_ranks, make_tokenizer, run_sortpack
 
 # small index shards, cut by micro-batches and by samples, and small data shards
 SMALL = {"SORTPACK_TEST_SHARD_ROWS": "40", "SORTPACK_TEST_SHARD_SAMPLES": "500", "SORTPACK_TEST_DATA_ROWS": "300"}
@@ -222,17 +222,11 @@ def test_disk_full_leaves_the_previous_output(tmp_path, text_dataset):
 @pytest.mark.mpi
 def test_stored_data_is_byte_identical_for_1_to_4_ranks_with_many_rounds(tmp_path, text_dataset):
     files, _ = text_dataset
-    outs = []
-    for ranks in (1, 2, 3, 4):
-        out = tmp_path / f"plan{ranks}"
-        run_sortpack(["run", *files, "-o", out, "--column", "text", "--max-tokens", "1500", "--quiet",
-                      "--store", "text,n", "--memory-limit", "64K"], ranks=ranks, env=SMALL, timeout=180)
-        outs.append(out)
+    outs = assert_same_at_ranks(["run", *files, "--column", "text", "--max-tokens", "1500", "--quiet",
+                                 "--store", "text,n", "--memory-limit", "64K"], tmp_path, env=SMALL)
+    for out in outs:
         exchange = manifest(out)["provenance"]["exchange"]
         assert exchange["memory_limit"] == 64 << 10 and exchange["rounds"] >= 4  # many bounded rounds
-    for out in outs[1:]:
-        assert data_files(out) == data_files(outs[0])
-        assert manifest(out)["content_hash"] == manifest(outs[0])["content_hash"]
     assert_rows_match(outs[0], source_table(files), world=3)
 
 
@@ -365,14 +359,9 @@ def test_columns_of_every_kind_with_nulls_move_identically_at_1_and_3_ranks(tmp_
     # strings and lists go as byte ranges; booleans, structs and lists with null values
     # take the IPC path; nulls everywhere; a small limit forces rounds and spills
     files = _every_kind_files(tmp_path)
-    outs = []
-    for ranks in (1, 3):
-        out = tmp_path / f"plan{ranks}"
-        run_sortpack(["run", *files, "-o", out, "--size", "column:n", "--max-tokens", "200", "--quiet",
-                      "--store", "text,ids,holey,flag,meta,when", "--memory-limit", "16K"], ranks=ranks,
-                     env=SMALL, timeout=180)
-        outs.append(out)
-    assert data_files(outs[1]) == data_files(outs[0])
+    outs = assert_same_at_ranks(["run", *files, "--size", "column:n", "--max-tokens", "200", "--quiet",
+                                 "--store", "text,ids,holey,flag,meta,when", "--memory-limit", "16K"], tmp_path,
+                                ranks=(1, 3), env=SMALL)
     assert verify_directory(outs[0]) == []
     assert_rows_match(outs[0], source_table(files), world=2)
     assert_take_matches(outs[0], source_table(files))  # nulls, structs, lists with null values
