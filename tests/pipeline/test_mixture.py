@@ -173,6 +173,11 @@ BAD_SPECS = {
                                     {"name": "a", "inputs": ["y"], "weight": 1}]}, "appears twice"),
     "no inputs": ({"sources": [{"name": "a", "inputs": [], "weight": 1}]}, "'inputs' must be a non-empty"),
     "bad total": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}], "total_tokens": -3}, "total_tokens"),
+    "total 1e30": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}], "total_tokens": 1e30}, "2\\*\\*53"),
+    "total 2^63-1": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}], "total_tokens": 2**63 - 1},
+                     "total_tokens 9.22e\\+18 is more than 2\\*\\*53"),
+    "total inf": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}], "total_tokens": float("inf")},
+                  "positive integer"),
     "never used": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}, {"name": "b", "inputs": ["y"],
                                                                               "weight": 1}],
                     "schedule": [{"until": 1.0, "weights": {"b": 0}}]}, "weight 0 in every phase"),
@@ -205,6 +210,9 @@ CLI_ERRORS = {
     "total without mixture": (["run", "web/", "--total-tokens", "5"], "apply to a mixture"),
     "bad total": (["run", "--blend", "1 web/", "--total-tokens", "0"], "--total-tokens 0"),
     "tiny total": (["run", "--blend", "1 web/", "--total-tokens", "3"], "smaller than the first micro-batch"),
+    "int64 total": (["run", "--blend", "1 web/", "--total-tokens", str(2**63 - 1)], "--total-tokens 9.22e+18"),
+    "absurd passes": (["run", "--blend", "1 web/", "--total-tokens", str(10**13)], "passes over its"),
+    "absurd total in MIX.json": (["run", "--mixture", "huge.json"], "total_tokens 1e+30 is more than 2**53"),
     "negative weight": (["run", "--blend", "-1 web/ 2 code/"], "weights must be positive"),
 }
 
@@ -216,6 +224,8 @@ def test_cli_errors_are_one_line_exit_2_and_write_nothing(data, case):
     (data / "empty.json").write_text(json.dumps({"sources": [{"name": "web", "inputs": ["web/"], "weight": 1},
                                                              {"name": "empty", "inputs": ["empty/"], "weight": 1}]}))
     (data / "nocol.json").write_text(json.dumps({"sources": [{"name": "code", "inputs": ["code/"], "weight": 1}]}))
+    (data / "huge.json").write_text(json.dumps({"sources": [{"name": "web", "inputs": ["web/"], "weight": 1}],
+                                                "total_tokens": 1e30}))
     args, message = CLI_ERRORS[case]
     out = data / f"err-{case.replace(' ', '-')}"
     args = [a if a.startswith("-") or a in ("run",) or " " in a or a.isdigit() else str(data / a) for a in args]
@@ -225,4 +235,18 @@ def test_cli_errors_are_one_line_exit_2_and_write_nothing(data, case):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+@pytest.mark.parametrize("total", [str(10**30), str(10**13)])
+def test_an_absurd_total_is_refused_at_once_on_every_rank(data, ranks, total):
+    # 10**30 is past what a plan counts exactly; 10**13 asks web for millions of passes: both a typo,
+    # and planning either would run for ever (issue 28)
+    out = data / f"err-total-{total}-{ranks}"
+    proc = run_sortpack(["run", "--blend", f"1 {data / 'web'}", "--total-tokens", total, "-o", out,
+                         "--max-tokens", "8192"], ranks=ranks, check=False, timeout=90)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--total-tokens" in lines[0] and "a typo?" in lines[0], proc.stderr
     assert not out.exists()
