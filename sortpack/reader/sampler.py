@@ -364,41 +364,13 @@ class PackedSampler:
         self.skips = self.skips.merged(state)  # a restart's skips join its checkpoint's
         self._resumed = True
 
+
 class PackedBatchSampler(PackedSampler):
     """A ``DataLoader`` ``batch_sampler``: yields this rank's micro-batches (lists of sample ids).
 
     ``len()`` is the micro-batches left in the epoch (``steps * grad_accum``). Call
     ``consume(batch)`` on every batch the loop receives so ``state_dict()`` counts what was
-    trained on, not what workers prefetched; see ``PackedSampler`` for ordering and resume.
-
-    Parameters
-    ----------
-    index : PackedIndex or path
-        The index (a path is opened).
-    rank, world_size : int, optional
-        This rank and the data-parallel ranks; default to ``torch.distributed`` when
-        initialised, else to the launcher's environment (torchrun's ``RANK``/``WORLD_SIZE``,
-        mpiexec, srun; 0 and 1 without). A given value that disagrees raises ValueError.
-    grad_accum : int
-        Micro-batches per rank per optimizer step.
-    order : {"index", "shuffle", "curriculum"}
-        Step order (see ``PackedSampler``).
-    seed : int
-        The shuffle's seed.
-    drop_last : bool
-        Drop a short last step instead of filling it from the start.
-    largest_first : bool
-        Costliest step first.
-    warmup_shapes : bool
-        Every shape to every rank in the first steps.
-    group, check_rank
-        As for ``PackedSampler``.
+    trained on, not what workers prefetched. It takes ``PackedSampler``'s parameters, all of
+    them (``skip_steps``, ``skip_samples`` included), by inheriting its constructor: a
+    re-declared copy drifted from it once (issue 28), and tests keep the two signatures equal.
     """
-
-    def __init__(self, index, rank: int | None = None, world_size: int | None = None,
-                 grad_accum: int = 1, order: str = "index", seed: int = 0, drop_last: bool = False,
-                 largest_first: bool = False, warmup_shapes: bool = False, *, group=None,
-                 check_rank: bool = True):
-        super().__init__(index, rank=rank, world_size=world_size, grad_accum=grad_accum, order=order,
-                         seed=seed, drop_last=drop_last, largest_first=largest_first,
-                         warmup_shapes=warmup_shapes, group=group, check_rank=check_rank)
