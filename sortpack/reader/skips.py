@@ -42,8 +42,10 @@ def _whole(value) -> int | None:
 
 
 def _not_text(value, what: str) -> None:
+    """Refuse a string where a collection of steps or ids belongs (its characters would be taken one by one)."""
     if isinstance(value, (str, bytes)):
-        raise ValueError(f"{what}: {value!r} is not {'a list of sample ids or a dict of id to size' if what == 'skip_samples' else 'a list of steps'}")
+        wanted = "a list of sample ids or a dict of id to size" if what == "skip_samples" else "a list of steps"
+        raise ValueError(f"{what}: {value!r} is not {wanted}")
 
 
 def _ranges(steps) -> np.ndarray:
@@ -57,16 +59,16 @@ def _ranges(steps) -> np.ndarray:
         if isinstance(item, range):
             if item.step != 1:
                 raise ValueError(f"skip_steps: {item!r} must have step 1")
-            bounds = (_whole(item.start), _whole(item.stop))
+            lo, hi = _whole(item.start), _whole(item.stop)
         elif isinstance(item, (tuple, list, np.ndarray)) and len(item) == 2:
-            bounds = (_whole(item[0]), _whole(item[1]))
+            lo, hi = _whole(item[0]), _whole(item[1])
         else:
-            bounds = (_whole(item), None if _whole(item) is None else _whole(item) + 1)
-        if bounds[0] is None or bounds[1] is None:
+            lo = _whole(item)
+            hi = None if lo is None else lo + 1
+        if lo is None or hi is None:
             shown = tuple(item) if isinstance(item, (list, np.ndarray)) else item
             raise ValueError(f"skip_steps: {shown!r} is not a step, a (start, stop) pair or a range of steps "
                              f"(integers in [0, 2**62))")
-        lo, hi = bounds
         if hi < lo:
             raise ValueError(f"skip_steps: [{lo}, {hi}) is not a range of step numbers (0 <= start <= stop)")
         if hi > lo:
