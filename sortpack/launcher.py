@@ -40,7 +40,7 @@ class Launch(NamedTuple):
 
 
 def env_count(name: str, lowest: int) -> int | None:
-    """Return environment variable ``name`` as an int >= ``lowest`` (None when unset or empty), or raise LauncherError."""
+    """Return variable ``name`` as an int >= ``lowest`` (None when unset or empty), or raise LauncherError."""
     text = os.environ.get(name)
     if text is None or not text.strip():
         return None  # unset, or set empty (as a shell clears a variable)
