@@ -14,7 +14,7 @@ import numpy as np
 from .index import PackedIndex
 from .lr import lr_scale
 from .microbatch import MicroBatch, step_info
-from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions
+from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions, steps_moved
 from .sampler_state import Layout, Place, check_sampler_state
 from .skips import Skips
 from .world import resolve_rank
@@ -103,11 +103,7 @@ class PackedSampler:
 
     def _check_mixture_order(self) -> None:
         """Refuse an order that would move a mixture plan's steps: the plan's order is its schedule."""
-        if self.index.mixture is None:
-            return
-        moved = [f"order={self.order!r}"] if self.order != "index" else []
-        moved += [name for name, on in (("largest_first", self.largest_first),
-                                        ("warmup_shapes", self.warmup_shapes)) if on]
+        moved = steps_moved(self.index, self.order, self.largest_first, self.warmup_shapes)
         if moved:
             raise ValueError(f"{self.index.path} is a mixture plan: its order is the schedule, and {moved[0]} "
                              "would break the blend at every prefix; train in order='index' (docs/mixtures.md)")
