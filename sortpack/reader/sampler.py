@@ -87,6 +87,7 @@ class PackedSampler:
         self.epoch = 0
         self._layout = Layout(world_size, self.grad_accum)  # that laid out this epoch
         self._position = 0  # flat position where the next step starts (the resume state)
+        self._regridded = False  # a step of this epoch had another width than its layout's: off its grid
         self._step = 0  # steps of this epoch before it
         self._explicit = False  # the loop reports consumption (consume/step): hand-outs do not count
         self._resumed = False  # a loaded state: the next set_epoch of its epoch keeps the place
@@ -182,10 +183,12 @@ class PackedSampler:
     def _set_state(self, epoch: int, position: int, step: int) -> None:
         if epoch != self.epoch:
             self.epoch, self._layout = int(epoch), Layout(self.world_size, self.grad_accum)
+            self._regridded = False
         self._position, self._step = int(position), int(step)
         if position > 0 and self._steps_from(position, int(step)) == 0:  # the epoch is over: the next one
             self.epoch, self._layout = self.epoch + 1, Layout(self.world_size, self.grad_accum)
             self._position = self._step = 0
+            self._regridded = False
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning (right after ``load_state_dict`` of that epoch: keep its place)."""
@@ -195,10 +198,13 @@ class PackedSampler:
         self._resumed = False
         self.epoch, self._layout = int(epoch), Layout(self.world_size, self.grad_accum)
         self._position = self._step = 0
+        self._regridded = False
 
     def set_grad_accum(self, grad_accum: int) -> None:
         """Change the accumulation between steps; the epoch continues from the same position."""
         self.grad_accum = self._checked_accum(grad_accum)
+        # the epoch's next steps have another width than its layout: positions leave its step grid
+        self._regridded = self._regridded or Layout(self.world_size, self.grad_accum) != self._layout
 
     # --- progress ---------------------------------------------------------------------
     def consume(self, batch) -> None:
@@ -334,6 +340,8 @@ class PackedSampler:
             "world_size": self.world_size, "grad_accum": self.grad_accum,
             "layout": list(self._layout), "num_microbatches": self.index.num_microbatches,
             "content_hash": self.index.content_hash, **self.skips.state(),
+            # whether position may be off the layout's step grid (docs/guarantees.md, the resume-position rule)
+            "regridded": self._regridded or Layout(self.world_size, self.grad_accum) != self._layout,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -356,6 +364,7 @@ class PackedSampler:
         self._layout = Layout(world, accum)
         self._position = int(state["position"])
         self._step = int(state.get("step", self._position // max(1, world * accum)))
+        self._regridded = bool(state.get("regridded", False))
         self._pass_start = Place(self.epoch, self._position, self._step, self._layout)
         self.skips = self.skips.merged(state)  # a restart's skips join its checkpoint's
         self._resumed = True
@@ -370,3 +379,8 @@ class PackedBatchSampler(PackedSampler):
     them (``skip_steps``, ``skip_samples`` included), by inheriting its constructor: a
     re-declared copy drifted from it once (issue 28), and tests keep the two signatures equal.
     """
+
+
+# the parameters are the parent's, and so is their documentation (one text, no copy to drift)
+PackedBatchSampler.__doc__ = (PackedBatchSampler.__doc__ or "") + "\n    Parameters" + \
+    (PackedSampler.__doc__ or "").split("\n    Parameters", 1)[1]
