@@ -183,6 +183,9 @@ def _parse_schedule(raw, sources: list[MixSource], origin: str) -> Schedule:
         if ends[-1] != 1.0:
             raise SortpackError(f"{origin}: the schedule must end at 1.0 (its last 'until' is {ends[-1]})")
     weights = np.asarray(rows, dtype=np.float64)
+    # scale by each phase's largest weight first: weights near 1e308 would overflow their sum to inf
+    # (and every share to 0), weights near 1e-320 lose their digits
+    weights /= weights.max(axis=1, keepdims=True)
     weights /= weights.sum(axis=1, keepdims=True)
     schedule = Schedule(np.asarray(ends), weights)
     unused = [n for n, share in zip(names, schedule.shares()) if share <= 0]

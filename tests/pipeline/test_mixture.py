@@ -250,3 +250,28 @@ def test_an_absurd_total_is_refused_at_once_on_every_rank(data, ranks, total):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--total-tokens" in lines[0] and "a typo?" in lines[0], proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("weights", [(1e308, 1e308), (1e-320, 3e-320), (1.7e308, 0.6e308)])
+def test_extreme_weights_are_exact_shares_without_warnings(weights):
+    # two weights of 1e308 overflowed their sum: numpy warnings, then "weight 0 in every phase" (issue 28)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mix = parse_blend(f"{weights[0]!r} web/ {weights[1]!r} code/")
+        shares = mix.schedule.shares()
+        spec = {"sources": [{"name": "a", "inputs": ["x"], "weight": weights[0]},
+                            {"name": "b", "inputs": ["y"], "weight": 1}],
+                "schedule": [{"until": 0.5}, {"until": 1.0, "weights": {"b": weights[1]}}]}
+        assert parse_mixture(spec).schedule.shares().sum() == pytest.approx(1.0)
+    big = max(weights)
+    assert shares.tolist() == pytest.approx([w / big / sum(x / big for x in weights) for w in weights])
+    assert shares.sum() == pytest.approx(1.0) and (shares > 0).all()
+
+
+def test_two_weights_of_1e308_run_without_noise(data):
+    out = data / "huge-weights"
+    proc = run_sortpack(["run", "--blend", f"1e308 {data / 'web'} 1e308 {data / 'books'}", "-o", out,
+                         "--max-tokens", "8192", "--quiet", "--overwrite"], timeout=120)
+    assert proc.stderr == "" and PackedIndex(out).manifest["mixture"]["sources"][0]["share"] == pytest.approx(0.5)
