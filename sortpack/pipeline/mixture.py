@@ -280,11 +280,12 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
     k = len(mix.sources)
     if k * sopts.stages > np.iinfo(np.int16).max:
         raise SortpackError(f"--stages {sopts.stages} with {k} mixture sources: at most "
-                            f"{np.iinfo(np.int16).max // k} stages")
+                            f"{np.iinfo(np.int16).max // k} stages", collective=True)  # every rank, after collectives
     store_fn = None
     if store is not None and store.enabled:
         if store.tokens:
-            raise SortpackError("--store-tokens is not supported with a mixture yet (--store COLUMNS is)")
+            raise SortpackError("--store-tokens is not supported with a mixture yet (--store COLUMNS is)",
+                                collective=True)  # raised on every rank alike: printed once, no abort
         store_fn = prepare(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
     out = OutputDir(comm, output, overwrite)
     prof = Profile(comm)

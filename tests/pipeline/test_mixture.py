@@ -275,3 +275,16 @@ def test_two_weights_of_1e308_run_without_noise(data):
     proc = run_sortpack(["run", "--blend", f"1e308 {data / 'web'} 1e308 {data / 'books'}", "-o", out,
                          "--max-tokens", "8192", "--quiet", "--overwrite"], timeout=120)
     assert proc.stderr == "" and PackedIndex(out).manifest["mixture"]["sources"][0]["share"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+@pytest.mark.parametrize("extra, message", [(["--store-tokens"], "--store-tokens is not supported with a mixture"),
+                                            (["--stages", "20000"], "--stages 20000 with 2 mixture sources")])
+def test_a_refusal_after_the_first_collective_is_printed_once(data, ranks, extra, message):
+    # at 2 ranks it was printed twice, with two MPI_Abort lines (issue 28)
+    out = data / f"err-after-{extra[0]}-{ranks}"
+    proc = run_sortpack(["run", "--blend", f"1 {data / 'web'} 1 {data / 'books'}", "-o", out, "--max-tokens",
+                         "8192", *extra], ranks=ranks, check=False, timeout=90)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"Error: {message}" + proc.stderr.split(message, 1)[1].rstrip()]
+    assert "MPI_Abort" not in proc.stderr and not out.exists()
