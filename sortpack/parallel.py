@@ -265,11 +265,15 @@ def get_comm() -> Comm:
 
     ``SORTPACK_NO_MPI=1`` forces the one-rank communicator. When MPI cannot load but the
     launcher's environment says the job has several ranks, raises ``SortpackError``: each
-    rank would otherwise run the whole job alone and replace the others' output.
+    rank would otherwise run the whole job alone and replace the others' output. So does a
+    launcher variable that is set but wrong (``launcher.LauncherError``).
     """
     global _WORLD
     if _WORLD is not None:
         return _WORLD
+    from .launcher import launcher
+
+    launcher()  # a launcher variable that is set but wrong is an error even when MPI knows better
     if env_flag("SORTPACK_NO_MPI"):
         _WORLD = SerialComm()
         return _WORLD

@@ -1,12 +1,20 @@
 """Shared fixtures: small datasets on disk."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from support import write_text_parquet
+
+# Progress lines start after SORTPACK_PROGRESS_DELAY seconds of a stage: on a loaded machine a stage
+# can pass the default 2 s, and a test counting stderr lines then counts progress too. Every
+# process a test starts (and every in-process stage) inherits this; the tests of progress itself
+# set their own delay (0).
+PROGRESS_DELAY = "3600"
+os.environ["SORTPACK_PROGRESS_DELAY"] = PROGRESS_DELAY
 
 
 @pytest.fixture

@@ -36,13 +36,57 @@ def clean_env(monkeypatch):
     ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4"}, 1, 4),
     ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "2"}, 1, 2),
     ({"SLURM_NTASKS": "4"}, 0, 1),  # a batch script's one process, not an srun step
-    ({"PMI_RANK": "junk", "PMI_SIZE": "junk"}, 0, 1),
+    ({"PMI_RANK": "1"}, 0, 1),  # a rank alone is no launcher
+    ({"PMI_RANK": "", "PMI_SIZE": ""}, 0, 1),  # set empty: cleared
 ])
 def test_launcher_rank_and_size(clean_env, env, rank, size):
     for k, v in env.items():
         clean_env.setenv(k, v)
     assert launcher_rank() == rank
     assert launcher_size()[0] == size
+
+
+BAD_LAUNCHES = [
+    ({"PMI_RANK": "junk", "PMI_SIZE": "2"}, "PMI_RANK='junk' is not a rank"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "two"}, "PMI_SIZE='two' is not a number of ranks"),
+    ({"OMPI_COMM_WORLD_RANK": "x", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK='x'"),
+    ({"SLURM_PROCID": "abc", "SLURM_NTASKS": "2"}, "SLURM_PROCID='abc'"),
+    ({"PMI_SIZE": "2"}, "PMI_SIZE=2 is set but PMI_RANK is not"),
+    ({"PMIX_SIZE": "4"}, "PMIX_SIZE=4 is set but PMIX_RANK is not"),
+    ({"MV2_COMM_WORLD_RANK": "-1", "MV2_COMM_WORLD_SIZE": "2"}, "MV2_COMM_WORLD_RANK='-1'"),
+    ({"PMI_RANK": "2", "PMI_SIZE": "2"}, "PMI_RANK=2 is not below PMI_SIZE=2"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "0"}, "PMI_SIZE='0'"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "2", "SLURM_PROCID": "abc"}, "SLURM_PROCID='abc'"),  # every set variable
+]
+
+
+@pytest.mark.parametrize("env, message", BAD_LAUNCHES)
+def test_a_launcher_variable_that_does_not_parse_is_an_error(clean_env, env, message):
+    from sortpack.launcher import LauncherError
+
+    for k, v in env.items():
+        clean_env.setenv(k, v)
+    for ask in (launcher_rank, launcher_size):
+        with pytest.raises(LauncherError, match=message) as err:
+            ask()
+        assert isinstance(err.value, SortpackError) and isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize("env, message, ranks", [
+    ({"SLURM_PROCID": "abc", "SLURM_NTASKS": "2"}, "SLURM_PROCID='abc' is not a rank", None),
+    ({"SLURM_PROCID": "abc", "SLURM_NTASKS": "2"}, "SLURM_PROCID='abc' is not a rank", 2),
+    ({"OMPI_COMM_WORLD_RANK": "x", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK='x'", 2),
+    ({"OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_SIZE=2 is set but OMPI_COMM_WORLD_RANK is not", None),
+])
+def test_the_cli_refuses_a_wrong_launcher_variable_with_one_line(tmp_path, text_dataset, env, message, ranks):
+    # before issue 28 these ran as rank 0 of 1 (or of 2), silently
+    files, _ = text_dataset
+    proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500"],
+                        env=env, ranks=ranks, check=False, timeout=60)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"Error: the launcher variable {message}"), lines
+    assert not (tmp_path / "plan").exists()
 
 
 def test_one_home_for_the_launcher_variables():

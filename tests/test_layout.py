@@ -39,7 +39,7 @@ MAY_IMPORT = {
 }
 # within base, the finer rule: kernels and errors stand alone, only parallel's helpers use parallel
 BASE_MAY_IMPORT = {
-    "errors": set(), "env": set(), "kernels": {"env"}, "launcher": set(), "progress": set(),
+    "errors": set(), "env": set(), "kernels": {"env"}, "launcher": {"errors"}, "progress": set(),
     "permutation": set(), "row_store": {"kernels", "arrow_types", "env"}, "arrow_types": set(),
     "parallel": {"errors", "env", "launcher"}, "partition": {"parallel"}, "distribute": {"parallel", "partition"},
 }

@@ -158,3 +158,23 @@ def test_mpiexec_run_reports_from_rank_zero_only(tmp_path, text_dataset):
     assert f"(job {len(lengths) / 1000:.1f}k)" in err[0]
     quiet = run_sortpack(args + ["--quiet", "--overwrite"], ranks=2, env=env, timeout=120)
     assert quiet.stderr.strip() == "" and quiet.stdout.strip() == ""
+
+
+def test_error_lines_do_not_depend_on_the_machines_load(tmp_path):
+    # a test that counts stderr lines failed on a busy machine once analyze passed the 2 s delay
+    # (issue 28): every process the suite starts gets a delay no load reaches
+    from support import run_sortpack
+
+    proc = run_sortpack(["run", tmp_path / "missing.parquet", "-o", tmp_path / "out", "--column", "text",
+                         "--max-tokens", "100"], check=False, env={"PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    import os
+    import subprocess
+    import sys
+
+    seen = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('SORTPACK_PROGRESS_DELAY'))"],
+                          capture_output=True, text=True, env={**os.environ}).stdout.strip()
+    assert seen != "None" and float(seen) >= 600, seen
+    from sortpack.progress import _delay
+
+    assert _delay() >= 600

@@ -13,9 +13,9 @@ import sys
 import click
 
 from ..errors import one_line
-from ..launcher import launcher_rank
 from . import analyze, inspect, pack, run, sort, verify  # noqa: F401 - each adds its command to the group
 from .group import cli
+from .job import prints_usage_errors
 from .printing import echo_err
 
 
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.ClickException as exc:
         # one line, printed once: under mpiexec every rank parses the same arguments
-        if launcher_rank() == 0:
+        if prints_usage_errors():
             ctx_cmd = getattr(getattr(exc, "ctx", None), "command_path", "sortpack")
             echo_err(f"Error: {ctx_cmd}: {one_line(exc.format_message())}")
         sys.exit(exc.exit_code)

@@ -87,7 +87,7 @@ def make_mixture(inputs: tuple[str, ...], kw: dict, keep_intermediate: bool) -> 
         if not inputs:
             raise SortpackError("Missing argument 'INPUTS...' (or --mixture MIX.json, or --blend)", collective=True)
         return None
-    from ..inputs.mixture import load_mixture, parse_blend
+    from ..inputs.mixture import check_total_tokens, load_mixture, parse_blend
 
     try:
         if path is not None and blend is not None:
@@ -101,7 +101,7 @@ def make_mixture(inputs: tuple[str, ...], kw: dict, keep_intermediate: bool) -> 
         if total is not None:
             if total <= 0:
                 raise SortpackError(f"--total-tokens {total}: must be a positive integer")
-            mix.total_tokens = total
+            mix.total_tokens = check_total_tokens(total, "--total-tokens")
         if seed is not None:
             if seed < 0:
                 raise SortpackError(f"--seed {seed}: must be >= 0")

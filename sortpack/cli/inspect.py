@@ -7,9 +7,8 @@ import os
 import click
 
 from ..errors import SortpackError
-from ..launcher import launcher_rank
 from .group import cli
-from .printing import fail
+from .job import on_one_rank
 
 
 @cli.command()
@@ -34,36 +33,37 @@ from .printing import fail
 @click.option("--warmup-shapes", is_flag=True, help="With --step/--sample: the sampler's warmup_shapes.")
 def inspect(directory, world_size, grad_accum, as_json, plot, step, samples, **sampler):
     """Report on a metrics, sorted or index directory; --step/--sample trace a plan's steps."""
-    if launcher_rank() != 0:
-        return  # under mpiexec/srun one rank reports (and plots) for all
+    # under mpiexec/srun rank 0 reports (and plots) for all; every rank exits with its status
     if step is not None or samples:
-        return _trace(directory, 1 if world_size is None else world_size, grad_accum, step, samples, as_json, sampler)
+        text, root = on_one_rank(lambda: _trace(directory, 1 if world_size is None else world_size, grad_accum,
+                                                step, samples, as_json, sampler))
+    else:
+        text, root = on_one_rank(lambda: _report(directory, world_size, grad_accum, as_json, plot))
+    if root:
+        click.echo(text)
+
+
+def _report(directory, world_size, grad_accum, as_json, plot) -> str:
     from ..report.inspect import inspect_directory, render
     from ..report.plot import plot_directory
 
-    try:
-        report = inspect_directory(directory, world_size, grad_accum)
-        if plot:
-            os.makedirs(os.path.dirname(os.path.abspath(plot)), exist_ok=True)
-            plot_directory(directory, plot, world_size, grad_accum)
-    except SortpackError as exc:
-        fail(exc)
-    click.echo(json.dumps(report, indent=1) if as_json else render(report))
-    for warning in report.get("warnings", []):
+    report = inspect_directory(directory, world_size, grad_accum)
+    if plot:
+        os.makedirs(os.path.dirname(os.path.abspath(plot)), exist_ok=True)
+        plot_directory(directory, plot, world_size, grad_accum)
+    for warning in report.get("warnings", []):  # on stderr: the report itself stays parseable
         click.echo(f"sortpack: warning: {warning}", err=True)
+    return json.dumps(report, indent=1) if as_json else render(report)
 
 
-def _trace(directory, world_size, grad_accum, step, samples, as_json, sampler):
+def _trace(directory, world_size, grad_accum, step, samples, as_json, sampler) -> str:
     from ..reader.trace import render_trace, sample_trace, step_trace
 
-    try:
-        if step is not None and samples:
-            raise SortpackError("--step and --sample: give one of them")
-        if step is not None:
-            trace = step_trace(directory, step, world_size, grad_accum, **sampler)
-        else:
-            sampler["epoch"] = sampler["epoch"] or 0
-            trace = sample_trace(directory, samples, world_size, grad_accum, **sampler)
-    except SortpackError as exc:
-        fail(exc)
-    click.echo(json.dumps(trace, indent=1) if as_json else render_trace(trace))
+    if step is not None and samples:
+        raise SortpackError("--step and --sample: give one of them")
+    if step is not None:
+        trace = step_trace(directory, step, world_size, grad_accum, **sampler)
+    else:
+        sampler["epoch"] = sampler["epoch"] or 0
+        trace = sample_trace(directory, samples, world_size, grad_accum, **sampler)
+    return json.dumps(trace, indent=1) if as_json else render_trace(trace)

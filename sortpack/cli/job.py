@@ -3,14 +3,76 @@ from __future__ import annotations
 
 import functools
 import sys
+import traceback
 from collections.abc import Callable
+from typing import Any
 
 import click
 
-from ..errors import SortpackError
-from ..launcher import launcher_rank
+from ..errors import SortpackError, one_line
+from ..launcher import printing_rank
 from .printing import echo_err, fail, oversize_note, profile_table, summary_line
 from .startup import set_threads, set_tokenizer_threads
+
+
+def prints_alone() -> bool:
+    """Return whether this process prints an error found before there is a communicator to agree on who prints.
+
+    The launcher's rank 0 does (by its first well-formed variables when some are wrong).
+    """
+    return printing_rank() == 0
+
+
+def prints_usage_errors() -> bool:
+    """Return whether this process prints a usage error: the communicator's rank 0 (the launcher's without MPI).
+
+    The communicator, not the launcher's variables: a process that inherited another job's
+    variables is rank 0 of its own job and must say what is wrong.
+    """
+    from ..parallel import get_comm
+
+    try:
+        return get_comm().is_root()
+    except SortpackError:
+        return prints_alone()
+
+
+def on_one_rank(fn: Callable[[], Any]) -> tuple[Any, bool]:
+    """Return (``fn()``'s result, whether this is rank 0) on every rank of the job, ``fn`` run on rank 0 only.
+
+    For the commands that read a directory once for the whole job (``inspect``, ``verify``):
+    rank 0 is the communicator's, never a launcher variable's (a leaked launcher rank once
+    made ``verify`` exit 0 unchecked), and every rank's exit status carries the verdict. A
+    ``SortpackError`` of ``fn`` is printed once (rank 0) and every rank exits 2; any other
+    failure aborts the job.
+    """
+    from ..parallel import get_comm
+
+    try:
+        comm = get_comm()
+    except SortpackError as exc:
+        if prints_alone():
+            fail(exc)
+        sys.exit(2)
+    outcome: tuple[str, Any] = ("ok", None)
+    if comm.is_root():
+        try:
+            outcome = ("ok", fn())
+        except SortpackError as exc:
+            outcome = ("error", one_line(exc))
+        except BaseException:
+            if comm.size > 1:
+                traceback.print_exc()
+                sys.stderr.write("sortpack: rank 0 failed; aborting all ranks\n")
+                comm.abort(1)
+            raise
+    if comm.size > 1:
+        outcome = comm.bcast_obj(outcome)
+    if outcome[0] == "error":
+        if comm.is_root():
+            echo_err(f"Error: {outcome[1]}")
+        sys.exit(2)
+    return outcome[1], comm.is_root()
 
 
 def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
@@ -34,8 +96,7 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
         try:
             comm = get_comm()
         except SortpackError as exc:
-            # no communicator to agree on who prints: the launcher's rank decides
-            if launcher_rank() == 0:
+            if prints_alone():
                 fail(exc)
             sys.exit(2)
         set_tokenizer_threads(comm.node_size())

@@ -5,26 +5,22 @@ import sys
 
 import click
 
-from ..errors import SortpackError
-from ..launcher import launcher_rank
 from .group import cli
-from .printing import fail
+from .job import on_one_rank
 
 
 @cli.command()
 @click.argument("directory", type=click.Path(file_okay=False))
 def verify(directory):
     """Re-check every shard's sha256 and the manifest; exit 1 on any mismatch."""
-    if launcher_rank() != 0:
-        return  # under mpiexec/srun one rank checks for all: the shards are read once
     from ..format.shards import verify_directory
 
-    try:
-        problems = verify_directory(directory)
-    except SortpackError as exc:
-        fail(exc)
-    if problems:
+    # under mpiexec/srun rank 0 checks for all (the shards are read once); every rank exits with its verdict
+    problems, root = on_one_rank(lambda: verify_directory(directory))
+    if root:
         for p in problems:
             click.echo(f"{directory}: {p}", err=True)
+    if problems:
         sys.exit(1)
-    click.echo(f"{directory}: ok")
+    if root:
+        click.echo(f"{directory}: ok")

@@ -74,12 +74,16 @@ def check_structure(path: Path, batch: pa.RecordBatch, rows: int, schema: dict |
     """
     if batch.num_rows != rows:
         raise SortpackError(f"{path}: {batch.num_rows} rows, the manifest says {rows}")
+    try:
+        fields = [(f.name, str(f.type)) for f in batch.schema]
+    except UnicodeDecodeError:  # a flipped byte in the footer's column names
+        raise SortpackError(f"{path}: corrupt Arrow shard (a column name in its footer is not UTF-8)") from None
     if schema:
-        got = {f.name: str(f.type) for f in batch.schema}
+        got = dict(fields)
         if got != dict(schema):
             raise SortpackError(f"{path}: columns {got} differ from the manifest's schema {dict(schema)}")
-    if names is not None and batch.schema.names != list(names):
-        raise SortpackError(f"{path}: columns {batch.schema.names}, the manifest says {list(names)}")
+    if names is not None and [n for n, _ in fields] != list(names):
+        raise SortpackError(f"{path}: columns {[n for n, _ in fields]}, the manifest says {list(names)}")
     try:
         batch.validate()  # buffer sizes against lengths: O(columns)
         for name, column in zip(batch.schema.names, batch.columns):

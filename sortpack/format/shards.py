@@ -47,7 +47,7 @@ def open_shard(directory: str | os.PathLike, entry: dict, schema: dict | None = 
                 batch = pa.RecordBatch.from_pylist([], schema=reader.schema)
             else:
                 batch = pa.Table.from_batches(batches, schema=reader.schema).combine_chunks().to_batches()[0]
-    except (pa.ArrowException, OSError, IndexError) as exc:
+    except (pa.ArrowException, OSError, IndexError, UnicodeDecodeError) as exc:
         raise SortpackError(f"{path}: unreadable Arrow shard ({one_line(exc)})") from None
     check_structure(path, batch, int(entry["rows"]), schema, names)
     return batch

@@ -22,6 +22,9 @@ _TOP_KEYS = {"sources", "total_tokens", "schedule", "seed", "holdout_seed"}
 _SOURCE_KEYS = {"name", "inputs", "weight", "column", "holdout"}
 _PHASE_KEYS = {"until", "weights"}
 MAX_SOURCES = 1024  # a micro-batch's source is stored as int16; this keeps stage codes in range too
+# the schedule's targets are float64 arithmetic on total_tokens: above 2**53 they are no longer
+# exact integers (and 9e15 tokens is a thousand times any run yet); docs/mixtures.md
+MAX_TOTAL_TOKENS = 2**53
 
 
 @dataclass
@@ -85,9 +88,18 @@ def _unknown(obj: dict, allowed: set, where: str) -> None:
 def _total(value, where: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value <= 0:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value != int(value) or value <= 0):
         raise SortpackError(f"{where}: total_tokens must be a positive integer, got {json.dumps(value)}")
-    return int(value)
+    return check_total_tokens(int(value), f"{where}: total_tokens")
+
+
+def check_total_tokens(total: int, what: str) -> int:
+    """Return ``total`` if it is at most ``MAX_TOTAL_TOKENS``, else raise a one-line SortpackError naming ``what``."""
+    if total > MAX_TOTAL_TOKENS:
+        raise SortpackError(f"{what} {total:.3g} is more than 2**53 = {MAX_TOTAL_TOKENS:.3g} tokens, the most a plan "
+                            f"can count exactly (docs/mixtures.md): a typo?")
+    return total
 
 
 def parse_mixture(spec: dict, origin: str = "MIX.json", base_dir: str | None = None) -> Mixture:
@@ -184,6 +196,9 @@ def _parse_schedule(raw, sources: list[MixSource], origin: str) -> Schedule:
         if ends[-1] != 1.0:
             raise SortpackError(f"{origin}: the schedule must end at 1.0 (its last 'until' is {ends[-1]})")
     weights = np.asarray(rows, dtype=np.float64)
+    # scale by each phase's largest weight first: weights near 1e308 would overflow their sum to inf
+    # (and every share to 0), weights near 1e-320 lose their digits
+    weights /= weights.max(axis=1, keepdims=True)
     weights /= weights.sum(axis=1, keepdims=True)
     schedule = Schedule(np.asarray(ends), weights)
     unused = [n for n, share in zip(names, schedule.shares()) if share <= 0]

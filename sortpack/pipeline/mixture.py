@@ -386,7 +386,7 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
     k = len(mix.sources)
     if k * sopts.stages > np.iinfo(np.int16).max:
         raise SortpackError(f"--stages {sopts.stages} with {k} mixture sources: at most "
-                            f"{np.iinfo(np.int16).max // k} stages")
+                            f"{np.iinfo(np.int16).max // k} stages", collective=True)  # every rank, after collectives
     plan_column, file_counts = _plan_column(comm, mix, aopts, store)
     if plan_column != aopts.column:  # a source's own column is read under the plan's name
         aopts = dataclasses.replace(aopts, column=plan_column)

@@ -29,6 +29,18 @@ def step_positions(count: int, world_size: int, grad_accum: int, start: int = 0,
     return flat.reshape(steps, grad_accum, world_size)
 
 
+def steps_moved(index, order: str, largest_first: bool, warmup_shapes: bool) -> list[str]:
+    """Return the settings (``order=...``, ``largest_first``, ``warmup_shapes``) that would move a mixture plan's steps.
+
+    Empty for a plan that is not a mixture: its order is free. A mixture plan's order is its
+    schedule, so the sampler refuses these, and ``inspect --step/--sample`` with them too.
+    """
+    if index.mixture is None:
+        return []
+    moved = [f"order={order!r}"] if order != "index" else []
+    return moved + [name for name, on in (("largest_first", largest_first), ("warmup_shapes", warmup_shapes)) if on]
+
+
 def check_group_alignment(options: dict, width: int) -> None:
     """Raise ValueError when steps of ``width`` micro-batches would split same-shape groups."""
     group = int(options.get("group_size") or 1)

@@ -14,7 +14,7 @@ import numpy as np
 from .index import PackedIndex
 from .lr import lr_scale
 from .microbatch import MicroBatch, step_place
-from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions
+from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions, steps_moved
 from .sampler_state import Layout, Place, check_sampler_state
 from .skips import Skips
 from .world import resolve_rank
@@ -87,6 +87,7 @@ class PackedSampler:
         self.epoch = 0
         self._layout = Layout(world_size, self.grad_accum)  # that laid out this epoch
         self._position = 0  # flat position where the next step starts (the resume state)
+        self._regridded = False  # a step of this epoch had another width than its layout's: off its grid
         self._step = 0  # steps of this epoch before it
         self._explicit = False  # the loop reports consumption (consume/step): hand-outs do not count
         self._resumed = False  # a loaded state: the next set_epoch of its epoch keeps the place
@@ -103,11 +104,7 @@ class PackedSampler:
 
     def _check_mixture_order(self) -> None:
         """Refuse an order that would move a mixture plan's steps: the plan's order is its schedule."""
-        if self.index.mixture is None:
-            return
-        moved = [f"order={self.order!r}"] if self.order != "index" else []
-        moved += [name for name, on in (("largest_first", self.largest_first),
-                                        ("warmup_shapes", self.warmup_shapes)) if on]
+        moved = steps_moved(self.index, self.order, self.largest_first, self.warmup_shapes)
         if moved:
             raise ValueError(f"{self.index.path} is a mixture plan: its order is the schedule, and {moved[0]} "
                              "would break the blend at every prefix; train in order='index' (docs/mixtures.md)")
@@ -186,10 +183,12 @@ class PackedSampler:
     def _set_state(self, epoch: int, position: int, step: int) -> None:
         if epoch != self.epoch:
             self.epoch, self._layout = int(epoch), Layout(self.world_size, self.grad_accum)
+            self._regridded = False
         self._position, self._step = int(position), int(step)
         if position > 0 and self._steps_from(position, int(step)) == 0:  # the epoch is over: the next one
             self.epoch, self._layout = self.epoch + 1, Layout(self.world_size, self.grad_accum)
             self._position = self._step = 0
+            self._regridded = False
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning (right after ``load_state_dict`` of that epoch: keep its place)."""
@@ -199,10 +198,13 @@ class PackedSampler:
         self._resumed = False
         self.epoch, self._layout = int(epoch), Layout(self.world_size, self.grad_accum)
         self._position = self._step = 0
+        self._regridded = False
 
     def set_grad_accum(self, grad_accum: int) -> None:
         """Change the accumulation between steps; the epoch continues from the same position."""
         self.grad_accum = self._checked_accum(grad_accum)
+        # the epoch's next steps have another width than its layout: positions leave its step grid
+        self._regridded = self._regridded or Layout(self.world_size, self.grad_accum) != self._layout
 
     # --- progress ---------------------------------------------------------------------
     def consume(self, batch) -> None:
@@ -336,6 +338,8 @@ class PackedSampler:
             "world_size": self.world_size, "grad_accum": self.grad_accum,
             "layout": list(self._layout), "num_microbatches": self.index.num_microbatches,
             "content_hash": self.index.content_hash, **self.skips.state(),
+            # whether position may be off the layout's step grid (docs/guarantees.md, the resume-position rule)
+            "regridded": self._regridded or Layout(self.world_size, self.grad_accum) != self._layout,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -358,45 +362,23 @@ class PackedSampler:
         self._layout = Layout(world, accum)
         self._position = int(state["position"])
         self._step = int(state.get("step", self._position // max(1, world * accum)))
+        self._regridded = bool(state.get("regridded", False))
         self._pass_start = Place(self.epoch, self._position, self._step, self._layout)
         self.skips = self.skips.merged(state)  # a restart's skips join its checkpoint's
         self._resumed = True
+
 
 class PackedBatchSampler(PackedSampler):
     """A ``DataLoader`` ``batch_sampler``: yields this rank's micro-batches (lists of sample ids).
 
     ``len()`` is the micro-batches left in the epoch (``steps * grad_accum``). Call
     ``consume(batch)`` on every batch the loop receives so ``state_dict()`` counts what was
-    trained on, not what workers prefetched; see ``PackedSampler`` for ordering and resume.
-
-    Parameters
-    ----------
-    index : PackedIndex or path
-        The index (a path is opened).
-    rank, world_size : int, optional
-        This rank and the data-parallel ranks; default to ``torch.distributed`` when
-        initialised, else to the launcher's environment (torchrun's ``RANK``/``WORLD_SIZE``,
-        mpiexec, srun; 0 and 1 without). A given value that disagrees raises ValueError.
-    grad_accum : int
-        Micro-batches per rank per optimizer step.
-    order : {"index", "shuffle", "curriculum"}
-        Step order (see ``PackedSampler``).
-    seed : int
-        The shuffle's seed.
-    drop_last : bool
-        Drop a short last step instead of filling it from the start.
-    largest_first : bool
-        Costliest step first.
-    warmup_shapes : bool
-        Every shape to every rank in the first steps.
-    group, check_rank
-        As for ``PackedSampler``.
+    trained on, not what workers prefetched. It takes ``PackedSampler``'s parameters, all of
+    them (``skip_steps``, ``skip_samples`` included), by inheriting its constructor: a
+    re-declared copy drifted from it once (issue 28), and tests keep the two signatures equal.
     """
 
-    def __init__(self, index, rank: int | None = None, world_size: int | None = None,
-                 grad_accum: int = 1, order: str = "index", seed: int = 0, drop_last: bool = False,
-                 largest_first: bool = False, warmup_shapes: bool = False, *, group=None,
-                 check_rank: bool = True):
-        super().__init__(index, rank=rank, world_size=world_size, grad_accum=grad_accum, order=order,
-                         seed=seed, drop_last=drop_last, largest_first=largest_first,
-                         warmup_shapes=warmup_shapes, group=group, check_rank=check_rank)
+
+# the parameters are the parent's, and so is their documentation (one text, no copy to drift)
+PackedBatchSampler.__doc__ = (PackedBatchSampler.__doc__ or "") + "\n    Parameters" + \
+    (PackedSampler.__doc__ or "").split("\n    Parameters", 1)[1]

@@ -49,7 +49,8 @@ def check_sampler_state(state: dict, index: PackedIndex) -> None:
         "warmup_shapes": boolean, "world_size": positive, "grad_accum": positive,
         "layout": sequence(positive, 2), "num_microbatches": integer(0), "content_hash": text,
         "skip_steps": sequence(sequence(integer(0), 2)), "skip_samples": sequence(sequence(integer(0), 2)),
-    }, optional_keys=("step", "skip_steps", "skip_samples"))  # states written before steps and skips
+        "regridded": boolean,
+    }, optional_keys=("step", "skip_steps", "skip_samples", "regridded"))  # states written before these
     if state["num_microbatches"] != index.num_microbatches or state["content_hash"] != index.content_hash:
         raise ValueError("the sampler state belongs to another index (content hash differs)")
     world, accum = (int(v) for v in state["layout"])
@@ -62,3 +63,11 @@ def check_sampler_state(state: dict, index: PackedIndex) -> None:
     if int(state.get("step", 0)) > position:
         raise ValueError(f"sampler state: 'step' is {state['step']}, more steps than the {position} "
                          f"micro-batches before 'position'")
+    # the resume-position rule (docs/guarantees.md): steps of the layout's width end on its grid, so
+    # position is step * W * A, unless a step of the epoch had another width (set_grad_accum, or a
+    # resume at another world size), which the state records as 'regridded'
+    if state.get("regridded") is False and "step" in state and position != int(state["step"]) * world * accum:
+        end = int(state["step"]) * world * accum
+        raise ValueError(f"sampler state: 'position' {position} is not on a step boundary: step "
+                         f"{state['step']} of {world}x{accum} micro-batches ends at {end} "
+                         f"(and the state records no change of grad_accum or world size in the epoch)")

@@ -31,22 +31,45 @@ class LostPerStep(NamedTuple):
     tokens: np.ndarray
 
 
+_LIMIT = 2**62  # run steps, sample ids and sizes stay far inside int64 (stop = start + 1 included)
+
+
+def _whole(value) -> int | None:
+    """Return ``value`` as an int when it is an integer (not a bool, not a float) in [0, 2**62), else None."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        return None
+    return int(value) if 0 <= int(value) < _LIMIT else None
+
+
+def _not_text(value, what: str) -> None:
+    """Refuse a string where a collection of steps or ids belongs (its characters would be taken one by one)."""
+    if isinstance(value, (str, bytes)):
+        wanted = "a list of sample ids or a dict of id to size" if what == "skip_samples" else "a list of steps"
+        raise ValueError(f"{what}: {value!r} is not {wanted}")
+
+
 def _ranges(steps) -> np.ndarray:
-    """Return sorted, merged half-open ranges (k, 2) from ints, (start, stop) pairs or ``range`` objects."""
+    """Return sorted, merged half-open ranges (k, 2) from ints, (start, stop) pairs or ``range`` objects.
+
+    Anything else (a bool, a float, a negative or huge number, a pair of those) is one ValueError.
+    """
+    _not_text(steps, "skip_steps")
     pairs = []
     for item in steps or ():
         if isinstance(item, range):
             if item.step != 1:
                 raise ValueError(f"skip_steps: {item!r} must have step 1")
-            lo, hi = item.start, item.stop
-        elif isinstance(item, (int, np.integer)):
-            lo, hi = int(item), int(item) + 1
+            lo, hi = _whole(item.start), _whole(item.stop)
+        elif isinstance(item, (tuple, list, np.ndarray)) and len(item) == 2:
+            lo, hi = _whole(item[0]), _whole(item[1])
         else:
-            try:
-                lo, hi = (int(v) for v in item)
-            except (TypeError, ValueError):
-                raise ValueError(f"skip_steps: {item!r} is not a step, a (start, stop) pair or a range") from None
-        if lo < 0 or hi < lo:
+            lo = _whole(item)
+            hi = None if lo is None else lo + 1
+        if lo is None or hi is None:
+            shown = tuple(item) if isinstance(item, (list, np.ndarray)) else item
+            raise ValueError(f"skip_steps: {shown!r} is not a step, a (start, stop) pair or a range of steps "
+                             f"(integers in [0, 2**62))")
+        if hi < lo:
             raise ValueError(f"skip_steps: [{lo}, {hi}) is not a range of step numbers (0 <= start <= stop)")
         if hi > lo:
             pairs.append((lo, hi))
@@ -73,6 +96,25 @@ def _size_column(index):
     return stored, None
 
 
+def _sample_id(value) -> int:
+    """Return a skipped sample's id as an int, or raise one ValueError."""
+    checked = _whole(value)
+    if checked is None:
+        raise ValueError(f"skip_samples: {value!r} is not a sample id (an integer in [0, 2**62))")
+    return checked
+
+
+def _size(sample, value) -> int | None:
+    """Return a skipped sample's given size as an int (None: read it from the plan), or raise one ValueError."""
+    if value is None:
+        return None
+    checked = _whole(value)
+    if checked is None:
+        raise ValueError(f"skip_samples: the size of sample {sample!r} is {value!r}; expected an integer >= 0 "
+                         f"(the plan's size units)")
+    return checked
+
+
 class Skips:
     """The skipped step ranges and samples of one sampler, and what they take out of each step.
 
@@ -91,8 +133,9 @@ class Skips:
     def __init__(self, index, steps=None, samples=None) -> None:
         self.index = index
         self.ranges = _ranges(steps)
-        sizes = dict(samples) if isinstance(samples, dict) else {int(i): None for i in (samples or ())}
-        self.sizes: dict[int, int] = self._sizes({int(k): v for k, v in sizes.items()})
+        _not_text(samples, "skip_samples")
+        sizes = dict(samples) if isinstance(samples, dict) else {i: None for i in (samples or ())}
+        self.sizes: dict[int, int] = self._sizes({_sample_id(k): _size(k, v) for k, v in sizes.items()})
         self._drops()
 
     def __bool__(self) -> bool:
@@ -108,6 +151,13 @@ class Skips:
         if missing.size:
             raise ValueError(f"skip_samples: sample id {int(missing[0])} is not in the plan "
                              f"({self.index.num_samples} samples)")
+        # a sample is never larger than the real tokens of a micro-batch that holds it: a larger size
+        # would take more tokens out of the step than it has
+        holds = self.index.take("tokens", mbs).astype(np.int64)
+        for k, i in enumerate(found.tolist()):
+            if given[i] is not None and given[i] > holds[k]:
+                raise ValueError(f"skip_samples: the size of sample {i} is {given[i]}, more than the "
+                                 f"{int(holds[k])} tokens of micro-batch #{int(mbs[k])} that holds it")
         unknown = [i for i in ids.tolist() if given[i] is None]
         if unknown:
             stored, column = _size_column(self.index)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import SortpackError
 from .index import PackedIndex
-from .plan import EpochPlan, check_group_alignment
+from .plan import EpochPlan, check_group_alignment, steps_moved
 
 
 def _plan(index: PackedIndex, world_size: int, grad_accum: int, epoch: int, order: str, seed: int,
@@ -23,6 +23,13 @@ def _plan(index: PackedIndex, world_size: int, grad_accum: int, epoch: int, orde
         raise SortpackError(f"--grad-accum {grad_accum}: must be >= 1")
     if epoch < 0:
         raise SortpackError(f"--epoch {epoch}: must be >= 0")
+    moved = steps_moved(index, order, largest_first, warmup_shapes)
+    if moved:
+        flags = {"largest_first": "--largest-first", "warmup_shapes": "--warmup-shapes"}
+        flag = flags.get(moved[0], f"--order {order}")
+        raise SortpackError(f"{index.path} is a mixture plan: its order is the schedule, and the sampler refuses "
+                            f"{moved[0]} (it would break the blend), so {flag} traces steps no run trains on; "
+                            "trace it in --order index (docs/mixtures.md)")
     try:
         check_group_alignment(index.options, world_size * grad_accum)
     except ValueError as exc:

@@ -8,11 +8,10 @@ here: an initialised process group implies ``torch.distributed`` was imported al
 """
 from __future__ import annotations
 
-import os
 import sys
 from typing import NamedTuple
 
-from ..launcher import launcher_rank, launcher_size
+from ..launcher import LauncherError, env_count, launcher
 
 
 class JobRank(NamedTuple):
@@ -23,18 +22,14 @@ class JobRank(NamedTuple):
     source: str
 
 
-def _env_int(name: str) -> int | None:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return None
-
-
 def job_rank(group=None) -> JobRank | None:
     """Return this process's rank as the job defines it, or None when nothing defines one.
 
     In order: ``torch.distributed`` when initialised (of ``group`` when given), torchrun's
     ``RANK``/``WORLD_SIZE``, then the MPI or Slurm launcher's variables (``sortpack.launcher``).
+    A variable that is set but does not parse, a size without its rank, or a rank not below its
+    size raises ``LauncherError`` (a ValueError) naming it: guessing "rank 0 of 1" would make
+    every process train on the whole plan.
     """
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
@@ -42,12 +37,17 @@ def job_rank(group=None) -> JobRank | None:
         return JobRank(dist.get_rank(group), dist.get_world_size(group), what)
     if group is not None:
         raise ValueError("group= needs an initialised torch.distributed process group")
-    rank, size = _env_int("RANK"), _env_int("WORLD_SIZE")
-    if rank is not None and size is not None:
+    rank, size = env_count("RANK", 0), env_count("WORLD_SIZE", 1)
+    launch = launcher()  # checked even when torchrun's variables decide
+    if size is not None:
+        if rank is None:
+            raise LauncherError(f"the launcher variable WORLD_SIZE={size} is set but RANK is not: which rank is "
+                                "this? Set both or neither")
+        if rank >= size:
+            raise LauncherError(f"the launcher variable RANK={rank} is not below WORLD_SIZE={size}")
         return JobRank(rank, size, "the environment's RANK/WORLD_SIZE (torchrun)")
-    size, var = launcher_size()
-    if var is not None:
-        return JobRank(launcher_rank(), size, f"the launcher's environment ({var})")
+    if launch is not None:
+        return JobRank(launch.rank, launch.size, f"the launcher's environment ({launch.size_var})")
     return None
 
 

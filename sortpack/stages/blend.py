@@ -44,6 +44,13 @@ from ..inputs.schedule import Schedule
 from ..kernels import wf2q_interleave
 from ..permutation import _M64, KeyedPermutation, _mix
 
+# A source asked for more passes than this is a typo in total_tokens, not a plan: repeating data
+# stops paying after a few dozen epochs, and the plan's arrays grow with the passes (docs/mixtures.md).
+MAX_PASSES = 10_000
+# The plan's micro-batches (units) every rank holds while blending: about 60 bytes each, so this
+# many is over 100 GiB per rank, far past any machine's memory (docs/mixtures.md).
+MAX_PLAN_UNITS = 2**31
+
 
 @dataclass
 class Blend:
@@ -148,6 +155,26 @@ def _stream(tokens: np.ndarray, stages: np.ndarray, samples: np.ndarray | None, 
     return visit, pass_of
 
 
+def _check_size(tokens: list[np.ndarray], need: np.ndarray, held: np.ndarray, total_tokens: int | None,
+                names: list[str]) -> None:
+    """Raise a one-line SortpackError when the run asks a source for absurdly many passes or the plan is too large.
+
+    Checked before any per-unit array is built, so a typo in total_tokens fails at once
+    instead of allocating for ever.
+    """
+    passes = need / held
+    worst = int(np.argmax(passes))
+    what = f"total_tokens {total_tokens} (MIX.json, or --total-tokens)"
+    if passes[worst] > MAX_PASSES:
+        raise SortpackError(f"{what} asks source {names[worst]!r} for {passes[worst]:.3g} passes over its "
+                            f"{int(held[worst])} tokens; at most {MAX_PASSES} (docs/mixtures.md): a typo?",
+                            collective=True)
+    units = float(sum(p * len(t) for p, t in zip(passes, tokens)))
+    if units > MAX_PLAN_UNITS:
+        raise SortpackError(f"{what} makes a plan of about {units:.3g} micro-batches; at most {MAX_PLAN_UNITS} "
+                            f"(docs/mixtures.md): a typo?", collective=True)
+
+
 def plan_blend(tokens: list[np.ndarray], stages: list[np.ndarray], schedule: Schedule,
                total_tokens: int | None, seed: int, names: list[str] | None = None,
                samples: list[np.ndarray] | None = None,
@@ -167,6 +194,7 @@ def plan_blend(tokens: list[np.ndarray], stages: list[np.ndarray], schedule: Sch
             raise SortpackError(f"mixture source {names[s]!r}: no tokens to plan (every sample skipped or empty)",
                                 collective=True)
     needs = pass_needs(held, schedule, total_tokens)
+    _check_size(tokens, needs.need, held, total_tokens, names)
     parts = parts or [None] * k
     all_tokens, all_stages, all_samples, part_units = [], [], [], []
     for s in range(k):

@@ -76,6 +76,10 @@ class OutputDir:
                 except OSError as exc:
                     err = SortpackError(f"{self.path}: cannot create the output ({' '.join(str(exc).split())})")
             self.comm.check(err)
+            if not self.comm.is_root():
+                # every rank removes the temporary when it alone is signalled: the launcher may then
+                # SIGKILL the others, rank 0 included, before they can (issue 28)
+                self._cleanup_key = termination.register(self._remove_on_signal)
             self._created = True
         return self.tmp
 
@@ -96,6 +100,8 @@ class OutputDir:
         directory instead of replacing (or merging into) the other's output.
         """
         self.ensure()
+        if not self.comm.is_root():
+            self._forget()  # from here rank 0 alone decides: a rename may be under way
         self.comm.barrier()
         written, err = None, None
         if self.comm.is_root():
@@ -200,8 +206,8 @@ class OutputDir:
         if self.comm.is_root():
             if self.tmp.exists():
                 shutil.rmtree(self.tmp, ignore_errors=True)
-            self._forget()
             _remove_made_parents()
+        self._forget()
 
 
 class NestedOutput:

@@ -1,4 +1,5 @@
-"""SIGTERM (Slurm's time limit, ``scancel``, ``timeout``): remove the job's temporaries, then exit 143.
+"""SIGTERM (Slurm's time limit, ``scancel``, ``timeout``) and SIGINT (Ctrl-C): remove the job's
+temporaries, say so in one ``sortpack:`` line, then exit 143 (130 for Ctrl-C).
 
 Python runs a signal handler only between bytecodes of the main thread, and a rank waiting
 in an MPI collective (or a long Arrow call) may not get there before the launcher kills it.
@@ -18,10 +19,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 EXIT_CODE = 128 + signal.SIGTERM
+_SIGNALS: dict[int, str] = {signal.SIGTERM: "terminated by SIGTERM", signal.SIGINT: "interrupted (Ctrl-C)"}
 _CLEANUPS: dict[int, Callable[[], str | None]] = {}
 _LOCK = threading.RLock()  # held while a commit renames: a cleanup never runs half-way through one
 _ONCE = threading.Lock()
-_state = {"installed": False, "deferred": False, "in_critical": 0, "owner": 0}
+_state = {"installed": False, "deferred": 0, "in_critical": 0, "owner": 0}
 
 
 def register(fn: Callable[[], str | None]) -> int:
@@ -49,10 +51,10 @@ def critical() -> Iterator[None]:
         finally:
             _state["in_critical"] -= 1
     if _state["deferred"] and not _state["in_critical"]:
-        _terminate()
+        _terminate(_state["deferred"])
 
 
-def _terminate() -> None:
+def _terminate(signum: int = signal.SIGTERM) -> None:
     if not _ONCE.acquire(blocking=False):
         return  # the other path is already cleaning up; it ends the process
     with _LOCK:
@@ -66,18 +68,18 @@ def _terminate() -> None:
                 removed.append(what)
     note = f"; removed {', '.join(removed)}" if removed else ""
     try:
-        sys.stderr.write(f"sortpack: terminated by SIGTERM{note}\n")
+        sys.stderr.write(f"sortpack: {_SIGNALS.get(signum, 'terminated')}{note}\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-    os._exit(EXIT_CODE)
+    os._exit(128 + int(signum))
 
 
 def _handler(signum, frame) -> None:
     if _state["in_critical"] and _state["owner"] == threading.get_ident():
-        _state["deferred"] = True  # this thread is renaming: finish, then end
+        _state["deferred"] = signum  # this thread is renaming: finish, then end
         return
-    _terminate()
+    _terminate(signum)
 
 
 def _watch(fd: int) -> None:
@@ -90,12 +92,13 @@ def _watch(fd: int) -> None:
             return
         if not data:
             return
-        if signal.SIGTERM in data:
-            _terminate()
+        for signum in _SIGNALS:
+            if signum in data:
+                _terminate(signum)
 
 
 def install() -> None:
-    """Install the SIGTERM cleanup for this process (main thread; once; a no-op elsewhere)."""
+    """Install the SIGTERM and SIGINT cleanup for this process (main thread; once; a no-op elsewhere)."""
     if _state["installed"] or threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
@@ -103,6 +106,9 @@ def install() -> None:
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     signal.signal(signal.SIGTERM, _handler)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        # Ctrl-C: one sortpack line and the temporaries removed, not a KeyboardInterrupt deep in MPI
+        signal.signal(signal.SIGINT, _handler)
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     threading.Thread(target=_watch, args=(read_fd,), name="sortpack-sigterm", daemon=True).start()
     _state["installed"] = True

@@ -93,3 +93,56 @@ def test_manifest_missing_key_under_mpiexec(broken):
         proc = run_sortpack([*command, d], ranks=2, check=False, timeout=60)
         assert proc.returncode == 2
         assert lines(proc.stderr) == [f"Error: {d / 'manifest.json'}: missing key 'stats'"]
+
+
+@pytest.fixture
+def corrupt(plan, tmp_path):
+    """A copy of the plan's index with one byte of a shard flipped (its sha256 no longer matches)."""
+    import shutil
+
+    d = tmp_path / "corrupt"
+    shutil.copytree(plan / "plan", d)
+    shard = d / json.loads((d / "manifest.json").read_text())["shards"][0]["file"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return d
+
+
+LEAKS = [{"PMI_RANK": "1"}, {"PMI_RANK": "1", "PMI_SIZE": "2"}, {"SLURM_PROCID": "3", "SLURM_NTASKS": "4"}]
+
+
+@pytest.mark.parametrize("env", LEAKS)
+def test_a_leaked_launcher_rank_does_not_skip_verify(corrupt, plan, env):
+    # a process started by a rank of another job inherits its launcher variables; verify once exited 0
+    # on a corrupt index there without checking, and printed no usage error
+    proc = run_sortpack(["verify", corrupt], env=env, check=False, timeout=60)
+    assert proc.returncode == 1 and "sha256" in proc.stderr, (proc.returncode, proc.stderr)
+    proc = run_sortpack(["verify", plan / "plan"], env=env, check=False, timeout=60)
+    assert proc.returncode == 0 and lines(proc.stdout) == [f"{plan / 'plan'}: ok"]
+    proc = run_sortpack(["inspect", plan / "plan", "--json"], env=env, check=False, timeout=60)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["num_samples"] == 500
+    proc = run_sortpack(["verify"], env=env, check=False, timeout=60)
+    assert proc.returncode == 2 and lines(proc.stderr) == ["Error: sortpack verify: Missing argument 'DIRECTORY'."]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("command, status", [(["verify", "CORRUPT"], 1), (["verify", "PLAN"], 0),
+                                             (["verify", "NOTHING"], 2), (["inspect", "NOTHING"], 2),
+                                             (["inspect", "PLAN", "--step", "-1"], 2)])
+def test_every_rank_exits_with_the_verdict(corrupt, plan, command, status):
+    import os
+    import subprocess
+    import sys
+
+    from support import MPIEXEC, ROOT
+
+    if MPIEXEC is None:
+        pytest.skip("mpiexec not found")
+    paths = {"CORRUPT": corrupt, "PLAN": plan / "plan", "NOTHING": plan / "nothing-here"}
+    args = " ".join(str(paths.get(a, a)) for a in command)
+    # each rank reports its own exit status (mpiexec's own is only the largest)
+    script = f'{sys.executable} -m sortpack {args} >/dev/null 2>&1; echo "status $?"'
+    proc = subprocess.run([MPIEXEC, "-n", "2", "sh", "-c", script], capture_output=True, text=True, timeout=90,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert sorted(lines(proc.stdout)) == [f"status {status}"] * 2, proc.stdout + proc.stderr

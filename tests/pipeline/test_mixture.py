@@ -168,6 +168,11 @@ BAD_SPECS = {
                                     {"name": "a", "inputs": ["y"], "weight": 1}]}, "appears twice"),
     "no inputs": ({"sources": [{"name": "a", "inputs": [], "weight": 1}]}, "'inputs' must be a non-empty"),
     "bad total": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}], "total_tokens": -3}, "total_tokens"),
+    "total 1e30": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}], "total_tokens": 1e30}, "2\\*\\*53"),
+    "total 2^63-1": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}], "total_tokens": 2**63 - 1},
+                     "total_tokens 9.22e\\+18 is more than 2\\*\\*53"),
+    "total inf": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}], "total_tokens": float("inf")},
+                  "positive integer"),
     "never used": ({"sources": [{"name": "a", "inputs": ["x"], "weight": 1}, {"name": "b", "inputs": ["y"],
                                                                               "weight": 1}],
                     "schedule": [{"until": 1.0, "weights": {"b": 0}}]}, "weight 0 in every phase"),
@@ -200,6 +205,9 @@ CLI_ERRORS = {
     "total without mixture": (["run", "web/", "--total-tokens", "5"], "apply to a mixture"),
     "bad total": (["run", "--blend", "1 web/", "--total-tokens", "0"], "--total-tokens 0"),
     "tiny total": (["run", "--blend", "1 web/", "--total-tokens", "3"], "smaller than the first micro-batch"),
+    "int64 total": (["run", "--blend", "1 web/", "--total-tokens", str(2**63 - 1)], "--total-tokens 9.22e+18"),
+    "absurd passes": (["run", "--blend", "1 web/", "--total-tokens", str(10**13)], "passes over its"),
+    "absurd total in MIX.json": (["run", "--mixture", "huge.json"], "total_tokens 1e+30 is more than 2**53"),
     "negative weight": (["run", "--blend", "-1 web/ 2 code/"], "weights must be positive"),
 }
 
@@ -211,6 +219,8 @@ def test_cli_errors_are_one_line_exit_2_and_write_nothing(data, case):
     (data / "empty.json").write_text(json.dumps({"sources": [{"name": "web", "inputs": ["web/"], "weight": 1},
                                                              {"name": "empty", "inputs": ["empty/"], "weight": 1}]}))
     (data / "nocol.json").write_text(json.dumps({"sources": [{"name": "code", "inputs": ["code/"], "weight": 1}]}))
+    (data / "huge.json").write_text(json.dumps({"sources": [{"name": "web", "inputs": ["web/"], "weight": 1}],
+                                                "total_tokens": 1e30}))
     args, message = CLI_ERRORS[case]
     out = data / f"err-{case.replace(' ', '-')}"
     args = [a if a.startswith("-") or a in ("run",) or " " in a or a.isdigit() else str(data / a) for a in args]
@@ -358,3 +368,54 @@ def test_a_missing_column_is_refused_before_analyze(wordy, case, ranks):
     # one line, before any progress line: nothing was measured
     assert len(lines) == 1 and where in lines[0] and message in lines[0] and "a.parquet" in lines[0], proc.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+@pytest.mark.parametrize("total", [str(10**30), str(10**13)])
+def test_an_absurd_total_is_refused_at_once_on_every_rank(data, ranks, total):
+    # 10**30 is past what a plan counts exactly; 10**13 asks web for millions of passes: both a typo,
+    # and planning either would run for ever (issue 28)
+    out = data / f"err-total-{total}-{ranks}"
+    proc = run_sortpack(["run", "--blend", f"1 {data / 'web'}", "--total-tokens", total, "-o", out,
+                         "--max-tokens", "8192"], ranks=ranks, check=False, timeout=90)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--total-tokens" in lines[0] and "a typo?" in lines[0], proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("weights", [(1e308, 1e308), (1e-320, 3e-320), (1.7e308, 0.6e308)])
+def test_extreme_weights_are_exact_shares_without_warnings(weights):
+    # two weights of 1e308 overflowed their sum: numpy warnings, then "weight 0 in every phase" (issue 28)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mix = parse_blend(f"{weights[0]!r} web/ {weights[1]!r} code/")
+        shares = mix.schedule.shares()
+        spec = {"sources": [{"name": "a", "inputs": ["x"], "weight": weights[0]},
+                            {"name": "b", "inputs": ["y"], "weight": 1}],
+                "schedule": [{"until": 0.5}, {"until": 1.0, "weights": {"b": weights[1]}}]}
+        assert parse_mixture(spec).schedule.shares().sum() == pytest.approx(1.0)
+    big = max(weights)
+    assert shares.tolist() == pytest.approx([w / big / sum(x / big for x in weights) for w in weights])
+    assert shares.sum() == pytest.approx(1.0) and (shares > 0).all()
+
+
+def test_two_weights_of_1e308_run_without_noise(data):
+    out = data / "huge-weights"
+    proc = run_sortpack(["run", "--blend", f"1e308 {data / 'web'} 1e308 {data / 'books'}", "-o", out,
+                         "--max-tokens", "8192", "--quiet", "--overwrite"], timeout=120)
+    assert proc.stderr == "" and PackedIndex(out).manifest["mixture"]["sources"][0]["share"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("ranks", [None, 2])
+@pytest.mark.parametrize("extra, message", [(["--stages", "20000"], "--stages 20000 with 2 mixture sources")])
+def test_a_refusal_after_the_first_collective_is_printed_once(data, ranks, extra, message):
+    # at 2 ranks it was printed twice, with two MPI_Abort lines (issue 28)
+    out = data / f"err-after-{extra[0]}-{ranks}"
+    proc = run_sortpack(["run", "--blend", f"1 {data / 'web'} 1 {data / 'books'}", "-o", out, "--max-tokens",
+                         "8192", *extra], ranks=ranks, check=False, timeout=90)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"Error: {message}" + proc.stderr.split(message, 1)[1].rstrip()]
+    assert "MPI_Abort" not in proc.stderr and not out.exists()

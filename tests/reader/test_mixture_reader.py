@@ -118,3 +118,23 @@ def test_dataloader_workers_log_per_source(mix_index):
     assert dict(tokens) == per_source
     assert sampler.state_dict()["epoch"] == 1  # every step was consumed
     assert np.isclose(sum(per_source.values()), idx["tokens"].sum())
+
+
+@pytest.mark.parametrize("flags", [["--order", "shuffle"], ["--order", "curriculum"], ["--largest-first"],
+                                   ["--warmup-shapes"]])
+@pytest.mark.parametrize("what", [["--step", "3"], ["--sample", "5"]])
+def test_inspect_refuses_to_trace_steps_the_sampler_refuses(mix_index, flags, what):
+    # it traced a shuffled mixture plan: steps no run produced (issue 28)
+    proc = run_sortpack(["inspect", mix_index, *what, *flags], check=False, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "is a mixture plan: its order is the schedule" in lines[0] and flags[-1] in lines[0], lines
+    assert proc.stdout == ""
+    from sortpack.errors import SortpackError
+    from sortpack.reader.trace import step_trace
+
+    kw = {"order": flags[1]} if flags[0] == "--order" else {flags[0][2:].replace("-", "_"): True}
+    with pytest.raises(SortpackError, match="mixture plan"):
+        step_trace(mix_index, 3, **kw)
+    # plan order traces as the sampler trains
+    assert step_trace(mix_index, 3)["ranks"][0]["microbatches"][0]["microbatch"] == 3

@@ -167,7 +167,7 @@ def test_set_epoch_starts_the_epoch_from_its_start(small):
     assert s.position == 4
     s.set_epoch(2)  # a new pass over epoch 2: from its start
     assert _rest(s) == whole
-    s.load_state_dict({**s.state_dict(), "position": 6, "epoch": 2})
+    s.load_state_dict({**s.state_dict(), "position": 6, "step": 3, "epoch": 2})
     s.set_epoch(2)  # right after a resume: keeps its place
     assert _rest(s) == whole[6:]
 
@@ -237,3 +237,39 @@ def test_public_classes_document_their_arguments():
         doc = inspect.getdoc(cls)
         missing = [p for p in inspect.signature(cls.__init__).parameters if p != "self" and p not in doc]
         assert not missing, (cls.__name__, missing)
+
+
+def test_a_resume_position_off_the_step_grid_is_refused_unless_the_width_changed(small):
+    # issue 28: position 5 with 2 micro-batches per step was accepted and changed what was yielded
+    s = PackedSampler(small, world_size=1, grad_accum=2)
+    for _ in range(3):
+        s.step()
+    state = s.state_dict()
+    assert (state["position"], state["step"], state["regridded"]) == (6, 3, False)
+    for bad in ({"position": 5}, {"position": 7}, {"position": 6, "step": 2}):
+        with pytest.raises(ValueError, match="is not on a step boundary") as err:
+            PackedSampler(small, world_size=1, grad_accum=2).load_state_dict({**state, **bad})
+        assert "\n" not in str(err.value)
+    # a legitimate position off the grid: set_grad_accum between steps, then a resume at another world size
+    s = PackedSampler(small, world_size=1, grad_accum=2)
+    s.step()
+    s.set_grad_accum(3)
+    s.step()
+    state = s.state_dict()
+    assert (state["position"], state["step"], state["regridded"]) == (5, 2, True)
+    resumed = PackedSampler(small, world_size=1, grad_accum=3)
+    resumed.load_state_dict(state)
+    assert _rest(resumed) == _rest(s)
+    other = PackedSampler(small, rank=0, world_size=2, check_rank=False)
+    other.load_state_dict(state)
+    other.step()
+    assert other.state_dict()["regridded"] and PackedSampler(small, world_size=1).load_state_dict(
+        other.state_dict()) is None
+    # a new epoch is laid out afresh: back on its grid
+    s.set_epoch(1)
+    s.step()
+    assert s.state_dict()["regridded"] is False
+    # states written before the flag are taken as they are
+    legacy = {k: v for k, v in PackedSampler(small, world_size=1, grad_accum=2).state_dict().items()
+              if k != "regridded"}
+    PackedSampler(small, world_size=1, grad_accum=2).load_state_dict({**legacy, "position": 5, "step": 2})

@@ -255,3 +255,78 @@ def test_skip_samples_in_rows_mode_keeps_each_row_in_place(tmp_path):
     splits = np.asarray(ix.row_splits(victim.microbatch))
     assert mb.row_splits == (splits - (splits > splits[1])).tolist()
     assert [list(m) for m in got[:2]] == [list(m) for m in full[:2]]
+
+
+def test_the_documented_loss_spike_restart_works_with_the_batch_sampler(tmp_path):
+    # docs/reader.md: PackedBatchSampler("plan/", grad_accum=2, order="shuffle", seed=0, skip_steps=[(8, 11)],
+    # skip_samples=[43]) raised TypeError: the subclass re-declared its parent's constructor and drifted
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sortpack.torch import PackedBatchSampler
+
+    pq.write_table(pa.table({"text": ["x" * int(n) for n in LENGTHS]}), tmp_path / "t.parquet")
+    plan = tmp_path / "plan"
+    run_sortpack(["run", tmp_path / "t.parquet", "-o", plan, "--column", "text", "--max-tokens", "1000",
+                  "--max-samples", "4", "--store", "text", "--quiet"])
+    before = PackedBatchSampler(plan, grad_accum=2, order="shuffle", seed=0)
+    checkpoint = {"sampler": before.state_dict()}
+    sampler = PackedBatchSampler(str(plan) + "/", grad_accum=2, order="shuffle", seed=0,
+                                 skip_steps=[(8, 11)], skip_samples=[43])
+    sampler.load_state_dict(checkpoint["sampler"])
+    got = list(sampler)
+    assert all(43 not in mb for mb in got) and {mb.run_step for mb in got}.isdisjoint({8, 9, 10})
+    assert sampler.skips.sizes == {43: int(LENGTHS[43])}
+
+
+def test_the_batch_sampler_takes_exactly_the_samplers_parameters():
+    import inspect
+
+    from sortpack.reader import PackedSampler
+    from sortpack.torch import PackedBatchSampler
+
+    # one constructor, inherited: a re-declared copy cannot drift from it again
+    assert inspect.signature(PackedBatchSampler) == inspect.signature(PackedSampler)
+    assert PackedBatchSampler.__init__ is PackedSampler.__init__
+
+
+BAD_SKIPS = {
+    "negative size": (dict(skip_samples={5: -1000}), "skip_samples: the size of sample 5 is -1000"),
+    "size past its micro-batch": (dict(skip_samples={5: 5000}), "the size of sample 5 is 5000, more than the"),
+    "fractional size": (dict(skip_samples={5: 2.5}), "skip_samples: the size of sample 5 is 2.5"),
+    "bool size": (dict(skip_samples={5: True}), "skip_samples: the size of sample 5 is True"),
+    "huge size": (dict(skip_samples={5: 10**30}), "skip_samples: the size of sample 5 is 10000"),
+    "string size": (dict(skip_samples={5: "7"}), "skip_samples: the size of sample 5 is '7'"),
+    "fractional id": (dict(skip_samples={5.5: 3}), "skip_samples: 5.5 is not a sample id"),
+    "bool id": (dict(skip_samples=[True]), "skip_samples: True is not a sample id"),
+    "negative id": (dict(skip_samples={-1: 3}), "skip_samples: -1 is not a sample id"),
+    "huge id": (dict(skip_samples={10**30: 3}), "skip_samples: 10000"),
+    "string ids": (dict(skip_samples="43"), "skip_samples: '43' is not"),
+    "bool step": (dict(skip_steps=[True]), "skip_steps: True is not a step"),
+    "fractional step": (dict(skip_steps=[2.5]), "skip_steps: 2.5 is not a step"),
+    "fractional pair": (dict(skip_steps=[(1, 2.5)]), "skip_steps: \\(1, 2.5\\) is not a step"),
+    "bool pair": (dict(skip_steps=[(False, True)]), "skip_steps: \\(False, True\\) is not a step"),
+    "huge step": (dict(skip_steps=[10**30]), "skip_steps: 10000"),
+    "huge pair": (dict(skip_steps=[(0, 10**30)]), "skip_steps: \\(0, 10000"),
+    "negative step": (dict(skip_steps=[-3]), "skip_steps: -3 is not a step"),
+    "reversed pair": (dict(skip_steps=[(5, 2)]), "not a range of step numbers"),
+    "triple": (dict(skip_steps=[(1, 2, 3)]), "skip_steps: \\(1, 2, 3\\) is not a step"),
+    "string steps": (dict(skip_steps="8"), "skip_steps: '8' is not"),
+    "range step 2": (dict(skip_steps=[range(0, 10, 2)]), "must have step 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SKIPS))
+def test_every_bad_skip_is_one_value_error(small, case):
+    kw, message = BAD_SKIPS[case]
+    with pytest.raises(ValueError, match=message) as err:
+        PackedSampler(small, **kw)
+    assert type(err.value) is ValueError and "\n" not in str(err.value)
+
+
+def test_skips_that_are_numpy_integers_are_fine(small):
+    s = PackedSampler(small, skip_steps=[np.int64(2), (np.int32(4), np.int64(6)), range(7, 8)],
+                      skip_samples={np.int64(5): np.int32(int(LENGTHS[5]))})
+    assert s.skips.ranges.tolist() == [[2, 3], [4, 6], [7, 8]] and s.skips.sizes == {5: int(LENGTHS[5])}
+    # a sampler loads its own state (a negative size once made that fail)
+    PackedSampler(small, skip_samples={5: int(LENGTHS[5])}).load_state_dict(s.state_dict())

@@ -316,13 +316,29 @@ def test_example_trains_with_two_gloo_ranks(text_index, tmp_path):
 
 
 @pytest.mark.slow
-def test_sortpack_torch_never_shadows_torch(tmp_path):
-    # with sortpack/ itself on sys.path (python sortpack/x.py), `import torch` must be PyTorch
+@pytest.mark.parametrize("site", ["installed", "venv inside a sortpack clone"])
+def test_sortpack_torch_never_shadows_torch(tmp_path, site):
+    # with sortpack/ itself on sys.path (python sortpack/x.py), `import torch` must be PyTorch, wherever
+    # PyTorch is installed: a .venv inside the clone puts "sortpack" in torch's own path (issue 28)
+    import torch as real
+
+    paths = [str(ROOT)]
+    if site != "installed":
+        venv = tmp_path / "sortpack" / ".venv" / "site-packages"
+        venv.mkdir(parents=True)
+        (venv / "torch").symlink_to(Path(real.__file__).parent, target_is_directory=True)
+        paths.insert(0, str(venv))
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import torch; "
             "assert hasattr(torch, 'tensor') and hasattr(torch.optim, 'SGD'), torch.__file__; "
             "import sortpack.torch as face, sortpack.train.lr as lr; "
             "assert face.PackedBatchSampler and lr.VariableBatchSizeLR; print(torch.__file__)")
     out = subprocess.run([sys.executable, "-c", code, str(ROOT / "sortpack")], check=False, capture_output=True,
-                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=str(tmp_path))
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+                         cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr
-    assert "sortpack" not in out.stdout  # the real torch/__init__.py, not sortpack/torch.py
+    loaded = Path(out.stdout.strip().splitlines()[-1])
+    # the real torch/__init__.py, not sortpack/torch.py: compared as files, not as strings
+    assert loaded.name == "__init__.py" and loaded.parent.name == "torch", loaded
+    assert not loaded.resolve().is_relative_to((ROOT / "sortpack").resolve()), loaded
+    if site != "installed":
+        assert loaded.parent == tmp_path / "sortpack" / ".venv" / "site-packages" / "torch"

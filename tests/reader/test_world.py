@@ -132,3 +132,25 @@ def test_under_mpiexec_each_rank_takes_its_share(plan):
                  key=lambda g: g["rank"])
     assert [(g["rank"], g["world_size"]) for g in got] == [(0, 2), (1, 2)]
     _complementary([g["microbatches"] for g in got], 12)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not a rank"),
+    ({"RANK": "0", "WORLD_SIZE": "2.0"}, "WORLD_SIZE='2.0' is not a number of ranks"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but RANK is not"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
+    ({"OMPI_COMM_WORLD_RANK": "x", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK='x'"),
+    ({"SLURM_PROCID": "abc", "SLURM_NTASKS": "2"}, "SLURM_PROCID='abc'"),
+    ({"PMI_SIZE": "2"}, "PMI_SIZE=2 is set but PMI_RANK is not"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "PMI_RANK": "junk", "PMI_SIZE": "2"}, "PMI_RANK='junk'"),
+])
+def test_a_launcher_variable_that_does_not_parse_is_one_value_error(no_job, plan, env, message):
+    # before issue 28: RANK=abc gave rank 0 of 1 (every process trained the whole plan), a bad MPI or
+    # Slurm rank or a size alone gave rank 0 of 2 (half the plan twice, half never)
+    for k, v in env.items():
+        no_job.setenv(k, v)
+    with pytest.raises(ValueError, match=message) as err:
+        PackedSampler(plan)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=message):
+        job_rank()

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +194,77 @@ def test_overwrite_with_the_exchange_leaves_one_output_and_no_debris(tmp_path, r
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "plan" / "manifest.json").read_text())["options"]["max_tokens"] == 300
     assert debris(tmp_path, "plan") == []
+
+
+def _wait_for_temporary(proc, tmp_path: Path, name: str = "plan") -> None:
+    deadline = time.monotonic() + 90
+    while not any(n.startswith(f".{name}.tmp-") for n in os.listdir(tmp_path)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(1.0)  # the shards are written; the job waits
+
+
+def _rank_pid(launcher: int, rank: int) -> int:
+    """Return the pid of ``rank`` started by mpiexec ``launcher`` (hydra puts each rank in its own session)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            if pid == launcher:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    for pid in parents:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"sortpack" in cmd and f"PMI_RANK={rank}".encode() in env and descends(pid):
+            return pid
+    raise AssertionError(f"no rank {rank} under mpiexec {launcher}")
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ctrl_c_prints_a_sortpack_line_and_removes_the_temporary(tmp_path, ranks):
+    # Ctrl-C printed only MPI abort lines, no sortpack word (issue 28)
+    make_inputs(tmp_path / "data")
+    proc = start(["run", "data", "-o", "plan", *RUN, "--quiet"], tmp_path, ranks,
+                 {"SORTPACK_FAULT": f"wrote_index:{ranks - 1}:stall"})
+    try:
+        _wait_for_temporary(proc, tmp_path)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        _, err = proc.communicate(timeout=30)
+    finally:
+        kill_group(proc)
+    assert "sortpack: interrupted (Ctrl-C); removed .plan.tmp-" in err, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert proc.returncode == (130 if ranks == 1 else proc.returncode) and proc.returncode != 0
+    assert debris(tmp_path, "plan") == [] and not (tmp_path / "plan").exists()
+
+
+@pytest.mark.mpi
+def test_sigterm_to_one_rank_other_than_0_during_a_mixture_store_leaves_nothing(tmp_path):
+    # the temporary was rank 0's to remove, and the launcher SIGKILLed rank 0 first: 24.7 MB left (issue 28)
+    make_inputs(tmp_path / "data")
+    proc = start(["run", "--blend", "1 data", "-o", "plan", *RUN, "--store", "text", "--quiet"], tmp_path, 2,
+                 {"SORTPACK_FAULT": "wrote_index:1:stall"})
+    try:
+        _wait_for_temporary(proc, tmp_path)
+        os.kill(_rank_pid(proc.pid, 1), signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        kill_group(proc)
+    assert proc.returncode != 0
+    assert "terminated by SIGTERM; removed .plan.tmp-" in err, err
+    deadline = time.monotonic() + 10  # rank 0 may still be on its way out
+    while debris(tmp_path, "plan") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert debris(tmp_path, "plan") == [] and not (tmp_path / "plan").exists()

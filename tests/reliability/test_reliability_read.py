@@ -344,3 +344,34 @@ def test_verify_refuses_a_huge_sparse_shard_at_once(tmp_path):
     proc = run_sortpack(["verify", ix], check=False, timeout=60)
     assert time.perf_counter() - t0 < 30
     assert proc.returncode == 1 and f"{1 << 40} bytes, manifest says" in proc.stderr
+
+
+def test_every_flipped_footer_byte_of_an_index_shard_is_one_error(tmp_path):
+    # a flipped byte in a column name of the Arrow footer raised UnicodeDecodeError from
+    # format/integrity.py: a traceback instead of one line (issue 28)
+    from sortpack.report.inspect import inspect_directory
+
+    ix = pipeline_index(tmp_path / "ix", np.arange(1, 60), max_tokens=200)
+    shard = ix / _manifest(ix)["shards"][0]["file"]
+    good = shard.read_bytes()
+    undecodable = []
+    for k in range(max(0, len(good) - 700), len(good)):  # the footer and its schema
+        data = bytearray(good)
+        data[k] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        for read in (lambda: inspect_directory(ix), lambda: PackedIndex(ix).all_sample_ids()):
+            try:
+                read()
+            except SortpackError as exc:
+                if "not UTF-8" in str(exc):
+                    undecodable.append(k)
+            # any other exception fails the test: corrupt data is one error line, never a crash
+    shard.write_bytes(good)
+    assert undecodable, "no flip hit a column name: the test checks nothing"
+    data = bytearray(good)
+    data[undecodable[0]] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    proc = run_sortpack(["verify", ix], check=False)  # lists each problem of the shard, one line each
+    assert "Traceback" not in proc.stderr and proc.returncode == 1 and "not UTF-8" in proc.stderr, proc.stderr
+    assert "corrupt Arrow shard (a column name in its footer is not UTF-8)" in _one_error_line(
+        run_sortpack(["inspect", ix], check=False))

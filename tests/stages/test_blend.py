@@ -62,7 +62,7 @@ def test_every_prefix_is_within_the_largest_microbatch_of_the_schedule(mix):
     try:
         blend = plan_blend(tokens, stages, schedule, total, seed)
     except SortpackError as exc:
-        assert "smaller than the first micro-batch" in str(exc)
+        assert "smaller than the first micro-batch" in str(exc) or "passes over its" in str(exc)
         return
     planned = _plan_tokens(tokens, blend)
     largest = max(int(t.max()) for t in tokens)
@@ -155,3 +155,22 @@ def test_a_total_below_one_microbatch_is_refused():
     with pytest.raises(SortpackError, match="smaller than the first micro-batch"):
         plan_blend([np.full(3, 100, np.int64), np.full(3, 100, np.int64)], [np.zeros(3, np.int16)] * 2,
                    schedule, 50, 0)
+
+
+@pytest.mark.parametrize("total, message", [(10**9, "1.67e\\+08 passes over its 3 tokens; at most 10000"),
+                                            (2**40, "passes over its 3 tokens")])
+def test_an_absurd_total_is_refused_before_planning(total, message):
+    # before issue 28 this built 10**8+ passes per source before noticing anything (a hang)
+    schedule = Schedule(np.array([1.0]), np.array([[0.5, 0.5]]))
+    tokens = [np.ones(3, np.int64), np.full(1000, 7, np.int64)]
+    with pytest.raises(SortpackError, match=message):
+        plan_blend(tokens, [np.zeros(3, np.int16), np.zeros(1000, np.int16)], schedule, total, 0, ["a", "b"])
+
+
+def test_a_plan_of_too_many_units_is_refused(monkeypatch):
+    from sortpack.stages import blend
+
+    monkeypatch.setattr(blend, "MAX_PLAN_UNITS", 100)
+    schedule = Schedule(np.array([1.0]), np.array([[1.0]]))
+    with pytest.raises(SortpackError, match="about 200 micro-batches; at most 100"):
+        plan_blend([np.ones(50, np.int64)], [np.zeros(50, np.int16)], schedule, 200, 0)

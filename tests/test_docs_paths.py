@@ -1,0 +1,62 @@
+"""The README and docs/*.md cite only what exists: every repository path, test name and pytest command."""
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from support import ROOT
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# a repository path: starts at a top-level folder (not inside a longer path or a URL), optionally
+# followed by ::test_name
+PATH = re.compile(r"(?<![\w./~-])((?:sortpack|tests|examples|benchmarks)/[\w./*-]*)(?:::(\w+))?")
+PYTEST = re.compile(r"python -m pytest[^`\n]*")
+
+
+def _citations():
+    """Yield (doc, line number, path, test name or None) for every repository path the docs cite."""
+    for doc in DOCS:
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            for m in PATH.finditer(line):
+                yield doc.relative_to(ROOT), n, m.group(1).rstrip("."), m.group(2)
+
+
+def _commands():
+    """Yield (doc, line number, the pytest arguments) of every ``python -m pytest ...`` the docs cite."""
+    for doc in DOCS:
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            for m in PYTEST.finditer(line):
+                yield doc.relative_to(ROOT), n, shlex.split(m.group(0))[3:]
+
+
+def test_the_docs_cite_paths():
+    # the scan itself works: the docs do cite paths and a test command (else this test checks nothing)
+    cited = {str(p) for _, _, p, _ in _citations()}
+    assert {"sortpack/torch.py", "tests/reliability", "examples/train_tiny.py"} <= cited
+    assert len(list(_commands())) >= 2
+
+
+def test_every_cited_path_exists():
+    wrong = []
+    for doc, line, path, test in _citations():
+        hits = sorted(ROOT.glob(path.rstrip("/"))) if "*" in path else [ROOT / path.rstrip("/")]
+        if not hits or not all(h.exists() for h in hits):
+            wrong.append(f"{doc}:{line}: cites {path}, which does not exist")
+        elif test and hits[0].is_file() and not re.search(rf"def {test}\b", hits[0].read_text(encoding="utf-8")):
+            wrong.append(f"{doc}:{line}: cites {path}::{test}, but {path} has no test {test}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("doc, line, args", list(_commands()), ids=lambda v: str(v) if isinstance(v, int) else None)
+def test_every_cited_pytest_command_collects(doc, line, args):
+    # collecting proves every path, node id and -k/-m expression of the command is real; running the
+    # cited suites is the rest of this suite's job
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+    # status 5: it collects no test at all
+    assert proc.returncode == 0, f"{doc}:{line}: `python -m pytest {' '.join(args)}` fails to collect:\n{tail}"
