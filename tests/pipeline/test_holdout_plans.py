@@ -360,3 +360,34 @@ def test_a_failure_or_kill_after_the_holdout_is_written_leaves_nothing(data, tmp
     proc = run_sortpack(args)
     assert "left by a killed job" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan", "plan.metrics"]
+
+
+@pytest.mark.parametrize("command", ["run", "pack"])
+def test_the_pieces_of_a_split_document_stay_on_one_side(tmp_path, command):
+    # --oversize split cuts a long document into pieces that share its sample id; the holdout is
+    # chosen by sample id, so a document trains or is held out whole, and every token is in one plan
+    lengths = np.r_[np.full(30, 3000), lognormal(170, seed=4, maximum=900)]
+    src = write_text_parquet(tmp_path / "long.parquet", lengths, 50)
+    cut = ["--column", "text", "--max-tokens", "1024", "--oversize", "split", "--holdout", "0.25", "--quiet"]
+    if command == "run":
+        run_sortpack(["run", src, "-o", tmp_path / "plan", *cut])
+    else:
+        run_sortpack(["run", src, "-o", tmp_path / "x", "--column", "text", "--max-tokens", "1024",
+                      "--oversize", "split", "--keep-intermediate", "--quiet"])
+        run_sortpack(["pack", tmp_path / "x.sorted", "-o", tmp_path / "plan", *cut[2:]])
+    train, held = PackedIndex(tmp_path / "plan"), PackedIndex(tmp_path / "plan" / "holdout")
+    assert train.has_pieces and held.has_pieces  # long documents were cut on both sides
+    tokens = {}
+    for ix, side in ((train, "train"), (held, "held")):
+        for i in range(ix.num_microbatches):
+            ranges = ix.piece_ranges(i)
+            ids = ix.microbatch(i)
+            begin, end = ranges if ranges is not None else (np.zeros(len(ids)), lengths[ids])
+            for sid, b, e in zip(ids.tolist(), begin.tolist(), end.tolist()):
+                tokens.setdefault(sid, []).append((int(b), int(e), side))
+    for sid, pieces in tokens.items():
+        assert len({side for _, _, side in pieces}) == 1, (sid, pieces)  # one side per document
+        spans = sorted((b, e) for b, e, _ in pieces)
+        assert spans[0][0] == 0 and spans[-1][1] == lengths[sid]  # every token once, in order
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert sorted(tokens) == list(range(len(lengths)))
