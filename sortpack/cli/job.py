@@ -37,6 +37,18 @@ def prints_usage_errors() -> bool:
         return prints_alone()
 
 
+def _job_comm():
+    """Return the job's communicator; a launcher variable that does not parse exits 2 (printed by one process)."""
+    from ..parallel import get_comm
+
+    try:
+        return get_comm()
+    except SortpackError as exc:
+        if prints_alone():
+            fail(exc)
+        sys.exit(2)
+
+
 def on_one_rank(fn: Callable[[], Any]) -> tuple[Any, bool]:
     """Return (``fn()``'s result, whether this is rank 0) on every rank of the job, ``fn`` run on rank 0 only.
 
@@ -46,14 +58,7 @@ def on_one_rank(fn: Callable[[], Any]) -> tuple[Any, bool]:
     ``SortpackError`` of ``fn`` is printed once (rank 0) and every rank exits 2; any other
     failure aborts the job.
     """
-    from ..parallel import get_comm
-
-    try:
-        comm = get_comm()
-    except SortpackError as exc:
-        if prints_alone():
-            fail(exc)
-        sys.exit(2)
+    comm = _job_comm()
     outcome: tuple[str, Any] = ("ok", None)
     if comm.is_root():
         try:
@@ -83,7 +88,7 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
 
     @functools.wraps(fn)
     def wrapper(**kw):
-        from ..parallel import get_comm, run_guarded
+        from ..parallel import run_guarded
         from ..progress import configure as configure_progress
         from ..write.provenance import JobInfo
         from ..write.termination import install as clean_up_on_sigterm
@@ -93,12 +98,7 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
         if threads < 0:
             raise click.BadParameter("must be >= 0", param_hint="--threads")
         set_threads(threads)
-        try:
-            comm = get_comm()
-        except SortpackError as exc:
-            if prints_alone():
-                fail(exc)
-            sys.exit(2)
+        comm = _job_comm()
         set_tokenizer_threads(comm.node_size())
         configure_progress(comm.is_root() and not kw["quiet"], comm.size)
         job = JobInfo(argv=["sortpack"] + sys.argv[1:])

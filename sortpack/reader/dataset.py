@@ -254,21 +254,6 @@ def _cut_value(value, begin: int, end: int):
     """Return a row's value cut to ``[begin, end)`` (characters of a text, elements of a list, bytes)."""
     return value[int(begin):int(end)]
 
-    def _whole_microbatch(self, mb: MicroBatch):
-        """Return (the stored slice, its sample ids) if ``mb`` holds its micro-batch's ids unchanged, else Nones.
-
-        The sampler's micro-batch is one contiguous slice; its ids (compared as Python ints,
-        no array built) say it is the right one, and not one that lost skipped samples.
-        """
-        index, stored = self.index, self.stored
-        assert index is not None and stored is not None
-        i = mb.microbatch
-        if not 0 <= i < index.num_microbatches:
-            return None, None
-        known = index.microbatch(i)
-        if len(known) != len(mb) or known.tolist() != mb:
-            return None, None
-        return stored.microbatch(i), known
 
 def _stored_data(source, columns):
     if isinstance(source, PackedIndex):
