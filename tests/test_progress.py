@@ -173,7 +173,7 @@ def test_error_lines_do_not_depend_on_the_machines_load(tmp_path):
     import sys
 
     seen = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('SORTPACK_PROGRESS_DELAY'))"],
-                          capture_output=True, text=True, env={**os.environ}).stdout.strip()
+                          capture_output=True, text=True, env={**os.environ}, timeout=60).stdout.strip()
     assert seen != "None" and float(seen) >= 600, seen
     from sortpack.progress import _delay
 
