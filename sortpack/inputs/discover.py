@@ -43,27 +43,9 @@ def expand_inputs(inputs: list[str], input_format: str = "auto", split: str | No
         if objects.is_url(item):
             out.extend(_expand_url(item, input_format))
         elif os.path.isdir(item):
-            groups = []  # (sort key, files in order): a Hugging Face dataset keeps its own order
-            for root, dirs, files in os.walk(item):
-                hf = hf_dataset_files(root, split)
-                if hf is not None:
-                    used_split |= os.path.isfile(os.path.join(root, HF_DICT))
-                    groups.append((root + os.sep, [(p, "arrow") for p in hf]))
-                    dirs[:] = []
-                    continue
-                dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-                for name in files:
-                    if name.startswith((".", "_")):
-                        continue
-                    p = os.path.join(root, name)
-                    fmt = format_of(p, input_format)
-                    if fmt is not None:
-                        check_input_path(p)
-                        groups.append((p, [(p, fmt)]))
-            if not groups:
-                raise SortpackError(f"{item}: directory holds no parquet, arrow, jsonl or csv files")
-            for _, group in sorted(groups, key=lambda g: g[0]):
-                out.extend(group)
+            files, has_dict = _expand_directory(item, input_format, split)
+            out.extend(files)
+            used_split |= has_dict
         elif os.path.lexists(item) and not os.path.isdir(item):
             check_input_path(item)
             fmt = format_of(item, input_format)
@@ -72,21 +54,53 @@ def expand_inputs(inputs: list[str], input_format: str = "auto", split: str | No
                     f"{item}: cannot tell the format from the extension (use --input-format)")
             out.append((item, fmt))
         elif glob.has_magic(item):
-            matches = sorted(p for p in glob.glob(item, recursive=True) if not os.path.isdir(p))
-            if not matches:
-                raise SortpackError(f"{item}: no file matches this pattern")
-            for p in matches:
-                check_input_path(p)
-                fmt = format_of(p, input_format)
-                if fmt is None:
-                    raise SortpackError(f"{p}: cannot tell the format from the extension (use --input-format)")
-                out.append((p, fmt))
+            out.extend(_expand_glob(item, input_format))
         else:
             raise SortpackError(f"{item}: no such file or directory")
     if split is not None and not used_split:
         raise SortpackError(f"--split {split}: no input is a Hugging Face DatasetDict directory "
                             f"(one with {HF_DICT})")
     return [InputPath(p if objects.is_url(p) else os.path.abspath(p), f) for p, f in out]
+
+
+def _expand_directory(item: str, input_format: str, split: str | None) -> tuple[list[tuple[str, str]], bool]:
+    """Return (the input files below a directory in order, whether a DatasetDict was among them)."""
+    groups = []  # (sort key, files in order): a Hugging Face dataset keeps its own order
+    used_split = False
+    for root, dirs, files in os.walk(item):
+        hf = hf_dataset_files(root, split)
+        if hf is not None:
+            used_split |= os.path.isfile(os.path.join(root, HF_DICT))
+            groups.append((root + os.sep, [(p, "arrow") for p in hf]))
+            dirs[:] = []
+            continue
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        for name in files:
+            if name.startswith((".", "_")):
+                continue
+            p = os.path.join(root, name)
+            fmt = format_of(p, input_format)
+            if fmt is not None:
+                check_input_path(p)
+                groups.append((p, [(p, fmt)]))
+    if not groups:
+        raise SortpackError(f"{item}: directory holds no parquet, arrow, jsonl or csv files")
+    return [f for _, group in sorted(groups, key=lambda g: g[0]) for f in group], used_split
+
+
+def _expand_glob(item: str, input_format: str) -> list[tuple[str, str]]:
+    """Return the files a glob matches, in sorted order, each with its format."""
+    matches = sorted(p for p in glob.glob(item, recursive=True) if not os.path.isdir(p))
+    if not matches:
+        raise SortpackError(f"{item}: no file matches this pattern")
+    out = []
+    for p in matches:
+        check_input_path(p)
+        fmt = format_of(p, input_format)
+        if fmt is None:
+            raise SortpackError(f"{p}: cannot tell the format from the extension (use --input-format)")
+        out.append((p, fmt))
+    return out
 
 
 def _hidden(key: str) -> bool:

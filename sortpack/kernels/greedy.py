@@ -34,33 +34,9 @@ def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str = "padded", m
     rounding = bool(pad_multiple and pad_multiple > 1) or (shapes is not None and len(shapes) > 0)
     shape_list = [int(x) for x in shapes] if shapes is not None else []
 
-    def rnd(x: int) -> int:
-        if shape_list:
-            for s in shape_list:
-                if s >= x:
-                    return s
-            return x
-        if pad_multiple and pad_multiple > 1:
-            return -(-x // pad_multiple) * pad_multiple
-        return x
-
     def cost(batch: list[int]) -> float:
-        c = len(batch)
-        if c == 0:
-            return 0
-        L = rnd(max(batch))
-        if budget == "padded" or rounding:
-            if budget == "quadratic":
-                return c * (L + L * L / quadratic_scale)
-            return c * L
-        if budget == "tokens":
-            return sum(batch)
-        # plain left-to-right addition, not sum(): sum() is compensated from Python 3.12
-        # on, and micro-batch boundaries must not depend on the interpreter
-        total = 0.0
-        for s in batch:
-            total += s + s * s / quadratic_scale
-        return total
+        return _reference_cost(batch, budget, quadratic_scale, _reference_round(max(batch), shape_list, pad_multiple),
+                               rounding)
 
     bounds = [0]
     start = 0
@@ -79,6 +55,35 @@ def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str = "padded", m
     if batch:
         bounds.append(len(sizes))
     return np.asarray(bounds, dtype=np.int64)
+
+
+def _reference_round(x: int, shape_list: list[int], pad_multiple: int) -> int:
+    """Return the padded length of a micro-batch whose largest sample is ``x`` (the oracle's rule)."""
+    if shape_list:
+        for s in shape_list:
+            if s >= x:
+                return s
+        return x
+    if pad_multiple and pad_multiple > 1:
+        return -(-x // pad_multiple) * pad_multiple
+    return x
+
+
+def _reference_cost(batch: list[int], budget: str, quadratic_scale: float, L: int, rounding: bool) -> float:
+    """Return the oracle's cost of a non-empty micro-batch whose rounded largest length is ``L``."""
+    c = len(batch)
+    if budget == "padded" or rounding:
+        if budget == "quadratic":
+            return c * (L + L * L / quadratic_scale)
+        return c * L
+    if budget == "tokens":
+        return sum(batch)
+    # plain left-to-right addition, not sum(): sum() is compensated from Python 3.12
+    # on, and micro-batch boundaries must not depend on the interpreter
+    total = 0.0
+    for s in batch:
+        total += s + s * s / quadratic_scale
+    return total
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,7 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
               "num_samples": m["num_samples"], "num_shards": len(m["shards"]),
               "content_hash": m["content_hash"], "options": m["options"]}
     if kind != "index":
-        size = _column(directory, m, "size")
-        report.update({"size": {**_quantiles(size), "mean": float(size.mean()) if len(size) else 0.0,
-                                "sum": int(size.sum())}})
-        if kind == "sorted" and "stage_counts" in m["stats"]:
-            report["stage_counts"] = m["stats"]["stage_counts"]
+        report.update(_samples_report(directory, m))
         return report
     if world_size is not None and world_size < 1:
         raise SortpackError(f"--world-size {world_size}: must be >= 1")
@@ -53,26 +49,7 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
     ns, bs, ps, tok = (table.column(i).to_numpy().astype(np.int64) for i in range(4))
     padded = bs * ps
     shapes = np.unique(np.stack([bs, ps]), axis=1) if len(bs) else np.zeros((2, 0))
-    total_padded = int(padded.sum())
-    report.update({
-        "num_microbatches": m["num_microbatches"],
-        "tokens": int(tok.sum()),
-        "padded_tokens": total_padded,
-        "padding_ratio": (1.0 - tok.sum() / total_padded) if total_padded else 0.0,
-        "fill": float(tok.sum() / total_padded) if total_padded else 1.0,
-        "distinct_shapes": int(shapes.shape[1]),
-        "samples_per_microbatch": _quantiles(ns),
-        "padded_size": _quantiles(ps),
-        "skipped": m["stats"].get("skipped", 0),
-        "truncated": m["stats"].get("truncated", 0),
-        # tokens (size units) too: older plans did not record them (None there when samples were lost)
-        "skipped_tokens": m["stats"].get("skipped_tokens", 0 if not m["stats"].get("skipped") else None),
-        "truncated_tokens": m["stats"].get("truncated_tokens", 0 if not m["stats"].get("truncated") else None),
-        "split": m["stats"].get("split", 0),
-        "split_pieces": m["stats"].get("split_pieces", 0),
-        "split_tokens": m["stats"].get("split_tokens", 0),
-        "empty_dropped": m["stats"].get("empty_dropped", 0),
-    })
+    report.update(_microbatch_report(m, ns, ps, tok, padded, shapes))
     report.update(_shape_lines(m, shapes))
     if m.get("mixture"):
         from .mixture import mixture_report
@@ -95,6 +72,41 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         report.update({"world_size": world_size, "grad_accum": grad_accum, "steps": int(costs.shape[0]),
                        "step_imbalance": float(ratio.max()), "step_imbalance_mean": float(ratio.mean())})
     return report
+
+
+def _samples_report(directory: str, m: dict) -> dict:
+    """Return the size quantiles (and stage counts) of a samples or sorted directory."""
+    size = _column(directory, m, "size")
+    out: dict = {"size": {**_quantiles(size), "mean": float(size.mean()) if len(size) else 0.0,
+                          "sum": int(size.sum())}}
+    if m["_kind"] == "sorted" and "stage_counts" in m["stats"]:
+        out["stage_counts"] = m["stats"]["stage_counts"]
+    return out
+
+
+def _microbatch_report(m: dict, ns: np.ndarray, ps: np.ndarray, tok: np.ndarray, padded: np.ndarray,
+                       shapes: np.ndarray) -> dict:
+    """Return an index's token, padding, shape and lost-sample figures."""
+    total_padded = int(padded.sum())
+    return {
+        "num_microbatches": m["num_microbatches"],
+        "tokens": int(tok.sum()),
+        "padded_tokens": total_padded,
+        "padding_ratio": (1.0 - tok.sum() / total_padded) if total_padded else 0.0,
+        "fill": float(tok.sum() / total_padded) if total_padded else 1.0,
+        "distinct_shapes": int(shapes.shape[1]),
+        "samples_per_microbatch": _quantiles(ns),
+        "padded_size": _quantiles(ps),
+        "skipped": m["stats"].get("skipped", 0),
+        "truncated": m["stats"].get("truncated", 0),
+        # tokens (size units) too: older plans did not record them (None there when samples were lost)
+        "skipped_tokens": m["stats"].get("skipped_tokens", 0 if not m["stats"].get("skipped") else None),
+        "truncated_tokens": m["stats"].get("truncated_tokens", 0 if not m["stats"].get("truncated") else None),
+        "split": m["stats"].get("split", 0),
+        "split_pieces": m["stats"].get("split_pieces", 0),
+        "split_tokens": m["stats"].get("split_tokens", 0),
+        "empty_dropped": m["stats"].get("empty_dropped", 0),
+    }
 
 
 def _holdout_report(m: dict) -> dict:

@@ -110,8 +110,6 @@ def plot_directory(directory: str, path: str, world_size: int | None = None, gra
 
 def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_assumed: bool):
     """Return the six-panel figure of an index directory."""
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
-
     if world < 1:
         raise SortpackError(f"--world-size {world}: must be >= 1")
     if accum < 1:
@@ -119,7 +117,6 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     c = _columns(directory, m, ["num_samples", "batch_size", "max_size", "padded_size", "tokens"])
     ns, bs, ps, tok = (c[k].astype(np.int64) for k in ("num_samples", "batch_size", "padded_size", "tokens"))
     padded = bs * ps
-    fill = np.where(padded > 0, tok / np.maximum(padded, 1), 1.0)
     mixture = bool(m.get("mixture"))  # a seventh panel below: achieved shares against the schedule
     fig = Figure(figsize=(15, 12.5 if mixture else 8.5))
     axes = [fig.add_subplot(3 if mixture else 2, 3, k) for k in range(1, 7)]
@@ -129,8 +126,27 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     bound = " (upper bound: rows mix sizes)" if m["options"].get("rows") else ""
     _size_panel(axes[0], c["max_size"].astype(np.int64), ns.astype(np.float64),
                 f"sample sizes ({m['num_samples']:,} samples)", f"max size of the sample's micro-batch{bound}, log")
+    _fill_panel(axes[1], tok, padded)
+    per_rank = step_costs(tok, world, accum) if len(tok) else np.zeros((1, world), np.int64)
+    per_rank_padded = step_costs(padded, world, accum) if len(tok) else np.zeros((1, world), np.int64)
+    note = " (--world-size to split by rank)" if world_assumed else f" (W={world}, A={accum})"
+    _rank_heat_panel(fig, axes[2], per_rank, world, note)
+    _imbalance_panel(axes[3], per_rank, per_rank_padded, world)
+    _shapes_panel(axes[4], bs, ps)
+    _lr_panel(axes[5], step_costs(ns, world, accum).sum(axis=1) if len(ns) else np.zeros(1, np.int64))
+    if mixture:
+        from .mixture import shares_panel
 
-    ax = axes[1]
+        shares_panel(fig.add_subplot(3, 1, 3), m, tok, _columns(directory, m, ["source"])["source"])
+
+    fig.suptitle(f"{directory}: {m['num_microbatches']:,} micro-batches, {m['num_samples']:,} samples, "
+                 f"{per_rank.shape[0]:,} steps", fontsize=11)
+    return fig
+
+
+def _fill_panel(ax, tok: np.ndarray, padded: np.ndarray) -> None:
+    """Draw each micro-batch's fill (real over padded tokens) in index order."""
+    fill = np.where(padded > 0, tok / np.maximum(padded, 1), 1.0)
     _series_panel(ax, fill, "#55a868")
     total_fill = tok.sum() / padded.sum() if padded.sum() else 1.0
     ax.set_ylim(min(0.0, float(fill.min()) if len(fill) else 0.0), 1.02)
@@ -138,10 +154,12 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     ax.set_xlabel("micro-batch (index order)")
     ax.set_ylabel("tokens / (batch_size x padded_size)")
 
-    per_rank = step_costs(tok, world, accum) if len(tok) else np.zeros((1, world), np.int64)
-    per_rank_padded = step_costs(padded, world, accum) if len(tok) else np.zeros((1, world), np.int64)
+
+def _rank_heat_panel(fig, ax, per_rank: np.ndarray, world: int, note: str) -> None:
+    """Draw the tokens of every rank at every step as a heat map, binned past MAX_POINTS steps."""
+    from matplotlib.ticker import MaxNLocator
+
     steps = per_rank.shape[0]
-    ax = axes[2]
     heat = per_rank.T.astype(np.float64)
     if steps > MAX_POINTS:
         edges = np.linspace(0, steps, MAX_POINTS + 1).astype(np.int64)
@@ -149,13 +167,14 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     img = ax.imshow(heat, aspect="auto", interpolation="nearest", cmap="viridis",
                     extent=(0, steps, world - 0.5, -0.5))
     fig.colorbar(img, ax=ax, label="tokens")
-    note = " (--world-size to split by rank)" if world_assumed else f" (W={world}, A={accum})"
     ax.set_title(f"tokens per rank per step{note}")
     ax.set_xlabel("step")
     ax.set_ylabel("rank")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
 
-    ax = axes[3]
+
+def _imbalance_panel(ax, per_rank: np.ndarray, per_rank_padded: np.ndarray, world: int) -> None:
+    """Draw each step's max over mean rank cost, for real and for padded tokens."""
     for costs, color, label in ((per_rank, "#4c72b0", "tokens"), (per_rank_padded, "#dd8452", "padded tokens")):
         mean = costs.mean(axis=1)
         ratio = np.where(mean > 0, costs.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
@@ -165,7 +184,11 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     ax.set_ylabel("max / mean")
     ax.legend(fontsize=8, loc="upper right")
 
-    ax = axes[4]
+
+def _shapes_panel(ax, bs: np.ndarray, ps: np.ndarray) -> None:
+    """Draw the most common (batch_size x padded_size) shapes and their counts."""
+    from matplotlib.ticker import MaxNLocator
+
     shapes, counts = np.unique(np.stack([bs, ps], axis=1), axis=0, return_counts=True) if len(bs) else \
         (np.zeros((0, 2), np.int64), np.zeros(0, np.int64))
     top = np.argsort(-counts, kind="stable")[:TOP_SHAPES]
@@ -180,8 +203,11 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     ax.set_ylabel("batch_size x padded_size")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
-    ax = axes[5]
-    step_samples = step_costs(ns, world, accum).sum(axis=1) if len(ns) else np.zeros(1, np.int64)
+
+def _lr_panel(ax, step_samples: np.ndarray) -> None:
+    """Draw each step's LR scale under the linear rule (step samples over their median)."""
+    from matplotlib.ticker import FuncFormatter
+
     ref = float(np.median(step_samples)) or 1.0
     scale = step_samples / ref
     _series_panel(ax, scale, "#c44e52")
@@ -193,15 +219,6 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     ax.set_title(f"LR scale, linear rule (step samples / median {ref:g})")
     ax.set_xlabel("step")
     ax.set_ylabel("LR multiplier")
-
-    if mixture:
-        from .mixture import shares_panel
-
-        shares_panel(fig.add_subplot(3, 1, 3), m, tok, _columns(directory, m, ["source"])["source"])
-
-    fig.suptitle(f"{directory}: {m['num_microbatches']:,} micro-batches, {m['num_samples']:,} samples, "
-                 f"{steps:,} steps", fontsize=11)
-    return fig
 
 
 def axes_titles(fig) -> list[str]:
