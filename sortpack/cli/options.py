@@ -6,6 +6,13 @@ import click
 from ..errors import SortpackError
 
 
+def _apply(opts: list, f):
+    """Return ``f`` with the click options ``opts`` added, shown in ``--help`` in list order."""
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
 def _shapes(ctx, param, value):
     """Return (lengths, K) of --shapes: listed lengths, or auto:K (K None when lengths are listed)."""
     if value is None or value == "":
@@ -37,9 +44,7 @@ def analyze_options(f):
         click.option("--input-format", type=click.Choice(["auto", "parquet", "arrow", "jsonl", "csv"]),
                      default="auto", show_default=True, help="Input format (auto: by file extension)."),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return _apply(opts, f)
 
 
 def sort_options(f):
@@ -51,9 +56,7 @@ def sort_options(f):
         click.option("--stages", type=int, default=1, show_default=True,
                      help="Curriculum stages: exact difficulty quantiles, each ordered by size."),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return _apply(opts, f)
 
 
 def pack_options(required: bool):
@@ -97,9 +100,7 @@ def pack_options(required: bool):
             click.option("--segment-size", type=int, default=None, hidden=True,
                          help="Packing segment (testing only; default 2^20)."),
         ]
-        for o in reversed(opts):
-            f = o(f)
-        return f
+        return _apply(opts, f)
 
     return deco
 
@@ -120,9 +121,7 @@ def store_options(tokenizer: bool):
         if tokenizer:
             opts.append(click.option("--tokenizer", type=click.Path(dir_okay=False),
                                      help="The tokenizer.json the sizes were counted with (for --store-tokens)."))
-        for o in reversed(opts):
-            f = o(f)
-        return f
+        return _apply(opts, f)
 
     return deco
 
@@ -139,24 +138,19 @@ def mixture_options(f):
         click.option("--seed", type=int, default=None,
                      help="Seed of a mixture's repeats, subsets and orders (overrides MIX.json; default 0)."),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return _apply(opts, f)
 
 
 def holdout_options(f):
     """Add --holdout and --holdout-seed (a held-out plan in OUTPUT/holdout) to a command."""
-    opts = [
+    return _apply([
         click.option("--holdout", default=None, metavar="N|FRACTION",
                      help="Set aside N samples (or FRACTION of the rows) of each source, chosen at random with "
                           "--holdout-seed, as a plan of their own in OUTPUT/holdout; the training plan never "
                           "holds them."),
         click.option("--holdout-seed", type=int, default=None,
                      help="Seed of the held-out choice (default 0; recorded in the manifest)."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    ], f)
 
 
 def common_options(f):
@@ -170,6 +164,4 @@ def common_options(f):
                      help="Arrow threads per rank (0: Arrow's default, all cores)."),
         click.option("--profile", is_flag=True, help="Print per-stage wall time and bytes moved (max over ranks)."),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return _apply(opts, f)

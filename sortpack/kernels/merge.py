@@ -17,6 +17,12 @@ def _check_offsets(offsets: Any, n: int) -> np.ndarray:
     return offsets
 
 
+def _runs(keys: np.ndarray, offsets: np.ndarray):
+    """Return (contiguous uint64 keys, checked int64 offsets, the compiled library or None)."""
+    keys = np.ascontiguousarray(keys, dtype=np.uint64).ravel()
+    return keys, _check_offsets(offsets, len(keys)), _c()
+
+
 def merge_sorted_runs(keys: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return (merged keys, permutation) of sorted uint64 runs ``keys[offsets[i]:offsets[i+1]]``.
 
@@ -37,17 +43,14 @@ def merge_sorted_runs(keys: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray
     tuple of numpy.ndarray
         The merged keys (uint64) and the int64 permutation that gives them.
     """
-    keys = np.ascontiguousarray(keys, dtype=np.uint64).ravel()
-    offsets = _check_offsets(offsets, len(keys))
-    lib = _c()
+    keys, offsets, lib = _runs(keys, offsets)
     if lib is None:
         perm = np.argsort(keys, kind="stable")
         return keys[perm], perm
-    n = len(keys)
-    merged = np.empty(n, dtype=np.uint64)
-    perm = np.empty(n, dtype=np.int64)
+    merged = np.empty(len(keys), dtype=np.uint64)
+    perm = np.empty(len(keys), dtype=np.int64)
     k = len(offsets) - 1
-    scratch = _scratch(lib.sp_merge_scratch_words(n, k, 0))
+    scratch = _scratch(lib.sp_merge_scratch_words(len(keys), k, 0))
     rc = lib.sp_merge_runs_u64(_ptr(keys), _ptr(offsets), k, _ptr(merged), _ptr(perm), _ptr(scratch))
     if rc == -1:
         raise MemoryError("merge_sorted_runs")
@@ -62,22 +65,9 @@ def merge_sorted_keys(keys: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
     ``merge_sorted_runs`` without the permutation: half the writes, for keys that carry
     nothing along. Always equals ``np.sort(keys)``: runs found unsorted are sorted instead.
-
-    Parameters
-    ----------
-    keys : array of uint64
-        The runs, one after another.
-    offsets : array of int
-        ``k + 1`` offsets rising from 0 to ``len(keys)``.
-
-    Returns
-    -------
-    numpy.ndarray
-        The merged uint64 keys (a new array).
+    ``keys`` and ``offsets`` as in ``merge_sorted_runs``; the result is a new uint64 array.
     """
-    keys = np.ascontiguousarray(keys, dtype=np.uint64).ravel()
-    offsets = _check_offsets(offsets, len(keys))
-    lib = _c()
+    keys, offsets, lib = _runs(keys, offsets)
     if lib is None:
         return np.sort(keys, kind="stable")
     merged = np.empty(len(keys), dtype=np.uint64)
