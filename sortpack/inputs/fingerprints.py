@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import SortpackError, one_line
 from ..parallel import Comm
+from ..partition import owned
 from . import objects
 
 ENDS = 1 << 16  # bytes hashed at each end of a file without a footer
@@ -88,7 +89,7 @@ def record(comm: Comm, paths: list[str], formats: list[str], sizes: list[int], o
     """
     mine, err = [], None
     try:
-        for i in np.flatnonzero(np.asarray(owners) == comm.rank).tolist():
+        for i in owned(owners, rank=comm.rank):
             mine.append((i, {**version(paths[i]), **content_digest(paths[i], formats[i], int(sizes[i]))}))
     except SortpackError as exc:
         err = exc
