@@ -83,8 +83,8 @@ def _footer_length(fh, fmt: str, size: int) -> int | None:
 def record(comm: Comm, paths: list[str], formats: list[str], sizes: list[int], owners: np.ndarray) -> list[dict]:
     """Return each file's ``mtime_ns`` and content digest (every rank); file i is read by rank ``owners[i]``.
 
-    The owner is the rank that analyzes the file's first rows, so a text file is hashed by
-    the rank that then parses it (from the page cache). The mtime is taken before the
+    The owner (``partition.unit_owners``) is a rank that analyzes the file's first unit, so a
+    text file (one unit, never cut) is hashed by the rank that then parses it (from the page cache). The mtime is taken before the
     digest: a file changed while it is read then shows a newer mtime than the recorded one.
     """
     mine, err = [], None
