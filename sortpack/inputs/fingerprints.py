@@ -84,8 +84,9 @@ def record(comm: Comm, paths: list[str], formats: list[str], sizes: list[int], o
     """Return each file's ``mtime_ns`` and content digest (every rank); file i is read by rank ``owners[i]``.
 
     The owner (``partition.unit_owners``) is a rank that analyzes the file's first unit, so a
-    text file (one unit, never cut) is hashed by the rank that then parses it (from the page cache). The mtime is taken before the
-    digest: a file changed while it is read then shows a newer mtime than the recorded one.
+    text file (one unit, never cut) is hashed by the rank that then parses it (from the page
+    cache). The mtime is taken before the digest: a file changed while it is read then shows
+    a newer mtime than the recorded one.
     """
     mine, err = [], None
     try:
