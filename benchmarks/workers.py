@@ -81,6 +81,7 @@ def _sorted_across(w: _World, first, last, count: int, local_ok: bool) -> bool:
 def sort_sortpack(a: dict) -> dict:
     """Time ``sortpack.stages.sample_sort.sample_sort`` on packed uint64 records (``total`` over ranks)."""
     from sortpack.parallel import MPIComm
+    from sortpack.stages.key_codes import KeyLayout
     from sortpack.stages.sample_sort import sample_sort
 
     w = _World()
@@ -89,7 +90,8 @@ def sort_sortpack(a: dict) -> dict:
     lo, hi = w.span(total)
     keys = data.packed_keys(lo, hi, total)
     bits = data.id_bits(total)
-    secs, out = w.timed(lambda k: sample_sort(comm, k, None, {}, (lo, bits)).hi, a["repeats"], keys.copy)
+    layout = KeyLayout(64 - bits, id_bits=bits)  # the keys' low bits are the ids
+    secs, out = w.timed(lambda k: sample_sort(comm, k, None, {}, (lo, layout)).hi, a["repeats"], keys.copy)
     ok = bool(np.all(out[1:] >= out[:-1]))
     ok = _sorted_across(w, int(out[0]) if len(out) else 0, int(out[-1]) if len(out) else 0, len(out), ok)
     n_out = w.mpi.allreduce(len(out))

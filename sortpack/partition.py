@@ -106,3 +106,51 @@ def index_shard_layout(comm: Comm, num_samples: np.ndarray, first: int, total: i
     weights = 8 * np.diff(sample_starts[:len(starts)]) + 48 * np.diff(starts)
     blocks = balanced_blocks(weights, comm.size)
     return starts, starts[np.minimum(blocks, len(starts) - 1)]
+
+
+# --- the input side's deals (issue 25): analyze's files and row runs, the digests, row packing's windows ---
+
+
+def even_range(n: int, *, rank: int, size: int) -> tuple[int, int]:
+    """Return the items ``[lo, hi)`` of ``n`` that rank ``rank`` of ``size`` takes: contiguous, within one of even."""
+    return (n * rank) // size, (n * (rank + 1)) // size
+
+
+def rank_run(cut_unit: np.ndarray, cut_off: np.ndarray, *, rank: int) -> tuple[int, int, int, int]:
+    """Return rank ``rank``'s run ``(lo, head, hi, tail)`` of ``split_rows``'s cuts.
+
+    The run starts at row ``head`` of unit ``lo`` and ends before row ``tail`` of unit ``hi``.
+    """
+    return int(cut_unit[rank]), int(cut_off[rank]), int(cut_unit[rank + 1]), int(cut_off[rank + 1])
+
+
+def unit_owners(cut_unit: np.ndarray, units: np.ndarray, *, size: int) -> np.ndarray:
+    """Return, for each of ``units``, the last rank of ``size`` whose ``split_rows`` run starts at or before it.
+
+    That rank reads the unit (its last part, when the unit is cut between ranks).
+    """
+    return np.clip(np.searchsorted(cut_unit, units, side="right") - 1, 0, size - 1)
+
+
+def owned(owners: np.ndarray, *, rank: int) -> list[int]:
+    """Return the items whose owner is ``rank``, in order."""
+    return np.flatnonzero(np.asarray(owners) == rank).tolist()
+
+
+def deal_windows(pos: np.ndarray, stage: np.ndarray, per_stage: np.ndarray, window: int,
+                 *, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return (the global window of each sample, the rank of ``size`` that packs it).
+
+    ``pos`` are the samples' global sorted positions and ``stage`` their curriculum stages,
+    ``per_stage`` the samples of every stage. A stage of n samples has ``ceil(n / window)``
+    windows, and its k-th sample goes to its window ``k mod windows``, so each window spans
+    the stage's whole size range. Windows are numbered globally and go to ranks in
+    contiguous blocks; nothing depends on the rank count but which rank packs a window.
+    """
+    per_stage = np.asarray(per_stage, dtype=np.int64)
+    stage_first = np.concatenate(([0], np.cumsum(per_stage)[:-1]))
+    windows = -(-per_stage // window)
+    window_first = np.concatenate(([0], np.cumsum(windows)[:-1]))
+    total_windows = max(int(windows.sum()), 1)
+    of = window_first[stage] + (pos - stage_first[stage]) % np.maximum(windows[stage], 1)
+    return of, (of * size) // total_windows

@@ -88,3 +88,49 @@ def test_split_rows_balances_known_rows_exactly(units, ranks):
     elif total:
         biggest = max([w for w, s in units if not s], default=0)
         assert rows.max() <= total / ranks + biggest + 1
+
+
+# --- the input side's deals (issue 25): analyze's files and runs, the digests, row packing's windows ---
+
+from sortpack.partition import deal_windows, even_range, owned, rank_run, unit_owners  # noqa: E402
+
+
+@given(n=st.integers(0, 500), size=st.integers(1, 12))
+def test_even_range_tiles_the_items_within_one_of_even(n, size):
+    parts = [even_range(n, rank=r, size=size) for r in range(size)]
+    assert parts[0][0] == 0 and parts[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+    lengths = [hi - lo for lo, hi in parts]
+    assert max(lengths) - min(lengths) <= 1
+
+
+def test_rank_run_and_unit_owners_read_split_rows_cuts():
+    # units of 10, 3 and 7 rows over 4 ranks: 5 rows each
+    cut_unit, cut_off = split_rows(np.array([10, 3, 7]), np.ones(3, bool), 4)
+    assert [rank_run(cut_unit, cut_off, rank=r) for r in range(4)] == \
+        [(0, 0, 0, 5), (0, 5, 1, 0), (1, 0, 2, 2), (2, 2, 3, 0)]
+    # unit 0 is cut between ranks 0 and 1: the last of them owns it
+    assert unit_owners(cut_unit, np.array([0, 1, 2]), size=4).tolist() == [1, 2, 3]
+    assert owned(np.array([1, 2, 1, 0]), rank=1) == [0, 2] and owned(np.array([]), rank=0) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=5), st.integers(1, 9), st.integers(1, 9))
+def test_deal_windows_spreads_each_stage_over_its_windows_and_ranks_in_blocks(per_stage, window, size):
+    per_stage = np.array(per_stage, dtype=np.int64)
+    stage = np.repeat(np.arange(len(per_stage)), per_stage)
+    pos = np.arange(len(stage), dtype=np.int64)
+    of, dest = deal_windows(pos, stage, per_stage, window, size=size)
+    windows = -(-per_stage // window)
+    for s in range(len(per_stage)):
+        mine = of[stage == s]
+        first = int(windows[:s].sum())
+        # the stage's k-th sample goes to its window k mod windows: windows hold at most `window` samples
+        assert mine.tolist() == [first + k % max(windows[s], 1) for k in range(per_stage[s])]
+        if len(mine):
+            assert np.bincount(mine - first).max() <= window
+    # ranks take windows in contiguous blocks: a window has one rank, ranks rise with windows
+    assert np.all(np.diff(dest[np.argsort(of, kind="stable")]) >= 0)
+    assert dest.min(initial=0) >= 0 and dest.max(initial=0) < size
+    # the windows are the same for any rank count
+    assert np.array_equal(of, deal_windows(pos, stage, per_stage, window, size=1)[0])

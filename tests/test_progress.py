@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-import sortpack.stages.analyze as analyze_mod
+import sortpack.stages.read_plan as read_plan_mod
 from sortpack import progress as progress_mod
 from sortpack.parallel import SerialComm
 from sortpack.pipeline.dataset import JobInfo, run_all
@@ -129,7 +129,7 @@ def test_phases_go_to_the_open_reporter_and_a_terminal_gets_a_bar():
 
 def test_every_stage_reports_in_process(tmp_path, reporting, capsys, monkeypatch):
     # four row groups of 250 rows read one at a time: analyze reports within a file
-    monkeypatch.setattr(analyze_mod, "READ_ROWS", 250)
+    monkeypatch.setattr(read_plan_mod, "READ_ROWS", 250)
     path = write_text_parquet(tmp_path / "a.parquet", [1 + (i * 37) % 300 for i in range(1000)], 250)
     run_all(SerialComm(), [str(path)], str(tmp_path / "plan"), AnalyzeOptions(column="text"), SortOptions(),
             PackOptions(max_tokens=2000, segment_size=300), False, JobInfo(["test"]), progress=True)

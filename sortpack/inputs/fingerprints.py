@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import SortpackError, one_line
 from ..parallel import Comm
+from ..partition import owned
 from . import objects
 
 ENDS = 1 << 16  # bytes hashed at each end of a file without a footer
@@ -82,13 +83,14 @@ def _footer_length(fh, fmt: str, size: int) -> int | None:
 def record(comm: Comm, paths: list[str], formats: list[str], sizes: list[int], owners: np.ndarray) -> list[dict]:
     """Return each file's ``mtime_ns`` and content digest (every rank); file i is read by rank ``owners[i]``.
 
-    The owner is the rank that analyzes the file's first rows, so a text file is hashed by
-    the rank that then parses it (from the page cache). The mtime is taken before the
-    digest: a file changed while it is read then shows a newer mtime than the recorded one.
+    The owner (``partition.unit_owners``) is a rank that analyzes the file's first unit, so a
+    text file (one unit, never cut) is hashed by the rank that then parses it (from the page
+    cache). The mtime is taken before the digest: a file changed while it is read then shows
+    a newer mtime than the recorded one.
     """
     mine, err = [], None
     try:
-        for i in np.flatnonzero(np.asarray(owners) == comm.rank).tolist():
+        for i in owned(owners, rank=comm.rank):
             mine.append((i, {**version(paths[i]), **content_digest(paths[i], formats[i], int(sizes[i]))}))
     except SortpackError as exc:
         err = exc

@@ -267,7 +267,7 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         nonlocal metrics_manifest
         sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
         with prof.stage("analyze"):
-            samples = analyze(comm, inputs, aopts, progress, token_sink=sink)
+            samples = analyze(comm, inputs, aopts, progress, keep_tokens=sink)
         prof.counts["analyze_rows"] = len(samples)
         plan = comm.collectively(_plain_holdout, holdout, samples.files)  # a bad count fails before the sort
         measured = measured_options(aopts, samples)

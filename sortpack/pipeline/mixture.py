@@ -56,7 +56,7 @@ def _analyze_source(comm: Comm, mix: Mixture, k: int, aopts: AnalyzeOptions, pro
     src = mix.sources[k]
     opts = dataclasses.replace(aopts, column=src.column or aopts.column)
     try:
-        return analyze(comm, src.inputs, opts, progress, token_sink=sink)
+        return analyze(comm, src.inputs, opts, progress, keep_tokens=sink)
     except SortpackError as exc:
         raise SortpackError(f"mixture source {src.name!r}: {exc}", collective=exc.collective) from None
 
@@ -76,7 +76,7 @@ def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
     counts = comm.bcast_obj(comm.collectively(lambda: count() if comm.is_root() else None))
     opts = dataclasses.replace(aopts, column=mix.sources[0].column or aopts.column)
     try:
-        samples = analyze(comm, [p for src in mix.sources for p in src.inputs], opts, progress, token_sink=sink)
+        samples = analyze(comm, [p for src in mix.sources for p in src.inputs], opts, progress, keep_tokens=sink)
     except SortpackError as exc:
         if exc.collective:  # every rank is here: find the source at fault, to name it
             for k in range(len(mix.sources)):

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import SortpackError
 from ..inputs.discover import expand_inputs
@@ -14,8 +15,9 @@ from ..inputs.formats import file_columns, open_source, read_unit_rows, read_uni
 from ..inputs.source_file import SourceFile
 from ..inputs.specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
-from ..partition import split_rows
+from ..partition import even_range
 from ..progress import Progress
+from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
 
 _TEXT_KINDS = ("length", "bytes", "words", "tokens")
@@ -58,16 +60,21 @@ class Specs:
     tokenizer: Any = None  # loaded when a SPEC counts tokens
     funcs: dict[str, Callable] = field(default_factory=dict)  # python:MODULE:FUNC SPECs by text
 
+    def read_columns(self) -> tuple[list[str] | None, list[str]]:
+        """Return (the columns a read needs, None for all; the text columns among them)."""
+        specs = [s for s in (self.size, self.difficulty) if s]
+        columns = sorted({c for s in specs for c in (s.columns() or []) if c}) or None
+        if any(s.kind == "python" for s in specs):
+            columns = None
+        return columns, sorted({s.column for s in specs if s.kind in _TEXT_KINDS and s.column})
 
-@dataclass
-class Read:
-    """One read of a rank's run: units ``[first, end)`` of file ``file``, or rows ``[row_lo, row_hi)`` of one unit."""
 
-    file: int
-    first: int
-    end: int
-    row_lo: int | None = None  # set (with row_hi) when the read takes part of a unit
-    row_hi: int | None = None
+class TokenKeeper(Protocol):
+    """Where ``run --store-tokens`` keeps the token ids of the encode that counts ``--size tokens``."""
+
+    def count_and_keep(self, table: pa.Table, column: str, tokenizer: Any, where: str) -> np.ndarray:
+        """Return the token counts of ``column``'s values (the sizes) and keep their ids."""
+        ...
 
 
 @dataclass
@@ -86,7 +93,7 @@ def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str |
     # Metadata reads are spread over ranks: a cluster job may name thousands of files, and
     # each rank opens only its contiguous slice of them; the small descriptions (row counts
     # per row group) are then shared with one allgather.
-    lo, hi = (len(paths) * comm.rank) // comm.size, (len(paths) * (comm.rank + 1)) // comm.size
+    lo, hi = even_range(len(paths), rank=comm.rank, size=comm.size)
     mine = comm.collectively(lambda: [open_source(p, f) for p, f in paths[lo:hi]])
     return [src for part in comm.allgather_obj(mine) for src in part]
 
@@ -117,128 +124,111 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     return Specs(size_spec, diff_spec, tokenizer, funcs)
 
 
-def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False,
-            token_sink=None) -> SampleColumns:
+def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False, *,
+            keep_tokens: TokenKeeper | None = None) -> SampleColumns:
     """Return this rank's slice of (sample_id, size, difficulty) for the inputs.
 
-    ``token_sink(table, column, tokenizer, where)`` (``run --store-tokens``) replaces the
-    ``--size tokens`` count: it returns the sizes and keeps the ids of the same encode.
+    Ranks read the parts ``read_plan.plan_reads`` deals them: disjoint contiguous runs of
+    units balanced by rows, so each rank's samples are a contiguous range of global ids.
 
-    Ranks take disjoint contiguous runs of units (row groups, record batches, whole
-    files) balanced by rows (bytes where rows are unknown), so each rank's samples are a
-    contiguous range of global ids.
+    ``keep_tokens`` (``run --store-tokens``) changes how ``--size tokens`` is counted, not
+    what: its ``count_and_keep`` counts each read's tokens (the sizes, the same counts) and
+    keeps the ids of that one encode for the store. Other SPECs never use it.
     """
     files = _describe_all(comm, inputs, opts.input_format, opts.split)
     specs: Specs = comm.collectively(_parse_specs, opts, files)
-    size_spec, diff_spec, tokenizer, funcs = specs.size, specs.difficulty, specs.tokenizer, specs.funcs
-
-    # Units in global order; unit rows where metadata knows them.
-    unit_file = np.concatenate([np.full(f.num_units, i, dtype=np.int64) for i, f in enumerate(files)])
-    unit_local = np.concatenate([np.arange(f.num_units, dtype=np.int64) for f in files])
-    known = np.concatenate([np.asarray(f.unit_rows if f.unit_rows is not None else [-1], dtype=np.int64)
-                            for f in files])
-    unit_bytes = np.concatenate([np.asarray(f.unit_bytes if f.unit_bytes is not None else [0] * f.num_units,
-                                            dtype=np.int64) for f in files])
-    unknown = known < 0
-    weights = np.where(unknown, 0, known).astype(np.int64)
-    if unknown.any():
-        # Without row counts, weigh a file by the rows estimated from its head (jsonl, csv),
-        # else its bytes as rows at the average bytes per known row.
-        byte_w = np.asarray([files[i].bytes for i in unit_file[unknown]], dtype=np.float64)
-        est = np.asarray([-1 if files[i].est_rows is None else files[i].est_rows for i in unit_file[unknown]],
-                         dtype=np.float64)
-        known_rows, known_bytes = int(weights.sum()), sum(f.bytes for f in files if f.unit_rows is not None)
-        scale = known_rows / known_bytes if known_rows and known_bytes else 1.0
-        guess = np.where(est >= 0, est, byte_w * scale)
-        weights[unknown] = np.where(byte_w > 0, np.maximum(1, np.round(guess)), 0).astype(np.int64)
-    # ranks take contiguous row ranges, cut inside a unit where its rows are known
-    cut_unit, cut_off = split_rows(weights, ~unknown, comm.size)
-    lo, hi = int(cut_unit[comm.rank]), int(cut_unit[comm.rank + 1])
-    head, tail = int(cut_off[comm.rank]), int(cut_off[comm.rank + 1])
-    row_pos = np.concatenate(([0], np.cumsum(weights)))
-
+    plan = plan_reads(files, rank=comm.rank, size=comm.size)
     # what pack --store checks later: each file's mtime and digest, taken before it is read
-    first_unit = np.searchsorted(unit_file, np.arange(len(files)))
-    owners = np.clip(np.searchsorted(cut_unit, first_unit, side="right") - 1, 0, comm.size - 1)
-    digests = record(comm, [f.path for f in files], [f.format for f in files], [f.bytes for f in files], owners)
-
-    columns = sorted({c for s in (size_spec, diff_spec) if s for c in (s.columns() or []) if c}) or None
-    if any(s and s.kind == "python" for s in (size_spec, diff_spec)):
-        columns = None
-    text_columns = sorted({s.column for s in (size_spec, diff_spec) if s and s.kind in _TEXT_KINDS and s.column})
-
-    counter = "tokens" if size_spec.kind == "tokens" else "summed size"  # the progress line's running sum
-
-    def measure() -> Measured:
-        """Return this rank's sizes and difficulties, read by read."""
-        sizes: list[np.ndarray] = []
-        diffs: list[np.ndarray] = []
-        my_rows: list[int] = []
-        reads = _rank_reads(unit_file, unit_local, known, lo, hi, head, tail, unit_bytes)
-        mine = int(row_pos[hi] + tail - row_pos[lo] - head)
-        prog = Progress("analyze", mine, "rows", show_progress and comm.is_root(), comm.size,
-                        job_total=int(row_pos[-1]))
-        for read in reads:
-            src = files[read.file]
-            if read.row_lo is None or read.row_hi is None:
-                table = read_units(src, read.first, read.end, columns, text_columns)
-                expect = sum(src.unit_rows[read.first:read.end]) if src.unit_rows is not None else None
-            else:
-                table = read_unit_rows(src, read.first, read.row_lo, read.row_hi, columns, text_columns)
-                expect = read.row_hi - read.row_lo
-            if src.unit_rows is None:
-                my_rows.append(table.num_rows)
-            elif expect != table.num_rows:
-                raise SortpackError(f"{src.path}: read {table.num_rows} rows, metadata says {expect}")
-            if table.num_rows == 0:
-                # an empty file or row group: its columns may not even exist (empty jsonl)
-                continue
-            if token_sink is not None and size_spec.kind == "tokens":
-                size = token_sink(table, size_spec.column, tokenizer, src.path)
-            else:
-                size = as_size(evaluate(size_spec, table, src.path, tokenizer, funcs.get(size_spec.text),
-                                        opts.special_tokens),
-                               src.path, f"--size {size_spec.text}")
-            if diff_spec is None:
-                diff = size
-            else:
-                diff = as_difficulty(evaluate(diff_spec, table, src.path, tokenizer, funcs.get(diff_spec.text),
-                                              opts.special_tokens),
-                                     src.path, f"--difficulty {diff_spec.text}")
-            sizes.append(size)
-            diffs.append(diff)
-            prog.update(table.num_rows, None, **{counter: int(size.sum())})
-        prog.close()
-        return Measured(sizes, diffs, my_rows)
-
-    measured: Measured = comm.collectively(measure)
-    sizes, diffs, my_rows = measured.sizes, measured.diffs, measured.unknown_rows
-
-    # Rows of whole-file units are known only now: share them, then number the samples.
-    unit_rows = known.copy()
-    # (unknown units are never cut, and each is read by exactly the rank whose run starts at it)
-    mine = np.flatnonzero(unknown[lo:hi]) + lo
-    found = comm.allgather_obj([(int(u), r) for u, r in zip(mine, my_rows)])
-    for part in found:
-        for u, r in part:
-            unit_rows[u] = r
-    start = int(unit_rows[:lo].sum()) + head
+    digests = record(comm, [f.path for f in files], [f.format for f in files], [f.bytes for f in files],
+                     plan.file_owners)
+    show = show_progress and comm.is_root()
+    measured: Measured = comm.collectively(_measure, files, plan, specs, opts, keep_tokens, show, comm.size)
+    unit_rows = _share_unit_rows(comm, plan, measured.unknown_rows)
+    start = int(unit_rows[:plan.lo].sum()) + plan.head
     total = int(unit_rows.sum())
     if total == 0:  # every rank sees the same total: all raise together
         names = ", ".join(inputs[:3]) + (f" and {len(inputs) - 3} more" if len(inputs) > 3 else "")
         raise SortpackError(f"{names}: the input holds no rows", collective=True)
-    file_rows = np.bincount(unit_file, weights=unit_rows, minlength=len(files)).astype(np.int64)
+    file_rows = np.bincount(plan.units.file, weights=unit_rows, minlength=len(files)).astype(np.int64)
     fingerprint = [{**f.fingerprint(r), **d} for f, r, d in zip(files, file_rows, digests)]
-
-    size = np.concatenate(sizes) if sizes else np.empty(0, np.int64)
-    diff_dtype = _common_dtype(comm, diffs)
-    if diff_spec is None:
-        diff = size  # the same array: later stages see it and move nothing twice
-    else:
-        diff = np.concatenate(diffs).astype(diff_dtype, copy=False) if diffs else np.empty(0, diff_dtype)
+    size, diff = _columns(comm, measured, specs)
     sample_id = np.arange(start, start + len(size), dtype=np.int64)
-    empty_size = empty_token_count(tokenizer) if size_spec.kind == "tokens" and opts.special_tokens else 0
+    empty_size = empty_token_count(specs.tokenizer) if specs.size.kind == "tokens" and opts.special_tokens else 0
     return SampleColumns(start, total, sample_id, size, diff, None, fingerprint, empty_size)
+
+
+def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: AnalyzeOptions,
+             keep_tokens: TokenKeeper | None, show: bool, ranks: int) -> Measured:
+    """Return this rank's sizes and difficulties, read by read, and the rows of the units it found."""
+    columns, text_columns = specs.read_columns()
+    counter = "tokens" if specs.size.kind == "tokens" else "summed size"  # the progress line's running sum
+    out = Measured([], [], [])
+    prog = Progress("analyze", plan.rows, "rows", show, ranks, job_total=plan.total_rows)
+    for read in plan.reads:
+        src = files[read.file]
+        table = _read(src, read, columns, text_columns)
+        if src.unit_rows is None:
+            out.unknown_rows.append(table.num_rows)
+        if table.num_rows == 0:
+            # an empty file or row group: its columns may not even exist (empty jsonl)
+            continue
+        size, diff = _measure_table(table, src.path, specs, opts, keep_tokens)
+        out.sizes.append(size)
+        out.diffs.append(diff)
+        prog.update(table.num_rows, None, **{counter: int(size.sum())})
+    prog.close()
+    return out
+
+
+def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: list[str]) -> pa.Table:
+    """Return the rows of one read, checked against the rows the metadata promised."""
+    if read.row_lo is None or read.row_hi is None:
+        table = read_units(src, read.first, read.end, columns, text_columns)
+        expect = sum(src.unit_rows[read.first:read.end]) if src.unit_rows is not None else None
+    else:
+        table = read_unit_rows(src, read.first, read.row_lo, read.row_hi, columns, text_columns)
+        expect = read.row_hi - read.row_lo
+    if src.unit_rows is not None and expect != table.num_rows:
+        raise SortpackError(f"{src.path}: read {table.num_rows} rows, metadata says {expect}")
+    return table
+
+
+def _measure_table(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptions,
+                   keep_tokens: TokenKeeper | None) -> tuple[np.ndarray, np.ndarray]:
+    """Return the (size, difficulty) of every row of ``table`` (the same array when difficulty is the size)."""
+    size_spec, diff_spec = specs.size, specs.difficulty
+    if keep_tokens is not None and size_spec.kind == "tokens":
+        assert size_spec.column is not None  # parse_spec gives a tokens SPEC its column
+        size = keep_tokens.count_and_keep(table, size_spec.column, specs.tokenizer, where)
+    else:
+        size = as_size(evaluate(size_spec, table, where, specs.tokenizer, specs.funcs.get(size_spec.text),
+                                opts.special_tokens), where, f"--size {size_spec.text}")
+    if diff_spec is None:
+        return size, size
+    diff = as_difficulty(evaluate(diff_spec, table, where, specs.tokenizer, specs.funcs.get(diff_spec.text),
+                                  opts.special_tokens), where, f"--difficulty {diff_spec.text}")
+    return size, diff
+
+
+def _share_unit_rows(comm: Comm, plan: ReadPlan, found_rows: list[int]) -> np.ndarray:
+    """Return every unit's rows (every rank): the rows of whole-file units are known only once read."""
+    unit_rows = plan.units.rows.copy()
+    # (unknown units are never cut, and each is read by exactly the rank whose run starts at it)
+    mine = np.flatnonzero(plan.units.unknown[plan.lo:plan.hi]) + plan.lo
+    for part in comm.allgather_obj([(int(u), r) for u, r in zip(mine, found_rows)]):
+        for u, r in part:
+            unit_rows[u] = r
+    return unit_rows
+
+
+def _columns(comm: Comm, measured: Measured, specs: Specs) -> tuple[np.ndarray, np.ndarray]:
+    """Return this rank's size and difficulty columns, the difficulty in the dtype every rank uses."""
+    size = np.concatenate(measured.sizes) if measured.sizes else np.empty(0, np.int64)
+    diff_dtype = _common_dtype(comm, measured.diffs)
+    if specs.difficulty is None:
+        return size, size  # the same array: later stages see it and move nothing twice
+    diffs = measured.diffs
+    return size, np.concatenate(diffs).astype(diff_dtype, copy=False) if diffs else np.empty(0, diff_dtype)
 
 
 def empty_token_count(tokenizer) -> int:
@@ -262,67 +252,8 @@ def measured_options(opts: AnalyzeOptions, samples: SampleColumns) -> dict:
     return out
 
 
-def _rank_reads(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndarray, lo: int, hi: int,
-                head: int, tail: int, unit_bytes: np.ndarray | None = None) -> list[Read]:
-    """Return the reads of one rank's run, in global row order.
-
-    The run starts at row ``head`` of unit ``lo`` and ends before row ``tail`` of unit
-    ``hi`` (the end is unit ``hi`` itself when ``tail`` is 0). A unit read only in part has
-    ``row_lo, row_hi`` set (and is the only unit of its read); whole units have None.
-    """
-    def part(u: int, a: int, b: int) -> Read:
-        """Return the read of rows ``[a, b)`` of unit ``u``."""
-        return Read(int(unit_file[u]), int(unit_local[u]), int(unit_local[u]) + 1, a, b)
-
-    if lo == hi:
-        return [part(lo, head, tail)] if tail > head else []
-    reads: list[Read] = []
-    first_whole = lo
-    if head > 0:
-        reads.append(part(lo, head, int(unit_rows[lo])))
-        first_whole = lo + 1
-    reads += _file_runs(unit_file[first_whole:hi], unit_local[first_whole:hi], unit_rows[first_whole:hi],
-                        None if unit_bytes is None else unit_bytes[first_whole:hi])
-    if tail > 0:
-        reads.append(part(hi, 0, tail))
-    return reads
-
-
 def _common_dtype(comm: Comm, parts: list[np.ndarray]) -> np.dtype:
     """Return the difficulty dtype every rank uses: float64 if any rank measured floats, else int64."""
     # One rank may see only integer values where another sees floats; all must agree.
     is_float = any(p.dtype.kind == "f" for p in parts)
     return np.dtype(np.float64) if comm.allreduce(int(is_float), "max") else np.dtype(np.int64)
-
-
-READ_ROWS = 1 << 20  # rows read at once: bounds memory on ranks with many row groups
-# decoded bytes read at once: 1M rows of 1 KB text held together cost 2-4x the decode in
-# fresh memory (analyze of 1M such rows: 2.1-4.0 s in reads of 1M rows, 0.9 s in 64k)
-READ_BYTES = 64 << 20
-
-
-def _file_runs(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndarray,
-               unit_bytes: np.ndarray | None = None) -> list[Read]:
-    """Return the reads of whole units covering a contiguous unit range.
-
-    A read stays within one file and holds at most READ_ROWS rows and READ_BYTES decoded
-    bytes (or one unit).
-    """
-    if len(unit_file) == 0:
-        return []
-    # a new read starts at every file change and whenever the running row count (or byte
-    # count) of the current file's run crosses a multiple of READ_ROWS (READ_BYTES)
-    file_change = np.concatenate(([True], unit_file[1:] != unit_file[:-1]))
-    run_id = np.cumsum(file_change) - 1
-    new = file_change.copy()
-    for amount, limit in ((unit_rows, READ_ROWS), (unit_bytes, READ_BYTES)):
-        if amount is None:
-            continue
-        amount = np.maximum(amount, 0)
-        run_start = np.cumsum(amount) - amount
-        base = run_start[np.flatnonzero(file_change)][run_id]
-        bucket = (run_start - base) // limit
-        new |= np.concatenate(([True], bucket[1:] != bucket[:-1]))
-    starts = np.flatnonzero(new)
-    ends = np.concatenate((starts[1:], [len(unit_file)]))
-    return [Read(int(unit_file[a]), int(unit_local[a]), int(unit_local[b - 1]) + 1) for a, b in zip(starts, ends)]

@@ -50,3 +50,108 @@ def encode_keys(comm: Comm, values: np.ndarray, descending: bool) -> tuple[np.nd
     codes -= lo
     hi = comm.allreduce(np.array([codes.max() if codes.size else 0], np.uint64), "max")[0]
     return codes, KeyCodec(int(lo), descending, is_float, int(hi).bit_length())
+
+
+FIELDS = ("id", "key", "stage", "group")  # from the low bits up
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """The one 64-bit sort key ``[group | stage | key | id]``, top bits first; a field of width 0 is absent.
+
+    One ``np.sort`` of these codes orders samples by (group, stage, key, id): a mixture's
+    sources, curriculum stages, the key's code (``encode_keys``) and the sample id as the
+    tie-break. Without ``id_bits`` the ids travel beside the codes (they did not fit).
+    """
+
+    key_bits: int
+    stage_bits: int = 0
+    group_bits: int = 0
+    id_bits: int = 0
+
+    @property
+    def bits(self) -> int:
+        """Return the bits every field together needs."""
+        return self.id_bits + self.key_bits + self.stage_bits + self.group_bits
+
+    def fits(self) -> bool:
+        """Return whether the fields fit in one uint64."""
+        return self.bits <= 64
+
+    def with_ids(self, id_bits: int) -> KeyLayout:
+        """Return this layout with ``id_bits`` of sample id below the key."""
+        return KeyLayout(self.key_bits, self.stage_bits, self.group_bits, id_bits)
+
+    def width(self, field: str) -> int:
+        """Return the bits of ``field`` (``id``, ``key``, ``stage`` or ``group``)."""
+        return {"id": self.id_bits, "key": self.key_bits, "stage": self.stage_bits, "group": self.group_bits}[field]
+
+    def shift(self, field: str) -> int:
+        """Return the bit where ``field`` starts."""
+        return sum(self.width(f) for f in FIELDS[:FIELDS.index(field)])
+
+    def mask(self, field: str) -> np.uint64:
+        """Return the mask of ``field``'s values (before the shift)."""
+        return np.uint64((1 << self.width(field)) - 1)
+
+    def pack(self, key: np.ndarray, *, stage: np.ndarray | None = None, group: np.ndarray | None = None,
+             ids: np.ndarray | None = None, first_id: int | None = None, in_place: bool = False) -> np.ndarray:
+        """Return uint64 codes holding each given field in its place (an absent one is 0).
+
+        ``key`` holds key codes below ``2**key_bits``; ``ids`` are int64 sample ids, or
+        ``first_id`` says they are ``first_id + arange(n)``. ``in_place`` packs into
+        ``key`` itself (uint64), which bounds memory on large ranks.
+        """
+        codes = key if in_place else np.asarray(key).astype(np.uint64)
+        if self.id_bits:
+            codes <<= np.uint64(self.id_bits)
+        if stage is not None:
+            codes |= stage.astype(np.uint64) << np.uint64(self.shift("stage"))
+        if group is not None:
+            _or_groups(codes, group, self.shift("group"))
+        if first_id is not None:
+            codes |= np.arange(first_id, first_id + len(codes), dtype=np.uint64)
+        elif ids is not None:
+            codes |= ids.astype(np.int64, copy=False).view(np.uint64)
+        return codes
+
+    def field(self, codes: np.ndarray, field: str, in_place: bool = False) -> np.ndarray:
+        """Return ``field``'s values in ``codes`` as uint64 (``in_place``: in the codes' own memory)."""
+        shift, mask = np.uint64(self.shift(field)), self.mask(field)
+        if not in_place:
+            return ((codes >> shift) if shift else codes) & mask
+        if shift:
+            codes >>= shift
+        codes &= mask
+        return codes
+
+    def unpack(self, codes: np.ndarray) -> dict[str, np.ndarray]:
+        """Return every field of the layout (``id`` int64, the rest uint64) from ``codes``."""
+        out = {f: self.field(codes, f) for f in FIELDS if self.width(f)}
+        if "id" in out:
+            out["id"] = out["id"].view(np.int64)
+        return out
+
+    def strip_ids(self, codes: np.ndarray) -> tuple[np.ndarray, KeyLayout]:
+        """Return (the ids, the layout without them), shifting the ids out of ``codes`` in place."""
+        ids = self.field(codes, "id").view(np.int64)
+        codes >>= np.uint64(self.id_bits)
+        return ids, self.with_ids(0)
+
+    def sorted_groups(self, codes: np.ndarray) -> np.ndarray:
+        """Return the group of each of ``codes`` sorted ascending, as int16 (groups are runs: no shift per code)."""
+        groups = 1 << self.group_bits
+        bounds = np.searchsorted(codes, np.arange(1, groups, dtype=np.uint64) << np.uint64(self.shift("group")))
+        return np.repeat(np.arange(groups, dtype=np.int16), np.diff(np.concatenate(([0], bounds, [len(codes)]))))
+
+
+def _or_groups(codes: np.ndarray, groups: np.ndarray, shift: int) -> None:
+    """OR each code's group into its bits from ``shift`` up, in place."""
+    n = len(groups)
+    if n and bool(np.all(groups[1:] >= groups[:-1])):
+        # runs (a mixture's sources, analyzed in order): one constant OR per run, no uint64 copy of the groups
+        cuts = np.concatenate(([0], np.flatnonzero(groups[1:] != groups[:-1]) + 1, [n]))
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            codes[a:b] |= np.uint64(int(groups[a]) << shift)
+    else:
+        codes |= groups.astype(np.uint64) << np.uint64(shift)

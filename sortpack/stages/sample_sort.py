@@ -15,6 +15,7 @@ import numpy as np
 from .. import kernels
 from ..parallel import Comm, fault_point
 from ..progress import phase
+from .key_codes import KeyLayout
 
 SAMPLES_PER_RANK = 1024  # regular samples each rank contributes to choose splitters
 PROBES = 255  # key values probed per splitter and round of exact selection (8 rounds span 64 bits)
@@ -111,11 +112,11 @@ def exact_cuts(comm: Comm, hi: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict[str, np.ndarray],
-                ids_from: tuple[int, int] | None = None, targets: np.ndarray | None = None) -> SortedRecords:
+                ids_from: tuple[int, KeyLayout] | None = None, targets: np.ndarray | None = None) -> SortedRecords:
     """Return the records globally sorted by (hi, lo): rank r holds the r-th range.
 
     ``lo`` is None when ``hi`` alone is unique (keys packed with ids). For the packed
-    form, ``ids_from = (first, id_bits)`` says the low ``id_bits`` bits are the ids
+    form, ``ids_from = (first, layout)`` says the codes' ``id`` field holds the ids
     ``first + arange(n)``: the local sort is then a plain ``np.sort`` and the payload
     follows by the positions read back from the ids (no argsort). ``targets`` (P + 1
     rising global positions, ending at the total), with unique ``hi``, makes rank r hold
@@ -124,8 +125,8 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     if lo is None and ids_from is not None:
         hi.sort()
         if payload:
-            first, id_bits = ids_from
-            pos = (hi & np.uint64((1 << id_bits) - 1)).astype(np.int64) - first
+            first, layout = ids_from
+            pos = layout.field(hi, "id").astype(np.int64) - first
             payload = {k: v[pos] for k, v in payload.items()}
     else:
         order = np.argsort(hi, kind="stable") if lo is None else np.lexsort((lo, hi))

@@ -16,9 +16,10 @@ from ..errors import SortpackError
 from ..parallel import Comm
 from ..partition import owner_starts
 from ..progress import Progress, phase
-from .key_codes import KeyCodec, encode_keys
+from .key_codes import KeyCodec, KeyLayout, encode_keys
 from .sample_sort import sample_sort
 from .samples import SampleColumns
+from .sort_plan import curriculum_stages, group_width, id_width, stage_width
 
 
 @dataclass
@@ -50,28 +51,27 @@ class SortedKeys:
     payload: dict[str, np.ndarray]  # the columns that travelled along, in the same order
 
 
-def _sort_by(comm: Comm, codes: np.ndarray, key_bits: int, start: int, total: int, ids: np.ndarray | None,
-             payload: dict[str, np.ndarray], contiguous: bool, targets: np.ndarray | None = None) -> SortedKeys:
-    """Return the samples sorted by (key code, sample_id) over all ranks.
+def _sort_by(comm: Comm, codes: np.ndarray, layout: KeyLayout, start: int, total: int, ids: np.ndarray | None,
+             payload: dict[str, np.ndarray], contiguous: bool, targets: np.ndarray | None = None, *,
+             stage: np.ndarray | None = None, group: np.ndarray | None = None) -> SortedKeys:
+    """Return the samples sorted by (group, stage, key code, sample_id) over all ranks.
 
-    ``codes`` is consumed (modified in place). This rank holds global positions from
+    ``codes`` (the key codes; ``layout`` says the fields, without ids) is consumed: the
+    stage and group are packed into it in place. This rank holds global positions from
     ``start`` of ``total``; ``ids=None`` says its ids are ``start + arange(len(codes))``.
     ``targets`` (each rank's first global position, and the total) asks for exactly those
     ranges; it is honoured when keys and ids pack into one uint64 (else ranges are near-even).
+    The returned codes hold ``layout``'s fields, the ids shifted out.
     """
-    id_bits = max(1, int(total - 1).bit_length())
-    if key_bits + id_bits <= 64:
-        codes <<= np.uint64(id_bits)
-        if ids is None:
-            codes |= np.arange(start, start + len(codes), dtype=np.uint64)
-        else:
-            codes |= ids.astype(np.int64, copy=False).view(np.uint64)
+    packed = layout.with_ids(id_width(total))
+    if packed.fits():
+        codes = packed.pack(codes, stage=stage, group=group, ids=ids, first_id=start if ids is None else None,
+                            in_place=True)
         phase("keys")
-        out = sample_sort(comm, codes, None, payload, (start, id_bits) if contiguous else None, targets)
-        hi = out.hi
-        out_ids = (hi & np.uint64((1 << id_bits) - 1)).view(np.int64)
-        hi >>= np.uint64(id_bits)
-        return SortedKeys(out_ids, hi, out.payload)
+        out = sample_sort(comm, codes, None, payload, (start, packed) if contiguous else None, targets)
+        out_ids, _ = packed.strip_ids(out.hi)
+        return SortedKeys(out_ids, out.hi, out.payload)
+    codes = layout.pack(codes, stage=stage, group=group, in_place=True)
     ids = np.arange(start, start + len(codes), dtype=np.int64) if ids is None else ids.astype(np.int64, copy=False)
     phase("keys")
     out = sample_sort(comm, codes, ids.view(np.uint64), payload)
@@ -85,6 +85,23 @@ def _is_contiguous(comm: Comm, samples: SampleColumns) -> bool:
     ok = n == 0 or (int(ids[0]) == samples.start and int(ids[-1]) == samples.start + n - 1
                     and bool(np.all(ids[1:] > ids[:-1])))
     return bool(comm.allreduce(int(ok), "min"))
+
+
+def _is_same(comm: Comm, samples: SampleColumns) -> bool:
+    """Return whether every rank's difficulty is its size (then one of them travels)."""
+    same = samples.difficulty is samples.size or (
+        samples.difficulty.dtype == samples.size.dtype and np.array_equal(samples.difficulty, samples.size))
+    return bool(comm.allreduce(int(same), "min"))
+
+
+@dataclass
+class _Sorted:
+    """One rank's sorted columns before the redistribution (``stage`` None: no stages and no groups)."""
+
+    ids: np.ndarray
+    size: np.ndarray
+    difficulty: np.ndarray
+    stage: np.ndarray | None
 
 
 def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per_shard: int,
@@ -105,69 +122,22 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
         return _sort_pieces(comm, samples, opts, rows_per_shard, consume, groups)
     group_bits = 0
     if groups is not None:
-        group_bits = max(1, int(comm.allreduce(int(groups.max()) if len(groups) else 0, "max")).bit_length())
-    files = samples.files
+        group_bits = group_width(comm.allreduce(int(groups.max()) if len(groups) else 0, "max"))
+    files, total = samples.files, samples.total
     prog = Progress("sort", None, "phases", ranks=comm.size)
     contiguous = _is_contiguous(comm, samples)
-    same = samples.difficulty is samples.size or (
-        samples.difficulty.dtype == samples.size.dtype and np.array_equal(samples.difficulty, samples.size))
-    same = bool(comm.allreduce(int(same), "min"))
-    payload: dict[str, np.ndarray] = {}
+    same = _is_same(comm, samples)
     # each rank's final range of whole output shards: an exact sort lands there, the redistribution is then a no-op
-    targets = owner_starts(samples.total, rows_per_shard, comm.size)
+    targets = owner_starts(total, rows_per_shard, comm.size)
     if opts.stages > 1:
         samples, groups = _assign_stages(comm, samples, opts, contiguous, same, groups, group_bits)
-        contiguous = False
-        # order inside a stage by size: the stage is the most significant part of the key
-        codes, codec = encode_keys(comm, samples.size, opts.descending)
-        stage_bits = max(1, int(opts.stages - 1).bit_length())
-        codes |= samples.stage_or_zero().astype(np.uint64) << np.uint64(codec.bits)
-        if groups is not None:
-            codes |= groups.astype(np.uint64) << np.uint64(codec.bits + stage_bits)
-        if not same:
-            payload["difficulty"] = samples.difficulty
-        out = _sort_by(comm, codes, codec.bits + stage_bits + group_bits, samples.start, samples.total,
-                       samples.sample_id, payload, False, targets)
-        ids, codes, payload = out.ids, out.codes, out.payload
-        stage = ((codes >> np.uint64(codec.bits)) & np.uint64((1 << stage_bits) - 1)).astype(np.int16)
-        if group_bits:
-            group = (codes >> np.uint64(codec.bits + stage_bits)).astype(np.int16)
-            stage += group * np.int16(opts.stages)
-        size = codec.decode(codes & np.uint64((1 << codec.bits) - 1))
-        difficulty = payload.get("difficulty", size)
+        out = _sort_staged(comm, samples, opts, same, groups, group_bits, targets)
     else:
-        by_size = opts.key == "size"
-        codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending)
-        codes, codec = _with_groups(codes, codec, groups, group_bits)
-        if not by_size:
-            payload["size"] = samples.size
-        elif not same:
-            payload["difficulty"] = samples.difficulty
-        ids_in: np.ndarray | None = samples.sample_id
-        if consume and not payload and contiguous:
-            # the ids are start + arange(n) and the keys are in the codes: free the input now
-            samples.clear()
-            ids_in = None
-        out = _sort_by(comm, codes, codec.bits + group_bits, samples.start, samples.total, ids_in, payload,
-                       contiguous, targets)
-        del ids_in
-        ids, codes, payload = out.ids, out.codes, out.payload
-        stage = np.zeros(len(ids), np.int16)
-        if group_bits:
-            # stages == 1: the code is the group; the codes are sorted, so it is runs
-            stage = _top_bits(codes, codec.bits, 1 << group_bits)
-            codes &= np.uint64((1 << codec.bits) - 1)
-        keys = codec.decode(codes, in_place=True)
-        del codes
-        size = keys if by_size else payload["size"]
-        difficulty = keys if not by_size else (size if same else payload["difficulty"])
-
-    del out
+        out = _sort_plain(comm, samples, opts, contiguous, same, groups, group_bits, targets, consume)
     phase("decode")
-    start, total = global_start(comm, len(ids))
-    ordered = SampleColumns(start, total, ids, size, difficulty, stage if opts.stages > 1 or group_bits else None,
-                            files, samples.empty_size)
-    del ids, size, difficulty, stage
+    start, total = global_start(comm, len(out.ids))
+    ordered = SampleColumns(start, total, out.ids, out.size, out.difficulty, out.stage, files, samples.empty_size)
+    del out
     cols = redistribute(comm, ordered.columns(), start, owner_starts(total, rows_per_shard, comm.size))
     start, _ = global_start(comm, len(cols["sample_id"]))
     ordered = SampleColumns.from_columns(start, total, cols, files, samples.empty_size)
@@ -176,6 +146,55 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     if ordered.stage is None:
         ordered.stage = np.zeros(len(ordered.sample_id), np.int16)
     return ordered
+
+
+def _sort_staged(comm: Comm, samples: SampleColumns, opts: SortOptions, same: bool, groups: np.ndarray | None,
+                 group_bits: int, targets: np.ndarray) -> _Sorted:
+    """Return samples already staged (``_assign_stages``) sorted by ((group,) stage, size, id)."""
+    # order inside a stage by size: the stage is the most significant part of the key below the group
+    codes, codec = encode_keys(comm, samples.size, opts.descending)
+    layout = KeyLayout(codec.bits, stage_width(opts.stages), group_bits)
+    payload = {} if same else {"difficulty": samples.difficulty}
+    out = _sort_by(comm, codes, layout, samples.start, samples.total, samples.sample_id, payload, False, targets,
+                   stage=samples.stage_or_zero(), group=groups)
+    stage = layout.field(out.codes, "stage").astype(np.int16)
+    if group_bits:
+        stage += layout.field(out.codes, "group").astype(np.int16) * np.int16(opts.stages)
+    size = codec.decode(layout.field(out.codes, "key"))
+    return _Sorted(out.ids, size, out.payload.get("difficulty", size), stage)
+
+
+def _sort_plain(comm: Comm, samples: SampleColumns, opts: SortOptions, contiguous: bool, same: bool,
+                groups: np.ndarray | None, group_bits: int, targets: np.ndarray, consume: bool) -> _Sorted:
+    """Return the samples sorted by ((group,) key, id), one curriculum stage (the group, if any, as the stage)."""
+    by_size = opts.key == "size"
+    codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending)
+    layout = _group_layout(codec, group_bits)
+    payload: dict[str, np.ndarray] = {}
+    if not by_size:
+        payload["size"] = samples.size
+    elif not same:
+        payload["difficulty"] = samples.difficulty
+    ids_in: np.ndarray | None = samples.sample_id
+    if consume and not payload and contiguous:
+        # the ids are start + arange(n) and the keys are in the codes: free the input now
+        samples.clear()
+        ids_in = None
+    out = _sort_by(comm, codes, layout, samples.start, samples.total, ids_in, payload, contiguous, targets,
+                   group=groups)
+    del ids_in
+    ids, codes, payload = out.ids, out.codes, out.payload
+    del out
+    stage = None
+    if group_bits:
+        # stages == 1: the code is the group; the codes are sorted, so it is runs
+        stage = layout.sorted_groups(codes)
+        codes = layout.field(codes, "key", in_place=True)
+    keys = codec.decode(codes, in_place=True)
+    del codes
+    size = keys if by_size else payload["size"]
+    difficulty = keys if not by_size else (size if same else payload["difficulty"])
+    return _Sorted(ids, size, difficulty, stage)
 
 
 def _sort_pieces(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per_shard: int, consume: bool,
@@ -200,31 +219,15 @@ def _sort_pieces(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     return ordered
 
 
-def _with_groups(codes: np.ndarray, codec: KeyCodec, groups: np.ndarray | None,
-                 group_bits: int) -> tuple[np.ndarray, KeyCodec]:
-    """Return the key codes with the group in the bits above them (the codec still decodes the key alone)."""
-    if groups is None:
-        return codes, codec
-    if codec.bits + group_bits > 64:
+def _group_layout(codec: KeyCodec, group_bits: int) -> KeyLayout:
+    """Return the key layout of (group, key) codes, refusing (every rank alike) a key too wide to share 64 bits."""
+    layout = KeyLayout(codec.bits, group_bits=group_bits)
+    if group_bits and not layout.fits():
         # every rank sees the same codec: all raise together
         raise SortpackError(f"the sort key's values span {codec.bits} bits, too wide to sort within "
                             f"{1 << group_bits} mixture sources in one 64-bit key; rescale --difficulty",
                             collective=True)
-    n = len(groups)
-    if n and bool(np.all(groups[1:] >= groups[:-1])):
-        # runs (a mixture's sources, analyzed in order): one constant OR per run, no uint64 copy of the groups
-        cuts = np.concatenate(([0], np.flatnonzero(groups[1:] != groups[:-1]) + 1, [n]))
-        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-            codes[a:b] |= np.uint64(int(groups[a]) << codec.bits)
-    else:
-        codes |= groups.astype(np.uint64) << np.uint64(codec.bits)
-    return codes, codec
-
-
-def _top_bits(codes: np.ndarray, shift: int, groups: int) -> np.ndarray:
-    """Return ``codes >> shift`` as int16 for codes sorted ascending whose top bits hold a group below ``groups``."""
-    bounds = np.searchsorted(codes, np.arange(1, groups, dtype=np.uint64) << np.uint64(shift))
-    return np.repeat(np.arange(groups, dtype=np.int16), np.diff(np.concatenate(([0], bounds, [len(codes)]))))
+    return layout
 
 
 def _assign_stages(comm: Comm, samples: SampleColumns, opts: SortOptions, contiguous: bool, same: bool,
@@ -234,21 +237,19 @@ def _assign_stages(comm: Comm, samples: SampleColumns, opts: SortOptions, contig
     The groups come back in the new order (None without groups).
     """
     codes, codec = encode_keys(comm, samples.difficulty, opts.descending)
-    codes, codec = _with_groups(codes, codec, groups, group_bits)
-    out = _sort_by(comm, codes, codec.bits + group_bits, samples.start, samples.total, samples.sample_id,
-                   {} if same else {"size": samples.size}, contiguous)
+    layout = _group_layout(codec, group_bits)
+    out = _sort_by(comm, codes, layout, samples.start, samples.total, samples.sample_id,
+                   {} if same else {"size": samples.size}, contiguous, group=groups)
     ids, codes, payload = out.ids, out.codes, out.payload
     start, total = global_start(comm, len(ids))
     pos = np.arange(start, start + len(ids), dtype=np.int64)
     if groups is None:
         difficulty = codec.decode(codes)
-        stage = ((pos * opts.stages) // max(total, 1)).astype(np.int16)
+        stage = curriculum_stages(pos, opts.stages, total)
     else:
-        groups = (codes >> np.uint64(codec.bits)).astype(np.int64)
-        difficulty = codec.decode(codes & np.uint64((1 << codec.bits) - 1))
-        width = 1 << group_bits
-        counts = comm.allreduce(np.bincount(groups, minlength=width).astype(np.int64), "sum")
-        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        stage = (((pos - first[groups]) * opts.stages) // np.maximum(counts[groups], 1)).astype(np.int16)
+        groups = layout.field(codes, "group").astype(np.int64)
+        difficulty = codec.decode(layout.field(codes, "key"))
+        counts = comm.allreduce(np.bincount(groups, minlength=1 << group_bits).astype(np.int64), "sum")
+        stage = curriculum_stages(pos, opts.stages, total, groups, counts)
     size = difficulty if same else payload["size"]
     return SampleColumns(start, total, ids, size, difficulty, stage, samples.files, samples.empty_size), groups

@@ -11,8 +11,8 @@ import pytest
 
 from sortpack.errors import SortpackError
 from sortpack.parallel import Comm, SerialComm
-from sortpack.stages import analyze as analyze_mod
-from sortpack.stages.analyze import AnalyzeOptions, _file_runs, analyze
+from sortpack.stages import read_plan
+from sortpack.stages.analyze import AnalyzeOptions, analyze
 
 
 def write_parquet(path, texts, row_group_size=None, **extra):
@@ -138,7 +138,7 @@ def test_empty_files_and_row_groups_take_no_ids(tmp_path):
 
 
 def test_many_reads_per_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(analyze_mod, "READ_ROWS", 4)
+    monkeypatch.setattr(read_plan, "READ_ROWS", 4)
     tx = texts("r", 23)
     s = run([write_parquet(tmp_path / "a.parquet", tx, row_group_size=3)])
     assert s.size.tolist() == [len(t) for t in tx]
@@ -194,6 +194,36 @@ def test_tokens_end_to_end(tmp_path):
     p = write_jsonl(tmp_path / "a.jsonl", ["hello, world!", "fox", "x y z w"])
     s = run([p], size="tokens", tokenizer=str(tmp_path / "tokenizer.json"))
     assert s.size.tolist() == [4, 1, 4]
+
+
+class KeptIds:
+    """A TokenKeeper that counts each text's tokens and keeps their ids, as ``run --store-tokens``'s cache does."""
+
+    def __init__(self):
+        self.ids = []
+
+    def count_and_keep(self, table, column, tokenizer, where):
+        encodings = tokenizer.encode_batch(table.column(column).to_pylist())
+        self.ids += [e.ids for e in encodings]
+        return np.array([len(e.ids) for e in encodings], dtype=np.int64)
+
+
+def test_keep_tokens_counts_the_sizes_and_keeps_the_ids_of_that_encode(tmp_path):
+    from support import make_special_tokenizer
+
+    tokenizer = make_special_tokenizer(tmp_path / "tokenizer.json")
+    tx = ["hello, world!", "fox", "x y z w", "the quick brown fox"]
+    p = write_parquet(tmp_path / "a.parquet", tx, row_group_size=3)
+    plain = run([p], size="tokens", tokenizer=tokenizer)
+    keeper = KeptIds()
+    kept = analyze(SerialComm(), [p], AnalyzeOptions(size="tokens", tokenizer=tokenizer), keep_tokens=keeper)
+    assert kept.size.tolist() == plain.size.tolist() == [len(i) for i in keeper.ids]
+    assert len(keeper.ids) == len(tx)
+    # a SPEC that counts no tokens never asks the keeper
+    unused = KeptIds()
+    analyze(SerialComm(), [p], AnalyzeOptions(size="length", difficulty="tokens", tokenizer=tokenizer),
+            keep_tokens=unused)
+    assert unused.ids == []
 
 
 def test_python_function_end_to_end(tmp_path, monkeypatch):
@@ -380,34 +410,6 @@ def test_more_ranks_than_units(tmp_path):
     parts = run_ranks(3, [p])
     assert sorted(len(x) for x in parts) == [0, 0, 2]
     assert [x.total for x in parts] == [2, 2, 2]
-
-
-# --- read planning ------------------------------------------------------------------
-
-
-def runs(*args):
-    return [(r.file, r.first, r.end) for r in _file_runs(*args)]
-
-
-def test_file_runs_split_at_files_and_row_limit(monkeypatch):
-    monkeypatch.setattr(analyze_mod, "READ_ROWS", 5)
-    unit_file = np.array([0, 0, 0, 0, 1, 2, 2])
-    unit_local = np.array([0, 1, 2, 3, 0, 3, 4])
-    rows = np.array([3, 3, 3, 3, -1, 10, 1])
-    assert runs(unit_file, unit_local, rows) == [(0, 0, 2), (0, 2, 4), (1, 0, 1), (2, 3, 4), (2, 4, 5)]
-    assert runs(unit_file[:0], unit_local[:0], rows[:0]) == []
-
-
-def test_file_runs_also_split_at_the_byte_limit(monkeypatch):
-    # few rows of large values: the byte bound cuts where the row bound would not
-    monkeypatch.setattr(analyze_mod, "READ_ROWS", 100)
-    monkeypatch.setattr(analyze_mod, "READ_BYTES", 1000)
-    unit_file = np.array([0, 0, 0, 0, 0])
-    unit_local = np.arange(5)
-    rows = np.array([3, 3, 3, 3, 3])
-    nbytes = np.array([400, 400, 400, 1500, 10])
-    assert runs(unit_file, unit_local, rows, nbytes) == [(0, 0, 3), (0, 3, 4), (0, 4, 5)]
-    assert runs(unit_file, unit_local, rows) == [(0, 0, 5)]
 
 
 def test_parquet_and_arrow_files_describe_their_units_bytes(tmp_path):

@@ -8,6 +8,7 @@ import numpy as np
 from ... import kernels
 from ...distribute import global_start
 from ...parallel import Comm
+from ...partition import deal_windows
 from ...progress import Progress
 from ..samples import SampleColumns
 from .batches import BatchArrays, Packed, key_values, segment_reduce
@@ -34,8 +35,9 @@ def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: 
     A window takes every K-th sample of a curriculum stage in sorted order (K windows per
     stage of ``window`` samples each), so each window spans the stage's whole size range:
     best-fit then fills rows as well as over the whole stage. Windows are numbered
-    globally and dealt to ranks in contiguous blocks (one Alltoallv); inside a window
-    samples keep their sorted order. Nothing depends on the number of ranks.
+    globally and dealt to ranks in contiguous blocks (``partition.deal_windows``, then one
+    Alltoallv); inside a window samples keep their sorted order. Nothing depends on the
+    number of ranks.
     """
     n = len(samples.sample_id)
     start, total = global_start(comm, n)
@@ -43,13 +45,8 @@ def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: 
     stage = stage_of.astype(np.int64)
     width = comm.allreduce(int(stage.max()) + 1 if n else 1, "max")
     per_stage = comm.allreduce(np.bincount(stage, minlength=width).astype(np.int64), "sum")
-    stage_first = np.concatenate(([0], np.cumsum(per_stage)[:-1]))
-    windows = -(-per_stage // opts.window())
-    window_first = np.concatenate(([0], np.cumsum(windows)[:-1]))
-    total_windows = max(int(windows.sum()), 1)
     pos = np.arange(start, start + n, dtype=np.int64)
-    window = window_first[stage] + (pos - stage_first[stage]) % np.maximum(windows[stage], 1)
-    dest = (window * comm.size) // total_windows
+    window, dest = deal_windows(pos, stage, per_stage, opts.window(), size=comm.size)
     order = np.argsort(dest, kind="stable")
     cols = {"id": samples.sample_id[order], "size": samples.size[order], "key": keys[order],
             "stage": stage_of[order], "window": window[order], "pos": pos[order]}

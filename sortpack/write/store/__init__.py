@@ -147,7 +147,7 @@ class Store:
         self.plans += 1
 
     def token_cache(self, out: OutputDir) -> TokenCache | None:
-        """Return the ``token_sink`` for ``analyze`` that keeps its ids (None without --store-tokens)."""
+        """Return the ``keep_tokens`` for ``analyze``: the cache that keeps its ids (None without --store-tokens)."""
         if self.tokens is None:
             return None
         self.caches.append(TokenCache(out, self.comm, self.special_tokens))

@@ -30,7 +30,8 @@ class TokenCache:
 
     Each rank appends its ids in sample order to ``.tokens-RANK.arrow`` in the output's
     temporary directory; ``materialize`` reads them back by global row instead of
-    tokenizing a second time. ``__call__`` is the ``token_sink`` that ``analyze`` takes.
+    tokenizing a second time. It is the ``keep_tokens`` that ``analyze`` takes
+    (a ``stages.analyze.TokenKeeper``).
     """
 
     def __init__(self, out: OutputDir, comm: Comm, special_tokens: bool = True):
@@ -44,7 +45,7 @@ class TokenCache:
         self._tables: dict[str, pa.Table] = {}
         self.runs: list[tuple[int, int]] | None = None  # (global first row, rows) in the order written
 
-    def __call__(self, table: pa.Table, column: str, tokenizer: Any, where: str) -> np.ndarray:
+    def count_and_keep(self, table: pa.Table, column: str, tokenizer: Any, where: str) -> np.ndarray:
         """Return the token counts of ``column`` and keep its ids."""
         from ...arrow_types import is_text
         from ...inputs.specs import _column, evaluate, parse_spec
