@@ -6,6 +6,8 @@ carry between them is routed by hand, so the plan is checked against its oracle 
 from __future__ import annotations
 
 import json
+import os
+from unittest import mock
 
 import numpy as np
 from hypothesis import given, settings
@@ -112,3 +114,45 @@ def test_the_result_gives_the_manifest_data_and_keeps_the_exchange_out_of_it():
     assert _result().exchange.as_dict() == {
         "rounds": 3, "memory_limit": 800, "round_budget": 100, "spills": 1, "spill_batches": 2,
         "seconds": {"read": 0.5, "exchange": 0.25, "spill": 0.0, "write": 1.0}}
+
+
+# --- the data shards' layout (layout.py): local shards per rank, merged and dealt by weight ---------
+
+from sortpack.write.store.layout import ROW_WEIGHT, local_data_shards, merge_data_layout  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), counts=st.lists(st.integers(0, 9), min_size=1, max_size=30), size=st.integers(1, 4),
+       per=st.integers(1, 12))
+def test_the_data_layout_does_not_depend_on_how_index_shards_are_dealt(data, counts, size, per):
+    m = len(counts)
+    index_starts = sorted({0, *(data.draw(st.lists(st.integers(1, m - 1), max_size=5)) if m > 1 else [])})
+    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    sizes = np.array(data.draw(st.lists(st.integers(0, 100), min_size=m, max_size=m)), dtype=np.int64)
+
+    def layout(owners):  # ranks hold whole index shards: owners are index shard starts, plus the end
+        parts = [local_data_shards(a, offsets[a:b + 1] - offsets[a], int(offsets[a]), index_starts, sizes[a:b])
+                 for a, b in zip(owners, owners[1:])]
+        return merge_data_layout(parts, size=len(owners) - 1)
+
+    firsts = sorted(data.draw(st.lists(st.sampled_from(index_starts), min_size=size - 1, max_size=size - 1)))
+    with mock.patch.dict(os.environ, {"SORTPACK_TEST_DATA_ROWS": str(per)}):
+        one, many = layout([0, m]), layout([0, *firsts, m])
+    assert many.bounds.tolist() == one.bounds.tolist() and many.num_rows == offsets[-1]
+    # every shard holds rows, at most `per` past a micro-batch boundary; writers take contiguous blocks
+    assert np.all(np.diff(one.bounds[:, 0]) > 0) or len(one.bounds) == 1
+    w = many.writer_starts
+    assert len(w) == size + 1 and w[0] == 0 and w[-1] == len(one.bounds) - 1 and np.all(np.diff(w) >= 0)
+
+
+def test_writers_are_balanced_by_sizes_plus_a_weight_per_row(monkeypatch):
+    monkeypatch.setenv("SORTPACK_TEST_DATA_ROWS", "2")
+    # four micro-batches of two rows: four shards; the last shard's rows are far longer
+    offsets = np.array([0, 2, 4, 6, 8])
+    sizes = np.array([1, 1, 1, 1000])
+    local = local_data_shards(0, offsets, 0, [0], sizes)
+    assert local.bounds.tolist() == [[0, 0], [2, 1], [4, 2], [6, 3]] and local.end.tolist() == [[8, 4]]
+    assert local.weights.tolist() == [1 + 2 * ROW_WEIGHT] * 3 + [1000 + 2 * ROW_WEIGHT]
+    layout = merge_data_layout([local], size=2)
+    assert layout.writer_starts.tolist() == [0, 3, 4]  # the heavy shard alone
+    assert layout.owner_starts.tolist() == [0, 6, 8] and layout.num_rows == 8
