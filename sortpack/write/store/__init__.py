@@ -12,7 +12,7 @@ memory up to half of it and spill to memory-mapped Arrow files past that (``spil
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +40,9 @@ from .shard_writer import write_data_shards
 from .sources import describe_files, output_schema
 from .spill import ReceivedRows
 from .token_cache import TokenCache
+
+if TYPE_CHECKING:
+    from ...stages.pack import PackOptions
 
 __all__ = ["ExchangeStats", "Store", "StoreOptions", "StoreResult", "materialize", "parse_memory", "parse_store",
            "prepare"]
@@ -168,7 +171,7 @@ class Store:
         return stored
 
 
-def prepare(comm: Comm, opts: StoreOptions, options: dict, popts: Any, tokenizer_path: str | None,
+def prepare(comm: Comm, opts: StoreOptions, options: dict, popts: PackOptions, tokenizer_path: str | None,
             renames: list[dict[str, str] | None] | None = None) -> Store:
     """Return the ``Store`` for ``write_index``, checking the options collectively.
 
