@@ -80,8 +80,8 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
     cut = None if ranges is None else (*cut_columns, *((TOKENS_COLUMN,) if tokens is not None else ()))
     uses = _ask_readers(comm, ids, pos0, plan, ranges, cut)
     layout = data_layout(comm, first_mb, mb_offsets, pos0, index_starts, mb_sizes)
-    tokenize = tokens is not None and cache is None
-    read_columns = sorted(set(opts.columns) | ({tokens.column} if tokens is not None and tokenize else set()))
+    # ids analyze did not keep are counted again from their text column
+    read_columns = sorted(set(opts.columns) | ({tokens.column} if tokens is not None and cache is None else set()))
     reader = InputRows(srcs, files, plan.units, plan.first_row, uses, read_columns, schema, tokens, cache, renames)
     received = ReceivedRows(directory, comm.rank, budget.held, schema, budget.spill_batch)
     t0 = time.perf_counter()
