@@ -85,26 +85,75 @@ def index_shard_layout(comm: Comm, num_samples: np.ndarray, first: int, total: i
                        rows_per_shard: int, samples_per_shard: int) -> tuple[np.ndarray, np.ndarray]:
     """Return (first micro-batch of every index shard plus the end, first micro-batch each rank writes).
 
-    This rank holds micro-batches ``[first, first + len(num_samples))``. A shard ends after
-    the micro-batch in which the running sample count reaches a multiple of
-    ``samples_per_shard``, and after every ``rows_per_shard`` micro-batches: boundaries that
-    depend on the data only, never on the rank count. Shards then go to ranks in contiguous
-    blocks balanced by their bytes (about 8 per sample id plus 48 per micro-batch), so
-    every rank writes once there are as many shards as ranks.
+    This rank holds micro-batches ``[first, first + len(num_samples))``. Collective: every rank
+    finds its shard ends (``index_shard_cuts``), which depend on the data only, never on the rank
+    count; the gathered ends are dealt to ranks by bytes (``index_shard_owners``).
     """
     n = np.asarray(num_samples, dtype=np.int64)
-    end = np.cumsum(n) + comm.exscan(int(n.sum()))
+    cut_mb, cut_samples = index_shard_cuts(n, first, total, comm.exscan(int(n.sum())), rows_per_shard,
+                                           samples_per_shard)
+    return index_shard_owners(comm.allgatherv(cut_mb), comm.allgatherv(cut_samples), total,
+                              comm.allreduce(int(n.sum()), "sum"), size=comm.size)
+
+
+# --- the write side's deals (housewrite, issue 25): files checked in turn, input units read in
+# --- blocks, rows found by their block, index shards cut by samples and dealt by bytes
+
+def round_robin(n: int, *, rank: int, size: int) -> list[int]:
+    """Return the items of ``range(n)`` rank ``rank`` of ``size`` takes when they are dealt in turn."""
+    return list(range(rank, n, size))
+
+
+def reader_blocks(unit_rows: np.ndarray, *, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return (first unit each rank reads, first global row each rank reads), each plus the end.
+
+    Units go whole to ranks in contiguous blocks balanced by their rows (``balanced_blocks``).
+    """
+    rows = np.asarray(unit_rows, dtype=np.int64)
+    bounds = balanced_blocks(rows.astype(np.float64), size)
+    row_starts = np.concatenate(([0], np.cumsum(rows))).astype(np.int64)
+    return bounds, row_starts[bounds]
+
+
+def rank_of(rows: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Return the rank holding each global row when rank ``r`` holds ``[starts[r], starts[r + 1])``.
+
+    An empty rank's start equals the next one's, so a row goes to the last rank starting at or before it.
+    """
+    return np.searchsorted(starts, rows, side="right") - 1
+
+
+def index_shard_cuts(num_samples: np.ndarray, first: int, total: int, sample_start: int,
+                     rows_per_shard: int, samples_per_shard: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return (the micro-batch after each index shard end among this rank's, the samples before it).
+
+    This rank holds micro-batches ``[first, first + len(num_samples))`` of ``total``, whose samples
+    start at global sample ``sample_start``. A shard ends after the micro-batch in which the running
+    sample count reaches a multiple of ``samples_per_shard``, and after every ``rows_per_shard``
+    micro-batches: boundaries of the data only, so any deal of micro-batches to ranks finds the same.
+    The plan's end is not among them.
+    """
+    n = np.asarray(num_samples, dtype=np.int64)
+    end = np.cumsum(n) + sample_start
     start = end - n
     mb = first + np.arange(len(n), dtype=np.int64)
     cut = (end // samples_per_shard > start // samples_per_shard) | ((mb + 1) % rows_per_shard == 0)
-    cut &= mb + 1 < total  # the end is added below, once
-    cut_mb = comm.allgatherv(mb[cut] + 1)
-    cut_samples = comm.allgatherv(end[cut])
-    total_samples = comm.allreduce(int(n.sum()), "sum")
+    cut &= mb + 1 < total
+    return mb[cut] + 1, end[cut]
+
+
+def index_shard_owners(cut_mb: np.ndarray, cut_samples: np.ndarray, total: int, total_samples: int,
+                       *, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return (first micro-batch of every index shard plus the end, first micro-batch each rank writes).
+
+    ``cut_mb``/``cut_samples`` are every rank's ``index_shard_cuts`` in rank order. Shards go to
+    ranks in contiguous blocks balanced by their bytes (about 8 per sample id plus 48 per
+    micro-batch), so every rank writes once there are as many shards as ranks.
+    """
     starts = np.concatenate(([0], cut_mb, [total])).astype(np.int64) if total else np.zeros(1, np.int64)
     sample_starts = np.concatenate(([0], cut_samples, [total_samples])).astype(np.int64)
     weights = 8 * np.diff(sample_starts[:len(starts)]) + 48 * np.diff(starts)
-    blocks = balanced_blocks(weights, comm.size)
+    blocks = balanced_blocks(weights, size)
     return starts, starts[np.minimum(blocks, len(starts) - 1)]
 
 

@@ -5,7 +5,22 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sortpack.partition import balanced_blocks, owner_starts, shard_starts, split_rows
+from sortpack.partition import (
+    balanced_blocks,
+    deal_windows,
+    even_range,
+    index_shard_cuts,
+    index_shard_owners,
+    owned,
+    owner_starts,
+    rank_of,
+    rank_run,
+    reader_blocks,
+    round_robin,
+    shard_starts,
+    split_rows,
+    unit_owners,
+)
 
 
 @given(total=st.integers(0, 5000), rows=st.integers(1, 700), ranks=st.integers(1, 9))
@@ -92,9 +107,6 @@ def test_split_rows_balances_known_rows_exactly(units, ranks):
 
 # --- the input side's deals (issue 25): analyze's files and runs, the digests, row packing's windows ---
 
-from sortpack.partition import deal_windows, even_range, owned, rank_run, unit_owners  # noqa: E402
-
-
 @given(n=st.integers(0, 500), size=st.integers(1, 12))
 def test_even_range_tiles_the_items_within_one_of_even(n, size):
     parts = [even_range(n, rank=r, size=size) for r in range(size)]
@@ -134,3 +146,72 @@ def test_deal_windows_spreads_each_stage_over_its_windows_and_ranks_in_blocks(pe
     assert dest.min(initial=0) >= 0 and dest.max(initial=0) < size
     # the windows are the same for any rank count
     assert np.array_equal(of, deal_windows(pos, stage, per_stage, window, size=1)[0])
+
+
+# --- the write side's deals (housewrite): round_robin, reader_blocks, rank_of, index shards ---------
+
+@given(n=st.integers(0, 50), size=st.integers(1, 9))
+def test_round_robin_deals_every_item_to_one_rank_in_turn(n, size):
+    shares = [round_robin(n, rank=r, size=size) for r in range(size)]
+    assert sorted(i for s in shares for i in s) == list(range(n))
+    assert all(i % size == r for r, s in enumerate(shares) for i in s)
+    assert round_robin(5, rank=1, size=2) == [1, 3]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 1000), max_size=30), st.integers(1, 9))
+def test_reader_blocks_give_whole_units_and_their_first_rows(rows, size):
+    bounds, starts = reader_blocks(np.array(rows, dtype=np.int64), size=size)
+    assert bounds.tolist() == balanced_blocks(np.array(rows, dtype=np.float64), size).tolist()
+    cum = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)))
+    assert starts.tolist() == cum[bounds].tolist() and starts.dtype == np.int64
+    # every global row is read by the rank whose block of units holds it
+    for row in range(int(cum[-1])):
+        unit = int(np.searchsorted(cum, row, side="right")) - 1
+        r = int(rank_of(np.array([row]), starts)[0])
+        assert bounds[r] <= unit < bounds[r + 1]
+
+
+def test_rank_of_skips_empty_ranks():
+    starts = np.array([0, 4, 4, 9])  # rank 1 holds nothing
+    assert rank_of(np.array([0, 3, 4, 8]), starts).tolist() == [0, 0, 2, 2]
+
+
+def _cuts_by_hand(counts, rows_per_shard, samples_per_shard):
+    """Micro-batches after which a shard ends, walking the plan one micro-batch at a time."""
+    mb_cuts, sample_cuts, seen = [], [], 0
+    for i, c in enumerate(counts):
+        before, seen = seen, seen + c
+        if i + 1 < len(counts) and (seen // samples_per_shard > before // samples_per_shard
+                                    or (i + 1) % rows_per_shard == 0):
+            mb_cuts.append(i + 1)
+            sample_cuts.append(seen)
+    return mb_cuts, sample_cuts
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts=st.lists(st.integers(0, 40), max_size=60), rows=st.integers(1, 12), per=st.integers(1, 100),
+       size=st.integers(1, 5), data=st.data())
+def test_index_shard_cuts_do_not_depend_on_how_micro_batches_are_dealt(counts, rows, per, size, data):
+    m = len(counts)
+    splits = sorted(data.draw(st.lists(st.integers(0, m), min_size=size - 1, max_size=size - 1)))
+    bounds = [0, *splits, m]
+    n = np.array(counts, dtype=np.int64)
+    parts = [index_shard_cuts(n[a:b], a, m, int(n[:a].sum()), rows, per) for a, b in zip(bounds, bounds[1:])]
+    cut_mb = np.concatenate([p[0] for p in parts])
+    cut_samples = np.concatenate([p[1] for p in parts])
+    want_mb, want_samples = _cuts_by_hand(counts, rows, per)
+    assert cut_mb.tolist() == want_mb and cut_samples.tolist() == want_samples
+    starts, dest = index_shard_owners(cut_mb, cut_samples, m, int(n.sum()), size=size)
+    assert starts.tolist() == ([0, *want_mb, m] if m else [0])
+    # each rank writes a contiguous block of whole shards, in rank order, and the blocks tile the plan
+    assert len(dest) == size + 1 and dest[0] == 0 and dest[-1] == starts[-1]
+    assert np.all(np.diff(dest) >= 0) and set(dest.tolist()) <= set(starts.tolist())
+
+
+def test_index_shard_owners_deal_shards_by_bytes():
+    # four shards of 10 micro-batches: the first holds 1000 samples, the rest 10 each
+    starts, dest = index_shard_owners(np.array([10, 20, 30]), np.array([1000, 1010, 1020]), 40, 1030, size=2)
+    assert starts.tolist() == [0, 10, 20, 30, 40]
+    assert dest.tolist() == [0, 10, 40]  # the heavy first shard alone, the light three together
+    assert index_shard_owners(np.zeros(0, np.int64), np.zeros(0, np.int64), 0, 0, size=3)[1].tolist() == [0] * 4

@@ -27,7 +27,7 @@ from ..write.index_writer import write_index
 from ..write.output import NestedOutput, OutputDir
 from ..write.provenance import JobInfo, Profile
 from ..write.sample_dirs import read_samples, write_samples
-from ..write.store import StoreOptions, prepare
+from ..write.store import Store, StoreOptions, prepare
 
 __all__ = ["HoldoutRequest", "JobInfo", "run_all", "run_analyze", "run_pack", "run_sort", "write_holdout"]
 
@@ -127,7 +127,7 @@ def _plain_holdout(request: HoldoutRequest | None, files: list[dict]) -> Holdout
 
 
 def write_holdout(comm: Comm, out: OutputDir, held: SampleColumns, holdout: Holdout, popts: PackOptions,
-                  key: str, options: dict, files: list[dict], job: JobInfo, store_fn=None,
+                  key: str, options: dict, files: list[dict], job: JobInfo, store_fn: Store | None = None,
                   to_plan=None) -> dict:
     """Pack the held-out samples and write their plan in ``OUTPUT/holdout``; return the training manifest's record.
 

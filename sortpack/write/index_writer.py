@@ -1,5 +1,15 @@
-"""The index directory: move micro-batches to their shard owners and assemble the Arrow tables."""
+"""The index directory: move micro-batches to their shard owners and assemble the Arrow tables.
+
+The planning half is pure: which rank writes which index shards (``partition.index_shard_cuts``
+and ``index_shard_owners``), the micro-batches a rank owns once moved (``owned_microbatches``),
+the table of any range of them (``index_table``) and the manifest (``index_manifest``). The
+communicating half (``write_index``) moves the micro-batches, writes, stores and commits.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -16,89 +26,144 @@ from .output import PlanDir
 from .provenance import JobInfo, Profile, provenance
 from .shards import write_owned_shards
 
+if TYPE_CHECKING:
+    from .store import Store, StoreResult
 
-def _list_array(offsets: np.ndarray, values: np.ndarray, a: int, b: int, value_type) -> pa.Array:
+PIECE_COLUMNS = ("piece_begin", "piece_end")  # --oversize split: each sample's range in its source sample
+
+
+@dataclass(frozen=True)
+class OwnedMicrobatches:
+    """The micro-batches one rank writes, ``[first, first + count)``, moved to it from the ranks that packed them."""
+
+    first: int
+    columns: dict[str, np.ndarray]  # per micro-batch, ``microbatch`` (the global number) included
+    offsets: np.ndarray  # each micro-batch's first sample in ``sample_ids``, plus the end
+    sample_ids: np.ndarray
+    ranges: dict[str, np.ndarray] | None  # ``PIECE_COLUMNS``, one value per sample id
+    row_sizes: np.ndarray | None  # rows mode: each row's samples, rows in micro-batch order
+    row_offsets: np.ndarray | None  # rows mode: each micro-batch's first row, plus the end
+    row_starts: np.ndarray | None  # rows mode: each row's first sample, plus the end
+
+    @property
+    def count(self) -> int:
+        """Return how many micro-batches this rank writes."""
+        return len(self.columns["microbatch"])
+
+    def samples_in(self, a: int, b: int) -> int:
+        """Return the samples in local micro-batches ``[a, b)``."""
+        return int(self.offsets[b] - self.offsets[a])
+
+
+def owned_microbatches(first: int, columns: dict[str, np.ndarray], sample_ids: np.ndarray,
+                       ranges: dict[str, np.ndarray] | None = None,
+                       row_sizes: np.ndarray | None = None) -> OwnedMicrobatches:
+    """Return a rank's owned micro-batches, with the offsets its tables are cut by (from the per-micro-batch counts)."""
+    offsets = np.concatenate(([0], np.cumsum(columns["num_samples"], dtype=np.int64)))
+    row_offsets = row_starts = None
+    if row_sizes is not None:
+        row_offsets = np.concatenate(([0], np.cumsum(columns["batch_size"], dtype=np.int64)))
+        row_starts = np.concatenate(([0], np.cumsum(row_sizes, dtype=np.int64)))
+    return OwnedMicrobatches(first, columns, offsets, sample_ids, ranges, row_sizes, row_offsets, row_starts)
+
+
+def _list_array(offsets: np.ndarray, values: np.ndarray, a: int, b: int, value_type: pa.DataType) -> pa.Array:
     lo, hi = int(offsets[a]), int(offsets[b])
     return pa.ListArray.from_arrays(pa.array((offsets[a:b + 1] - lo).astype(np.int32)),
                                     pa.array(values[lo:hi], value_type))
 
 
-def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, options: dict, files: list[dict],
-                profile: Profile, job: JobInfo, store=None, extra: dict | None = None) -> dict | None:
-    """Write the index directory from this rank's micro-batches; return the manifest on rank 0.
+def row_splits(owned: OwnedMicrobatches, a: int, b: int) -> pa.Array:
+    """Return, per local micro-batch in ``[a, b)``, where each of its rows starts in its sample ids, then the end."""
+    assert owned.row_offsets is not None and owned.row_starts is not None, "row_splits needs rows mode"
+    counts = owned.columns["batch_size"][a:b].astype(np.int64)
+    starts = owned.row_starts[int(owned.row_offsets[a]):int(owned.row_offsets[b])]
+    offsets = owned.offsets
+    rel = starts - np.repeat(offsets[a:b], counts)
+    values = np.insert(rel, np.cumsum(counts), offsets[a + 1:b + 1] - offsets[a:b])
+    list_off = np.concatenate(([0], np.cumsum(counts + 1)))
+    return pa.ListArray.from_arrays(pa.array(list_off.astype(np.int32)), pa.array(values.astype(np.int32)))
 
-    ``store`` (a ``write.store.Store`` from ``prepare``) also writes the stored columns' data shards;
-    ``extra`` adds manifest keys (a mixture plan's ``mixture``), covered by ``content_hash``.
-    """
-    rows = rows_per_shard("index")
-    m = len(mbs.offsets) - 1
-    # shards cut by sample count and dealt by bytes: every rank writes, whatever the sizes
-    starts, dest = index_shard_layout(comm, np.diff(mbs.offsets), mbs.first, mbs.total, rows, samples_per_shard())
-    ids = move_ragged(comm, mbs.sample_ids, np.diff(mbs.offsets), mbs.first, dest)
+
+def index_table(owned: OwnedMicrobatches, schema: pa.Schema, a: int, b: int) -> pa.Table:
+    """Return local micro-batches ``[a, b)`` as an index table of ``schema``."""
+    data = {}
+    for name in schema.names:
+        type_ = schema.field(name).type
+        if name == "sample_ids":
+            data[name] = _list_array(owned.offsets, owned.sample_ids, a, b, type_.value_type)
+        elif owned.ranges is not None and name in owned.ranges:
+            data[name] = _list_array(owned.offsets, owned.ranges[name], a, b, type_.value_type)
+        elif name == "row_splits":
+            data[name] = row_splits(owned, a, b)
+        else:
+            data[name] = pa.array(owned.columns[name][a:b], type_)
+    return pa.table(data, schema=schema)
+
+
+def _move_to_owners(comm: Comm, mbs: Microbatches, dest: np.ndarray) -> OwnedMicrobatches:
+    """Return the micro-batches this rank writes, moved from the ranks that packed them (collective)."""
+    counts = np.diff(mbs.offsets)
+    ids = move_ragged(comm, mbs.sample_ids, counts, mbs.first, dest)
     ranges = None
     if mbs.begin is not None and mbs.end is not None:
-        # --oversize split: each sample's range in its source sample, moved as its id is
-        ranges = {name: move_ragged(comm, v, np.diff(mbs.offsets), mbs.first, dest)
-                  for name, v in (("piece_begin", mbs.begin), ("piece_end", mbs.end))}
+        # each sample's range in its source sample, moved as its id is
+        ranges = {name: move_ragged(comm, v, counts, mbs.first, dest) for name, v in zip(PIECE_COLUMNS,
+                                                                                         (mbs.begin, mbs.end))}
     row_sizes = None
     if mbs.row_sizes is not None:
         row_sizes = move_ragged(comm, mbs.row_sizes, mbs.columns["batch_size"].astype(np.int64), mbs.first, dest)
     cols = dict(mbs.columns)
-    cols["microbatch"] = np.arange(mbs.first, mbs.first + m, dtype=np.int64)
-    cols = redistribute(comm, cols, mbs.first, dest)
-    offsets = np.concatenate(([0], np.cumsum(cols["num_samples"], dtype=np.int64)))
-    source_rows = int(sum(f["rows"] for f in files))
-    # the id width follows the input's row count, the same on every rank: bytes never depend on P
-    id_type = sample_id_type(source_rows)
-    schema = index_schema(rows=row_sizes is not None, id_type=id_type, source="source" in cols,
-                          pieces=ranges is not None)
-    if row_sizes is not None:
-        row_offsets = np.concatenate(([0], np.cumsum(cols["batch_size"], dtype=np.int64)))
-        # row_splits of a micro-batch: where each of its rows starts in its sample_ids, plus the end
-        row_start_in_mb = np.concatenate(([0], np.cumsum(row_sizes, dtype=np.int64)))
-    first = int(dest[comm.rank])
+    cols["microbatch"] = np.arange(mbs.first, mbs.first + len(counts), dtype=np.int64)
+    return owned_microbatches(int(dest[comm.rank]), redistribute(comm, cols, mbs.first, dest), ids, ranges,
+                              row_sizes)
 
-    def make_table(a, b):
-        data = {}
-        for name in schema.names:
-            if name == "sample_ids":
-                data[name] = _list_array(offsets, ids, a, b, id_type)
-            elif ranges is not None and name in ranges:
-                data[name] = _list_array(offsets, ranges[name], a, b, pa.int64())
-            elif name == "row_splits":
-                # per micro-batch: where each row starts in its sample_ids, then the end
-                counts = cols["batch_size"][a:b].astype(np.int64)
-                row_starts = row_start_in_mb[int(row_offsets[a]):int(row_offsets[b])]
-                rel = row_starts - np.repeat(offsets[a:b], counts)
-                values = np.insert(rel, np.cumsum(counts), offsets[a + 1:b + 1] - offsets[a:b])
-                list_off = np.concatenate(([0], np.cumsum(counts + 1)))
-                data[name] = pa.ListArray.from_arrays(pa.array(list_off.astype(np.int32)),
-                                                      pa.array(values.astype(np.int32)))
-            else:
-                data[name] = pa.array(cols[name][a:b], schema.field(name).type)
-        return pa.table(data, schema=schema)
 
-    with profile.stage("write_index"):
-        shards = write_owned_shards(comm, out, "index", make_table, first, len(cols["microbatch"]), mbs.total,
-                                    rows, samples_in=lambda a, b: offsets[b] - offsets[a], starts=starts)
-    data = None
-    if store is not None:
-        with profile.stage("materialize"):
-            data = store(out, files, ids, offsets, first, starts, cols["tokens"], ranges)
-    prov = provenance(comm, profile, job)
-    files, where = split_locations(files)  # where and when, not what: out of content_hash
-    prov.update(where)
-    if data is not None:
-        prov["exchange"] = data.pop("_exchange", None)
+def index_manifest(mbs: Microbatches, schema: pa.Schema, options: dict, files: list[dict], source_rows: int,
+                   shards: list[dict], prov: dict, stored: StoreResult | None = None,
+                   extra: dict | None = None) -> dict:
+    """Return the index directory's manifest (``files`` without their locations, ``stored``: the data shards)."""
     manifest = new_manifest(
         "index", version=VERSION,
         num_rows=mbs.total, num_samples=mbs.stats["num_samples"], num_microbatches=mbs.total,
-        rows_per_shard=rows, samples_per_shard=samples_per_shard(), schema=schema_json(schema), options=options,
-        source={"num_rows": source_rows, "files": files},
+        rows_per_shard=rows_per_shard("index"), samples_per_shard=samples_per_shard(),
+        schema=schema_json(schema), options=options, source={"num_rows": source_rows, "files": files},
         shards=shards, stats=mbs.stats, provenance=prov,
     )
-    if data is not None:
-        manifest.update(version=DATA_VERSION, data=data)
+    if stored is not None:
+        manifest.update(version=DATA_VERSION, data=stored.manifest_data())
     if extra:
         manifest.update(extra)
-    return out.commit(manifest)
+    return manifest
+
+
+def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, options: dict, files: list[dict],
+                profile: Profile, job: JobInfo, store: Store | None = None, extra: dict | None = None) -> dict | None:
+    """Write the index directory from this rank's micro-batches; return the manifest on rank 0.
+
+    ``store`` (from ``write.store.prepare``) also writes the stored columns' data shards;
+    ``extra`` adds manifest keys (a mixture plan's ``mixture``), covered by ``content_hash``.
+    """
+    rows = rows_per_shard("index")
+    # shards cut by sample count and dealt by bytes: every rank writes, whatever the sizes
+    starts, dest = index_shard_layout(comm, np.diff(mbs.offsets), mbs.first, mbs.total, rows, samples_per_shard())
+    owned = _move_to_owners(comm, mbs, dest)
+    source_rows = int(sum(f["rows"] for f in files))
+    # the id width follows the input's row count, the same on every rank: bytes never depend on P
+    schema = index_schema(rows=owned.row_sizes is not None, id_type=sample_id_type(source_rows),
+                          source="source" in owned.columns, pieces=owned.ranges is not None)
+    with profile.stage("write_index"):
+        shards = write_owned_shards(comm, out, "index", partial(index_table, owned, schema), owned.first,
+                                    owned.count, mbs.total, rows, samples_in=owned.samples_in, starts=starts)
+    stored = None
+    if store is not None:
+        with profile.stage("materialize"):
+            stored = store(out, files, owned.sample_ids, owned.offsets, owned.first, starts,
+                           owned.columns["tokens"], owned.ranges)
+    prov = provenance(comm, profile, job)
+    files, where = split_locations(files)  # where and when, not what: out of content_hash
+    prov.update(where)
+    if stored is not None:
+        # varies with the rank count: in the provenance, out of content_hash
+        prov["exchange"] = stored.exchange.as_dict()
+    return out.commit(index_manifest(mbs, schema, options, files, source_rows, shards, prov, stored, extra))

@@ -37,7 +37,7 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: SampleColumns,
     if kind == "sorted" and "stage" not in cols:
         cols["stage"] = np.zeros(len(cols["sample_id"]), np.int16)
 
-    def make_table(a, b):
+    def make_table(a: int, b: int) -> pa.Table:
         return pa.table({name: cols[name][a:b] for name in schema.names}, schema=schema)
 
     with profile.stage(f"write_{kind}"):

@@ -1,6 +1,7 @@
 """Arrow IPC shards written by their owner ranks, so a shard's bytes never depend on the rank count."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,12 +31,12 @@ def write_owned_shards(
     comm: Comm,
     out: PlanDir,
     kind: str,
-    make_table,
+    make_table: Callable[[int, int], pa.Table],
     first_row: int,
     num_rows: int,
     total_rows: int,
     rows_per_shard: int,
-    samples_in=None,
+    samples_in: Callable[[int, int], int] | None = None,
     starts: np.ndarray | None = None,
 ) -> list[dict]:
     """Write this rank's whole shards; return every shard's manifest entry on all ranks.

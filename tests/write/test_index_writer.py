@@ -113,3 +113,70 @@ def test_verify_reports_a_shard_whose_id_type_differs_from_the_manifest(tmp_path
     (ix / "manifest.json").write_text(json.dumps(m))
     problems = verify_directory(ix)
     assert len(problems) == 1 and "differ from the manifest's schema" in problems[0]
+
+
+# --- the planning half without MPI: a rank's owned micro-batches and the tables cut from them -----
+
+from sortpack.format.schemas import index_schema  # noqa: E402  (this block's own import)
+
+
+def _owned(rows_mode=False, pieces=False):
+    """Three micro-batches of 2, 0 and 3 samples; in rows mode rows of (1, 1), (), (2, 1)."""
+    cols = {name: np.array(v) for name, v in {
+        "microbatch": [7, 8, 9], "num_samples": [2, 0, 3], "batch_size": [2, 0, 2], "max_size": [5, 0, 9],
+        "padded_size": [10, 0, 27], "tokens": [8, 0, 20], "min_key": [1.0, 0.0, 4.0],
+        "max_key": [5.0, 0.0, 9.0], "stage": [0, 0, 1]}.items()}
+    ids = np.array([4, 2, 0, 1, 3], dtype=np.int64)
+    ranges = {"piece_begin": np.arange(5) * 10, "piece_end": np.arange(5) * 10 + 3} if pieces else None
+    row_sizes = np.array([1, 1, 2, 1]) if rows_mode else None
+    owned = index_writer.owned_microbatches(7, cols, ids, ranges, row_sizes)
+    return owned, index_schema(rows=rows_mode, id_type=pa.int32(), pieces=pieces)
+
+
+def test_owned_microbatches_know_their_offsets_and_rows():
+    owned, _ = _owned(rows_mode=True)
+    assert owned.count == 3 and owned.offsets.tolist() == [0, 2, 2, 5]
+    assert owned.samples_in(0, 3) == 5 and owned.samples_in(1, 2) == 0
+    assert owned.row_offsets.tolist() == [0, 2, 2, 4] and owned.row_starts.tolist() == [0, 1, 2, 4, 5]
+    assert _owned()[0].row_offsets is None
+
+
+def test_an_index_table_holds_each_micro_batch_s_ids_rows_and_pieces():
+    owned, schema = _owned(rows_mode=True, pieces=True)
+    t = index_writer.index_table(owned, schema, 0, 3)
+    assert t.schema == schema
+    assert t.column("sample_ids").to_pylist() == [[4, 2], [], [0, 1, 3]]
+    assert t.column("sample_ids").type == pa.list_(pa.int32())
+    # where each row starts in the micro-batch's sample ids, then the end
+    assert t.column("row_splits").to_pylist() == [[0, 1, 2], [0], [0, 2, 3]]
+    assert t.column("piece_begin").to_pylist() == [[0, 10], [], [20, 30, 40]]
+    assert t.column("piece_end").to_pylist() == [[3, 13], [], [23, 33, 43]]
+    assert t.column("microbatch").to_pylist() == [7, 8, 9]
+
+
+def test_an_index_table_does_not_depend_on_where_shards_are_cut():
+    for rows_mode in (False, True):
+        owned, schema = _owned(rows_mode=rows_mode, pieces=True)
+        whole = index_writer.index_table(owned, schema, 0, 3)
+        for k in range(4):
+            parts = [index_writer.index_table(owned, schema, a, b) for a, b in ((0, k), (k, 3))]
+            assert pa.concat_tables(parts).equals(whole)
+
+
+def test_the_manifest_takes_the_stored_data_and_the_extra_keys(monkeypatch):
+    from sortpack.format.manifest import DATA_VERSION, VERSION
+    from sortpack.stages.pack import Microbatches
+    from sortpack.write.store.result import ExchangeStats, StoreResult
+
+    owned, schema = _owned()
+    mbs = Microbatches(first=0, total=3, sample_ids=owned.sample_ids, offsets=owned.offsets, columns=owned.columns,
+                       stats={"num_samples": 5})
+    files = [{"path": "a.parquet", "rows": 5}]
+    plain = index_writer.index_manifest(mbs, schema, {"max_tokens": 9}, files, 5, [], {"host": "h"})
+    assert plain["version"] == VERSION and "data" not in plain and plain["num_microbatches"] == 3
+    assert plain["source"] == {"num_rows": 5, "files": files} and plain["provenance"] == {"host": "h"}
+    stats = ExchangeStats(rounds=1, memory_limit=8, round_budget=1, spills=0, spill_batches=0, seconds={})
+    stored = StoreResult(columns=["text"], schema={"text": "string"}, rows_per_shard=300, num_rows=5, shards=[],
+                         exchange=stats)
+    m = index_writer.index_manifest(mbs, schema, {}, files, 5, [], {}, stored, extra={"mixture": {"k": 1}})
+    assert m["version"] == DATA_VERSION and m["data"] == stored.manifest_data() and m["mixture"] == {"k": 1}

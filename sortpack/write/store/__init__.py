@@ -12,14 +12,14 @@ memory up to half of it and spill to memory-mapped Arrow files past that (``spil
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from ...format.data_shards import data_rows_per_shard
+from ...inputs.source_file import SourceFile
 from ...parallel import Comm
-from ...partition import balanced_blocks
 from ...row_store import piece_bytes
 from ..output import OutputDir, PlanDir
 from .exchange import exchange
@@ -33,21 +33,27 @@ from .options import (
     parse_store,
     token_ids_options,
 )
+from .plan import MemoryBudget, ReadPlan, file_units, memory_budget, position_requests, read_plan, row_uses
+from .result import SECONDS, ExchangeStats, StoreResult
 from .rows import InputRows, RowPositions
 from .shard_writer import write_data_shards
 from .sources import describe_files, output_schema
 from .spill import ReceivedRows
 from .token_cache import TokenCache
 
-__all__ = ["Store", "StoreOptions", "materialize", "parse_memory", "parse_store", "prepare"]
+if TYPE_CHECKING:
+    from ...stages.pack import PackOptions
+
+__all__ = ["ExchangeStats", "Store", "StoreOptions", "StoreResult", "materialize", "parse_memory", "parse_store",
+           "prepare"]
 
 
 def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray,
                 first_mb: int, opts: StoreOptions, tokens: TokenIds | None, cache: TokenCache | None,
                 index_starts: np.ndarray, mb_sizes: np.ndarray | None = None,
                 renames: list[dict[str, str] | None] | None = None, ranges: dict[str, np.ndarray] | None = None,
-                cut_columns: tuple[str, ...] = ()) -> dict:
-    """Return the manifest's ``data`` object (every rank), after writing this rank's data shards of the plan.
+                cut_columns: tuple[str, ...] = ()) -> StoreResult:
+    """Return the data shards written and the exchange's figures (every rank), after writing this rank's shards.
 
     Parameters
     ----------
@@ -65,70 +71,55 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
         columns in ``cut_columns`` (and the token ids) are stored cut to them, others whole.
     """
     directory = out.ensure()
-    limit = opts.memory_limit or default_memory_limit(comm)
-    # a round's rows live up to three times (read, sent, received): an eighth each; what was
-    # received stays until the shards are written: half, spilled past it
-    budget = max(1, limit // 8)
-    columns = list(opts.columns)
+    budget = memory_budget(opts.memory_limit or default_memory_limit(comm), piece_bytes())
     srcs = describe_files(comm, files)
+    schema = _stored_schema(comm, srcs, files, list(opts.columns), renames, tokens)
+    units, unit_rows = file_units(srcs, files)
+    plan = read_plan(units, unit_rows, rank=comm.rank, size=comm.size)
+    pos0 = comm.exscan(len(ids))
+    cut = None if ranges is None else (*cut_columns, *((TOKENS_COLUMN,) if tokens is not None else ()))
+    uses = _ask_readers(comm, ids, pos0, plan, ranges, cut)
+    layout = data_layout(comm, first_mb, mb_offsets, pos0, index_starts, mb_sizes)
+    # ids analyze did not keep are counted again from their text column
+    read_columns = sorted(set(opts.columns) | ({tokens.column} if tokens is not None and cache is None else set()))
+    reader = InputRows(srcs, files, plan.units, plan.first_row, uses, read_columns, schema, tokens, cache, renames)
+    received = ReceivedRows(directory, comm.rank, budget.held, schema, budget.spill_batch)
+    t0 = time.perf_counter()
+    rounds = exchange(comm, reader, received, layout.owner_starts, budget.round, budget.limit)
+    t1 = time.perf_counter()
+    shards = write_data_shards(comm, directory, received, layout)
+    stats = _exchange_stats(comm, rounds, budget, reader, received, t1 - t0, time.perf_counter() - t1)
+    received.remove()
+    return StoreResult(columns=[f.name for f in schema], schema={f.name: str(f.type) for f in schema},
+                       rows_per_shard=data_rows_per_shard(), num_rows=layout.num_rows, shards=shards, exchange=stats)
+
+
+def _stored_schema(comm: Comm, srcs: list[SourceFile], files: list[dict], columns: list[str],
+                   renames: list[dict[str, str] | None] | None, tokens: TokenIds | None) -> pa.Schema:
+    """Return the data shards' schema: the stored columns unified over the files, then the token ids (collective)."""
     schema = output_schema(comm, srcs, files, columns, renames) if columns else pa.schema([])
     if tokens is not None:
         schema = schema.append(pa.field(TOKENS_COLUMN, pa.list_(pa.int32())))
+    return schema
 
-    # Input units split over ranks as analyze splits them; rows known from the fingerprint.
-    unit_list = [(i, u) for i, s in enumerate(srcs) for u in range(s.num_units)]
-    unit_rows = np.array([s.unit_rows[u] if s.unit_rows is not None else int(files[i]["rows"])
-                          for i, u in unit_list for s in [srcs[i]]], dtype=np.int64)
-    bounds = balanced_blocks(unit_rows.astype(np.float64), comm.size)
-    row_starts = np.concatenate(([0], np.cumsum(unit_rows)))
-    reader_starts = row_starts[bounds]
-    lo, hi = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
-    my_first = int(reader_starts[comm.rank])
 
-    # Positions: the owners of the plan tell each reader where its rows go.
-    n = len(ids)
-    pos0 = comm.exscan(n)
-    positions = pos0 + np.arange(n, dtype=np.int64)
-    to_reader = np.searchsorted(reader_starts, ids, side="right") - 1
-    order = np.argsort(to_reader, kind="stable")
-    asked = {"id": np.ascontiguousarray(ids[order], dtype=np.int64), "pos": positions[order]}
-    if ranges is not None:
-        asked.update({"begin": ranges["piece_begin"][order], "end": ranges["piece_end"][order]})
-    got = comm.alltoallv_many(asked, np.bincount(to_reader, minlength=comm.size))
-    # a mixture plan may use a row more than once, a split plan cut it into pieces: every (row, position) pair
-    by_row = np.lexsort((got["pos"], got["id"]))
-    uses = RowPositions(got["id"][by_row] - my_first, got["pos"][by_row])
-    if ranges is not None:
-        uses.begin, uses.end = got["begin"][by_row], got["end"][by_row]
-        uses.cut = tuple(c for c in (*cut_columns, *((TOKENS_COLUMN,) if tokens is not None else ())))
-    del got, order, to_reader, by_row
-    layout = data_layout(comm, first_mb, mb_offsets, pos0, index_starts, mb_sizes)
+def _ask_readers(comm: Comm, ids: np.ndarray, pos0: int, plan: ReadPlan, ranges: dict[str, np.ndarray] | None,
+                 cut: tuple[str, ...] | None) -> RowPositions:
+    """Return every use of this rank's input rows: the plan's owners tell each reader where its rows go (collective)."""
+    asked, counts = position_requests(ids, pos0, plan.reader_starts, ranges, comm.size)
+    return row_uses(comm.alltoallv_many(asked, counts), plan.first_row, cut)
 
-    tokenize = tokens is not None and cache is None
-    read_columns = sorted(set(columns) | ({tokens.column} if tokens is not None and tokenize else set()))
-    reader = InputRows(srcs, files, unit_list[lo:hi], my_first, uses, read_columns, schema, tokens, cache,
-                       renames)
-    # spill batches of at most a sixteenth of a round: the pages of finished ones are released
-    received = ReceivedRows(directory, comm.rank, max(1, limit // 2), schema,
-                            min(piece_bytes(), max(1 << 20, budget // 16)))
-    t0 = time.perf_counter()
-    rounds = exchange(comm, reader, received, layout.owner_starts, budget, limit)
-    t1 = time.perf_counter()
-    shards = write_data_shards(comm, directory, received, layout)
-    # where the time went, max over ranks: the exchange less its reads and spills, and the writes
-    seconds = comm.allreduce(np.array([reader.seconds, t1 - t0 - reader.seconds - received.spill_s,
-                                       received.spill_s, time.perf_counter() - t1]), "max")
+
+def _exchange_stats(comm: Comm, rounds: int, budget: MemoryBudget, reader: InputRows, received: ReceivedRows,
+                    exchange_s: float, write_s: float) -> ExchangeStats:
+    """Return how the rows moved: spills summed over ranks, the seconds the slowest rank took (collective)."""
+    # the exchange less its reads and spills, and the writes
+    seconds = comm.allreduce(np.array([reader.seconds, exchange_s - reader.seconds - received.spill_s,
+                                       received.spill_s, write_s]), "max")
     spills = comm.allreduce(np.array([len(received.spills), received.spill_batches], dtype=np.int64), "sum")
-    received.remove()
-    return {
-        "columns": [f.name for f in schema], "schema": {f.name: str(f.type) for f in schema},
-        "rows_per_shard": data_rows_per_shard(), "num_rows": layout.num_rows, "shards": shards,
-        # varies with the rank count: moved to the manifest's provenance by write_index
-        "_exchange": {"rounds": rounds, "memory_limit": limit, "round_budget": budget,
-                      "spills": int(spills[0]), "spill_batches": int(spills[1]),  # over all ranks
-                      "seconds": {k: round(float(v), 3) for k, v in zip(("read", "exchange", "spill", "write"),
-                                                                          seconds)}},
-    }
+    return ExchangeStats(rounds=rounds, memory_limit=budget.limit, round_budget=budget.round,
+                         spills=int(spills[0]), spill_batches=int(spills[1]),
+                         seconds={k: round(float(v), 3) for k, v in zip(SECONDS, seconds)})
 
 
 class Store:
@@ -155,19 +146,19 @@ class Store:
 
     def __call__(self, out: PlanDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray, first_mb: int,
                  index_starts: np.ndarray, mb_sizes: np.ndarray | None = None,
-                 ranges: dict[str, np.ndarray] | None = None) -> dict:
-        """Return the manifest's ``data`` object after writing the data shards (collective)."""
+                 ranges: dict[str, np.ndarray] | None = None) -> StoreResult:
+        """Return what was stored, after writing the data shards (collective)."""
         cache = self.caches[-1] if self.caches else None
         if cache is not None:
             cache.share()
-        data = materialize(self.comm, out, files, ids, mb_offsets, first_mb, self.opts, self.tokens, cache,
-                           index_starts, mb_sizes, self.renames, ranges, self.cut_columns)
+        stored = materialize(self.comm, out, files, ids, mb_offsets, first_mb, self.opts, self.tokens, cache,
+                             index_starts, mb_sizes, self.renames, ranges, self.cut_columns)
         self.plans -= 1
         if cache is not None and self.plans <= 0:
             self.comm.barrier()  # every rank has read the ids it needed
             cache.remove()
         if self.tokens is not None:
-            data["tokens"] = {
+            stored.tokens = {
                 "column": TOKENS_COLUMN, "source_column": self.tokens.column,
                 "tokenizer": self.tokens.tokenizer_file,
                 "special_tokens": self.special_tokens, "truncated_to": self.tokens.truncate or None,
@@ -175,12 +166,12 @@ class Store:
             }
         if ranges is not None:
             # which stored columns hold a piece's range only (the others hold the whole sample)
-            data["pieces"] = {"cut": [c for c in data["columns"] if c in self.cut_columns or
-                                      (self.tokens is not None and c == TOKENS_COLUMN)]}
-        return data
+            stored.pieces = [c for c in stored.columns if c in self.cut_columns or
+                             (self.tokens is not None and c == TOKENS_COLUMN)]
+        return stored
 
 
-def prepare(comm: Comm, opts: StoreOptions, options: dict, popts: Any, tokenizer_path: str | None,
+def prepare(comm: Comm, opts: StoreOptions, options: dict, popts: PackOptions, tokenizer_path: str | None,
             renames: list[dict[str, str] | None] | None = None) -> Store:
     """Return the ``Store`` for ``write_index``, checking the options collectively.
 

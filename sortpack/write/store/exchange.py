@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from ...errors import SortpackError
 from ...parallel import Comm
+from ...partition import rank_of
 from ...row_store import RowStore, from_raw_pieces, gather_pieces, piece_bytes
 from .rows import InputRows, column_row_bytes, row_bytes
 from .spill import ReceivedRows
@@ -64,7 +65,7 @@ def exchange(comm: Comm, reader: InputRows, received: ReceivedRows, owner_starts
         # the longest prefix under the budget, halved until no rank receives more than it
         take = max(1, int(np.searchsorted(np.cumsum(sizes), budget, side="right"))) if left else 0
         while True:
-            dest = np.searchsorted(owner_starts, pos[:take], side="right") - 1
+            dest = rank_of(pos[:take], owner_starts)
             send_bytes = np.bincount(dest, weights=sizes[:take], minlength=comm.size).astype(np.int64)
             recv_bytes = comm.exchange_counts(send_bytes)
             over, can_shrink = comm.allreduce(np.array([int(recv_bytes.sum() > budget), int(take > 1)]), "max")
@@ -139,9 +140,15 @@ def _send_round(comm: Comm, received: ReceivedRows, segments: list[Segment], pos
             columns[name] = _from_ipc(buf, recv_counts, field_)
     payloads.clear()
     received.add(columns, got["pos"], got["size"])
+    _keep_own(received, segments, stores, own, pos, sizes, len(dest))
+
+
+def _keep_own(received: ReceivedRows, segments: list[Segment], stores: dict[str, RowStore], own: np.ndarray,
+              pos: np.ndarray, sizes: np.ndarray, sent: int) -> None:
+    """Register the round's rows that stay on this rank (``own``, of ``sent`` rows in the round)."""
     if len(own) == 0:
         return
-    if 2 * len(own) >= len(dest):  # most rows stay: register them where they are read
+    if 2 * len(own) >= sent:  # most rows stay: register them where they are read
         at = 0
         for seg in segments:
             rows = seg.end - seg.first

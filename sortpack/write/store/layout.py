@@ -35,16 +35,19 @@ class DataLayout:
         return int(self.bounds[-1, 0])
 
 
-def data_layout(comm: Comm, first_mb: int, mb_offsets: np.ndarray, pos0: int, index_starts: np.ndarray,
-                mb_sizes: np.ndarray | None = None) -> DataLayout:
-    """Return the data shards' layout and the shards each rank writes (collective).
+@dataclass(frozen=True)
+class LocalShards:
+    """One rank's data shards before they are gathered: each one's (first row, first micro-batch), the rank's
+    end as one more such row, and each shard's weight (its samples' summed sizes plus ``ROW_WEIGHT`` per row)."""
 
-    The shards follow the index owners' micro-batches (``data_cuts``), but who writes them
-    does not: the index of a small plan is one shard on one rank, so writing data where the
-    index is would send every row to that rank. Shards go to ranks in contiguous blocks
-    balanced by their samples' summed sizes plus ``ROW_WEIGHT`` per row: the plan is sorted
-    by size, so equal row counts would give the last rank the longest rows.
-    """
+    bounds: np.ndarray
+    end: np.ndarray
+    weights: np.ndarray
+
+
+def local_data_shards(first_mb: int, mb_offsets: np.ndarray, pos0: int, index_starts: np.ndarray,
+                      mb_sizes: np.ndarray | None = None) -> LocalShards:
+    """Return the data shards starting among this rank's micro-batches ``[first_mb, ...)`` (rows from ``pos0``)."""
     cuts = data_cuts(first_mb, mb_offsets, pos0, index_starts)
     m = max(len(mb_offsets) - 1, 0)
     weight = np.zeros(0, np.float64)
@@ -55,8 +58,28 @@ def data_layout(comm: Comm, first_mb: int, mb_offsets: np.ndarray, pos0: int, in
     mine = np.stack((pos0 + mb_offsets[cuts[:-1]], first_mb + cuts[:-1]), axis=1) if len(cuts) \
         else np.zeros((0, 2), np.int64)
     end = np.array([[pos0 + (int(mb_offsets[-1]) if m else 0), first_mb + m]], dtype=np.int64)
-    parts = comm.allgather_obj((mine.astype(np.int64), end, weight))
+    return LocalShards(mine.astype(np.int64), end, weight)
+
+
+def merge_data_layout(parts: list[LocalShards], *, size: int) -> DataLayout:
+    """Return the data layout from every rank's ``local_data_shards`` (in rank order), dealt to ``size`` writers.
+
+    The shards go to ranks in contiguous blocks balanced by weight: the plan is sorted by size,
+    so equal row counts would give the last rank the longest rows.
+    """
     # the plan's end: the last rank's; trailing micro-batches of no rows join the last shard
-    last = max((e for _, e, _ in parts), key=lambda e: (int(e[0, 0]), int(e[0, 1])))
-    bounds = np.concatenate([b for b, _, _ in parts] + [last])
-    return DataLayout(bounds.astype(np.int64), balanced_blocks(np.concatenate([w for _, _, w in parts]), comm.size))
+    last = max((p.end for p in parts), key=lambda e: (int(e[0, 0]), int(e[0, 1])))
+    bounds = np.concatenate([p.bounds for p in parts] + [last])
+    return DataLayout(bounds.astype(np.int64), balanced_blocks(np.concatenate([p.weights for p in parts]), size))
+
+
+def data_layout(comm: Comm, first_mb: int, mb_offsets: np.ndarray, pos0: int, index_starts: np.ndarray,
+                mb_sizes: np.ndarray | None = None) -> DataLayout:
+    """Return the data shards' layout and the shards each rank writes (collective).
+
+    The shards follow the index owners' micro-batches (``data_cuts``), but who writes them
+    does not: the index of a small plan is one shard on one rank, so writing data where the
+    index is would send every row to that rank (``merge_data_layout`` deals them by weight).
+    """
+    local = local_data_shards(first_mb, mb_offsets, pos0, index_starts, mb_sizes)
+    return merge_data_layout(comm.allgather_obj(local), size=comm.size)

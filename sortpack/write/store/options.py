@@ -5,10 +5,13 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import SortpackError
 from ...parallel import Comm
+
+if TYPE_CHECKING:
+    from ...stages.pack import PackOptions
 
 TOKENS_COLUMN = "input_ids"
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -101,7 +104,8 @@ class TokenIds:
     truncate: int
 
 
-def token_ids_options(opts: StoreOptions, options: dict, popts: Any, tokenizer_path: str | None) -> TokenIds | None:
+def token_ids_options(opts: StoreOptions, options: dict, popts: PackOptions,
+                      tokenizer_path: str | None) -> TokenIds | None:
     """Return how ``--store-tokens`` gets its ids (None without it), raising SortpackError on bad options.
 
     Parameters
@@ -110,7 +114,7 @@ def token_ids_options(opts: StoreOptions, options: dict, popts: Any, tokenizer_p
         The store options (validated here).
     options : dict
         The plan's recorded options (column, size, tokenizer, special_tokens).
-    popts
+    popts : PackOptions
         The pack options: ``--oversize truncate`` cuts stored ids to the truncated size.
     tokenizer_path : str or None
         ``run``'s ``--tokenizer``, used when ``opts.tokenizer`` is not set.

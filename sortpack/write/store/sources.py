@@ -13,6 +13,7 @@ from ...inputs.objects import is_url, open_input
 from ...inputs.renames import read_names
 from ...inputs.source_file import SourceFile
 from ...parallel import Comm
+from ...partition import round_robin
 
 
 def check_fingerprint(src: SourceFile, entry: dict) -> None:
@@ -21,12 +22,11 @@ def check_fingerprint(src: SourceFile, entry: dict) -> None:
 
 
 def describe_files(comm: Comm, files: list[dict]) -> list[SourceFile]:
-    """Return every input file of the plan described (each rank checks a share against its fingerprint)."""
+    """Return every input file of the plan described (each rank checks its ``round_robin`` share)."""
     mine, err = [], None
     try:
-        for i, entry in enumerate(files):
-            if i % comm.size != comm.rank:
-                continue
+        for i in round_robin(len(files), rank=comm.rank, size=comm.size):
+            entry = files[i]
             if not is_url(entry["path"]) and not os.path.isfile(entry["path"]):  # an object: the HEAD says
                 raise SortpackError(f"{entry['path']}: input file of the plan is missing")
             src = open_source(entry["path"], entry["format"])
@@ -71,8 +71,8 @@ def output_schema(comm: Comm, srcs: list[SourceFile], files: list[dict], columns
     mine: list[tuple[int, pa.Schema | None]] = []
     err = None
     try:
-        mine = [(i, _file_schema(s, files[i], columns, renames[i] if renames else None))
-                for i, s in enumerate(srcs) if i % comm.size == comm.rank]
+        mine = [(i, _file_schema(srcs[i], files[i], columns, renames[i] if renames else None))
+                for i in round_robin(len(srcs), rank=comm.rank, size=comm.size)]
     except SortpackError as exc:
         err = exc
     comm.check(err)
