@@ -203,3 +203,11 @@ def deal_windows(pos: np.ndarray, stage: np.ndarray, per_stage: np.ndarray, wind
     total_windows = max(int(windows.sum()), 1)
     of = window_first[stage] + (pos - stage_first[stage]) % np.maximum(windows[stage], 1)
     return of, (of * size) // total_windows
+
+
+def value_owners(values: np.ndarray, *, size: int) -> np.ndarray:
+    """Return the rank that gathers each non-negative integer value's counts (the value modulo ``size``).
+
+    Equal values meet on one rank wherever they were counted, so their counts merge there.
+    """
+    return np.asarray(values, dtype=np.int64) % size

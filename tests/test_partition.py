@@ -20,6 +20,7 @@ from sortpack.partition import (
     shard_starts,
     split_rows,
     unit_owners,
+    value_owners,
 )
 
 
@@ -215,3 +216,12 @@ def test_index_shard_owners_deal_shards_by_bytes():
     assert starts.tolist() == [0, 10, 20, 30, 40]
     assert dest.tolist() == [0, 10, 40]  # the heavy first shard alone, the light three together
     assert index_shard_owners(np.zeros(0, np.int64), np.zeros(0, np.int64), 0, 0, size=3)[1].tolist() == [0] * 4
+
+
+@given(values=st.lists(st.integers(0, 10**12), max_size=40), size=st.integers(1, 9))
+def test_value_owners_send_equal_values_to_one_rank_in_range(values, size):
+    owners = value_owners(np.array(values, dtype=np.int64), size=size)
+    assert owners.shape == (len(values),) and (owners >= 0).all() and (owners < size).all()
+    seen: dict[int, int] = {}
+    for v, o in zip(values, owners):
+        assert seen.setdefault(v, int(o)) == o

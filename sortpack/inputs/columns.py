@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import SortpackError
+from ..partition import round_robin
 from .discover import expand_inputs
 from .formats import file_columns, open_source
 
@@ -39,8 +40,8 @@ def input_columns(comm: Comm, groups: list[list[str]], input_format: str = "auto
 
     expanded = comm.bcast_obj(comm.collectively(expand))
     flat = [(gi, path, fmt) for gi, files in enumerate(expanded) for path, fmt in files]
-    mine = comm.collectively(lambda: [(i, file_columns(open_source(path, fmt)))
-                                      for i, (_, path, fmt) in enumerate(flat) if i % comm.size == comm.rank])
+    mine = comm.collectively(lambda: [(i, file_columns(open_source(*flat[i][1:])))
+                                      for i in round_robin(len(flat), rank=comm.rank, size=comm.size)])
     names = dict(pair for part in comm.allgather_obj(mine) for pair in part)
     out: list[list[tuple[str, list[str]]]] = [[] for _ in groups]
     for i, (gi, path, _) in enumerate(flat):

@@ -11,6 +11,7 @@ import numpy as np
 from .. import kernels
 from ..errors import SortpackError
 from ..parallel import Comm
+from ..partition import value_owners
 
 # Largest size for which the histogram is a dense count vector summed over ranks
 # (8 bytes per possible size, 32 MiB at 2^22); above, ranks merge sparse (size, count) pairs.
@@ -48,7 +49,7 @@ def global_histogram(comm: Comm, sizes: np.ndarray, dense_limit: int = DENSE_LIM
         values = np.flatnonzero(counts).astype(np.int64)
         return values, counts[values]
     values, counts = np.unique(sizes, return_counts=True)
-    dest = values % comm.size
+    dest = value_owners(values, size=comm.size)
     order = np.argsort(dest, kind="stable")
     got = comm.alltoallv_many({"v": values[order], "c": counts[order].astype(np.int64)},
                               np.bincount(dest, minlength=comm.size))
