@@ -2,7 +2,7 @@
 
 ``pipeline.mixture`` strings these together (docs/mixtures.md). The pure halves work on
 numpy arrays and take ``rank=``/``size=`` where a rank's share matters, so they are tested
-without MPI (tests/stages/test_mixture.py); the communicating halves gather a few numbers
+without MPI (tests/stages/test_mixture_stage.py); the communicating halves gather a few numbers
 per micro-batch (never per sample) or move one Alltoallv of sample ids.
 
 - **union**: sources analyzed apart are numbered contiguously per rank for the sort

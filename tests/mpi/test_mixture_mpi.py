@@ -1,5 +1,5 @@
 """The mixture stage's communicating halves: the union's numbering and the move to the writers; 1 rank
-in-process, 2-4 under mpiexec (the pure halves: tests/stages/test_mixture.py)."""
+in-process, 2-4 under mpiexec (the pure halves: tests/stages/test_mixture_stage.py)."""
 from __future__ import annotations
 
 import numpy as np
