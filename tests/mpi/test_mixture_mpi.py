@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from sortpack.parallel import get_comm
+from sortpack.partition import balanced_blocks
 from sortpack.stages.mixture import gather_packed, global_ids, move_to_writers, union_sources
 from sortpack.stages.pack import Microbatches
 from sortpack.stages.samples import SampleColumns
@@ -17,10 +18,9 @@ def comm():
 
 
 def _cuts(comm, total, seed):
-    """Return this rank's [a, b) of an uneven split of [0, total) (the same on every rank)."""
-    cuts = np.sort(np.random.default_rng(seed).integers(0, total + 1, comm.size - 1))
-    starts = np.concatenate(([0], cuts, [total])).astype(np.int64)
-    return int(starts[comm.rank]), int(starts[comm.rank + 1])
+    """Return this rank's [a, b) of [0, total) dealt by random weights (uneven, some ranks empty; any rank alike)."""
+    lo = balanced_blocks(np.random.default_rng(seed).pareto(1.0, total), comm.size)
+    return int(lo[comm.rank]), int(lo[comm.rank + 1])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
