@@ -98,6 +98,17 @@ def test_imports_follow_the_sides(name, path):
     assert not bad, f"{path.relative_to(PKG.parent)} ({side}) imports {sorted(bad)}; see docs/architecture.md"
 
 
+# pipeline/ strings stages into jobs: compiled kernels and the deals of rows to ranks are the stages' work
+PIPELINE_MAY_NOT_IMPORT = {"kernels", "partition"}
+
+
+def test_the_pipeline_only_orchestrates():
+    for path in sorted((PKG / "pipeline").rglob("*.py")):
+        found = _module_imports(path) & PIPELINE_MAY_NOT_IMPORT
+        assert not found, (f"{path.relative_to(PKG.parent)} imports {sorted(found)}: its computation belongs in a "
+                           f"stage (sortpack/stages/), see docs/architecture.md")
+
+
 def _side_imports(name: str) -> set[str]:
     """Return what every module of top-level ``name`` (a module or a package) imports."""
     paths = [PKG / f"{name}.py"] if (PKG / f"{name}.py").exists() else list((PKG / name).rglob("*.py"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,6 +86,16 @@ def _unknown(obj: dict, allowed: set, where: str) -> None:
         raise SortpackError(f"{where}: unknown key {extra[0]!r} (expected {', '.join(sorted(allowed))})")
 
 
+def _objects(raw: list, where: str, expected: str, allowed: set) -> Iterator[tuple[str, dict]]:
+    """Yield (``where[k]``, object) of each entry of ``raw``; refuse an entry that is no object or has unknown keys."""
+    for k, obj in enumerate(raw):
+        place = f"{where}[{k}]"
+        if not isinstance(obj, dict):
+            raise SortpackError(f"{place}: expected an object with {expected}")
+        _unknown(obj, allowed, place)
+        yield place, obj
+
+
 def _total(value, where: str) -> int | None:
     if value is None:
         return None
@@ -116,11 +127,7 @@ def parse_mixture(spec: dict, origin: str = "MIX.json", base_dir: str | None = N
     if len(raw) > MAX_SOURCES:
         raise SortpackError(f"{origin}: {len(raw)} sources; at most {MAX_SOURCES}")
     sources: list[MixSource] = []
-    for k, src in enumerate(raw):
-        where = f"{origin}: sources[{k}]"
-        if not isinstance(src, dict):
-            raise SortpackError(f"{where}: expected an object with name, inputs and weight")
-        _unknown(src, _SOURCE_KEYS, where)
+    for where, src in _objects(raw, f"{origin}: sources", "name, inputs and weight", _SOURCE_KEYS):
         name = src.get("name")
         if not isinstance(name, str) or not name.strip():
             raise SortpackError(f"{where}: 'name' must be a non-empty string")
@@ -165,11 +172,7 @@ def _parse_schedule(raw, sources: list[MixSource], origin: str) -> Schedule:
         if not isinstance(raw, list) or not raw:
             raise SortpackError(f"{origin}: 'schedule' must be a non-empty list of phases")
         rows, ends = [], []
-        for k, phase in enumerate(raw):
-            where = f"{origin}: schedule[{k}]"
-            if not isinstance(phase, dict):
-                raise SortpackError(f"{where}: expected an object with 'until' and 'weights'")
-            _unknown(phase, _PHASE_KEYS, where)
+        for where, phase in _objects(raw, f"{origin}: schedule", "'until' and 'weights'", _PHASE_KEYS):
             until = phase.get("until")
             if isinstance(until, bool) or not isinstance(until, (int, float)) or not 0 < until <= 1:
                 raise SortpackError(f"{where}: 'until' must be a fraction in (0, 1], got {json.dumps(until)}")

@@ -4,7 +4,9 @@
 is collective (every rank calls it) and returns the written manifest on rank 0. This
 module only orchestrates: the stages are analyze.py, sort.py and pack/; metrics and
 sorted directories are read and written by sample_dirs.py, the index by index_writer.py;
-rows move between ranks in distribute.py; provenance.py times the stages.
+rows move between ranks in distribute.py; provenance.py times the stages; ``pipeline.job``
+is the skeleton every job shares (options checked, store prepared, output opened, discarded
+on failure).
 """
 from __future__ import annotations
 
@@ -22,24 +24,15 @@ from ..stages.holdout import DEFAULT_SEED, DIRECTORY, Holdout, holdout_lengths, 
 from ..stages.pack import Microbatches, OversizeError, PackOptions, pack_samples, refuse_oversize
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
-from ..stages.split import check_split, split_oversize
+from ..stages.split import split_oversize
 from ..write.index_writer import write_index
-from ..write.output import NestedOutput, OutputDir
+from ..write.output import OutputDir
 from ..write.provenance import JobInfo, Profile
 from ..write.sample_dirs import read_samples, write_samples
-from ..write.store import Store, StoreOptions, prepare
+from ..write.store import Store, StoreOptions
+from .job import JobScope, check_options, job_scope, nested_plan, split_check, store_for
 
 __all__ = ["HoldoutRequest", "JobInfo", "run_all", "run_analyze", "run_pack", "run_sort", "write_holdout"]
-
-
-def _guarded(outs: OutputDir | list[OutputDir], fn):
-    try:
-        return fn()
-    except BaseException:
-        # a collective error leaves every rank here: drop the half-written directories
-        for out in outs if isinstance(outs, list) else [outs]:
-            out.discard()
-        raise
 
 
 def check_read_columns(comm: Comm, inputs: list[str], aopts: AnalyzeOptions, store: StoreOptions | None) -> None:
@@ -128,21 +121,20 @@ def _plain_holdout(request: HoldoutRequest | None, files: list[dict]) -> Holdout
 
 def write_holdout(comm: Comm, out: OutputDir, held: SampleColumns, holdout: Holdout, popts: PackOptions,
                   key: str, options: dict, files: list[dict], job: JobInfo, store_fn: Store | None = None,
-                  to_plan=None) -> dict:
+                  to_plan=None, shapes: tuple[int, ...] = ()) -> dict:
     """Pack the held-out samples and write their plan in ``OUTPUT/holdout``; return the training manifest's record.
 
-    Call it after packing the training plan: with ``--shapes auto:K`` the held-out plan takes
-    the lengths chosen there (``popts.shapes``), so evaluation sees the training's shapes
-    (``stages.holdout.holdout_lengths``: plus one when a held-out sample is longer than all).
-    ``options`` are the training plan's recorded options. ``to_plan(mbs)`` turns the packed
-    micro-batches into the plan's (a mixture's: its ``source`` column); the record (every
-    rank) carries the held-out plan's content hash.
+    Call it after packing the training plan: ``shapes`` are the lengths it used
+    (``Microbatches.shapes``); with ``--shapes auto:K`` the held-out plan takes them, so
+    evaluation sees the training's shapes (``stages.holdout.holdout_lengths``: plus one when
+    a held-out sample is longer than all). ``options`` are the training plan's recorded
+    options. ``to_plan(mbs)`` turns the packed micro-batches into the plan's (a mixture's:
+    its ``source`` column); the record (every rank) carries the held-out plan's content hash.
     """
-    nested = NestedOutput(out, DIRECTORY)
-    prof = Profile(comm)
-    hopts = dataclasses.replace(popts, auto_shapes=None)
-    if popts.auto_shapes is not None and popts.shapes:
-        hopts.shapes = comm.collectively(holdout_lengths, comm, held.size, popts)
+    nested, prof = nested_plan(out, DIRECTORY)
+    hopts = dataclasses.replace(popts.with_shapes(shapes), auto_shapes=None)
+    if popts.auto_shapes is not None and shapes:
+        hopts = hopts.with_shapes(comm.collectively(holdout_lengths, comm, held.size, popts, shapes))
         options = {**options, **hopts.as_dict()}
     with prof.stage("pack"):
         mbs: Microbatches = pack_samples(comm, held, hopts, key)
@@ -162,26 +154,20 @@ def write_holdout(comm: Comm, out: OutputDir, held: SampleColumns, holdout: Hold
 def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, overwrite: bool,
                 job: JobInfo, progress: bool = False) -> dict | None:
     """Measure the inputs and write a metrics directory."""
-    out = OutputDir(comm, output, overwrite, inputs)
-    prof = Profile(comm)
-
-    def work():
+    with job_scope(comm, output, overwrite, inputs) as scope:
+        out, prof = scope.out, scope.prof
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress)
         prof.counts["analyze_rows"] = len(samples)
         return write_samples(comm, out, "metrics", samples, measured_options(aopts, samples), prof, job)
 
-    return _guarded(out, work)
-
 
 def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrite: bool,
              job: JobInfo) -> dict | None:
     """Sort a metrics directory into a sorted directory."""
-    comm.collectively(sopts.validate)
-    out = OutputDir(comm, output, overwrite, [metrics])
-    prof = Profile(comm)
-
-    def work():
+    check_options(comm, sopts.validate)
+    with job_scope(comm, output, overwrite, [metrics]) as scope:
+        out, prof = scope.out, scope.prof
         with prof.stage("read"):
             samples, manifest = read_samples(comm, metrics, "metrics")
         with prof.stage("sort"):
@@ -189,25 +175,18 @@ def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrit
         options = {**manifest["options"], **sopts.as_dict()}
         return write_samples(comm, out, "sorted", ordered, options, prof, job)
 
-    return _guarded(out, work)
-
 
 def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overwrite: bool,
              job: JobInfo, store: StoreOptions | None = None, holdout: HoldoutRequest | None = None) -> dict | None:
     """Pack a sorted directory into an index directory (with ``store``: and its data shards; ``holdout``: and
     the held-out plan in ``OUTPUT/holdout``, the same as ``run --holdout`` writes)."""
-    comm.collectively(popts.validate)
-    store_fn = None
+    check_options(comm, popts.validate)
     recorded = comm.collectively(read_manifest, sorted_dir, "sorted")["options"]
-    if popts.oversize == "split":
-        comm.collectively(check_split, recorded)
-    if store is not None and store.enabled:
-        # the inputs are found through the sorted (or metrics) manifest's source fingerprint
-        store_fn = prepare(comm, store, recorded, popts, None)
-    out = OutputDir(comm, output, overwrite, [sorted_dir])
-    prof = Profile(comm)
-
-    def work():
+    check_options(comm, split_check(popts, recorded))
+    # the inputs are found through the sorted (or metrics) manifest's source fingerprint
+    store_fn = store_for(comm, store, recorded, popts, None)
+    with job_scope(comm, output, overwrite, [sorted_dir]) as scope:
+        out, prof = scope.out, scope.prof
         with prof.stage("read"):
             samples, manifest = read_samples(comm, sorted_dir, "sorted")
         key = manifest["options"].get("key", "size")
@@ -227,16 +206,132 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
                     held, _ = split_sorted(comm, held, popts, manifest["options"])
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key, split)
-        options = {**manifest["options"], **popts.as_dict()}  # --shapes auto: the lengths chosen here
+        options = {**manifest["options"], **popts.with_shapes(mbs.shapes).as_dict()}  # --shapes auto: the chosen
         if plan is not None and held is not None:
             if store_fn is not None:
                 store_fn.also_holdout()
             with prof.stage("holdout"):
-                extra = {"holdout": write_holdout(comm, out, held, plan, popts, key, options, files, job, store_fn)}
+                extra = {"holdout": write_holdout(comm, out, held, plan, popts, key, options, files, job, store_fn,
+                                                  shapes=mbs.shapes)}
             del held
         return write_index(comm, out, mbs, options, files, prof, job, store_fn, extra=extra)
 
-    return _guarded(out, work)
+
+class _Measurements:
+    """Where ``run`` keeps its measurements: OUTPUT.metrics and .sorted with --keep-intermediate, else a copy
+    inside the output's temporary that moves out to OUTPUT.metrics only when the job fails after analyze."""
+
+    def __init__(self, comm: Comm, scope: JobScope, output: str, overwrite: bool, inputs: list[str],
+                 keep_intermediate: bool):
+        self.comm = comm
+        self.keep_intermediate = keep_intermediate
+        self.extra: list[OutputDir] = []
+        if keep_intermediate:
+            self.extra = [scope.also(OutputDir(comm, f"{output}.metrics", overwrite, inputs)),
+                          scope.also(OutputDir(comm, f"{output}.sorted", overwrite, inputs))]
+        # the measurements outlive a failure after analyze (an oversize sample, an error in sort or pack)
+        self.kept = self.extra[0] if keep_intermediate else _kept_metrics(comm, scope.out, overwrite, inputs)
+        self.manifest: dict | None = None
+
+    def write_metrics(self, samples: SampleColumns, measured: dict, prof: Profile, job: JobInfo) -> None:
+        """Write the metrics directory (--keep-intermediate: committed at once), or the copy kept on failure."""
+        if self.keep_intermediate:
+            # committed at once (the manifest is then rank 0's only)
+            self.manifest = write_samples(self.comm, self.extra[0], "metrics", samples, measured, prof, job) or {}
+        elif self.kept is not None:
+            try:
+                self.manifest = write_samples(self.comm, self.kept, "metrics", samples, measured, prof, job,
+                                              commit=False)
+            except SortpackError as exc:
+                if not exc.collective:
+                    raise
+                self.kept.discard()  # insurance only: a full disk here does not stop the job
+
+    def write_sorted(self, ordered: SampleColumns, options: dict, prof: Profile, job: JobInfo) -> None:
+        """Write the sorted directory with --keep-intermediate (else nothing)."""
+        if self.keep_intermediate:
+            write_samples(self.comm, self.extra[1], "sorted", ordered, options, prof, job)
+
+    def done(self) -> None:
+        """Drop the copy kept only to survive a failure: the job succeeded."""
+        if self.kept is not None and not self.keep_intermediate:
+            self.kept.discard()
+
+    def failed(self, exc: Exception, output: str, sopts: SortOptions, popts: PackOptions) -> Exception | None:
+        """Return the error to raise instead of ``exc``, naming where the measurements are kept (None: ``exc``)."""
+        if self.manifest is None:
+            return None
+        if self.keep_intermediate and self.kept is not None:
+            where: str | None = str(self.kept.path)
+        else:
+            where = _keep_on_failure(self.comm, self.kept, self.manifest, exc)
+        if where is None:
+            return None
+        hint = _repack_hint(where, output, sopts, popts, isinstance(exc, OversizeError))
+        if isinstance(exc, SortpackError):
+            cls = type(exc) if type(exc) in (SortpackError, OversizeError) else SortpackError
+            return cls(f"{exc}. {hint}", exc.collective)
+        sys.stderr.write(f"sortpack: {hint}\n")
+        return None
+
+
+def _measure(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list[str], aopts: AnalyzeOptions,
+             popts: PackOptions, job: JobInfo, progress: bool, store_fn: Store | None,
+             holdout: HoldoutRequest | None) -> tuple[SampleColumns, dict, Holdout | None, dict | None]:
+    """Return (the measured samples, cut with --oversize split, their recorded options, the holdout, the split)."""
+    out, prof = scope.out, scope.prof
+    sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
+    with prof.stage("analyze"):
+        samples = analyze(comm, inputs, aopts, progress, keep_tokens=sink)
+    prof.counts["analyze_rows"] = len(samples)
+    plan = comm.collectively(_plain_holdout, holdout, samples.files)  # a bad count fails before the sort
+    measured = measured_options(aopts, samples)
+    keep.write_metrics(samples, measured, prof, job)
+    fault_point(comm, "after_analyze")
+    refuse_oversize(comm, samples, popts)  # fail fast: before the sort, not after it
+    split = None
+    if popts.oversize == "split":
+        # before the sort: the pieces are sorted by their own sizes
+        with prof.stage("split"):
+            samples, split = split_oversize(comm, samples, popts)
+    return samples, measured, plan, split
+
+
+def _plan_dataset(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list[str], aopts: AnalyzeOptions,
+                  sopts: SortOptions, popts: PackOptions, job: JobInfo, progress: bool, store_fn: Store | None,
+                  holdout: HoldoutRequest | None) -> dict | None:
+    """Analyze, sort, hold out, pack and write the index of ``run``; return the manifest on rank 0."""
+    out, prof = scope.out, scope.prof
+    samples, measured, plan, split = _measure(comm, scope, keep, inputs, aopts, popts, job, progress, store_fn,
+                                              holdout)
+    with prof.stage("sort"):
+        ordered = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
+    del samples
+    options = {**measured, **sopts.as_dict()}
+    keep.write_sorted(ordered, options, prof, job)
+    files = ordered.files
+    record = None
+    held = None
+    if plan is not None:
+        # held out by sample id, so after the sort is the same as before it, and a document's
+        # pieces (they share its id) stay on one side; `pack SORTED --holdout` repeats it exactly
+        with prof.stage("holdout_choice"):
+            ordered, held = split_holdout(comm, ordered, plan)
+    with prof.stage("pack"):
+        mbs = pack_samples(comm, ordered, popts, sopts.key, split)
+    del ordered
+    options = {**options, **popts.with_shapes(mbs.shapes).as_dict()}
+    if plan is not None and held is not None:
+        if store_fn is not None:
+            store_fn.also_holdout()
+        with prof.stage("holdout"):
+            record = write_holdout(comm, out, held, plan, popts, sopts.key, options, files, job, store_fn,
+                                   shapes=mbs.shapes)
+        del held
+    manifest = write_index(comm, out, mbs, options, files, prof, job, store_fn,
+                           extra={"holdout": record} if record is not None else None)
+    keep.done()
+    return manifest
 
 
 def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, sopts: SortOptions,
@@ -245,95 +340,16 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
             holdout: HoldoutRequest | None = None) -> dict | None:
     """Analyze, sort and pack in one job (no intermediate files unless asked; ``store``: data shards too;
     ``holdout``: and the held-out plan in ``OUTPUT/holdout``)."""
-    comm.collectively(sopts.validate)
-    comm.collectively(popts.validate)
-    if popts.oversize == "split":
-        comm.collectively(check_split, aopts.as_dict())
-    store_fn = None
-    if store is not None and store.enabled:
-        store_fn = prepare(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
+    check_options(comm, sopts.validate, popts.validate, split_check(popts, aopts.as_dict()))
+    store_fn = store_for(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
     check_read_columns(comm, inputs, aopts, store)
-    out = OutputDir(comm, output, overwrite, inputs)
-    extra = []
-    if keep_intermediate:
-        extra = [OutputDir(comm, f"{output}.metrics", overwrite, inputs),
-                 OutputDir(comm, f"{output}.sorted", overwrite, inputs)]
-    # the measurements outlive a failure after analyze (an oversize sample, an error in sort or pack)
-    kept = extra[0] if keep_intermediate else _kept_metrics(comm, out, overwrite, inputs)
-    prof = Profile(comm)
-    metrics_manifest: dict | None = None
-
-    def work():
-        nonlocal metrics_manifest
-        sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
-        with prof.stage("analyze"):
-            samples = analyze(comm, inputs, aopts, progress, keep_tokens=sink)
-        prof.counts["analyze_rows"] = len(samples)
-        plan = comm.collectively(_plain_holdout, holdout, samples.files)  # a bad count fails before the sort
-        measured = measured_options(aopts, samples)
-        if keep_intermediate:
-            # committed at once (the manifest is then rank 0's only)
-            metrics_manifest = write_samples(comm, extra[0], "metrics", samples, measured, prof, job) or {}
-        elif kept is not None:
-            try:
-                metrics_manifest = write_samples(comm, kept, "metrics", samples, measured, prof, job, commit=False)
-            except SortpackError as exc:
-                if not exc.collective:
-                    raise
-                kept.discard()  # insurance only: a full disk here does not stop the job
-        fault_point(comm, "after_analyze")
-        refuse_oversize(comm, samples, popts)  # fail fast: before the sort, not after it
-        split = None
-        if popts.oversize == "split":
-            # before the sort: the pieces are sorted by their own sizes
-            with prof.stage("split"):
-                samples, split = split_oversize(comm, samples, popts)
-        with prof.stage("sort"):
-            ordered = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
-        del samples
-        options = {**measured, **sopts.as_dict()}
-        if keep_intermediate:
-            write_samples(comm, extra[1], "sorted", ordered, options, prof, job)
-        files = ordered.files
-        record = None
-        held = None
-        if plan is not None:
-            # held out by sample id, so after the sort is the same as before it, and a document's
-            # pieces (they share its id) stay on one side; `pack SORTED --holdout` repeats it exactly
-            with prof.stage("holdout_choice"):
-                ordered, held = split_holdout(comm, ordered, plan)
-        with prof.stage("pack"):
-            mbs = pack_samples(comm, ordered, popts, sopts.key, split)
-        del ordered
-        options = {**options, **popts.as_dict()}
-        if plan is not None and held is not None:
-            if store_fn is not None:
-                store_fn.also_holdout()
-            with prof.stage("holdout"):
-                record = write_holdout(comm, out, held, plan, popts, sopts.key, options, files, job, store_fn)
-            del held
-        manifest = write_index(comm, out, mbs, options, files, prof, job, store_fn,
-                               extra={"holdout": record} if record is not None else None)
-        if kept is not None and not keep_intermediate:
-            kept.discard()  # measured only to survive a failure
-        return manifest
-
-    try:
-        return work()
-    except BaseException as exc:
-        where = None
-        if metrics_manifest is not None and isinstance(exc, Exception):  # a signal or ^C: nothing stays
-            where = str(kept.path) if keep_intermediate and kept is not None else _keep_on_failure(
-                comm, kept, metrics_manifest, exc)
-        # a collective error leaves every rank here: drop the half-written directories (the
-        # measurements moved out of the output's temporary first)
-        for o in [out, *extra]:
-            o.discard()
-        if where is None:
-            raise
-        hint = _repack_hint(where, output, sopts, popts, isinstance(exc, OversizeError))
-        if isinstance(exc, SortpackError):
-            cls = type(exc) if type(exc) in (SortpackError, OversizeError) else SortpackError
-            raise cls(f"{exc}. {hint}", exc.collective) from None
-        sys.stderr.write(f"sortpack: {hint}\n")
-        raise
+    with job_scope(comm, output, overwrite, inputs) as scope:
+        keep = _Measurements(comm, scope, output, overwrite, inputs, keep_intermediate)
+        try:
+            return _plan_dataset(comm, scope, keep, inputs, aopts, sopts, popts, job, progress, store_fn, holdout)
+        except Exception as exc:  # a signal or ^C: nothing stays
+            # the measurements move out of the output's temporary before the scope drops it
+            instead = keep.failed(exc, output, sopts, popts)
+            if instead is None:
+                raise
+            raise instead from None

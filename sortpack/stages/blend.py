@@ -175,6 +175,47 @@ def _check_size(tokens: list[np.ndarray], need: np.ndarray, held: np.ndarray, to
                             f"(docs/mixtures.md): a typo?", collective=True)
 
 
+def _with_parts(tokens: list[np.ndarray], stages: list[np.ndarray], samples: list[np.ndarray] | None,
+                parts: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None], needs: Needs
+                ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None], list[int]]:
+    """Return each source's units (tokens, stages, samples or None) with its part pass's after them, and their count."""
+    all_tokens, all_stages, all_samples, part_units = [], [], [], []
+    for s in range(len(tokens)):
+        t, st = np.asarray(tokens[s], dtype=np.int64), np.asarray(stages[s])
+        n_s = None if samples is None else np.asarray(samples[s], dtype=np.int64)
+        p = parts[s]
+        if p is not None and len(p[0]):
+            if int(np.sum(p[0])) < needs.part[s]:
+                raise ValueError(f"plan_blend: source {s}'s part pass holds {int(np.sum(p[0]))} tokens, "
+                                 f"below its need {needs.part[s]}")
+            t = np.concatenate((t, np.asarray(p[0], dtype=np.int64)))
+            st = np.concatenate((st, np.asarray(p[1], dtype=st.dtype)))
+            if n_s is not None:
+                n_s = np.concatenate((n_s, np.asarray(p[2], dtype=np.int64)))
+            part_units.append(len(p[0]))
+        else:
+            part_units.append(0)
+        all_tokens.append(t)
+        all_stages.append(st)
+        all_samples.append(n_s)
+    return all_tokens, all_stages, all_samples, part_units
+
+
+def _picks(source: np.ndarray, units: list[np.ndarray], pass_ids: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Return (unit, pass) of each pick of the interleave: the j-th pick of source s is position j of its stream."""
+    rank_in_source = np.zeros(len(source), dtype=np.int64)
+    for s in range(len(units)):
+        mine = source == s
+        rank_in_source[mine] = np.arange(int(mine.sum()))
+    unit = np.zeros(len(source), dtype=np.int64)
+    passes_out = np.zeros(len(source), dtype=np.int32)
+    for s in range(len(units)):
+        mine = np.flatnonzero(source == s)
+        unit[mine] = units[s][rank_in_source[mine]]
+        passes_out[mine] = pass_ids[s][rank_in_source[mine]]
+    return unit, passes_out
+
+
 def plan_blend(tokens: list[np.ndarray], stages: list[np.ndarray], schedule: Schedule,
                total_tokens: int | None, seed: int, names: list[str] | None = None,
                samples: list[np.ndarray] | None = None,
@@ -195,26 +236,7 @@ def plan_blend(tokens: list[np.ndarray], stages: list[np.ndarray], schedule: Sch
                                 collective=True)
     needs = pass_needs(held, schedule, total_tokens)
     _check_size(tokens, needs.need, held, total_tokens, names)
-    parts = parts or [None] * k
-    all_tokens, all_stages, all_samples, part_units = [], [], [], []
-    for s in range(k):
-        t, st = np.asarray(tokens[s], dtype=np.int64), np.asarray(stages[s])
-        n_s = None if samples is None else np.asarray(samples[s], dtype=np.int64)
-        p = parts[s]
-        if p is not None and len(p[0]):
-            if int(np.sum(p[0])) < needs.part[s]:
-                raise ValueError(f"plan_blend: source {s}'s part pass holds {int(np.sum(p[0]))} tokens, "
-                                 f"below its need {needs.part[s]}")
-            t = np.concatenate((t, np.asarray(p[0], dtype=np.int64)))
-            st = np.concatenate((st, np.asarray(p[1], dtype=st.dtype)))
-            if n_s is not None:
-                n_s = np.concatenate((n_s, np.asarray(p[2], dtype=np.int64)))
-            part_units.append(len(p[0]))
-        else:
-            part_units.append(0)
-        all_tokens.append(t)
-        all_stages.append(st)
-        all_samples.append(n_s)
+    all_tokens, all_stages, all_samples, part_units = _with_parts(tokens, stages, samples, parts or [None] * k, needs)
     bound = max(int(np.max(t)) for t in all_tokens)
     total = needs.total
     starts, finishes, sizes, units, pass_ids = [], [], [], [], []
@@ -234,15 +256,5 @@ def plan_blend(tokens: list[np.ndarray], stages: list[np.ndarray], schedule: Sch
     if not len(source):
         raise SortpackError(f"total_tokens {total_tokens} is smaller than the first micro-batch's tokens "
                             f"({bound} tokens at most): nothing to plan", collective=True)
-    # the j-th pick of source s is position j of its stream
-    rank_in_source = np.zeros(len(source), dtype=np.int64)
-    for s in range(k):
-        mine = source == s
-        rank_in_source[mine] = np.arange(int(mine.sum()))
-    unit = np.zeros(len(source), dtype=np.int64)
-    passes_out = np.zeros(len(source), dtype=np.int32)
-    for s in range(k):
-        mine = np.flatnonzero(source == s)
-        unit[mine] = units[s][rank_in_source[mine]]
-        passes_out[mine] = pass_ids[s][rank_in_source[mine]]
+    unit, passes_out = _picks(source, units, pass_ids)
     return Blend(source, unit, passes_out, total, bound)

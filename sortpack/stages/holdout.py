@@ -135,8 +135,8 @@ def split_holdout(comm: Comm, samples: SampleColumns, holdout: Holdout) -> tuple
     return train, samples.select(held, start, total)
 
 
-def holdout_lengths(comm: Comm, sizes: np.ndarray, popts) -> tuple[int, ...]:
-    """Return the padded lengths of a held-out plan under ``--shapes auto:K``: the training's (``popts.shapes``).
+def holdout_lengths(comm: Comm, sizes: np.ndarray, popts, shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """Return the padded lengths of a held-out plan under ``--shapes auto:K``: the training's (``shapes``).
 
     A held-out sample longer than every chosen length (the longest document may be held out)
     would be oversize although it fits the budget: the held-out plan then adds one length,
@@ -146,7 +146,7 @@ def holdout_lengths(comm: Comm, sizes: np.ndarray, popts) -> tuple[int, ...]:
 
     from .pack import truncate_length
 
-    shapes = tuple(int(x) for x in popts.shapes)
+    shapes = tuple(int(x) for x in shapes)
     cap = truncate_length(replace(popts, shapes=(), auto_shapes=None))
     fit = sizes[sizes <= cap]
     largest = comm.allreduce(int(fit.max()) if len(fit) else 0, "max")

@@ -3,6 +3,7 @@ fixed batch sizes per length, the options, manifest and inspect lines, and the i
 (the DP itself: tests/kernels/test_lengths.py)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -43,7 +44,8 @@ def pack(sizes, stage=None, **kw):
     samples = SampleColumns(0, len(sizes), order.astype(np.int64), sizes[order], sizes[order],
                       None if stage is None else np.asarray(stage, np.int16)[order])
     opts = PackOptions(**kw)
-    return opts, pack_samples(SerialComm(), samples, opts)
+    mbs = pack_samples(SerialComm(), samples, opts)
+    return opts.with_shapes(mbs.shapes), mbs  # the options as the packing applied them (auto:K's lengths)
 
 
 def check_static(opts, mbs, n):
@@ -130,11 +132,23 @@ def test_auto_shapes_after_oversize_skip_and_truncate():
 def test_reusing_options_chooses_again_from_the_new_data():
     opts = PackOptions(max_tokens=10_000, auto_shapes=2)
     samples = SampleColumns(0, 3, np.arange(3), np.array([1, 2, 50]), np.array([1, 2, 50]))
-    pack_samples(SerialComm(), samples, opts)
-    assert opts.shapes == (2, 50)
+    assert pack_samples(SerialComm(), samples, opts).shapes == (2, 50)
     samples = SampleColumns(0, 3, np.arange(3), np.array([7, 8, 8]), np.array([7, 8, 8]))
-    pack_samples(SerialComm(), samples, opts)
-    assert opts.shapes == (7, 8)
+    assert pack_samples(SerialComm(), samples, opts).shapes == (7, 8)
+    # options that carry lengths already (a plan's, recorded) choose again too
+    assert pack_samples(SerialComm(), samples, opts.with_shapes((2, 50))).shapes == (7, 8)
+
+
+def test_the_chosen_lengths_are_the_result_s_and_the_options_stay_read_only():
+    opts = PackOptions(max_tokens=10_000, auto_shapes=2)
+    samples = SampleColumns(0, 3, np.arange(3), np.array([1, 2, 50]), np.array([1, 2, 50]))
+    mbs = pack_samples(SerialComm(), samples, opts)
+    assert opts.shapes == () and opts.as_dict()["shapes"] == []  # the stage decided: its result says so
+    assert mbs.shapes == (2, 50) and opts.with_shapes(mbs.shapes).as_dict()["shapes"] == [2, 50]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.shapes = (1, 2)  # type: ignore[misc]
+    # listed lengths are the result's too, so a reader of the result needs no options
+    assert pack_samples(SerialComm(), samples, PackOptions(max_tokens=10_000, shapes=(64,))).shapes == (64,)
 
 
 def test_choose_shapes_summary():

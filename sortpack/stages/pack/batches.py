@@ -34,6 +34,7 @@ class Packed:
     row_sizes: np.ndarray | None = None  # row packing: samples per row, rows in order
     begin: np.ndarray | None = None  # --oversize split: each sample's range in its source sample
     end: np.ndarray | None = None
+    shapes: tuple[int, ...] = ()  # the padded lengths used: --shapes, or those --shapes auto:K chose
 
 
 def key_values(samples: SampleColumns, key: str) -> np.ndarray:

@@ -72,7 +72,8 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
     ends = np.concatenate((starts[1:], [n])) if len(starts) else np.zeros(0, np.int64)
     if opts.auto_shapes is not None:
         # after --oversize: skipped samples do not count, truncated ones count at their cut size
-        opts.shapes, info["auto_shapes"] = choose_shapes(comm, sizes, opts.auto_shapes)
+        chosen, info["auto_shapes"] = choose_shapes(comm, sizes, opts.auto_shapes)
+        opts = opts.with_shapes(chosen)  # the options stay the caller's: the result carries the lengths
     parts = [np.zeros(1, np.int64)]
     prog = Progress("pack", n, "rows", ranks=comm.size, job_total=total)
     for a, b in zip(starts, ends):
@@ -86,7 +87,8 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
         batches = static_batches(bounds, sizes, opts)
     else:
         batches = plain_batches(bounds, sizes, opts)
-    packed = Packed(samples.sample_id, key_values(samples, key), samples.stage_or_zero(), batches, info)
+    packed = Packed(samples.sample_id, key_values(samples, key), samples.stage_or_zero(), batches, info,
+                    shapes=tuple(opts.shapes))
     if samples.begin is not None:
         packed.begin, packed.end = samples.begin, samples.begin + samples.size
     return packed

@@ -29,6 +29,7 @@ class Microbatches:
     row_sizes: np.ndarray | None = None  # rows mode: samples per row, rows in order
     begin: np.ndarray | None = None  # --oversize split: each sample's range [begin, end) in its source sample
     end: np.ndarray | None = None
+    shapes: tuple[int, ...] = ()  # the padded lengths the packing used: --shapes, or those --shapes auto:K chose
 
 
 def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str = "size",
@@ -37,11 +38,12 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
 
     ``samples`` must be in global sorted order (rank r holding the r-th range);
     ``key`` names the sort key recorded as ``min_key``/``max_key``. With ``opts.auto_shapes``,
-    the chosen lengths are stored in ``opts.shapes`` (so that ``opts.as_dict()`` records them).
-    ``split`` holds what ``--oversize split`` did before (``stages.split``), for the stats.
+    the chosen lengths are the result's ``shapes`` (``opts.with_shapes(mbs.shapes).as_dict()``
+    records them); ``opts`` are never changed. ``split`` holds what ``--oversize split`` did
+    before (``stages.split``), for the stats.
     """
-    if opts.auto_shapes is not None:
-        opts.shapes = ()  # chosen below from this data, also when the options are reused
+    if opts.auto_shapes is not None and opts.shapes:
+        opts = opts.with_shapes(())  # chosen from this data, also when given options that carry lengths
     opts.validate()
     samples, empty = drop_empty(comm, samples, opts)
     packed = pack_rows(comm, samples, opts, key) if opts.rows else pack_greedy(comm, samples, opts, key)
@@ -68,4 +70,4 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
         info["oversize"] = info["split"]
     stats = microbatch_stats(comm, columns, info)
     return Microbatches(first, total_mb, packed.sample_ids, offsets, columns, stats, packed.row_sizes,
-                        packed.begin, packed.end)
+                        packed.begin, packed.end, packed.shapes)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ... import kernels
 from ...errors import SortpackError
@@ -12,9 +12,9 @@ from ...errors import SortpackError
 SEGMENT_SIZE = 1 << 20
 
 
-@dataclass
+@dataclass(frozen=True)
 class PackOptions:
-    """How to cut micro-batches: budget, shape rules, oversize policy."""
+    """How to cut micro-batches: budget, shape rules, oversize policy (read-only: ``with_shapes`` makes a copy)."""
 
     max_tokens: int | None = None
     budget: str = "padded"
@@ -30,7 +30,7 @@ class PackOptions:
     rows: int = 0  # row length for row packing (0: off)
     rows_per_microbatch: int = 1
     max_segments: int = 0
-    auto_shapes: int | None = None  # --shapes auto:K: K, and ``shapes`` is chosen by pack_samples
+    auto_shapes: int | None = None  # --shapes auto:K: K; pack_samples chooses the lengths (``Microbatches.shapes``)
     static_shapes: bool = False  # every micro-batch's batch size fixed by its padded length
     keep_empty: bool = False  # keep samples of size 0 (default: dropped, counted in stats["empty"])
 
@@ -38,7 +38,11 @@ class PackOptions:
         """Give row packing its budget (rows per micro-batch times the row length) unless one is set."""
         if self.rows and self.rows > 0 and not self.max_tokens:
             # a row-packed micro-batch holds R rows of ROW_LEN tokens: that is its budget
-            self.max_tokens = self.rows * max(self.rows_per_microbatch, 1)
+            object.__setattr__(self, "max_tokens", self.rows * max(self.rows_per_microbatch, 1))
+
+    def with_shapes(self, shapes: tuple[int, ...]) -> PackOptions:
+        """Return a copy whose ``shapes`` are ``shapes`` (the lengths a packing used, e.g. chosen by auto:K)."""
+        return replace(self, shapes=tuple(shapes))
 
     @property
     def limit(self) -> int:

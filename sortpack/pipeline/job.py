@@ -1,0 +1,83 @@
+"""The skeleton every job shares: options checked together, the store prepared, the output opened, stages timed,
+and whatever the job opened dropped when it fails.
+
+A job (``pipeline.dataset``, ``pipeline.mixture``) reads as::
+
+    check_options(comm, sopts.validate, popts.validate, split_check(popts, recorded))
+    store_fn = store_for(comm, store, recorded, popts, tokenizer)
+    with job_scope(comm, output, overwrite, inputs) as scope:
+        ... its stages, timed by scope.prof, writing into scope.out ...
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..parallel import Comm
+from ..stages.split import check_split
+from ..write.output import NestedOutput, OutputDir
+from ..write.provenance import Profile
+from ..write.store import Store, StoreOptions, prepare
+
+__all__ = ["JobScope", "check_options", "job_scope", "nested_plan", "split_check", "store_for"]
+
+
+def split_check(popts: Any, recorded: dict, mixture: bool = False) -> Callable[[], None] | None:
+    """Return the check that ``--oversize split`` can cut the plan measured with ``recorded`` (None: not splitting)."""
+    if popts.oversize != "split":
+        return None
+    return lambda: check_split(recorded, mixture=mixture)
+
+
+def check_options(comm: Comm, *checks: Callable[[], object] | None) -> None:
+    """Run each check (None: skipped) on every rank together, in order: the first refusal is one line on every rank."""
+    for check in checks:
+        if check is not None:
+            comm.collectively(check)
+
+
+def store_for(comm: Comm, store: StoreOptions | None, options: dict, popts: Any, tokenizer: str | None,
+              renames: list[dict[str, str] | None] | None = None) -> Store | None:
+    """Return the job's ``Store`` for ``--store`` (None without it), its options checked on every rank together."""
+    if store is None or not store.enabled:
+        return None
+    return prepare(comm, store, options, popts, tokenizer, renames)
+
+
+@dataclass
+class JobScope:
+    """A job's output directory and stage profile, and every output it opened (all discarded if it fails)."""
+
+    out: OutputDir
+    prof: Profile
+    outputs: list[OutputDir] = field(default_factory=list)
+
+    def also(self, output: OutputDir) -> OutputDir:
+        """Return ``output``, from now on discarded with the job's own output when the job fails."""
+        self.outputs.append(output)
+        return output
+
+
+def nested_plan(out: OutputDir, name: str) -> tuple[NestedOutput, Profile]:
+    """Return a plan directory ``name`` inside the job's output (it appears with it) and a profile of its own."""
+    return NestedOutput(out, name), Profile(out.comm)
+
+
+@contextmanager
+def job_scope(comm: Comm, output: str, overwrite: bool, inputs: list[str]) -> Iterator[JobScope]:
+    """Yield the job's scope: ``output`` checked (created when first written) and a profile.
+
+    On any failure (a signal or ^C too) every output the scope holds is discarded before the
+    error goes on.
+    """
+    out = OutputDir(comm, output, overwrite, inputs)
+    scope = JobScope(out, Profile(comm), [out])
+    try:
+        yield scope
+    except BaseException:
+        # a collective error leaves every rank here: drop the half-written directories
+        for o in scope.outputs:
+            o.discard()
+        raise
