@@ -98,7 +98,7 @@ def split_sorted(comm: Comm, samples: SampleColumns, popts: PackOptions, recorde
     ``run`` splits before its sort; a sorted directory is split here and sorted once more with
     its recorded sort options, so the pieces are sorted by their own sizes too.
     """
-    samples, split = split_oversize(comm, samples, popts)
+    samples, split = split_oversize(comm, samples, popts, recorded)  # recorded: --size bytes cuts the column
     if samples.begin is not None:
         sopts = SortOptions(key=recorded.get("key", "size"), descending=bool(recorded.get("descending", False)),
                             stages=int(recorded.get("stages", 1)))
@@ -287,7 +287,7 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         if popts.oversize == "split":
             # before the sort: the pieces are sorted by their own sizes
             with prof.stage("split"):
-                samples, split = split_oversize(comm, samples, popts)
+                samples, split = split_oversize(comm, samples, popts, measured)
         with prof.stage("sort"):
             ordered = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
         del samples
