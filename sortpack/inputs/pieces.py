@@ -119,9 +119,10 @@ def longest_char(arr: pa.Array) -> tuple[int, int]:
     return int(np.searchsorted(offsets, starts[at], side="right") - 1), int(widths[at])
 
 
-def byte_pieces(arr: pa.Array, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def byte_pieces(arr: pa.Array, cap: int, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return (row, begin, size) of the pieces of at most ``cap`` bytes that the rows of ``arr`` are cut into.
 
+    ``rows`` (ascending): cut only those rows of ``arr`` (the others' values are not copied).
     In (row, begin) order. Each piece is the longest run of whole characters (text) or bytes
     (binary) that fits, so a text piece may be up to 3 bytes short of ``cap``; the pieces of a
     row cover its bytes exactly once. A row of at most ``cap`` bytes is one piece ``[0, size)``.
@@ -132,9 +133,9 @@ def byte_pieces(arr: pa.Array, cap: int) -> tuple[np.ndarray, np.ndarray, np.nda
     offsets, data, _ = _offsets_data(arr)
     lead = _leads(arr, data)
     first, ends = offsets[:-1], offsets[1:]
-    live = np.arange(len(arr), dtype=np.int64)
+    live = np.arange(len(arr), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
     pos = first.copy()
-    rows, begins, sizes = [], [], []
+    owners, begins, sizes = [], [], []
     while live.size:
         start, end = pos[live], ends[live]
         cut = np.minimum(start + cap, end)
@@ -144,12 +145,12 @@ def byte_pieces(arr: pa.Array, cap: int) -> tuple[np.ndarray, np.ndarray, np.nda
             back = ~lead[cut] & (cut < end)
         if bool(np.any((cut <= start) & (start < end))):
             raise ValueError(f"a character is longer than the {cap} bytes of a piece")
-        rows.append(live)
+        owners.append(live)
         begins.append(start - first[live])
         sizes.append(cut - start)
         pos[live] = cut
         live = live[cut < end]
-    row, begin, size = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (rows, begins, sizes))
+    row, begin, size = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (owners, begins, sizes))
     order = np.lexsort((begin, row))
     return row[order], begin[order], size[order]
 

@@ -22,7 +22,7 @@ from ..stages.holdout import DEFAULT_SEED, DIRECTORY, Holdout, holdout_lengths, 
 from ..stages.pack import Microbatches, OversizeError, PackOptions, pack_samples, refuse_oversize
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
-from ..stages.split import check_split, split_oversize
+from ..stages.split import byte_cuts, check_split, split_oversize
 from ..write.index_writer import write_index
 from ..write.output import NestedOutput, OutputDir
 from ..write.provenance import JobInfo, Profile
@@ -266,8 +266,9 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
     def work():
         nonlocal metrics_manifest
         sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
+        cuts = byte_cuts(aopts.as_dict(), popts)  # --size bytes --oversize split: cut while the text is read
         with prof.stage("analyze"):
-            samples = analyze(comm, inputs, aopts, progress, token_sink=sink)
+            samples = analyze(comm, inputs, aopts, progress, token_sink=sink, piece_sink=cuts)
         prof.counts["analyze_rows"] = len(samples)
         plan = comm.collectively(_plain_holdout, holdout, samples.files)  # a bad count fails before the sort
         measured = measured_options(aopts, samples)
@@ -287,7 +288,7 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
         if popts.oversize == "split":
             # before the sort: the pieces are sorted by their own sizes
             with prof.stage("split"):
-                samples, split = split_oversize(comm, samples, popts, measured)
+                samples, split = split_oversize(comm, samples, popts, measured, cuts)
         with prof.stage("sort"):
             ordered = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
         del samples

@@ -118,11 +118,13 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
 
 
 def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False,
-            token_sink=None) -> SampleColumns:
+            token_sink=None, piece_sink=None) -> SampleColumns:
     """Return this rank's slice of (sample_id, size, difficulty) for the inputs.
 
     ``token_sink(table, column, tokenizer, where)`` (``run --store-tokens``) replaces the
     ``--size tokens`` count: it returns the sizes and keeps the ids of the same encode.
+    ``piece_sink(table, sizes, where)`` (``run --size bytes --oversize split``, ``split.ByteCuts``)
+    sees each read's sizes with its table, in sample order, to cut the oversize texts it holds.
 
     Ranks take disjoint contiguous runs of units (row groups, record batches, whole
     files) balanced by rows (bytes where rows are unknown), so each rank's samples are a
@@ -199,6 +201,8 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
                 size = as_size(evaluate(size_spec, table, src.path, tokenizer, funcs.get(size_spec.text),
                                         opts.special_tokens),
                                src.path, f"--size {size_spec.text}")
+            if piece_sink is not None:
+                piece_sink(table, size, src.path)
             if diff_spec is None:
                 diff = size
             else:

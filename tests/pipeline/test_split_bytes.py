@@ -101,7 +101,19 @@ def test_pack_of_a_sorted_directory_cuts_at_the_same_bytes(tmp_path, corpus):
     a, b = read_manifest(tmp_path / "run")["stats"], read_manifest(tmp_path / "p")["stats"]
     for key in ("tokens", "num_samples", "num_microbatches", "split", "split_pieces", "split_tokens"):
         assert a[key] == b[key], key
+    # run cut while analyze read the text, pack read the oversize texts back: the same cuts
+    assert piece_set(tmp_path / "run") == piece_set(tmp_path / "p")
     assert_documents(read_pieces(tmp_path / "p", stored=True), corpus["texts"])
+
+
+def piece_set(plan) -> set[tuple[int, int, int]]:
+    """Return every (sample id, begin, end) of a plan."""
+    ix = PackedIndex(plan)
+    out = set()
+    for i in range(ix.num_microbatches):
+        begin, end = ix.piece_ranges(i)
+        out |= set(zip(ix.microbatch(i).tolist(), begin.tolist(), end.tolist()))
+    return out
 
 
 def test_binary_values_are_cut_at_any_byte(tmp_path):
