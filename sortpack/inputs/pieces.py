@@ -126,33 +126,14 @@ def byte_pieces(arr: pa.Array, cap: int, rows: np.ndarray | None = None) -> tupl
     In (row, begin) order. Each piece is the longest run of whole characters (text) or bytes
     (binary) that fits, so a text piece may be up to 3 bytes short of ``cap``; the pieces of a
     row cover its bytes exactly once. A row of at most ``cap`` bytes is one piece ``[0, size)``.
-    Every character must fit ``cap`` (``longest_char``). The loop runs once per piece of the
-    longest row, over every row still being cut.
+    Raises ValueError where a character is longer than ``cap`` (``longest_char`` names it).
     """
+    from .. import kernels
+
     arr = _byte_values(arr)
     offsets, data, _ = _offsets_data(arr)
-    lead = _leads(arr, data)
-    first, ends = offsets[:-1], offsets[1:]
-    live = np.arange(len(arr), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
-    pos = first.copy()
-    owners, begins, sizes = [], [], []
-    while live.size:
-        start, end = pos[live], ends[live]
-        cut = np.minimum(start + cap, end)
-        back = ~lead[cut] & (cut < end)
-        while back.any():  # back to the character's first byte: at most 3 steps in UTF-8
-            cut -= back
-            back = ~lead[cut] & (cut < end)
-        if bool(np.any((cut <= start) & (start < end))):
-            raise ValueError(f"a character is longer than the {cap} bytes of a piece")
-        owners.append(live)
-        begins.append(start - first[live])
-        sizes.append(cut - start)
-        pos[live] = cut
-        live = live[cut < end]
-    row, begin, size = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (owners, begins, sizes))
-    order = np.lexsort((begin, row))
-    return row[order], begin[order], size[order]
+    rows = np.arange(len(arr), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+    return kernels.utf8_cuts(data, offsets[:-1], offsets[1:], rows, cap, is_text(arr.type))
 
 
 def read_values(files: list[dict], ids: np.ndarray, column: str):
