@@ -86,7 +86,8 @@ def pack_options(required: bool):
             click.option("--same-shape", is_flag=True, help="Make every G-run of micro-batches one shape."),
             click.option("--oversize", type=click.Choice(["error", "skip", "truncate", "split"]), default="error",
                          show_default=True, help="What to do with samples larger than the budget (split: cut "
-                                                 "them into consecutive pieces that fit, no token lost)."),
+                                                 "them into consecutive pieces that fit, no token lost; "
+                                                 "--size tokens, length or bytes)."),
             click.option("--keep-empty", is_flag=True,
                          help="Keep samples without content (size 0, or only the special tokens under "
                               "--size tokens; default: drop them, with a count)."),

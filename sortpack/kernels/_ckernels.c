@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 11
+#define SP_ABI_VERSION 12
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -940,6 +940,41 @@ SP_API int64_t sp_varlen_tokens(const void *values, int64_t vbytes, int64_t nval
         memset(token_mask + at + real, 0, (size_t)(len - real));
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Byte pieces of texts (sortpack/kernels/utf8.py, --size bytes --oversize split): each of */
+/* rows[] (indices into starts/ends, byte offsets into data) cut greedily into pieces of   */
+/* at most cap bytes; with text set, a cut never falls on a UTF-8 continuation byte        */
+/* (10xxxxxx), so each piece is whole characters.                                           */
+
+/* Writes (row, begin in the row, size) of each piece, rows in the given order and pieces in
+ * order (an empty row is one piece of size 0); returns their number, -1 when out_cap is too
+ * small, -2 when a character is longer than cap (its row in out_row[0]). */
+SP_API int64_t sp_utf8_cuts(const uint8_t *data, const int64_t *starts, const int64_t *ends, const int64_t *rows,
+                            int64_t n, int64_t cap, int64_t text, int64_t *out_row, int64_t *out_begin,
+                            int64_t *out_size, int64_t out_cap) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = rows[i], s = starts[r], e = ends[r], pos = s;
+        do {
+            int64_t cut = e - pos > cap ? pos + cap : e;
+            if (text) {
+                while (cut > pos && cut < e && (data[cut] & 0xC0) == 0x80) cut--;
+            }
+            if (cut <= pos && pos < e) {
+                out_row[0] = r;
+                return -2;
+            }
+            if (m >= out_cap) return -1;
+            out_row[m] = r;
+            out_begin[m] = pos - s;
+            out_size[m] = cut - pos;
+            m++;
+            pos = cut;
+        } while (pos < e);
+    }
+    return m;
 }
 
 /* ------------------------------------------------------------------------------------ */

@@ -24,7 +24,7 @@ from ..stages.holdout import DEFAULT_SEED, DIRECTORY, Holdout, holdout_lengths, 
 from ..stages.pack import Microbatches, OversizeError, PackOptions, pack_samples, refuse_oversize
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
-from ..stages.split import split_oversize
+from ..stages.split import byte_cuts, split_oversize
 from ..write.index_writer import write_index
 from ..write.output import OutputDir
 from ..write.provenance import JobInfo, Profile
@@ -91,7 +91,7 @@ def split_sorted(comm: Comm, samples: SampleColumns, popts: PackOptions, recorde
     ``run`` splits before its sort; a sorted directory is split here and sorted once more with
     its recorded sort options, so the pieces are sorted by their own sizes too.
     """
-    samples, split = split_oversize(comm, samples, popts)
+    samples, split = split_oversize(comm, samples, popts, recorded)  # recorded: --size bytes cuts the column
     if samples.begin is not None:
         sopts = SortOptions(key=recorded.get("key", "size"), descending=bool(recorded.get("descending", False)),
                             stages=int(recorded.get("stages", 1)))
@@ -282,7 +282,8 @@ def _measure(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list[str]
     out, prof = scope.out, scope.prof
     sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
     with prof.stage("analyze"):
-        samples = analyze(comm, inputs, aopts, progress, keep_tokens=sink)
+        cuts = byte_cuts(aopts.as_dict(), popts)  # --size bytes --oversize split: cut while the text is read
+        samples = analyze(comm, inputs, aopts, progress, keep_tokens=sink, keep_pieces=cuts)
     prof.counts["analyze_rows"] = len(samples)
     plan = comm.collectively(_plain_holdout, holdout, samples.files)  # a bad count fails before the sort
     measured = measured_options(aopts, samples)
@@ -293,7 +294,7 @@ def _measure(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list[str]
     if popts.oversize == "split":
         # before the sort: the pieces are sorted by their own sizes
         with prof.stage("split"):
-            samples, split = split_oversize(comm, samples, popts)
+            samples, split = split_oversize(comm, samples, popts, measured, cuts)
     return samples, measured, plan, split
 
 

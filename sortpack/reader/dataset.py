@@ -160,8 +160,9 @@ class SourceDataset:
             return self._stored_items(ids)
         arr, files = self._where(np.asarray(list(ids), dtype=np.int64))
         ranges = self._ranges(ids)
-        cut = self.pieces.column if ranges is not None and self.pieces is not None and self.pieces.unit == "length" \
-            else None
+        cut = self.pieces.column if ranges is not None and self.pieces is not None \
+            and self.pieces.unit in ("length", "bytes") else None
+        by_bytes = self.pieces is not None and self.pieces.unit == "bytes"
         out = [None] * len(arr)
         for k in np.unique(files).tolist():
             sel = np.flatnonzero(files == k)
@@ -173,7 +174,7 @@ class SourceDataset:
                 rows = self._unit(k, u).take(local[pick] - starts[u]).to_pylist()
                 for slot, row in zip(sel[pick].tolist(), rows):
                     if cut is not None and ranges is not None and row.get(cut) is not None:
-                        row[cut] = _cut_value(row[cut], ranges[0][slot], ranges[1][slot])
+                        row[cut] = _cut_value(row[cut], ranges[0][slot], ranges[1][slot], by_bytes)
                     out[slot] = row if self.transform is None else self.transform(row)
         return Samples(out, ids if isinstance(ids, MicroBatch) else None, token_ranges=self._token_ranges(ranges))
 
@@ -228,7 +229,7 @@ class SourceDataset:
 
 
 class PiecePlan(NamedTuple):
-    """A split plan's index and what its ranges count: ``unit`` ("tokens" or "length") of ``column``."""
+    """A split plan's index and what its ranges count: ``unit`` ("tokens", "length" or "bytes") of ``column``."""
 
     plan: PackedIndex
     unit: str
@@ -250,8 +251,13 @@ def _piece_plan(source) -> PiecePlan | None:
     return PiecePlan(index, str(options.get("size")), options.get("column"))
 
 
-def _cut_value(value, begin: int, end: int):
-    """Return a row's value cut to ``[begin, end)`` (characters of a text, elements of a list, bytes)."""
+def _cut_value(value, begin: int, end: int, by_bytes: bool = False):
+    """Return a row's value cut to ``[begin, end)`` (characters of a text, elements of a list, bytes).
+
+    ``by_bytes`` (``--size bytes``): a text's UTF-8 bytes, which the plan cut between characters.
+    """
+    if by_bytes and isinstance(value, str):
+        return value.encode("utf-8")[int(begin):int(end)].decode("utf-8")
     return value[int(begin):int(end)]
 
 

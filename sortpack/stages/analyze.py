@@ -77,6 +77,14 @@ class TokenKeeper(Protocol):
         ...
 
 
+class PieceKeeper(Protocol):
+    """Where ``run --size bytes --oversize split`` cuts the oversize texts of each read (``split.ByteCuts``)."""
+
+    def __call__(self, table: pa.Table, size: np.ndarray, where: str) -> None:
+        """Keep the cuts of this read's samples over the budget (rows in this rank's sample order)."""
+        ...
+
+
 @dataclass
 class Measured:
     """What one rank measured: its sizes and difficulties per read, and the rows of units without row counts."""
@@ -125,7 +133,7 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
 
 
 def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False, *,
-            keep_tokens: TokenKeeper | None = None) -> SampleColumns:
+            keep_tokens: TokenKeeper | None = None, keep_pieces: PieceKeeper | None = None) -> SampleColumns:
     """Return this rank's slice of (sample_id, size, difficulty) for the inputs.
 
     Ranks read the parts ``read_plan.plan_reads`` deals them: disjoint contiguous runs of
@@ -134,6 +142,9 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     ``keep_tokens`` (``run --store-tokens``) changes how ``--size tokens`` is counted, not
     what: its ``count_and_keep`` counts each read's tokens (the sizes, the same counts) and
     keeps the ids of that one encode for the store. Other SPECs never use it.
+    ``keep_pieces`` (``run --size bytes --oversize split``: ``split.ByteCuts``) sees each read's
+    table with its sizes, in sample order, to cut the oversize texts while they are in memory;
+    it changes nothing that is measured.
     """
     files = _describe_all(comm, inputs, opts.input_format, opts.split)
     specs: Specs = comm.collectively(_parse_specs, opts, files)
@@ -142,7 +153,8 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     digests = record(comm, [f.path for f in files], [f.format for f in files], [f.bytes for f in files],
                      plan.file_owners)
     show = show_progress and comm.is_root()
-    measured: Measured = comm.collectively(_measure, files, plan, specs, opts, keep_tokens, show, comm.size)
+    measured: Measured = comm.collectively(_measure, files, plan, specs, opts, keep_tokens, keep_pieces, show,
+                                           comm.size)
     unit_rows = _share_unit_rows(comm, plan, measured.unknown_rows)
     start = int(unit_rows[:plan.lo].sum()) + plan.head
     total = int(unit_rows.sum())
@@ -158,7 +170,8 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
 
 
 def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: AnalyzeOptions,
-             keep_tokens: TokenKeeper | None, show: bool, ranks: int) -> Measured:
+             keep_tokens: TokenKeeper | None, keep_pieces: PieceKeeper | None, show: bool,
+             ranks: int) -> Measured:
     """Return this rank's sizes and difficulties, read by read, and the rows of the units it found."""
     columns, text_columns = specs.read_columns()
     counter = "tokens" if specs.size.kind == "tokens" else "summed size"  # the progress line's running sum
@@ -173,6 +186,8 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: Analyz
             # an empty file or row group: its columns may not even exist (empty jsonl)
             continue
         size, diff = _measure_table(table, src.path, specs, opts, keep_tokens)
+        if keep_pieces is not None:
+            keep_pieces(table, size, src.path)
         out.sizes.append(size)
         out.diffs.append(diff)
         prog.update(table.num_rows, None, **{counter: int(size.sum())})

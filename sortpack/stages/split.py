@@ -2,11 +2,19 @@
 
 A piece is a plan sample: the source sample id plus its range ``[begin, begin + size)`` in the
 unit the size counts (token ids as the tokenizer returns them, special tokens included, under
-``--size tokens``; characters of a text or elements of a list under ``length``). Every piece
-but the last holds ``cap`` units, the largest length that fits a micro-batch alone
-(``truncate_length``); the last holds the rest. So a document's pieces cover its units exactly
-once, in order, and the special tokens stay once where the tokenizer put them (the first
-piece starts with ``[CLS]``, the last ends with ``[SEP]``).
+``--size tokens``; characters of a text or elements of a list under ``length``; bytes under
+``bytes``). Every piece but the last holds ``cap`` units, the largest length that fits a
+micro-batch alone (``truncate_length``); the last holds the rest. So a document's pieces cover
+its units exactly once, in order, and the special tokens stay once where the tokenizer put them
+(the first piece starts with ``[CLS]``, the last ends with ``[SEP]``).
+
+Under ``--size bytes`` a text is cut only at UTF-8 character boundaries, so a piece holds the
+longest run of whole characters that fits ``cap`` (up to 3 bytes less): where the cuts fall
+depends on the text, which the sizes alone do not say: ``run`` places them while analyze
+reads the text (``ByteCuts``, analyze's ``keep_pieces``), ``pack`` of a sorted directory reads
+the oversize samples' values back from the input files (only the units that hold one); both
+cut with ``inputs.pieces.byte_pieces``. Byte offsets are what ``piece_begin``/``piece_end``
+then hold; a reader cuts the text's UTF-8 bytes at them.
 
 The planning half (``piece_table``) takes arrays and no communicator; ``split_samples`` numbers
 the pieces globally. ``run`` splits right after analyze, before the sort, so pieces are sorted
@@ -18,11 +26,13 @@ import numpy as np
 
 from ..distribute import global_start
 from ..errors import SortpackError
+from ..inputs.pieces import byte_pieces, longest_char, read_values
 from ..parallel import Comm
 from .samples import SampleColumns, exact_sum
 
-# size kinds whose units a reader can cut: token ids, characters of a text, elements of a list
-SPLIT_KINDS = ("tokens", "length")
+# size kinds whose units a reader can cut: token ids, characters of a text, elements of a list,
+# bytes of a text (at character boundaries) or binary value
+SPLIT_KINDS = ("tokens", "length", "bytes")
 
 
 def check_split(options: dict, mixture: bool = False) -> None:
@@ -31,8 +41,13 @@ def check_split(options: dict, mixture: bool = False) -> None:
     if mixture:
         raise SortpackError("--oversize split: not supported for a mixture yet (use --oversize skip or truncate)")
     if size not in SPLIT_KINDS:
-        raise SortpackError(f"--oversize split cuts token ids (--size tokens) or characters and list elements "
-                            f"(--size length); --size {size} says how large a sample is but not where to cut it")
+        raise SortpackError(f"--oversize split cuts token ids (--size tokens), characters and list elements "
+                            f"(--size length) or bytes at character boundaries (--size bytes); --size {size} "
+                            "says how large a sample is but not where to cut it")
+    if size == "bytes" and not options.get("column"):
+        # the store and the reader cut the column the manifest names: it must name one
+        raise SortpackError("--oversize split with --size bytes needs --column (the text or binary column "
+                            "whose bytes the pieces are cut from)")
 
 
 def piece_table(size: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -50,19 +65,158 @@ def piece_table(size: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, np.
     return row, begin, np.minimum(size[row] - begin, cap)
 
 
-def split_samples(comm: Comm, samples: SampleColumns, cap: int, over: np.ndarray) -> tuple[SampleColumns, dict]:
+class ByteCuts:
+    """The ``--size bytes`` cuts ``analyze`` places while it reads (``run``): its ``keep_pieces``.
+
+    Called with each read's table and sizes, in the order of this rank's samples; keeps the
+    pieces of every text over ``cap`` (by local sample position), so the split reads nothing
+    back. A character longer than ``cap`` is kept as ``bad`` and refused by the split, where
+    the sample's id is known.
+    """
+
+    def __init__(self, cap: int, column: str):
+        self.cap, self.column = cap, column
+        self.seen = 0  # samples measured so far on this rank
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.bad: tuple[int, int, str] | None = None  # (local position, character bytes, file)
+
+    def __call__(self, table, size: np.ndarray, where: str) -> None:
+        """Keep the pieces of this read's samples over ``cap``."""
+        size = np.asarray(size)
+        base = self.seen
+        self.seen += len(size)
+        if self.bad is not None or not bool(np.any(size > self.cap)):
+            return
+        at = 0  # the chunk's first row in this read
+        for chunk in table.column(self.column).chunks:  # in place: only the oversize rows are read
+            over = np.flatnonzero(size[at:at + len(chunk)] > self.cap)
+            if over.size:
+                try:
+                    row, begin, piece = byte_pieces(chunk, self.cap, over)
+                except ValueError:
+                    where_at, width = longest_char(chunk.take(over))
+                    self.bad = (base + at + int(over[where_at]), width, where)
+                    return
+                self.parts.append((base + at + row, begin, piece))
+            at += len(chunk)
+
+    def pieces(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return (local position, begin, size) of every piece kept, in (position, begin) order."""
+        if not self.parts:
+            return _no_pieces()
+        row, begin, size = (np.concatenate(x) for x in zip(*self.parts))
+        return row, begin, size
+
+
+def byte_cuts(options: dict, popts) -> ByteCuts | None:
+    """Return the ``keep_pieces`` for ``analyze`` under ``--size bytes --oversize split`` (None otherwise)."""
+    from .pack.budget import truncate_length
+
+    if popts.oversize != "split" or options.get("size") != "bytes" or not options.get("column"):
+        return None
+    return ByteCuts(truncate_length(popts), str(options["column"]))
+
+
+def _no_pieces() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return an empty (row, begin, size)."""
+    return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+
+def _too_long(path: str, sample: int, width: int, cap: int) -> SortpackError:
+    """Return the error for a sample holding a character longer than a piece may be."""
+    return SortpackError(f"{path}: sample {sample} holds a character of {width} bytes, more than the {cap} bytes a "
+                         f"piece holds (--size bytes --oversize split cuts only between characters; raise "
+                         f"--max-tokens to at least {width} or use --oversize skip)")
+
+
+def _read_back(samples: SampleColumns, cap: int, idx: np.ndarray, column: str
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return (row, begin, size) of the pieces of samples ``idx``, their values read back from the input files."""
+    ids = samples.sample_id[idx]
+    order = np.argsort(ids, kind="stable")  # read in file order
+    parts = []
+    for pos, values, path in read_values(samples.files, ids[order], column):
+        at = idx[order[pos]]
+        _check_bytes(values, samples.size[at], samples.sample_id[at], path)
+        try:
+            row, begin, size = byte_pieces(values, cap)
+        except ValueError:
+            where, width = longest_char(values)
+            raise _too_long(path, int(samples.sample_id[at[where]]), width, cap) from None
+        parts.append((at[row], begin, size))
+    if not parts:
+        return _no_pieces()
+    row, begin, size = (np.concatenate(x) for x in zip(*parts))
+    return row, begin, size
+
+
+def byte_piece_table(samples: SampleColumns, cap: int, over: np.ndarray, column: str,
+                     known: ByteCuts | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return ``piece_table``'s (row, begin, size) under ``--size bytes``: the samples in ``over`` cut at
+    character boundaries of their ``column`` values, the others whole.
+
+    The cuts ``analyze`` placed (``known``, this rank's samples as analyze returned them) are
+    used where they cover a sample; the other samples' values are read back from the input
+    files. Raises one line where a sample holds a character longer than ``cap`` or changed since
+    analyze.
+    """
+    idx = np.flatnonzero(over)
+    parts = []
+    if known is not None and known.seen == len(samples) and known.cap == cap:
+        if known.bad is not None and over[known.bad[0]]:
+            raise _too_long(known.bad[2], int(samples.sample_id[known.bad[0]]), known.bad[1], cap)
+        row, begin, size = known.pieces()
+        mine = over[row]
+        parts.append((row[mine], begin[mine], size[mine]))
+        idx = idx[np.bincount(row, minlength=len(over))[idx] == 0]  # over, but analyze did not cut them
+    if idx.size:
+        parts.append(_read_back(samples, cap, idx, column))
+    over_row, over_begin, over_size = (np.concatenate(x) for x in zip(*parts)) if parts else _no_pieces()
+    by = np.lexsort((over_begin, over_row))
+    over_row, over_begin, over_size = over_row[by], over_begin[by], over_size[by]
+    count = np.ones(len(samples.size), dtype=np.int64)
+    cut = np.flatnonzero(over)
+    count[cut] = np.bincount(over_row, minlength=len(count))[cut]
+    row = np.repeat(np.arange(len(count), dtype=np.int64), count)
+    begin = np.zeros(len(row), dtype=np.int64)
+    size = np.asarray(samples.size, dtype=np.int64)[row]
+    first = np.cumsum(count) - count
+    slot = first[over_row] + np.arange(len(over_row)) - np.searchsorted(over_row, over_row)
+    begin[slot], size[slot] = over_begin, over_size
+    return row, begin, size
+
+
+def _check_bytes(values, size: np.ndarray, sample_id: np.ndarray, path: str) -> None:
+    """Raise one line where a value read back is not as long as analyze measured it (the input changed)."""
+    import pyarrow.compute as pc
+
+    now = np.asarray(pc.binary_length(values).fill_null(0), dtype=np.int64)
+    bad = np.flatnonzero(now != size)
+    if bad.size:
+        i = int(bad[0])
+        raise SortpackError(f"{path}: sample {int(sample_id[i])} has {int(now[i])} bytes, the plan was analyzed "
+                            f"from {int(size[i])} (the input changed since analyze)")
+
+
+def split_samples(comm: Comm, samples: SampleColumns, cap: int, over: np.ndarray,
+                  column: str | None = None, known: ByteCuts | None = None) -> tuple[SampleColumns, dict]:
     """Return the samples with those in ``over`` cut into pieces of at most ``cap`` (numbered globally), and counts.
 
     The pieces of one sample stay together and in order, right where the sample was, so the
     order is (sample order, piece ordinal) and does not depend on the rank count. The counts
     (over all ranks): ``split`` samples cut, ``split_pieces`` pieces they became and
     ``split_tokens`` the units they hold. ``begin`` is set on every rank when any sample was cut.
+    ``column`` (``--size bytes``): the column whose bytes are cut at character boundaries;
+    ``known``: the cuts analyze placed already (``ByteCuts``).
     """
     count = comm.allreduce(int(over.sum()), "sum")
     info = {"split": count, "split_pieces": 0, "split_tokens": comm.allreduce(exact_sum(samples.size[over]), "sum")}
     if count == 0:
         return samples, info
-    row, begin, size = piece_table(samples.size, cap)
+    if column is None:
+        row, begin, size = piece_table(samples.size, cap)
+    else:
+        row, begin, size = comm.collectively(byte_piece_table, samples, cap, over, column, known)
     info["split_pieces"] = comm.allreduce(int(over[row].sum()), "sum")
     start, total = global_start(comm, len(row))
     difficulty = size if samples.difficulty is samples.size else samples.difficulty[row]
@@ -72,8 +226,17 @@ def split_samples(comm: Comm, samples: SampleColumns, cap: int, over: np.ndarray
     return out, info
 
 
-def split_oversize(comm: Comm, samples: SampleColumns, opts) -> tuple[SampleColumns, dict]:
-    """Return the samples with every one that fits no micro-batch alone cut into pieces (``opts``: PackOptions)."""
+def split_oversize(comm: Comm, samples: SampleColumns, opts, measured: dict | None = None,
+                   known: ByteCuts | None = None) -> tuple[SampleColumns, dict]:
+    """Return the samples with every one that fits no micro-batch alone cut into pieces (``opts``: PackOptions).
+
+    ``measured``: the plan's recorded analyze options (``size``, ``column``); under ``--size
+    bytes`` the cuts fall on character boundaries of the column's values (``known``: those
+    ``analyze`` placed while it read them, ``byte_cuts``; others are read back).
+    """
     from .pack.budget import oversize_mask, truncate_length
 
-    return split_samples(comm, samples, truncate_length(opts), oversize_mask(opts, samples.size))
+    column = None
+    if measured is not None and measured.get("size") == "bytes":
+        column = str(measured["column"])
+    return split_samples(comm, samples, truncate_length(opts), oversize_mask(opts, samples.size), column, known)

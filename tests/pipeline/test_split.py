@@ -152,7 +152,7 @@ def test_text_pieces_are_character_ranges(tmp_path, corpus, store):
     assert manifest(plan)["stats"]["split"] == sum(len(t) > 300 for t in texts) > 0
 
 
-@pytest.mark.parametrize("size", ["words", "bytes", "column:n"])
+@pytest.mark.parametrize("size", ["words", "column:n"])
 def test_split_refuses_a_size_it_cannot_cut(tmp_path, size):
     src = tmp_path / "t.parquet"
     pq.write_table(pa.table({"text": ["a b c"] * 4, "n": [1, 2, 3, 4]}), src)

@@ -52,7 +52,7 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
                 first_mb: int, opts: StoreOptions, tokens: TokenIds | None, cache: TokenCache | None,
                 index_starts: np.ndarray, mb_sizes: np.ndarray | None = None,
                 renames: list[dict[str, str] | None] | None = None, ranges: dict[str, np.ndarray] | None = None,
-                cut_columns: tuple[str, ...] = ()) -> StoreResult:
+                cut_columns: tuple[str, ...] = (), cut_unit: str = "length") -> StoreResult:
     """Return the data shards written and the exchange's figures (every rank), after writing this rank's shards.
 
     Parameters
@@ -68,7 +68,8 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
         Per input file, ``{plan column: input column}`` (a mixture source's own ``column``).
     ranges : dict or None
         ``--oversize split``: ``piece_begin``/``piece_end`` of each sample (as ``ids``); the
-        columns in ``cut_columns`` (and the token ids) are stored cut to them, others whole.
+        columns in ``cut_columns`` (and the token ids) are stored cut to them, others whole;
+        ``cut_unit`` is the size kind the ranges count (``bytes``: a text's UTF-8 bytes).
     """
     directory = out.ensure()
     budget = memory_budget(opts.memory_limit or default_memory_limit(comm), piece_bytes())
@@ -79,6 +80,7 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
     pos0 = comm.exscan(len(ids))
     cut = None if ranges is None else (*cut_columns, *((TOKENS_COLUMN,) if tokens is not None else ()))
     uses = _ask_readers(comm, ids, pos0, plan, ranges, cut)
+    uses.unit = cut_unit  # what the ranges count: characters and elements, or a text's UTF-8 bytes
     layout = data_layout(comm, first_mb, mb_offsets, pos0, index_starts, mb_sizes)
     # ids analyze did not keep are counted again from their text column
     read_columns = sorted(set(opts.columns) | ({tokens.column} if tokens is not None and cache is None else set()))
@@ -126,10 +128,12 @@ class Store:
     """The stored columns' writer that ``write_index`` calls, with the token cache ``analyze`` fills."""
 
     def __init__(self, comm: Comm, opts: StoreOptions, tokens: TokenIds | None, special_tokens: bool,
-                 renames: list[dict[str, str] | None] | None = None, cut_columns: tuple[str, ...] = ()):
+                 renames: list[dict[str, str] | None] | None = None, cut_columns: tuple[str, ...] = (),
+                 cut_unit: str = "length"):
         self.comm, self.opts, self.tokens, self.special_tokens = comm, opts, tokens, special_tokens
         self.renames = renames  # per input file: {plan column: input column} (a mixture's sources)
         self.cut_columns = cut_columns  # --oversize split: stored columns cut to each piece's range
+        self.cut_unit = cut_unit  # what the ranges count: "length" (characters, elements) or "bytes"
         self.caches: list[TokenCache] = []
         self.plans = 1  # plans still to store: the token cache is removed after the last
 
@@ -152,7 +156,8 @@ class Store:
         if cache is not None:
             cache.share()
         stored = materialize(self.comm, out, files, ids, mb_offsets, first_mb, self.opts, self.tokens, cache,
-                             index_starts, mb_sizes, self.renames, ranges, self.cut_columns)
+                             index_starts, mb_sizes, self.renames, ranges, self.cut_columns,
+                             self.cut_unit)
         self.plans -= 1
         if cache is not None and self.plans <= 0:
             self.comm.barrier()  # every rank has read the ids it needed
@@ -181,6 +186,7 @@ def prepare(comm: Comm, opts: StoreOptions, options: dict, popts: PackOptions, t
     """
     tokens = comm.collectively(token_ids_options, opts, options, popts, tokenizer_path)
     # a split plan's pieces are ranges of what the size counted: under --size length, the column's
-    # characters or elements, which a stored copy of that column is cut to
-    cut = (str(options.get("column")),) if options.get("size") == "length" and options.get("column") else ()
-    return Store(comm, opts, tokens, bool(options.get("special_tokens", True)), renames, cut)
+    # characters or elements, under --size bytes its bytes, which a stored copy of that column is cut to
+    size = str(options.get("size"))
+    cut = (str(options.get("column")),) if size in ("length", "bytes") and options.get("column") else ()
+    return Store(comm, opts, tokens, bool(options.get("special_tokens", True)), renames, cut, size)

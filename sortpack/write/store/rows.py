@@ -44,14 +44,15 @@ def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
     return np.full(n, -(-col.nbytes // n), dtype=np.int64)
 
 
-def _cut_pieces(table: pa.Table, columns: tuple[str, ...], begin: np.ndarray, end: np.ndarray) -> pa.Table:
-    """Return ``table`` with ``columns`` cut to each row's piece range (``--oversize split``)."""
+def _cut_pieces(table: pa.Table, columns: tuple[str, ...], begin: np.ndarray, end: np.ndarray,
+                unit: str = "length") -> pa.Table:
+    """Return ``table`` with ``columns`` cut to each row's piece range (``--oversize split``, in ``unit``)."""
     from ...inputs.pieces import cut_array
 
     for name in columns:
         if name in table.column_names:
             i = table.column_names.index(name)
-            table = table.set_column(i, table.schema.field(i), cut_array(table.column(i), begin, end))
+            table = table.set_column(i, table.schema.field(i), cut_array(table.column(i), begin, end, unit))
     return table
 
 
@@ -64,6 +65,7 @@ class RowPositions:
     begin: np.ndarray | None = None  # --oversize split: each use's range in the row
     end: np.ndarray | None = None
     cut: tuple[str, ...] = ()  # the columns cut to the range (the others are stored whole)
+    unit: str = "length"  # what the ranges count: "bytes" cuts a text's UTF-8 bytes, not its characters
 
 
 @dataclass
@@ -135,7 +137,7 @@ class InputRows:
             # rows left out of the plan, or used more than once (a mixture's repeats, a split's pieces)
             out = out.take(pa.array(take))
         if self.uses.begin is not None and self.uses.end is not None:
-            out = _cut_pieces(out, self.uses.cut, self.uses.begin[a:b], self.uses.end[a:b])
+            out = _cut_pieces(out, self.uses.cut, self.uses.begin[a:b], self.uses.end[a:b], self.uses.unit)
         return out, pos
 
     def _token_ids(self, table: pa.Table, where: str, expected: int) -> pa.Array | pa.ChunkedArray:
