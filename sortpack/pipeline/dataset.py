@@ -16,7 +16,7 @@ import sys
 from ..errors import SortpackError
 from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
-from ..inputs.columns import check_columns, input_columns, reads_text
+from ..inputs.columns import check_columns, first_columns, input_columns, reads_text, resolve_column
 from ..inputs.locations import with_locations
 from ..parallel import Comm, fault_point
 from ..stages.analyze import AnalyzeOptions, analyze, measured_options
@@ -24,7 +24,7 @@ from ..stages.holdout import DEFAULT_SEED, DIRECTORY, Holdout, holdout_lengths, 
 from ..stages.pack import Microbatches, OversizeError, PackOptions, pack_samples, refuse_oversize
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
-from ..stages.split import byte_cuts, split_oversize
+from ..stages.split import SPLIT_KINDS, byte_cuts, split_oversize
 from ..write.index_writer import write_index
 from ..write.output import OutputDir
 from ..write.provenance import JobInfo, Profile
@@ -33,6 +33,20 @@ from ..write.store import Store, StoreOptions
 from .job import JobScope, check_options, job_scope, nested_plan, split_check, store_for
 
 __all__ = ["HoldoutRequest", "JobInfo", "run_all", "run_analyze", "run_pack", "run_sort", "write_holdout"]
+
+
+def split_column(comm: Comm, options: dict, popts: PackOptions, inputs: list[str]) -> str | None:
+    """Return the column an ``--oversize split`` plan cuts: ``--column``, else the one analyze reads (collective).
+
+    The store and the reader cut the column the plan's options name, so a split plan names it
+    even where analyze chose it (the only column, or ``text``); other plans record ``--column``
+    as given (None), which keeps their content hash.
+    """
+    column = options.get("column")
+    if popts.oversize != "split" or column or str(options.get("size") or "length") not in SPLIT_KINDS or not inputs:
+        return column
+    files = input_columns(comm, [inputs], options.get("input_format") or "auto", options.get("split"))[0]
+    return resolve_column(first_columns(files)) or column
 
 
 def check_read_columns(comm: Comm, inputs: list[str], aopts: AnalyzeOptions, store: StoreOptions | None) -> None:
@@ -181,7 +195,10 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
     """Pack a sorted directory into an index directory (with ``store``: and its data shards; ``holdout``: and
     the held-out plan in ``OUTPUT/holdout``, the same as ``run --holdout`` writes)."""
     check_options(comm, popts.validate)
-    recorded = comm.collectively(read_manifest, sorted_dir, "sorted")["options"]
+    sorted_manifest = comm.collectively(read_manifest, sorted_dir, "sorted")
+    recorded = sorted_manifest["options"]
+    column = split_column(comm, recorded, popts, [f["path"] for f in with_locations(sorted_manifest) if "path" in f])
+    recorded = {**recorded, "column": column} if column != recorded.get("column") else recorded
     check_options(comm, split_check(popts, recorded))
     # the inputs are found through the sorted (or metrics) manifest's source fingerprint
     store_fn = store_for(comm, store, recorded, popts, None)
@@ -201,12 +218,12 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         split = None
         if popts.oversize == "split":
             with prof.stage("split"):
-                samples, split = split_sorted(comm, samples, popts, manifest["options"])
+                samples, split = split_sorted(comm, samples, popts, recorded)
                 if held is not None:
-                    held, _ = split_sorted(comm, held, popts, manifest["options"])
+                    held, _ = split_sorted(comm, held, popts, recorded)
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key, split)
-        options = {**manifest["options"], **popts.with_shapes(mbs.shapes).as_dict()}  # --shapes auto: the chosen
+        options = {**recorded, **popts.with_shapes(mbs.shapes).as_dict()}  # --shapes auto: the chosen
         if plan is not None and held is not None:
             if store_fn is not None:
                 store_fn.also_holdout()
@@ -341,7 +358,11 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
             holdout: HoldoutRequest | None = None) -> dict | None:
     """Analyze, sort and pack in one job (no intermediate files unless asked; ``store``: data shards too;
     ``holdout``: and the held-out plan in ``OUTPUT/holdout``)."""
-    check_options(comm, sopts.validate, popts.validate, split_check(popts, aopts.as_dict()))
+    check_options(comm, sopts.validate, popts.validate)
+    column = split_column(comm, aopts.as_dict(), popts, inputs)
+    if column != aopts.column:
+        aopts = dataclasses.replace(aopts, column=column)
+    check_options(comm, split_check(popts, aopts.as_dict()))
     store_fn = store_for(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
     check_read_columns(comm, inputs, aopts, store)
     with job_scope(comm, output, overwrite, inputs) as scope:

@@ -145,9 +145,36 @@ def test_a_character_longer_than_the_budget_is_one_clear_error(tmp_path):
     assert not (tmp_path / "p").exists()
 
 
-def test_byte_split_needs_the_column_named(tmp_path):
+@pytest.mark.parametrize("size", ["length", "bytes"])
+@pytest.mark.parametrize("how", ["run", "run --store", "pack --store"])
+def test_split_without_column_cuts_the_column_analyze_reads(tmp_path, corpus, size, how):
+    # no --column: analyze reads `text` (the inputs' text column); the plan must name it, or the
+    # store and the reader would cut nothing and hand every piece the whole document
+    flags = ["--size", size, "--max-tokens", str(BUDGET), "--oversize", "split"]
+    store = ["--store", "text"] if "--store" in how else []
+    plan = tmp_path / "plan"
+    if how.startswith("run"):
+        run_sortpack(["run", *corpus["files"], "-o", plan, *flags, *store, "--quiet"])
+    else:
+        run_sortpack(["analyze", *corpus["files"], "-o", tmp_path / "m", *flags[:2], "--quiet"])
+        run_sortpack(["sort", tmp_path / "m", "-o", tmp_path / "s", "--quiet"])
+        run_sortpack(["pack", tmp_path / "s", "-o", plan, *flags[2:], *store, "--quiet"])
+    assert read_manifest(plan)["options"]["column"] == "text"
+    got = read_pieces(plan, stored=bool(store))
+    if size == "bytes":
+        assert_documents(got, corpus["texts"])
+        return
+    want = {i: t for i, t in enumerate(corpus["texts"]) if t}
+    assert set(got) == set(want)
+    for sid, parts in got.items():
+        parts.sort()
+        assert all(0 < len(piece) <= BUDGET and want[sid][b:b + len(piece)] == piece for b, piece in parts), sid
+        assert "".join(piece for _, piece in parts) == want[sid], sid
+
+
+def test_split_refuses_a_column_it_cannot_name(tmp_path):
     src = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"text": ["abcdef"]}), src)
+    pq.write_table(pa.table({"body": ["abcdef"], "title": ["x"]}), src)  # no --column, no `text`, not one column
     proc = run_sortpack(["run", src, "-o", tmp_path / "p", "--size", "bytes", "--max-tokens", "3",
                          "--oversize", "split"], check=False, timeout=60)
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
