@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..permutation import KeyedPermutation
 from .index import SCALAR_COLUMNS, PackedIndex
 from .lr import LR_METHODS, lr_scale
-from .microbatch import MicroBatch, Samples, step_info
+from .microbatch import MicroBatch, Samples, StepFacts, step_info
 from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions
 from .prefetch import Prefetched, Prefetcher
 from .sampler import PackedSampler
@@ -25,6 +25,7 @@ __all__ = [
            "Prefetched",
            "Prefetcher",
            "Samples",
+           "StepFacts",
            "check_group_alignment",
            "lr_scale",
            "step_info",

@@ -140,7 +140,7 @@ def pad_collate(pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None 
     ``nn.MultiheadAttention``), ``real`` (B,; False for the index's padding slots, which are
     fully masked, and for every row of a micro-batch repeated to fill a step: skip those when
     evaluating), ``sample_ids`` (B,; -1 where unknown), ``microbatch`` (the ``MicroBatch.info()``
-    dict: epoch, step, position, end, last, step_batch/step_samples, step_tokens, world_size,
+    dict: epoch, step, position, end, last, step_batch, step_tokens, world_size,
     tokens, repeat; pass the batch to ``sampler.consume`` and ``step_loss``) and, with
     ``attn_mask="causal"`` or ``"full"``, ``attn_mask`` (B, T, T; True = may attend, as
     ``F.scaled_dot_product_attention``).

@@ -13,7 +13,7 @@ import numpy as np
 
 from .index import PackedIndex
 from .lr import lr_scale
-from .microbatch import MicroBatch, step_place
+from .microbatch import MicroBatch, StepFacts, step_place
 from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions, steps_moved
 from .sampler_state import Layout, Place, check_sampler_state
 from .skips import Skips
@@ -315,16 +315,15 @@ class PackedSampler:
             if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
                 # without reported consumption the state follows what was handed out
                 self._set_state(epoch, pos, step + 1)
+            facts = StepFacts(epoch, step, start, pos, base + step, batch, tokens, w)
             for k, p in enumerate(packed):
                 ids, bs, ps, splits = self.index.record(p)
                 mb_tokens = int(mb_sizes[p])
                 if skips.sizes:
                     ids, splits = skips.kept(p, ids, splits)
                     mb_tokens -= skips.lost([p]).tokens
-                yield MicroBatch(ids, p, bs, ps, splits, epoch, start, step=step, end=pos, last=k == a - 1,
-                                 step_batch=batch, step_tokens=tokens, repeat=repeat[k], run_step=base + step,
-                                 source=None if sources is None else names[int(sources[p])], world_size=w,
-                                 tokens=mb_tokens)
+                yield MicroBatch(ids, p, bs, ps, splits, facts=facts, last=k == a - 1, tokens=mb_tokens,
+                                 repeat=repeat[k], source=None if sources is None else names[int(sources[p])])
             step += 1
 
     # --- resume ---------------------------------------------------------------------------
@@ -361,7 +360,7 @@ class PackedSampler:
         world, accum = (int(v) for v in state["layout"])
         self._layout = Layout(world, accum)
         self._position = int(state["position"])
-        self._step = int(state.get("step", self._position // max(1, world * accum)))
+        self._step = int(state["step"])
         self._regridded = bool(state.get("regridded", False))
         self._pass_start = Place(self.epoch, self._position, self._step, self._layout)
         self.skips = self.skips.merged(state)  # a restart's skips join its checkpoint's
