@@ -68,7 +68,7 @@ class StoredData:
         return batch
 
     def verify_all(self) -> None:
-        """Re-hash every data shard against the manifest and check its structure (``PackedIndex(verify=True)``)."""
+        """Re-hash every data shard against the manifest and check its structure (``PackedIndex(verify="full")``)."""
         for k, entry in enumerate(self._entries):
             check_sha256(member_path(self.path, entry["file"]), entry)
             self._shard(k)
