@@ -100,7 +100,8 @@ class PackedIndex:
         self._views: dict = {}
         self._columns: dict = {}
         schema = self.manifest.get("schema")
-        names = list(schema) if isinstance(schema, dict) else []
+        schema = schema if isinstance(schema, dict) else {}
+        names = list(schema)
         missing = {"sample_ids", "num_samples", "batch_size", "padded_size", "tokens"} - set(names)
         if missing:
             raise SortpackError(f"{self.path}: the manifest's schema lacks column(s) {', '.join(sorted(missing))}")
@@ -113,11 +114,12 @@ class PackedIndex:
         if held and self.source_names is None:  # a mixture's held-out plan: micro-batches by source, no blend
             self.source_names = [str(src["name"]) for src in held["sources"]]
         # int32 when the input's row count allows it, else int64 (docs/format.md); the manifest says which
-        widths = {"list<item: int32>": np.int32, "list<item: int64>": np.int64}
-        if schema["sample_ids"] not in widths:
+        widths = {"list<item: int32>": np.dtype(np.int32), "list<item: int64>": np.dtype(np.int64)}
+        width = widths.get(schema["sample_ids"])
+        if width is None:
             raise SortpackError(f"{self.path}: the manifest's schema gives sample_ids as {schema['sample_ids']!r}, "
                                 f"not {' or '.join(widths)}")
-        self.id_dtype = np.dtype(widths[schema["sample_ids"]])
+        self.id_dtype = width
         self._source_rows = int((self.manifest.get("source") or {}).get("num_rows", self.num_samples))
         self._stored: StoredData | None = None
         if self.verify == "full":

@@ -1,4 +1,4 @@
-"""What a sampler hands out: ``MicroBatch`` (ids, shape, its step's ``StepFacts``), ``Samples`` (its items), ``step_info``.
+"""What a sampler hands out: ``MicroBatch`` (ids, shape, its ``StepFacts``), ``Samples`` (its items), ``step_info``.
 
 Collate functions, datasets, the LR schedule and the goodput controller read a micro-batch's
 shape and step from these records; they need nothing else of the sampler.

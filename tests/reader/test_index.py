@@ -96,7 +96,8 @@ def test_refuses_unknown_version_and_bad_shard_size(small, tmp_path):
 def test_the_boolean_verify_spellings_are_refused_with_the_level_to_write(small):
     """``verify=True/False`` were the first spellings of ``"full"``/``"index"`` (issue 25): one line names the level."""
     assert PackedIndex(small, verify="full").verify == "full"
-    with pytest.raises(ValueError, match="verify=True: the levels are 'structure', 'index', 'full'; write verify='full'"):
+    with pytest.raises(ValueError, match="verify=True: the levels are 'structure', 'index', 'full'; "
+                                         "write verify='full'"):
         PackedIndex(small, verify=True)
     with pytest.raises(ValueError, match="write verify='index'"):
         PackedIndex(small, verify=False)
