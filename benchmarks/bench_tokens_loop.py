@@ -180,9 +180,8 @@ def measure(plan: str, budget: int, rounds: int) -> dict:
     from torch.nn.utils.rnn import pad_sequence
     from torch.utils.data import DataLoader
 
-    from sortpack.dataset import SourceDataset
     from sortpack.reader import PackedIndex
-    from sortpack.torch import PackedBatchSampler, PlanLoader, pad_collate, varlen_collate
+    from sortpack.torch import PackedBatchSampler, PlanLoader, SourceDataset, pad_collate, varlen_collate
 
     torch.set_num_threads(1)
     order = dict(rank=0, world_size=1, order="shuffle", seed=1)

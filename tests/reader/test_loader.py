@@ -14,10 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader
 
-from sortpack.dataset import SourceDataset
 from sortpack.reader import Samples
 from sortpack.reader.lazy_rows import TableSamples
-from sortpack.torch import PackedBatchSampler, PlanLoader, pad_collate, varlen_collate
+from sortpack.torch import PackedBatchSampler, PlanLoader, SourceDataset, pad_collate, varlen_collate
 
 from support import ROOT, run_sortpack
 

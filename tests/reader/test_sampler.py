@@ -229,8 +229,7 @@ def test_reader_and_torch_modules_import_without_torch_or_mpi():
 def test_public_classes_document_their_arguments():
     import inspect
 
-    from sortpack.dataset import SourceDataset
-    from sortpack.torch import PackedBatchSampler, PadCollate, VariableBatchSizeLR, VarlenCollate
+    from sortpack.torch import PackedBatchSampler, PadCollate, SourceDataset, VariableBatchSizeLR, VarlenCollate
 
     for cls in (PackedSampler, PackedBatchSampler, VariableBatchSizeLR, PadCollate, VarlenCollate,
                 PackedIndex, SourceDataset):

@@ -7,8 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 torch = pytest.importorskip("torch")
-from sortpack.dataset import SourceDataset
-from sortpack.reader import PackedIndex, PackedSampler
+from sortpack.reader import PackedIndex, PackedSampler, SourceDataset
 from sortpack.reader.lazy_rows import TableSamples
 from sortpack.reader.tokens import ragged_tokens
 from sortpack.torch import PackedBatchSampler, pad_collate, varlen_collate

@@ -195,7 +195,7 @@ def test_sorted_and_data_shard_paths_are_checked_too(sorted_dir, tmp_path):
     manifest = _manifest(data_ix)
     manifest["data"]["shards"][0]["file"] = "../" + manifest["data"]["shards"][0]["file"]
     (data_ix / "manifest.json").write_text(json.dumps(manifest))
-    from sortpack.dataset import SourceDataset
+    from sortpack.reader import SourceDataset
 
     with pytest.raises(SortpackError, match=r"data.shards\[0\]"):
         SourceDataset(data_ix)
