@@ -200,6 +200,10 @@ class PackedIndex:
             ids.flags.writeable = False
         return ids
 
+    def stored_ids(self, i: int) -> np.ndarray:
+        """Return the sample ids of micro-batch ``i`` as the shard stores them (int32 or int64, a read-only view)."""
+        return self._list_item("sample_ids", i)
+
     def all_sample_ids(self) -> np.ndarray:
         """Return every micro-batch's sample ids one after another, in plan order (int64, a new array)."""
         parts = []

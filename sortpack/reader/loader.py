@@ -1,42 +1,119 @@
-"""``PlanLoader``: fetch and collate a sampler's micro-batches in one background thread.
+"""``PlanLoader``: fetch and collate a sampler's micro-batches ahead of the loop, in one background thread.
 
-With stored data a micro-batch's fetch is one zero-copy Arrow slice (tens of microseconds)
-and its collate a few numpy copies. DataLoader worker processes then cost more than the work:
-every batch is pickled through a pipe and unpickled in the main process, and through
-``DataLoader(num_workers=2)`` every fast path ties at the pipe's rate. One thread in the
-training process needs no pickling; a micro-batch's fetch and collate cost tens of
-microseconds of Python and one compiled pass over its tokens (which keeps the GIL: handing it
-to the loop's thread for microseconds would cost a thread switch per batch), while the
-training step's torch kernels release the GIL; a bounded queue keeps at most ``prefetch``
-batches ahead. The resume state stays exact: the loader reports each
-batch to the sampler when it hands it to the loop (``sampler.consume``), never when the
-thread fetched it, so ``sampler.state_dict()`` counts what the loop received.
+With stored data a micro-batch's fetch is one zero-copy Arrow slice and its collate one
+compiled pass over its tokens: tens of microseconds. DataLoader worker processes then cost
+more than the work: every batch is pickled through a pipe and unpickled in the main
+process. One thread in the training process needs no pickling; it prepares batches while the
+training step's torch kernels release the GIL, at most ``prefetch`` ahead.
+
+Handing a batch from one thread to another costs a thread switch (a futex wake, the GIL
+changing hands): more than the batch's own work on a busy machine. So the two threads share
+the work instead of passing every batch: whichever holds the *work lock* takes the
+sampler's next micro-batch and prepares it. The loop takes a batch the thread prepared when
+one is ready; when none is and the thread is not in the middle of one, it prepares the next
+itself, at once, instead of waking the thread and waiting for it. The thread runs whenever
+the loop lets go of the GIL (a CUDA synchronisation, a large torch kernel) and fills the
+queue to ``prefetch``; it is woken only when the loop has taken the queue down to half.
+Batches come out in the sampler's order either way (one lock orders them), and the resume
+state stays exact: the loader reports each batch to the sampler (``sampler.consume``) when
+it hands it to the loop, never when it was prepared, so ``sampler.state_dict()`` counts
+what the loop received.
 """
 from __future__ import annotations
 
-import queue
 import threading
+import time
 import warnings
+from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 _END = object()
-
-
-@dataclass
-class _Pass:
-    """A running pass over the epoch: the thread that fetches, its stop flag and the queue it fills."""
-
-    thread: threading.Thread
-    stop: threading.Event
-    batches: queue.Queue
+_BUSY = 0.001  # seconds the thread sleeps while the loop prepares a batch itself
 
 
 class _Failure:
-    """An exception raised in the thread, handed to the loop to raise there."""
+    """An exception raised while preparing a batch, handed to the loop to raise there, in order."""
 
     def __init__(self, exc: BaseException):
         self.exc = exc
+
+
+class _Pass:
+    """A running pass over the epoch: the batches prepared ahead, the work lock, and the thread that helps."""
+
+    def __init__(self, loader: PlanLoader, it: Iterator):
+        self.loader, self.it = loader, it
+        self.ready: deque = deque()  # (micro-batch, batch), a _Failure or _END, in the sampler's order
+        self.work = threading.Lock()  # held while taking the next micro-batch and preparing it
+        self.room = threading.Condition(threading.Lock())  # the thread waits here while `ready` is full
+        self.waiting = False  # the thread waits for room (set before it looks at the queue's length)
+        self.done = False  # the sampler's epoch is over (or failed): nothing more to prepare
+        self.stop = False
+        self.cap = loader.prefetch
+        self.low = loader.prefetch // 2  # the thread is woken when the queue is down to this
+        self.thread = threading.Thread(target=self._help, name="sortpack-PlanLoader", daemon=True)
+
+    def prepare(self):
+        """Return the next item: (micro-batch, batch), a ``_Failure``, or ``_END`` (call with ``work`` held)."""
+        if self.done:
+            return _END
+        try:
+            mb = next(self.it)
+        except StopIteration:
+            self.done = True
+            return _END
+        except BaseException as exc:  # raised again in the loop's thread
+            self.done = True
+            return _Failure(exc)
+        try:
+            return mb, self.loader._fetch(mb)
+        except BaseException as exc:
+            self.done = True
+            return _Failure(exc)
+
+    def _help(self) -> None:
+        """The thread: prepare batches ahead of the loop while there is room, until the epoch ends or stop."""
+        ready, room = self.ready, self.room
+        while not self.stop and not self.done:
+            if len(ready) >= self.cap:
+                with room:
+                    self.waiting = True  # before looking again: a pop that follows sees it and wakes us
+                    while len(ready) >= self.cap and not self.stop:
+                        room.wait(0.1)
+                    self.waiting = False
+                continue
+            # never wait on the lock: a thread woken with it but without the GIL would make the loop wait
+            # for the thread at every batch (a lock convoy); the loop holds it only while preparing one
+            if not self.work.acquire(blocking=False):
+                time.sleep(_BUSY)
+                continue
+            try:
+                if not (self.stop or self.done):
+                    ready.append(self.prepare())
+            finally:
+                self.work.release()
+
+    def take(self):
+        """Return the next item for the loop: a prepared one, or one prepared here when none is."""
+        ready = self.ready
+        while True:
+            if ready:
+                item = ready.popleft()
+                if self.waiting and len(ready) <= self.low:
+                    with self.room:
+                        self.room.notify()
+                return item
+            with self.work:  # waits only while the thread is in the middle of the next batch
+                if not ready:
+                    return self.prepare()
+
+    def halt(self) -> None:
+        """Stop the thread and wait for it (it finishes the batch it is preparing, if any)."""
+        self.stop = True
+        if self.thread.is_alive():
+            with self.room:
+                self.room.notify()
+            self.thread.join()
 
 
 def _pin(batch):
@@ -123,47 +200,26 @@ class PlanLoader:
         batch = items if self.collate_fn is None else self.collate_fn(items)
         return _pin(batch) if self.pin_memory else batch
 
-    def _work(self, it, q: queue.Queue, stop: threading.Event) -> None:
-        def put(item) -> bool:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.05)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        try:
-            for mb in it:
-                if stop.is_set() or not put((mb, self._fetch(mb))):
-                    return
-            put(_END)
-        except BaseException as exc:  # raised again in the loop's thread
-            put(_Failure(exc))
-
     def __iter__(self) -> Iterator:
         """Yield the collated batches of the rest of the sampler's epoch."""
         self.close()
         # hand-outs to the thread must not move the resume state; the loop's receipt does
         self.sampler.track_steps = True
-        it = iter(self.sampler)  # here, not in the thread: a finished epoch rolls over now
-        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-        thread = threading.Thread(target=self._work, args=(it, q, stop), name="sortpack-PlanLoader", daemon=True)
-        run = self._pass = _Pass(thread, stop, q)
-        thread.start()
+        run = self._pass = _Pass(self, iter(self.sampler))  # here, not in the thread: a finished epoch rolls over now
+        run.thread.start()
         return self._receive(run)
 
     def _receive(self, run: _Pass) -> Iterator:
         try:
+            consume = self.sampler.consume
             while True:
-                item = run.batches.get()
+                item = run.take()
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
                     raise item.exc
                 mb, batch = item
-                self.sampler.consume(mb)
+                consume(mb)
                 yield batch
         finally:
             self._stop(run)
@@ -174,11 +230,6 @@ class PlanLoader:
             self._stop(self._pass)
 
     def _stop(self, run: _Pass) -> None:
-        run.stop.set()
-        while run.thread.is_alive():
-            try:  # make room so a blocked put sees the stop
-                run.batches.get_nowait()
-            except queue.Empty:
-                run.thread.join(timeout=0.05)
+        run.halt()
         if self._pass is run:
             self._pass = None
