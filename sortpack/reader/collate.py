@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernels import pad_tokens, varlen_tokens
-from ..kernels.tokens import TokenView, batch_kernels, pad_batch_into, token_view
+from ..kernels.tokens import TokenView, batch_kernels, pad_batch_into, token_view, varlen_batch_into
 from .microbatch import MicroBatch, Samples
 from .tokens import ragged_tokens, stored_token_view
 
@@ -262,8 +262,16 @@ class VarlenCollate:
         """Return input_ids, labels, position_ids, cu_seqlens, seq_idx, the Hugging Face keys, lengths and masks."""
         import torch
 
-        values, offsets = _token_arrays(items, self.key, self.tokenize)[:2]
+        view = _token_arrays(items, self.key, self.tokenize)
         mb = getattr(items, "microbatch", None)
+        kernels = batch_kernels()
+        rows = getattr(mb, "row_splits", None) is not None and getattr(mb, "padded_size", None) is not None
+        if kernels is not None and not rows and not (self.pad_to_multiple and self.pad_to_multiple > 1):
+            out = self._compiled(torch, kernels, view, mb, items)  # one segment per sample: the usual layout
+            if mb is not None:
+                out["microbatch"] = mb.info()
+            return out
+        values, offsets = view.values, view.offsets
         full = np.diff(offsets).astype(np.int64, copy=False)
         n = len(full)
         seg_len, seg_real, seg_sample, width = _segments(full, mb, self.pad_to_multiple)
@@ -309,6 +317,32 @@ class VarlenCollate:
         if mb is not None:
             out["microbatch"] = mb.info()
         return out
+
+
+    def _compiled(self, torch, kernels, view, mb, items) -> dict:
+        """Return the batch of one segment per sample, written by one compiled call into tensors torch allocated.
+
+        The same batch as ``_segments``' layout without rows or ``pad_to_multiple`` (each sample
+        cut to the micro-batch's ``padded_size``), with as few torch calls as the outputs allow.
+        """
+        n = len(view.offsets) - 1
+        room = int(view.offsets[n]) - int(view.offsets[0]) if n > 0 else 0  # tokens before any cut
+        empty, i64, i32 = torch.empty, torch.int64, torch.int32
+        ids, labels, positions = empty((3, room), dtype=i64).unbind(0)
+        lengths, seq_index, sample_ids = empty((3, n), dtype=i64).unbind(0)
+        seq_idx, mask = empty(room, dtype=i32), empty(room, dtype=torch.bool)
+        cu, real = empty(n + 1, dtype=i32), empty(n, dtype=torch.bool)
+        cap = None if mb is None or mb.padded_size is None else int(mb.padded_size)
+        total, longest = varlen_batch_into(
+            kernels, view, n, cap, IGNORE_INDEX, self.position_ids_start, _known_ids(mb, n, items),
+            not getattr(mb, "repeat", False), tuple(t.data_ptr() for t in (ids, labels, positions, seq_idx, mask, cu,
+                                                                             lengths, seq_index, sample_ids, real)))
+        if total < room:  # a sample longer than the plan's shape was cut
+            ids, labels, positions, seq_idx, mask = (t[:total] for t in (ids, labels, positions, seq_idx, mask))
+        return {"input_ids": ids, "labels": labels, "position_ids": positions, "cu_seqlens": cu, "max_seqlen": longest,
+                "seq_index": seq_index, "seq_idx": seq_idx, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+                "max_length_q": longest, "max_length_k": longest, "lengths": lengths, "token_mask": mask,
+                "sample_ids": sample_ids, "real": real}
 
 
 def varlen_collate(key=None, tokenize=None, pad_id: int = 0, position_ids_start: int = 0,

@@ -42,11 +42,16 @@ class _Pass:
     """A running pass over the epoch: the batches prepared ahead, the work lock, and the thread that helps."""
 
     def __init__(self, loader: PlanLoader, it: Iterator):
-        self.loader, self.it = loader, it
+        self.it, self.fetch = it, loader._fetcher()
         self.ready: deque = deque()  # (micro-batch, batch), a _Failure or _END, in the sampler's order
         self.work = threading.Lock()  # held while taking the next micro-batch and preparing it
         self.room = threading.Condition(threading.Lock())  # the thread waits here while `ready` is full
-        self.waiting = False  # the thread waits for room (set before it looks at the queue's length)
+        self.waiting = False  # the thread waits (set before it looks at the queue and `wanted` again)
+        # the thread prepares only while the loop is away from it longer than a batch takes to prepare:
+        # then the two overlap; a loop that comes straight back prepares its batches itself, switch-free
+        self.wanted = False
+        self.cost = float("inf")  # seconds the latest batch took to prepare (unknown before the first)
+        self.back = time.perf_counter()  # when the loop last received a batch
         self.done = False  # the sampler's epoch is over (or failed): nothing more to prepare
         self.stop = False
         self.cap = loader.prefetch
@@ -66,19 +71,22 @@ class _Pass:
             self.done = True
             return _Failure(exc)
         try:
-            return mb, self.loader._fetch(mb)
+            start = time.perf_counter()
+            batch = self.fetch(mb)
+            self.cost = time.perf_counter() - start
+            return mb, batch
         except BaseException as exc:
             self.done = True
             return _Failure(exc)
 
     def _help(self) -> None:
-        """The thread: prepare batches ahead of the loop while there is room, until the epoch ends or stop."""
+        """The thread: prepare batches ahead of the loop while it is wanted and there is room, until the end or stop."""
         ready, room = self.ready, self.room
         while not self.stop and not self.done:
-            if len(ready) >= self.cap:
+            if len(ready) >= self.cap or not self.wanted:
                 with room:
-                    self.waiting = True  # before looking again: a pop that follows sees it and wakes us
-                    while len(ready) >= self.cap and not self.stop:
+                    self.waiting = True  # before looking again: a take that follows sees it and wakes us
+                    while (len(ready) >= self.cap or not self.wanted) and not self.stop:
                         room.wait(0.1)
                     self.waiting = False
                 continue
@@ -96,16 +104,20 @@ class _Pass:
     def take(self):
         """Return the next item for the loop: a prepared one, or one prepared here when none is."""
         ready = self.ready
-        while True:
+        self.wanted = wanted = time.perf_counter() - self.back > self.cost
+        item = None
+        while item is None:
             if ready:
                 item = ready.popleft()
-                if self.waiting and len(ready) <= self.low:
-                    with self.room:
-                        self.room.notify()
-                return item
-            with self.work:  # waits only while the thread is in the middle of the next batch
-                if not ready:
-                    return self.prepare()
+            else:
+                with self.work:  # waits only while the thread is in the middle of the next batch
+                    if not ready:
+                        item = self.prepare()
+        if wanted and self.waiting and len(ready) <= self.low:
+            with self.room:
+                self.room.notify()
+        self.back = time.perf_counter()
+        return item
 
     def halt(self) -> None:
         """Stop the thread and wait for it (it finishes the batch it is preparing, if any)."""
@@ -194,11 +206,18 @@ class PlanLoader:
         self.sampler.load_state_dict(state)
 
     # --- iteration -----------------------------------------------------------------------------------
-    def _fetch(self, mb):
-        getitems = getattr(self.dataset, "__getitems__", None)
-        items = getitems(mb) if getitems is not None else [self.dataset[i] for i in mb]
-        batch = items if self.collate_fn is None else self.collate_fn(items)
-        return _pin(batch) if self.pin_memory else batch
+    def _fetcher(self):
+        """Return the function that turns a micro-batch into its batch: fetch, collate, pin (looked up once)."""
+        dataset, collate, pin = self.dataset, self.collate_fn, self.pin_memory
+        getitems = getattr(dataset, "__getitems__", None)
+        if getitems is None:
+            def getitems(mb):
+                return [dataset[i] for i in mb]
+        if collate is None and not pin:
+            return getitems
+        if not pin:
+            return lambda mb: collate(getitems(mb))
+        return lambda mb: _pin(getitems(mb) if collate is None else collate(getitems(mb)))
 
     def __iter__(self) -> Iterator:
         """Yield the collated batches of the rest of the sampler's epoch."""

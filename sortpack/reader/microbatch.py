@@ -5,12 +5,11 @@ shape and step from these records; they need nothing else of the sampler.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class StepFacts:
-    """The facts of one optimizer step that every micro-batch of it shares (built once per step).
+class StepFacts(NamedTuple):
+    """The facts of one optimizer step that every micro-batch of it shares (built once per step, immutable).
 
     Parameters
     ----------
@@ -37,22 +36,9 @@ class StepFacts:
     step_tokens: int = 0
     world_size: int = 1
 
-    _info: dict = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # plain ints (numpy scalars do not pickle or log as ints), and the dict built once per step:
-        # each of its micro-batches' info() copies it
-        info = {name: int(getattr(self, name)) for name in _FACTS}
-        for name, value in info.items():
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "_info", info)
-
     def info(self) -> dict:
         """Return the facts as a new dict of plain ints (the step's part of ``MicroBatch.info()``)."""
-        return dict(self._info)
-
-
-_FACTS = ("epoch", "step", "position", "end", "run_step", "step_batch", "step_tokens", "world_size")
+        return dict(zip(self._fields, map(int, self)))
 
 
 _NO_STEP = StepFacts()

@@ -297,6 +297,8 @@ class PackedSampler:
         names = self.index.source_names or []
         sources = self.index["source"] if names else None
         mb_sizes = self.index["tokens"]  # one read of the column, then a lookup per micro-batch
+        record = self.index.record
+        ahead = _StepsAhead(plan, self.rank)
         while True:
             w, a = self.world_size, self.grad_accum  # read per step: set_grad_accum applies at once
             if self._steps_left(plan, pos, w * a) == 0:
@@ -307,7 +309,7 @@ class PackedSampler:
                 if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
                     self._set_state(epoch, pos, step)
                 continue
-            packed, repeat, batch, tokens = plan.step_parts(pos, w, a, self.rank)
+            packed, repeat, batch, tokens = ahead.parts(pos, w, a)
             if skips.sizes:
                 lost = skips.lost(plan.packed_array((pos + np.arange(w * a)) % length))
                 batch, tokens = batch - lost.samples, tokens - lost.tokens
@@ -317,7 +319,7 @@ class PackedSampler:
                 self._set_state(epoch, pos, step + 1)
             facts = StepFacts(epoch, step, start, pos, base + step, batch, tokens, w)
             for k, p in enumerate(packed):
-                ids, bs, ps, splits = self.index.record(p)
+                ids, bs, ps, splits = record(p)
                 mb_tokens = int(mb_sizes[p])
                 if skips.sizes:
                     ids, splits = skips.kept(p, ids, splits)
@@ -381,3 +383,33 @@ class PackedBatchSampler(PackedSampler):
 # the parameters are the parent's, and so is their documentation (one text, no copy to drift)
 PackedBatchSampler.__doc__ = (PackedBatchSampler.__doc__ or "") + "\n    Parameters" + \
     (PackedSampler.__doc__ or "").split("\n    Parameters", 1)[1]
+
+
+class _StepsAhead:
+    """A rank's parts of the next steps of an epoch (``EpochPlan.step_parts``), computed ``CHUNK`` steps at a time.
+
+    One vectorised pass per chunk instead of a table lookup per step; a change of width
+    (``set_grad_accum``) or a position off the chunk computes a new one, and a step that
+    straddles the epoch's end is asked of the plan on its own.
+    """
+
+    CHUNK = 64
+
+    def __init__(self, plan: EpochPlan, rank: int):
+        self.plan, self.rank = plan, rank
+        self._key: tuple = ()
+        self._first, self._steps, self._width = 0, 0, 1
+        self._parts: tuple = ([], [], [], [])
+
+    def parts(self, pos: int, world: int, accum: int) -> tuple:
+        """Return (micro-batch numbers, repeat flags, step samples, step tokens) of the step at ``pos``."""
+        width = world * accum
+        i, off = divmod(pos - self._first, width)
+        if self._key != (world, accum) or off or not 0 <= i < self._steps:
+            self._parts = self.plan.steps_ahead(pos, world, accum, self.rank, self.CHUNK)
+            self._key, self._first, self._width = (world, accum), pos, width
+            self._steps, i = len(self._parts[2]), 0
+            if not self._steps:  # the step straddles the epoch's end
+                return self.plan.step_parts(pos, world, accum, self.rank)
+        ids, repeat, samples, tokens = self._parts
+        return ids[i * accum:(i + 1) * accum], repeat[i * accum:(i + 1) * accum], samples[i], tokens[i]
