@@ -98,6 +98,7 @@ class PackedIndex:
         self._firsts = firsts
         self._starts = np.array(firsts + [self.num_microbatches], dtype=np.int64)
         self._views: dict = {}
+        self._records: dict = {}  # shard -> (id offsets, ids, batch_size, padded_size) views, for record()
         self._columns: dict = {}
         schema = self.manifest.get("schema")
         schema = schema if isinstance(schema, dict) else {}
@@ -251,15 +252,18 @@ class PackedIndex:
     def record(self, i: int) -> Record:
         """Return micro-batch ``i``'s ``Record``: sample ids, batch_size, padded_size, row_splits or None."""
         k, j = self._locate(int(i))
-        offsets, values = self._view(k, "sample_ids")
+        views = self._records.get(k)
+        if views is None:  # the shard's columns a record reads, looked up once
+            views = self._records[k] = (*self._view(k, "sample_ids"), self._view(k, "batch_size"),
+                                        self._view(k, "padded_size"))
+        offsets, values, bs, ps = views
         splits = None
         if self.has_rows:
             so, sv = self._view(k, "row_splits")
             splits = sv[so[j]:so[j + 1]].tolist()
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (a third of record's cost:
         # the sampler calls it for every micro-batch it hands out)
-        return _new_record(Record, (values[offsets[j]:offsets[j + 1]].tolist(),
-                                    int(self._view(k, "batch_size")[j]), int(self._view(k, "padded_size")[j]), splits))
+        return _new_record(Record, (values[offsets[j]:offsets[j + 1]].tolist(), int(bs[j]), int(ps[j]), splits))
 
     def shape(self, i: int) -> tuple[int, int]:
         """Return ``(batch_size, padded_size)`` of micro-batch ``i``."""

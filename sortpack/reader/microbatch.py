@@ -103,13 +103,16 @@ class MicroBatch(list):
     def info(self) -> dict:
         """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on).
 
-        The step's facts (``StepFacts.info``) and the micro-batch's own: ``microbatch``,
+        The step's facts (as ``StepFacts.info`` gives them) and the micro-batch's own: ``microbatch``,
         ``last``, ``tokens``, ``num_samples``, ``repeat``, and ``source`` for a mixture plan's
         micro-batch (its source's name), so a loop can log per source.
         """
-        out = self.facts.info()
-        out.update(microbatch=int(self.microbatch), last=bool(self.last), tokens=int(self.tokens),
-                   num_samples=len(self), repeat=bool(self.repeat))
+        epoch, step, position, end, run_step, step_batch, step_tokens, world_size = self.facts
+        # one literal (the collate helpers call this for every micro-batch), in the order StepFacts.info gives
+        out: dict = {"epoch": int(epoch), "step": int(step), "position": int(position), "end": int(end),
+               "run_step": int(run_step), "step_batch": int(step_batch), "step_tokens": int(step_tokens),
+               "world_size": int(world_size), "microbatch": int(self.microbatch), "last": bool(self.last),
+               "tokens": int(self.tokens), "num_samples": len(self), "repeat": bool(self.repeat)}
         if self.source is not None:
             out["source"] = self.source
         return out

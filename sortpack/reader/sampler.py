@@ -153,6 +153,8 @@ class PackedSampler:
     def _steps_from(self, position: int, step: int | None = None) -> int:
         plan = self.plan()
         left = self._steps_left(plan, position, self.width)
+        if not left or not len(self.skips.ranges):
+            return left
         first = self._run_base(plan) + (self._step if step is None else step)
         return left - self.skips.skipped_between(first, first + left)
 
