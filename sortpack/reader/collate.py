@@ -327,16 +327,18 @@ class VarlenCollate:
         """
         n = len(view.offsets) - 1
         room = int(view.offsets[n]) - int(view.offsets[0]) if n > 0 else 0  # tokens before any cut
-        empty, i64, i32 = torch.empty, torch.int64, torch.int32
-        ids, labels, positions = empty((3, room), dtype=i64).unbind(0)
-        lengths, seq_index, sample_ids = empty((3, n), dtype=i64).unbind(0)
-        seq_idx, mask = empty(room, dtype=i32), empty(room, dtype=torch.bool)
-        cu, real = empty(n + 1, dtype=i32), empty(n, dtype=torch.bool)
+        empty, i64, i32, b8 = torch.empty, torch.int64, torch.int32, torch.bool
+        ids, labels, positions, seq_idx = (empty(room, dtype=i64), empty(room, dtype=i64), empty(room, dtype=i64),
+                                           empty(room, dtype=i32))
+        mask, cu, lengths, seq_index = empty(room, dtype=b8), empty(n + 1, dtype=i32), empty(n, dtype=i64), \
+            empty(n, dtype=i64)
+        sample_ids, real = empty(n, dtype=i64), empty(n, dtype=b8)
         cap = None if mb is None or mb.padded_size is None else int(mb.padded_size)
         total, longest = varlen_batch_into(
             kernels, view, n, cap, IGNORE_INDEX, self.position_ids_start, _known_ids(mb, n, items),
-            not getattr(mb, "repeat", False), tuple(t.data_ptr() for t in (ids, labels, positions, seq_idx, mask, cu,
-                                                                             lengths, seq_index, sample_ids, real)))
+            not getattr(mb, "repeat", False),
+            (ids.data_ptr(), labels.data_ptr(), positions.data_ptr(), seq_idx.data_ptr(), mask.data_ptr(),
+             cu.data_ptr(), lengths.data_ptr(), seq_index.data_ptr(), sample_ids.data_ptr(), real.data_ptr()))
         if total < room:  # a sample longer than the plan's shape was cut
             ids, labels, positions, seq_idx, mask = (t[:total] for t in (ids, labels, positions, seq_idx, mask))
         return {"input_ids": ids, "labels": labels, "position_ids": positions, "cu_seqlens": cu, "max_seqlen": longest,

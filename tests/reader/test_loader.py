@@ -178,3 +178,60 @@ def test_the_documented_stored_data_loop_runs_as_written(token_plan, tmp_path, m
         want += [list(mb) for mb in ref]
     assert [b["sample_ids"].tolist() for b in received] == want
     assert sampler.state_dict()["epoch"] == ns["E"]
+
+
+def _who_prepares(plan, loop_body, prefetch=4):
+    """Return the names of the threads that collated each batch of an epoch, and the batches' sample ids in order."""
+    import threading
+
+    names = []
+
+    def collate(items):
+        names.append(threading.current_thread().name)
+        return pad_collate(key="input_ids")(items)
+
+    loader = PlanLoader(SourceDataset(plan), PackedBatchSampler(plan, rank=0, world_size=1, order="shuffle", seed=1),
+                        collate, prefetch=prefetch)
+    got = []
+    for batch in loader:
+        got.append(batch["sample_ids"].tolist())
+        loop_body()
+    return names, got
+
+
+def test_a_loop_that_comes_straight_back_prepares_its_own_batches(token_plan):
+    """No thread switch per batch when the loop does not let go of the GIL (issue 24.6): the loop collates inline."""
+    plan, _ = token_plan
+    names, got = _who_prepares(plan, lambda: None)
+    want = [b["sample_ids"].tolist() for b in DataLoader(
+        SourceDataset(plan), batch_sampler=PackedBatchSampler(plan, rank=0, world_size=1, order="shuffle", seed=1),
+        collate_fn=pad_collate(key="input_ids"))]
+    assert got == want and len(names) == len(want) > 10
+    # a loaded machine may hold the loop back between batches now and then: then the thread helps
+    assert names.count("MainThread") >= len(names) * 0.6, names
+
+
+def test_the_thread_prepares_ahead_while_the_loop_is_away(token_plan):
+    """A training step that lets go of the GIL (a CUDA wait; here a sleep) overlaps with the next batches' preparing."""
+    import time
+
+    plan, _ = token_plan
+    names, got = _who_prepares(plan, lambda: time.sleep(0.01))
+    assert names.count("sortpack-PlanLoader") >= len(names) * 0.5, names
+    assert len(got) == len(names)
+
+
+def test_leaving_the_loop_early_stops_the_thread(token_plan):
+    import threading
+    import time
+
+    plan, _ = token_plan
+    loader = PlanLoader(SourceDataset(plan), PackedBatchSampler(plan, rank=0, world_size=1), pad_collate(key="input_ids"))
+    for k, _batch in enumerate(loader):
+        time.sleep(0.005)  # the thread fills the queue meanwhile
+        if k == 3:
+            break
+    run = loader._pass
+    assert run is None or not run.thread.is_alive()
+    loader.close()
+    assert not [t for t in threading.enumerate() if t.name == "sortpack-PlanLoader" and t.is_alive()]
