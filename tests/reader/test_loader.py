@@ -226,7 +226,8 @@ def test_leaving_the_loop_early_stops_the_thread(token_plan):
     import time
 
     plan, _ = token_plan
-    loader = PlanLoader(SourceDataset(plan), PackedBatchSampler(plan, rank=0, world_size=1), pad_collate(key="input_ids"))
+    sampler = PackedBatchSampler(plan, rank=0, world_size=1)
+    loader = PlanLoader(SourceDataset(plan), sampler, pad_collate(key="input_ids"))
     for k, _batch in enumerate(loader):
         time.sleep(0.005)  # the thread fills the queue meanwhile
         if k == 3:

@@ -119,7 +119,8 @@ def test_the_compiled_collate_gives_the_numpy_fallbacks_batches(plan, order, mon
     ds = SourceDataset(plan)
     collates = [pad_collate(key="input_ids"), pad_collate(key="input_ids", pad_id=3, attn_mask="causal"),
                 pad_collate(key="input_ids", pad_to_multiple=8), varlen_collate(key="input_ids"),
-                varlen_collate(key="input_ids", position_ids_start=2), varlen_collate(key="input_ids", pad_to_multiple=4)]
+                varlen_collate(key="input_ids", position_ids_start=2),
+                varlen_collate(key="input_ids", pad_to_multiple=4)]
     batches = []
     for mb in PackedSampler(PackedIndex(plan), rank=1, world_size=2, grad_accum=2, order=order, seed=4):
         items = ds.__getitems__(mb)
