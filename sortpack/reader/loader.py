@@ -142,11 +142,14 @@ def _pin(batch):
 
 
 class PlanLoader:
-    """Iterate collated micro-batches of ``sampler`` over ``dataset``, prepared one step ahead in a thread.
+    """Iterate collated micro-batches of ``sampler`` over ``dataset``, prepared ahead in a thread while the loop trains.
 
-    A drop-in for ``DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn)`` in a
-    training loop: same batches in the same order, ``len()``, ``set_epoch``,
-    ``state_dict``/``load_state_dict`` (the sampler's). Each batch is reported to the sampler
+    The thread prepares batches while the loop is away longer than a batch takes (a training
+    step that lets go of the GIL), at most ``prefetch`` ahead; a loop that comes straight back
+    prepares its next batch itself rather than pay a thread switch for it. A drop-in for
+    ``DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn)`` in a training loop:
+    same batches in the same order, ``len()``, ``set_epoch``, ``state_dict``/``load_state_dict``
+    (the sampler's). Each batch is reported to the sampler
     (``sampler.consume``) as the loop receives it, so calling ``consume`` yourself is not needed
     (and harmless).
 
