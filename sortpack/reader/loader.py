@@ -29,6 +29,9 @@ from collections.abc import Iterator
 
 _END = object()
 _BUSY = 0.001  # seconds the thread sleeps while the loop prepares a batch itself
+# a loop away this long wants the thread even when a batch takes longer to prepare (a slow read
+# that lets go of the GIL overlaps with any step of a millisecond or more)
+_AWAY = 0.001
 
 
 class _Failure:
@@ -47,8 +50,8 @@ class _Pass:
         self.work = threading.Lock()  # held while taking the next micro-batch and preparing it
         self.room = threading.Condition(threading.Lock())  # the thread waits here while `ready` is full
         self.waiting = False  # the thread waits (set before it looks at the queue and `wanted` again)
-        # the thread prepares only while the loop is away from it longer than a batch takes to prepare:
-        # then the two overlap; a loop that comes straight back prepares its batches itself, switch-free
+        # the thread prepares only while the loop is away from it longer than a batch takes to prepare
+        # (or _AWAY): then the two overlap; a loop that comes straight back prepares its own, switch-free
         self.wanted = False
         self.cost = float("inf")  # seconds the latest batch took to prepare (unknown before the first)
         self.back = time.perf_counter()  # when the loop last received a batch
@@ -104,7 +107,7 @@ class _Pass:
     def take(self):
         """Return the next item for the loop: a prepared one, or one prepared here when none is."""
         ready = self.ready
-        self.wanted = wanted = time.perf_counter() - self.back > self.cost
+        self.wanted = wanted = time.perf_counter() - self.back > min(self.cost, _AWAY)
         item = None
         while item is None:
             if ready:

@@ -180,14 +180,20 @@ def test_the_documented_stored_data_loop_runs_as_written(token_plan, tmp_path, m
     assert sampler.state_dict()["epoch"] == ns["E"]
 
 
-def _who_prepares(plan, loop_body, prefetch=4):
-    """Return the names of the threads that collated each batch of an epoch, and the batches' sample ids in order."""
+def _who_prepares(plan, loop_body, prefetch=4, read=0.0):
+    """Return the names of the threads that collated each batch of an epoch, and the batches' sample ids in order.
+
+    ``read``: seconds each collate also sleeps (a slow read that lets go of the GIL).
+    """
     import threading
+    import time
 
     names = []
 
     def collate(items):
         names.append(threading.current_thread().name)
+        if read:
+            time.sleep(read)
         return pad_collate(key="input_ids")(items)
 
     loader = PlanLoader(SourceDataset(plan), PackedBatchSampler(plan, rank=0, world_size=1, order="shuffle", seed=1),
@@ -211,12 +217,16 @@ def test_a_loop_that_comes_straight_back_prepares_its_own_batches(token_plan):
     assert names.count("MainThread") >= len(names) * 0.6, names
 
 
-def test_the_thread_prepares_ahead_while_the_loop_is_away(token_plan):
-    """A training step that lets go of the GIL (a CUDA wait; here a sleep) overlaps with the next batches' preparing."""
+@pytest.mark.parametrize("step,read", [(0.01, 0.0), (0.002, 0.005)])
+def test_the_thread_prepares_ahead_while_the_loop_is_away(token_plan, step, read):
+    """A training step that lets go of the GIL (a CUDA wait; here a sleep) overlaps with the next batches' preparing.
+
+    Also when a batch takes longer to prepare than the step (a slow read): the thread still overlaps part of it.
+    """
     import time
 
     plan, _ = token_plan
-    names, got = _who_prepares(plan, lambda: time.sleep(0.01))
+    names, got = _who_prepares(plan, lambda: time.sleep(step), read=read)
     assert names.count("sortpack-PlanLoader") >= len(names) * 0.5, names
     assert len(got) == len(names)
 
