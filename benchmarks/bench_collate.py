@@ -69,8 +69,7 @@ def build(workdir: Path, rows: int, seed: int = 0) -> Path:
 
 def measure(plan: str, microbatches: int) -> dict:
     """Return samples/s of each loop over the first ``microbatches`` micro-batches of a shuffled epoch."""
-    from sortpack.dataset import SourceDataset
-    from sortpack.torch import PackedBatchSampler, pad_collate, varlen_collate
+    from sortpack.torch import PackedBatchSampler, SourceDataset, pad_collate, varlen_collate
 
     mbs = list(PackedBatchSampler(plan, rank=0, world_size=1, order="shuffle", seed=0))[:microbatches]
     samples = sum(len(mb) for mb in mbs)

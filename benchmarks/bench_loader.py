@@ -104,8 +104,7 @@ def run(scale: str) -> dict:
     import torch
     from torch.utils.data import DataLoader
 
-    from sortpack.dataset import SourceDataset
-    from sortpack.torch import PackedBatchSampler, PlanLoader, pad_collate
+    from sortpack.torch import PackedBatchSampler, PlanLoader, SourceDataset, pad_collate
 
     torch.set_num_threads(1)
     n, rounds = SCALES[scale]

@@ -57,9 +57,8 @@ def sortpack(args: list, ranks: int = 1) -> None:
 
 def fetch_rate(plan: Path, max_seconds: float, stored: bool) -> float:
     """Return samples/s of one process fetching micro-batches in shuffle order through SourceDataset."""
-    from sortpack.dataset import SourceDataset
     from sortpack.reader import PackedIndex
-    from sortpack.torch import PackedBatchSampler
+    from sortpack.torch import PackedBatchSampler, SourceDataset
 
     index = PackedIndex(plan)
     ds = SourceDataset(plan, stored=stored)

@@ -115,8 +115,7 @@ def _cli(args: list[str], ranks: int, env: dict, timeout: float = 1200) -> float
 
 def _read_worker(args: dict) -> dict:
     """In this process: samples/s of SourceDataset over the plan in the sampler's order (optionally Prefetched)."""
-    from sortpack.dataset import SourceDataset
-    from sortpack.reader import PackedSampler, Prefetched
+    from sortpack.reader import PackedSampler, Prefetched, SourceDataset
 
     ds = SourceDataset(args["plan"], columns=["text"], cache_units=4)
     sampler = PackedSampler(args["plan"], rank=0, world_size=2, order="shuffle", seed=1)

@@ -207,7 +207,7 @@ def cold_worker(args: dict) -> dict:
         def fetch(mb):
             return ds.__getitems__(list(mb))
     else:
-        from sortpack.dataset import SourceDataset
+        from sortpack.reader import SourceDataset
 
         sds = SourceDataset(args["plan"])
         fetch = sds.__getitems__
@@ -238,8 +238,7 @@ def take_rates(plan: Path, hf: Path, seconds: float, repeat: int) -> dict:
     """Return samples/s of random-id reads, sortpack and datasets interleaved (medians), and the map's build time."""
     import datasets
 
-    from sortpack.dataset import SourceDataset
-    from sortpack.reader import PackedIndex
+    from sortpack.reader import PackedIndex, SourceDataset
 
     index = PackedIndex(plan)
     stored, sds = index.stored, SourceDataset(plan)

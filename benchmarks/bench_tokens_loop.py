@@ -31,6 +31,9 @@ Over every micro-batch of a shuffled epoch (seed 1), one process per ``--code`` 
 
 Figures: µs per micro-batch (a sequence for Megatron), real tokens/s, and each loop's
 ratio to the numpy loop (its speed over the numpy loop's) measured in the same process.
+Then, beside a simulated 1 ms training step that lets go of the GIL (a sleep, as a CUDA wait),
+the µs per micro-batch the loop waits for its batch: inline (all of fetch + collate) and
+with ``PlanLoader`` (what its thread did not prepare during the step).
 Goal (issue 24): PlanLoader at >= 0.1x the numpy loop on ``long``, >= 0.5x on ``short``,
 and <= 100 µs of fixed cost per micro-batch.
 """
@@ -180,9 +183,8 @@ def measure(plan: str, budget: int, rounds: int) -> dict:
     from torch.nn.utils.rnn import pad_sequence
     from torch.utils.data import DataLoader
 
-    from sortpack.dataset import SourceDataset
     from sortpack.reader import PackedIndex
-    from sortpack.torch import PackedBatchSampler, PlanLoader, pad_collate, varlen_collate
+    from sortpack.torch import PackedBatchSampler, PlanLoader, SourceDataset, pad_collate, varlen_collate
 
     torch.set_num_threads(1)
     order = dict(rank=0, world_size=1, order="shuffle", seed=1)
@@ -271,7 +273,46 @@ def measure(plan: str, budget: int, rounds: int) -> dict:
             best[name] = min(best[name], time.perf_counter() - t0)
             cpu[name] = min(cpu[name], time.process_time() - c0)
     return {"microbatches": n, "tokens": tokens, "samples": int((hi - lo).sum()), "seconds": best, "cpu": cpu,
-            "notes": notes}
+            "notes": notes, "exposed": exposed(plan, order, rounds)}
+
+
+STEP = 0.001  # seconds of a simulated training step that lets go of the GIL (a CUDA wait)
+
+
+def exposed(plan: str, order: dict, rounds: int) -> dict:
+    """Return, per loop, the best µs per micro-batch the loop waits for its batch beside a ``STEP`` step.
+
+    What a training loop sees of the data loading: the fetch + collate run in the loop's
+    thread (inline) are all exposed; ``PlanLoader`` prepares during the step.
+    """
+    from sortpack.torch import PackedBatchSampler, PlanLoader, SourceDataset, pad_collate
+
+    collate = pad_collate(key="input_ids")
+    ds, sampler = SourceDataset(plan), PackedBatchSampler(plan, **order)
+    loader = PlanLoader(SourceDataset(plan), PackedBatchSampler(plan, **order), collate)
+
+    def inline():
+        sampler.set_epoch(0)
+        return (collate(ds.__getitems__(mb)) for mb in sampler)
+
+    def planned():
+        loader.set_epoch(0)
+        return iter(loader)
+
+    best = {"inline pad": float("inf"), "PlanLoader pad": float("inf")}
+    for _ in range(rounds):
+        for name, start in (("inline pad", inline), ("PlanLoader pad", planned)):
+            it, waited, n = start(), 0.0, 0
+            while True:
+                t0 = time.perf_counter()
+                batch = next(it, None)
+                waited += time.perf_counter() - t0
+                if batch is None:
+                    break
+                n += 1
+                time.sleep(STEP)
+            best[name] = min(best[name], waited / n * 1e6)
+    return best
 
 
 HEADER = ["loop", "µs / mb (wall)", "µs / mb (CPU)", "tokens/s (wall)", "vs numpy (wall)", "vs numpy (CPU)", "note"]
@@ -317,6 +358,9 @@ def render(results: dict) -> str:
             rows = [header] + _rows(res)
             widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
             out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+            waits = ", ".join(f"{k} {v:,.1f} µs" for k, v in res.get("exposed", {}).items())
+            out.append(f"beside a {STEP * 1e3:g} ms step that lets go of the GIL, the loop waits per micro-batch: "
+                       f"{waits}")
     return "\n".join(out)
 
 

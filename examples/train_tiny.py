@@ -29,8 +29,7 @@ from recipes.common import PAD, TinyLM, close_process_group, train_batches, utf8
 from torch import nn
 from torch.utils.data import DataLoader
 
-from sortpack.dataset import SourceDataset
-from sortpack.torch import GoodputController, PackedBatchSampler, VariableBatchSizeLR, pad_collate
+from sortpack.torch import GoodputController, PackedBatchSampler, SourceDataset, VariableBatchSizeLR, pad_collate
 
 
 def lm_loss(logits, targets):

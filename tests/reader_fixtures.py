@@ -34,8 +34,8 @@ def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", siz
     the index (sample id i has size ``lengths[i]``). ``pack`` holds ``PackOptions`` fields
     (``max_tokens``, ``budget``, ``shapes``, ``same_shape``, ``rows``, ...); ``rows_per_shard``
     cuts the index into small shards (the format's shard size, set for this call only);
-    ``id_bits=64`` writes the sample ids as int64 (the width of indexes over 2^31 rows, and of
-    every index before ids could be int32) instead of the int32 a small input gets.
+    ``id_bits=64`` writes the sample ids as int64 (the width of indexes over 2^31 rows)
+    instead of the int32 a small input gets.
     """
     from sortpack.pipeline.dataset import JobInfo, run_all
     from sortpack.stages.analyze import AnalyzeOptions

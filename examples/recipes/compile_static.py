@@ -21,8 +21,7 @@ import torch._dynamo.utils
 from common import TinyLM, max_len, padded_token_losses, parser, ref_batch, utf8_bytes
 from torch.utils.data import DataLoader
 
-from sortpack.dataset import SourceDataset
-from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, pad_collate, step_loss
+from sortpack.torch import PackedBatchSampler, SourceDataset, VariableBatchSizeLR, pad_collate, step_loss
 
 
 def main() -> None:

@@ -16,8 +16,7 @@ import torch.distributed as dist
 from common import TinyLM, close_process_group, max_len, padded_forward, parser, ref_batch, train_steps, utf8_bytes
 from torch.utils.data import DataLoader
 
-from sortpack.dataset import SourceDataset
-from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, pad_collate
+from sortpack.torch import PackedBatchSampler, SourceDataset, VariableBatchSizeLR, pad_collate
 
 
 def main() -> None:

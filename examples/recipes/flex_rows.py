@@ -25,8 +25,7 @@ from torch.nn.attention.flex_attention import (
 )
 from torch.utils.data import DataLoader
 
-from sortpack.dataset import SourceDataset
-from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, step_loss, varlen_collate
+from sortpack.torch import PackedBatchSampler, SourceDataset, VariableBatchSizeLR, step_loss, varlen_collate
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -17,8 +17,7 @@ from common import TinyLM, max_len, padded_forward, parser, ref_batch, utf8_byte
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainingArguments, get_scheduler
 
-from sortpack.dataset import SourceDataset
-from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, pad_collate
+from sortpack.torch import PackedBatchSampler, SourceDataset, VariableBatchSizeLR, pad_collate
 
 
 class LM(torch.nn.Module):

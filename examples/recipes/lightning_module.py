@@ -15,8 +15,7 @@ import torch
 from common import TinyLM, max_len, padded_forward, parser, ref_batch, utf8_bytes
 from torch.utils.data import DataLoader
 
-from sortpack.dataset import SourceDataset
-from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, pad_collate
+from sortpack.torch import PackedBatchSampler, SourceDataset, VariableBatchSizeLR, pad_collate
 
 
 # --- recipe ---

@@ -19,8 +19,7 @@ import torch.nn.functional as F
 from common import TinyLM, max_len, parser, ref_batch, token_losses, train_steps, utf8_bytes
 from torch.utils.data import DataLoader
 
-from sortpack.dataset import SourceDataset
-from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR, step_loss, varlen_collate
+from sortpack.torch import PackedBatchSampler, SourceDataset, VariableBatchSizeLR, step_loss, varlen_collate
 
 try:
     from flash_attn import flash_attn_varlen_func

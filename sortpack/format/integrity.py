@@ -12,7 +12,7 @@ Three levels (docs/guarantees.md gives what each costs):
   ``num_samples`` and row splits (``check_index_shard``);
 - bytes: the file's sha256 against the manifest (``check_sha256``): the stages do it for
   the directory they read, the reader for every index shard it maps (4 or 8 bytes per
-  sample) and, with ``verify=True``, for the data shards too.
+  sample) and, with ``verify="full"``, for the data shards too.
 
 No MPI here: the train-time reader uses it.
 """

@@ -77,7 +77,7 @@ def schema_for(manifest: dict) -> pa.Schema:
     kind = manifest.get("_kind") or KIND_OF_FORMAT[manifest["format"]]
     described = manifest.get("schema", {})
     dtype = pa.float64() if described.get("difficulty") == "double" else pa.int64()
-    # "list<item: int32>" (older indexes: int64)
+    # "list<item: int32>", or int64 past 2^31 input rows
     id_type = pa.int32() if "int32" in str(described.get("sample_ids", "")) else pa.int64()
     pieces = "piece_begin" in described or "begin" in described
     return kind_schema(kind, dtype, rows="row_splits" in described, id_type=id_type, source="source" in described,

@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 12
+#define SP_ABI_VERSION 13
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -872,25 +872,104 @@ SP_API int64_t sp_pad_tokens(const void *values, int64_t vbytes, int64_t nvalues
             len = end - start;
             if (len > width) len = width;
         }
-        if (vbytes == 4) {
+        if (vbytes == 4) {  /* one pass writes both: the tokens are read once */
             const int32_t *src = (const int32_t *)values + start;
-            for (int64_t t = 0; t < len; t++) row[t] = src[t];
+            for (int64_t t = 0; t < len; t++) row[t] = lab[t] = src[t];
         } else {
-            memcpy(row, (const int64_t *)values + start, (size_t)len * sizeof(int64_t));
-        }
-        if (len > 0) {
-            lab[0] = ignore;
-            memcpy(lab + 1, row + 1, (size_t)(len - 1) * sizeof(int64_t));
+            const int64_t *src = (const int64_t *)values + start;
+            for (int64_t t = 0; t < len; t++) row[t] = lab[t] = src[t];
         }
         for (int64_t t = len; t < width; t++) {
             row[t] = pad_id;
             lab[t] = ignore;
         }
-        if (len == 0 && width > 0) lab[0] = ignore;
+        if (width > 0) lab[0] = ignore;
         memset(mask, 0, (size_t)len);
         memset(mask + len, 1, (size_t)(width - len));
         lengths[j] = len;
     }
+    return 0;
+}
+
+/* A micro-batch's sample ids and real flags beside its tokens: sample_ids[j] is ids[j] (int32 or
+   int64, nids of them; none when ids is NULL) and -1 after; real[j] is `real` for the n samples'
+   rows and 0 for the others. */
+static void fill_ids(const void *ids, int64_t ibytes, int64_t nids, int64_t n, int64_t rows, int64_t real,
+                     int64_t *sample_ids, uint8_t *real_out) {
+    for (int64_t j = 0; j < rows; j++) {
+        sample_ids[j] = (ids != NULL && j < nids) ? tok_at(ids, ibytes, j) : -1;
+        real_out[j] = (uint8_t)(j < n && real);
+    }
+}
+
+/* sp_pad_tokens, plus each row's sample id and real flag (fill_ids): every output of the padded
+   batch in one call, into buffers the caller allocated. The 20 arguments come as one int64
+   array (a ctypes call converts each argument it is given: one pointer costs a twentieth):
+   values, vbytes, nvalues, offsets, obytes, n, rows, width, pad_id, ignore, ids (0: none),
+   ibytes, nids, real, then the outputs ids, labels, lengths, key_padding_mask, sample_ids, real. */
+SP_API int64_t sp_pad_batch(const int64_t *a) {
+    const void *ids = (const void *)(intptr_t)a[10];
+    int64_t ibytes = a[11], n = a[5], rows = a[6];
+    if (ids != NULL && ibytes != 4 && ibytes != 8) return -1;
+    int64_t got = sp_pad_tokens((const void *)(intptr_t)a[0], a[1], a[2], (const void *)(intptr_t)a[3], a[4], n, rows,
+                                a[7], a[8], a[9], (int64_t *)(intptr_t)a[14], (int64_t *)(intptr_t)a[15],
+                                (int64_t *)(intptr_t)a[16], (uint8_t *)(intptr_t)a[17]);
+    if (got < 0) return got;
+    fill_ids(ids, ibytes, a[12], n, rows, a[13], (int64_t *)(intptr_t)a[18], (uint8_t *)(intptr_t)a[19]);
+    return 0;
+}
+
+/* The varlen batch of n samples one after another, each its first min(len, cap) tokens (cap < 0:
+   all): ids, labels (ignore at each sample's first token), positions (from pos_start),
+   seq_idx (the sample, int32), token_mask (1), cu (int32, n + 1), lengths, seq_index (j), the
+   sample ids and real flags (fill_ids). The token outputs hold at least
+   offsets[n] - offsets[0] entries. stats[0] = the tokens written, stats[1] = the longest sample.
+   The arguments come as one int64 array (as sp_pad_batch's): values, vbytes, nvalues, offsets,
+   obytes, n, cap, ignore, pos_start, ids (0: none), ibytes, nids, real, then the outputs ids,
+   labels, positions, seq_idx, token_mask, cu, lengths, seq_index, sample_ids, real, stats.
+   Returns 0, -1 for an unknown width, -2 for offsets outside the values. */
+SP_API int64_t sp_varlen_batch(const int64_t *a) {
+    const void *values = (const void *)(intptr_t)a[0], *offsets = (const void *)(intptr_t)a[3];
+    int64_t vbytes = a[1], nvalues = a[2], obytes = a[4], n = a[5], cap = a[6], ignore = a[7], pos_start = a[8];
+    const void *ids = (const void *)(intptr_t)a[9];
+    int64_t *out_ids = (int64_t *)(intptr_t)a[13], *labels = (int64_t *)(intptr_t)a[14];
+    int64_t *pos = (int64_t *)(intptr_t)a[15];
+    int32_t *seq_idx = (int32_t *)(intptr_t)a[16], *cu = (int32_t *)(intptr_t)a[18];
+    uint8_t *token_mask = (uint8_t *)(intptr_t)a[17];
+    int64_t *lengths = (int64_t *)(intptr_t)a[19], *seq_index = (int64_t *)(intptr_t)a[20];
+    int64_t *stats = (int64_t *)(intptr_t)a[23];
+    if ((vbytes != 4 && vbytes != 8) || (obytes != 4 && obytes != 8)) return -1;
+    if (ids != NULL && a[10] != 4 && a[10] != 8) return -1;
+    int64_t at = 0, longest = 0;
+    cu[0] = 0;
+    for (int64_t j = 0; j < n; j++) {
+        int64_t start = tok_at(offsets, obytes, j), end = tok_at(offsets, obytes, j + 1);
+        if (start < 0 || end < start || end > nvalues) return -2;
+        int64_t len = end - start;
+        if (cap >= 0 && len > cap) len = cap;
+        int64_t *row = out_ids + at, *lab = labels + at, *p = pos + at;
+        if (vbytes == 4) {
+            const int32_t *src = (const int32_t *)values + start;
+            for (int64_t t = 0; t < len; t++) row[t] = lab[t] = src[t];
+        } else {
+            const int64_t *src = (const int64_t *)values + start;
+            for (int64_t t = 0; t < len; t++) row[t] = lab[t] = src[t];
+        }
+        if (len > 0) lab[0] = ignore;
+        for (int64_t t = 0; t < len; t++) {
+            p[t] = t + pos_start;
+            seq_idx[at + t] = (int32_t)j;
+        }
+        memset(token_mask + at, 1, (size_t)len);
+        at += len;
+        cu[j + 1] = (int32_t)at;
+        lengths[j] = len;
+        seq_index[j] = j;
+        if (len > longest) longest = len;
+    }
+    fill_ids(ids, a[10], a[11], n, n, a[12], (int64_t *)(intptr_t)a[21], (uint8_t *)(intptr_t)a[22]);
+    stats[0] = at;
+    stats[1] = longest;
     return 0;
 }
 

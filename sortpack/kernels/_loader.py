@@ -16,7 +16,7 @@ import numpy as np
 
 from ..env import env_flag
 
-_ABI_VERSION = 12  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 13  # must equal SP_ABI_VERSION in _ckernels.c
 _EXTENSION = __name__.rpartition(".")[0] + "._ckernels"
 _UNLOADED: Any = object()
 _clib: Any = _UNLOADED
@@ -42,6 +42,8 @@ _SIGNATURES = {
     "sp_varlen_tokens": ([_PTR, _I64, _I64, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64,
                           _PTR, _PTR, _PTR, _PTR, _PTR], _I64),
     "sp_utf8_cuts": ([_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64], _I64),
+    "sp_pad_batch": ([_PTR], _I64),  # one int64 array of arguments (see _ckernels.c)
+    "sp_varlen_batch": ([_PTR], _I64),
 }
 
 

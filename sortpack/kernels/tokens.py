@@ -9,6 +9,9 @@ every offset against ``values`` before it reads a sample.
 from __future__ import annotations
 
 import ctypes
+from array import array
+from collections.abc import Callable
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -29,7 +32,7 @@ def _token_lib(lib):
     got = _HELD.get(lib._name)
     if got is None:
         got = ctypes.PyDLL(lib._name)
-        for name in ("sp_pad_tokens", "sp_varlen_tokens"):
+        for name in ("sp_pad_tokens", "sp_varlen_tokens", "sp_pad_batch", "sp_varlen_batch"):
             fn = getattr(got, name)
             fn.argtypes, fn.restype = _loader._SIGNATURES[name]
         _HELD[lib._name] = got
@@ -41,6 +44,100 @@ def _checked(values: np.ndarray, offsets: np.ndarray) -> None:
         raise TypeError("token kernels: values and offsets must be 1-D int32 or int64 arrays")
     if not (values.flags.c_contiguous and offsets.flags.c_contiguous):
         raise ValueError("token kernels: values and offsets must be contiguous")
+
+
+def _address(a: np.ndarray) -> int:
+    # the data pointer without building ``a.ctypes``
+    return a.__array_interface__["data"][0]
+
+
+class TokenView(NamedTuple):
+    """A micro-batch's token ids where they lie (see the module's doc), with the data addresses of both arrays.
+
+    Build it with ``token_view``; the stored data keeps one per shard column and slices its
+    offsets per micro-batch (``offsets_at`` moves with them), so no address is looked up per call.
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+    values_at: int
+    offsets_at: int
+
+    def sliced(self, start: int, stop: int) -> TokenView:
+        """Return the view of samples ``start .. stop - 1`` (offsets ``start .. stop``), sharing the values."""
+        return _new_view(TokenView, (self.values, self.offsets[start:stop + 1], self.values_at,
+                                     self.offsets_at + start * self.offsets.itemsize))
+
+
+_new_view = cast(Callable[[type[TokenView], tuple], TokenView], tuple.__new__)  # no per-call NamedTuple checks
+
+
+def token_view(values: np.ndarray, offsets: np.ndarray) -> TokenView:
+    """Return a ``TokenView`` of ``values`` and ``offsets`` (1-D contiguous int32 or int64 arrays; else TypeError)."""
+    _checked(values, offsets)
+    return TokenView(values, offsets, _address(values), _address(offsets))
+
+
+def batch_kernels():
+    """Return the compiled token kernels (a handle for ``pad_batch_into``/``varlen_batch_into``), or None.
+
+    None when the compiled kernels are not available: ``pad_tokens``/``varlen_tokens`` then
+    give the same arrays from numpy.
+    """
+    lib = _c()
+    return None if lib is None else _token_lib(lib)
+
+
+def _ids_arg(ids) -> tuple[int, int, int]:
+    """Return (address, width, count) of sample ids for the kernels (0, 8, 0 when unknown)."""
+    if ids is None:
+        return 0, 8, 0
+    if ids.dtype not in _WIDTHS or ids.ndim != 1 or not ids.flags.c_contiguous:
+        raise TypeError("token kernels: sample ids must be a 1-D contiguous int32 or int64 array")
+    return _address(ids), ids.itemsize, len(ids)
+
+
+def pad_batch_into(kernels, view: TokenView, n: int, rows: int, width: int, pad_id: int, ignore: int,
+                   ids: np.ndarray | None, real: bool, out: tuple[int, ...]) -> None:
+    """Write ``pad_tokens``' batch, each row's sample id and its real flag into buffers the caller allocated.
+
+    ``kernels`` is ``batch_kernels()``. ``out`` holds the addresses of six C-contiguous
+    buffers: ids and labels (int64, ``rows`` x ``width``), lengths (int64, ``rows``),
+    key_padding_mask (bool, ``rows`` x ``width``), sample ids (int64, ``rows``: ``ids``
+    then -1) and real (bool, ``rows``: ``real`` for the ``n`` samples' rows, False after).
+    """
+    values, offsets = view.values, view.offsets
+    if not 0 <= n <= rows or len(offsets) < n + 1 or width < 0 or len(out) != 6:
+        raise ValueError(f"pad_batch_into: {n} samples, {rows} rows, {len(offsets)} offsets, width {width}")
+    at, ibytes, nids = _ids_arg(ids)
+    args = array("q", (view.values_at, values.itemsize, len(values), view.offsets_at, offsets.itemsize, n, rows,
+                       width, int(pad_id), int(ignore), at, ibytes, min(nids, rows), 1 if real else 0, *out))
+    if kernels.sp_pad_batch(args.buffer_info()[0]) < 0:
+        raise ValueError("pad_tokens: the offsets reach outside the token values")
+
+
+def varlen_batch_into(kernels, view: TokenView, n: int, cap: int | None, ignore: int, pos_start: int,
+                      ids: np.ndarray | None, real: bool, out: tuple[int, ...]) -> tuple[int, int]:
+    """Write the varlen batch of samples 0..n-1 (each its first ``cap`` tokens) into the caller's buffers.
+
+    Return (tokens written, the longest sample's). ``out`` holds the addresses of ten
+    C-contiguous buffers: ids, labels, positions (int64), seq_idx (int32), token_mask (bool),
+    each of at least ``offsets[n] - offsets[0]`` entries; cu_seqlens (int32, n + 1);
+    lengths, seq_index, sample ids (int64, n); real (bool, n). Each sample's first token has
+    no label; positions restart at ``pos_start``; seq_idx is the sample's place.
+    """
+    values, offsets = view.values, view.offsets
+    if n < 0 or len(offsets) < n + 1 or len(out) != 10:
+        raise ValueError(f"varlen_batch_into: {n} samples, {len(offsets)} offsets")
+    at, ibytes, nids = _ids_arg(ids)
+    args = array("q", (view.values_at, values.itemsize, len(values), view.offsets_at, offsets.itemsize, n,
+                       -1 if cap is None else cap, int(ignore), int(pos_start), at, ibytes, min(nids, n), int(real),
+                       *out, 0, 0, 0))
+    where = args.buffer_info()[0]
+    args[23] = where + 8 * 24  # where the kernel writes the two counts: the array's last two entries
+    if kernels.sp_varlen_batch(where) < 0:
+        raise ValueError("varlen_tokens: the offsets or segments reach outside the token values")
+    return args[24], args[25]
 
 
 def pad_tokens(values: np.ndarray, offsets: np.ndarray, n: int, rows: int, width: int, pad_id: int,

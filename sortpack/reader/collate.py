@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernels import pad_tokens, varlen_tokens
+from ..kernels.tokens import TokenView, batch_kernels, pad_batch_into, token_view, varlen_batch_into
 from .microbatch import MicroBatch, Samples
 from .tokens import ragged_tokens, stored_token_view
 
@@ -58,10 +59,23 @@ def _sample_ids(mb, n: int, items=None) -> np.ndarray:
     return np.array(mb if len(mb) == n else mb[:n], dtype=np.int64).reshape(-1)
 
 
-def _token_arrays(items, key, tokenize) -> tuple[np.ndarray, np.ndarray]:
-    """Return (values, offsets) of the items' token ids: stored ids as zero-copy views, else ``ragged_tokens``."""
+def _known_ids(mb, n: int, items=None) -> np.ndarray | None:
+    """Return the sample ids of the n items for the kernels (int32 or int64, no copy when stored), None: unknown."""
+    known = getattr(items, "sample_ids", None)
+    if known is not None and len(known) == n:
+        return known
+    if mb is None:
+        return None
+    ids = np.array(mb if len(mb) == n else mb[:n], dtype=np.int64).reshape(-1)
+    if len(ids) != n:
+        raise ValueError(f"collate: {n} items, but the micro-batch has {len(ids)} sample ids")
+    return ids
+
+
+def _token_arrays(items, key, tokenize) -> TokenView:
+    """Return the ``TokenView`` of the items' token ids: stored ids as zero-copy views, else ``ragged_tokens``."""
     view = stored_token_view(items, key) if tokenize is None else None
-    return view if view is not None else ragged_tokens(items, key, tokenize)
+    return view if view is not None else token_view(*ragged_tokens(items, key, tokenize))
 
 
 class PadCollate:
@@ -92,16 +106,53 @@ class PadCollate:
         """Return input_ids, labels, lengths, key_padding_mask, real, sample_ids (and attn_mask) tensors."""
         import torch
 
-        values, offsets = _token_arrays(items, self.key, self.tokenize)
-        n = len(offsets) - 1
+        view = _token_arrays(items, self.key, self.tokenize)
+        n = len(view.offsets) - 1
         mb = getattr(items, "microbatch", None)
         if mb is not None and mb.padded_size is not None:
             rows, width = max(int(mb.batch_size), n), int(mb.padded_size)
         else:
-            longest = int(np.diff(offsets).max(initial=0))
+            longest = int(np.diff(view.offsets).max(initial=0))
             rows, width = n, _round_up(longest, self.pad_to_multiple)
         # one pass (compiled): a tokenizer longer than the index's size is cut to the shape;
         # labels aligned to input_ids (the model shifts): no target at a sample's first token or at padding
+        kernels = batch_kernels()
+        if kernels is not None:
+            out, padding = self._compiled(torch, kernels, view, n, rows, width, mb, items)
+        else:
+            out, padding = self._numpy(torch, view.values, view.offsets, n, rows, width, mb, items)
+        if mb is not None:
+            out["microbatch"] = mb.info()
+        if self.attn_mask is not None:
+            assert padding is not None  # the compiled path hands it over when there is a mask to build
+            valid = ~padding
+            allowed = valid[:, None, :] & valid[:, :, None]
+            if self.attn_mask == "causal":
+                allowed &= np.tril(np.ones((width, width), dtype=bool))[None]
+            # padding queries attend to themselves only, so no softmax row is empty (no NaN)
+            allowed |= np.eye(width, dtype=bool)[None] & ~valid[:, :, None]
+            out["attn_mask"] = torch.from_numpy(allowed)
+        return out
+
+    def _compiled(self, torch, kernels, view, n, rows, width, mb, items) -> tuple[dict, np.ndarray | None]:
+        """Return the batch written by the compiled kernel into tensors torch allocated, and its padding mask.
+
+        torch's own tensors, not numpy arrays: freeing a tensor made by ``torch.from_numpy``
+        lets go of the GIL, and beside ``PlanLoader``'s thread that costs a thread switch.
+        """
+        empty, i64 = torch.empty, torch.int64
+        ids, labels = empty((rows, width), dtype=i64), empty((rows, width), dtype=i64)
+        lengths, sample_ids = empty(rows, dtype=i64), empty(rows, dtype=i64)
+        padding, real = empty((rows, width), dtype=torch.bool), empty(rows, dtype=torch.bool)
+        pad_batch_into(kernels, view, n, rows, width, self.pad_id, IGNORE_INDEX, _known_ids(mb, n, items),
+                       not getattr(mb, "repeat", False), (ids.data_ptr(), labels.data_ptr(), lengths.data_ptr(),
+                                                          padding.data_ptr(), sample_ids.data_ptr(), real.data_ptr()))
+        out = {"input_ids": ids, "labels": labels, "lengths": lengths, "key_padding_mask": padding, "real": real,
+               "sample_ids": sample_ids}
+        return out, (padding.numpy() if self.attn_mask is not None else None)
+
+    def _numpy(self, torch, values, offsets, n, rows, width, mb, items) -> tuple[dict, np.ndarray]:
+        """Return the batch from ``pad_tokens``' arrays (the numpy fallback of the kernels), and its padding mask."""
         ids, labels, lengths, padding = pad_tokens(values, offsets, n, rows, width, self.pad_id, IGNORE_INDEX)
         sample_ids = np.full(rows, -1, dtype=np.int64)
         sample_ids[:n] = _sample_ids(mb, n, items)
@@ -115,17 +166,7 @@ class PadCollate:
             "real": torch.from_numpy(real),
             "sample_ids": torch.from_numpy(sample_ids),
         }
-        if mb is not None:
-            out["microbatch"] = mb.info()
-        if self.attn_mask is not None:
-            valid = ~padding
-            allowed = valid[:, None, :] & valid[:, :, None]
-            if self.attn_mask == "causal":
-                allowed &= np.tril(np.ones((width, width), dtype=bool))[None]
-            # padding queries attend to themselves only, so no softmax row is empty (no NaN)
-            allowed |= np.eye(width, dtype=bool)[None] & ~valid[:, :, None]
-            out["attn_mask"] = torch.from_numpy(allowed)
-        return out
+        return out, padding
 
 
 def pad_collate(pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None = None,
@@ -140,7 +181,7 @@ def pad_collate(pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None 
     ``nn.MultiheadAttention``), ``real`` (B,; False for the index's padding slots, which are
     fully masked, and for every row of a micro-batch repeated to fill a step: skip those when
     evaluating), ``sample_ids`` (B,; -1 where unknown), ``microbatch`` (the ``MicroBatch.info()``
-    dict: epoch, step, position, end, last, step_batch/step_samples, step_tokens, world_size,
+    dict: epoch, step, position, end, last, step_batch, step_tokens, world_size,
     tokens, repeat; pass the batch to ``sampler.consume`` and ``step_loss``) and, with
     ``attn_mask="causal"`` or ``"full"``, ``attn_mask`` (B, T, T; True = may attend, as
     ``F.scaled_dot_product_attention``).
@@ -221,8 +262,16 @@ class VarlenCollate:
         """Return input_ids, labels, position_ids, cu_seqlens, seq_idx, the Hugging Face keys, lengths and masks."""
         import torch
 
-        values, offsets = _token_arrays(items, self.key, self.tokenize)
+        view = _token_arrays(items, self.key, self.tokenize)
         mb = getattr(items, "microbatch", None)
+        kernels = batch_kernels()
+        rows = getattr(mb, "row_splits", None) is not None and getattr(mb, "padded_size", None) is not None
+        if kernels is not None and not rows and not (self.pad_to_multiple and self.pad_to_multiple > 1):
+            out = self._compiled(torch, kernels, view, mb, items)  # one segment per sample: the usual layout
+            if mb is not None:
+                out["microbatch"] = mb.info()
+            return out
+        values, offsets = view.values, view.offsets
         full = np.diff(offsets).astype(np.int64, copy=False)
         n = len(full)
         seg_len, seg_real, seg_sample, width = _segments(full, mb, self.pad_to_multiple)
@@ -268,6 +317,34 @@ class VarlenCollate:
         if mb is not None:
             out["microbatch"] = mb.info()
         return out
+
+
+    def _compiled(self, torch, kernels, view, mb, items) -> dict:
+        """Return the batch of one segment per sample, written by one compiled call into tensors torch allocated.
+
+        The same batch as ``_segments``' layout without rows or ``pad_to_multiple`` (each sample
+        cut to the micro-batch's ``padded_size``), with as few torch calls as the outputs allow.
+        """
+        n = len(view.offsets) - 1
+        room = int(view.offsets[n]) - int(view.offsets[0]) if n > 0 else 0  # tokens before any cut
+        empty, i64, i32, b8 = torch.empty, torch.int64, torch.int32, torch.bool
+        ids, labels, positions, seq_idx = (empty(room, dtype=i64), empty(room, dtype=i64), empty(room, dtype=i64),
+                                           empty(room, dtype=i32))
+        mask, cu, lengths, seq_index = empty(room, dtype=b8), empty(n + 1, dtype=i32), empty(n, dtype=i64), \
+            empty(n, dtype=i64)
+        sample_ids, real = empty(n, dtype=i64), empty(n, dtype=b8)
+        cap = None if mb is None or mb.padded_size is None else int(mb.padded_size)
+        total, longest = varlen_batch_into(
+            kernels, view, n, cap, IGNORE_INDEX, self.position_ids_start, _known_ids(mb, n, items),
+            not getattr(mb, "repeat", False),
+            (ids.data_ptr(), labels.data_ptr(), positions.data_ptr(), seq_idx.data_ptr(), mask.data_ptr(),
+             cu.data_ptr(), lengths.data_ptr(), seq_index.data_ptr(), sample_ids.data_ptr(), real.data_ptr()))
+        if total < room:  # a sample longer than the plan's shape was cut
+            ids, labels, positions, seq_idx, mask = (t[:total] for t in (ids, labels, positions, seq_idx, mask))
+        return {"input_ids": ids, "labels": labels, "position_ids": positions, "cu_seqlens": cu, "max_seqlen": longest,
+                "seq_index": seq_index, "seq_idx": seq_idx, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+                "max_length_q": longest, "max_length_k": longest, "lengths": lengths, "token_mask": mask,
+                "sample_ids": sample_ids, "real": real}
 
 
 def varlen_collate(key=None, tokenize=None, pad_id: int = 0, position_ids_start: int = 0,

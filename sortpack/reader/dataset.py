@@ -182,33 +182,35 @@ class SourceDataset:
         stored = self.stored
         assert stored is not None
         mb = ids if isinstance(ids, MicroBatch) else None
-        table, known = self._whole_microbatch(mb) if mb is not None else (None, None)
-        if table is None:
+        i = self._whole_microbatch(mb) if mb is not None else -1
+        if i >= 0:
+            # the rows become Python objects only if something asks for them, and the Arrow slice
+            # only if something needs it: the collate helpers read stored token ids from the shard
+            assert self.index is not None
+            samples = TableSamples(None, mb, self.transform, sample_ids=self.index.stored_ids(i),
+                                   stored=(stored, i, self.columns))
+        else:
             table = stored.take(np.asarray(list(ids), dtype=np.int64))
-        if self.columns is not None:
-            table = table.select(self.columns)
-        # the rows become Python objects only if something asks for them: the collate
-        # helpers read stored token ids from the Arrow slice itself
-        samples = TableSamples(table, mb, self.transform, sample_ids=known)
+            if self.columns is not None:
+                table = table.select(self.columns)
+            samples = TableSamples(table, mb, self.transform)
         # stored columns are cut to the pieces already, except text under --size tokens
         samples.token_ranges = self._token_ranges(self._ranges(ids))
         return samples
 
-    def _whole_microbatch(self, mb: MicroBatch):
-        """Return (the stored slice, its sample ids) if ``mb`` holds its micro-batch's ids unchanged, else Nones.
+    def _whole_microbatch(self, mb: MicroBatch) -> int:
+        """Return ``mb.microbatch`` if ``mb`` holds its micro-batch's ids unchanged (one contiguous slice), else -1.
 
-        The sampler's micro-batch is one contiguous slice; its ids (compared as Python ints,
-        no array built) say it is the right one, and not one that lost skipped samples.
+        The ids are compared as Python ints, no array built; a micro-batch that lost skipped
+        samples is not whole.
         """
-        index, stored = self.index, self.stored
-        assert index is not None and stored is not None
+        index = self.index
+        assert index is not None
         i = mb.microbatch
         if not 0 <= i < index.num_microbatches:
-            return None, None
-        known = index.microbatch(i)
-        if len(known) != len(mb) or known.tolist() != mb:
-            return None, None
-        return stored.microbatch(i), known
+            return -1
+        known = index.stored_ids(i)
+        return i if len(known) == len(mb) and known.tolist() == mb else -1
 
     def _ranges(self, ids) -> tuple[np.ndarray, np.ndarray] | None:
         """Return ``(begin, end)`` of a sampler's micro-batch's samples in a split plan (None: whole samples)."""

@@ -40,7 +40,7 @@ class SampleHits(NamedTuple):
     sample_id: np.ndarray
 
 
-_LEVELS = {False: "index", True: "full", "index": "index", "structure": "structure", "full": "full"}
+_LEVELS = ("structure", "index", "full")
 
 
 class PackedIndex:
@@ -51,14 +51,15 @@ class PackedIndex:
     path : str or os.PathLike
         The index directory (``sortpack pack``/``run`` output). Its manifest is read and every
         shard's size checked at once; shards are memory-mapped when a micro-batch first needs them.
-    verify : {"index", "structure", "full"} or bool
+    verify : {"index", "structure", "full"}
         How much is checked (docs/guarantees.md gives what each level costs). ``"index"``
-        (default, also ``False``): a shard, when first mapped, is re-hashed against the
+        (default): a shard, when first mapped, is re-hashed against the
         manifest (index shards hold 4 or 8 bytes per sample), its Arrow structure, sample ids
         and counts checked; a data shard's Arrow structure and row count. ``"structure"``:
         no hash and no read of the ids, only the structure and counts (O(micro-batches)): for
         an index too large to read once per process. ``"full"`` (also ``True``): ``"index"``,
         and every index and data shard is re-hashed now, before the first step.
+        (``True``/``False``, the first spellings of ``"full"``/``"index"``, are refused.)
 
     Attributes: ``manifest`` (the parsed manifest.json), ``options`` (the pack options),
     ``num_microbatches``, ``num_samples``, ``has_rows`` (rows mode: ``row_splits`` present),
@@ -69,11 +70,12 @@ class PackedIndex:
     every method hands out int64 arrays or Python ints either way).
     """
 
-    def __init__(self, path: str | os.PathLike, verify: str | bool = "index"):
+    def __init__(self, path: str | os.PathLike, verify: str = "index"):
         self.path = Path(path)
-        self.verify = _LEVELS.get(verify, None) if isinstance(verify, (bool, str)) else None
-        if self.verify is None:
-            raise ValueError(f"verify={verify!r}: one of 'structure', 'index', 'full' (or True, False)")
+        if not isinstance(verify, str) or verify not in _LEVELS:
+            hint = f"; write verify={'full' if verify else 'index'!r}" if isinstance(verify, bool) else ""
+            raise ValueError(f"verify={verify!r}: the levels are 'structure', 'index', 'full'{hint}")
+        self.verify = verify
         self.manifest = read_manifest(self.path, expect="index")
         self.options = dict(self.manifest.get("options") or {})
         self.num_microbatches = int(self.manifest["num_microbatches"])
@@ -96,11 +98,14 @@ class PackedIndex:
         self._firsts = firsts
         self._starts = np.array(firsts + [self.num_microbatches], dtype=np.int64)
         self._views: dict = {}
+        self._records: dict = {}  # shard -> (id offsets, ids, batch_size, padded_size) views, for record()
         self._columns: dict = {}
-        names = list(self.manifest.get("schema") or {}) or (self._shard(0).schema.names if entries else [])
+        schema = self.manifest.get("schema")
+        schema = schema if isinstance(schema, dict) else {}
+        names = list(schema)
         missing = {"sample_ids", "num_samples", "batch_size", "padded_size", "tokens"} - set(names)
         if missing:
-            raise SortpackError(f"{self.path}: index lacks column(s) {', '.join(sorted(missing))}")
+            raise SortpackError(f"{self.path}: the manifest's schema lacks column(s) {', '.join(sorted(missing))}")
         self.has_rows = "row_splits" in names
         # --oversize split: each sample's range in its source sample (docs/format.md "Pieces")
         self.has_pieces = "piece_begin" in names and "piece_end" in names
@@ -109,11 +114,13 @@ class PackedIndex:
         held = self.manifest.get("held_out") if "source" in names else None
         if held and self.source_names is None:  # a mixture's held-out plan: micro-batches by source, no blend
             self.source_names = [str(src["name"]) for src in held["sources"]]
-        described = str((self.manifest.get("schema") or {}).get("sample_ids", ""))
-        if not described and entries:
-            described = str(self._shard(0).schema.field("sample_ids").type)
-        # int32 when the input's row count allows it (docs/format.md); older indexes are int64
-        self.id_dtype = np.dtype(np.int32 if "int32" in described else np.int64)
+        # int32 when the input's row count allows it, else int64 (docs/format.md); the manifest says which
+        widths = {"list<item: int32>": np.dtype(np.int32), "list<item: int64>": np.dtype(np.int64)}
+        width = widths.get(schema["sample_ids"])
+        if width is None:
+            raise SortpackError(f"{self.path}: the manifest's schema gives sample_ids as {schema['sample_ids']!r}, "
+                                f"not {' or '.join(widths)}")
+        self.id_dtype = width
         self._source_rows = int((self.manifest.get("source") or {}).get("num_rows", self.num_samples))
         self._stored: StoredData | None = None
         if self.verify == "full":
@@ -194,6 +201,10 @@ class PackedIndex:
             ids.flags.writeable = False
         return ids
 
+    def stored_ids(self, i: int) -> np.ndarray:
+        """Return the sample ids of micro-batch ``i`` as the shard stores them (int32 or int64, a read-only view)."""
+        return self._list_item("sample_ids", i)
+
     def all_sample_ids(self) -> np.ndarray:
         """Return every micro-batch's sample ids one after another, in plan order (int64, a new array)."""
         parts = []
@@ -241,15 +252,18 @@ class PackedIndex:
     def record(self, i: int) -> Record:
         """Return micro-batch ``i``'s ``Record``: sample ids, batch_size, padded_size, row_splits or None."""
         k, j = self._locate(int(i))
-        offsets, values = self._view(k, "sample_ids")
+        views = self._records.get(k)
+        if views is None:  # the shard's columns a record reads, looked up once
+            views = self._records[k] = (*self._view(k, "sample_ids"), self._view(k, "batch_size"),
+                                        self._view(k, "padded_size"))
+        offsets, values, bs, ps = views
         splits = None
         if self.has_rows:
             so, sv = self._view(k, "row_splits")
             splits = sv[so[j]:so[j + 1]].tolist()
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (a third of record's cost:
         # the sampler calls it for every micro-batch it hands out)
-        return _new_record(Record, (values[offsets[j]:offsets[j + 1]].tolist(),
-                                    int(self._view(k, "batch_size")[j]), int(self._view(k, "padded_size")[j]), splits))
+        return _new_record(Record, (values[offsets[j]:offsets[j + 1]].tolist(), int(bs[j]), int(ps[j]), splits))
 
     def shape(self, i: int) -> tuple[int, int]:
         """Return ``(batch_size, padded_size)`` of micro-batch ``i``."""

@@ -9,7 +9,10 @@ comparing, pickling) builds them once, so a custom collate sees the usual list o
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .microbatch import Samples
+from .tokens import list_token_view
 
 
 class TableSamples(Samples):
@@ -17,22 +20,59 @@ class TableSamples(Samples):
 
     Parameters
     ----------
-    table : pyarrow.Table or RecordBatch
-        The micro-batch's rows.
+    table : pyarrow.Table or RecordBatch, optional
+        The micro-batch's rows (None with ``stored``: sliced from the stored data when first
+        asked for).
     microbatch : MicroBatch, optional
         The micro-batch they were read for.
     transform : callable, optional
         Maps each row (a dict) to the item.
     sample_ids : numpy.ndarray, optional
-        The sample id of each row of ``table`` (int64), when known: what the collate helpers
-        report as ``sample_ids`` without a conversion of the ``MicroBatch`` list.
+        The sample id of each row of ``table`` (int32 or int64), when known: what the collate
+        helpers report as ``sample_ids`` without a conversion of the ``MicroBatch`` list.
+    stored : tuple, optional
+        ``(StoredData, i, columns)``: the rows are micro-batch ``i`` of the stored data (its
+        ``columns``, None: all); ``table`` is then sliced on first use, and ``token_view``
+        reads a token column straight from the shard.
     """
 
-    def __init__(self, table, microbatch=None, transform=None, sample_ids=None):
+    _table: Any = None
+
+    def __init__(self, table=None, microbatch=None, transform=None, sample_ids=None, stored=None):
         super().__init__((), microbatch, table)
         self._transform = transform
         self._pending = True
         self.sample_ids = sample_ids
+        self._stored = stored
+
+    @property
+    def table(self):
+        """Return the rows as one Arrow slice (of the stored data: sliced now, on first use)."""
+        if self._table is None and self._stored is not None:
+            stored, i, columns = self._stored
+            table = stored.microbatch(i)
+            self._table = table if columns is None else table.select(columns)
+        return self._table
+
+    @table.setter
+    def table(self, value) -> None:
+        self._table = value
+
+    def token_view(self, key: str):
+        """Return (values, offsets) of the token ids in column ``key`` as zero-copy views, or None.
+
+        See ``sortpack.reader.tokens.stored_token_view``; a whole stored micro-batch answers from
+        its shard without slicing the table.
+        """
+        if self._stored is not None and self._table is None:
+            stored, i, columns = self._stored
+            if columns is None or key in columns:
+                view = stored.token_view(key, i)
+                if view is not None:
+                    return view
+        table = self.table
+        j = table.schema.get_field_index(key)
+        return None if j < 0 else list_token_view(table.column(j))
 
     def _fill(self) -> None:
         if self._pending:
@@ -48,7 +88,12 @@ class TableSamples(Samples):
         return not self._pending
 
     def __len__(self) -> int:
-        return self.table.num_rows if self._pending else list.__len__(self)
+        if not self._pending:
+            return list.__len__(self)
+        if self._table is None and self._stored is not None:
+            stored, i, _ = self._stored
+            return int(stored.row_start[i + 1] - stored.row_start[i])
+        return self.table.num_rows
 
     def __bool__(self) -> bool:
         return len(self) > 0

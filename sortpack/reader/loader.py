@@ -1,42 +1,134 @@
-"""``PlanLoader``: fetch and collate a sampler's micro-batches in one background thread.
+"""``PlanLoader``: fetch and collate a sampler's micro-batches ahead of the loop, in one background thread.
 
-With stored data a micro-batch's fetch is one zero-copy Arrow slice (tens of microseconds)
-and its collate a few numpy copies. DataLoader worker processes then cost more than the work:
-every batch is pickled through a pipe and unpickled in the main process, and through
-``DataLoader(num_workers=2)`` every fast path ties at the pipe's rate. One thread in the
-training process needs no pickling; a micro-batch's fetch and collate cost tens of
-microseconds of Python and one compiled pass over its tokens (which keeps the GIL: handing it
-to the loop's thread for microseconds would cost a thread switch per batch), while the
-training step's torch kernels release the GIL; a bounded queue keeps at most ``prefetch``
-batches ahead. The resume state stays exact: the loader reports each
-batch to the sampler when it hands it to the loop (``sampler.consume``), never when the
-thread fetched it, so ``sampler.state_dict()`` counts what the loop received.
+With stored data a micro-batch's fetch is one zero-copy Arrow slice and its collate one
+compiled pass over its tokens: tens of microseconds. DataLoader worker processes then cost
+more than the work: every batch is pickled through a pipe and unpickled in the main
+process. One thread in the training process needs no pickling; it prepares batches while the
+training step's torch kernels release the GIL, at most ``prefetch`` ahead.
+
+Handing a batch from one thread to another costs a thread switch (a futex wake, the GIL
+changing hands): more than the batch's own work on a busy machine. So the two threads share
+the work instead of passing every batch: whichever holds the *work lock* takes the
+sampler's next micro-batch and prepares it. The loop takes a batch the thread prepared when
+one is ready; when none is and the thread is not in the middle of one, it prepares the next
+itself, at once, instead of waking the thread and waiting for it. The thread runs whenever
+the loop lets go of the GIL (a CUDA synchronisation, a large torch kernel) and fills the
+queue to ``prefetch``; it is woken only when the loop has taken the queue down to half.
+Batches come out in the sampler's order either way (one lock orders them), and the resume
+state stays exact: the loader reports each batch to the sampler (``sampler.consume``) when
+it hands it to the loop, never when it was prepared, so ``sampler.state_dict()`` counts
+what the loop received.
 """
 from __future__ import annotations
 
-import queue
 import threading
+import time
 import warnings
+from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 _END = object()
-
-
-@dataclass
-class _Pass:
-    """A running pass over the epoch: the thread that fetches, its stop flag and the queue it fills."""
-
-    thread: threading.Thread
-    stop: threading.Event
-    batches: queue.Queue
+_BUSY = 0.001  # seconds the thread sleeps while the loop prepares a batch itself
+# a loop away this long wants the thread even when a batch takes longer to prepare (a slow read
+# that lets go of the GIL overlaps with any step of a millisecond or more)
+_AWAY = 0.001
 
 
 class _Failure:
-    """An exception raised in the thread, handed to the loop to raise there."""
+    """An exception raised while preparing a batch, handed to the loop to raise there, in order."""
 
     def __init__(self, exc: BaseException):
         self.exc = exc
+
+
+class _Pass:
+    """A running pass over the epoch: the batches prepared ahead, the work lock, and the thread that helps."""
+
+    def __init__(self, loader: PlanLoader, it: Iterator):
+        self.it, self.fetch = it, loader._fetcher()
+        self.ready: deque = deque()  # (micro-batch, batch), a _Failure or _END, in the sampler's order
+        self.work = threading.Lock()  # held while taking the next micro-batch and preparing it
+        self.room = threading.Condition(threading.Lock())  # the thread waits here while `ready` is full
+        self.waiting = False  # the thread waits (set before it looks at the queue and `wanted` again)
+        # the thread prepares only while the loop is away from it longer than a batch takes to prepare
+        # (or _AWAY): then the two overlap; a loop that comes straight back prepares its own, switch-free
+        self.wanted = False
+        self.cost = float("inf")  # seconds the latest batch took to prepare (unknown before the first)
+        self.back = time.perf_counter()  # when the loop last received a batch
+        self.done = False  # the sampler's epoch is over (or failed): nothing more to prepare
+        self.stop = False
+        self.cap = loader.prefetch
+        self.low = loader.prefetch // 2  # the thread is woken when the queue is down to this
+        self.thread = threading.Thread(target=self._help, name="sortpack-PlanLoader", daemon=True)
+
+    def prepare(self):
+        """Return the next item: (micro-batch, batch), a ``_Failure``, or ``_END`` (call with ``work`` held)."""
+        if self.done:
+            return _END
+        try:
+            mb = next(self.it)
+        except StopIteration:
+            self.done = True
+            return _END
+        except BaseException as exc:  # raised again in the loop's thread
+            self.done = True
+            return _Failure(exc)
+        try:
+            start = time.perf_counter()
+            batch = self.fetch(mb)
+            self.cost = time.perf_counter() - start
+            return mb, batch
+        except BaseException as exc:
+            self.done = True
+            return _Failure(exc)
+
+    def _help(self) -> None:
+        """The thread: prepare batches ahead of the loop while it is wanted and there is room, until the end or stop."""
+        ready, room = self.ready, self.room
+        while not self.stop and not self.done:
+            if len(ready) >= self.cap or not self.wanted:
+                with room:
+                    self.waiting = True  # before looking again: a take that follows sees it and wakes us
+                    while (len(ready) >= self.cap or not self.wanted) and not self.stop:
+                        room.wait(0.1)
+                    self.waiting = False
+                continue
+            # never wait on the lock: a thread woken with it but without the GIL would make the loop wait
+            # for the thread at every batch (a lock convoy); the loop holds it only while preparing one
+            if not self.work.acquire(blocking=False):
+                time.sleep(_BUSY)
+                continue
+            try:
+                if not (self.stop or self.done):
+                    ready.append(self.prepare())
+            finally:
+                self.work.release()
+
+    def take(self):
+        """Return the next item for the loop: a prepared one, or one prepared here when none is."""
+        ready = self.ready
+        self.wanted = wanted = time.perf_counter() - self.back > min(self.cost, _AWAY)
+        item = None
+        while item is None:
+            if ready:
+                item = ready.popleft()
+            else:
+                with self.work:  # waits only while the thread is in the middle of the next batch
+                    if not ready:
+                        item = self.prepare()
+        if wanted and self.waiting and len(ready) <= self.low:
+            with self.room:
+                self.room.notify()
+        self.back = time.perf_counter()
+        return item
+
+    def halt(self) -> None:
+        """Stop the thread and wait for it (it finishes the batch it is preparing, if any)."""
+        self.stop = True
+        if self.thread.is_alive():
+            with self.room:
+                self.room.notify()
+            self.thread.join()
 
 
 def _pin(batch):
@@ -53,11 +145,14 @@ def _pin(batch):
 
 
 class PlanLoader:
-    """Iterate collated micro-batches of ``sampler`` over ``dataset``, prepared one step ahead in a thread.
+    """Iterate collated micro-batches of ``sampler`` over ``dataset``, prepared ahead in a thread while the loop trains.
 
-    A drop-in for ``DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn)`` in a
-    training loop: same batches in the same order, ``len()``, ``set_epoch``,
-    ``state_dict``/``load_state_dict`` (the sampler's). Each batch is reported to the sampler
+    The thread prepares batches while the loop is away longer than a batch takes (a training
+    step that lets go of the GIL), at most ``prefetch`` ahead; a loop that comes straight back
+    prepares its next batch itself rather than pay a thread switch for it. A drop-in for
+    ``DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn)`` in a training loop:
+    same batches in the same order, ``len()``, ``set_epoch``, ``state_dict``/``load_state_dict``
+    (the sampler's). Each batch is reported to the sampler
     (``sampler.consume``) as the loop receives it, so calling ``consume`` yourself is not needed
     (and harmless).
 
@@ -117,53 +212,39 @@ class PlanLoader:
         self.sampler.load_state_dict(state)
 
     # --- iteration -----------------------------------------------------------------------------------
-    def _fetch(self, mb):
-        getitems = getattr(self.dataset, "__getitems__", None)
-        items = getitems(mb) if getitems is not None else [self.dataset[i] for i in mb]
-        batch = items if self.collate_fn is None else self.collate_fn(items)
-        return _pin(batch) if self.pin_memory else batch
-
-    def _work(self, it, q: queue.Queue, stop: threading.Event) -> None:
-        def put(item) -> bool:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.05)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        try:
-            for mb in it:
-                if stop.is_set() or not put((mb, self._fetch(mb))):
-                    return
-            put(_END)
-        except BaseException as exc:  # raised again in the loop's thread
-            put(_Failure(exc))
+    def _fetcher(self):
+        """Return the function that turns a micro-batch into its batch: fetch, collate, pin (looked up once)."""
+        dataset, collate, pin = self.dataset, self.collate_fn, self.pin_memory
+        getitems = getattr(dataset, "__getitems__", None)
+        if getitems is None:
+            def getitems(mb):
+                return [dataset[i] for i in mb]
+        if collate is None and not pin:
+            return getitems
+        if not pin:
+            return lambda mb: collate(getitems(mb))
+        return lambda mb: _pin(getitems(mb) if collate is None else collate(getitems(mb)))
 
     def __iter__(self) -> Iterator:
         """Yield the collated batches of the rest of the sampler's epoch."""
         self.close()
         # hand-outs to the thread must not move the resume state; the loop's receipt does
         self.sampler.track_steps = True
-        it = iter(self.sampler)  # here, not in the thread: a finished epoch rolls over now
-        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
-        thread = threading.Thread(target=self._work, args=(it, q, stop), name="sortpack-PlanLoader", daemon=True)
-        run = self._pass = _Pass(thread, stop, q)
-        thread.start()
+        run = self._pass = _Pass(self, iter(self.sampler))  # here, not in the thread: a finished epoch rolls over now
+        run.thread.start()
         return self._receive(run)
 
     def _receive(self, run: _Pass) -> Iterator:
         try:
+            consume = self.sampler.consume
             while True:
-                item = run.batches.get()
+                item = run.take()
                 if item is _END:
                     return
                 if isinstance(item, _Failure):
                     raise item.exc
                 mb, batch = item
-                self.sampler.consume(mb)
+                consume(mb)
                 yield batch
         finally:
             self._stop(run)
@@ -174,11 +255,6 @@ class PlanLoader:
             self._stop(self._pass)
 
     def _stop(self, run: _Pass) -> None:
-        run.stop.set()
-        while run.thread.is_alive():
-            try:  # make room so a blocked put sees the stop
-                run.batches.get_nowait()
-            except queue.Empty:
-                run.thread.join(timeout=0.05)
+        run.halt()
         if self._pass is run:
             self._pass = None

@@ -1,13 +1,55 @@
-"""What a sampler hands out: ``MicroBatch`` (ids, shape, place in the step), ``Samples`` (its items), ``step_info``.
+"""What a sampler hands out: ``MicroBatch`` (ids, shape, its ``StepFacts``), ``Samples`` (its items), ``step_info``.
 
 Collate functions, datasets, the LR schedule and the goodput controller read a micro-batch's
 shape and step from these records; they need nothing else of the sampler.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+
+class StepFacts(NamedTuple):
+    """The facts of one optimizer step that every micro-batch of it shares (built once per step, immutable).
+
+    Parameters
+    ----------
+    epoch, step : int
+        The epoch and the step's number in it.
+    position, end : int
+        The flat positions where the step starts and where the next one starts.
+    run_step : int
+        The step in the run's numbering, ``epoch * steps_per_epoch + step``: the number
+        ``skip_steps`` and ``sortpack inspect --step`` use.
+    step_batch, step_tokens : int
+        Samples and tokens of the whole step over all ranks (what the LR scales by; repeated
+        micro-batches count as often as the loop trains on them).
+    world_size : int
+        Data-parallel ranks W of the step (``sortpack.torch.step_loss`` scales by it).
+    """
+
+    epoch: int = 0
+    step: int = 0
+    position: int = 0
+    end: int = 0
+    run_step: int = 0
+    step_batch: int = 0
+    step_tokens: int = 0
+    world_size: int = 1
+
+    def info(self) -> dict:
+        """Return the facts as a new dict of plain ints (the step's part of ``MicroBatch.info()``)."""
+        return dict(zip(self._fields, map(int, self)))
+
+
+_NO_STEP = StepFacts()
+
 
 class MicroBatch(list):
     """The sample ids of one micro-batch (a list) with its shape and its place in the epoch.
+
+    The step's facts (``epoch``, ``step``, ``position``, ``end``, ``run_step``,
+    ``step_batch``, ``step_tokens``, ``world_size``) are read-only attributes that come from
+    its ``StepFacts``, one record shared by the step's micro-batches.
 
     Parameters
     ----------
@@ -22,70 +64,55 @@ class MicroBatch(list):
         Padded length of every row (None: unknown, collate uses the items' lengths).
     row_splits : list of int, optional
         Rows mode: offsets of each packed row into ``ids``.
-    epoch, position, step : int
-        The epoch, the flat position where this micro-batch's step starts, and the step's
-        number in the epoch.
-    end : int, optional
-        The flat position after the step (default ``position``).
+    facts : StepFacts, optional
+        The step it belongs to (default: step 0 of epoch 0, on one rank, of no samples).
     last : bool
         Whether this is this rank's last micro-batch of the step (the optimizer step follows).
-    step_batch, step_tokens : int
-        Samples and tokens of the whole step over all ranks (what the LR scales by; repeated
-        micro-batches count as often as the loop trains on them). ``step_samples`` is
-        ``step_batch`` by its other name.
-    world_size : int
-        Data-parallel ranks W of the step (``sortpack.torch.step_loss`` scales by it).
     tokens : int
         Real tokens of this micro-batch in the plan (the sum of its samples' sizes).
     repeat : bool
         Whether it repeats a micro-batch to fill a step (tail padding or warm-up copy):
         train on it, skip it when evaluating.
-    run_step : int, optional
-        The step in the run's numbering, ``epoch * steps_per_epoch + step`` (default ``step``):
-        the number ``skip_steps`` and ``sortpack inspect --step`` use.
     source : str, optional
         The name of the source its samples come from (a mixture plan; None otherwise).
     """
 
     def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,
-                 padded_size: int | None = None, row_splits=None, epoch: int = 0, position: int = 0,
-                 *, step: int = 0, end: int | None = None, last: bool = True, step_batch: int = 0,
-                 step_tokens: int = 0, repeat: bool = False, run_step: int | None = None,
-                 source: str | None = None, world_size: int = 1, tokens: int = 0):
+                 padded_size: int | None = None, row_splits=None, *, facts: StepFacts = _NO_STEP,
+                 last: bool = True, tokens: int = 0, repeat: bool = False, source: str | None = None):
         super().__init__(ids)
         self.microbatch = microbatch
         self.batch_size = len(self) if batch_size is None else batch_size
         self.padded_size = padded_size
         self.row_splits = row_splits
-        self.epoch = epoch
-        self.position = position
-        self.step = step
-        self.end = position if end is None else end
+        self.facts = facts
         self.last = last
-        self.step_batch = step_batch
-        self.step_tokens = step_tokens
-        self.repeat = repeat
-        self.run_step = step if run_step is None else run_step
-        self.source = source
-        self.world_size = world_size
         self.tokens = tokens
+        self.repeat = repeat
+        self.source = source
 
-    @property
-    def step_samples(self) -> int:
-        """Return the samples of the whole step over all ranks (``step_batch``)."""
-        return self.step_batch
+    epoch = property(lambda self: self.facts.epoch, doc="The epoch of the micro-batch's step.")
+    step = property(lambda self: self.facts.step, doc="The step's number in the epoch.")
+    position = property(lambda self: self.facts.position, doc="The flat position where the step starts.")
+    end = property(lambda self: self.facts.end, doc="The flat position where the next step starts.")
+    run_step = property(lambda self: self.facts.run_step, doc="The step in the run's numbering.")
+    step_batch = property(lambda self: self.facts.step_batch, doc="Samples of the whole step over all ranks.")
+    step_tokens = property(lambda self: self.facts.step_tokens, doc="Tokens of the whole step over all ranks.")
+    world_size = property(lambda self: self.facts.world_size, doc="Data-parallel ranks W of the step.")
 
     def info(self) -> dict:
         """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on).
 
-        A mixture plan's micro-batch also has ``source`` (its source's name), so a loop can log per source.
+        The step's facts (as ``StepFacts.info`` gives them) and the micro-batch's own: ``microbatch``,
+        ``last``, ``tokens``, ``num_samples``, ``repeat``, and ``source`` for a mixture plan's
+        micro-batch (its source's name), so a loop can log per source.
         """
-        out: dict = {"microbatch": int(self.microbatch), "epoch": int(self.epoch), "step": int(self.step),
-                     "position": int(self.position), "end": int(self.end), "last": bool(self.last),
-                     "step_batch": int(self.step_batch), "step_tokens": int(self.step_tokens),
-                     "step_samples": int(self.step_batch), "world_size": int(self.world_size),
-                     "tokens": int(self.tokens), "num_samples": len(self), "repeat": bool(self.repeat),
-                     "run_step": int(self.run_step)}
+        epoch, step, position, end, run_step, step_batch, step_tokens, world_size = self.facts
+        # one literal (the collate helpers call this for every micro-batch), in the order StepFacts.info gives
+        out: dict = {"epoch": int(epoch), "step": int(step), "position": int(position), "end": int(end),
+               "run_step": int(run_step), "step_batch": int(step_batch), "step_tokens": int(step_tokens),
+               "world_size": int(world_size), "microbatch": int(self.microbatch), "last": bool(self.last),
+               "tokens": int(self.tokens), "num_samples": len(self), "repeat": bool(self.repeat)}
         if self.source is not None:
             out["source"] = self.source
         return out
@@ -136,6 +163,7 @@ def step_info(batch) -> dict:
 def step_place(batch) -> tuple[int, int, int, int, bool]:
     """Return (epoch, position, end, step, last) of what a loop received (as ``step_info``, without its dict)."""
     if isinstance(batch, MicroBatch):
-        return int(batch.epoch), int(batch.position), int(batch.end), int(batch.step), bool(batch.last)
+        f = batch.facts
+        return f.epoch, f.position, f.end, f.step, bool(batch.last)
     info = step_info(batch)
     return int(info["epoch"]), int(info["position"]), int(info["end"]), int(info["step"]), bool(info["last"])

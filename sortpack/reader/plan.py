@@ -281,6 +281,24 @@ class EpochPlan:
             return ids, rep, int(samples[start + width] - samples[start]), int(tokens[start + width] - tokens[start])
         return ids, rep, int(self.span_sum("num_samples", start, width)), int(self.span_sum("tokens", start, width))
 
+    def steps_ahead(self, pos: int, world: int, accum: int, rank: int, count: int) -> tuple[list, list, list, list]:
+        """Return rank ``rank``'s parts of up to ``count`` steps from flat ``pos``, as ``step_parts`` gives each.
+
+        That is (micro-batch numbers, repeat flags: ``accum`` per step, one after another; the
+        steps' samples; their tokens), as Python lists, computed in a few vectorised passes.
+        Only steps that end inside the epoch are given (none when the first does not): a step
+        that straddles its end comes from ``step_parts``.
+        """
+        packed, repeat, samples, tokens = self._flat_table()
+        width = world * accum
+        steps = min(count, (self.length - pos) // width) if pos >= 0 else 0
+        if steps <= 0:
+            return [], [], [], []
+        starts = pos + np.arange(steps, dtype=np.int64) * width
+        mine = (starts[:, None] + np.arange(accum, dtype=np.int64)[None, :] * world + rank).reshape(-1)
+        return (packed[mine].tolist(), repeat[mine].tolist(), (samples[starts + width] - samples[starts]).tolist(),
+                (tokens[starts + width] - tokens[starts]).tolist())
+
     def span_sum(self, name: str, start: int, count: int) -> int:
         """Return the sum of column ``name`` over flat positions ``[start, start+count)`` (mod length)."""
         if count == self.width and start % self.width == 0 and start + count <= self.length:

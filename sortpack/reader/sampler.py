@@ -13,7 +13,7 @@ import numpy as np
 
 from .index import PackedIndex
 from .lr import lr_scale
-from .microbatch import MicroBatch, step_place
+from .microbatch import MicroBatch, StepFacts, step_place
 from .plan import ORDERS, EpochPlan, check_group_alignment, step_positions, steps_moved
 from .sampler_state import Layout, Place, check_sampler_state
 from .skips import Skips
@@ -153,6 +153,8 @@ class PackedSampler:
     def _steps_from(self, position: int, step: int | None = None) -> int:
         plan = self.plan()
         left = self._steps_left(plan, position, self.width)
+        if not left or not len(self.skips.ranges):
+            return left
         first = self._run_base(plan) + (self._step if step is None else step)
         return left - self.skips.skipped_between(first, first + left)
 
@@ -297,6 +299,8 @@ class PackedSampler:
         names = self.index.source_names or []
         sources = self.index["source"] if names else None
         mb_sizes = self.index["tokens"]  # one read of the column, then a lookup per micro-batch
+        record = self.index.record
+        ahead = _StepsAhead(plan, self.rank)
         while True:
             w, a = self.world_size, self.grad_accum  # read per step: set_grad_accum applies at once
             if self._steps_left(plan, pos, w * a) == 0:
@@ -307,7 +311,7 @@ class PackedSampler:
                 if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
                     self._set_state(epoch, pos, step)
                 continue
-            packed, repeat, batch, tokens = plan.step_parts(pos, w, a, self.rank)
+            packed, repeat, batch, tokens = ahead.parts(pos, w, a)
             if skips.sizes:
                 lost = skips.lost(plan.packed_array((pos + np.arange(w * a)) % length))
                 batch, tokens = batch - lost.samples, tokens - lost.tokens
@@ -315,16 +319,15 @@ class PackedSampler:
             if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
                 # without reported consumption the state follows what was handed out
                 self._set_state(epoch, pos, step + 1)
+            facts = StepFacts(epoch, step, start, pos, base + step, batch, tokens, w)
             for k, p in enumerate(packed):
-                ids, bs, ps, splits = self.index.record(p)
+                ids, bs, ps, splits = record(p)
                 mb_tokens = int(mb_sizes[p])
                 if skips.sizes:
                     ids, splits = skips.kept(p, ids, splits)
                     mb_tokens -= skips.lost([p]).tokens
-                yield MicroBatch(ids, p, bs, ps, splits, epoch, start, step=step, end=pos, last=k == a - 1,
-                                 step_batch=batch, step_tokens=tokens, repeat=repeat[k], run_step=base + step,
-                                 source=None if sources is None else names[int(sources[p])], world_size=w,
-                                 tokens=mb_tokens)
+                yield MicroBatch(ids, p, bs, ps, splits, facts=facts, last=k == a - 1, tokens=mb_tokens,
+                                 repeat=repeat[k], source=None if sources is None else names[int(sources[p])])
             step += 1
 
     # --- resume ---------------------------------------------------------------------------
@@ -361,7 +364,7 @@ class PackedSampler:
         world, accum = (int(v) for v in state["layout"])
         self._layout = Layout(world, accum)
         self._position = int(state["position"])
-        self._step = int(state.get("step", self._position // max(1, world * accum)))
+        self._step = int(state["step"])
         self._regridded = bool(state.get("regridded", False))
         self._pass_start = Place(self.epoch, self._position, self._step, self._layout)
         self.skips = self.skips.merged(state)  # a restart's skips join its checkpoint's
@@ -382,3 +385,33 @@ class PackedBatchSampler(PackedSampler):
 # the parameters are the parent's, and so is their documentation (one text, no copy to drift)
 PackedBatchSampler.__doc__ = (PackedBatchSampler.__doc__ or "") + "\n    Parameters" + \
     (PackedSampler.__doc__ or "").split("\n    Parameters", 1)[1]
+
+
+class _StepsAhead:
+    """A rank's parts of the next steps of an epoch (``EpochPlan.step_parts``), computed ``CHUNK`` steps at a time.
+
+    One vectorised pass per chunk instead of a table lookup per step; a change of width
+    (``set_grad_accum``) or a position off the chunk computes a new one, and a step that
+    straddles the epoch's end is asked of the plan on its own.
+    """
+
+    CHUNK = 64
+
+    def __init__(self, plan: EpochPlan, rank: int):
+        self.plan, self.rank = plan, rank
+        self._key: tuple = ()
+        self._first, self._steps, self._width = 0, 0, 1
+        self._parts: tuple = ([], [], [], [])
+
+    def parts(self, pos: int, world: int, accum: int) -> tuple:
+        """Return (micro-batch numbers, repeat flags, step samples, step tokens) of the step at ``pos``."""
+        width = world * accum
+        i, off = divmod(pos - self._first, width)
+        if self._key != (world, accum) or off or not 0 <= i < self._steps:
+            self._parts = self.plan.steps_ahead(pos, world, accum, self.rank, self.CHUNK)
+            self._key, self._first, self._width = (world, accum), pos, width
+            self._steps, i = len(self._parts[2]), 0
+            if not self._steps:  # the step straddles the epoch's end
+                return self.plan.step_parts(pos, world, accum, self.rank)
+        ids, repeat, samples, tokens = self._parts
+        return ids[i * accum:(i + 1) * accum], repeat[i * accum:(i + 1) * accum], samples[i], tokens[i]

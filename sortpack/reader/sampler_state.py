@@ -43,6 +43,9 @@ def check_sampler_state(state: dict, index: PackedIndex) -> None:
         inside the epoch its layout lays out.
     """
     positive = integer(1)
+    if isinstance(state, dict) and "position" in state and "step" not in state:
+        raise ValueError("sampler state: no 'step' (written by an early sortpack that did not count steps; "
+                         "it cannot resume exactly: start its epoch again with set_epoch)")
     check_state("sampler", state, {
         "version": integer(), "epoch": integer(0), "position": integer(0), "step": integer(0),
         "seed": integer(), "order": one_of(*ORDERS), "drop_last": boolean, "largest_first": boolean,
@@ -50,7 +53,7 @@ def check_sampler_state(state: dict, index: PackedIndex) -> None:
         "layout": sequence(positive, 2), "num_microbatches": integer(0), "content_hash": text,
         "skip_steps": sequence(sequence(integer(0), 2)), "skip_samples": sequence(sequence(integer(0), 2)),
         "regridded": boolean,
-    }, optional_keys=("step", "skip_steps", "skip_samples", "regridded"))  # states written before these
+    }, optional_keys=("skip_steps", "skip_samples", "regridded"))  # states written before these
     if state["num_microbatches"] != index.num_microbatches or state["content_hash"] != index.content_hash:
         raise ValueError("the sampler state belongs to another index (content hash differs)")
     world, accum = (int(v) for v in state["layout"])
@@ -60,13 +63,13 @@ def check_sampler_state(state: dict, index: PackedIndex) -> None:
     if position > plan.length:
         raise ValueError(f"sampler state: 'position' is {position}, past the epoch's {plan.length} "
                          f"micro-batches (layout {world}x{accum})")
-    if int(state.get("step", 0)) > position:
+    if int(state["step"]) > position:
         raise ValueError(f"sampler state: 'step' is {state['step']}, more steps than the {position} "
                          f"micro-batches before 'position'")
     # the resume-position rule (docs/guarantees.md): steps of the layout's width end on its grid, so
     # position is step * W * A, unless a step of the epoch had another width (set_grad_accum, or a
     # resume at another world size), which the state records as 'regridded'
-    if state.get("regridded") is False and "step" in state and position != int(state["step"]) * world * accum:
+    if state.get("regridded") is False and position != int(state["step"]) * world * accum:
         end = int(state["step"]) * world * accum
         raise ValueError(f"sampler state: 'position' {position} is not on a step boundary: step "
                          f"{state['step']} of {world}x{accum} micro-batches ends at {end} "

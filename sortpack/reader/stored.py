@@ -15,6 +15,8 @@ import pyarrow as pa
 from ..errors import SortpackError
 from ..format.integrity import check_sha256, member_path
 from ..format.shards import open_shard
+from ..kernels.tokens import TokenView
+from .tokens import list_token_view
 
 
 class StoredData:
@@ -53,6 +55,7 @@ class StoredData:
             raise SortpackError(f"{self.path}: {self.num_rows} stored rows for {int(self.row_start[-1])} samples")
         self._position_of: np.ndarray | None = None
         self._byte_ranges: dict = {}  # (shard, column) -> row_store.ByteRanges or None, for take
+        self._token_views: dict = {}  # (shard, column) -> the column's (values, offsets) views or None
 
     def __reduce__(self):
         from .index import PackedIndex
@@ -68,7 +71,7 @@ class StoredData:
         return batch
 
     def verify_all(self) -> None:
-        """Re-hash every data shard against the manifest and check its structure (``PackedIndex(verify=True)``)."""
+        """Re-hash every data shard against the manifest and check its structure (``PackedIndex(verify="full")``)."""
         for k, entry in enumerate(self._entries):
             check_sha256(member_path(self.path, entry["file"]), entry)
             self._shard(k)
@@ -96,6 +99,29 @@ class StoredData:
         if not 0 <= i < len(self.row_start) - 1:
             raise IndexError(f"micro-batch {i} out of range [0, {len(self.row_start) - 1})")
         return self.rows(int(self.row_start[i]), int(self.row_start[i + 1]))
+
+    def token_view(self, column: str, i: int) -> TokenView | None:
+        """Return the ``TokenView`` of micro-batch ``i``'s stored token ids in ``column`` (zero-copy), or None.
+
+        Sample j's ids are ``values[offsets[j]:offsets[j + 1]]``; the shard's arrays are found once
+        and each micro-batch is a slice of its offsets, with no Arrow object per micro-batch.
+        None when the column is not a list of int32/int64 without null ids, or when the
+        micro-batch's rows cross a shard boundary (``microbatch(i)`` then gives them).
+        """
+        start, stop = int(self.row_start[i]), int(self.row_start[i + 1])
+        k = max(0, bisect.bisect_right(self._firsts, start) - 1)
+        if not self._entries or stop - self._firsts[k] > int(self._entries[k]["rows"]):
+            return None
+        key = (k, column)
+        view = self._token_views.get(key, False)
+        if view is False:
+            batch = self._shard(k)
+            j = batch.schema.get_field_index(column)
+            view = self._token_views[key] = None if j < 0 else list_token_view(batch.column(j))
+        if view is None:
+            return None
+        first = self._firsts[k]
+        return view.sliced(start - first, stop - first)
 
     def positions(self, sample_ids) -> np.ndarray:
         """Return the stored row of each sample id (KeyError for ids not in the plan)."""

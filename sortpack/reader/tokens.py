@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.tokens import TokenView, token_view
+
 
 def _item_tokens(item, key, tokenize) -> np.ndarray:
     seq = tokenize(item) if tokenize is not None else item[key] if key is not None else item
@@ -74,21 +76,32 @@ def _fill_types() -> None:
     _INT_VALUES.update({pa.int32().id: np.dtype(np.int32), pa.int64().id: np.dtype(np.int64)})
 
 
-def stored_token_view(items, key) -> tuple[np.ndarray, np.ndarray] | None:
-    """Return (values, offsets): zero-copy numpy views of the stored token ids of ``items.table[key]``, or None.
+def stored_token_view(items, key) -> TokenView | None:
+    """Return (values, offsets, ...): zero-copy numpy views of the stored token ids of ``items.table[key]``, or None.
 
     Sample j's ids are ``values[offsets[j]:offsets[j + 1]]`` (int32 or int64 as stored; the
     offsets index the list column's child array, as Arrow lays them out). None unless the
     column is one list (or large_list) of int32/int64 without a null id, in one chunk: the
-    caller then takes ``ragged_tokens``, which handles every other case.
+    caller then takes ``ragged_tokens``, which handles every other case. ``TableSamples`` of
+    a whole stored micro-batch answer from their shard's column without building the slice.
     """
+    if not isinstance(key, str):
+        return None
+    view = getattr(items, "token_view", None)
+    if view is not None:
+        return view(key)
     table = getattr(items, "table", None)
-    if table is None or not isinstance(key, str):
+    if table is None:
         return None
     i = table.schema.get_field_index(key)
-    if i < 0:
-        return None
-    col = table.column(i)
+    return None if i < 0 else list_token_view(table.column(i))
+
+
+def list_token_view(col) -> TokenView | None:
+    """Return the ``TokenView`` of an Arrow list<int32|int64> column without null ids: zero-copy views and addresses.
+
+    None for any other type, a null id, or a ChunkedArray of more than one chunk.
+    """
     if not hasattr(col, "buffers"):  # a Table's ChunkedArray
         if col.num_chunks != 1:
             return None
@@ -108,7 +121,7 @@ def stored_token_view(items, key) -> tuple[np.ndarray, np.ndarray] | None:
     offsets = np.frombuffer(bufs[1], dtype=off_dtype, count=len(col) + 1, offset=col.offset * off_dtype.itemsize)
     # the offsets count from the child's own start
     values = np.frombuffer(bufs[3], dtype=vdtype, count=child.offset + len(child))[child.offset:]
-    return values, offsets
+    return token_view(values, offsets)
 
 
 def _cut_to_pieces(seqs: list[np.ndarray], ranges) -> list[np.ndarray]:

@@ -1,7 +1,7 @@
 """The step's exact per-token mean loss under data parallelism and gradient accumulation.
 
 A plan knows, before the step runs, how many real tokens and samples every optimizer step
-holds over all ranks and accumulation micro-batches (``step_tokens``, ``step_samples`` of
+holds over all ranks and accumulation micro-batches (``step_tokens``, ``step_batch`` of
 each ``MicroBatch``). Dividing each micro-batch's summed per-token losses by that count,
 times the world size W, makes DDP's mean over W ranks of the gradients summed over A
 micro-batches exactly the gradient of the mean over the step's tokens: the same at any
@@ -26,7 +26,7 @@ def step_targets(info: dict, causal: bool = True) -> int:
     samples are dropped at plan time unless ``--keep-empty``).
     """
     tokens = int(info["step_tokens"])
-    samples = int(info.get("step_samples", info.get("step_batch", 0)))
+    samples = int(info["step_batch"])
     return tokens - samples if causal else tokens
 
 

@@ -19,12 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sortpack.dataset import SourceDataset
 from sortpack.errors import SortpackError
 from sortpack.inputs.discover import expand_inputs
 from sortpack.inputs.formats import arrow_file_batches
 from sortpack.inputs.objects import glob_regex
-from sortpack.reader import PackedIndex
+from sortpack.reader import PackedIndex, SourceDataset
 
 from object_store import BAD_KEY
 from support import lognormal, run_sortpack, write_text_parquet

@@ -113,3 +113,82 @@ def test_offsets_outside_the_values_are_refused_by_both(monkeypatch):
 def test_other_dtypes_are_refused():
     with pytest.raises(TypeError):
         K.pad_tokens(np.arange(4, dtype=np.uint8), np.array([0, 4]), 1, 1, 4, 0, IGNORE)
+
+
+# --- the whole-batch kernels: every output in one call, into buffers the caller allocated (issue 24.6) ---------------
+need_c = pytest.mark.skipif(_loader.backend() != "c", reason="the compiled kernels are not built")
+
+
+def _ids_of(n, dtype, known):
+    return None if not known else (np.arange(n, dtype=dtype) * 5 + 1)
+
+
+@need_c
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), max_size=12), extra_rows=st.integers(0, 3), width=st.integers(0, 45),
+       wide=st.booleans(), large=st.booleans(), lead=st.integers(0, 5), pad_id=st.integers(-2, 9),
+       ids=st.sampled_from([None, np.int32, np.int64]), real=st.booleans())
+def test_pad_batch_into_writes_pad_tokens_batch_ids_and_flags(lengths, extra_rows, width, wide, large, lead, pad_id,
+                                                              ids, real):
+    from sortpack.kernels.tokens import batch_kernels, pad_batch_into, token_view
+
+    values, offsets = _ragged(lengths, np.int64 if wide else np.int32, np.int64 if large else np.int32, lead)
+    n, rows = len(lengths), len(lengths) + extra_rows
+    sample_ids = _ids_of(n, ids, ids is not None)
+    out = [np.full((rows, width), 77, np.int64), np.full((rows, width), 77, np.int64), np.full(rows, 77, np.int64),
+           np.zeros((rows, width), np.bool_), np.full(rows, 77, np.int64), np.ones(rows, np.bool_)]
+    pad_batch_into(batch_kernels(), token_view(values, offsets), n, rows, width, pad_id, IGNORE, sample_ids, real,
+                   tuple(a.ctypes.data for a in out))
+    for got, want in zip(out, _pad_reference(values, offsets, n, rows, width, pad_id)):
+        np.testing.assert_array_equal(got, want)
+    want_ids = np.full(rows, -1)
+    if sample_ids is not None:
+        want_ids[:n] = sample_ids
+    np.testing.assert_array_equal(out[4], want_ids)
+    assert out[5].tolist() == [real] * n + [False] * extra_rows
+
+
+@need_c
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 30), max_size=10), cap=st.one_of(st.none(), st.integers(0, 35)),
+       wide=st.booleans(), large=st.booleans(), lead=st.integers(0, 4), pos_start=st.integers(0, 2),
+       ids=st.sampled_from([None, np.int32, np.int64]), real=st.booleans())
+def test_varlen_batch_into_is_varlen_tokens_of_one_segment_per_sample(lengths, cap, wide, large, lead, pos_start,
+                                                                      ids, real):
+    from sortpack.kernels.tokens import batch_kernels, token_view, varlen_batch_into
+
+    values, offsets = _ragged(lengths, np.int64 if wide else np.int32, np.int64 if large else np.int32, lead)
+    n = len(lengths)
+    kept = np.minimum(lengths, cap if cap is not None else 10**9).astype(np.int64) if n else np.zeros(0, np.int64)
+    cu = np.concatenate(([0], np.cumsum(kept))).astype(np.int64)
+    want = _varlen_reference(values, offsets, cu, kept, np.arange(n), 0, pos_start)
+    room = int(sum(lengths))
+    out = [np.full(room, 77, np.int64), np.full(room, 77, np.int64), np.full(room, 77, np.int64),
+           np.full(room, 77, np.int32), np.zeros(room, np.bool_), np.full(n + 1, 77, np.int32),
+           np.full(n, 77, np.int64), np.full(n, 77, np.int64), np.full(n, 77, np.int64), np.ones(n, np.bool_)]
+    sample_ids = _ids_of(n, ids, ids is not None)
+    total, longest = varlen_batch_into(batch_kernels(), token_view(values, offsets), n, cap, IGNORE, pos_start,
+                                       sample_ids, real, tuple(a.ctypes.data for a in out))
+    assert (total, longest) == (int(cu[-1]), int(kept.max(initial=0)))
+    for got, w in zip(out[:5], want):
+        np.testing.assert_array_equal(got[:total], w)
+    np.testing.assert_array_equal(out[5], cu.astype(np.int32))
+    np.testing.assert_array_equal(out[6], kept)
+    np.testing.assert_array_equal(out[7], np.arange(n))
+    np.testing.assert_array_equal(out[8], np.full(n, -1) if sample_ids is None else sample_ids)
+    assert out[9].tolist() == [real] * n
+
+
+@need_c
+def test_the_batch_kernels_refuse_offsets_outside_the_values():
+    from sortpack.kernels.tokens import batch_kernels, pad_batch_into, token_view, varlen_batch_into
+
+    values = np.arange(10, dtype=np.int32)
+    view = token_view(values, np.array([0, 4, 12], dtype=np.int64))  # the second sample ends past the values
+    buf = np.zeros(4096, np.int64)
+    with pytest.raises(ValueError, match="outside"):
+        pad_batch_into(batch_kernels(), view, 2, 2, 16, 0, IGNORE, None, True, (buf.ctypes.data,) * 6)
+    with pytest.raises(ValueError, match="outside"):
+        varlen_batch_into(batch_kernels(), view, 2, None, IGNORE, 0, None, True, (buf.ctypes.data,) * 10)
+    with pytest.raises(ValueError, match="3 samples"):  # more samples than the offsets bound
+        pad_batch_into(batch_kernels(), view, 3, 3, 16, 0, IGNORE, None, True, (buf.ctypes.data,) * 6)

@@ -127,8 +127,7 @@ def test_the_reader_opens_the_holdout_like_any_plan(data):
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
-    from sortpack.dataset import SourceDataset
-    from sortpack.torch import PackedBatchSampler, pad_collate
+    from sortpack.torch import PackedBatchSampler, SourceDataset, pad_collate
 
     held = data / "plan" / "holdout"
     texts = pq.read_table(sorted((data / "web").glob("*.parquet"))).column("text").to_pylist()
@@ -152,7 +151,7 @@ def test_the_reader_opens_the_holdout_like_any_plan(data):
 
 
 def test_store_writes_the_holdouts_data_too(data, tmp_path):
-    from sortpack.dataset import SourceDataset
+    from sortpack.reader import SourceDataset
 
     run_sortpack(["run", data / "web", "-o", tmp_path / "s", *PACK, "--holdout", "0.1", "--store", "text",
                   "--quiet"], ranks=2, timeout=180)
@@ -253,7 +252,7 @@ def test_a_mixture_source_too_small_for_its_holdout_is_named(data, tmp_path):
 def test_store_tokens_stores_the_holdouts_ids_from_the_one_tokenization(tmp_path):
     from tokenizers import Tokenizer
 
-    from sortpack.dataset import SourceDataset
+    from sortpack.reader import SourceDataset
 
     from support import make_tokenizer
 

@@ -133,8 +133,7 @@ def test_blend_and_store_and_inspect(data, tmp_path):
     (tmp_path / "books").symlink_to(data / "books")
     run_sortpack(["run", "--blend", f"70 {tmp_path / 'web'} 30 {tmp_path / 'books'}", "--total-tokens", "600000",
                   "-o", str(tmp_path / "b"), "--max-tokens", "8192", "--store", "text"])
-    from sortpack.dataset import SourceDataset
-    from sortpack.reader import PackedSampler
+    from sortpack.reader import PackedSampler, SourceDataset
 
     idx = PackedIndex(tmp_path / "b")
     assert [s["weight"] for s in idx.manifest["mixture"]["sources"]] == [70, 30]
@@ -300,8 +299,7 @@ def _run_tokens(root: Path, out: str, ranks=None, *extra):
 def test_a_mixture_stores_token_ids_and_reads_each_source_column_as_the_plan_column(wordy):
     from tokenizers import Tokenizer
 
-    from sortpack.dataset import SourceDataset
-    from sortpack.reader import PackedSampler
+    from sortpack.reader import PackedSampler, SourceDataset
 
     _run_tokens(wordy, "tok1")
     idx = PackedIndex(wordy / "tok1")

@@ -11,9 +11,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sortpack.dataset import SourceDataset  # noqa: E402
 from sortpack.reader import PackedIndex  # noqa: E402
-from sortpack.torch import PackedBatchSampler, PlanLoader, pad_collate, varlen_collate  # noqa: E402
+from sortpack.torch import (  # noqa: E402
+    PackedBatchSampler,
+    PlanLoader,
+    SourceDataset,  # noqa: E402
+    pad_collate,
+    varlen_collate,
+)
 
 from support import make_special_tokenizer, run_sortpack  # noqa: E402
 

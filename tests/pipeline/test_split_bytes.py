@@ -11,8 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from sortpack.dataset import SourceDataset  # noqa: E402
-from sortpack.reader import PackedIndex  # noqa: E402
+from sortpack.reader import PackedIndex, SourceDataset  # noqa: E402
 from sortpack.torch import PackedBatchSampler, PlanLoader  # noqa: E402
 
 from support import assert_same_outputs, read_manifest, run_sortpack  # noqa: E402

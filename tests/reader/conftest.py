@@ -16,6 +16,6 @@ def small(tmp_path):
 
 @pytest.fixture
 def small64(tmp_path):
-    """``small`` with int64 sample ids (the width of every index written before int32 ids)."""
+    """``small`` with int64 sample ids (the width of an index over more than 2^31 input rows)."""
     lengths = np.random.default_rng(0).integers(1, 200, size=92)
     return pipeline_index(tmp_path / "ix64", lengths, max_tokens=1000, max_samples=4, rows_per_shard=5, id_bits=64)

@@ -9,9 +9,14 @@ import pyarrow as pa
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from sortpack.dataset import SourceDataset  # noqa: E402
 from sortpack.errors import SortpackError  # noqa: E402
-from sortpack.reader import MicroBatch, PackedIndex, PackedSampler, Samples  # noqa: E402
+from sortpack.reader import (  # noqa: E402
+    MicroBatch,
+    PackedIndex,
+    PackedSampler,
+    Samples,
+    SourceDataset,  # noqa: E402
+)
 
 from reader_fixtures import corpus_texts, write_text_corpus, write_text_index  # noqa: E402
 

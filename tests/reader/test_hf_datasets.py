@@ -7,9 +7,9 @@ import json
 import pyarrow as pa
 import pytest
 
-from sortpack.dataset import SourceDataset
 from sortpack.errors import SortpackError
 from sortpack.inputs.discover import expand_inputs
+from sortpack.reader import SourceDataset
 
 from support import run_sortpack
 

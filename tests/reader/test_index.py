@@ -93,6 +93,38 @@ def test_refuses_unknown_version_and_bad_shard_size(small, tmp_path):
         PackedIndex(bad)
 
 
+def test_the_boolean_verify_spellings_are_refused_with_the_level_to_write(small):
+    """``verify=True/False`` were the first spellings of ``"full"``/``"index"`` (issue 25): one line names the level."""
+    assert PackedIndex(small, verify="full").verify == "full"
+    with pytest.raises(ValueError, match="verify=True: the levels are 'structure', 'index', 'full'; "
+                                         "write verify='full'"):
+        PackedIndex(small, verify=True)
+    with pytest.raises(ValueError, match="write verify='index'"):
+        PackedIndex(small, verify=False)
+
+
+@pytest.mark.parametrize("schema", [{"sample_ids"}, "sample_ids:list<item: int16>", None])
+def test_a_manifest_must_say_how_the_ids_are_stored(small, tmp_path, schema):
+    """The id width comes from the manifest's schema, never guessed from a shard (issue 25: no "older is int64")."""
+    manifest = json.loads((small / "manifest.json").read_text())
+    bad = tmp_path / "no-width"
+    bad.mkdir()
+    for f in small.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    if schema is None:
+        del manifest["schema"]
+        match = "the manifest's schema lacks column"
+    elif isinstance(schema, set):
+        del manifest["schema"]["sample_ids"]
+        match = "the manifest's schema lacks column\\(s\\) sample_ids"
+    else:
+        manifest["schema"]["sample_ids"] = schema.split(":", 1)[1]
+        match = "gives sample_ids as 'list<item: int16>', not list<item: int32> or list<item: int64>"
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SortpackError, match=match):
+        PackedIndex(bad)
+
+
 def test_open_reads_a_small_fraction_of_a_large_index(tmp_path):
     smaps = Path("/proc/self/smaps")
     if not smaps.exists():

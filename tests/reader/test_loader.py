@@ -14,10 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader
 
-from sortpack.dataset import SourceDataset
 from sortpack.reader import Samples
 from sortpack.reader.lazy_rows import TableSamples
-from sortpack.torch import PackedBatchSampler, PlanLoader, pad_collate, varlen_collate
+from sortpack.torch import PackedBatchSampler, PlanLoader, SourceDataset, pad_collate, varlen_collate
 
 from support import ROOT, run_sortpack
 
@@ -179,3 +178,71 @@ def test_the_documented_stored_data_loop_runs_as_written(token_plan, tmp_path, m
         want += [list(mb) for mb in ref]
     assert [b["sample_ids"].tolist() for b in received] == want
     assert sampler.state_dict()["epoch"] == ns["E"]
+
+
+def _who_prepares(plan, loop_body, prefetch=4, read=0.0):
+    """Return the names of the threads that collated each batch of an epoch, and the batches' sample ids in order.
+
+    ``read``: seconds each collate also sleeps (a slow read that lets go of the GIL).
+    """
+    import threading
+    import time
+
+    names = []
+
+    def collate(items):
+        names.append(threading.current_thread().name)
+        if read:
+            time.sleep(read)
+        return pad_collate(key="input_ids")(items)
+
+    loader = PlanLoader(SourceDataset(plan), PackedBatchSampler(plan, rank=0, world_size=1, order="shuffle", seed=1),
+                        collate, prefetch=prefetch)
+    got = []
+    for batch in loader:
+        got.append(batch["sample_ids"].tolist())
+        loop_body()
+    return names, got
+
+
+def test_a_loop_that_comes_straight_back_prepares_its_own_batches(token_plan):
+    """No thread switch per batch when the loop does not let go of the GIL (issue 24.6): the loop collates inline."""
+    plan, _ = token_plan
+    names, got = _who_prepares(plan, lambda: None)
+    want = [b["sample_ids"].tolist() for b in DataLoader(
+        SourceDataset(plan), batch_sampler=PackedBatchSampler(plan, rank=0, world_size=1, order="shuffle", seed=1),
+        collate_fn=pad_collate(key="input_ids"))]
+    assert got == want and len(names) == len(want) > 10
+    # a loaded machine may hold the loop back between batches now and then: then the thread helps
+    assert names.count("MainThread") >= len(names) * 0.6, names
+
+
+@pytest.mark.parametrize("step,read", [(0.01, 0.0), (0.002, 0.005)])
+def test_the_thread_prepares_ahead_while_the_loop_is_away(token_plan, step, read):
+    """A training step that lets go of the GIL (a CUDA wait; here a sleep) overlaps with the next batches' preparing.
+
+    Also when a batch takes longer to prepare than the step (a slow read): the thread still overlaps part of it.
+    """
+    import time
+
+    plan, _ = token_plan
+    names, got = _who_prepares(plan, lambda: time.sleep(step), read=read)
+    assert names.count("sortpack-PlanLoader") >= len(names) * 0.5, names
+    assert len(got) == len(names)
+
+
+def test_leaving_the_loop_early_stops_the_thread(token_plan):
+    import threading
+    import time
+
+    plan, _ = token_plan
+    sampler = PackedBatchSampler(plan, rank=0, world_size=1)
+    loader = PlanLoader(SourceDataset(plan), sampler, pad_collate(key="input_ids"))
+    for k, _batch in enumerate(loader):
+        time.sleep(0.005)  # the thread fills the queue meanwhile
+        if k == 3:
+            break
+    run = loader._pass
+    assert run is None or not run.thread.is_alive()
+    loader.close()
+    assert not [t for t in threading.enumerate() if t.name == "sortpack-PlanLoader" and t.is_alive()]

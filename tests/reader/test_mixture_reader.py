@@ -100,8 +100,7 @@ def test_dataloader_workers_log_per_source(mix_index):
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
-    from sortpack.dataset import SourceDataset
-    from sortpack.torch import PackedBatchSampler, pad_collate
+    from sortpack.torch import PackedBatchSampler, SourceDataset, pad_collate
 
     idx = PackedIndex(mix_index)
     sampler = PackedBatchSampler(idx, rank=0, world_size=1, grad_accum=2)

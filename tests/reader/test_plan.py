@@ -217,3 +217,47 @@ def test_step_parts_read_from_the_flat_table_equal_the_per_position_answers(smal
                     assert samples == plan.span_sum("num_samples", pos % plan.length, w * a)
                     assert tokens == plan.span_sum("tokens", pos % plan.length, w * a)
         assert width == plan.width
+
+
+@pytest.mark.parametrize("order,kw", [("index", {}), ("shuffle", {}), ("shuffle", {"largest_first": True}),
+                                      ("index", {"warmup_shapes": True}), ("shuffle", {"drop_last": True})])
+def test_steps_ahead_gives_step_parts_a_chunk_at_a_time(small, order, kw):
+    """The sampler's vectorised chunks (issue 24.6) are each step's step_parts, up to one that straddles the end."""
+    from sortpack.reader.plan import EpochPlan
+
+    ix = PackedIndex(small)
+    for world, accum in [(1, 1), (2, 3), (4, 2), (3, 1)]:
+        plan = EpochPlan(ix, world, accum, order, seed=5, epoch=1, **kw)
+        for w, a in [(world, accum), (world, 1), (1, accum + 1)]:
+            for start in range(0, plan.length + 1, 1 + plan.length // 7):  # also off the step grid
+                for rank in range(w):
+                    for count in (1, 3, 64):
+                        ids, rep, samples, tokens = plan.steps_ahead(start, w, a, rank, count)
+                        steps = len(samples)
+                        assert steps == max(0, min(count, (plan.length - start) // (w * a)))
+                        for s in range(steps):
+                            want = plan.step_parts(start + s * w * a, w, a, rank)
+                            assert (ids[s * a:(s + 1) * a], rep[s * a:(s + 1) * a], samples[s], tokens[s]) == want
+                            assert all(type(x) is int for x in ids) and all(type(x) is bool for x in rep)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(world=st.integers(1, 4), accum=st.integers(1, 3), order=st.sampled_from(["index", "shuffle"]),
+       drop_last=st.booleans(), changes=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 4)), max_size=3))
+def test_the_sampler_hands_out_each_steps_parts_also_across_grad_accum_changes(small, world, accum, order, drop_last,
+                                                                               changes):
+    """Steps handed out from chunks equal step_parts at the position each starts, whatever set_grad_accum does."""
+    from sortpack.reader.plan import EpochPlan
+
+    ix = PackedIndex(small)
+    s = PackedSampler(ix, rank=world - 1, world_size=world, grad_accum=accum, order=order, seed=3,
+                      drop_last=drop_last, check_rank=False)
+    plan = EpochPlan(ix, world, accum, order, seed=3, epoch=0, drop_last=drop_last)
+    at, place = dict(changes), 0
+    for k, mb in enumerate(s):
+        a = (mb.end - mb.position) // world  # the step's accumulation, as it was handed out
+        ids, rep, samples, tokens = plan.step_parts(mb.position, world, a, world - 1)
+        assert (mb.microbatch, mb.repeat, mb.step_batch, mb.step_tokens) == (ids[place], rep[place], samples, tokens)
+        place = 0 if mb.last else place + 1
+        if mb.last and k in at:
+            s.set_grad_accum(at[k])

@@ -8,10 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sortpack.dataset import SourceDataset
 from sortpack.reader import PackedIndex, Prefetched, Prefetcher
 from sortpack.reader.prefetch import _ShardRanges
-from sortpack.torch import PackedBatchSampler
+from sortpack.torch import PackedBatchSampler, SourceDataset
 
 from support import run_sortpack
 

@@ -229,8 +229,7 @@ def test_reader_and_torch_modules_import_without_torch_or_mpi():
 def test_public_classes_document_their_arguments():
     import inspect
 
-    from sortpack.dataset import SourceDataset
-    from sortpack.torch import PackedBatchSampler, PadCollate, VariableBatchSizeLR, VarlenCollate
+    from sortpack.torch import PackedBatchSampler, PadCollate, SourceDataset, VariableBatchSizeLR, VarlenCollate
 
     for cls in (PackedSampler, PackedBatchSampler, VariableBatchSizeLR, PadCollate, VarlenCollate,
                 PackedIndex, SourceDataset):
@@ -273,3 +272,18 @@ def test_a_resume_position_off_the_step_grid_is_refused_unless_the_width_changed
     legacy = {k: v for k, v in PackedSampler(small, world_size=1, grad_accum=2).state_dict().items()
               if k != "regridded"}
     PackedSampler(small, world_size=1, grad_accum=2).load_state_dict({**legacy, "position": 5, "step": 2})
+
+
+def test_a_state_without_a_step_count_is_refused_in_one_line(small):
+    """States of the sampler before it counted steps (issue 25): refused by name, not resumed at a guessed step."""
+    s = PackedSampler(small, world_size=1, rank=0)
+    it = iter(s)
+    next(it), next(it)
+    state = s.state_dict()
+    assert state["step"] == 2
+    old = {k: v for k, v in state.items() if k not in ("step", "regridded")}
+    fresh = PackedSampler(small, world_size=1, rank=0)
+    with pytest.raises(ValueError, match="^sampler state: no 'step' .*start its epoch again with set_epoch\\)$"):
+        fresh.load_state_dict(old)
+    fresh.load_state_dict(state)
+    assert [mb.microbatch for mb in fresh] == [mb.microbatch for mb in it]

@@ -7,8 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 torch = pytest.importorskip("torch")
-from sortpack.dataset import SourceDataset
-from sortpack.reader import PackedIndex, PackedSampler
+from sortpack.reader import PackedIndex, PackedSampler, SourceDataset
 from sortpack.reader.lazy_rows import TableSamples
 from sortpack.reader.tokens import ragged_tokens
 from sortpack.torch import PackedBatchSampler, pad_collate, varlen_collate
@@ -106,3 +105,36 @@ def test_stored_views_give_the_batches_of_the_row_path(plan, skip):
             assert fast["sample_ids"][:len(mb)].tolist() == list(mb)
         seen += 1
     assert seen == len(index) or skip
+
+
+@pytest.mark.parametrize("order", ["index", "shuffle"])
+def test_the_compiled_collate_gives_the_numpy_fallbacks_batches(plan, order, monkeypatch):
+    """Every collate helper's compiled path (one kernel call into torch's tensors) equals the numpy fallback's batch."""
+    from sortpack.kernels import _loader
+
+    if _loader.backend() != "c":
+        pytest.skip("the compiled kernels are not built")
+    from sortpack.reader import MicroBatch, Samples
+
+    ds = SourceDataset(plan)
+    collates = [pad_collate(key="input_ids"), pad_collate(key="input_ids", pad_id=3, attn_mask="causal"),
+                pad_collate(key="input_ids", pad_to_multiple=8), varlen_collate(key="input_ids"),
+                varlen_collate(key="input_ids", position_ids_start=2),
+                varlen_collate(key="input_ids", pad_to_multiple=4)]
+    batches = []
+    for mb in PackedSampler(PackedIndex(plan), rank=1, world_size=2, grad_accum=2, order=order, seed=4):
+        items = ds.__getitems__(mb)
+        rows = Samples([{"input_ids": r["input_ids"]} for r in items.table.to_pylist()], mb)
+        cut = Samples(rows, MicroBatch(list(mb), mb.microbatch, mb.batch_size, 5, facts=mb.facts, repeat=True))
+        plain = Samples(rows[:3])  # no micro-batch: the items' own lengths, no sample ids
+        batches.append([(c, x, c(x)) for c in collates for x in (items, rows, cut, plain)])
+    assert any(mb.repeat for mb in PackedSampler(PackedIndex(plan), rank=1, world_size=2, grad_accum=2))
+    monkeypatch.setattr(_loader, "_clib", None)
+    monkeypatch.setattr(_loader, "_warned", True)
+    for triples in batches:
+        for collate, x, fast in triples:
+            slow = collate(x)
+            _same_batch(fast, slow)
+            for k, v in fast.items():
+                if isinstance(v, torch.Tensor):
+                    assert v.is_contiguous(), k

@@ -17,9 +17,15 @@ import itertools
 
 from torch.utils.data import DataLoader
 
-from sortpack.dataset import SourceDataset
 from sortpack.reader import MicroBatch, PackedIndex, Samples
-from sortpack.torch import PackedBatchSampler, PackedDataset, VariableBatchSizeLR, pad_collate, varlen_collate
+from sortpack.torch import (
+    PackedBatchSampler,
+    PackedDataset,
+    SourceDataset,
+    VariableBatchSizeLR,
+    pad_collate,
+    varlen_collate,
+)
 
 from reader_fixtures import corpus_texts, exact_index, pipeline_index, write_text_corpus, write_text_index
 from support import run_gloo_ranks

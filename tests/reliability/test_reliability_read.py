@@ -195,7 +195,7 @@ def test_sorted_and_data_shard_paths_are_checked_too(sorted_dir, tmp_path):
     manifest = _manifest(data_ix)
     manifest["data"]["shards"][0]["file"] = "../" + manifest["data"]["shards"][0]["file"]
     (data_ix / "manifest.json").write_text(json.dumps(manifest))
-    from sortpack.dataset import SourceDataset
+    from sortpack.reader import SourceDataset
 
     with pytest.raises(SortpackError, match=r"data.shards\[0\]"):
         SourceDataset(data_ix)
@@ -257,7 +257,7 @@ def test_a_flipped_offset_in_a_data_shard_is_an_error_not_a_segfault(tmp_path):
     assert shard.name in proc.stdout and "corrupt Arrow data" in proc.stdout
 
 
-def test_verify_true_rehashes_data_shards(tmp_path):
+def test_verify_full_rehashes_data_shards(tmp_path):
     src = _write_jsonl(tmp_path / "in.jsonl")
     ix = tmp_path / "ix"
     run_sortpack(["run", src, "-o", ix, "--column", "text", "--max-tokens", 400, "--store", "text", "--quiet"])
@@ -265,7 +265,7 @@ def test_verify_true_rehashes_data_shards(tmp_path):
     _flip(shard, _buffer_offset(shard, "text", 2) + 5, 0x02)  # a letter of a text: structure intact
     PackedIndex(ix).stored.microbatch(0)  # the default level reads no values: it cannot tell
     with pytest.raises(SortpackError, match=f"{shard.name}: sha256 differs"):
-        PackedIndex(ix, verify=True)
+        PackedIndex(ix, verify="full")
     with pytest.raises(ValueError, match="verify="):
         PackedIndex(ix, verify="sometimes")
 

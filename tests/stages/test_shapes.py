@@ -278,8 +278,7 @@ def test_static_index_feeds_fixed_shapes_to_the_model(tmp_path, lognormal_datase
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
-    from sortpack.dataset import SourceDataset
-    from sortpack.torch import PackedBatchSampler, pad_collate
+    from sortpack.torch import PackedBatchSampler, SourceDataset, pad_collate
 
     files, sizes = lognormal_dataset
     plan = tmp_path / "plan"

@@ -17,7 +17,7 @@ from step_loss_model import (
 )
 from torch.utils.data import DataLoader
 
-from sortpack.reader import MicroBatch, PackedIndex
+from sortpack.reader import MicroBatch, PackedIndex, StepFacts
 from sortpack.torch import PackedBatchSampler, pad_collate, step_loss, step_targets
 
 from reader_fixtures import pipeline_index
@@ -96,7 +96,7 @@ def test_step_counts_come_from_the_plan(tmp_path):
         for mb in PackedBatchSampler(ix, rank=rank, world_size=2, grad_accum=2):
             pos = np.arange(mb.position, mb.end) % ix.num_microbatches  # the step's 4 micro-batches, repeats too
             ids = [i for p in pos for i in ix.microbatch(int(p)).tolist()]
-            assert (mb.step_samples, mb.step_tokens, mb.world_size) == (len(ids), int(sizes[ids].sum()), 2)
+            assert (mb.step_batch, mb.step_tokens, mb.world_size) == (len(ids), int(sizes[ids].sum()), 2)
             assert mb.tokens == int(sizes[list(mb)].sum())
             info = mb.info()
             assert step_targets(info) == int(sizes[ids].sum()) - len(ids)
@@ -107,11 +107,12 @@ def test_step_loss_scales_by_the_world_and_warns_on_other_tokens(monkeypatch):
     import sortpack.train.loss as loss_module
 
     monkeypatch.setattr(loss_module, "_warned", set())  # it warns once per process
-    mb = MicroBatch([0, 1], microbatch=0, padded_size=4, step_batch=4, step_tokens=14, world_size=2, tokens=7)
+    mb = MicroBatch([0, 1], microbatch=0, padded_size=4, facts=StepFacts(step_batch=4, step_tokens=14, world_size=2),
+                    tokens=7)
     losses = torch.ones(6, dtype=torch.float64)
     assert float(step_loss(losses, mb)) == pytest.approx(6 * 2 / 10)
     assert float(step_loss(losses, mb, world_size=1, causal=False)) == pytest.approx(6 / 14)
-    empty = MicroBatch([0], microbatch=1, step_batch=1, step_tokens=0, world_size=1)
+    empty = MicroBatch([0], microbatch=1, facts=StepFacts(step_batch=1, step_tokens=0, world_size=1))
     assert float(step_loss(torch.zeros(0), empty)) == 0.0  # a step without targets: 0, not NaN
     from sortpack.reader.microbatch import Samples
 

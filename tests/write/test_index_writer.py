@@ -8,10 +8,9 @@ import json
 import numpy as np
 import pyarrow as pa
 
-from sortpack.dataset import SourceDataset
 from sortpack.format import verify_directory
 from sortpack.format.schemas import INT32_ID_ROWS, sample_id_type
-from sortpack.reader import PackedIndex, PackedSampler
+from sortpack.reader import PackedIndex, PackedSampler, SourceDataset
 from sortpack.write import index_writer
 
 from reader_fixtures import pipeline_index

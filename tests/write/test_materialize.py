@@ -9,10 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sortpack.dataset import SourceDataset
 from sortpack.format.data_shards import data_cuts
 from sortpack.format.shards import verify_directory
-from sortpack.reader import PackedIndex
+from sortpack.reader import PackedIndex, SourceDataset
 from sortpack.torch import PackedBatchSampler, pad_collate, varlen_collate
 
 from support import assert_same_at_ranks, make_tokenizer, run_sortpack
