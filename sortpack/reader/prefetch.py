@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -99,7 +100,36 @@ class _ShardRanges:
         os.close(self.fd)
 
 
-class Prefetcher:
+_B = TypeVar("_B", bound="_Background")
+
+
+class _Background:
+    """A reader's helper thread as a context manager: ``stop`` ends it (``_cond``, ``_thread``, ``_stopped``)."""
+
+    _cond: threading.Condition
+    _thread: threading.Thread
+    _stopped: bool
+
+    def __enter__(self: _B) -> _B:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """End the thread."""
+        self._end_thread()
+
+    def _end_thread(self) -> None:
+        """Tell the thread to stop and wait for it (unless it is the caller: a thread cannot join itself)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+class Prefetcher(_Background):
     """A background thread that warms the stored bytes of micro-batches ``order`` ahead of the reader.
 
     ``stored`` is a ``StoredData`` (``PackedIndex.stored``); ``order`` the micro-batch
@@ -147,12 +177,6 @@ class Prefetcher:
         touched = np.unique(shard)
         return int(rows.sum()) * 2 >= int((self._firsts[touched + 1] - self._firsts[touched]).sum())
 
-    def __enter__(self) -> Prefetcher:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def advance(self, position: int) -> None:
         """Record that the reader is at position ``position`` of ``order`` (it reads that one next)."""
         with self._cond:
@@ -161,11 +185,7 @@ class Prefetcher:
 
     def stop(self) -> None:
         """End the thread (hints already given stay with the kernel; the thread closes its files)."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+        self._end_thread()
 
     def _ahead(self) -> int:
         pos = min(self._position, self.hinted)
@@ -225,7 +245,7 @@ class Prefetcher:
         return total
 
 
-class UnitWarmer:
+class UnitWarmer(_Background):
     """A background thread that reads the input units of a ``SourceDataset`` ahead, in the order given.
 
     A plan without ``--store`` reads its rows from the input files: on an object store
@@ -270,19 +290,9 @@ class UnitWarmer:
             self._cond.notify_all()
         return table
 
-    def __enter__(self) -> UnitWarmer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def stop(self) -> None:
         """End the thread and drop the units not taken."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+        self._end_thread()
         with self._cond:
             self._ready.clear()
         if self.dataset._warm is self:
