@@ -44,11 +44,13 @@ from ..stages.mixture import (
     source_bases,
     source_of,
     split_source,
+    split_union,
     union_sources,
 )
 from ..stages.pack import PackOptions, pack_samples
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
+from ..stages.split import SPLIT_KINDS
 from ..write.index_writer import write_index
 from ..write.provenance import JobInfo
 from ..write.store import Store, StoreOptions
@@ -94,26 +96,28 @@ def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
     return samples, source_bases(file_rows, counts, list(mix.names)), counts
 
 
-def _plan_column(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
-                 store: StoreOptions | None) -> tuple[str | None, list[int] | None]:
+def _plan_column(comm: Comm, mix: Mixture, aopts: AnalyzeOptions, store: StoreOptions | None,
+                 splitting: bool = False) -> tuple[str | None, list[int] | None]:
     """Return (the plan's column, each source's file count or None), refusing a missing column before analyze.
 
     The plan's column is ``--column``; else, when a source names its own ``column``, the column
     the other sources read (as analyze resolves it), else the first source's ``column``. Every
     source's column (where read) and every ``--store`` column (a source's own column for the
     plan's) must be in each of its files: one line naming the source, file and column.
+    ``splitting`` (``--oversize split``): the plan names the column it cuts even where analyze
+    chose it (the store and the reader cut the column the options name).
     """
     storing = store is not None and store.enabled
     store_columns = list(store.columns) if store is not None and storing else []
     text = reads_text(aopts.size, aopts.difficulty, storing and bool(store and store.tokens))
     named = [src.column for src in mix.sources]
-    if not (any(named) or store_columns or (aopts.column and text)):
+    if not (any(named) or store_columns or (aopts.column and text) or splitting):
         return aopts.column, None
     files = input_columns(comm, [src.inputs for src in mix.sources], aopts.input_format, aopts.split)
     plan = aopts.column
-    if plan is None and any(named):
+    if plan is None and (any(named) or splitting):
         plain = [f for src, fs in zip(mix.sources, files) if not src.column for f in fs]
-        plan = resolve_column(first_columns(plain)) or next(c for c in named if c)
+        plan = resolve_column(first_columns(plain)) or next((c for c in named if c), None)
     for src, fs in zip(mix.sources, files):
         own = src.column or plan
         wanted = [(src.column, "its 'column'")] if src.column else []
@@ -161,6 +165,11 @@ def _plan_mixture(comm: Comm, scope: JobScope, mix: Mixture, aopts: AnalyzeOptio
     with prof.stage("analyze"):
         union, groups, table, bases, files, file_counts = _analyze_union(comm, mix, aopts, progress, sink)
     prof.counts["analyze_rows"] = len(union)
+    split = None
+    if popts.oversize == "split":
+        # before the sort, as `run` cuts: pieces are sorted by their own sizes, each in its source
+        with prof.stage("split"):
+            union, groups, split = split_union(comm, union, groups, table, bases, popts)
     hplan = comm.collectively(holdout_plan, mix, holdout.value if holdout is not None else None,
                               holdout.seed if holdout is not None else None, bases)  # fails before the sort
     with prof.stage("sort"):
@@ -176,7 +185,7 @@ def _plan_mixture(comm: Comm, scope: JobScope, mix: Mixture, aopts: AnalyzeOptio
         with prof.stage("holdout_choice"):
             ordered, held = split_holdout(comm, ordered, hplan)
     with prof.stage("pack"):
-        mbs = pack_samples(comm, ordered, popts, sopts.key)
+        mbs = pack_samples(comm, ordered, popts, sopts.key, split)
     with prof.stage("part_pass"):
         # the uses past the whole passes: a seeded subset of samples, packed on its own
         packed, chosen = choose_part_passes(comm, ordered, mbs, popts, mix, group, sopts.stages)
@@ -211,7 +220,8 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
     """
     check_options(comm, sopts.validate, popts.validate, split_check(popts, aopts.as_dict(), mixture=True))
     _check_stages(mix, sopts)
-    plan_column, file_counts = _plan_column(comm, mix, aopts, store)
+    splitting = popts.oversize == "split" and str(aopts.size or "length") in SPLIT_KINDS
+    plan_column, file_counts = _plan_column(comm, mix, aopts, store, splitting)
     if plan_column != aopts.column:  # a source's own column is read under the plan's name
         aopts = dataclasses.replace(aopts, column=plan_column)
     renames = None

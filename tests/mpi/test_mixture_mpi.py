@@ -56,7 +56,7 @@ def test_every_plan_micro_batch_reaches_its_writer_with_its_ids(comm, seed):
     mbs = Microbatches(a, total, np.concatenate(ids + [np.zeros(0, np.int64)]).astype(np.int64), offsets, cols, {})
     packed = gather_packed(comm, mbs, 1)
     g = rng.integers(0, total, 40)  # repeats too
-    first, got, got_ids, _ = move_to_writers(comm, mbs, packed, g, 5, 30)
+    first, got, got_ids, _, _ = move_to_writers(comm, mbs, packed, g, 5, 30)
     mine = g[first:first + len(got["tokens"])]
     assert np.array_equal(got["tokens"], mine * 3)
     assert np.array_equal(got_ids, np.concatenate([np.arange(j * 10, j * 10 + ns_all[j]) for j in mine] + [[]]))

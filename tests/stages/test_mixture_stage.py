@@ -170,11 +170,11 @@ def test_plan_order_sorts_received_micro_batches_with_their_ids_and_rows():
     cols = {"num_samples": np.array([2, 1, 3]), "batch_size": np.array([1, 1, 2]), "tokens": np.array([20, 10, 30])}
     ids = np.array([5, 6, 1, 7, 8, 9])
     rows = np.array([2, 1, 1, 2])
-    out, got_ids, got_rows = plan_order(np.array([2, 4, 9]), cols, ids, rows)
+    out, got_ids, got_rows, _ = plan_order(np.array([2, 4, 9]), cols, ids, rows)
     assert out is cols and got_ids is ids  # already in order: nothing moves
-    out, got_ids, got_rows = plan_order(np.array([9, 2, 4]), cols, ids, rows)
+    out, got_ids, got_rows, ranges = plan_order(np.array([9, 2, 4]), cols, ids, rows)
     assert out["tokens"].tolist() == [10, 30, 20] and got_ids.tolist() == [1, 7, 8, 9, 5, 6]
-    assert got_rows.tolist() == [1, 1, 2, 2]
+    assert got_rows.tolist() == [1, 1, 2, 2] and ranges is None
 
 
 # --- the blend on one rank, end to end -----------------------------------------------------
@@ -212,6 +212,6 @@ def test_move_to_writers_on_one_rank_lays_out_the_plan_in_order():
     mbs = _mbs({"num_samples": np.array([1, 2, 1], np.int32), "batch_size": np.array([1, 2, 1], np.int32),
                 "tokens": np.array([4, 6, 8])}, [[10], [11, 12], [13]])
     packed = _units([4, 6, 8], [0, 0, 0], samples=[1, 2, 1])
-    first, cols, ids, rows = move_to_writers(SerialComm(), mbs, packed, np.array([2, 0, 2, 1]), 1000, 10**6)
+    first, cols, ids, rows, ranges = move_to_writers(SerialComm(), mbs, packed, np.array([2, 0, 2, 1]), 1000, 10**6)
     assert first == 0 and cols["tokens"].tolist() == [8, 4, 8, 6] and ids.tolist() == [13, 10, 13, 11, 12]
-    assert rows is None
+    assert rows is None and ranges is None
