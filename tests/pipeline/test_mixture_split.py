@@ -66,7 +66,7 @@ def corpus(tmp_path_factory):
             "repeat": mix("repeat.json", (None, "content"), 4 * held),
             "repeat_ids": mix("repeat_ids.json", ("ids", "toks"), 4 * sum(len(v) for v in web_ids + code_ids)),
             # one shared column (one analyze of the union), every source used about half: part passes alone
-            "half": mix("half.json", (None, None), held // 2)}
+            "half": mix("half.json", (None, None), sum(map(len, texts)) // 2)}  # in characters
 
 
 def _read(plan, collate=None, field="text"):
@@ -167,9 +167,16 @@ def test_list_pieces_of_a_mixture(tmp_path, corpus):
 def test_a_part_pass_chooses_pieces_and_the_holdout_keeps_documents_whole(tmp_path, corpus):
     plan = _run(corpus, "half", tmp_path / "plan", "--max-tokens", "300", "--holdout", "0.2")
     m = _check_pieces(plan, _read(plan), corpus["texts"])
+    assert m["stats"]["split"] > 0
     assert all(s["whole_passes"] == 0 and s["most_uses"] == 1 for s in m["mixture"]["sources"])
     assert m["options"]["column"] == "text"  # named although no source or option named it
-    used = {sid for sid, _, _ in _read(plan)}
+    items = _read(plan)
+    used = {sid for sid, _, _ in items}
+    # a piece is a plan sample: the part pass chooses pieces, so a long document may give some of them
+    got = Counter()
+    for sid, _, v in items:
+        got[sid] += len(v)
+    assert any(0 < got[sid] < len(corpus["texts"][sid]) for sid in used)
     held = _read(plan / "holdout")
     assert not used & {sid for sid, _, _ in held}
     for sid in {sid for sid, _, _ in held}:  # every held-out document once, whole
@@ -185,14 +192,27 @@ def test_split_under_size_bytes_is_refused_for_a_mixture(tmp_path, corpus):
     assert not (tmp_path / "p").exists()
 
 
+def _files(d):
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file() and p.name != "manifest.json"}
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("mix, extra", [
-    ("repeat", (*TOKENS, "--store-tokens", "--store", "text")),
-    ("half", ("--max-tokens", "300", "--store", "text", "--holdout", "0.2")),
-])
-def test_split_mixtures_are_byte_identical_at_1_to_4_ranks(tmp_path, corpus, mix, extra):
-    extra = (*extra, "--tokenizer", corpus["tok_path"]) if "tokens" in extra else extra
-    outs = assert_same_at_ranks(["run", "--mixture", corpus[mix], "--oversize", "split", "--quiet", *extra],
+def test_a_split_mixture_is_byte_identical_at_1_to_4_ranks(tmp_path, corpus):
+    extra = (*TOKENS, "--tokenizer", corpus["tok_path"], "--store-tokens", "--store", "text")
+    outs = assert_same_at_ranks(["run", "--mixture", corpus["repeat"], "--oversize", "split", "--quiet", *extra],
                                 tmp_path, env=SMALL)
     m = read_manifest(outs[0])
     assert m["stats"]["split"] > 0 and len(m["shards"]) > 1 and len(m["data"]["shards"]) > 1
+
+
+@pytest.mark.mpi
+def test_a_split_mixture_with_part_passes_and_a_holdout_is_byte_identical_at_1_to_4_ranks(tmp_path, corpus):
+    outs = [_run(corpus, "half", tmp_path / f"p{k}", "--max-tokens", "300", "--store", "text", "--holdout", "0.2",
+                 ranks=k) for k in (1, 2, 3, 4)]
+    for sub in ("", "holdout"):
+        want = _files(outs[0] / sub)
+        assert want and "piece_begin" in read_manifest(outs[0] / sub)["schema"]
+        for other in outs[1:]:
+            assert _files(other / sub) == want, (other, sub)
+            assert read_manifest(other / sub)["content_hash"] == read_manifest(outs[0] / sub)["content_hash"]
+    assert len(read_manifest(outs[0])["data"]["shards"]) > 1
