@@ -34,7 +34,7 @@ from .holdout import DEFAULT_SEED, Holdout
 from .pack import Microbatches, PackOptions, microbatch_stats, pack_samples
 from .part_pass import part_pass_samples
 from .samples import SampleColumns
-from .split import split_oversize
+from .split import ByteCuts, split_oversize
 
 __all__ = ["PackedUnits", "blend_mixture", "blend_units", "choose_part_passes", "concat_microbatches",
            "gather_packed", "global_ids",
@@ -132,13 +132,16 @@ def piece_sources(sample_id: np.ndarray, bases: np.ndarray, table: np.ndarray | 
 
 
 def split_union(comm: Comm, union: SampleColumns, groups: np.ndarray, table: np.ndarray | None, bases: np.ndarray,
-                popts: PackOptions) -> tuple[SampleColumns, np.ndarray, dict]:
+                popts: PackOptions, measured: dict | None = None, known: ByteCuts | None = None
+                ) -> tuple[SampleColumns, np.ndarray, dict]:
     """Return (the union with every sample over the budget cut into pieces, their sources, the split's counts).
 
     Cut right after analyze, before the sort, as ``run`` cuts (``stages.split``): a piece is a
-    sample of its document's source, sorted by its own size. Collective.
+    sample of its document's source, sorted by its own size. ``measured`` and ``known`` as for
+    ``split_oversize`` (``--size bytes``: the column cut between characters, the cuts analyze
+    placed). Collective.
     """
-    union, split = split_oversize(comm, union, popts)
+    union, split = split_oversize(comm, union, popts, measured, known)
     if union.begin is not None:  # pieces: one source per piece, from its document's id
         groups = piece_sources(union.sample_id, bases, table)
     return union, groups, split

@@ -36,7 +36,7 @@ def corpus(tmp_path_factory):
     web, code = _texts(rng, 60), _texts(rng, 40)
     web_ids = [rng.integers(1, 1000, size=len(t) // 2).astype(np.int32) for t in web]
     code_ids = [rng.integers(1, 1000, size=len(t) // 2).astype(np.int32) for t in code]
-    for name in ("web", "code", "plain"):
+    for name in ("web", "code", "plain", "wide"):
         (root / name).mkdir()
     for name, a, b in (("a", 0, 40), ("b", 40, len(web))):
         pq.write_table(pa.table({"text": web[a:b], "ids": pa.array(web_ids[a:b], pa.list_(pa.int32()))}),
@@ -44,6 +44,8 @@ def corpus(tmp_path_factory):
     pq.write_table(pa.table({"content": code, "toks": pa.array(code_ids, pa.list_(pa.int32())),
                              "text": ["not the text"] * len(code)}), root / "code" / "a.parquet", row_group_size=15)
     pq.write_table(pa.table({"text": code}), root / "plain" / "a.parquet", row_group_size=15)  # code, as `text`
+    wide = [t.replace("w1", "é").replace("w2", "中").replace("w3", "😀") for t in code]  # 1-4 bytes a character
+    pq.write_table(pa.table({"text": wide}), root / "wide" / "a.parquet", row_group_size=15)
     tok_path = make_special_tokenizer(root / "tok.json", texts=[" ".join(WORDS)])
     from tokenizers import Tokenizer
 
@@ -60,7 +62,8 @@ def corpus(tmp_path_factory):
         (root / name).write_text(json.dumps(spec))
         return root / name
 
-    return {"root": root, "tok": tok, "tok_path": tok_path, "texts": texts,
+    return {"root": root, "tok": tok, "tok_path": tok_path, "texts": texts, "wide": web + wide,
+            "blend": f"60 {root / 'web'} 40 {root / 'wide'}",
             "ids": [v.tolist() for v in web_ids + code_ids], "held_tokens": held,
             # every source used more than once (whole passes and a part pass), and code's text renamed
             "repeat": mix("repeat.json", (None, "content"), 4 * held),
@@ -110,7 +113,8 @@ def _check_pieces(plan, items, docs, field_units=len):
                 if not len(docs[sid]):
                     continue
                 parts = [pieces[sid][b] for b in sorted(pieces[sid])]
-                joined = "".join(parts) if isinstance(docs[sid], str) else [t for p in parts for t in p]
+                whole = isinstance(docs[sid], (str, bytes))
+                joined = parts[0][:0].join(parts) if whole else [t for p in parts for t in p]
                 assert joined == docs[sid], sid
     return m
 
@@ -184,12 +188,29 @@ def test_a_part_pass_chooses_pieces_and_the_holdout_keeps_documents_whole(tmp_pa
         assert "".join(v for _, v in parts) == corpus["texts"][sid]
 
 
-def test_split_under_size_bytes_is_refused_for_a_mixture(tmp_path, corpus):
-    proc = run_sortpack(["run", "--mixture", corpus["half"], "-o", tmp_path / "p", "--size", "bytes",
-                         "--column", "text", "--max-tokens", "300", "--oversize", "split"], check=False)
+BYTES = ("--size", "bytes", "--max-tokens", "100")
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_byte_pieces_of_a_blend_are_whole_characters(tmp_path, corpus, store):
+    """Sources reading one column (``--blend``): texts cut between UTF-8 characters, read back exactly."""
+    plan = tmp_path / "plan"
+    run_sortpack(["run", "--blend", corpus["blend"], "--total-tokens", str(3 * sum(len(t.encode())
+                  for t in corpus["wide"])), "-o", plan, "--oversize", "split", *BYTES, "--quiet",
+                  *(["--store", "text"] if store else [])])
+    items = [(sid, b, v.encode()) for sid, b, v in _read(plan)]  # a str: valid UTF-8 on its own
+    m = _check_pieces(plan, items, [t.encode() for t in corpus["wide"]])
+    assert m["stats"]["split"] == sum(len(t.encode()) > 100 for t in corpus["wide"]) > 0
+    assert m["options"]["column"] == "text" and all(len(v) <= 100 for _, _, v in items)
+    assert any(len(v) < 100 and b + len(v) < len(corpus["wide"][sid].encode()) for sid, b, v in items)
+
+
+def test_split_under_size_bytes_is_refused_where_a_source_reads_its_own_column(tmp_path, corpus):
+    proc = run_sortpack(["run", "--mixture", corpus["repeat"], "-o", tmp_path / "p", *BYTES, "--oversize", "split"],
+                        check=False)
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "--size bytes" in lines[0], proc.stderr
-    assert not (tmp_path / "p").exists()
+    assert "'code' reads 'content'" in lines[0] and not (tmp_path / "p").exists()
 
 
 def _files(d):
@@ -197,9 +218,13 @@ def _files(d):
 
 
 @pytest.mark.mpi
-def test_a_split_mixture_is_byte_identical_at_1_to_4_ranks(tmp_path, corpus):
-    extra = (*TOKENS, "--tokenizer", corpus["tok_path"], "--store-tokens", "--store", "text")
-    outs = assert_same_at_ranks(["run", "--mixture", corpus["repeat"], "--oversize", "split", "--quiet", *extra],
+@pytest.mark.parametrize("kind", ["tokens", "bytes"])
+def test_a_split_mixture_is_byte_identical_at_1_to_4_ranks(tmp_path, corpus, kind):
+    if kind == "tokens":  # sources analyzed apart (code's own column), stored token ids
+        extra = ("--mixture", corpus["repeat"], *TOKENS, "--tokenizer", corpus["tok_path"], "--store-tokens")
+    else:  # sources analyzed together, cuts placed while read
+        extra = ("--blend", corpus["blend"], *BYTES)
+    outs = assert_same_at_ranks(["run", *extra, "--oversize", "split", "--store", "text", "--quiet"],
                                 tmp_path, env=SMALL)
     m = read_manifest(outs[0])
     assert m["stats"]["split"] > 0 and len(m["shards"]) > 1 and len(m["data"]["shards"]) > 1
