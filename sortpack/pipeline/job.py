@@ -24,11 +24,14 @@ from ..write.store import Store, StoreOptions, prepare
 __all__ = ["JobScope", "check_options", "job_scope", "nested_plan", "split_check", "store_for"]
 
 
-def split_check(popts: Any, recorded: dict, mixture: bool = False) -> Callable[[], None] | None:
-    """Return the check that ``--oversize split`` can cut the plan measured with ``recorded`` (None: not splitting)."""
+def split_check(popts: Any, recorded: dict, own_column: str | None = None) -> Callable[[], None] | None:
+    """Return the check that ``--oversize split`` can cut the plan measured with ``recorded`` (None: not splitting).
+
+    ``own_column``: a mixture's source that reads a column of its own (``stages.split.check_split``).
+    """
     if popts.oversize != "split":
         return None
-    return lambda: check_split(recorded, mixture=mixture)
+    return lambda: check_split(recorded, own_column)
 
 
 def check_options(comm: Comm, *checks: Callable[[], object] | None) -> None:

@@ -44,11 +44,13 @@ from ..stages.mixture import (
     source_bases,
     source_of,
     split_source,
+    split_union,
     union_sources,
 )
 from ..stages.pack import PackOptions, pack_samples
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
+from ..stages.split import SPLIT_KINDS, ByteCuts, byte_cuts
 from ..write.index_writer import write_index
 from ..write.provenance import JobInfo
 from ..write.store import Store, StoreOptions
@@ -69,12 +71,13 @@ def _analyze_source(comm: Comm, mix: Mixture, k: int, aopts: AnalyzeOptions, pro
         raise SortpackError(f"mixture source {src.name!r}: {exc}", collective=exc.collective) from None
 
 
-def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
-                      progress: bool, sink=None) -> tuple[SampleColumns, np.ndarray, list[int]]:
+def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions, progress: bool, sink=None,
+                      cuts: ByteCuts | None = None) -> tuple[SampleColumns, np.ndarray, list[int]]:
     """Return (the union analyzed as one input, the sources' first global ids plus the end, files per source).
 
     When every source reads the same column, one analyze of the sources' inputs in order is the
-    union's analyze: each rank's rows are contiguous global ids, as for any plan.
+    union's analyze: each rank's rows are contiguous global ids, as for any plan. ``cuts``
+    (``--size bytes --oversize split``): where the oversize texts are cut, placed while read.
     """
     from ..inputs.discover import expand_inputs
 
@@ -84,7 +87,8 @@ def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
     counts = comm.bcast_obj(comm.collectively(lambda: count() if comm.is_root() else None))
     opts = dataclasses.replace(aopts, column=mix.sources[0].column or aopts.column)
     try:
-        samples = analyze(comm, [p for src in mix.sources for p in src.inputs], opts, progress, keep_tokens=sink)
+        samples = analyze(comm, [p for src in mix.sources for p in src.inputs], opts, progress, keep_tokens=sink,
+                          keep_pieces=cuts)
     except SortpackError as exc:
         if exc.collective:  # every rank is here: find the source at fault, to name it
             for k in range(len(mix.sources)):
@@ -94,26 +98,28 @@ def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
     return samples, source_bases(file_rows, counts, list(mix.names)), counts
 
 
-def _plan_column(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
-                 store: StoreOptions | None) -> tuple[str | None, list[int] | None]:
+def _plan_column(comm: Comm, mix: Mixture, aopts: AnalyzeOptions, store: StoreOptions | None,
+                 splitting: bool = False) -> tuple[str | None, list[int] | None]:
     """Return (the plan's column, each source's file count or None), refusing a missing column before analyze.
 
     The plan's column is ``--column``; else, when a source names its own ``column``, the column
     the other sources read (as analyze resolves it), else the first source's ``column``. Every
     source's column (where read) and every ``--store`` column (a source's own column for the
     plan's) must be in each of its files: one line naming the source, file and column.
+    ``splitting`` (``--oversize split``): the plan names the column it cuts even where analyze
+    chose it (the store and the reader cut the column the options name).
     """
     storing = store is not None and store.enabled
     store_columns = list(store.columns) if store is not None and storing else []
     text = reads_text(aopts.size, aopts.difficulty, storing and bool(store and store.tokens))
     named = [src.column for src in mix.sources]
-    if not (any(named) or store_columns or (aopts.column and text)):
+    if not (any(named) or store_columns or (aopts.column and text) or splitting):
         return aopts.column, None
     files = input_columns(comm, [src.inputs for src in mix.sources], aopts.input_format, aopts.split)
     plan = aopts.column
-    if plan is None and any(named):
+    if plan is None and (any(named) or splitting):
         plain = [f for src, fs in zip(mix.sources, files) if not src.column for f in fs]
-        plan = resolve_column(first_columns(plain)) or next(c for c in named if c)
+        plan = resolve_column(first_columns(plain)) or next((c for c in named if c), None)
     for src, fs in zip(mix.sources, files):
         own = src.column or plan
         wanted = [(src.column, "its 'column'")] if src.column else []
@@ -124,15 +130,16 @@ def _plan_column(comm: Comm, mix: Mixture, aopts: AnalyzeOptions,
     return plan, [len(fs) for fs in files]
 
 
-def _analyze_union(comm: Comm, mix: Mixture, aopts: AnalyzeOptions, progress: bool, sink
+def _analyze_union(comm: Comm, mix: Mixture, aopts: AnalyzeOptions, progress: bool, sink, cuts: ByteCuts | None
                    ) -> tuple[SampleColumns, np.ndarray, np.ndarray | None, np.ndarray, list[dict], list[int]]:
     """Return (this rank's union, its samples' sources, the segment table or None, source bases, files, file counts).
 
-    Sources reading one column are analyzed as one input; else each apart, numbered
-    contiguously for the sort (the table maps the numbers back: ``stages.mixture.global_ids``).
+    Sources reading one column are analyzed as one input (``cuts``: the byte cuts placed while
+    it reads); else each apart, numbered contiguously for the sort (the table maps the numbers
+    back: ``stages.mixture.global_ids``); ``--size bytes --oversize split`` is refused then.
     """
-    if len({src.column or aopts.column for src in mix.sources}) == 1:
-        union, bases, file_counts = _analyze_together(comm, mix, aopts, progress, sink)
+    if _own_column(mix, aopts) is None:
+        union, bases, file_counts = _analyze_together(comm, mix, aopts, progress, sink, cuts)
         return union, source_of(union, bases), None, bases, union.files, file_counts
     parts = [_analyze_source(comm, mix, s, aopts, progress, sink) for s in range(len(mix.sources))]
     file_counts = [len(p.files) for p in parts]
@@ -141,6 +148,12 @@ def _analyze_union(comm: Comm, mix: Mixture, aopts: AnalyzeOptions, progress: bo
         sink.set_runs([(int(firsts[s]) + p.start, len(p)) for s, p in enumerate(parts)])
     union, groups, table, bases, files = union_sources(comm, parts)
     return union, groups, table, bases, files, file_counts
+
+
+def _own_column(mix: Mixture, aopts: AnalyzeOptions) -> str | None:
+    """Return the first source that reads a column other than the plan's, as ``"'name' reads 'column'"`` (or None)."""
+    return next((f"{src.name!r} reads {src.column!r}" for src in mix.sources
+                 if src.column and src.column != aopts.column), None)
 
 
 def _check_stages(mix: Mixture, sopts: SortOptions) -> None:
@@ -159,8 +172,14 @@ def _plan_mixture(comm: Comm, scope: JobScope, mix: Mixture, aopts: AnalyzeOptio
     group = popts.group_size if popts.same_shape else 1
     sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
     with prof.stage("analyze"):
-        union, groups, table, bases, files, file_counts = _analyze_union(comm, mix, aopts, progress, sink)
+        cuts = byte_cuts(aopts.as_dict(), popts)  # --size bytes --oversize split: cut while the text is read
+        union, groups, table, bases, files, file_counts = _analyze_union(comm, mix, aopts, progress, sink, cuts)
     prof.counts["analyze_rows"] = len(union)
+    split = None
+    if popts.oversize == "split":
+        # before the sort, as `run` cuts: pieces are sorted by their own sizes, each in its source
+        with prof.stage("split"):
+            union, groups, split = split_union(comm, union, groups, table, bases, popts, aopts.as_dict(), cuts)
     hplan = comm.collectively(holdout_plan, mix, holdout.value if holdout is not None else None,
                               holdout.seed if holdout is not None else None, bases)  # fails before the sort
     with prof.stage("sort"):
@@ -176,7 +195,7 @@ def _plan_mixture(comm: Comm, scope: JobScope, mix: Mixture, aopts: AnalyzeOptio
         with prof.stage("holdout_choice"):
             ordered, held = split_holdout(comm, ordered, hplan)
     with prof.stage("pack"):
-        mbs = pack_samples(comm, ordered, popts, sopts.key)
+        mbs = pack_samples(comm, ordered, popts, sopts.key, split)
     with prof.stage("part_pass"):
         # the uses past the whole passes: a seeded subset of samples, packed on its own
         packed, chosen = choose_part_passes(comm, ordered, mbs, popts, mix, group, sopts.stages)
@@ -209,11 +228,13 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
     sets aside: those samples leave the plan before packing and form the held-out plan in
     ``OUTPUT/holdout`` (every held-out sample once, micro-batches by source, no blend).
     """
-    check_options(comm, sopts.validate, popts.validate, split_check(popts, aopts.as_dict(), mixture=True))
+    check_options(comm, sopts.validate, popts.validate)
     _check_stages(mix, sopts)
-    plan_column, file_counts = _plan_column(comm, mix, aopts, store)
+    splitting = popts.oversize == "split" and str(aopts.size or "length") in SPLIT_KINDS
+    plan_column, file_counts = _plan_column(comm, mix, aopts, store, splitting)
     if plan_column != aopts.column:  # a source's own column is read under the plan's name
         aopts = dataclasses.replace(aopts, column=plan_column)
+    check_options(comm, split_check(popts, aopts.as_dict(), _own_column(mix, aopts)))
     renames = None
     if store is not None and store.enabled and file_counts is not None:
         renames = source_renames(plan_column, [src.column for src in mix.sources], file_counts)

@@ -34,11 +34,13 @@ from .holdout import DEFAULT_SEED, Holdout
 from .pack import Microbatches, PackOptions, microbatch_stats, pack_samples
 from .part_pass import part_pass_samples
 from .samples import SampleColumns
+from .split import ByteCuts, split_oversize
 
 __all__ = ["PackedUnits", "blend_mixture", "blend_units", "choose_part_passes", "concat_microbatches",
            "gather_packed", "global_ids",
            "held_tokens", "holdout_plan", "mixture_record", "move_plan", "move_to_writers", "pack_part_passes",
-           "plan_order", "segment_table", "source_bases", "source_of", "split_source", "take_runs",
+           "piece_sources", "plan_order", "segment_table", "source_bases", "source_of", "split_source", "split_union",
+           "take_runs",
            "union_segments", "union_sources"]
 
 
@@ -117,6 +119,34 @@ def global_ids(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return ids
 
 
+def piece_sources(sample_id: np.ndarray, bases: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
+    """Return the source (int64) of each sample or piece of the union from its sample id (pure).
+
+    ``table`` (sources analyzed apart): the ids are the union's contiguous numbers, mapped to
+    global ids first (``global_ids``); ``bases`` are the sources' first global ids plus the end.
+    """
+    ids = np.asarray(sample_id, dtype=np.int64)
+    if table is not None:
+        ids = global_ids(table, ids.copy())
+    return (np.searchsorted(bases, ids, side="right") - 1).astype(np.int64)
+
+
+def split_union(comm: Comm, union: SampleColumns, groups: np.ndarray, table: np.ndarray | None, bases: np.ndarray,
+                popts: PackOptions, measured: dict | None = None, known: ByteCuts | None = None
+                ) -> tuple[SampleColumns, np.ndarray, dict]:
+    """Return (the union with every sample over the budget cut into pieces, their sources, the split's counts).
+
+    Cut right after analyze, before the sort, as ``run`` cuts (``stages.split``): a piece is a
+    sample of its document's source, sorted by its own size. ``measured`` and ``known`` as for
+    ``split_oversize`` (``--size bytes``: the column cut between characters, the cuts analyze
+    placed). Collective.
+    """
+    union, split = split_oversize(comm, union, popts, measured, known)
+    if union.begin is not None:  # pieces: one source per piece, from its document's id
+        groups = piece_sources(union.sample_id, bases, table)
+    return union, groups, split
+
+
 def holdout_plan(mix: Mixture, value: int | float | None, seed: int | None, bases: np.ndarray) -> Holdout | None:
     """Return what each source holds out: its own ``holdout``, else ``value`` (--holdout; None: nothing anywhere).
 
@@ -193,10 +223,14 @@ def held_tokens(packed: PackedUnits, names: list[str], group: int) -> np.ndarray
 def concat_microbatches(a: Microbatches, b: Microbatches) -> Microbatches:
     """Return this rank's micro-batches of ``a`` then ``b`` as one (numbering: the caller's)."""
     rows = None if a.row_sizes is None or b.row_sizes is None else np.concatenate((a.row_sizes, b.row_sizes))
+    begin = end = None
+    if a.begin is not None and b.begin is not None and a.end is not None and b.end is not None:
+        # --oversize split: the pieces' ranges, parallel to the sample ids
+        begin, end = np.concatenate((a.begin, b.begin)), np.concatenate((a.end, b.end))
     return Microbatches(a.first, a.total + b.total, np.concatenate((a.sample_ids, b.sample_ids)),
                         np.concatenate((a.offsets, a.offsets[-1] + b.offsets[1:])),
                         {name: np.concatenate((col, b.columns[name])) for name, col in a.columns.items()},
-                        a.stats, rows, shapes=a.shapes)
+                        a.stats, rows, begin, end, shapes=a.shapes)
 
 
 def choose_part_passes(comm: Comm, ordered: SampleColumns, mbs: Microbatches, popts: PackOptions, mix: Mixture,
@@ -268,29 +302,36 @@ def move_plan(g: np.ndarray, first: int, m: int, writers: np.ndarray) -> tuple[n
     return sel, dest, g[sel] - first
 
 
-def plan_order(plan: np.ndarray, cols: dict, ids: np.ndarray, rows: np.ndarray | None
-               ) -> tuple[dict, np.ndarray, np.ndarray | None]:
-    """Return received micro-batches (columns, sample ids, row sizes) sorted by their plan number ``plan`` (pure)."""
+def plan_order(plan: np.ndarray, cols: dict, ids: np.ndarray, rows: np.ndarray | None,
+               ranges: tuple[np.ndarray, ...] | None = None
+               ) -> tuple[dict, np.ndarray, np.ndarray | None, tuple[np.ndarray, ...] | None]:
+    """Return received micro-batches (columns, sample ids, row sizes, piece ranges) sorted by their plan number
+    ``plan`` (pure). ``ranges`` (``--oversize split``: begin, end) are parallel to ``ids``."""
     if len(plan) < 2 or bool(np.all(plan[1:] > plan[:-1])):
-        return cols, ids, rows  # one sender (P=1): already in plan order
+        return cols, ids, rows, ranges  # one sender (P=1): already in plan order
     order = np.argsort(plan, kind="stable")
     ns = cols["num_samples"].astype(np.int64)
     at = np.concatenate(([0], np.cumsum(ns)))[:-1]
     ids = take_runs(ids, at[order], ns[order])
+    if ranges is not None:
+        ranges = tuple(take_runs(r, at[order], ns[order]) for r in ranges)
     if rows is not None:
         nrows = cols["batch_size"].astype(np.int64)
         rat = np.concatenate(([0], np.cumsum(nrows)))[:-1]
         rows = take_runs(rows, rat[order], nrows[order])
-    return {name: col[order] for name, col in cols.items()}, ids, rows
+    return {name: col[order] for name, col in cols.items()}, ids, rows, ranges
 
 
 def move_to_writers(comm: Comm, mbs: Microbatches, packed: PackedUnits, g: np.ndarray, rows_per_shard: int,
-                    samples_per_shard: int) -> tuple[int, dict, np.ndarray, np.ndarray | None]:
-    """Return this rank's block of plan micro-batches: (first, columns, sample ids, row sizes or None).
+                    samples_per_shard: int
+                    ) -> tuple[int, dict, np.ndarray, np.ndarray | None, tuple[np.ndarray, ...] | None]:
+    """Return this rank's block of plan micro-batches: (first, columns, sample ids, row sizes or None, piece
+    ranges (begin, end) or None).
 
     Plan micro-batch i is packed micro-batch ``g[i]``; each rank gets the block of the plan
     whose index shards it writes (``write_index`` then moves nothing). One Alltoallv of the
-    per-micro-batch columns and one of the sample ids.
+    per-micro-batch columns and one of the sample ids (with ``--oversize split``: one more per
+    piece range, moved as the ids are).
     """
     ns = packed.samples[g]
     lo = balanced_blocks(ns.astype(np.float64) + 1.0, comm.size)
@@ -302,16 +343,20 @@ def move_to_writers(comm: Comm, mbs: Microbatches, packed: PackedUnits, g: np.nd
     per_mb["plan"] = sel
     got = comm.alltoallv_many(per_mb, np.bincount(dest, minlength=comm.size))
     lens = mbs.columns["num_samples"].astype(np.int64)[loc]
-    ids = comm.alltoallv(take_runs(mbs.sample_ids, mbs.offsets[:-1][loc], lens),
-                         np.bincount(dest, weights=lens, minlength=comm.size).astype(np.int64))
+    id_counts = np.bincount(dest, weights=lens, minlength=comm.size).astype(np.int64)
+    ids = comm.alltoallv(take_runs(mbs.sample_ids, mbs.offsets[:-1][loc], lens), id_counts)
+    ranges = None
+    if mbs.begin is not None and mbs.end is not None:
+        ranges = tuple(comm.alltoallv(take_runs(r, mbs.offsets[:-1][loc], lens), id_counts)
+                       for r in (mbs.begin, mbs.end))
     rows = None
     if mbs.row_sizes is not None:
         nrows = mbs.columns["batch_size"].astype(np.int64)
         row_off = np.concatenate(([0], np.cumsum(nrows)))
         rows = comm.alltoallv(take_runs(mbs.row_sizes, row_off[:-1][loc], nrows[loc]),
                               np.bincount(dest, weights=nrows[loc], minlength=comm.size).astype(np.int64))
-    cols, ids, rows = plan_order(got.pop("plan"), got, ids, rows)
-    return int(lo[r]), cols, ids, rows
+    cols, ids, rows, ranges = plan_order(got.pop("plan"), got, ids, rows, ranges)
+    return int(lo[r]), cols, ids, rows, ranges
 
 
 def _source_record(s: int, mix: Mixture, blend: Blend, packed: PackedUnits, g: np.ndarray, group: int) -> dict:
@@ -374,6 +419,10 @@ def mixture_record(mix: Mixture, blend: Blend, packed: PackedUnits, g: np.ndarra
     }
 
 
+# what the packing counted that the plan's stats keep (the rest is recounted from the plan's micro-batches)
+_KEPT_STATS = ("oversize", "skipped", "truncated", "auto_shapes", "split", "split_pieces", "split_tokens")
+
+
 def blend_mixture(comm: Comm, mbs: Microbatches, packed: PackedUnits, mix: Mixture, group: int, stages: int,
                   bases: np.ndarray, file_counts: list[int], rows_per_shard: int,
                   samples_per_shard: int) -> tuple[Microbatches, dict]:
@@ -384,9 +433,10 @@ def blend_mixture(comm: Comm, mbs: Microbatches, packed: PackedUnits, mix: Mixtu
     """
     blend, g = blend_units(packed, mix, group)
     mbs = split_source(mbs, stages)
-    start, cols, ids, rows = move_to_writers(comm, mbs, packed, g, rows_per_shard, samples_per_shard)
+    start, cols, ids, rows, ranges = move_to_writers(comm, mbs, packed, g, rows_per_shard, samples_per_shard)
     record = mixture_record(mix, blend, packed, g, bases, file_counts, group)
-    info = {key: mbs.stats[key] for key in ("oversize", "skipped", "truncated", "auto_shapes") if key in mbs.stats}
+    info = {key: mbs.stats[key] for key in _KEPT_STATS if key in mbs.stats}
+    begin, end = ranges if ranges is not None else (None, None)
     plan = Microbatches(start, len(g), ids, np.concatenate(([0], np.cumsum(cols["num_samples"], dtype=np.int64))),
-                        cols, microbatch_stats(comm, cols, info), rows, shapes=mbs.shapes)
+                        cols, microbatch_stats(comm, cols, info), rows, begin, end, shapes=mbs.shapes)
     return plan, record

@@ -53,11 +53,14 @@ def test_every_plan_micro_batch_reaches_its_writer_with_its_ids(comm, seed):
     offsets = np.concatenate(([0], np.cumsum(ns))).astype(np.int64)
     cols = {"num_samples": ns, "batch_size": ns, "padded_size": np.full(b - a, 8, np.int32),
             "tokens": (np.arange(a, b) * 3).astype(np.int64), "stage": np.zeros(b - a, np.int16)}
-    mbs = Microbatches(a, total, np.concatenate(ids + [np.zeros(0, np.int64)]).astype(np.int64), offsets, cols, {})
+    flat = np.concatenate(ids + [np.zeros(0, np.int64)]).astype(np.int64)
+    # --oversize split's piece ranges, parallel to the ids: begin = 7 * id, end = begin + 1
+    mbs = Microbatches(a, total, flat, offsets, cols, {}, begin=flat * 7, end=flat * 7 + 1)
     packed = gather_packed(comm, mbs, 1)
     g = rng.integers(0, total, 40)  # repeats too
-    first, got, got_ids, _ = move_to_writers(comm, mbs, packed, g, 5, 30)
+    first, got, got_ids, _, ranges = move_to_writers(comm, mbs, packed, g, 5, 30)
     mine = g[first:first + len(got["tokens"])]
     assert np.array_equal(got["tokens"], mine * 3)
     assert np.array_equal(got_ids, np.concatenate([np.arange(j * 10, j * 10 + ns_all[j]) for j in mine] + [[]]))
+    assert np.array_equal(ranges[0], got_ids * 7) and np.array_equal(ranges[1], got_ids * 7 + 1)
     assert first == comm.exscan(len(mine)) and comm.allreduce(len(mine), "sum") == len(g)  # blocks in plan order

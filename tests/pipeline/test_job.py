@@ -39,9 +39,11 @@ def test_options_are_checked_in_order_and_split_only_when_asked():
     check_options(comm, lambda: calls.append(1), None, lambda: calls.append(2))
     assert calls == [1, 2]
     assert split_check(PackOptions(max_tokens=10), {"size": "length"}) is None
-    check = split_check(PackOptions(max_tokens=10, oversize="split"), {"size": "length"}, mixture=True)
-    with pytest.raises(SortpackError, match="not supported for a mixture"):
-        check_options(comm, check)
+    split = PackOptions(max_tokens=10, oversize="split")
+    check_options(comm, split_check(split, {"size": "length"}, "'code' reads 'content'"))
+    check_options(comm, split_check(split, {"size": "bytes", "column": "t"}))
+    with pytest.raises(SortpackError, match="--size bytes: not supported yet for a mixture whose sources read"):
+        check_options(comm, split_check(split, {"size": "bytes", "column": "t"}, "'code' reads 'content'"))
     assert store_for(comm, None, {}, PackOptions(max_tokens=10), None) is None
 
 

@@ -23,11 +23,13 @@ from sortpack.stages.mixture import (
     mixture_record,
     move_plan,
     move_to_writers,
+    piece_sources,
     plan_order,
     segment_table,
     source_bases,
     source_of,
     split_source,
+    split_union,
     take_runs,
     union_segments,
     union_sources,
@@ -170,11 +172,11 @@ def test_plan_order_sorts_received_micro_batches_with_their_ids_and_rows():
     cols = {"num_samples": np.array([2, 1, 3]), "batch_size": np.array([1, 1, 2]), "tokens": np.array([20, 10, 30])}
     ids = np.array([5, 6, 1, 7, 8, 9])
     rows = np.array([2, 1, 1, 2])
-    out, got_ids, got_rows = plan_order(np.array([2, 4, 9]), cols, ids, rows)
+    out, got_ids, got_rows, _ = plan_order(np.array([2, 4, 9]), cols, ids, rows)
     assert out is cols and got_ids is ids  # already in order: nothing moves
-    out, got_ids, got_rows = plan_order(np.array([9, 2, 4]), cols, ids, rows)
+    out, got_ids, got_rows, ranges = plan_order(np.array([9, 2, 4]), cols, ids, rows)
     assert out["tokens"].tolist() == [10, 30, 20] and got_ids.tolist() == [1, 7, 8, 9, 5, 6]
-    assert got_rows.tolist() == [1, 1, 2, 2]
+    assert got_rows.tolist() == [1, 1, 2, 2] and ranges is None
 
 
 # --- the blend on one rank, end to end -----------------------------------------------------
@@ -212,6 +214,55 @@ def test_move_to_writers_on_one_rank_lays_out_the_plan_in_order():
     mbs = _mbs({"num_samples": np.array([1, 2, 1], np.int32), "batch_size": np.array([1, 2, 1], np.int32),
                 "tokens": np.array([4, 6, 8])}, [[10], [11, 12], [13]])
     packed = _units([4, 6, 8], [0, 0, 0], samples=[1, 2, 1])
-    first, cols, ids, rows = move_to_writers(SerialComm(), mbs, packed, np.array([2, 0, 2, 1]), 1000, 10**6)
+    first, cols, ids, rows, ranges = move_to_writers(SerialComm(), mbs, packed, np.array([2, 0, 2, 1]), 1000, 10**6)
     assert first == 0 and cols["tokens"].tolist() == [8, 4, 8, 6] and ids.tolist() == [13, 10, 13, 11, 12]
-    assert rows is None
+    assert rows is None and ranges is None
+
+
+# --- --oversize split ----------------------------------------------------------------------
+def test_piece_sources_from_global_and_contiguous_ids():
+    bases = np.array([0, 10, 25, 30])
+    assert piece_sources(np.array([0, 0, 9, 10, 24, 24, 25, 29]), bases).tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
+    # contiguous numbers 0..4 are source 0's ids 3..7, 5..6 source 2's ids 25..26 (a rank's runs, numbered in turn)
+    table = segment_table([[(0, 3, 5), (5, 25, 2)]])
+    ids = np.array([0, 4, 4, 5, 6])
+    assert piece_sources(ids, bases, table).tolist() == [0, 0, 0, 2, 2]
+    assert ids.tolist() == [0, 4, 4, 5, 6]  # the caller's ids are left as they are (the sort needs them)
+
+
+def test_split_union_cuts_each_source_and_keeps_its_group():
+    size = np.array([3, 25, 4, 12, 2], np.int64)  # source 0: ids 0, 1; source 1: ids 2, 3, 4
+    union = SampleColumns(0, 5, np.arange(5, dtype=np.int64), size, size, None, [])
+    bases = np.array([0, 2, 5])
+    out, groups, split = split_union(SerialComm(), union, source_of(union, bases), None, bases,
+                                     PackOptions(max_tokens=10, oversize="split"))
+    assert out.sample_id.tolist() == [0, 1, 1, 1, 2, 3, 3, 4] and out.begin.tolist() == [0, 0, 10, 20, 0, 0, 10, 0]
+    assert out.size.tolist() == [3, 10, 10, 5, 4, 10, 2, 2] and groups.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert split == {"split": 2, "split_pieces": 5, "split_tokens": 37}
+    same, groups, split = split_union(SerialComm(), union, source_of(union, bases), None, bases,
+                                      PackOptions(max_tokens=30, oversize="split"))
+    assert same is union and same.begin is None and split["split"] == 0 and groups.tolist() == [0, 0, 1, 1, 1]
+
+
+def _pieces(mbs: Microbatches, begin: list[int]) -> Microbatches:
+    mbs.begin = np.asarray(begin, np.int64)
+    mbs.end = mbs.begin + 100
+    return mbs
+
+
+def test_piece_ranges_travel_with_their_ids():
+    a = _pieces(_mbs({"num_samples": [1, 2], "stage": [0, 0]}, [[7], [8, 8]]), [0, 0, 64])
+    b = _pieces(_mbs({"num_samples": [1], "stage": [1]}, [[3]]), [5])
+    both = concat_microbatches(a, b)
+    assert both.begin.tolist() == [0, 0, 64, 5] and both.end.tolist() == [100, 100, 164, 105]
+    assert concat_microbatches(_mbs({"num_samples": [1]}, [[1]]), _mbs({"num_samples": [1]}, [[2]])).begin is None
+    cols = {"num_samples": np.array([2, 1]), "batch_size": np.array([2, 1]), "tokens": np.array([20, 10])}
+    ranges = (np.array([0, 64, 9]), np.array([64, 70, 12]))
+    _, ids, _, got = plan_order(np.array([5, 1]), cols, np.array([8, 8, 3]), None, ranges)
+    assert ids.tolist() == [3, 8, 8] and got[0].tolist() == [9, 0, 64] and got[1].tolist() == [12, 64, 70]
+    mbs = _pieces(_mbs({"num_samples": np.array([1, 2], np.int32), "batch_size": np.array([1, 2], np.int32),
+                        "tokens": np.array([4, 6])}, [[10], [11, 11]]), [3, 0, 50])
+    packed = _units([4, 6], [0, 0], samples=[1, 2])
+    _, _, ids, _, got = move_to_writers(SerialComm(), mbs, packed, np.array([1, 0, 1]), 1000, 10**6)
+    assert ids.tolist() == [11, 11, 10, 11, 11] and got[0].tolist() == [0, 50, 3, 0, 50]
+    assert got[1].tolist() == [100, 150, 103, 100, 150]
