@@ -101,6 +101,8 @@ def test_stages_advance_within_each_source(data):
 
 @pytest.mark.parametrize("opts", [["--budget", "tokens"], ["--shapes", "256,1024,4096"],
                                   ["--rows", "4096"], ["--same-shape", "--group-size", "2"],
+                                  # groups of fewer samples than micro-batches: empty ones close them
+                                  ["--same-shape", "--group-size", "8", "--max-tokens", "1024", "--oversize", "skip"],
                                   ["--pad-to-multiple", "64", "--static-shapes"]])
 def test_packing_options_apply_within_each_source(data, opts):
     _run(data, "opts", *opts)
@@ -109,9 +111,12 @@ def test_packing_options_apply_within_each_source(data, opts):
     source = idx["source"].astype(np.int64)
     dev = deviations(idx["tokens"], source, schedule_from_dict(m["schedule"], idx.source_names), m["target_tokens"])
     assert dev.max() <= m["bound_tokens"]
-    if "--same-shape" in opts:  # groups move whole: each pair is one source and one shape
-        assert np.all(source[0::2] == source[1::2])
-        assert np.all(idx["padded_size"][0::2] == idx["padded_size"][1::2])
+    if "--same-shape" in opts:  # groups move whole: each group is one source and one shape
+        g = int(opts[opts.index("--group-size") + 1])
+        assert np.all(source.reshape(-1, g) == source[::g, None])
+        assert np.all(idx["padded_size"].reshape(-1, g) == idx["padded_size"][::g, None])
+        if g == 8:
+            assert (idx["num_samples"] == 0).any()  # the case this parameter is for
 
 
 def test_without_total_tokens_no_sample_is_used_twice(data):

@@ -11,8 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sortpack.dataset import SourceDataset  # noqa: E402
-from sortpack.reader import PackedIndex  # noqa: E402
+from sortpack.reader import PackedIndex, SourceDataset  # noqa: E402
 from sortpack.torch import PackedBatchSampler, PlanLoader, pad_collate, varlen_collate  # noqa: E402
 
 from support import assert_same_at_ranks, make_special_tokenizer, read_manifest, run_sortpack  # noqa: E402

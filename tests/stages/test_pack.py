@@ -117,6 +117,18 @@ def test_pad_to_multiple_and_shapes_round_padded_length():
     assert mbs.stats["distinct_shapes"] <= len(shapes) * len(np.unique(ns))
 
 
+def test_an_empty_same_shape_microbatch_takes_its_own_groups_stage():
+    # stage 0 holds one sample: its group of 3 micro-batches has 2 empty ones, which must not
+    # take the stage of the next group's first sample (a mixture's groups then straddle sources)
+    size = np.array([7, 3, 4, 5, 6, 8], dtype=np.int64)
+    stage = np.array([0, 1, 1, 1, 1, 1], dtype=np.int16)
+    samples = SampleColumns(0, 6, np.arange(6, dtype=np.int64), size, size, stage)
+    mbs = pack_samples(SerialComm(), samples, PackOptions(max_tokens=1000, group_size=3, same_shape=True))
+    c = mbs.columns
+    assert c["num_samples"][:3].tolist() == [1, 0, 0]
+    assert c["stage"].reshape(-1, 3).tolist() == [[0, 0, 0]] + [[1, 1, 1]] * (len(c["stage"]) // 3 - 1)
+
+
 def test_same_shape_groups_share_shape_and_mark_padding():
     rng = np.random.default_rng(4)
     sizes = rng.integers(1, 500, size=1234)

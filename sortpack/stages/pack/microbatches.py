@@ -52,7 +52,10 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
     offsets = mb.offsets
     m = len(offsets) - 1
     real_starts = offsets[:-1]
-    stage = packed.stage[np.minimum(real_starts, max(n - 1, 0))] if n else np.zeros(m, np.int16)
+    # an empty micro-batch (--same-shape: a group of fewer samples than micro-batches) closes its
+    # group, so it takes the stage of the sample before it, not of the next group's first one
+    first_sample = np.where(np.diff(offsets) > 0, real_starts, real_starts - 1)
+    stage = packed.stage[np.clip(first_sample, 0, max(n - 1, 0))] if n else np.zeros(m, np.int16)
     columns = {
         "num_samples": mb.num_samples.astype(np.int32),
         "batch_size": mb.batch_size.astype(np.int32),
