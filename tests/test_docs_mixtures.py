@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from support import ROOT, run_sortpack
 
 DOC = ROOT / "docs" / "mixtures.md"
@@ -14,6 +16,7 @@ def _blocks(text: str, lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
 
 
+@pytest.mark.slow
 def test_the_worked_example_prints_the_documented_figures(tmp_path):
     text = DOC.read_text()
     example = text.split("## Worked example", 1)[1]

@@ -52,6 +52,7 @@ def test_every_cited_path_exists():
 
 
 @pytest.mark.parametrize("doc, line, args", list(_commands()), ids=lambda v: str(v) if isinstance(v, int) else None)
+@pytest.mark.slow
 def test_every_cited_pytest_command_collects(doc, line, args):
     # collecting proves every path, node id and -k/-m expression of the command is real; running the
     # cited suites is the rest of this suite's job

@@ -8,10 +8,12 @@ import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from support import ROOT
 
 
+@pytest.mark.slow
 def test_make_stdlib_dataset_rows(tmp_path):
     sys.path.insert(0, str(ROOT / "examples"))
     try:
@@ -53,6 +55,7 @@ def test_make_stdlib_dataset_rows(tmp_path):
     assert any(r["name"] == "<module>" for r in rows)
 
 
+@pytest.mark.slow
 def test_compare_modes_counts_truncated_samples_and_cleans_up(tmp_path):
     import os
 

@@ -12,6 +12,7 @@ from support import MPIEXEC, ROOT
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.slow
 def test_mpi_suite(ranks):
     if MPIEXEC is None:
         pytest.skip("mpiexec not found (pip install mpich)")

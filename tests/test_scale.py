@@ -21,6 +21,7 @@ def _tokenizer(path):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("size", ["length", "tokens"])
+@pytest.mark.slow
 def test_one_row_group_spreads_over_four_ranks(tmp_path, size):
     n = 4003
     lengths = np.random.default_rng(3).integers(1, 300, n)
@@ -34,6 +35,7 @@ def test_one_row_group_spreads_over_four_ranks(tmp_path, size):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_every_rank_writes_index_shards(tmp_path):
     n = 3000
     lengths = np.random.default_rng(5).integers(1, 300, n)

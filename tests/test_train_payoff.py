@@ -36,6 +36,7 @@ def test_lengths_follow_the_scale():
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 def test_sortpack_methods_run_on_indexes_the_cli_wrote(tmp_path):
     pytest.importorskip("torch")
     scale = replace(tp.SCALES["small"], samples=400, seconds=0.2, warmup_steps=1)

@@ -16,6 +16,7 @@ SMALL = {"SORTPACK_TEST_SHARD_ROWS": "100"}
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_run_is_byte_identical_for_1_to_4_ranks(tmp_path, text_dataset):
     files, lengths = text_dataset
     outs = assert_same_at_ranks(["run", *files, "--column", "text", "--max-tokens", "1500", "--segment-size", "700",
@@ -26,6 +27,7 @@ def test_run_is_byte_identical_for_1_to_4_ranks(tmp_path, text_dataset):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_three_stage_jobs_write_what_run_writes_in_one(tmp_path, text_dataset):
     # each stage at 1-4 ranks: tests/mpi/test_invariance_mpi.py, in process
     files, _ = text_dataset
@@ -68,6 +70,7 @@ def test_a_failing_rank_ends_the_job_quickly(tmp_path, text_dataset):
     assert not (tmp_path / "plan").exists()
 
 
+@pytest.mark.slow
 def test_output_exists_needs_overwrite(tmp_path, text_dataset):
     files, _ = text_dataset
     args = ["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500", "--quiet"]
@@ -78,6 +81,7 @@ def test_output_exists_needs_overwrite(tmp_path, text_dataset):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+@pytest.mark.slow
 def test_inspect_json_and_verify(tmp_path, text_dataset):
     files, lengths = text_dataset
     plan = tmp_path / "plan"
@@ -137,6 +141,7 @@ def test_runs_as_one_rank_with_a_warning_when_mpi_cannot_load(tmp_path, text_dat
     ["--rows", "1024", "--rows-per-microbatch", "2", "--max-segments", "16"],
     ["--key", "difficulty", "--difficulty", "column:n*0.5", "--stages", "3", "--descending"],
 ])
+@pytest.mark.slow
 def test_every_mode_is_identical_at_1_and_3_ranks(tmp_path, text_dataset, mode):
     files, lengths = text_dataset
     outs = assert_same_at_ranks(["run", *files, "--column", "text", "--max-tokens", "1500", "--segment-size", "700",
@@ -150,6 +155,7 @@ def test_every_mode_is_identical_at_1_and_3_ranks(tmp_path, text_dataset, mode):
         assert all(s[0] == 0 and s[-1] == n for s, n in zip(splits, table["num_samples"].to_pylist()))
 
 
+@pytest.mark.slow
 def test_threads_profile_and_plot_options(tmp_path, text_dataset):
     files, _ = text_dataset
     proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500",

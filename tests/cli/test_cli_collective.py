@@ -26,6 +26,7 @@ def lines(text: str) -> list[str]:
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_inspect_and_verify_under_mpiexec_report_once(plan):
     proc = run_sortpack(["inspect", plan / "plan", "--json"], ranks=2, timeout=60)
     assert json.loads(proc.stdout)["num_samples"] == 500  # one JSON object, not two
@@ -113,6 +114,7 @@ LEAKS = [{"PMI_RANK": "1"}, {"PMI_RANK": "1", "PMI_SIZE": "2"}, {"SLURM_PROCID":
 
 
 @pytest.mark.parametrize("env", LEAKS)
+@pytest.mark.slow
 def test_a_leaked_launcher_rank_does_not_skip_verify(corrupt, plan, env):
     # a process started by a rank of another job inherits its launcher variables; verify once exited 0
     # on a corrupt index there without checking, and printed no usage error

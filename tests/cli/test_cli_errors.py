@@ -121,6 +121,7 @@ def bad_runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", sorted(BAD_ANALYZE))
+@pytest.mark.slow
 def test_analyze_bad_input(bad_runs, case):
     d, procs = bad_runs
     assert_clean_failure(procs["analyze", case], d, out=case_out(case), contains=BAD_ANALYZE[case][1])

@@ -64,6 +64,7 @@ def _run(server, args, ranks=None, check=True, **env):
     return run_sortpack(args, ranks=ranks, check=check, timeout=240, env=server.env(**env))
 
 
+@pytest.mark.slow
 def test_discover_objects_file_prefix_and_glob(corpus, s3_env):
     _, data = corpus
     local = expand_inputs([str(data)])
@@ -97,6 +98,7 @@ def _index_bytes(plan: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_plan_of_objects_equals_plan_of_files_at_1_and_2_ranks(corpus, s3_server):
     root, data = corpus
     opts = ["--max-tokens", "4096", "--overwrite"]
@@ -120,6 +122,7 @@ def test_plan_of_objects_equals_plan_of_files_at_1_and_2_ranks(corpus, s3_server
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mixture_of_a_local_and_an_object_source(corpus, s3_server, s3_env, tmp_path):
     root, data = corpus
     spec = {"sources": [{"name": "web", "inputs": [str(data / "web")], "weight": 0.5},
@@ -144,6 +147,7 @@ def test_mixture_of_a_local_and_an_object_source(corpus, s3_server, s3_env, tmp_
     assert PackedIndex(tmp_path / "blend").source_names == [str(data / "web"), "s3://corpus/data/c.arrow"]
 
 
+@pytest.mark.slow
 def test_pack_store_refuses_a_changed_object(corpus, s3_server, tmp_path):
     root, data = corpus
     s3_server.bucket("changing")
@@ -204,6 +208,7 @@ def test_object_errors_are_one_line_exit_2_nothing_written(corpus, s3_server, tm
 
 @pytest.mark.torch
 @pytest.mark.parametrize("store", [False, True])
+@pytest.mark.slow
 def test_plan_loader_reads_a_plan_of_objects(corpus, s3_server, s3_env, tmp_path, store):
     torch = pytest.importorskip("torch")
     from sortpack.torch import PackedBatchSampler, PlanLoader, pad_collate
@@ -252,6 +257,7 @@ def test_arrow_batches_from_the_footer_and_headers_match_the_reader(tmp_path_fac
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 def test_prefetched_reads_the_units_of_an_unstored_plan_ahead_in_the_sampler_order(corpus, s3_server, s3_env,
                                                                                    tmp_path):
     pytest.importorskip("torch")

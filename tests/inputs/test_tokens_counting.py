@@ -44,6 +44,7 @@ def test_truncation_and_padding_of_the_file_are_ignored(tmp_path, kind):
     assert evaluate(spec, texts, "x", tokenizer=tok, special_tokens=False).tolist() == [1, 1000, 2]
 
 
+@pytest.mark.slow
 def test_cli_special_tokens_option_is_counted_and_recorded(tmp_path):
     tok = model_tokenizer(tmp_path / "tokenizer.json")
     pq.write_table(pa.table({"text": ["hi", "word " * 1000, "hi there"]}), tmp_path / "in.parquet")

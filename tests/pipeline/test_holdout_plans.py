@@ -74,6 +74,7 @@ def test_another_seed_holds_out_other_samples(data, tmp_path):
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.slow
 def test_both_plans_are_byte_identical_at_any_rank_count(data, tmp_path, ranks):
     run_sortpack(["run", data / "web", "-o", tmp_path / "p", *PACK, "--holdout", "0.1", "--quiet"], ranks=ranks,
                  timeout=180)
@@ -90,6 +91,7 @@ def test_pack_of_a_sorted_directory_holds_out_the_same_plans(data, tmp_path):
     assert _files(tmp_path / "q") == _files(data / "plan")
 
 
+@pytest.mark.slow
 def test_a_mixture_holds_out_per_source_and_its_union_is_every_sample(data, tmp_path):
     # total_tokens past every source's tokens: each training sample is used at least once
     mix = ["run", "--mixture", data / "mix.json", "--max-tokens", "4096", "--holdout", "0.05", "--total-tokens",
@@ -170,6 +172,7 @@ def test_store_writes_the_holdouts_data_too(data, tmp_path):
     assert "ok" in run_sortpack(["verify", tmp_path / "s"]).stdout
 
 
+@pytest.mark.slow
 def test_inspect_prints_and_verify_checks_the_holdout(data, tmp_path):
     rep = json.loads(run_sortpack(["inspect", data / "plan", "--json"]).stdout)
     assert rep["holdout"]["num_samples"] == 120 and rep["holdout"]["seed"] == 0
@@ -198,6 +201,7 @@ def test_inspect_prints_and_verify_checks_the_holdout(data, tmp_path):
     assert proc.returncode == 1 and "the held-out plan is missing" in proc.stderr
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_the_holdout_it_wrote_and_nothing_else(data, tmp_path):
     out = tmp_path / "o"
     args = ["run", data / "books", "-o", out, *PACK, "--holdout", "10", "--overwrite", "--quiet"]
@@ -314,6 +318,7 @@ def test_oversize_applies_to_held_out_samples_after_the_choice(tmp_path):
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.slow
 def test_sigterm_while_writing_removes_the_holdout_with_its_plan(data, tmp_path, ranks):
     import os
     import signal
@@ -345,6 +350,7 @@ def test_sigterm_while_writing_removes_the_holdout_with_its_plan(data, tmp_path,
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_failure_or_kill_after_the_holdout_is_written_leaves_nothing(data, tmp_path):
     args = ["run", data / "books", "-o", tmp_path / "plan", *PACK, "--holdout", "30", "--quiet"]
     proc = run_sortpack(args, ranks=2, check=False, env={"SORTPACK_FAULT": "wrote_index:0"}, timeout=120)

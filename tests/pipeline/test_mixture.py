@@ -84,6 +84,7 @@ def test_plan_follows_the_schedule_and_records_each_source(data):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_the_plan_is_byte_identical_at_any_rank_count(data, tmp_path):
     assert_same_at_ranks(["run", "--mixture", data / "mix.json", "--max-tokens", "8192", "--stages", "2", "--key",
                           "size", "--shapes", "auto:4", "--quiet"], tmp_path, timeout=120)
@@ -331,6 +332,7 @@ def test_a_mixture_stores_token_ids_and_reads_each_source_column_as_the_plan_col
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.slow
 def test_a_mixture_with_stored_tokens_is_byte_identical_at_any_rank_count(wordy, ranks):
     if not (wordy / "tok1" / "manifest.json").exists():
         _run_tokens(wordy, "tok1")

@@ -128,6 +128,7 @@ TOKENS = ("--size", "tokens", "--max-tokens", "64")
 
 
 @pytest.mark.parametrize("store", [True, False])
+@pytest.mark.slow
 def test_token_pieces_of_a_mixture_read_back_as_each_documents_tokens(tmp_path, corpus, store):
     plan = _run(corpus, "repeat", tmp_path / "plan", *TOKENS, "--tokenizer", corpus["tok_path"],
                 *(["--store-tokens"] if store else []))
@@ -218,6 +219,7 @@ def _files(d):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("kind", ["tokens", "bytes"])
+@pytest.mark.slow
 def test_a_split_mixture_is_byte_identical_at_1_to_4_ranks(tmp_path, corpus, kind):
     if kind == "tokens":  # sources analyzed apart (code's own column), stored token ids
         extra = ("--mixture", corpus["repeat"], *TOKENS, "--tokenizer", corpus["tok_path"], "--store-tokens")
@@ -230,6 +232,7 @@ def test_a_split_mixture_is_byte_identical_at_1_to_4_ranks(tmp_path, corpus, kin
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_a_split_mixture_with_part_passes_and_a_holdout_is_byte_identical_at_1_to_4_ranks(tmp_path, corpus):
     outs = [_run(corpus, "half", tmp_path / f"p{k}", "--max-tokens", "300", "--store", "text", "--holdout", "0.2",
                  ranks=k) for k in (1, 2, 3, 4)]

@@ -176,6 +176,7 @@ def test_a_plan_without_oversize_samples_has_no_piece_columns(tmp_path, corpus):
     assert shards(tmp_path / "a") == shards(tmp_path / "b")
 
 
+@pytest.mark.slow
 def test_pack_of_a_sorted_directory_splits_and_sorts_the_pieces(tmp_path, corpus):
     args = ["--column", "text", "--size", "tokens", "--tokenizer", corpus["tok_path"]]
     run_sortpack(["run", *corpus["files"], "-o", tmp_path / "run", *args, "--max-tokens", "64", "--oversize", "split",
@@ -191,6 +192,7 @@ def test_pack_of_a_sorted_directory_splits_and_sorts_the_pieces(tmp_path, corpus
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_split_plans_are_byte_identical_at_1_to_4_ranks(tmp_path, corpus):
     outs = []
     for ranks in (1, 2, 3, 4):
@@ -204,6 +206,7 @@ def test_split_plans_are_byte_identical_at_1_to_4_ranks(tmp_path, corpus):
     assert len(manifest(outs[0])["shards"]) > 1 and len(manifest(outs[0])["data"]["shards"]) > 1
 
 
+@pytest.mark.slow
 def test_inspect_reports_the_tokens_truncate_skip_and_split_lose_or_keep(tmp_path, corpus):
     args = ["--column", "text", "--size", "tokens", "--tokenizer", corpus["tok_path"], "--max-tokens", "64"]
     tok = corpus["tok"]
@@ -238,6 +241,7 @@ def test_row_packing_and_keep_intermediate_take_pieces_too(tmp_path, corpus):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_pack_split_of_a_sorted_directory_is_byte_identical_at_any_rank_count(tmp_path, corpus):
     args = ["--column", "text", "--size", "tokens", "--tokenizer", corpus["tok_path"]]
     run_sortpack(["analyze", *corpus["files"], "-o", tmp_path / "m", *args, "--quiet"], env=SMALL)

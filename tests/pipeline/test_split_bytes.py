@@ -92,6 +92,7 @@ def test_byte_pieces_read_back_as_the_documents(tmp_path, corpus, store):
             assert [len(t.encode()) for t in texts] == (end - begin).tolist()
 
 
+@pytest.mark.slow
 def test_pack_of_a_sorted_directory_cuts_at_the_same_bytes(tmp_path, corpus):
     run_sortpack(["run", *corpus["files"], "-o", tmp_path / "run", *BYTES, "--quiet"])
     run_sortpack(["analyze", *corpus["files"], "-o", tmp_path / "m", *BYTES[:4], "--quiet"])
@@ -146,6 +147,7 @@ def test_a_character_longer_than_the_budget_is_one_clear_error(tmp_path):
 
 @pytest.mark.parametrize("size", ["length", "bytes"])
 @pytest.mark.parametrize("how", ["run", "run --store", "pack --store"])
+@pytest.mark.slow
 def test_split_without_column_cuts_the_column_analyze_reads(tmp_path, corpus, size, how):
     # no --column: analyze reads `text` (the inputs' text column); the plan must name it, or the
     # store and the reader would cut nothing and hand every piece the whole document
@@ -182,6 +184,7 @@ def test_split_refuses_a_column_it_cannot_name(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_byte_split_plans_are_byte_identical_at_1_to_4_ranks(tmp_path, corpus):
     outs = []
     for ranks in (1, 2, 3, 4):

@@ -56,6 +56,7 @@ def test_a_directory_holding_a_saved_dataset_skips_its_metadata(tmp_path):
     assert len(files) == 1 and files[0][0].endswith(".arrow")
 
 
+@pytest.mark.slow
 def test_dataset_dict_needs_split(tmp_path):
     dd = datasets.DatasetDict({"train": make_dataset(200, 1), "test": make_dataset(40, 2)})
     dd.save_to_disk(str(tmp_path / "dd"))

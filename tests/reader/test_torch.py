@@ -51,6 +51,7 @@ def _optimizer(lr=1e-3):
 # --- LR ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("method,want", [("linear", [5e-3, 2e-3]),
                                          ("sqrt", [1e-3 * math.sqrt(5), 1e-3 * math.sqrt(2)])])
+@pytest.mark.slow
 def test_lr_worked_example(tmp_path, method, want):
     path = pipeline_index(tmp_path / "ix", [3] * 10 + [7] * 4, max_tokens=30)
     sampler = PackedBatchSampler(path, rank=0, world_size=1)

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.mpi
 # --- item 12: a FIFO among the inputs ---------------------------------------------------------
 
 @pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.slow
 def test_a_fifo_among_the_inputs_is_refused_unopened(tmp_path, ranks):
     make_inputs(tmp_path / "data")
     os.mkfifo(tmp_path / "data" / "x.parquet")  # opening it for reading would block forever

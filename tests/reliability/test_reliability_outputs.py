@@ -35,6 +35,7 @@ def test_overwrite_refuses_a_project_directory_holding_the_inputs(tmp_path, rank
     assert debris(tmp_path, "proj") == []
 
 
+@pytest.mark.slow
 def test_overwrite_refuses_any_directory_sortpack_did_not_write(tmp_path):
     make_inputs(tmp_path / "data")
     (tmp_path / "other").mkdir()
@@ -51,6 +52,7 @@ def test_overwrite_refuses_any_directory_sortpack_did_not_write(tmp_path):
     error_line(run(["run", "data", "-o", "file", "--overwrite", *RUN], tmp_path), "is a file")
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_a_sortpack_output_and_an_empty_directory(tmp_path):
     make_inputs(tmp_path / "data")
     run(["analyze", "data", "-o", "m", "--column", "text", "--quiet"], tmp_path).check_returncode()
@@ -91,6 +93,7 @@ def test_an_unwritable_output_fails_before_any_work(tmp_path, ranks):
     assert not marker.exists()  # refused before the inputs were measured
 
 
+@pytest.mark.slow
 def test_output_equal_to_or_holding_an_input_or_the_current_directory(tmp_path):
     make_inputs(tmp_path / "data")
     run(["analyze", "data", "-o", "m", "--column", "text", "--quiet"], tmp_path).check_returncode()
@@ -106,6 +109,7 @@ def test_output_equal_to_or_holding_an_input_or_the_current_directory(tmp_path):
 # --- item 8: SIGTERM cleans up; the next job removes what SIGKILL left --------------------------
 
 @pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.slow
 def test_sigterm_removes_the_temporary_output(tmp_path, ranks):
     make_inputs(tmp_path / "data")
     # the last rank stalls after writing its shards, so at 2 ranks rank 0 waits inside MPI when signalled
@@ -167,6 +171,7 @@ def test_exchange_swaps_two_directories_in_one_step(tmp_path):
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.slow
 def test_a_kill_between_the_fallback_renames_is_undone_by_the_next_job(tmp_path, ranks):
     make_inputs(tmp_path / "data")
     run(["run", "data", "-o", "plan", *RUN, "--quiet"], tmp_path).check_returncode()
@@ -233,6 +238,7 @@ def _rank_pid(launcher: int, rank: int) -> int:
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.slow
 def test_ctrl_c_prints_a_sortpack_line_and_removes_the_temporary(tmp_path, ranks):
     # Ctrl-C printed only MPI abort lines, no sortpack word (issue 28)
     make_inputs(tmp_path / "data")
@@ -251,6 +257,7 @@ def test_ctrl_c_prints_a_sortpack_line_and_removes_the_temporary(tmp_path, ranks
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_sigterm_to_one_rank_other_than_0_during_a_mixture_store_leaves_nothing(tmp_path):
     # the temporary was rank 0's to remove, and the launcher SIGKILLed rank 0 first: 24.7 MB left (issue 28)
     make_inputs(tmp_path / "data")

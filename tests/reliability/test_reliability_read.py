@@ -81,6 +81,7 @@ def sorted_dir(tmp_path):
 
 
 # --- item 2: pack --store sees a same-size edit ---------------------------------------------
+@pytest.mark.slow
 def test_pack_store_refuses_a_same_size_edit_of_an_input(sorted_dir, tmp_path):
     src, _, s = sorted_dir
     original = src.read_bytes()
@@ -104,6 +105,7 @@ def test_pack_store_refuses_a_same_size_edit_of_an_input(sorted_dir, tmp_path):
     run_sortpack(["pack", s, "-o", tmp_path / "ix", "--max-tokens", 400, "--store", "text", "--quiet"])
 
 
+@pytest.mark.slow
 def test_a_touched_parquet_input_is_refused_and_mtimes_stay_out_of_content_hash(tmp_path):
     src = write_text_parquet(tmp_path / "in.parquet", np.arange(1, 300) % 50 + 1, row_group_size=64)
     run_sortpack(["analyze", src, "-o", tmp_path / "m1", "--quiet"])
@@ -124,6 +126,7 @@ def test_a_touched_parquet_input_is_refused_and_mtimes_stay_out_of_content_hash(
 
 # --- item 3: a stage verifies the directory it reads ---------------------------------------
 @pytest.mark.parametrize("ranks", [None, 2])
+@pytest.mark.slow
 def test_pack_and_sort_refuse_a_flipped_bit_and_write_nothing(sorted_dir, tmp_path, ranks):
     _, m, s = sorted_dir
     for directory, command in ((s, ["pack", "--max-tokens", 400]), (m, ["sort"])):
@@ -139,6 +142,7 @@ def test_pack_and_sort_refuse_a_flipped_bit_and_write_nothing(sorted_dir, tmp_pa
         assert not out.exists() and not any(p.name.startswith(f".{out.name}") for p in tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_a_stage_refuses_an_edited_manifest(sorted_dir, tmp_path):
     _, _, s = sorted_dir
     manifest = _manifest(s)
@@ -181,6 +185,7 @@ def test_a_symlink_leading_outside_is_refused_and_verify_hashes_nothing_outside(
     assert PackedIndex(ix).all_sample_ids().size == 59
 
 
+@pytest.mark.slow
 def test_sorted_and_data_shard_paths_are_checked_too(sorted_dir, tmp_path):
     _, _, s = sorted_dir
     manifest = _manifest(s)
@@ -346,6 +351,7 @@ def test_verify_refuses_a_huge_sparse_shard_at_once(tmp_path):
     assert proc.returncode == 1 and f"{1 << 40} bytes, manifest says" in proc.stderr
 
 
+@pytest.mark.slow
 def test_every_flipped_footer_byte_of_an_index_shard_is_one_error(tmp_path):
     # a flipped byte in a column name of the Arrow footer raised UnicodeDecodeError from
     # format/integrity.py: a traceback instead of one line (issue 28)

@@ -19,6 +19,7 @@ def _hinted(line: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.slow
 def test_an_oversize_run_stops_before_the_sort_and_keeps_the_measurements(tmp_path, ranks):
     make_inputs(tmp_path / "data")
     # the sort would crash: the oversize check must come before it

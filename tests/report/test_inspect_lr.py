@@ -4,10 +4,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from support import run_sortpack, write_text_parquet
 
 
+@pytest.mark.slow
 def test_inspect_warns_about_a_step_of_many_short_samples(tmp_path):
     lengths = np.concatenate([np.full(200, 2), np.random.default_rng(0).integers(150, 200, size=100)])
     src = write_text_parquet(tmp_path / "t.parquet", lengths)

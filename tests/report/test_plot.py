@@ -42,6 +42,7 @@ def index_columns(directory):
     return {n: t.column(n).to_numpy().astype(np.int64) for n in t.column_names}
 
 
+@pytest.mark.slow
 def test_index_figure_has_every_panel_with_the_index_numbers(tmp_path, plan):
     out, lengths = plan
     png = tmp_path / "fig.png"
@@ -92,6 +93,7 @@ def test_missing_matplotlib_is_one_clear_error(tmp_path, plan, monkeypatch):
     assert not (tmp_path / "fig.png").exists()
 
 
+@pytest.mark.slow
 def test_cli_inspect_plot_writes_the_figure(tmp_path, plan):
     out, _ = plan
     png = tmp_path / "cli.png"

@@ -57,6 +57,7 @@ def _plan_tokens(tokens, blend):
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mixtures())
+@pytest.mark.slow
 def test_every_prefix_is_within_the_largest_microbatch_of_the_schedule(mix):
     tokens, stages, schedule, total, seed = mix
     try:
@@ -77,6 +78,7 @@ def test_every_prefix_is_within_the_largest_microbatch_of_the_schedule(mix):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mixtures())
+@pytest.mark.slow
 def test_repeats_are_whole_passes_plus_a_seeded_part_pass(mix):
     tokens, stages, schedule, total, seed = mix
     try:

@@ -38,6 +38,7 @@ def test_run_says_how_many_empty_samples_it_dropped(tmp_path, data):
     assert manifest(tmp_path / "plan")["stats"]["empty_dropped"] == 90
 
 
+@pytest.mark.slow
 def test_keep_empty_keeps_them_and_pack_takes_it_too(tmp_path, data):
     files, lengths = data
     kept = tmp_path / "kept"
@@ -59,6 +60,7 @@ def test_keep_empty_keeps_them_and_pack_takes_it_too(tmp_path, data):
     assert report["empty_dropped"] == 90
 
 
+@pytest.mark.slow
 def test_special_tokens_only_is_empty_under_size_tokens(tmp_path):
     """An empty (or blank) text measures [CLS] [SEP] under --size tokens: it is dropped as empty all the same."""
     import pyarrow as pa

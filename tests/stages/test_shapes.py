@@ -192,6 +192,7 @@ def read_index(path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_auto_static_is_byte_identical_for_1_to_4_ranks(tmp_path, lognormal_dataset):
     files, sizes = lognormal_dataset
     outs = assert_same_at_ranks(["run", *files, "--column", "text", "--max-tokens", "8000", "--shapes", "auto:8",
@@ -257,6 +258,7 @@ def test_inspect_prints_chosen_lengths_and_shapes(tmp_path, lognormal_dataset):
     (["--shapes", "auto:4", "--static-shapes", "--same-shape", "--group-size", "2"], "exclude each other"),
     (["--shapes", "auto:4", "--rows", "512"], "does not apply"),
 ])
+@pytest.mark.slow
 def test_bad_shape_options_fail_with_one_line(tmp_path, lognormal_dataset, command, args, message):
     files, _ = lognormal_dataset
     if command == "pack":
@@ -274,6 +276,7 @@ def test_bad_shape_options_fail_with_one_line(tmp_path, lognormal_dataset, comma
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 def test_static_index_feeds_fixed_shapes_to_the_model(tmp_path, lognormal_dataset):
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from sortpack.format import verify_directory
 from sortpack.format.schemas import INT32_ID_ROWS, sample_id_type
@@ -54,6 +55,7 @@ def test_the_width_is_decided_by_the_input_rows_not_the_packed_samples(tmp_path,
     assert m["schema"]["sample_ids"] == "list<item: int32>"
 
 
+@pytest.mark.slow
 def test_both_widths_read_verify_and_store_the_same(tmp_path):
     """Indexes written by the pipeline at either width: the same ids, steps, stored rows and reports."""
     lengths = np.random.default_rng(3).integers(1, 300, size=500)

@@ -74,6 +74,7 @@ def assert_take_matches(plan, src: pa.Table, seed: int = 0):
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.slow
 def test_stored_rows_equal_the_source_in_every_mode(tmp_path, text_dataset, mode):
     files, _ = text_dataset
     plan = tmp_path / "plan"
@@ -94,6 +95,7 @@ def test_stored_rows_equal_the_source_in_every_mode(tmp_path, text_dataset, mode
     assert manifest(plain)["version"] == 1
 
 
+@pytest.mark.slow
 def test_same_shape_padding_slots_collate_from_stored_rows(tmp_path, text_dataset):
     files, _ = text_dataset
     plan = tmp_path / "plan"
@@ -122,6 +124,7 @@ def _words_dataset(tmp_path, n=600):
     return path, texts
 
 
+@pytest.mark.slow
 def test_store_tokens_are_the_counted_ids(tmp_path):
     path, texts = _words_dataset(tmp_path)
     tok_path = make_tokenizer(tmp_path / "tokenizer.json")
@@ -158,6 +161,7 @@ def test_store_tokens_are_the_counted_ids(tmp_path):
     assert data_files(packed) == data_files(plan)
 
 
+@pytest.mark.slow
 def test_pack_store_and_a_changed_input_is_refused(tmp_path, text_dataset):
     files, _ = text_dataset
     run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500", "--quiet",
@@ -219,6 +223,7 @@ def test_disk_full_leaves_the_previous_output(tmp_path, text_dataset):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_stored_data_is_byte_identical_for_1_to_4_ranks_with_many_rounds(tmp_path, text_dataset):
     files, _ = text_dataset
     outs = assert_same_at_ranks(["run", *files, "--column", "text", "--max-tokens", "1500", "--quiet",
@@ -249,6 +254,7 @@ def test_source_dataset_by_sample_id_on_a_stored_index(tmp_path, text_dataset):
     assert ds.__getitems__([7, 3, 2000]) == [{"text": src["text"][i].as_py()} for i in (7, 3, 2000)]
 
 
+@pytest.mark.slow
 def test_inspect_and_verify_know_the_data_shards(tmp_path, text_dataset):
     files, _ = text_dataset
     plan = tmp_path / "plan"
@@ -266,6 +272,7 @@ def test_inspect_and_verify_know_the_data_shards(tmp_path, text_dataset):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_store_tokens_kept_from_analyze_are_identical_at_1_and_3_ranks(tmp_path):
     path, texts = _words_dataset(tmp_path, n=900)
     tok_path = make_tokenizer(tmp_path / "tokenizer.json")
@@ -312,6 +319,7 @@ def _every_kind_files(tmp_path) -> list:
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_pieces_under_the_offset_limit_give_the_unsplit_bytes_at_1_and_3_ranks(tmp_path):
     # SORTPACK_TEST_PIECE_BYTES lowers the 1 GiB piece (2 GiB of 32-bit offsets) to 300 bytes:
     # spills, received rounds, rows that stay and IPC streams all go in many pieces; the
@@ -337,6 +345,7 @@ def test_pieces_under_the_offset_limit_give_the_unsplit_bytes_at_1_and_3_ranks(t
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_token_ids_in_pieces_give_the_unsplit_bytes_at_3_ranks(tmp_path):
     path, texts = _words_dataset(tmp_path, n=900)
     tok_path = make_tokenizer(tmp_path / "tokenizer.json")
@@ -354,6 +363,7 @@ def test_token_ids_in_pieces_give_the_unsplit_bytes_at_3_ranks(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_columns_of_every_kind_with_nulls_move_identically_at_1_and_3_ranks(tmp_path):
     # strings and lists go as byte ranges; booleans, structs and lists with null values
     # take the IPC path; nulls everywhere; a small limit forces rounds and spills

@@ -12,6 +12,7 @@ from sortpack.write.output import OutputDir
 from support import run_sortpack
 
 
+@pytest.mark.slow
 def test_every_command_creates_missing_parents(tmp_path, text_dataset):
     files, lengths = text_dataset
     out = tmp_path / "runs" / "today"
