@@ -47,7 +47,7 @@ from ..stages.mixture import (
     split_union,
     union_sources,
 )
-from ..stages.pack import PackOptions, pack_samples
+from ..stages.pack import PackOptions, pack_samples, refuse_oversize
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
 from ..stages.split import SPLIT_KINDS, ByteCuts, byte_cuts
@@ -175,6 +175,7 @@ def _plan_mixture(comm: Comm, scope: JobScope, mix: Mixture, aopts: AnalyzeOptio
         cuts = byte_cuts(aopts.as_dict(), popts)  # --size bytes --oversize split: cut while the text is read
         union, groups, table, bases, files, file_counts = _analyze_union(comm, mix, aopts, progress, sink, cuts)
     prof.counts["analyze_rows"] = len(union)
+    refuse_oversize(comm, union, popts)  # fail fast: before the sort, as `run` does
     split = None
     if popts.oversize == "split":
         # before the sort, as `run` cuts: pieces are sorted by their own sizes, each in its source

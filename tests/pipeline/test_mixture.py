@@ -238,6 +238,18 @@ def test_cli_errors_are_one_line_exit_2_and_write_nothing(data, case):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("ranks", [None, 2])
+def test_an_oversize_mixture_is_refused_before_its_sort(data, ranks):
+    # the sort would crash on rank 0: the oversize refusal must come before it, on every rank
+    out = data / f"oversize-{ranks}"
+    proc = run_sortpack(["run", "--mixture", str(data / "mix.json"), "-o", str(out), "--max-tokens", "256"],
+                        ranks=ranks, check=False, env={"SORTPACK_FAULT": "sort:0"})
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert proc.returncode == 2 and len(set(lines)) == 1, proc.stderr
+    assert "--oversize split" in lines[0] and "samples" in lines[0]
+    assert not out.exists()
+
+
 def test_a_part_pass_uses_every_length_quartile_r_times(tmp_path):
     """A source used half (log-uniform lengths): each length quartile is used half, not by whole micro-batches."""
     rng = np.random.default_rng(0)
