@@ -420,7 +420,8 @@ def mixture_record(mix: Mixture, blend: Blend, packed: PackedUnits, g: np.ndarra
 
 
 # what the packing counted that the plan's stats keep (the rest is recounted from the plan's micro-batches)
-_KEPT_STATS = ("oversize", "skipped", "truncated", "auto_shapes", "split", "split_pieces", "split_tokens")
+_KEPT_STATS = ("oversize", "skipped", "truncated", "skipped_tokens", "truncated_tokens", "auto_shapes", "split",
+               "split_pieces", "split_tokens")
 
 
 def blend_mixture(comm: Comm, mbs: Microbatches, packed: PackedUnits, mix: Mixture, group: int, stages: int,

@@ -14,7 +14,7 @@ from sortpack.inputs.mixture import parse_blend, parse_mixture
 from sortpack.inputs.schedule import deviations, schedule_from_dict
 from sortpack.reader import PackedIndex
 
-from support import assert_same_at_ranks, lognormal, run_sortpack, write_text_parquet
+from support import assert_same_at_ranks, lognormal, read_manifest, run_sortpack, write_text_parquet
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +248,17 @@ def test_an_oversize_mixture_is_refused_before_its_sort(data, ranks):
     assert proc.returncode == 2 and len(set(lines)) == 1, proc.stderr
     assert "--oversize split" in lines[0] and "samples" in lines[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("policy", ["skip", "truncate"])
+def test_a_mixture_records_the_tokens_skip_and_truncate_lose(data, policy):
+    # one source and every sample once: the blend loses exactly what a plain run of it loses
+    flags = ["--max-tokens", "1024", "--oversize", policy]
+    run_sortpack(["run", "--blend", f"1 {data / 'web'}", "-o", str(data / f"lost-{policy}"), "--overwrite", *flags])
+    run_sortpack(["run", str(data / "web"), "-o", str(data / f"plain-{policy}"), "--overwrite", *flags])
+    mixed, plain = (read_manifest(data / f"{k}-{policy}")["stats"] for k in ("lost", "plain"))
+    key = f"{policy}ped_tokens" if policy == "skip" else "truncated_tokens"
+    assert mixed[key] == plain[key] > 0
 
 
 def test_a_part_pass_uses_every_length_quartile_r_times(tmp_path):
