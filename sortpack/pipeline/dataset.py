@@ -30,7 +30,7 @@ from ..write.output import OutputDir
 from ..write.provenance import JobInfo, Profile
 from ..write.sample_dirs import read_samples, write_samples
 from ..write.store import Store, StoreOptions
-from .job import JobScope, check_options, job_scope, nested_plan, split_check, store_for
+from .job import JobScope, check_options, hold_out_and_pack, job_scope, nested_plan, split_check, store_for
 
 __all__ = ["HoldoutRequest", "JobInfo", "run_all", "run_analyze", "run_pack", "run_sort", "write_holdout"]
 
@@ -329,14 +329,8 @@ def _plan_dataset(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list
     keep.write_sorted(ordered, options, prof, job)
     files = ordered.files
     record = None
-    held = None
-    if plan is not None:
-        # held out by sample id, so after the sort is the same as before it, and a document's
-        # pieces (they share its id) stay on one side; `pack SORTED --holdout` repeats it exactly
-        with prof.stage("holdout_choice"):
-            ordered, held = split_holdout(comm, ordered, plan)
-    with prof.stage("pack"):
-        mbs = pack_samples(comm, ordered, popts, sopts.key, split)
+    # `pack SORTED --holdout` repeats the held-out choice exactly
+    ordered, held, mbs = hold_out_and_pack(comm, prof, ordered, plan, popts, sopts.key, split)
     del ordered
     options = {**options, **popts.with_shapes(mbs.shapes).as_dict()}
     if plan is not None and held is not None:

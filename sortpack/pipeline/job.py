@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..parallel import Comm
+from ..stages.holdout import Holdout, split_holdout
+from ..stages.pack import Microbatches, PackOptions, pack_samples
+from ..stages.samples import SampleColumns
 from ..stages.split import check_split
 from ..write.output import NestedOutput, OutputDir
 from ..write.provenance import Profile
@@ -84,3 +87,17 @@ def job_scope(comm: Comm, output: str, overwrite: bool, inputs: list[str]) -> It
         for o in scope.outputs:
             o.discard()
         raise
+
+
+def hold_out_and_pack(comm: Comm, prof: Profile, ordered: SampleColumns, plan: Holdout | None, popts: PackOptions,
+                      key: str, split: dict | None) -> tuple[SampleColumns, SampleColumns | None, Microbatches]:
+    """Return (the training samples, the held-out ones or None, the training samples' micro-batches)."""
+    held = None
+    if plan is not None:
+        # by sample id, before packing drops, skips or cuts anything: the same after the sort as
+        # before it, and a document's pieces (they share its id) stay on one side
+        with prof.stage("holdout_choice"):
+            ordered, held = split_holdout(comm, ordered, plan)
+    with prof.stage("pack"):
+        mbs = pack_samples(comm, ordered, popts, key, split)
+    return ordered, held, mbs

@@ -34,7 +34,6 @@ from ..inputs.mixture import Mixture
 from ..inputs.renames import source_renames
 from ..parallel import Comm
 from ..stages.analyze import AnalyzeOptions, analyze
-from ..stages.holdout import split_holdout
 from ..stages.mixture import (
     blend_mixture,
     choose_part_passes,
@@ -47,7 +46,7 @@ from ..stages.mixture import (
     split_union,
     union_sources,
 )
-from ..stages.pack import PackOptions, pack_samples, refuse_oversize
+from ..stages.pack import PackOptions, refuse_oversize
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
 from ..stages.split import SPLIT_KINDS, ByteCuts, byte_cuts
@@ -55,7 +54,7 @@ from ..write.index_writer import write_index
 from ..write.provenance import JobInfo
 from ..write.store import Store, StoreOptions
 from .dataset import HoldoutRequest, write_holdout
-from .job import JobScope, check_options, job_scope, split_check, store_for
+from .job import JobScope, check_options, hold_out_and_pack, job_scope, split_check, store_for
 
 __all__ = ["run_mixture"]
 
@@ -190,13 +189,8 @@ def _plan_mixture(comm: Comm, scope: JobScope, mix: Mixture, aopts: AnalyzeOptio
         del union, groups
         if table is not None:
             global_ids(table, ordered.sample_id)
-    held = None
-    if hplan is not None:
-        # by global sample id, before packing drops, skips or cuts anything (docs/mixtures.md)
-        with prof.stage("holdout_choice"):
-            ordered, held = split_holdout(comm, ordered, hplan)
-    with prof.stage("pack"):
-        mbs = pack_samples(comm, ordered, popts, sopts.key, split)
+    # by global sample id (docs/mixtures.md)
+    ordered, held, mbs = hold_out_and_pack(comm, prof, ordered, hplan, popts, sopts.key, split)
     with prof.stage("part_pass"):
         # the uses past the whole passes: a seeded subset of samples, packed on its own
         packed, chosen = choose_part_passes(comm, ordered, mbs, popts, mix, group, sopts.stages)
