@@ -203,20 +203,14 @@ def render(res: dict) -> str:
 
 def bench(ctx) -> list:
     """The suite's ``loader`` benchmark: this script in a subprocess, its table as a section of the report."""
-    import importlib.util
-
     from .report import Row, Section
-    from .runner import launch
+    from .runner import missing_modules, script_results
 
-    missing = [m for m in ("torch", "datasets", "transformers") if importlib.util.find_spec(m) is None]
+    missing = missing_modules("torch", "datasets", "transformers")
     if missing:
         return [Row("loader", "loader: documented loop vs datasets", None, "skipped",
                     note=f"{', '.join(missing)} not installed")]
-    out = WORK / f"loader-{ctx.scale_name}.json"
-    ctx.log(f"loader at scale {ctx.scale_name}")
-    launch([sys.executable, str(Path(__file__).resolve()), "--scale", ctx.scale_name, "--json", str(out)],
-           900 if ctx.scale_name == "small" else 3600)
-    res = json.loads(out.read_text())
+    res = script_results(ctx, Path(__file__).resolve(), WORK / f"loader-{ctx.scale_name}.json", "loader")
     header, rows = table(res)
     ctx.sections.append(Section(f"Loader ({res['scale']} scale, {res['samples']} samples, medians of "
                                 f"{res['rounds']}; `python benchmarks/bench_loader.py --scale {res['scale']}`)",

@@ -390,20 +390,15 @@ def run(scale: str, codes: list[str]) -> dict:
 
 def bench(ctx) -> list:
     """The suite's ``tokens_loop`` benchmark: this script in a subprocess, its tables as sections of the report."""
-    import importlib.util
-
     from .report import Row, Section
-    from .runner import launch
+    from .runner import missing_modules, script_results
 
-    missing = [m for m in ("torch", "tokenizers") if importlib.util.find_spec(m) is None]
+    missing = missing_modules("torch", "tokenizers")
     if missing:
         return [Row("tokens_loop", "stored-token loop vs numpy", None, "skipped",
                     note=f"{', '.join(missing)} not installed")]
-    out = WORK / f"tokens-loop-{ctx.scale_name}.json"
-    ctx.log(f"stored-token loop at scale {ctx.scale_name}")
-    launch([sys.executable, str(Path(__file__).resolve()), "--scale", ctx.scale_name, "--json", str(out)],
-           900 if ctx.scale_name == "small" else 3600)
-    results = json.loads(out.read_text())
+    results = script_results(ctx, Path(__file__).resolve(), WORK / f"tokens-loop-{ctx.scale_name}.json",
+                             "stored-token loop")
     rows = []
     for plans in results["codes"].values():
         for plan, res in plans.items():

@@ -86,3 +86,18 @@ def sortpack_cli(args: list[str], timeout: float, ranks: int) -> float:
     """Run ``sortpack ARGS`` under ``mpiexec -n ranks``; return the whole command's wall seconds."""
     wall, _ = launch([sys.executable, "-m", "sortpack"] + args, timeout, ranks)
     return wall
+
+
+def missing_modules(*names: str) -> list[str]:
+    """Return the modules of ``names`` this interpreter cannot import (the benchmark then reports itself skipped)."""
+    import importlib.util
+
+    return [m for m in names if importlib.util.find_spec(m) is None]
+
+
+def script_results(ctx, script: Path, out: Path, what: str) -> dict:
+    """Return the JSON ``script`` writes to ``out`` when run in a subprocess at the suite's scale."""
+    ctx.log(f"{what} at scale {ctx.scale_name}")
+    launch([sys.executable, str(script), "--scale", ctx.scale_name, "--json", str(out)],
+           900 if ctx.scale_name == "small" else 3600)
+    return json.loads(out.read_text())
