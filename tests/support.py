@@ -215,3 +215,27 @@ def make_chat_tokenizer(directory, template: str = CHATML_TEMPLATE, bos: str = "
               "pad_token": "<|endoftext|>", "chat_template": template, "model_max_length": 1 << 20}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return str(directory / "tokenizer.json"), str(directory / "tokenizer_config.json")
+
+
+CHAT_WORD_LIST = ("the quick brown fox jumps over lazy dog hello world how are you fine thanks what is two plus "
+                  "four").split()
+
+
+def conversations(n: int, seed: int = 0) -> list[list[dict]]:
+    """Return n generated chats: an optional system turn, then user/assistant turns of varied lengths."""
+    rng = np.random.default_rng(seed)
+
+    def text(k):
+        words = [CHAT_WORD_LIST[i] for i in rng.integers(0, len(CHAT_WORD_LIST), k)]
+        if rng.random() < 0.2:
+            words.append("\u00fcn\u00efcode \U0001f98a")
+        return " ".join(words)
+
+    out = []
+    for _ in range(n):
+        chat = [{"role": "system", "content": text(3)}] if rng.random() < 0.5 else []
+        for _ in range(int(rng.integers(1, 4))):
+            chat.append({"role": "user", "content": text(int(rng.integers(1, 12)))})
+            chat.append({"role": "assistant", "content": text(int(rng.integers(0, 12)))})
+        out.append(chat)
+    return out

@@ -41,6 +41,19 @@ def analyze_options(f):
                           "as the model sees them."),
         click.option("--split", default=None,
                      help="The split to read from a Hugging Face DatasetDict directory (save_to_disk)."),
+        click.option("--labels-column", default=None, metavar="COL",
+                     help="Fine-tuning: the labels list column aligned to the token ids of --column "
+                          "(default input_ids); -100 = no target."),
+        click.option("--prompt-column", default=None, metavar="COL",
+                     help="Fine-tuning: prompt/completion texts (default columns prompt, completion), "
+                          "encoded as a pair with --tokenizer; the completion is the target."),
+        click.option("--completion-column", default=None, metavar="COL",
+                     help="Fine-tuning: the completion text column (see --prompt-column)."),
+        click.option("--chat-template", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                     help="Fine-tuning: render the messages of --column (default messages) with this chat "
+                          "template (a tokenizer_config.json or a Jinja file) and tokenize with --tokenizer."),
+        click.option("--train-on", default=None, metavar="ROLE[,ROLE...]",
+                     help="With --chat-template: the roles whose turns are targets (default assistant)."),
         click.option("--input-format", type=click.Choice(["auto", "parquet", "arrow", "jsonl", "csv"]),
                      default="auto", show_default=True, help="Input format (auto: by file extension)."),
     ]

@@ -22,29 +22,7 @@ from sortpack.inputs.finetune import (
 )
 from sortpack.inputs.specs import load_tokenizer
 
-from support import LLAMA3_TEMPLATE, make_chat_tokenizer
-
-WORDS = "the quick brown fox jumps over lazy dog hello world how are you fine thanks what is two plus four".split()
-
-
-def conversations(n: int, seed: int = 0) -> list[list[dict]]:
-    """Return n generated chats: an optional system turn, then user/assistant turns of varied lengths."""
-    rng = np.random.default_rng(seed)
-
-    def text(k):
-        words = [WORDS[i] for i in rng.integers(0, len(WORDS), k)]
-        if rng.random() < 0.2:
-            words.append("\u00fcn\u00efcode \U0001f98a")
-        return " ".join(words)
-
-    out = []
-    for _ in range(n):
-        chat = [{"role": "system", "content": text(3)}] if rng.random() < 0.5 else []
-        for _ in range(int(rng.integers(1, 4))):
-            chat.append({"role": "user", "content": text(int(rng.integers(1, 12)))})
-            chat.append({"role": "assistant", "content": text(int(rng.integers(0, 12)))})
-        out.append(chat)
-    return out
+from support import LLAMA3_TEMPLATE, conversations, make_chat_tokenizer
 
 
 @pytest.fixture(scope="module")
