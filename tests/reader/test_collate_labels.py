@@ -160,3 +160,47 @@ def test_store_tokens_refuses_a_labels_column(tmp_path):
 @pytest.mark.slow
 def test_stored_chat_plan_is_the_same_at_any_rank_count(chat_data, tmp_path):
     assert_same_at_ranks(_chat_args(chat_data, "--store-tokens", "--rows", "400"), tmp_path, env=SMALL)
+
+
+def test_packed_rows_give_each_conversations_own_losses_and_gradients(chat_data, tmp_path):
+    """Packed rows with masked labels: per-token losses and gradients equal each conversation's alone (float64)."""
+    transformers = pytest.importorskip("transformers")
+    _, _, _, ids, labels = chat_data
+    out = tmp_path / "plan"
+    run_sortpack([*_chat_args(chat_data, "--store-tokens", "--rows", "400", "--rows-per-microbatch", "2"),
+                  "-o", out])
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+                                      attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(config).double()
+    index = PackedIndex(out)
+    mb = max(PackedBatchSampler(index, rank=0, world_size=1), key=len)  # the micro-batch of most conversations
+    batch = varlen_collate(key="input_ids")(SourceDataset(out).__getitems__(mb))
+    inputs = hf_inputs(batch, rows=True)
+    packed_labels = inputs.pop("labels")
+
+    def losses(logits, lab):
+        target = torch.nn.functional.pad(lab[:, 1:], (0, 1), value=IGNORE_INDEX)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none",
+                                                 ignore_index=IGNORE_INDEX)
+
+    packed = losses(model(**inputs).logits, packed_labels)
+    packed.sum().backward()
+    packed_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    bounds = batch["cu_seqlens"].tolist()
+    alone = []
+    for (a, b), k in zip(zip(bounds, bounds[1:]), batch["seq_index"].tolist()):
+        if k < 0:
+            continue  # a row's padding
+        i = mb[k]
+        x = torch.tensor([ids[i]])
+        lab = torch.tensor([_expected(ids[i], labels[i])])
+        mine = losses(model(input_ids=x, use_cache=False).logits, lab)
+        assert torch.allclose(packed[a:b], mine, atol=1e-10, rtol=0), f"conversation {i}"
+        alone.append(mine)
+    assert len(alone) == len(mb) >= 2
+    torch.cat(alone).sum().backward()
+    for p, g in zip(model.parameters(), packed_grads):
+        assert torch.allclose(p.grad, g, atol=1e-10, rtol=1e-8)
