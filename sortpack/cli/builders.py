@@ -20,7 +20,7 @@ def make_analyze(kw: dict) -> AnalyzeOptions:
 
     return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
                           tokenizer=kw["tokenizer"], input_format=kw["input_format"],
-                          special_tokens=kw["special_tokens"], split=kw["split"])
+                          special_tokens=kw["special_tokens"], split=kw["split"], size2=kw.get("size2_spec"))
 
 
 def make_sort(kw: dict) -> SortOptions:
