@@ -34,6 +34,10 @@ def analyze_options(f):
                           "python:MODULE:FUNC."),
         click.option("--difficulty", "difficulty_spec", default=None,
                      help="Difficulty SPEC (curriculum key); defaults to the size."),
+        click.option("--size2", "size2_spec", default=None, metavar="SPEC",
+                     help="A second size per sample (any SPEC, e.g. column:num_patches or column:duration*100: "
+                          "encoder patches or frames), summed per micro-batch as the index column size2; "
+                          "with --max-size2 N a second cap."),
         click.option("--tokenizer", type=click.Path(dir_okay=False),
                      help="HF tokenizers JSON file for SPEC tokens (its truncation and padding are ignored)."),
         click.option("--special-tokens/--no-special-tokens", default=True, show_default=True,

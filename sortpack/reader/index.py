@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import SortpackError
 from ..format import open_shard, read_manifest
 from ..format.integrity import check_index_shard, check_sha256, member_path
+from ..format.schemas import measure_names
 
 if TYPE_CHECKING:  # imported when used: the stored data's modules load with --store only
     from .stored import StoredData
@@ -66,6 +67,8 @@ class PackedIndex:
     ``mixture`` (a mixture plan's manifest ``mixture`` object, else None), ``source_names``
     (a mixture's source names in order, the values of the ``source`` column, also in a
     mixture's held-out plan; else None),
+    ``sum_columns`` (the per-micro-batch sums the plan records beside the shape: ``attention``,
+    and measures such as ``size2`` and ``targets``; each readable as ``index[name]``),
     ``id_dtype`` (how the shards store sample ids: int32 when every id fits, else int64;
     every method hands out int64 arrays or Python ints either way).
     """
@@ -107,6 +110,8 @@ class PackedIndex:
         if missing:
             raise SortpackError(f"{self.path}: the manifest's schema lacks column(s) {', '.join(sorted(missing))}")
         self.has_rows = "row_splits" in names
+        # the per-micro-batch sums beside the shape: ``attention`` and the measures (``size2``, ``targets``)
+        self.sum_columns = tuple((["attention"] if "attention" in names else []) + list(measure_names(names)))
         # --oversize split: each sample's range in its source sample (docs/format.md "Pieces")
         self.has_pieces = "piece_begin" in names and "piece_end" in names
         self.mixture = self.manifest.get("mixture") if "source" in names else None
@@ -273,8 +278,9 @@ class PackedIndex:
     # --- column access ----------------------------------------------------------------
     def __getitem__(self, name: str) -> np.ndarray:
         """Return a whole per-micro-batch column (read and cached on first use)."""
-        if name not in SCALAR_COLUMNS:
-            raise KeyError(f"{name!r} is not a scalar column of the index ({', '.join(SCALAR_COLUMNS)})")
+        if name not in SCALAR_COLUMNS and name not in self.sum_columns:
+            known = ", ".join(SCALAR_COLUMNS + self.sum_columns)
+            raise KeyError(f"{name!r} is not a scalar column of the index ({known})")
         if name == "source" and self.source_names is None:
             raise KeyError("'source' is a column of mixture plans only (sortpack run --mixture) and their held-out "
                            "plans")

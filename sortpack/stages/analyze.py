@@ -35,12 +35,17 @@ class AnalyzeOptions:
     input_format: str = "auto"
     special_tokens: bool = True  # tokens: count the ones the post-processor adds
     split: str | None = None  # the split of a Hugging Face DatasetDict directory
+    size2: str | None = None  # --size2 SPEC: a second size per sample, the measure ``size2``
     # fine-tuning shapes (inputs/finetune.py): a labels column, prompt/completion texts, or chats
     labels_column: str | None = None
     prompt_column: str | None = None
     completion_column: str | None = None
     chat_template: str | None = None
     train_on: tuple[str, ...] | None = None
+
+    def measure_specs(self) -> dict[str, str]:
+        """Return the SPEC of each per-sample measure to evaluate like a size, by measure name."""
+        return {"size2": self.size2} if self.size2 else {}
 
     def __post_init__(self):
         # a prompt/completion or chat sample's size is its tokens (length is only the default)
@@ -73,10 +78,12 @@ class AnalyzeOptions:
         out: dict[str, Any] = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
                "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
                "input_format": self.input_format}
-        if "tokens" in (self.size, self.difficulty):
+        if "tokens" in (self.size, self.difficulty, self.size2):
             out["special_tokens"] = self.special_tokens
         if self.split is not None:
             out["split"] = self.split
+        if self.size2:
+            out["size2"] = self.size2
         fine_tune = self.fine_tune()
         if fine_tune is not None:  # recorded only for fine-tuning data: other plans keep their content hash
             out["fine_tune"] = fine_tune
@@ -91,11 +98,12 @@ class Specs:
     difficulty: Spec | None  # None: the difficulty is the size
     tokenizer: Any = None  # loaded when a SPEC counts tokens
     funcs: dict[str, Callable] = field(default_factory=dict)  # python:MODULE:FUNC SPECs by text
-    shape: FineTuneShape | None = None  # fine-tuning data: how its ids and labels are made
+    shape: FineTuneShape | None = None  # fine-tuning data: how its ids, labels and targets are made
+    measures: dict[str, Spec] = field(default_factory=dict)  # per-sample measures measured like a size
 
     def read_columns(self) -> tuple[list[str] | None, list[str]]:
         """Return (the columns a read needs, None for all; the text columns among them)."""
-        specs = [s for s in (self.size, self.difficulty) if s]
+        specs = [s for s in (self.size, self.difficulty, *self.measures.values()) if s]
         if self.shape is not None and self.shape.kind != "labels":  # the shape measures the size itself
             specs = [s for s in specs if s is not self.size]
         shaped = self.shape.columns() if self.shape is not None else []
@@ -134,6 +142,7 @@ class Measured:
     sizes: list[np.ndarray]
     diffs: list[np.ndarray]
     unknown_rows: list[int]
+    measures: dict[str, list[np.ndarray]] = field(default_factory=dict)  # per measure name, read by read
 
 
 def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str | None = None) -> list[SourceFile]:
@@ -169,11 +178,17 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     column = _resolve_column(opts, files) if needs_column else opts.column
     size_spec = parse_spec(opts.size, column, "--size")
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
+    extra = opts.measure_specs()
+    if any(text in _TEXT_KINDS for text in extra.values()):
+        column = column or _resolve_column(opts, files)
+    measures = {name: parse_spec(text, column, f"--{name}") for name, text in extra.items()}
     tokenizer = None
-    if "tokens" in (size_spec.kind, diff_spec.kind if diff_spec else None):
-        tokenizer = load_tokenizer(opts.tokenizer, "--size" if size_spec.kind == "tokens" else "--difficulty")
-    funcs = {s.text: load_function(s) for s in (size_spec, diff_spec) if s and s.kind == "python"}
-    return Specs(size_spec, diff_spec, tokenizer, funcs)
+    kinds = [("--size", size_spec), ("--difficulty", diff_spec)] + [(f"--{n}", m) for n, m in measures.items()]
+    wants = [option for option, spec in kinds if spec is not None and spec.kind == "tokens"]
+    if wants:
+        tokenizer = load_tokenizer(opts.tokenizer, wants[0])
+    funcs = {s.text: load_function(s) for _, s in kinds if s and s.kind == "python"}
+    return Specs(size_spec, diff_spec, tokenizer, funcs, measures=measures)
 
 
 def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
@@ -190,10 +205,12 @@ def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
     if diff_spec is not None and diff_spec.kind in _TEXT_KINDS and opts.text_shape:
         raise SortpackError(f"--difficulty {opts.difficulty}: of fine-tuning texts, give a column: or python: SPEC")
-    if tokenizer is None and "tokens" in (size_spec.kind, diff_spec.kind if diff_spec else None):
+    measures = {name: parse_spec(text, column, f"--{name}") for name, text in opts.measure_specs().items()}
+    kinds = [size_spec, diff_spec, *measures.values()]
+    if tokenizer is None and any(s is not None and s.kind == "tokens" for s in kinds):
         tokenizer = load_tokenizer(opts.tokenizer, "--size")
-    funcs = {s.text: load_function(s) for s in (size_spec, diff_spec) if s and s.kind == "python"}
-    return Specs(size_spec, diff_spec, tokenizer, funcs, shape)
+    funcs = {s.text: load_function(s) for s in kinds if s and s.kind == "python"}
+    return Specs(size_spec, diff_spec, tokenizer, funcs, shape, measures)
 
 
 def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False, *,
@@ -232,7 +249,10 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     # (fine-tuning texts: a sample without content is one without targets, not one of the empty text's size)
     counts_text = specs.size.kind == "tokens" and specs.shape is None
     empty_size = empty_token_count(specs.tokenizer) if counts_text and opts.special_tokens else 0
-    return SampleColumns(start, total, sample_id, size, diff, None, fingerprint, empty_size)
+    measured_names = [*specs.measures, *(["targets"] if specs.shape is not None else [])]
+    measures = {name: np.concatenate(measured.measures[name]) if measured.measures.get(name)
+                else np.zeros(0, np.int64) for name in measured_names}
+    return SampleColumns(start, total, sample_id, size, diff, None, fingerprint, empty_size, measures=measures)
 
 
 def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: AnalyzeOptions,
@@ -251,11 +271,17 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: Analyz
         if table.num_rows == 0:
             # an empty file or row group: its columns may not even exist (empty jsonl)
             continue
-        size, diff = _measure_table(table, src.path, specs, opts, keep_tokens)
+        size, diff, targets = _measure_table(table, src.path, specs, opts, keep_tokens)
+        if targets is not None:
+            out.measures.setdefault("targets", []).append(targets)
         if keep_pieces is not None:
             keep_pieces(table, size, src.path)
         out.sizes.append(size)
         out.diffs.append(diff)
+        for name, spec in specs.measures.items():
+            values = evaluate(spec, table, src.path, specs.tokenizer, specs.funcs.get(spec.text), opts.special_tokens)
+            out.measures.setdefault(name, []).append(
+                as_size(values, src.path, f"--{name} {spec.text}").astype(np.int64, copy=False))
         prog.update(table.num_rows, None, **{counter: int(size.sum())})
     prog.close()
     return out
@@ -275,17 +301,23 @@ def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: 
 
 
 def _measure_table(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptions,
-                   keep_tokens: TokenKeeper | None) -> tuple[np.ndarray, np.ndarray]:
-    """Return the (size, difficulty) of every row of ``table`` (the same array when difficulty is the size)."""
+                   keep_tokens: TokenKeeper | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Return the (size, difficulty, loss targets) of every row of ``table``.
+
+    The difficulty is the same array as the size when it is the size; the targets are None
+    unless the rows are fine-tuning data (their ``targets`` measure).
+    """
     size_spec, diff_spec = specs.size, specs.difficulty
+    targets = None
     shape = specs.shape
     if shape is not None:
         encoded = shape.encode(table, where)  # checks a labels column against its ids too
+        targets = encoded.targets
         if shape.kind != "labels":
-            size = encoded.sizes
             if keep_tokens is not None:
                 keep_tokens.keep_encoded(encoded)
-            return size, size if diff_spec is None else _difficulty(table, where, specs, opts)
+            size = encoded.sizes
+            return size, size if diff_spec is None else _difficulty(table, where, specs, opts), targets
     if keep_tokens is not None and size_spec.kind == "tokens":
         assert size_spec.column is not None  # parse_spec gives a tokens SPEC its column
         size = keep_tokens.count_and_keep(table, size_spec.column, specs.tokenizer, where)
@@ -293,8 +325,8 @@ def _measure_table(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptio
         size = as_size(evaluate(size_spec, table, where, specs.tokenizer, specs.funcs.get(size_spec.text),
                                 opts.special_tokens), where, f"--size {size_spec.text}")
     if diff_spec is None:
-        return size, size
-    return size, _difficulty(table, where, specs, opts)
+        return size, size, targets
+    return size, _difficulty(table, where, specs, opts), targets
 
 
 def _difficulty(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptions) -> np.ndarray:

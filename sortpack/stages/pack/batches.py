@@ -1,7 +1,7 @@
 """Per-micro-batch arrays from packing cuts: plain, static-shape and same-shape groups."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,6 +35,8 @@ class Packed:
     begin: np.ndarray | None = None  # --oversize split: each sample's range in its source sample
     end: np.ndarray | None = None
     shapes: tuple[int, ...] = ()  # the padded lengths used: --shapes, or those --shapes auto:K chose
+    sizes: np.ndarray | None = None  # each packed sample's size as packed (truncated ones at their cut)
+    measures: dict[str, np.ndarray] = field(default_factory=dict)  # the samples' measures, in packed order
 
 
 def key_values(samples: SampleColumns, key: str) -> np.ndarray:

@@ -88,7 +88,7 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
     else:
         batches = plain_batches(bounds, sizes, opts)
     packed = Packed(samples.sample_id, key_values(samples, key), samples.stage_or_zero(), batches, info,
-                    shapes=tuple(opts.shapes))
+                    shapes=tuple(opts.shapes), sizes=sizes, measures=samples.measures)
     if samples.begin is not None:
         packed.begin, packed.end = samples.begin, samples.begin + samples.size
     return packed

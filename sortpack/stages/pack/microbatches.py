@@ -8,7 +8,7 @@ import numpy as np
 from ...distribute import global_start
 from ...parallel import Comm
 from ..samples import SampleColumns
-from .batches import segment_reduce
+from .batches import Packed, segment_reduce
 from .filters import drop_empty
 from .greedy import pack_greedy
 from .options import PackOptions
@@ -30,6 +30,29 @@ class Microbatches:
     begin: np.ndarray | None = None  # --oversize split: each sample's range [begin, end) in its source sample
     end: np.ndarray | None = None
     shapes: tuple[int, ...] = ()  # the padded lengths the packing used: --shapes, or those --shapes auto:K chose
+
+
+def padded_layout(opts: PackOptions) -> bool:
+    """Return whether micro-batches train as padded tensors (every slot ``padded_size`` long).
+
+    ``--budget padded``, ``--same-shape`` and ``--static-shapes`` pad; ``--budget tokens`` and
+    ``quadratic`` (varlen training: ``cu_seqlens``) and ``--rows`` attend within each document.
+    """
+    return not opts.rows and (opts.budget == "padded" or opts.same_shape or opts.static_shapes)
+
+
+def attention_work(packed: Packed, opts: PackOptions) -> np.ndarray:
+    """Return each micro-batch's attention work (int64): ``batch_size * padded_size^2`` padded, else sum of s^2.
+
+    A document attends to itself only (varlen kernels, ``cu_seqlens``), so its work is s^2;
+    a padded micro-batch computes every slot at the padded length.
+    """
+    mb = packed.batches
+    if padded_layout(opts):
+        padded = np.asarray(mb.padded_size, np.int64)
+        return np.asarray(mb.batch_size, np.int64) * padded * padded
+    sizes = packed.sizes.astype(np.int64) if packed.sizes is not None else np.zeros(0, np.int64)
+    return segment_reduce(np.add, sizes * sizes, mb.offsets).astype(np.int64)
 
 
 def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str = "size",
@@ -65,7 +88,10 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
         "min_key": segment_reduce(np.minimum, packed.keys, offsets),
         "max_key": segment_reduce(np.maximum, packed.keys, offsets),
         "stage": stage.astype(np.int16),
+        "attention": attention_work(packed, opts),
     }
+    for name in sorted(packed.measures):  # each measure summed per micro-batch, a column of its name
+        columns[name] = segment_reduce(np.add, packed.measures[name].astype(np.int64, copy=False), offsets)
     first, total_mb = global_start(comm, m)
     info = {**packed.info, "empty": empty, "empty_dropped": 0 if opts.keep_empty else empty}
     if opts.oversize == "split":

@@ -1,7 +1,7 @@
 """Row packing (``--rows``): samples dealt to best-fit windows, bin-packed into fixed-length rows."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,6 +27,7 @@ class Windows:
     starts: np.ndarray  # local index where each window starts
     ends: np.ndarray  # and where it ends
     begin: np.ndarray | None = None  # --oversize split: each sample's range start in its source sample
+    measures: dict[str, np.ndarray] = field(default_factory=dict)  # the samples' measures, in window order
 
 
 def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: PackOptions) -> Windows:
@@ -52,13 +53,18 @@ def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: 
             "stage": stage_of[order], "window": window[order], "pos": pos[order]}
     if samples.begin is not None:
         cols["begin"] = samples.begin[order]
+    cols.update({_MEASURE + k: v[order] for k, v in samples.measures.items()})
     cols = comm.alltoallv_many(cols, np.bincount(dest, minlength=comm.size))
     order = np.lexsort((cols["pos"], cols["window"]))
     cols = {k: v[order] for k, v in cols.items()}
     w = cols["window"]
     starts = np.flatnonzero(np.concatenate(([True], w[1:] != w[:-1]))) if len(w) else np.zeros(0, np.int64)
     ends = np.concatenate((starts[1:], [len(w)])) if len(w) else np.zeros(0, np.int64)
-    return Windows(cols["id"], cols["size"], cols["key"], cols["stage"], starts, ends, cols.get("begin"))
+    measures = {k[len(_MEASURE):]: v for k, v in cols.items() if k.startswith(_MEASURE)}
+    return Windows(cols["id"], cols["size"], cols["key"], cols["stage"], starts, ends, cols.get("begin"), measures)
+
+
+_MEASURE = "measure:"  # a measure's column while it travels: its name cannot meet the window's own
 
 
 def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:
@@ -91,7 +97,8 @@ def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -
     ordered = sizes[perm]
     batches = BatchArrays(offsets, np.diff(offsets), np.diff(mb_row_ends), segment_reduce(np.maximum, ordered, offsets),
                           np.full(len(offsets) - 1, opts.rows, np.int64), segment_reduce(np.add, ordered, offsets))
-    packed = Packed(win.sample_ids[perm], win.keys[perm], win.stage[perm], batches, info, np.diff(row_ends))
+    packed = Packed(win.sample_ids[perm], win.keys[perm], win.stage[perm], batches, info, np.diff(row_ends),
+                    sizes=ordered, measures={k: v[perm] for k, v in win.measures.items()})
     if win.begin is not None:
         packed.begin = win.begin[perm]
         packed.end = packed.begin + ordered
