@@ -40,7 +40,8 @@ _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token"
 @dataclass
 class Encoded:
     """Token ids and labels of a batch of samples: ``ids``/``labels`` list<int32> arrays, ``sizes`` and
-    ``targets`` (int64 per sample: tokens, and positions whose label is not -100)."""
+    ``targets`` (int64 per sample: tokens, and the loss targets: positions after the first whose label is
+    not -100, what a collate trains, as it gives every document's first position no target)."""
 
     ids: pa.Array
     labels: pa.Array
@@ -65,6 +66,16 @@ def _segment_sums(flags: np.ndarray, counts: np.ndarray) -> np.ndarray:
     cum = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
     ends = np.cumsum(counts, dtype=np.int64)
     return cum[ends] - cum[ends - counts]
+
+
+def _targets(flags: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Return each run's loss targets: its true ``flags`` but the first position's (no target: nothing precedes it)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    first = np.cumsum(counts) - counts
+    head = np.zeros(len(counts), dtype=np.int64)
+    some = counts > 0
+    head[some] = flags[first[some]]
+    return _segment_sums(flags, counts) - head
 
 
 def _flat_ids(encs) -> tuple[np.ndarray, np.ndarray]:
@@ -110,7 +121,7 @@ def pretokenized(ids_col, labels_col, where: str, ids_name: str = "input_ids",
     if flat.null_count:
         raise SortpackError(f"{where}: column {labels_name!r} holds null labels")
     values = flat.to_numpy(zero_copy_only=False)
-    targets = _segment_sums(values != IGNORE_INDEX, sizes)
+    targets = _targets(values != IGNORE_INDEX, sizes)
     return Encoded(ids, labels, sizes, targets)
 
 
@@ -159,8 +170,7 @@ def _encoded(parts_ids: list, parts_target: list, parts_counts: list) -> Encoded
     ids = np.concatenate(parts_ids) if parts_ids else np.zeros(0, np.int64)
     target = np.concatenate(parts_target) if parts_target else np.zeros(0, bool)
     counts = np.concatenate(parts_counts) if parts_counts else np.zeros(0, np.int64)
-    return Encoded(_lists(ids, counts), _lists(_labels(ids, target), counts), counts,
-                   _segment_sums(target, counts))
+    return Encoded(_lists(ids, counts), _lists(_labels(ids, target), counts), counts, _targets(target, counts))
 
 
 # --- (c) chats rendered with a chat template ------------------------------------------------------------

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import SortpackError
 from ..parallel import Comm
 from ..stages.holdout import Holdout, split_holdout
 from ..stages.pack import Microbatches, PackOptions, pack_samples
@@ -32,9 +33,17 @@ def split_check(popts: Any, recorded: dict, own_column: str | None = None) -> Ca
 
     ``own_column``: a mixture's source that reads a column of its own (``stages.split.check_split``).
     """
+    if popts.oversize in ("split", "truncate") and recorded.get("fine_tune"):
+        return lambda: _refuse_cut_labels(popts.oversize)
     if popts.oversize != "split":
         return None
     return lambda: check_split(recorded, own_column)
+
+
+def _refuse_cut_labels(oversize: str) -> None:
+    """Refuse cutting fine-tuning samples: a piece's (or a truncated sample's) targets are not counted yet."""
+    raise SortpackError(f"--oversize {oversize}: fine-tuning samples are not cut yet (the loss targets of a piece "
+                        "are not counted); use --oversize skip or error, or a larger budget")
 
 
 def check_options(comm: Comm, *checks: Callable[[], object] | None) -> None:

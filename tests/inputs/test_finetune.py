@@ -52,7 +52,7 @@ def test_chat_ids_and_assistant_targets_equal_transformers(chatml):
         assert ids == list(want["input_ids"])
         mask = np.array(want["assistant_masks"], dtype=bool)
         assert np.array_equal(np.array(labels), np.where(mask, ids, IGNORE_INDEX))
-    assert enc.targets.tolist() == [int((np.array(r) != IGNORE_INDEX).sum()) for r in _rows(enc.labels)]
+    assert enc.targets.tolist() == [int((np.array(r[1:]) != IGNORE_INDEX).sum()) for r in _rows(enc.labels)]
     assert enc.sizes.tolist() == [len(r) for r in _rows(enc.ids)]
 
 
@@ -126,9 +126,10 @@ def test_prompt_completion_pairs_with_the_post_processors_specials(tmp_path):
 
 def test_labels_column_is_checked_and_counted():
     shape = fine_tune_shape(None, labels_column="labels")
-    table = pa.table({"input_ids": [[1, 2, 3], [4, 5], []], "labels": [[-100, 2, 3], [-100, -100], []]})
+    table = pa.table({"input_ids": [[1, 2, 3], [4, 5], [], [6, 7]], "labels": [[-100, 2, 3], [-100, -100], [], [6, 7]]})
     enc = shape.encode(table, "f.parquet")
-    assert enc.sizes.tolist() == [3, 2, 0] and enc.targets.tolist() == [2, 0, 0]
+    # a first position's label is no target: nothing precedes it (the collates give it -100)
+    assert enc.sizes.tolist() == [3, 2, 0, 2] and enc.targets.tolist() == [2, 0, 0, 1]
     bad = pa.table({"input_ids": [[1, 2, 3], [4, 5]], "labels": [[-100, 2, 3], [-100]]})
     with pytest.raises(SortpackError, match=r"f.parquet: column 'labels' has 1 labels in row 1, column "
                                             r"'input_ids' 2 token ids"):
