@@ -109,13 +109,17 @@ class PackOptions:
         if self.max_segments < 0:
             raise SortpackError(f"--max-segments {self.max_segments}: must be >= 0")
         clash = [name for name, on in (("--same-shape", self.same_shape), ("--shapes", bool(self.shapes)),
-                                       ("--pad-to-multiple", self.pad_to_multiple > 1),
                                        ("--max-samples", self.max_samples > 0),
                                        ("--batch-multiple", self.batch_multiple > 1),
                                        ("--shapes auto", self.auto_shapes is not None),
                                        ("--static-shapes", self.static_shapes)) if on]
         if clash:
             raise SortpackError(f"--rows packs fixed-length rows; {clash[0]} does not apply to it")
+        k = self.pad_to_multiple
+        if k > 1 and self.rows % k:
+            # each document is padded to a multiple of K inside its row: so is the row's padding tail
+            raise SortpackError(f"--rows {self.rows} with --pad-to-multiple {k}: the row length must be a multiple "
+                                f"of K (context parallelism pads every document and the row to 2 x CP)")
 
     def _validate_auto_static(self) -> None:
         """Raise SortpackError for bad ``--shapes auto:K`` / ``--static-shapes`` combinations."""

@@ -71,17 +71,22 @@ def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -
     """Return this rank's row-packed micro-batches of globally sorted samples, after the ``--oversize`` policy.
 
     Each window is packed best-fit-decreasing; every ``rows_per_microbatch`` consecutive
-    rows of a window make one micro-batch.
+    rows of a window make one micro-batch. With ``--pad-to-multiple K`` each document counts
+    at its length rounded up to K (``tokens`` and ``max_size`` stay the real sizes).
     """
     samples, info = apply_oversize(comm, samples, opts)
     win = deal_to_windows(comm, samples, key_values(samples, key), opts)
     sizes = win.sizes
+    k = opts.pad_to_multiple
+    # --pad-to-multiple K: a document takes its length rounded up to K in its row (context
+    # parallelism pads each document to 2 x CP), so the padded rows still fit ROW_LEN
+    room = -(-sizes // k) * k if k > 1 else sizes
     perms = []
     splits, mb_rows = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
     rows_done = 0
     prog = Progress("pack", len(sizes), "rows")
     for a, b in zip(win.starts, win.ends):
-        order, row_splits = kernels.pack_rows(sizes[a:b], opts.rows, opts.max_segments)
+        order, row_splits = kernels.pack_rows(room[a:b], opts.rows, opts.max_segments)
         prog.update(b - a)
         perms.append(order + a)
         splits.append(row_splits[1:] + a)
