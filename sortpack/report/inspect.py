@@ -119,6 +119,9 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         if compute is not None:
             report["cost_coeff"] = _num(cost_coeff)
             report["compute_imbalance"] = imbalance(step_costs(compute, world_size, grad_accum))
+        if "targets" in schema:  # fine-tuning data: what trains per rank and step (the loss's share of work)
+            targets = _column(directory, m, "targets").astype(np.int64)
+            report["targets_imbalance"] = imbalance(step_costs(targets, world_size, grad_accum))
     return report
 
 

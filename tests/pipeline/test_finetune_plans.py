@@ -56,7 +56,12 @@ def test_targets_are_counted_summed_and_reported(chats, tmp_path):
             assert mb.step_targets == int(per_mb[pos].sum()) and mb.targets == int(per_mb[mb.microbatch])
             assert mb.info()["step_targets"] == mb.step_targets
     report = json.loads(run_sortpack(["inspect", out, "--json"]).stdout)
-    assert report["targets"] == int(targets.sum())
+    assert report["targets"] == int(targets.sum()) and "targets_imbalance" not in report
+    report = json.loads(run_sortpack(["inspect", out, "--json", "--world-size", "2", "--grad-accum", "2"]).stdout)
+    steps = per_mb[np.arange(report["steps"] * 4).reshape(-1, 2, 2) % len(per_mb)].sum(axis=1)  # (steps, ranks)
+    ratio = steps.max(axis=1) / steps.mean(axis=1)
+    assert report["targets_imbalance"]["max"] == pytest.approx(ratio.max())
+    assert report["targets_imbalance"]["weighted"] == pytest.approx(steps.max(axis=1).sum() / steps.mean(axis=1).sum())
 
 
 def test_keep_empty_keeps_what_trains_nothing(chats, tmp_path):
