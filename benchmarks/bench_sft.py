@@ -1,15 +1,16 @@
 """Fine-tuning chats: raw ``messages`` JSONL to a stored, packed plan at 2 ranks vs TRL's tokenize-and-pack.
 
 100k generated conversations at ``--scale full`` (1k at small): an optional system turn, then 1-4
-user/assistant exchanges, each turn's words log-normal. sortpack: ``sortpack run chats.jsonl
+user/assistant exchanges, each turn's words log-normal. sortpack: ``sortpack run part-*.jsonl
 --chat-template tokenizer_config.json --tokenizer tokenizer.json --rows ROW_LEN --store-tokens``
 under ``mpiexec -n 2`` (render, tokenize, assistant labels, sort, pack, store ids and labels). TRL:
 ``SFTTrainer(..., SFTConfig(packing=True, max_length=ROW_LEN, assistant_only_loss=True,
 dataset_num_proc=2))`` on ``load_dataset("json", ...)``, timed from the load to the trainer's
 packed dataset (TRL's own tokenize and BFD pack, a fresh datasets cache), in one subprocess;
-skipped with a line when ``trl`` is not importable. Both read the same file with the same
-tokenizer and template. The fastest of the rounds is kept; the plan's targets imbalance at W=64
-is reported beside. Registered in ``suite.py`` as ``sft``: ``python -m benchmarks --only sft``.
+skipped with a line when ``trl`` is not importable. Both read the same 4 JSONL files (a JSONL file
+is read whole by one rank) with the same tokenizer and template; one run of each. The plan's
+targets imbalance at W=64 is reported beside. Registered in ``suite.py`` as ``sft``:
+``python -m benchmarks --only sft``.
 """
 from __future__ import annotations
 
@@ -68,34 +69,40 @@ def make_tokenizer(directory: Path) -> tuple[Path, Path]:
     return tok_file, config
 
 
-def make_chats(path: Path, n: int, seed: int = 0) -> Path:
-    """Write ``n`` conversations (role turns of log-normal word counts; prompts and answers vary) as JSONL."""
-    if path.is_file():
-        return path
+def make_chats(directory: Path, n: int, seed: int = 0, files: int = 4) -> list[Path]:
+    """Write ``n`` conversations (role turns of log-normal word counts; prompts and answers vary) as JSONL files.
+
+    Several files: a JSONL file is read whole by one rank.
+    """
+    paths = [directory / f"part-{k}.jsonl" for k in range(files)]
+    if all(p.is_file() for p in paths):
+        return paths
     rng = np.random.default_rng(seed)
     words = np.array(WORDS)
     exchanges = rng.integers(1, 5, n)
     system = rng.random(n) < 0.5
     turns = int(2 * exchanges.sum() + system.sum())
     # user turns short or long (a question, a pasted document), answers of their own spread
-    lengths = np.maximum(1, rng.lognormal(3.5, 1.1, turns)).astype(np.int64).clip(1, 2000)
+    lengths = np.maximum(1, rng.lognormal(3.0, 1.0, turns)).astype(np.int64).clip(1, 2000)
     text = words[rng.integers(0, len(words), int(lengths.sum()))]
     ends = np.cumsum(lengths)
     contents = [" ".join(text[e - k:e]) for e, k in zip(ends, lengths)]
-    path.parent.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     at = 0
-    with open(path, "w") as f:
-        for i in range(n):
-            chat = []
-            if system[i]:
-                chat.append({"role": "system", "content": contents[at]})
-                at += 1
-            for _ in range(int(exchanges[i])):
-                chat.append({"role": "user", "content": contents[at]})
-                chat.append({"role": "assistant", "content": contents[at + 1]})
-                at += 2
-            f.write(json.dumps({"messages": chat}) + "\n")
-    return path
+    bounds = np.linspace(0, n, files + 1).astype(int)
+    for k, path in enumerate(paths):
+        with open(path, "w") as f:
+            for i in range(bounds[k], bounds[k + 1]):
+                chat = []
+                if system[i]:
+                    chat.append({"role": "system", "content": contents[at]})
+                    at += 1
+                for _ in range(int(exchanges[i])):
+                    chat.append({"role": "user", "content": contents[at]})
+                    chat.append({"role": "assistant", "content": contents[at + 1]})
+                    at += 2
+                f.write(json.dumps({"messages": chat}) + "\n")
+    return paths
 
 
 TRL_SCRIPT = """
@@ -120,14 +127,14 @@ print("BENCH_JSON " + json.dumps({"prepare_s": t2 - t1, "setup_s": t1 - t0, "row
 """
 
 
-def trl_pack(jsonl: Path, tokenizer_dir: Path, work: Path, timeout: float) -> dict:
+def trl_pack(jsonl: list[Path], tokenizer_dir: Path, work: Path, timeout: float) -> dict:
     """Return TRL's tokenize-and-pack of ``jsonl`` (seconds from the load to the packed dataset), in a subprocess."""
     from .runner import launch
 
     cache = work / "trl-cache"
     shutil.rmtree(cache, ignore_errors=True)
-    args = {"jsonl": str(jsonl), "tokenizer_dir": str(tokenizer_dir), "cache": str(cache), "out": str(work / "trl"),
-            "row_len": ROW_LEN, "procs": RANKS}
+    args = {"jsonl": [str(p) for p in jsonl], "tokenizer_dir": str(tokenizer_dir), "cache": str(cache),
+            "out": str(work / "trl"), "row_len": ROW_LEN, "procs": RANKS}
     _, out = launch([sys.executable, "-c", TRL_SCRIPT, json.dumps(args)], timeout)
     shutil.rmtree(cache, ignore_errors=True)
     for line in reversed(out.splitlines()):
@@ -147,17 +154,18 @@ def bench(ctx) -> list[Row]:
     work = data.work_dir("sft")
     tok_file, config = make_tokenizer(work / "tokenizer")
     ctx.log(f"generating {n} conversations")
-    jsonl = make_chats(work / f"chats-{n}.jsonl", n)
+    jsonl = make_chats(work / f"chats-{n}", n)
     out = work / "plan"
     trl_missing = missing_modules("trl", "datasets", "transformers")
     best, trl_best, trl_info = float("inf"), float("inf"), {}
-    for r in range(ctx.scale.rounds):
-        ctx.log(f"round {r + 1}/{ctx.scale.rounds}: sortpack run at P={RANKS}")
-        best = min(best, sortpack_cli(["run", str(jsonl), "-o", str(out), "--chat-template", str(config),
+    rounds = 1  # one run of each: TRL's alone takes minutes at full scale
+    for r in range(rounds):
+        ctx.log(f"round {r + 1}/{rounds}: sortpack run at P={RANKS}")
+        best = min(best, sortpack_cli(["run", *map(str, jsonl), "-o", str(out), "--chat-template", str(config),
                                        "--tokenizer", str(tok_file), "--rows", str(ROW_LEN), "--store-tokens",
                                        "--overwrite", "--quiet"], ctx.scale.timeout, RANKS))
         if not trl_missing:
-            ctx.log(f"round {r + 1}/{ctx.scale.rounds}: TRL SFTTrainer tokenize and pack, {RANKS} processes")
+            ctx.log(f"round {r + 1}/{rounds}: TRL SFTTrainer tokenize and pack, {RANKS} processes")
             trl_info = trl_pack(jsonl, config.parent, work, ctx.scale.timeout)
             trl_best = min(trl_best, trl_info["prepare_s"])
     man = json.loads((out / "manifest.json").read_text())

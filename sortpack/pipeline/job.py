@@ -28,12 +28,16 @@ from ..write.store import Store, StoreOptions, prepare
 __all__ = ["JobScope", "check_options", "job_scope", "nested_plan", "split_check", "store_for"]
 
 
-def split_check(popts: Any, recorded: dict, own_column: str | None = None) -> Callable[[], None] | None:
+def split_check(popts: Any, recorded: dict, own_column: str | None = None,
+                labels_read: bool = False) -> Callable[[], None] | None:
     """Return the check that ``--oversize split`` can cut the plan measured with ``recorded`` (None: not splitting).
 
     ``own_column``: a mixture's source that reads a column of its own (``stages.split.check_split``).
+    ``labels_read``: the job reads fine-tuning data's labels before it splits (``run``), so it
+    counts each piece's targets.
     """
-    if popts.oversize in ("split", "truncate") and recorded.get("fine_tune"):
+    fine_tune = bool(recorded.get("fine_tune"))
+    if fine_tune and (popts.oversize == "truncate" or (popts.oversize == "split" and not labels_read)):
         return lambda: _refuse_cut_labels(popts.oversize)
     if popts.oversize != "split":
         return None
@@ -42,8 +46,11 @@ def split_check(popts: Any, recorded: dict, own_column: str | None = None) -> Ca
 
 def _refuse_cut_labels(oversize: str) -> None:
     """Refuse cutting fine-tuning samples: a piece's (or a truncated sample's) targets are not counted yet."""
-    raise SortpackError(f"--oversize {oversize}: fine-tuning samples are not cut yet (the loss targets of a piece "
-                        "are not counted); use --oversize skip or error, or a larger budget")
+    if oversize == "split":
+        raise SortpackError("--oversize split of fine-tuning samples: split them in the job that reads their labels "
+                            "(sortpack run), which counts each piece's targets")
+    raise SortpackError(f"--oversize {oversize}: fine-tuning samples are not cut yet (the loss targets of a "
+                        "truncated sample are not counted); use --oversize split, skip or error")
 
 
 def check_options(comm: Comm, *checks: Callable[[], object] | None) -> None:

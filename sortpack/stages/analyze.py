@@ -51,6 +51,8 @@ class AnalyzeOptions:
         # a prompt/completion or chat sample's size is its tokens (length is only the default)
         if self.text_shape and self.size == "length":
             self.size = "tokens"
+        if self.labels_column and not self.column:
+            self.column = "input_ids"  # the token ids a labels column labels (the store cuts both at a split)
 
     @property
     def text_shape(self) -> bool:
@@ -271,9 +273,12 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: Analyz
         if table.num_rows == 0:
             # an empty file or row group: its columns may not even exist (empty jsonl)
             continue
-        size, diff, targets = _measure_table(table, src.path, specs, opts, keep_tokens)
-        if targets is not None:
-            out.measures.setdefault("targets", []).append(targets)
+        size, diff, encoded = _measure_table(table, src.path, specs, opts, keep_tokens)
+        if encoded is not None:
+            out.measures.setdefault("targets", []).append(encoded.targets)
+            keep_labels = getattr(keep_pieces, "keep_labels", None)  # split.TargetPieces: pieces' own targets
+            if keep_labels is not None:
+                keep_labels(encoded.labels, size)
         if keep_pieces is not None:
             keep_pieces(table, size, src.path)
         out.sizes.append(size)
@@ -301,23 +306,22 @@ def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: 
 
 
 def _measure_table(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptions,
-                   keep_tokens: TokenKeeper | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Return the (size, difficulty, loss targets) of every row of ``table``.
+                   keep_tokens: TokenKeeper | None) -> tuple[np.ndarray, np.ndarray, Encoded | None]:
+    """Return the (size, difficulty, encoded ids and labels) of every row of ``table``.
 
-    The difficulty is the same array as the size when it is the size; the targets are None
-    unless the rows are fine-tuning data (their ``targets`` measure).
+    The difficulty is the same array as the size when it is the size; the encoding is None
+    unless the rows are fine-tuning data (its ``targets`` are their measure).
     """
     size_spec, diff_spec = specs.size, specs.difficulty
-    targets = None
+    encoded = None
     shape = specs.shape
     if shape is not None:
         encoded = shape.encode(table, where)  # checks a labels column against its ids too
-        targets = encoded.targets
         if shape.kind != "labels":
             if keep_tokens is not None:
                 keep_tokens.keep_encoded(encoded)
             size = encoded.sizes
-            return size, size if diff_spec is None else _difficulty(table, where, specs, opts), targets
+            return size, size if diff_spec is None else _difficulty(table, where, specs, opts), encoded
     if keep_tokens is not None and size_spec.kind == "tokens":
         assert size_spec.column is not None  # parse_spec gives a tokens SPEC its column
         size = keep_tokens.count_and_keep(table, size_spec.column, specs.tokenizer, where)
@@ -325,8 +329,8 @@ def _measure_table(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptio
         size = as_size(evaluate(size_spec, table, where, specs.tokenizer, specs.funcs.get(size_spec.text),
                                 opts.special_tokens), where, f"--size {size_spec.text}")
     if diff_spec is None:
-        return size, size, targets
-    return size, _difficulty(table, where, specs, opts), targets
+        return size, size, encoded
+    return size, _difficulty(table, where, specs, opts), encoded
 
 
 def _difficulty(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptions) -> np.ndarray:

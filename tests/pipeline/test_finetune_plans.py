@@ -70,8 +70,58 @@ def test_keep_empty_keeps_what_trains_nothing(chats, tmp_path):
     assert len(PackedIndex(out).all_sample_ids()) == len(chats[3])
 
 
-@pytest.mark.parametrize("oversize", ["split", "truncate"])
-def test_cutting_fine_tuning_samples_is_refused(chats, tmp_path, oversize):
-    proc = _run(chats, tmp_path / "p", "--max-tokens", "40", "--oversize", oversize, check=False)
-    assert proc.returncode == 2 and f"--oversize {oversize}: fine-tuning samples are not cut yet" in proc.stderr
+def test_split_pieces_keep_their_labels_and_count_their_own_targets(chats, tmp_path):
+    torch = pytest.importorskip("torch")
+    from sortpack.reader import SourceDataset
+    from sortpack.torch import PackedBatchSampler, varlen_collate
+
+    out = tmp_path / "plan"
+    _run(chats, out, "--max-tokens", "64", "--budget", "tokens", "--oversize", "split", "--store-tokens")
+    m = read_manifest(out)
+    assert m["stats"]["split"] > 10 and m["data"]["pieces"]["cut"] == ["input_ids", "labels"]
+    ix = PackedIndex(out)
+    ds = SourceDataset(out)
+    seen = 0
+    for mb in PackedBatchSampler(ix, rank=0, world_size=1):
+        batch = varlen_collate(key="input_ids")(ds.__getitems__(mb))
+        # what the collate trains is what the plan counted, piece by piece
+        assert int((batch["labels"] != -100).sum()) == mb.targets == int(ix["targets"][mb.microbatch])
+        seen += 1
+    assert seen == ix.num_microbatches
+    assert int(ix["targets"].sum()) == m["stats"]["targets"] and torch is not None
+
+
+def test_cutting_fine_tuning_samples_outside_run_is_refused(chats, tmp_path):
+    proc = _run(chats, tmp_path / "p", "--max-tokens", "40", "--oversize", "truncate", check=False)
+    assert proc.returncode == 2 and "--oversize truncate: fine-tuning samples are not cut yet" in proc.stderr
     assert not (tmp_path / "p").exists()
+    base, tokenizer, config, _ = chats
+    run_sortpack(["analyze", base / "chats.jsonl", "-o", tmp_path / "m", "--chat-template", config, "--tokenizer",
+                  tokenizer, "--quiet"])
+    run_sortpack(["sort", tmp_path / "m", "-o", tmp_path / "s", "--quiet"])
+    proc = run_sortpack(["pack", tmp_path / "s", "-o", tmp_path / "i", "--max-tokens", "40", "--oversize", "split"],
+                        check=False)
+    assert proc.returncode == 2 and "split them in the job that reads their labels" in proc.stderr
+
+
+def test_a_labels_column_is_cut_with_its_ids(tmp_path):
+    pytest.importorskip("torch")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sortpack.reader import SourceDataset
+    from sortpack.torch import PackedBatchSampler, pad_collate
+
+    rng = np.random.default_rng(4)
+    ids = [rng.integers(1, 100, int(k)).tolist() for k in rng.integers(1, 60, 120)]
+    labels = [[t if rng.random() < 0.5 else -100 for t in x] for x in ids]
+    pq.write_table(pa.table({"input_ids": ids, "labels": labels}), tmp_path / "d.parquet")
+    out = tmp_path / "plan"
+    run_sortpack(["run", tmp_path / "d.parquet", "-o", out, "--labels-column", "labels", "--rows", "16",
+                  "--oversize", "split", "--store", "input_ids,labels", "--quiet"])
+    assert read_manifest(out)["data"]["pieces"]["cut"] == ["input_ids", "labels"]
+    ix = PackedIndex(out)
+    ds = SourceDataset(out)
+    for mb in PackedBatchSampler(ix, rank=0, world_size=1):
+        batch = pad_collate(key="input_ids")(ds.__getitems__(mb))
+        assert int((batch["labels"] != -100).sum()) == mb.targets

@@ -207,5 +207,9 @@ def prepare(comm: Comm, opts: StoreOptions, options: dict, popts: PackOptions, t
     # a split plan's pieces are ranges of what the size counted: under --size length, the column's
     # characters or elements, under --size bytes its bytes, which a stored copy of that column is cut to
     size = str(options.get("size"))
-    cut = (str(options.get("column")),) if size in ("length", "bytes") and options.get("column") else ()
+    cut: tuple[str, ...] = (str(options.get("column")),) if size in ("length", "bytes") and options.get("column") \
+        else ()
+    labels = (options.get("fine_tune") or {}).get("labels_column")
+    if cut and labels:  # a labels column is cut with the token ids it labels
+        cut = (*cut, str(labels))
     return Store(comm, opts, tokens, bool(options.get("special_tokens", True)), renames, cut, size)
