@@ -301,7 +301,7 @@ def _measure(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list[str]
     with prof.stage("analyze"):
         cuts = byte_cuts(aopts.as_dict(), popts)  # --size bytes --oversize split: cut while the text is read
         pieces = None
-        if popts.oversize == "split" and aopts.fine_tune() is not None:
+        if popts.oversize in ("split", "truncate") and aopts.fine_tune() is not None:
             pieces = TargetPieces(truncate_length(popts))  # each piece's targets, counted while the labels are read
         samples = analyze(comm, inputs, aopts, progress, keep_tokens=sink, keep_pieces=cuts or pieces)
     prof.counts["analyze_rows"] = len(samples)
@@ -311,6 +311,9 @@ def _measure(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list[str]
     fault_point(comm, "after_analyze")
     refuse_oversize(comm, samples, popts)  # fail fast: before the sort, not after it
     split = None
+    if pieces is not None and popts.oversize == "truncate":
+        samples, lost = pieces.truncated(samples)
+        split = {"truncated_targets": comm.allreduce(lost, "sum")}  # the pack's stats report it
     if popts.oversize == "split":
         # before the sort: the pieces are sorted by their own sizes
         with prof.stage("split"):

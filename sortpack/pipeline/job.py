@@ -37,7 +37,7 @@ def split_check(popts: Any, recorded: dict, own_column: str | None = None,
     counts each piece's targets.
     """
     fine_tune = bool(recorded.get("fine_tune"))
-    if fine_tune and (popts.oversize == "truncate" or (popts.oversize == "split" and not labels_read)):
+    if fine_tune and popts.oversize in ("split", "truncate") and not labels_read:
         return lambda: _refuse_cut_labels(popts.oversize)
     if popts.oversize != "split":
         return None
@@ -45,12 +45,9 @@ def split_check(popts: Any, recorded: dict, own_column: str | None = None,
 
 
 def _refuse_cut_labels(oversize: str) -> None:
-    """Refuse cutting fine-tuning samples: a piece's (or a truncated sample's) targets are not counted yet."""
-    if oversize == "split":
-        raise SortpackError("--oversize split of fine-tuning samples: split them in the job that reads their labels "
-                            "(sortpack run), which counts each piece's targets")
-    raise SortpackError(f"--oversize {oversize}: fine-tuning samples are not cut yet (the loss targets of a "
-                        "truncated sample are not counted); use --oversize split, skip or error")
+    """Refuse cutting fine-tuning samples where their labels are not read: a piece's targets would not be counted."""
+    raise SortpackError(f"--oversize {oversize} of fine-tuning samples: cut them in the job that reads their labels "
+                        "(sortpack run), which counts the targets of what it keeps")
 
 
 def check_options(comm: Comm, *checks: Callable[[], object] | None) -> None:

@@ -153,6 +153,8 @@ def _microbatch_report(m: dict, ns: np.ndarray, ps: np.ndarray, tok: np.ndarray,
         # tokens (size units) too: older plans did not record them (None there when samples were lost)
         "skipped_tokens": m["stats"].get("skipped_tokens", 0 if not m["stats"].get("skipped") else None),
         "truncated_tokens": m["stats"].get("truncated_tokens", 0 if not m["stats"].get("truncated") else None),
+        # fine-tuning data: the loss targets truncation cut away (recorded only for such plans)
+        **({"truncated_targets": m["stats"]["truncated_targets"]} if "truncated_targets" in m["stats"] else {}),
         "split": m["stats"].get("split", 0),
         "split_pieces": m["stats"].get("split_pieces", 0),
         "split_tokens": m["stats"].get("split_tokens", 0),

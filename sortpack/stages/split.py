@@ -278,7 +278,8 @@ def split_oversize(comm: Comm, samples: SampleColumns, opts, measured: dict | No
 
 
 class TargetPieces:
-    """The loss targets of each piece of fine-tuning samples under ``run --oversize split``, counted exactly.
+    """The loss targets of each piece of fine-tuning samples under ``run --oversize split`` (or of the part
+    ``--oversize truncate`` keeps), counted exactly.
 
     A piece is a document of its own: its first position has no target, and a piece of prompt
     only trains nothing. The labels are in memory only while analyze reads them, so ``analyze``
@@ -330,3 +331,15 @@ class TargetPieces:
         exact = samples.measures["targets"].copy()
         exact[found] = targets[at[found]]
         return replace(samples, measures={**samples.measures, "targets": exact})
+
+    def truncated(self, samples: SampleColumns) -> tuple[SampleColumns, int]:
+        """Return ``samples`` (as analyze measured them) with each oversize sample's targets those of its first
+        ``cap`` tokens (``--oversize truncate`` keeps them), and the targets cut away on this rank."""
+        if not self.parts or "targets" not in samples.measures:
+            return samples, 0
+        pos, begin, targets = (np.concatenate(x) for x in zip(*self.parts))
+        first = begin == 0
+        kept = samples.measures["targets"].copy()
+        lost = exact_sum(kept[pos[first]] - targets[first])
+        kept[pos[first]] = targets[first]
+        return replace(samples, measures={**samples.measures, "targets": kept}), lost

@@ -91,17 +91,36 @@ def test_split_pieces_keep_their_labels_and_count_their_own_targets(chats, tmp_p
     assert int(ix["targets"].sum()) == m["stats"]["targets"] and torch is not None
 
 
-def test_cutting_fine_tuning_samples_outside_run_is_refused(chats, tmp_path):
-    proc = _run(chats, tmp_path / "p", "--max-tokens", "40", "--oversize", "truncate", check=False)
-    assert proc.returncode == 2 and "--oversize truncate: fine-tuning samples are not cut yet" in proc.stderr
-    assert not (tmp_path / "p").exists()
+def test_truncation_counts_the_targets_it_keeps_and_reports_those_it_cut(chats, tmp_path):
+    pytest.importorskip("torch")
+    from sortpack.reader import SourceDataset
+    from sortpack.torch import PackedBatchSampler, pad_collate
+
+    out = tmp_path / "plan"
+    _run(chats, out, "--max-tokens", "48", "--budget", "tokens", "--oversize", "truncate", "--store-tokens",
+         "--keep-empty")
+    m = read_manifest(out)
+    ix = PackedIndex(out)
+    ds = SourceDataset(out)
+    for mb in PackedBatchSampler(ix, rank=0, world_size=1):
+        batch = pad_collate(key="input_ids")(ds.__getitems__(mb))
+        assert int((batch["labels"] != -100).sum()) == mb.targets
+    assert m["stats"]["truncated"] > 10
+    assert m["stats"]["truncated_targets"] == int(chats[3].sum()) - m["stats"]["targets"] > 0
+    report = json.loads(run_sortpack(["inspect", out, "--json"]).stdout)
+    assert report["truncated_targets"] == m["stats"]["truncated_targets"]
+
+
+@pytest.mark.parametrize("oversize", ["split", "truncate"])
+def test_cutting_fine_tuning_samples_outside_run_is_refused(chats, tmp_path, oversize):
     base, tokenizer, config, _ = chats
     run_sortpack(["analyze", base / "chats.jsonl", "-o", tmp_path / "m", "--chat-template", config, "--tokenizer",
                   tokenizer, "--quiet"])
     run_sortpack(["sort", tmp_path / "m", "-o", tmp_path / "s", "--quiet"])
-    proc = run_sortpack(["pack", tmp_path / "s", "-o", tmp_path / "i", "--max-tokens", "40", "--oversize", "split"],
+    proc = run_sortpack(["pack", tmp_path / "s", "-o", tmp_path / "i", "--max-tokens", "40", "--oversize", oversize],
                         check=False)
-    assert proc.returncode == 2 and "split them in the job that reads their labels" in proc.stderr
+    assert proc.returncode == 2 and "cut them in the job that reads their labels" in proc.stderr
+    assert not (tmp_path / "i").exists()
 
 
 def test_a_labels_column_is_cut_with_its_ids(tmp_path):
