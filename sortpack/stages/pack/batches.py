@@ -37,9 +37,6 @@ class Packed:
     shapes: tuple[int, ...] = ()  # the padded lengths used: --shapes, or those --shapes auto:K chose
     sizes: np.ndarray | None = None  # each packed sample's size as packed (truncated ones at their cut)
     measures: dict[str, np.ndarray] = field(default_factory=dict)  # the samples' measures, in packed order
-    # each micro-batch's packing unit, numbered globally (a row window, a greedy piece): units never
-    # straddle ranks, so micro-batches may be reordered inside one (``balance``)
-    units: np.ndarray | None = None
 
 
 def key_values(samples: SampleColumns, key: str) -> np.ndarray:

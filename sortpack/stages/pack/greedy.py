@@ -111,9 +111,4 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
                     shapes=tuple(opts.shapes), sizes=sizes, measures=samples.measures)
     if samples.begin is not None:
         packed.begin, packed.end = samples.begin, samples.begin + samples.size
-    # each micro-batch's piece, numbered over all ranks (pieces follow global positions: the same at any P)
-    first_piece = comm.exscan(len(starts))
-    real = batches.offsets[:-1]
-    packed.units = first_piece + np.searchsorted(starts, real, side="right") - 1 if len(starts) else \
-        np.zeros(len(real), np.int64)
     return packed

@@ -8,7 +8,7 @@ import numpy as np
 from ...distribute import global_start
 from ...parallel import Comm
 from ..samples import SampleColumns
-from .balance import cost_key, reorder, two_cap_key, unit_order
+from .balance import cost_key, global_order, two_cap_key
 from .batches import Packed, segment_reduce
 from .filters import drop_empty
 from .greedy import balanced_caps, pack_greedy
@@ -56,14 +56,12 @@ def attention_work(packed: Packed, opts: PackOptions) -> np.ndarray:
     return segment_reduce(np.add, sizes * sizes, mb.offsets).astype(np.int64)
 
 
-def balanced(packed: Packed, opts: PackOptions, two_caps: bool) -> Packed:
+def balanced(comm: Comm, packed: Packed, opts: PackOptions, two_caps: bool) -> Packed:
     """Return ``packed`` with its micro-batches in balanced order (``stages.pack.balance``), or as packed.
 
     ``--balance NAME`` orders them by the cost it names; two caps under ``--budget tokens``
-    (``two_caps``) by both fills; otherwise nothing moves.
+    (``two_caps``) by both fills; otherwise nothing moves. Collective.
     """
-    if packed.units is None or not len(packed.units):
-        return packed
     if opts.balance != "none":
         key = cost_key(packed, opts.balance, opts.cost_coeff)
     elif two_caps:
@@ -71,7 +69,7 @@ def balanced(packed: Packed, opts: PackOptions, two_caps: bool) -> Packed:
         key = two_cap_key(packed.batches.tokens, size2, opts.limit, opts.max_size2)
     else:
         return packed
-    return reorder(packed, unit_order(packed.units, key))
+    return global_order(comm, packed, key)
 
 
 def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str = "size",
@@ -89,7 +87,7 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
     opts.validate()
     samples, empty = drop_empty(comm, samples, opts)
     packed = pack_rows(comm, samples, opts, key) if opts.rows else pack_greedy(comm, samples, opts, key)
-    packed = balanced(packed, opts, two_caps=balanced_caps(opts, samples))
+    packed = balanced(comm, packed, opts, two_caps=balanced_caps(opts, samples))
     mb = packed.batches
     n = len(packed.sample_ids)
     offsets = mb.offsets

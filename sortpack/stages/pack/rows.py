@@ -29,7 +29,6 @@ class Windows:
     ends: np.ndarray  # and where it ends
     begin: np.ndarray | None = None  # --oversize split: each sample's range start in its source sample
     measures: dict[str, np.ndarray] = field(default_factory=dict)  # the samples' measures, in window order
-    window: np.ndarray | None = None  # the global window of each sample
 
 
 def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: PackOptions) -> Windows:
@@ -63,8 +62,7 @@ def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: 
     starts = np.flatnonzero(np.concatenate(([True], w[1:] != w[:-1]))) if len(w) else np.zeros(0, np.int64)
     ends = np.concatenate((starts[1:], [len(w)])) if len(w) else np.zeros(0, np.int64)
     measures = {k[len(_MEASURE):]: v for k, v in cols.items() if k.startswith(_MEASURE)}
-    return Windows(cols["id"], cols["size"], cols["key"], cols["stage"], starts, ends, cols.get("begin"), measures,
-                   cols["window"])
+    return Windows(cols["id"], cols["size"], cols["key"], cols["stage"], starts, ends, cols.get("begin"), measures)
 
 
 _MEASURE = "measure:"  # a measure's column while it travels: its name cannot meet the window's own
@@ -128,6 +126,4 @@ def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -
     if win.begin is not None:
         packed.begin = win.begin[perm]
         packed.end = packed.begin + ordered
-    assert win.window is not None
-    packed.units = win.window[perm][offsets[:-1]] if len(perm) else np.zeros(0, np.int64)
     return packed
