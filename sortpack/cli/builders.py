@@ -44,7 +44,8 @@ def make_pack(kw: dict) -> PackOptions:
                        segment_size=kw["segment_size"] or SEGMENT_SIZE, rows=kw["rows"],
                        rows_per_microbatch=kw["rows_per_microbatch"], max_segments=kw["max_segments"],
                        auto_shapes=kw["shapes"][1], static_shapes=kw["static_shapes"],
-                       keep_empty=kw["keep_empty"])
+                       keep_empty=kw["keep_empty"], max_size2=kw["max_size2"], balance=kw["balance"],
+                       cost_coeff=kw["cost_coeff"])
 
 
 def make_store(kw: dict) -> StoreOptions:

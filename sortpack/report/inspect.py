@@ -104,6 +104,10 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         from ..format.data_shards import describe_data
 
         report["data"] = describe_data(m["data"])
+    schema = m.get("schema") or {}
+    if m["options"].get("max_size2") and "size2" in schema:
+        attention = _column(directory, m, "attention").astype(np.int64) if "attention" in schema else None
+        report["cap_fills"] = cap_fills(m, tok, bs, ps, attention, _column(directory, m, "size2").astype(np.int64))
     warnings = lr_warnings(ns, tok, world_size or 1, grad_accum)
     if warnings:
         report["warnings"] = warnings
@@ -113,12 +117,14 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         ratio = np.where(mean > 0, costs.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
         report.update({"world_size": world_size, "grad_accum": grad_accum, "steps": int(costs.shape[0]),
                        "step_imbalance": float(ratio.max()), "step_imbalance_mean": float(ratio.mean())})
-        schema = m.get("schema") or {}
         attention = _column(directory, m, "attention").astype(np.int64) if "attention" in schema else None
         compute = compute_cost(m, tok, bs, ps, attention, cost_coeff)
         if compute is not None:
             report["cost_coeff"] = _num(cost_coeff)
             report["compute_imbalance"] = imbalance(step_costs(compute, world_size, grad_accum))
+        if "size2" in schema:
+            size2 = _column(directory, m, "size2").astype(np.float64)
+            report["size2_imbalance"] = imbalance(step_costs(size2, world_size, grad_accum))
         if "targets" in schema:  # fine-tuning data: what trains per rank and step (the loss's share of work)
             targets = _column(directory, m, "targets").astype(np.int64)
             report["targets_imbalance"] = imbalance(step_costs(targets, world_size, grad_accum))
@@ -162,6 +168,26 @@ def _microbatch_report(m: dict, ns: np.ndarray, ps: np.ndarray, tok: np.ndarray,
         # the per-micro-batch sums' totals, where the plan records them (attention, size2, targets)
         **{k: m["stats"][k] for k in ("attention", "size2", "targets") if k in m["stats"]},
     }
+
+
+def cap_fills(m: dict, tok: np.ndarray, bs: np.ndarray, ps: np.ndarray, attention: np.ndarray | None,
+              size2: np.ndarray) -> dict:
+    """Return the mean fill of each cap of a two-cap plan (``--max-size2``) and of the binding one.
+
+    The first cap's use is the micro-batch's cost under its budget (padded tokens, tokens, or
+    tokens plus attention / Q under quadratic); the second's is its ``size2`` over ``--max-size2``;
+    a micro-batch's binding fill is the larger of the two.
+    """
+    opts = m["options"]
+    limit = float(opts["max_tokens"])
+    used = (bs * ps if padded_plan(opts) else tok).astype(np.float64)
+    if opts.get("budget") == "quadratic" and attention is not None:
+        used = used + attention / float(opts.get("quadratic_scale") or 1.0)
+    f1 = used / limit
+    f2 = size2.astype(np.float64) / float(opts["max_size2"])
+    if not len(f1):
+        return {"max_tokens": 0.0, "max_size2": 0.0, "binding": 0.0}
+    return {"max_tokens": float(f1.mean()), "max_size2": float(f2.mean()), "binding": float(np.maximum(f1, f2).mean())}
 
 
 def _holdout_report(m: dict) -> dict:

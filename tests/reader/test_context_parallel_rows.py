@@ -6,12 +6,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from reader_fixtures import pipeline_index  # noqa: E402
-
 from sortpack.errors import SortpackError  # noqa: E402
 from sortpack.reader import PackedIndex  # noqa: E402
 from sortpack.stages.pack import PackOptions  # noqa: E402
 from sortpack.torch import PackedBatchSampler, PackedDataset, varlen_collate  # noqa: E402
+
+from reader_fixtures import pipeline_index  # noqa: E402
 
 ROW = 8192
 K = 8  # CP = 4: every document a multiple of 2 x CP

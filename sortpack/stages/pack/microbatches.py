@@ -8,9 +8,10 @@ import numpy as np
 from ...distribute import global_start
 from ...parallel import Comm
 from ..samples import SampleColumns
+from .balance import cost_key, global_order, two_cap_key
 from .batches import Packed, segment_reduce
 from .filters import drop_empty
-from .greedy import pack_greedy
+from .greedy import balanced_caps, pack_greedy
 from .options import PackOptions
 from .rows import pack_rows
 from .stats import microbatch_stats
@@ -55,6 +56,22 @@ def attention_work(packed: Packed, opts: PackOptions) -> np.ndarray:
     return segment_reduce(np.add, sizes * sizes, mb.offsets).astype(np.int64)
 
 
+def balanced(comm: Comm, packed: Packed, opts: PackOptions, two_caps: bool) -> Packed:
+    """Return ``packed`` with its micro-batches in balanced order (``stages.pack.balance``), or as packed.
+
+    ``--balance NAME`` orders them by the cost it names; two caps under ``--budget tokens``
+    (``two_caps``) by both fills; otherwise nothing moves. Collective.
+    """
+    if opts.balance != "none":
+        key = cost_key(packed, opts.balance, opts.cost_coeff)
+    elif two_caps:
+        size2 = segment_reduce(np.add, packed.measures["size2"], packed.batches.offsets)
+        key = two_cap_key(packed.batches.tokens, size2, opts.limit, opts.max_size2)
+    else:
+        return packed
+    return global_order(comm, packed, key)
+
+
 def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str = "size",
                  split: dict | None = None) -> Microbatches:
     """Return this rank's micro-batches of globally sorted samples.
@@ -70,6 +87,7 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
     opts.validate()
     samples, empty = drop_empty(comm, samples, opts)
     packed = pack_rows(comm, samples, opts, key) if opts.rows else pack_greedy(comm, samples, opts, key)
+    packed = balanced(comm, packed, opts, two_caps=balanced_caps(opts, samples))
     mb = packed.batches
     n = len(packed.sample_ids)
     offsets = mb.offsets

@@ -14,6 +14,7 @@ from ..samples import SampleColumns
 from .batches import BatchArrays, Packed, key_values, segment_reduce
 from .filters import apply_oversize
 from .options import PackOptions
+from .two_caps import two_cap_order
 
 
 @dataclass
@@ -67,12 +68,29 @@ def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: 
 _MEASURE = "measure:"  # a measure's column while it travels: its name cannot meet the window's own
 
 
+def window_rows(room: np.ndarray, size2: np.ndarray | None, opts: PackOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Return (order, row_splits) of one window's samples packed into rows.
+
+    Best-fit-decreasing; under two caps (``--max-size2``: each row's sum of ``size2`` at most N
+    too) the window's samples in ``two_cap_order`` are cut into rows by the two-cap greedy, so
+    each row holds both kinds of sample in the window's proportion.
+    """
+    if size2 is None:
+        return kernels.pack_rows(room, opts.rows, opts.max_segments)
+    n = len(room)
+    order = two_cap_order(room, size2, opts.rows, opts.max_size2, np.zeros(1, np.int64), np.array([n]))
+    splits = kernels.greedy_pack(room[order], opts.rows, "tokens", opts.max_segments, sizes2=size2[order],
+                                 max2=opts.max_size2)
+    return order, splits
+
+
 def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:
     """Return this rank's row-packed micro-batches of globally sorted samples, after the ``--oversize`` policy.
 
     Each window is packed best-fit-decreasing; every ``rows_per_microbatch`` consecutive
     rows of a window make one micro-batch. With ``--pad-to-multiple K`` each document counts
-    at its length rounded up to K (``tokens`` and ``max_size`` stay the real sizes).
+    at its length rounded up to K (``tokens`` and ``max_size`` stay the real sizes); with
+    ``--max-size2 N`` no row holds more than N of the second size (``window_rows``).
     """
     samples, info = apply_oversize(comm, samples, opts)
     win = deal_to_windows(comm, samples, key_values(samples, key), opts)
@@ -85,8 +103,9 @@ def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -
     splits, mb_rows = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
     rows_done = 0
     prog = Progress("pack", len(sizes), "rows")
+    size2 = win.measures.get("size2") if opts.max_size2 else None
     for a, b in zip(win.starts, win.ends):
-        order, row_splits = kernels.pack_rows(room[a:b], opts.rows, opts.max_segments)
+        order, row_splits = window_rows(room[a:b], None if size2 is None else size2[a:b], opts)
         prog.update(b - a)
         perms.append(order + a)
         splits.append(row_splits[1:] + a)
