@@ -118,9 +118,10 @@ def pack_options(required: bool):
             click.option("--max-size2", type=int, default=0, metavar="N",
                          help="Cap a micro-batch's (and with --rows a row's) sum of --size2 at N too "
                               "(a sample over N alone follows --oversize error|skip)."),
-            click.option("--balance", default="none", show_default=True, metavar="none|compute",
+            click.option("--balance", default="none", show_default=True, metavar="none|compute|targets",
                          help="Order micro-batches so that consecutive ones cost alike, so any W x A deal of "
-                              "a step is balanced: compute balances C*s + s^2 per document (docs/step-costs.md)."),
+                              "a step is balanced: compute balances C*s + s^2 per document (docs/step-costs.md), "
+                              "targets the loss targets of fine-tuning data (docs/fine-tuning.md)."),
             click.option("--cost-coeff", type=float, default=6144.0, show_default=True, metavar="C",
                          help="With --balance compute: C of the cost C*s + s^2 (C ~ 6 * d_model)."),
             click.option("--segment-size", type=int, default=None, hidden=True,

@@ -12,7 +12,7 @@ from sortpack.inputs.finetune import encode_chats, load_chat_template
 from sortpack.inputs.specs import load_tokenizer
 from sortpack.reader import PackedIndex, PackedSampler
 
-from support import conversations, make_chat_tokenizer, read_manifest, run_sortpack
+from support import assert_same_at_ranks, conversations, make_chat_tokenizer, read_manifest, run_sortpack
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +144,35 @@ def test_a_labels_column_is_cut_with_its_ids(tmp_path):
     for mb in PackedBatchSampler(ix, rank=0, world_size=1):
         batch = pad_collate(key="input_ids")(ds.__getitems__(mb))
         assert int((batch["labels"] != -100).sum()) == mb.targets
+
+
+@pytest.mark.slow
+def test_balance_targets_evens_what_trains_in_every_step_at_64_ranks(tmp_path):
+    """Chats whose prompts and answers vary apart: rows of 1024 tokens hold 1-3 of them, so the rows' targets vary."""
+    from benchmarks.bench_sft import make_chats, make_tokenizer
+
+    tokenizer, config = make_tokenizer(tmp_path / "tok")
+    chats = make_chats(tmp_path / "chats", 20_000, seed=1, files=2)
+    reports = {}
+    for balance in ("none", "targets"):
+        out = tmp_path / balance
+        run_sortpack(["run", *chats, "-o", out, "--chat-template", config, "--tokenizer", tokenizer, "--rows", "1024",
+                      "--oversize", "skip", "--balance", balance, "--quiet"], timeout=600)
+        reports[balance] = json.loads(run_sortpack(["inspect", out, "--json", "--world-size", "64"]).stdout)
+    default, balanced = reports["none"]["targets_imbalance"], reports["targets"]["targets_imbalance"]
+    assert default["max"] >= 2.0 and default["weighted"] >= 1.3
+    # any 64 consecutive rows carry nearly the same targets: the steps' sum of maxima is within 10% of their mean's
+    assert balanced["weighted"] <= 1.10 and balanced["p50"] <= 1.05
+    # the same rows, in another order: padding and fill unchanged
+    assert reports["targets"]["fill"] == reports["none"]["fill"]
+    assert reports["targets"]["targets"] == reports["none"]["targets"]
+
+
+def test_balance_targets_needs_targets_and_is_the_same_at_any_rank_count(chats, tmp_path):
+    base, tokenizer, config, _ = chats
+    assert_same_at_ranks(["run", base / "chats.jsonl", "--chat-template", config, "--tokenizer", tokenizer, "--rows",
+                          "256", "--balance", "targets", "--quiet"], tmp_path, ranks=(1, 2))
+    (tmp_path / "t.txt").write_text("a\nbb\n")
+    proc = run_sortpack(["run", tmp_path / "t.txt", "-o", tmp_path / "p", "--input-format", "csv", "--rows", "8",
+                         "--balance", "targets"], check=False)
+    assert proc.returncode == 2 and "--balance targets balances the loss targets of fine-tuning data" in proc.stderr
