@@ -75,10 +75,6 @@ class SampleColumns:
         return SampleColumns(start, total, self.sample_id[keep], size, difficulty, stage, self.files,
                              self.empty_size, begin, {k: v[keep] for k, v in self.measures.items()})
 
-    def take(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Return the measures of local rows ``rows`` (an index array or a mask), by name."""
-        return {k: v[rows] for k, v in self.measures.items()}
-
     @classmethod
     def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict],
                      empty_size: int = 0) -> SampleColumns:

@@ -111,3 +111,12 @@ def test_a_balanced_plan_is_the_same_at_any_rank_count(tmp_path):
                                  "--balance", "compute"], tmp_path, timeout=300)
     report = json.loads(run_sortpack(["inspect", outs[0], "--world-size", "8", "--json"]).stdout)
     assert report["compute_imbalance"]["weighted"] <= 1.01
+
+
+def test_a_mixture_refuses_balance(tmp_path):
+    for name in ("web", "code"):
+        (tmp_path / name).mkdir()
+        write(tmp_path / name / "part.parquet", 200)
+    proc = run_sortpack(["run", "--blend", f"1 {tmp_path / 'web'} 1 {tmp_path / 'code'}", "--size", "column:n",
+                         "--max-tokens", "65536", "--balance", "compute", "-o", tmp_path / "p"], check=False)
+    assert proc.returncode == 2 and "does not apply to a mixture" in proc.stderr
