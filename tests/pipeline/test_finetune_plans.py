@@ -176,3 +176,12 @@ def test_balance_targets_needs_targets_and_is_the_same_at_any_rank_count(chats, 
     proc = run_sortpack(["run", tmp_path / "t.txt", "-o", tmp_path / "p", "--input-format", "csv", "--rows", "8",
                          "--balance", "targets"], check=False)
     assert proc.returncode == 2 and "--balance targets balances the loss targets of fine-tuning data" in proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_split_and_balanced_chat_plans_are_the_same_at_any_rank_count(chats, tmp_path):
+    base, tokenizer, config, _ = chats
+    assert_same_at_ranks(["run", base / "chats.jsonl", "--chat-template", config, "--tokenizer", tokenizer,
+                          "--max-tokens", "64", "--budget", "tokens", "--oversize", "split", "--balance", "targets",
+                          "--store-tokens", "--quiet"], tmp_path, env={"SORTPACK_TEST_DATA_ROWS": "64"})
