@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import click
 
-from ..errors import SortpackError
 from .builders import make_analyze, make_holdout, make_mixture, make_pack, make_sort, make_store
 from .group import cli
 from .job import job_command
@@ -46,9 +45,6 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
     if mix is not None:
         from ..pipeline.mixture import run_mixture
 
-        if make_analyze(kw).fine_tune() is not None:
-            raise SortpackError("--labels-column, --prompt-column, --completion-column and --chat-template apply to "
-                                "INPUTS, not to a mixture", collective=True)
         return run_mixture(comm, mix, output, make_analyze(kw), make_sort(kw), make_pack(kw), overwrite, job,
                            progress=not quiet, store=store, holdout=holdout)
     return run_all(comm, list(inputs), output, make_analyze(kw), make_sort(kw), make_pack(kw), overwrite,

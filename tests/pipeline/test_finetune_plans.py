@@ -185,3 +185,22 @@ def test_split_and_balanced_chat_plans_are_the_same_at_any_rank_count(chats, tmp
     assert_same_at_ranks(["run", base / "chats.jsonl", "--chat-template", config, "--tokenizer", tokenizer,
                           "--max-tokens", "64", "--budget", "tokens", "--oversize", "split", "--balance", "targets",
                           "--store-tokens", "--quiet"], tmp_path, env={"SORTPACK_TEST_DATA_ROWS": "64"})
+
+
+def test_a_mixture_of_chat_sources_keeps_labels_and_targets(chats, tmp_path):
+    pytest.importorskip("torch")
+    from sortpack.reader import SourceDataset
+    from sortpack.torch import PackedBatchSampler, varlen_collate
+
+    base, tokenizer, config, targets = chats
+    lines = (base / "chats.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "a.jsonl").write_text("".join(lines[:80]))
+    (tmp_path / "b.jsonl").write_text("".join(lines[80:]))
+    out = tmp_path / "mix"
+    run_sortpack(["run", "--blend", f"60 {tmp_path / 'a.jsonl'} 40 {tmp_path / 'b.jsonl'}", "-o", out,
+                  "--chat-template", config, "--tokenizer", tokenizer, "--rows", "512", "--store-tokens", "--quiet"])
+    ix = PackedIndex(out)
+    ds = SourceDataset(out)
+    for mb in PackedBatchSampler(ix, rank=0, world_size=1, order="index"):
+        batch = varlen_collate(key="input_ids")(ds.__getitems__(mb))
+        assert int((batch["labels"] != -100).sum()) == mb.targets == int(targets[list(mb)].sum())
