@@ -96,8 +96,11 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
     if m.get("mixture"):
         from .mixture import mixture_report
 
-        report["mixture"] = mixture_report(m, {"tokens": tok, "source": _column(directory, m, "source"),
-                                               "num_samples": ns, "batch_size": bs, "padded_size": ps})
+        mix_cols = {"tokens": tok, "source": _column(directory, m, "source"), "num_samples": ns, "batch_size": bs,
+                    "padded_size": ps}
+        if "targets" in (m.get("schema") or {}):  # fine-tuning data: each source's loss targets too
+            mix_cols["targets"] = _column(directory, m, "targets").astype(np.int64)
+        report["mixture"] = mixture_report(m, mix_cols)
     if m.get("holdout") or m.get("held_out"):
         report.update(_holdout_report(m))
     if m.get("data"):

@@ -204,3 +204,7 @@ def test_a_mixture_of_chat_sources_keeps_labels_and_targets(chats, tmp_path):
     for mb in PackedBatchSampler(ix, rank=0, world_size=1, order="index"):
         batch = varlen_collate(key="input_ids")(ds.__getitems__(mb))
         assert int((batch["labels"] != -100).sum()) == mb.targets == int(targets[list(mb)].sum())
+    per_source = [s["targets"] for s in read_manifest(out)["mixture"]["sources"]]
+    report = json.loads(run_sortpack(["inspect", out, "--json"]).stdout)
+    assert [s["targets"] for s in report["mixture"]["sources"]] == per_source
+    assert sum(per_source) == report["targets"] == int(ix["targets"].sum())
