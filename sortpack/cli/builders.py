@@ -53,7 +53,8 @@ def make_store(kw: dict) -> StoreOptions:
     from ..write.store import StoreOptions, parse_memory, parse_store
 
     return StoreOptions(columns=parse_store(kw.pop("store_columns")), tokens=kw.pop("store_tokens"),
-                        memory_limit=parse_memory(kw.pop("memory_limit")), tokenizer=kw.pop("store_tokenizer", None))
+                        memory_limit=parse_memory(kw.pop("memory_limit")), tokenizer=kw.pop("store_tokenizer", None),
+                        chat_template=kw.pop("store_chat_template", None))
 
 
 def make_holdout(kw: dict, mixture: bool = False) -> HoldoutRequest | None:

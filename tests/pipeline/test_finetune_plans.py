@@ -208,3 +208,19 @@ def test_a_mixture_of_chat_sources_keeps_labels_and_targets(chats, tmp_path):
     report = json.loads(run_sortpack(["inspect", out, "--json"]).stdout)
     assert [s["targets"] for s in report["mixture"]["sources"]] == per_source
     assert sum(per_source) == report["targets"] == int(ix["targets"].sum())
+
+
+def test_pack_stores_chats_as_run_does(chats, tmp_path):
+    base, tokenizer, config, _ = chats
+    run_sortpack(["analyze", base / "chats.jsonl", "-o", tmp_path / "m", "--chat-template", config, "--tokenizer",
+                  tokenizer, "--quiet"])
+    run_sortpack(["sort", tmp_path / "m", "-o", tmp_path / "s", "--quiet"])
+    proc = run_sortpack(["pack", tmp_path / "s", "-o", tmp_path / "p", "--rows", "512", "--store-tokens",
+                         "--tokenizer", tokenizer], check=False)
+    assert proc.returncode == 2 and "pack needs --chat-template" in proc.stderr and not (tmp_path / "p").exists()
+    run_sortpack(["pack", tmp_path / "s", "-o", tmp_path / "p", "--rows", "512", "--store-tokens", "--tokenizer",
+                  tokenizer, "--chat-template", config, "--quiet"])
+    _run(chats, tmp_path / "r", "--rows", "512", "--store-tokens", "--quiet")
+    assert read_manifest(tmp_path / "p")["content_hash"] == read_manifest(tmp_path / "r")["content_hash"]
+    data = sorted(p.name for p in (tmp_path / "p").iterdir() if p.name.startswith("data-"))
+    assert data and all((tmp_path / "p" / n).read_bytes() == (tmp_path / "r" / n).read_bytes() for n in data)

@@ -62,6 +62,7 @@ class StoreOptions:
     tokens: bool = False
     memory_limit: int | None = None
     tokenizer: str | None = None
+    chat_template: str | None = None  # pack --store-tokens of chats: the template they were rendered with
     extra: dict = field(default_factory=dict)
 
     @property
@@ -158,7 +159,7 @@ def token_ids_options(opts: StoreOptions, options: dict, popts: PackOptions,
 def _fine_tune_ids(opts: StoreOptions, options: dict, popts: PackOptions, tokenizer_path: str | None,
                    fine_tune: dict) -> TokenIds:
     """Return how ``--store-tokens`` gets the ids and labels of prompt/completion texts or chats."""
-    from ...inputs.finetune import FineTuneShape
+    from ...inputs.finetune import FineTuneShape, load_chat_template
     from ...inputs.specs import load_tokenizer
     from ...stages.pack import truncate_length
 
@@ -170,8 +171,18 @@ def _fine_tune_ids(opts: StoreOptions, options: dict, popts: PackOptions, tokeni
         raise SortpackError(f"--tokenizer {path}: the plan's sizes were counted with {recorded!r}")
     tokenizer = load_tokenizer(path, "--store-tokens")
     if fine_tune["shape"] == "chat":
-        # the ids come from analyze's cache (run); rendering the chats again would need the template
-        shape = FineTuneShape("chat", column=options.get("column") or "messages", tokenizer=tokenizer)
+        # run takes the ids from analyze's cache; pack renders the chats again with the same template
+        template = None
+        if tokenizer_path is None and not opts.chat_template:  # pack: no ids kept by analyze in this job
+            raise SortpackError("--store-tokens of chats: pack needs --chat-template (the template the chats were "
+                                "rendered with) to render them again")
+        if opts.chat_template:
+            if Path(opts.chat_template).name != fine_tune.get("chat_template"):
+                raise SortpackError(f"--chat-template {opts.chat_template}: the plan's chats were rendered with "
+                                    f"{fine_tune.get('chat_template')!r}")
+            template = load_chat_template(opts.chat_template)
+        shape = FineTuneShape("chat", column=options.get("column") or "messages", tokenizer=tokenizer,
+                              template=template, train_on=tuple(fine_tune.get("train_on") or ("assistant",)))
     else:
         shape = FineTuneShape("prompt_completion", prompt_column=fine_tune["prompt_column"],
                               completion_column=fine_tune["completion_column"], tokenizer=tokenizer)

@@ -158,9 +158,9 @@ class InputRows:
             first = self.first_row + self.row
             got = {name: self.cache.rows_of(first, first + expected, name) for name in names}
         elif self.tokens.shape is not None:
-            if self.tokens.shape.kind == "chat":
-                raise SortpackError("--store-tokens of chats: store them in the job that renders them "
-                                    "(sortpack run --chat-template ... --store-tokens)")
+            if self.tokens.shape.kind == "chat" and self.tokens.shape.template is None:
+                raise SortpackError("--store-tokens of chats: pack needs --chat-template (the template the chats "
+                                    "were rendered with)")
             encoded = self.tokens.shape.encode(table, where)
             got = {TOKENS_COLUMN: encoded.ids, LABELS_COLUMN: encoded.labels}
         else:
