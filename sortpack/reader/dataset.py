@@ -187,6 +187,9 @@ class SourceDataset:
             # the rows become Python objects only if something asks for them, and the Arrow slice
             # only if something needs it: the collate helpers read stored token ids from the shard
             assert self.index is not None
+            # checked now, where the fetch runs: a shard that changed is an error here, in a DataLoader
+            # worker's fetch too, not when the rows are built (pickled, in a thread that cannot raise)
+            stored.check_microbatch(i)
             samples = TableSamples(None, mb, self.transform, sample_ids=self.index.stored_ids(i),
                                    stored=(stored, i, self.columns))
         else:
