@@ -19,6 +19,7 @@ import ctypes
 import importlib.util
 import os
 import threading
+import time
 from typing import Any, NamedTuple
 
 from ..errors import SortpackError
@@ -26,6 +27,8 @@ from ..errors import SortpackError
 EXIT_CODE = 135  # 128 + SIGBUS, as the process would have died with: the line says why
 _EXTENSION = __name__.rpartition(".")[0] + "._busguard"
 _ABI = 1
+# a shard checked this recently is not checked again: the reads of one micro-batch share one stat
+RECHECK_NS = 1_000_000
 
 
 class Identity(NamedTuple):
@@ -66,6 +69,44 @@ def check_unchanged(path: str, known: Identity) -> None:
         what = "modified in place"
     raise SortpackError(f"{path}: {what} while a reader had it open (the plan changed under the reader; nothing "
                         "was read from the changed file; open the plan again once it is whole)")
+
+
+class ShardWatch:
+    """The shards of one directory as a reader mapped them, checked unchanged before each read.
+
+    ``opening(k)`` returns shard ``k``'s identity before it is hashed and mapped, ``mapped(k,
+    known)`` records it once mapped; ``fresh(k)`` checks it (one ``stat``), at most once per
+    ``RECHECK_NS`` per shard: the reads of one micro-batch (its ids, its rows, its tokens)
+    share one check, and a training loop, whose micro-batches come a step apart, checks every
+    read.
+    """
+
+    def __init__(self, directory, paths: list[str]):
+        self.directory = directory
+        self.paths = paths
+        self.known: list[Identity | None] = [None] * len(paths)
+        self.checked = [0] * len(paths)  # monotonic ns of each shard's last check
+
+    def opening(self, k: int) -> Identity:
+        """Return shard ``k``'s identity now, before it is read and mapped."""
+        return identity(self.paths[k])
+
+    def mapped(self, k: int, known: Identity) -> None:
+        """Record shard ``k`` as mapped: it must still be ``known`` (hashing and mapping saw one file)."""
+        check_unchanged(self.paths[k], known)
+        guard(self.directory)
+        self.known[k] = known
+        self.checked[k] = time.monotonic_ns()
+
+    def fresh(self, k: int) -> None:
+        """Raise ``SortpackError`` naming shard ``k`` if it changed since it was mapped (a no-op before it is)."""
+        now = time.monotonic_ns()
+        if now - self.checked[k] < RECHECK_NS:
+            return
+        known = self.known[k]
+        if known is not None:
+            check_unchanged(self.paths[k], known)
+            self.checked[k] = now
 
 
 # --- the SIGBUS guard ---------------------------------------------------------------------------

@@ -182,7 +182,7 @@ class SourceDataset:
         stored = self.stored
         assert stored is not None
         mb = ids if isinstance(ids, MicroBatch) else None
-        i = self._whole_microbatch(mb) if mb is not None else -1
+        i, known = self._whole_microbatch(mb) if mb is not None else (-1, None)
         if i >= 0:
             # the rows become Python objects only if something asks for them, and the Arrow slice
             # only if something needs it: the collate helpers read stored token ids from the shard
@@ -190,7 +190,7 @@ class SourceDataset:
             # checked now, where the fetch runs: a shard that changed is an error here, in a DataLoader
             # worker's fetch too, not when the rows are built (pickled, in a thread that cannot raise)
             stored.check_microbatch(i)
-            samples = TableSamples(None, mb, self.transform, sample_ids=self.index.stored_ids(i),
+            samples = TableSamples(None, mb, self.transform, sample_ids=known,
                                    stored=(stored, i, self.columns))
         else:
             table = stored.take(np.asarray(list(ids), dtype=np.int64))
@@ -201,19 +201,19 @@ class SourceDataset:
         samples.token_ranges = self._token_ranges(self._ranges(ids))
         return samples
 
-    def _whole_microbatch(self, mb: MicroBatch) -> int:
-        """Return ``mb.microbatch`` if ``mb`` holds its micro-batch's ids unchanged (one contiguous slice), else -1.
+    def _whole_microbatch(self, mb: MicroBatch) -> tuple[int, np.ndarray | None]:
+        """Return ``(mb.microbatch, its stored ids)`` if ``mb`` holds its micro-batch's ids unchanged, else (-1, None).
 
-        The ids are compared as Python ints, no array built; a micro-batch that lost skipped
-        samples is not whole.
+        A whole micro-batch is one contiguous slice of the stored data. The ids are compared as
+        Python ints, no array built; a micro-batch that lost skipped samples is not whole.
         """
         index = self.index
         assert index is not None
         i = mb.microbatch
         if not 0 <= i < index.num_microbatches:
-            return -1
+            return -1, None
         known = index.stored_ids(i)
-        return i if len(known) == len(mb) and known.tolist() == mb else -1
+        return (i, known) if len(known) == len(mb) and known.tolist() == mb else (-1, None)
 
     def _ranges(self, ids) -> tuple[np.ndarray, np.ndarray] | None:
         """Return ``(begin, end)`` of a sampler's micro-batch's samples in a split plan (None: whole samples)."""

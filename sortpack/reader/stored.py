@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from ..errors import SortpackError
 from ..format.integrity import check_sha256, member_path
-from ..format.mapped import Identity, check_unchanged, guard, identity
+from ..format.mapped import ShardWatch
 from ..format.shards import open_shard
 from ..kernels.tokens import TokenView
 from .tokens import list_token_view
@@ -50,8 +50,7 @@ class StoredData:
                 found = "missing" if size is None else f"{size} bytes"
                 raise SortpackError(f"{shard}: {found}, the manifest says {entry['bytes']} bytes")
         self._shards: list = [None] * len(self._entries)
-        self._paths = [str(member_path(self.path, e["file"])) for e in self._entries]
-        self._identities: list[Identity | None] = [None] * len(self._entries)  # each shard as mapped
+        self._watch = ShardWatch(self.path, [str(member_path(self.path, e["file"])) for e in self._entries])
         counts = index["num_samples"].astype(np.int64)
         self.row_start = np.concatenate(([0], np.cumsum(counts)))
         if int(self.row_start[-1]) != self.num_rows:
@@ -70,17 +69,13 @@ class StoredData:
         batch = self._shards[k]
         if batch is None:
             self.index.check_manifest()  # a shard mapped now must belong to the plan opened
-            known = identity(self._paths[k])
+            known = self._watch.opening(k)
             # structure only (offsets in bounds, rows, schema): O(rows), no read of the values
             batch = open_shard(self.path, self._entries[k], self._schema, self.columns)
-            check_unchanged(self._paths[k], known)
-            guard(self.path)
-            self._identities[k] = known
+            self._watch.mapped(k, known)
             self._shards[k] = batch
         else:  # its mapped memory is read next: a file that shrank would be a bus error, not an error
-            was = self._identities[k]
-            assert was is not None
-            check_unchanged(self._paths[k], was)
+            self._watch.fresh(k)
         return batch
 
     def check_microbatch(self, i: int) -> None:

@@ -51,7 +51,7 @@ def _copy(plan, tmp_path):
 def _run(script: str, plan, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run ``script`` (PLAN bound to the plan's path; SortpackError exits CAUGHT, printing its message)."""
     code = textwrap.dedent("""
-        import os, sys
+        import os, sys, time
         from sortpack.errors import SortpackError
         PLAN = sys.argv[1]
         def data_shard(ds, i):
@@ -133,6 +133,7 @@ sampler = PackedSampler(PLAN, rank=0, world_size=1)
 loader = PlanLoader(ds, sampler, pad_collate(key="input_ids"), prefetch=1)
 first = next(iter(loader))  # every shard of micro-batch 0 is mapped now
 os.truncate({target}, 0)
+time.sleep(0.01)  # a read within 1 ms of the shard's last check is not checked again (the guard's case)
 for epoch in range(2):
     loader.set_epoch(epoch)
     for batch in loader:
@@ -145,6 +146,7 @@ ds = SourceDataset(PLAN)
 mb = next(iter(PackedSampler(PLAN, rank=0, world_size=1)))
 ds.__getitems__(mb).table.to_pylist()  # its shards are mapped now
 os.truncate({target}, 0)
+time.sleep(0.01)
 ds.__getitems__(mb).table.to_pylist()
 """
 
