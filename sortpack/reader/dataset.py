@@ -19,6 +19,7 @@ from ..inputs.source_file import SourceFile
 from .index import PackedIndex
 from .lazy_rows import TableSamples
 from .microbatch import MicroBatch, Samples
+from .tokens import TokenCache
 
 
 class InputFile(NamedTuple):
@@ -69,6 +70,8 @@ class SourceDataset:
         self.files = _source_files(self.index if self.index is not None else source, split)
         # a mixture source's own column comes under the plan's column name, as stored data has it
         self._renames = _renames(self.index if self.index is not None else source)
+        # what the plan's sizes count: under "tokens" the collate helpers check tokenize= against it
+        self.size_unit = _size_unit(self.index if self.index is not None else source)
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.cache_units = max(1, int(cache_units))
@@ -78,6 +81,7 @@ class SourceDataset:
         self._units: dict[int, InputFile] = {}
         self._cache: OrderedDict = OrderedDict()
         self._warm = None  # a UnitWarmer's units read ahead (Prefetched over a plan without --store)
+        self._token_cache = TokenCache()  # split documents' token ids, for the collate's tokenize=
 
     def __len__(self) -> int:
         """Return the number of samples (rows over all files)."""
@@ -87,6 +91,7 @@ class SourceDataset:
         state = dict(self.__dict__)
         state["_cache"] = OrderedDict()  # decoded units stay with the process that read them
         state["_warm"] = None
+        state["_token_cache"] = TokenCache()
         return state
 
     # --- lookup ---------------------------------------------------------------------------
@@ -176,7 +181,11 @@ class SourceDataset:
                     if cut is not None and ranges is not None and row.get(cut) is not None:
                         row[cut] = _cut_value(row[cut], ranges[0][slot], ranges[1][slot], by_bytes)
                     out[slot] = row if self.transform is None else self.transform(row)
-        return Samples(out, ids if isinstance(ids, MicroBatch) else None, token_ranges=self._token_ranges(ranges))
+        samples = Samples(out, ids if isinstance(ids, MicroBatch) else None, token_ranges=self._token_ranges(ranges),
+                          size_unit=self.size_unit)
+        if samples.token_ranges is not None:
+            samples.token_cache = self._token_cache
+        return samples
 
     def _stored_items(self, ids) -> Samples:
         stored = self.stored
@@ -199,6 +208,9 @@ class SourceDataset:
             samples = TableSamples(table, mb, self.transform)
         # stored columns are cut to the pieces already, except text under --size tokens
         samples.token_ranges = self._token_ranges(self._ranges(ids))
+        samples.size_unit = self.size_unit
+        if samples.token_ranges is not None:
+            samples.token_cache = self._token_cache
         return samples
 
     def _whole_microbatch(self, mb: MicroBatch) -> tuple[int, np.ndarray | None]:
@@ -280,6 +292,20 @@ def _stored_data(source, columns):
     if stored is None or (columns is not None and not set(columns) <= set(stored.columns)):
         return None
     return stored
+
+
+def _size_unit(source) -> str | None:
+    """Return what an index's sizes count (its ``options.size``), or None for input paths and other directories."""
+    if isinstance(source, PackedIndex):
+        manifest = source.manifest
+    elif isinstance(source, (str, os.PathLike)) and (Path(source) / "manifest.json").is_file():
+        manifest = read_manifest(source)
+    else:
+        return None
+    if manifest.get("_kind") not in (None, "index"):
+        return None
+    size = (manifest.get("options") or {}).get("size")
+    return str(size) if size is not None else None
 
 
 def _renames(source) -> list[dict[str, str] | None] | None:
