@@ -77,9 +77,9 @@ class PackedIndex:
             hint = f"; write verify={'full' if verify else 'index'!r}" if isinstance(verify, bool) else ""
             raise ValueError(f"verify={verify!r}: the levels are 'structure', 'index', 'full'{hint}")
         self.verify = verify
+        self.manifest = read_manifest(self.path, expect="index")
         # the plan as opened: a shard mapped later must belong to it (docs/guarantees.md, "Files that change")
         self._manifest_identity = identity(self.path / "manifest.json")
-        self.manifest = read_manifest(self.path, expect="index")
         self.options = dict(self.manifest.get("options") or {})
         self.num_microbatches = int(self.manifest["num_microbatches"])
         self.num_samples = int(self.manifest["num_samples"])
