@@ -142,7 +142,7 @@ if hasattr(os, "register_at_fork"):
 
 
 def guard(directory: str | os.PathLike) -> bool:
-    """Name a bus error in any mapped file under ``directory`` in one line and exit 135; return whether armed.
+    """Name a bus error in a mapped file under ``directory`` (or that file) in one line, exit 135; return if armed.
 
     Installs the process's SIGBUS handler once (again after a fork: torch's DataLoader
     workers install their own); cheap when already done.
@@ -153,7 +153,8 @@ def guard(directory: str | os.PathLike) -> bool:
             _lib, _loaded = _load(), True
         if _lib is None:
             return False
-        prefix = os.fsencode(os.path.join(os.path.realpath(directory), ""))
+        real = os.path.realpath(directory)
+        prefix = os.fsencode(os.path.join(real, "") if os.path.isdir(real) else real)
         if _lib.sp_guard_watch(prefix, len(prefix)) < 0:
             return False
         _installed = _lib.sp_guard_install() >= 0

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..format import read_manifest
+from ..format.mapped import guard
 from ..inputs.discover import expand_inputs
 from ..inputs.formats import open_source, read_units
 from ..inputs.locations import with_locations
@@ -106,6 +107,8 @@ class SourceDataset:
                 raise SortpackError(f"{path}: {size_of(path)} bytes, the index was built from "
                                     f"{entry['bytes']} bytes (the file changed)")
             src = open_source(path, entry["format"])
+            if not is_url(path):  # Arrow inputs are memory-mapped: a file that shrinks later is one line
+                guard(path)
             unit_rows = src.unit_rows if src.unit_rows is not None else [int(entry["rows"])]
             if sum(unit_rows) != int(entry["rows"]):
                 raise SortpackError(f"{path}: {sum(unit_rows)} rows, the index was built from "

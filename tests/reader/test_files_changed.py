@@ -244,3 +244,23 @@ def test_the_unchanged_plan_reads_as_before(plan):
         "os.truncate({target}, 0)", "").format(), plan)
     assert proc.returncode == 0 and "no error" in proc.stdout, proc.stderr
     assert json.loads((plan / "manifest.json").read_text())["num_microbatches"] > 8
+
+
+def test_an_arrow_input_truncated_under_source_dataset_is_one_line_and_exit_135(tmp_path):
+    """Input files are memory-mapped too (Arrow IPC): one that shrinks while its rows are read names itself."""
+    path = tmp_path / "in.arrow"
+    table = pa.table({"text": ["x" * (i % 50 + 1) for i in range(20000)]})
+    with pa.OSFile(str(path), "wb") as fh, pa.ipc.new_file(fh, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=1000):
+            writer.write_batch(batch)
+    script = """
+from sortpack.reader import SourceDataset
+ds = SourceDataset([PLAN])
+unit = ds.read_unit(0, 19)  # the last record batch, zero-copy from the mapped file
+os.truncate(PLAN, 0)
+print(unit.to_pylist()[:1])
+"""
+    proc = _run(script, path)
+    assert proc.returncode == BUS, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"sortpack: {path.resolve()}: bus error"), proc.stderr
