@@ -125,11 +125,12 @@ except KeyError as exc:
 
 # --- a shard truncated while its mapped memory is in use -------------------------------------------
 LOADER = """
-from sortpack.reader import PackedSampler, SourceDataset
+from sortpack.reader import PackedIndex, PackedSampler, SourceDataset
 from sortpack.reader.loader import PlanLoader
 from sortpack.torch import pad_collate
-ds = SourceDataset(PLAN)
-sampler = PackedSampler(PLAN, rank=0, world_size=1)
+index = PackedIndex(PLAN, verify="{verify}")
+ds = SourceDataset(index)
+sampler = PackedSampler(index, rank=0, world_size=1)
 loader = PlanLoader(ds, sampler, pad_collate(key="input_ids"), prefetch=1)
 first = next(iter(loader))  # every shard of micro-batch 0 is mapped now
 os.truncate({target}, 0)
@@ -141,9 +142,10 @@ for epoch in range(2):
 """
 
 ITEMS = """
-from sortpack.reader import PackedSampler, SourceDataset
-ds = SourceDataset(PLAN)
-mb = next(iter(PackedSampler(PLAN, rank=0, world_size=1)))
+from sortpack.reader import PackedIndex, PackedSampler, SourceDataset
+index = PackedIndex(PLAN, verify="{verify}")
+ds = SourceDataset(index)
+mb = next(iter(PackedSampler(index, rank=0, world_size=1)))
 ds.__getitems__(mb).table.to_pylist()  # its shards are mapped now
 os.truncate({target}, 0)
 time.sleep(0.01)
@@ -151,12 +153,13 @@ ds.__getitems__(mb).table.to_pylist()
 """
 
 
+@pytest.mark.parametrize("verify", ["index", "structure"])
 @pytest.mark.parametrize("reader", ["loader", "items"])
 @pytest.mark.parametrize("shard", ["data", "index"])
-def test_a_mapped_shard_truncated_under_the_reader_is_an_error_naming_it(plan, tmp_path, reader, shard):
+def test_a_mapped_shard_truncated_under_the_reader_is_an_error_naming_it(plan, tmp_path, reader, shard, verify):
     plan = _copy(plan, tmp_path)
     target = "data_shard(ds, 0)" if shard == "data" else "index_shard(0)"
-    script = (LOADER if reader == "loader" else ITEMS).format(target=target)
+    script = (LOADER if reader == "loader" else ITEMS).format(target=target, verify=verify)
     name = "data-00000.arrow" if shard == "data" else "microbatches-00000.arrow"
     line = _caught(_run(script, plan), name)
     assert "0 bytes" in line and "truncated or rewritten in place" in line, line
@@ -240,8 +243,8 @@ except RuntimeError as exc:
 
 def test_the_unchanged_plan_reads_as_before(plan):
     """The checks raise nothing on a plan nobody touches (both readers, every micro-batch)."""
-    proc = _run(LOADER.replace("os.truncate({target}, 0)", "").format() + ITEMS.replace(
-        "os.truncate({target}, 0)", "").format(), plan)
+    proc = _run(LOADER.replace("os.truncate({target}, 0)", "").format(verify="index") + ITEMS.replace(
+        "os.truncate({target}, 0)", "").format(verify="index"), plan)
     assert proc.returncode == 0 and "no error" in proc.stdout, proc.stderr
     assert json.loads((plan / "manifest.json").read_text())["num_microbatches"] > 8
 
