@@ -89,7 +89,7 @@ static int64_t line_maps(const char *line, const char *end, uintptr_t addr, cons
 
 /* Copy the path of the file mapping that holds addr into out (NUL-terminated); return its length, or 0. */
 static int64_t mapping_path(uintptr_t addr, char *out, int64_t cap) {
-    char buf[16384];
+    char buf[8192];  /* a maps line is at most a path (4096) and ~100 bytes of fields */
     int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
     int64_t have = 0, found = 0;
@@ -174,7 +174,9 @@ SP_API int64_t sp_guard_install(void) {
     struct sigaction ours;
     memset(&ours, 0, sizeof(ours));
     ours.sa_sigaction = on_sigbus;
-    ours.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    /* no SA_ONSTACK: a mapped read's fault runs on the thread's own stack, never an alternate one as
+     * small as faulthandler's, which the buffers below could overflow */
+    ours.sa_flags = SA_SIGINFO;
     sigemptyset(&ours.sa_mask);
     if (sigaction(SIGBUS, &ours, &previous) != 0) return -1;
     return 1;
