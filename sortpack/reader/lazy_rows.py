@@ -139,7 +139,7 @@ class TableSamples(Samples):
             self._fill()
         except Exception as exc:  # noqa: BLE001 - every failure must reach the loop, whatever its type
             return (_raise, (_picklable(exc),))
-        return (Samples, (list(self), self.microbatch, self.table))
+        return (Samples, (list(self), self.microbatch, self.table, self.token_ranges, self.size_unit))
 
     def copy(self) -> list:
         """Return the rows as a plain list."""
