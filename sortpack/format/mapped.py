@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import sys
 import threading
 import time
 from typing import Any, NamedTuple
@@ -159,6 +160,15 @@ def guard(directory: str | os.PathLike) -> bool:
             return False
         _installed = _lib.sp_guard_install() >= 0
         return _installed
+
+
+def available() -> bool:
+    """Return whether this process can turn a bus error into one line (the compiled ``_busguard``, Linux)."""
+    global _lib, _loaded
+    with _lock:
+        if not _loaded:
+            _lib, _loaded = _load(), True
+    return _lib is not None and sys.platform.startswith("linux")
 
 
 def rearm() -> None:
