@@ -30,15 +30,16 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from ..env import env_int, env_text
 from ..errors import SortpackError, one_line
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs  # imported where a URL is read: a job of local files never loads it (nor TLS)
 
 SCHEMES = ("s3", "gs", "gcs")
 WHOLE_BYTES = 1 << 20  # an object this small is read whole in one GET (about one round trip's worth of bytes)
@@ -85,6 +86,8 @@ def join_url(scheme: str, path: str) -> str:
 @functools.cache
 def _filesystem(scheme: str) -> pafs.FileSystem:
     """Return the (cached, per process) filesystem of a scheme, configured from the environment."""
+    import pyarrow.fs as pafs
+
     timeout = float(env_int("SORTPACK_OBJECT_TIMEOUT") or 30)
     attempts = max(1, env_int("SORTPACK_OBJECT_RETRIES") or 3)
     if scheme == "s3":
@@ -251,6 +254,8 @@ def prefetch(urls: list[str], threads: int = PREFETCH_THREADS) -> None:
             pass
 
     filesystem(todo[0])  # made once, before the threads share it
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(min(threads, len(todo))) as pool:
         list(pool.map(one, todo))
 
@@ -270,6 +275,8 @@ def _parse_time(text: str | None) -> int | None:
 
 def kind(url: str) -> str:
     """Return ``"file"``, ``"prefix"`` (objects below it) or ``"missing"`` for ``url``."""
+    import pyarrow.fs as pafs
+
     fs, path = filesystem(url)
     try:
         info = fs.get_file_info(path)
@@ -284,6 +291,8 @@ def kind(url: str) -> str:
 
 def list_objects(url: str) -> list[tuple[str, int]]:
     """Return the URL and size of every object below prefix ``url``, in sorted key order."""
+    import pyarrow.fs as pafs
+
     fs, path = filesystem(url)
     scheme = url_scheme(url) or "s3"
     try:
