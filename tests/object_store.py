@@ -13,8 +13,8 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 

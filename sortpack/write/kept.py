@@ -87,7 +87,8 @@ def dump_samples(comm: Comm, out: OutputDir, samples: SampleColumns, options: di
     """
     directory = out.ensure() / DUMP
     cols = samples.columns()
-    kept: dict[str, tuple[str | None, str]] | None = {}
+    kept: dict[str, tuple[str | None, str]] = {}
+    ok = True
     try:
         directory.mkdir(exist_ok=True)
         for name, arr in cols.items():
@@ -98,8 +99,8 @@ def dump_samples(comm: Comm, out: OutputDir, samples: SampleColumns, options: di
             _write(directory / f"r{comm.rank:05d}-{name}.npy", arr, disk)
             kept[name] = (disk.str, arr.dtype.str)
     except OSError:
-        kept = None
-    parts = comm.allgather_obj((samples.start, len(samples), kept))
+        ok = False
+    parts = comm.allgather_obj((samples.start, len(samples), kept if ok else None))
     if any(p[2] is None for p in parts):
         out.discard()
         return None
