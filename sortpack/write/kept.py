@@ -56,9 +56,18 @@ class Dumped:
 
 
 def _narrow(arr: np.ndarray) -> np.dtype:
-    """Return the dtype ``arr`` is written in: int32 for an int64 column whose values all fit (half the bytes)."""
-    if arr.dtype == np.int64 and len(arr) and -(1 << 31) <= int(arr.min()) and int(arr.max()) < (1 << 31):
-        return np.dtype(np.int32)
+    """Return the dtype ``arr`` is written in: the smallest of int16 and int32 that holds an int64 column's values.
+
+    Token counts below 32,768 take two bytes a sample instead of eight: the dump is a quarter
+    of the bytes for the price of a min, a max and a cast per chunk.
+    """
+    if arr.dtype != np.int64 or not len(arr):
+        return arr.dtype
+    lo, hi = int(arr.min()), int(arr.max())
+    for small in (np.int16, np.int32):
+        info = np.iinfo(small)
+        if info.min <= lo and hi <= info.max:
+            return np.dtype(small)
     return arr.dtype
 
 

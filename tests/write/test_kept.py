@@ -70,9 +70,10 @@ def test_a_dump_is_the_columns_as_they_are_and_is_dropped_on_success(tmp_path):
     dumped = kept.dump_samples(comm, out, samples, {}, ids_from_start=True)
     assert dumped is not None
     # the ids numbered from the first row are not written, the difficulty that is the size is not
-    # written twice, sizes that fit are written as int32; nothing is hashed or moved between ranks
+    # written twice, sizes that fit are written as int16 (or int32); nothing is hashed or moved between ranks
     assert sorted(p.name for p in dumped.directory.iterdir()) == ["r00000-size.npy"]
-    assert np.load(dumped.path(0, "size")).dtype == np.int32
+    assert np.load(dumped.path(0, "size")).dtype == np.int16
+    assert kept._narrow(np.array([1, 1 << 20], np.int64)) == np.int32
     assert dumped.load(0, "size").dtype == np.int64 and np.array_equal(dumped.load(0, "size"), samples.size)
     assert np.array_equal(dumped.load(0, "sample_id"), samples.sample_id)
     out.discard()
