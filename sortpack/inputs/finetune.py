@@ -441,6 +441,7 @@ class FineTuneShape:
     train_on: tuple[str, ...] = DEFAULT_TRAIN_ON
     tokenizer: Any = None
     template: ChatTemplate | None = None
+    gives_labels = True  # as a collate's tokenize=: it returns (ids, labels), also for a split plan's pieces
 
     def columns(self) -> list[str]:
         """Return the input columns the shape reads."""

@@ -14,7 +14,7 @@ import numpy as np
 from ..kernels import pad_tokens, varlen_tokens
 from ..kernels.tokens import TokenView, batch_kernels, pad_batch_into, token_view, varlen_batch_into
 from .microbatch import MicroBatch, Samples
-from .tokens import ragged_labeled, stored_token_view
+from .tokens import check_planned, ragged_labeled, stored_token_view
 
 
 class PackedDataset:
@@ -95,7 +95,10 @@ def _token_arrays(items, key, tokenize, labels=None) -> tuple[TokenView, TokenVi
                 raise ValueError(f"collate: the stored {labels!r} and {key!r} differ in length")
             return view, lab
     values, offsets, lab_values = ragged_labeled(items, key, tokenize, labels)
-    return token_view(values, offsets), None if lab_values is None else token_view(lab_values, offsets)
+    view = token_view(values, offsets)
+    if tokenize is not None:
+        check_planned(items, view)  # a tokenizer that truncates or pads gives other lengths than the plan's
+    return view, None if lab_values is None else token_view(lab_values, offsets)
 
 
 def _mask_labels(labels: np.ndarray, laid: np.ndarray) -> None:
