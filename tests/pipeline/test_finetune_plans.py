@@ -89,6 +89,17 @@ def test_split_pieces_keep_their_labels_and_count_their_own_targets(chats, tmp_p
         seen += 1
     assert seen == ix.num_microbatches
     assert int(ix["targets"].sum()) == m["stats"]["targets"] and torch is not None
+    # unstored: the pieces tokenized at read time (tokenize= giving ids and labels) train the same targets
+    from sortpack.inputs.finetune import fine_tune_shape
+    from sortpack.inputs.specs import load_tokenizer
+
+    base, tokenizer, config, _ = chats
+    shape = fine_tune_shape("messages", chat_template=config, tokenizer=load_tokenizer(tokenizer))
+    raw = SourceDataset(out, columns=["messages"])
+    for mb in PackedBatchSampler(ix, rank=0, world_size=1):
+        stored = varlen_collate(key="input_ids")(ds.__getitems__(mb))
+        batch = varlen_collate(tokenize=shape)(raw.__getitems__(mb))
+        assert torch.equal(batch["labels"], stored["labels"]) and torch.equal(batch["input_ids"], stored["input_ids"])
 
 
 def test_truncation_counts_the_targets_it_keeps_and_reports_those_it_cut(chats, tmp_path):
