@@ -66,7 +66,7 @@ def balanced(comm: Comm, packed: Packed, opts: PackOptions, two_caps: bool) -> P
         key = cost_key(packed, opts.balance, opts.cost_coeff)
     elif two_caps:
         size2 = segment_reduce(np.add, packed.measures["size2"], packed.batches.offsets)
-        key = two_cap_key(packed.batches.tokens, size2, opts.limit, opts.max_size2)
+        key = two_cap_key(comm, packed.batches.tokens, size2, opts.limit, opts.max_size2)
     else:
         return packed
     return global_order(comm, packed, key)
