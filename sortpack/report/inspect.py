@@ -135,6 +135,7 @@ def _samples_report(directory: str, m: dict) -> dict:
                           "sum": int(size.sum())}}
     if m["_kind"] == "sorted" and "stage_counts" in m["stats"]:
         out["stage_counts"] = m["stats"]["stage_counts"]
+    out.update({k: m["stats"][k] for k in ("size2", "targets") if k in m["stats"]})  # the measures' totals
     return out
 
 
