@@ -161,3 +161,12 @@ def test_size2_refuses_oversize_split(data, tmp_path):
                          "column:patches", "--oversize", "split"], check=False)
     assert proc.returncode == 2 and "--size2 column:patches" in proc.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_a_failed_run_keeps_the_measure_in_its_metrics(data, tmp_path):
+    d, _, patches = data
+    proc = run_sortpack(["run", d / "a.parquet", "-o", tmp_path / "p", "--max-tokens", "1000", "--size2",
+                         "column:patches"], check=False, ranks=2)
+    assert proc.returncode == 2
+    kept = index_table(tmp_path / "p.metrics")
+    assert np.array_equal(kept.column("size2").to_numpy(), patches[kept.column("sample_id").to_numpy()])
