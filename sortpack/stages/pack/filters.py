@@ -71,8 +71,9 @@ def refuse_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> No
     count = comm.allreduce(int(over.sum()), "sum")
     if count:
         largest = comm.allreduce(int(samples.size[over].max()) if over.any() else 0, "max")
-        raise OversizeError(f"{count} samples {oversize_reason(opts, largest)}, or use --oversize split (cut "
-                            f"them into pieces that fit, no token lost), skip or truncate", collective=True)
+        ways = ("--oversize skip (a second size cannot be cut)" if "size2" in samples.measures else
+                "--oversize split (cut them into pieces that fit, no token lost), skip or truncate")
+        raise OversizeError(f"{count} samples {oversize_reason(opts, largest)}, or use {ways}", collective=True)
 
 
 def apply_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, dict]:
