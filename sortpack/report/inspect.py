@@ -45,6 +45,11 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         raise SortpackError(f"--world-size {world_size}: must be >= 1")
     if grad_accum < 1:
         raise SortpackError(f"--grad-accum {grad_accum}: must be >= 1")
+    from ..reader.trace import MAX_STEP_MICROBATCHES
+
+    if world_size is not None and world_size * grad_accum > MAX_STEP_MICROBATCHES:
+        raise SortpackError(f"--world-size {world_size} --grad-accum {grad_accum}: {world_size * grad_accum} "
+                            f"micro-batches per step, more than inspect reports on ({MAX_STEP_MICROBATCHES})")
     table = read_rows(directory, m, 0, m["num_rows"], ["num_samples", "batch_size", "padded_size", "tokens"])
     ns, bs, ps, tok = (table.column(i).to_numpy().astype(np.int64) for i in range(4))
     padded = bs * ps

@@ -214,6 +214,9 @@ CLI_ERRORS = {
     "absurd passes": (["run", "--blend", "1 web/", "--total-tokens", str(10**13)], "passes over its"),
     "absurd total in MIX.json": (["run", "--mixture", "huge.json"], "total_tokens 1e+30 is more than 2**53"),
     "negative weight": (["run", "--blend", "-1 web/ 2 code/"], "weights must be positive"),
+    # seeds are 64-bit keys (as `inspect --seed`): 2^64 would be seed 0 under another name
+    "negative seed": (["run", "--blend", "1 web/", "--seed", "-1"], "--seed -1: must be >= 0"),
+    "seed of 2^64": (["run", "--blend", "1 web/", "--seed", str(2**64)], f"--seed {2**64}: must be below 2^64"),
 }
 
 
