@@ -11,7 +11,7 @@ import click
 
 from ..errors import SortpackError, one_line
 from ..launcher import printing_rank
-from .printing import echo_err, fail, oversize_note, profile_table, summary_line
+from .printing import echo_err, fail, holdout_note, oversize_note, profile_table, summary_line
 from .startup import set_threads, set_tokenizer_threads
 
 
@@ -118,8 +118,9 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
                 click.echo(f"dropped {dropped} empty samples (no content; --keep-empty keeps them)")
             if kw.get("profile"):
                 click.echo(profile_table(manifest["provenance"]["profile"], manifest["provenance"].get("exchange")))
-        note = oversize_note(manifest) if comm.is_root() and manifest is not None else None
-        if note and (not kw["quiet"] or note.startswith("sortpack: warning")):
-            echo_err(note)
+        notes = [oversize_note(manifest), holdout_note(manifest)] if comm.is_root() and manifest is not None else []
+        for note in notes:
+            if note and (not kw["quiet"] or note.startswith("sortpack: warning")):
+                echo_err(note)
 
     return wrapper

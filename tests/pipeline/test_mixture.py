@@ -84,6 +84,25 @@ def test_plan_follows_the_schedule_and_records_each_source(data):
 
 
 @pytest.mark.mpi
+def test_whole_passes_and_most_uses_are_the_fewest_and_most_uses_of_a_sample(tmp_path):
+    # many small sources: some get a part pass that takes every sample of theirs, and used to
+    # report whole_passes 0 although each of their samples is used once
+    rng = np.random.default_rng(0)
+    sources = []
+    for k in range(5):
+        write_text_parquet(tmp_path / f"s{k}.parquet", rng.integers(1, 50, size=3), 3)
+        sources.append({"name": f"s{k}", "inputs": [f"s{k}.parquet"], "weight": float(rng.integers(1, 5))})
+    (tmp_path / "mix.json").write_text(json.dumps({"sources": sources, "seed": 0}))
+    run_sortpack(["run", "--mixture", str(tmp_path / "mix.json"), "-o", str(tmp_path / "plan"), "--max-tokens", "64"])
+    idx = PackedIndex(tmp_path / "plan")
+    uses = np.bincount(idx.all_sample_ids(), minlength=15)
+    recs = idx.manifest["mixture"]["sources"]
+    assert any(r["part_pass"]["samples"] == r["samples_held"] and r["whole_passes"] for r in recs)  # the case
+    for k, r in enumerate(recs):
+        mine = uses[3 * k:3 * k + 3]
+        assert (r["whole_passes"], r["most_uses"]) == (int(mine.min()), int(mine.max())), (r["name"], mine)
+
+
 @pytest.mark.slow
 def test_the_plan_is_byte_identical_at_any_rank_count(data, tmp_path):
     assert_same_at_ranks(["run", "--mixture", data / "mix.json", "--max-tokens", "8192", "--stages", "2", "--key",
