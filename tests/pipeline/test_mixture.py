@@ -84,6 +84,18 @@ def test_plan_follows_the_schedule_and_records_each_source(data):
 
 
 @pytest.mark.mpi
+def test_a_mixture_reports_the_empty_samples_it_drops(tmp_path):
+    # the rows were dropped, but neither the run's lines nor inspect said so
+    write_text_parquet(tmp_path / "a.parquet", np.where(np.arange(60) % 3 == 0, 0, 5 + np.arange(60)), 20)
+    write_text_parquet(tmp_path / "b.parquet", np.where(np.arange(40) % 8 == 0, 0, 9 + np.arange(40)), 20)
+    proc = run_sortpack(["run", "--blend", f"1 {tmp_path / 'a.parquet'} 1 {tmp_path / 'b.parquet'}", "-o",
+                         str(tmp_path / "plan"), "--max-tokens", "256"])
+    assert "dropped 25 empty samples (no content; --keep-empty keeps them)" in proc.stdout
+    report = json.loads(run_sortpack(["inspect", str(tmp_path / "plan"), "--json"]).stdout)
+    assert report["empty_dropped"] == 25
+    assert not set(PackedIndex(tmp_path / "plan").all_sample_ids().tolist()) & set(range(0, 60, 3))
+
+
 def test_whole_passes_and_most_uses_are_the_fewest_and_most_uses_of_a_sample(tmp_path):
     # many small sources: some get a part pass that takes every sample of theirs, and used to
     # report whole_passes 0 although each of their samples is used once
