@@ -92,6 +92,7 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
         from ..progress import configure as configure_progress
         from ..write.provenance import JobInfo
         from ..write.termination import install as clean_up_on_sigterm
+        from ..write.termination import set_rank
 
         clean_up_on_sigterm()
         threads = kw.pop("threads")
@@ -99,6 +100,7 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
             raise click.BadParameter("must be >= 0", param_hint="--threads")
         set_threads(threads)
         comm = _job_comm()
+        set_rank(comm.rank)  # rank 0 prints the line of a signal that finds nothing to remove
         set_tokenizer_threads(comm.node_size())
         configure_progress(comm.is_root() and not kw["quiet"], comm.size)
         job = JobInfo(argv=["sortpack"] + sys.argv[1:])

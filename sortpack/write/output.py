@@ -84,11 +84,28 @@ class OutputDir:
         return self.tmp
 
     def _remove_on_signal(self) -> str | None:
-        """Remove the temporary (and the parents made for it); return its name when it was there."""
+        """Remove the temporary (and the parents made for it); return its name when this process removed it.
+
+        Every rank of a signalled job runs this for the same temporary. One rename claims it
+        (atomic: one rank wins), so one rank removes it and says so; the others return ``""``
+        (gone: another rank took it). The claimed name is a temporary's name too, so the next
+        job sweeps it should this process be killed before it is gone.
+        """
         if not os.path.lexists(self.tmp):
-            return None
+            return ""
+        target = self.tmp
+        prefix, _, rest = self.tmp.name.rpartition(".tmp-")
+        if prefix and "-" in rest:
+            claim = self.tmp.with_name(f"{prefix}.tmp-{uuid.uuid4().hex[:12]}-{rest.split('-', 1)[1]}")
+            try:
+                os.rename(self.tmp, claim)
+                target = claim
+            except FileNotFoundError:
+                return ""  # another rank claimed it first
+            except OSError:
+                pass  # removed in place
         for _ in range(3):  # another thread may still be adding a file
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            shutil.rmtree(target, ignore_errors=True)
         _remove_made_parents()
         return self.tmp.name
 

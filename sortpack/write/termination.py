@@ -8,6 +8,11 @@ up while the main thread is still blocked: MPI and Arrow calls release the GIL. 
 runs first removes every registered temporary and ends the process; the others' are gone
 with the job. A temporary that survives anyway (SIGKILL) is removed by the next job into
 the same output (``output_guard.sweep_stale``).
+
+One line per job, not per rank: a launcher forwards Ctrl-C to every rank, and every rank
+registers the job's temporary (``OutputDir.ensure``). The rank whose cleanup removes it says
+so; a rank that finds it already gone says nothing; where no rank had a temporary to remove
+(a signal during start-up, or after the commit), rank 0 says it was interrupted.
 """
 from __future__ import annotations
 
@@ -23,11 +28,29 @@ _SIGNALS: dict[int, str] = {signal.SIGTERM: "terminated by SIGTERM", signal.SIGI
 _CLEANUPS: dict[int, Callable[[], str | None]] = {}
 _LOCK = threading.RLock()  # held while a commit renames: a cleanup never runs half-way through one
 _ONCE = threading.Lock()
-_state = {"installed": False, "deferred": 0, "in_critical": 0, "owner": 0}
+_state = {"installed": False, "deferred": 0, "in_critical": 0, "owner": 0, "rank": -1}
+
+
+def set_rank(rank: int) -> None:
+    """Record this process's rank in its job (the communicator's): rank 0 says the job was interrupted."""
+    _state["rank"] = int(rank)
+
+
+def _prints_alone() -> bool:
+    """Return whether this process prints the line when it removed nothing: the job's rank 0."""
+    if _state["rank"] >= 0:
+        return _state["rank"] == 0
+    from ..launcher import printing_rank
+
+    return printing_rank() == 0
 
 
 def register(fn: Callable[[], str | None]) -> int:
-    """Run ``fn`` (it returns what it removed, or None) if the job is terminated; return a key for ``unregister``."""
+    """Run ``fn`` if the job is terminated; return a key for ``unregister``.
+
+    ``fn`` returns the name of what it removed, ``""`` when another process of the job had
+    removed it already (that process says so), or None when there was nothing to remove.
+    """
     with _LOCK:
         key = id(fn)
         _CLEANUPS[key] = fn
@@ -59,6 +82,7 @@ def _terminate(signum: int = signal.SIGTERM) -> None:
         return  # the other path is already cleaning up; it ends the process
     with _LOCK:
         removed = []
+        elsewhere = False  # another rank of the job removed it: that rank prints the line
         for fn in list(_CLEANUPS.values()):
             try:
                 what = fn()
@@ -66,12 +90,14 @@ def _terminate(signum: int = signal.SIGTERM) -> None:
                 what = None
             if what:
                 removed.append(what)
+            elsewhere |= what == ""
     note = f"; removed {', '.join(removed)}" if removed else ""
-    try:
-        sys.stderr.write(f"sortpack: {_SIGNALS.get(signum, 'terminated')}{note}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    if removed or (not elsewhere and _prints_alone()):
+        try:
+            sys.stderr.write(f"sortpack: {_SIGNALS.get(signum, 'terminated')}{note}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
     os._exit(128 + int(signum))
 
 
