@@ -15,7 +15,6 @@ from ..permutation import check_seed
 from .index import PackedIndex
 from .plan import EpochPlan, check_group_alignment, steps_moved
 
-
 # the most micro-batches one step may hold (W * A): a trace holds arrays of an epoch's steps
 MAX_STEP_MICROBATCHES = 1 << 26
 _INT64 = (-(1 << 63), 1 << 63)
@@ -114,8 +113,8 @@ def sample_trace(path, sample_ids, world_size: int = 1, grad_accum: int = 1, *, 
     mbs, places, found = index.find_samples(want)
     missing += np.setdiff1d(want, found).tolist()
     if missing:
-        first = next(i for i in asked if i in set(missing))
-        raise SortpackError(f"--sample {first}: not in the plan {index.path} "
+        absent = next(i for i in asked if i in set(missing))
+        raise SortpackError(f"--sample {absent}: not in the plan {index.path} "
                             f"({index.num_samples} samples in {index.num_microbatches} micro-batches)")
     g = world_size * grad_accum
     spe = plan.num_blocks
