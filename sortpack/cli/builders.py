@@ -65,7 +65,7 @@ def make_holdout(kw: dict, mixture: bool = False) -> HoldoutRequest | None:
     value, seed = kw.pop("holdout"), kw.pop("holdout_seed")
     try:
         if seed is not None:
-            check_seed(seed, "--holdout-seed")
+            check_seed(seed, "--holdout-seed", SortpackError)
         if value is None:
             if seed is not None and not mixture:
                 raise SortpackError("--holdout-seed applies to a held-out plan (--holdout N|FRACTION)")
@@ -105,7 +105,7 @@ def make_mixture(inputs: tuple[str, ...], kw: dict, keep_intermediate: bool) -> 
                 raise SortpackError(f"--total-tokens {total}: must be a positive integer")
             mix.total_tokens = check_total_tokens(total, "--total-tokens")
         if seed is not None:
-            mix.seed = check_seed(seed, "--seed")
+            mix.seed = check_seed(seed, "--seed", SortpackError)
     except SortpackError as exc:
         raise SortpackError(str(exc), collective=True) from None
     return mix

@@ -28,7 +28,7 @@ def _plan(index: PackedIndex, world_size: int, grad_accum: int, epoch: int, orde
         raise SortpackError(f"--grad-accum {grad_accum}: must be >= 1")
     if epoch < 0:
         raise SortpackError(f"--epoch {epoch}: must be >= 0")
-    check_seed(seed, "--seed")  # the rule of `run --seed`: a seed is a 64-bit key
+    check_seed(seed, "--seed", SortpackError)  # the rule of `run --seed`: a seed is a 64-bit key
     if world_size * grad_accum > MAX_STEP_MICROBATCHES:
         raise SortpackError(f"--world-size {world_size} --grad-accum {grad_accum}: {world_size * grad_accum} "
                             f"micro-batches per step, more than inspect traces ({MAX_STEP_MICROBATCHES})")

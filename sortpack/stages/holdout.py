@@ -97,7 +97,7 @@ class Holdout:
         """Return the holdout of sources at ``bases`` (None when no source holds anything out)."""
         if all(r is None for r in requests):
             return None
-        seed = check_seed(seed, "--holdout-seed")
+        seed = check_seed(seed, "--holdout-seed", SortpackError)
         bases = np.asarray(bases, dtype=np.int64)
         rows = np.diff(bases).tolist()
         counts = np.zeros(len(names), dtype=np.int64)
