@@ -72,40 +72,27 @@ class OutputDir:
                         p.mkdir(exist_ok=True)
                         _MADE_PARENTS.add(p)
                     self.tmp.mkdir()
-                    self._cleanup_key = termination.register(self._remove_on_signal)
+                    self._cleanup_key = termination.register(self._remove_on_signal, self._claim_name())
                 except OSError as exc:
                     err = SortpackError(f"{self.path}: cannot create the output ({' '.join(str(exc).split())})")
             self.comm.check(err)
             if not self.comm.is_root():
                 # every rank removes the temporary when it alone is signalled: the launcher may then
                 # SIGKILL the others, rank 0 included, before they can (issue 28)
-                self._cleanup_key = termination.register(self._remove_on_signal)
+                self._cleanup_key = termination.register(self._remove_on_signal, self._claim_name())
             self._created = True
         return self.tmp
 
-    def _remove_on_signal(self) -> str | None:
-        """Remove the temporary (and the parents made for it); return its name when this process removed it.
+    def _claim_name(self) -> str | None:
+        """Return the name every rank claims to print a signal's line (None: a temporary inside another's)."""
+        return None if self.inside is not None else self.tmp.name
 
-        Every rank of a signalled job runs this for the same temporary. One rename claims it
-        (atomic: one rank wins), so one rank removes it and says so; the others return ``""``
-        (gone: another rank took it). The claimed name is a temporary's name too, so the next
-        job sweeps it should this process be killed before it is gone.
-        """
+    def _remove_on_signal(self) -> str | None:
+        """Remove the temporary (and the parents made for it); return its name when it was there."""
         if not os.path.lexists(self.tmp):
-            return ""
-        target = self.tmp
-        prefix, _, rest = self.tmp.name.rpartition(".tmp-")
-        if prefix and "-" in rest:
-            claim = self.tmp.with_name(f"{prefix}.tmp-{uuid.uuid4().hex[:12]}-{rest.split('-', 1)[1]}")
-            try:
-                os.rename(self.tmp, claim)
-                target = claim
-            except FileNotFoundError:
-                return ""  # another rank claimed it first
-            except OSError:
-                pass  # removed in place
+            return None
         for _ in range(3):  # another thread may still be adding a file
-            shutil.rmtree(target, ignore_errors=True)
+            shutil.rmtree(self.tmp, ignore_errors=True)
         _remove_made_parents()
         return self.tmp.name
 
