@@ -125,6 +125,8 @@ def _holdout_report(m: dict) -> dict:
            "sources": [{"name": s.get("name"), "num_rows": s.get("num_rows"), "request": s.get("request"),
                         "held_out": s.get("held_out")} for s in rec.get("sources", [])]}
     if m.get("holdout"):
+        # held out by id before packing: the empty ones among them are not in the held-out plan
+        out["empty_dropped"] = rec.get("empty_dropped", 0)
         return {"holdout": {"directory": rec.get("directory"), **out, "num_microbatches": rec.get("num_microbatches")}}
     return {"held_out": out}
 
@@ -133,6 +135,8 @@ def _render_holdout(value: dict) -> str:
     """Return the holdout line(s): where, how many, the seed, then per source its count of its rows."""
     head = [f"{value['directory']}/" if value.get("directory") else "this plan",
             f"{value['num_samples']} samples"]
+    if value.get("empty_dropped"):
+        head.append(f"{value['empty_dropped']} of them empty, dropped")
     if value.get("num_microbatches") is not None:
         head.append(f"{value['num_microbatches']} micro-batches")
     head.append(f"seed {value['seed']}")

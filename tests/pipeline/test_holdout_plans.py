@@ -409,6 +409,9 @@ def test_empty_samples_held_out_are_said_in_one_line(tmp_path):
     assert empty and len(held) == 100 - empty
     rec = json.loads((tmp_path / "plan" / "manifest.json").read_text())["holdout"]
     assert rec["empty_dropped"] == empty and rec["packed_samples"] == 100 - empty
+    report = json.loads(run_sortpack(["inspect", tmp_path / "plan", "--json"]).stdout)
+    assert report["holdout"]["empty_dropped"] == empty
+    assert f"{empty} of them empty, dropped" in run_sortpack(["inspect", tmp_path / "plan"]).stdout
     lines = [ln for ln in proc.stderr.splitlines() if "--holdout" in ln]
     assert lines == [f"sortpack: --holdout held out 100 samples, {empty} of them empty (no content; dropped as in "
                      f"training, --keep-empty keeps them): holdout/ plans {100 - empty} of them"], proc.stderr
