@@ -155,16 +155,15 @@ def _ranks(model: dict, added: set[bytes]) -> dict[bytes, int]:
     ``added``: the added tokens' contents, split out of every text first, so never a word the model sees.
     """
     vocab: dict[str, int] = model.get("vocab") or {}
-    chars = byte_chars()
-    if any(c not in vocab for c in chars):
+    if any(c not in vocab for c in _BYTE_CHARS):
         raise Refused("the vocabulary lacks some of the 256 byte-level characters")
     if len(set(vocab.values())) != len(vocab):
         raise Refused("two vocabulary entries share an id")
     merges = _merge_pairs(model.get("merges") or [])
     # only tokens spelled in the byte-level alphabet can come out of the model
-    spelled = {t: i for t, i in vocab.items() if all(c in chars for c in t)}
+    spelled = {t: raw for t in vocab if (raw := _spelled_bytes(t)) is not None}
     whole = _whole_tokens(vocab, merges)
-    if model.get("ignore_merges") and any(t not in whole and _spelled_bytes(t, chars) not in added for t in spelled):
+    if model.get("ignore_merges") and any(t not in whole and raw not in added for t, raw in spelled.items()):
         raise Refused("ignore_merges, and some tokens are not what the merges make of their own bytes")
     made: dict[str, int] = {}  # token -> the index of the merge that makes it
     for k, (a, b) in enumerate(merges):
@@ -179,11 +178,21 @@ def _ranks(model: dict, added: set[bytes]) -> dict[bytes, int]:
     order = [made[t] for t in multi]
     if any(x >= y for x, y in zip(order, order[1:])):
         raise Refused("the token ids are not in the order of the merges that make them")
-    return {_spelled_bytes(t, chars): vocab[t] for t in whole if t in spelled}
+    return {spelled[t]: vocab[t] for t in whole if t in spelled}
 
 
-def _spelled_bytes(token: str, chars: dict[str, int]) -> bytes:
-    return bytes(chars[c] for c in token)
+# each byte-level character -> the character of its byte; the other characters below U+0144 -> one above U+00FF
+_BYTE_CHARS = byte_chars()
+_TO_LATIN1 = {ord(c): chr(b) for c, b in _BYTE_CHARS.items()} | \
+    {c: "\uffff" for c in range(0x144) if chr(c) not in _BYTE_CHARS}
+
+
+def _spelled_bytes(token: str) -> bytes | None:
+    """Return the bytes a token spelled in the byte-level alphabet stands for (None: not spelled in it)."""
+    try:
+        return token.translate(_TO_LATIN1).encode("latin-1")
+    except UnicodeEncodeError:
+        return None
 
 
 def _special(added: list) -> dict[str, int]:
@@ -245,6 +254,36 @@ def exact_conversion(spec: dict, hf) -> Conversion:
     return Conversion(pattern, ranks, special, prefix, suffix)
 
 
+_MEMO: dict[tuple, Any] = {}  # (path, mtime, size) -> (Encoding, Conversion) or the reason: one decision per process
+
+
+def _converted(path: str, hf) -> tuple[Any, Conversion] | str:
+    """Return tiktoken's Encoding and the conversion of the tokenizer.json at ``path``, or why there is none."""
+    try:
+        st = os.stat(path)
+        key: tuple = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = (path,)
+    if key in _MEMO:
+        return _MEMO[key]
+    spec = load_spec(path)
+    got: Any
+    if spec is None:
+        got = "the tokenizer file is not JSON"
+    else:
+        try:
+            conv = exact_conversion(spec, hf)
+        except Refused as exc:
+            got = str(exc)
+        else:
+            import tiktoken
+
+            got = (tiktoken.Encoding(os.path.basename(path), pat_str=conv.pattern, mergeable_ranks=conv.ranks,
+                                     special_tokens=conv.special), conv)
+    _MEMO[key] = got
+    return got
+
+
 def _tiktoken_version() -> str | None:
     try:
         from importlib.metadata import version
@@ -276,29 +315,24 @@ class TokenEncoder:
     ``reason`` why tiktoken is not used (None when it is).
     """
 
-    def __init__(self, hf, spec: dict | None, name: str = "tokenizer"):
+    def __init__(self, hf, path: str):
         self.hf = hf
         self.engine, self.reason = "tokenizers", None
         self._fast: Any = None  # the tiktoken Encoding, when exact
         self._pool: Any = None  # threads for encode_texts (made on first use)
         self._prefix: tuple[int, ...] = ()
         self._suffix: tuple[int, ...] = ()
+        name = os.path.basename(path)
         if env_text(_OFF) == "0":
             self.reason = f"{_OFF}=0"
         elif _tiktoken_version() is None:
             self.reason = "tiktoken is not installed (pip install 'sortpack[fasttok]')"
-        elif spec is None:
-            self.reason = "the tokenizer file is not JSON"
         else:
-            try:
-                conv = exact_conversion(spec, hf)
-            except Refused as exc:
-                self.reason = str(exc)
+            got = _converted(path, hf)
+            if isinstance(got, str):
+                self.reason = got
             else:
-                import tiktoken
-
-                self._fast = tiktoken.Encoding(name, pat_str=conv.pattern, mergeable_ranks=conv.ranks,
-                                               special_tokens=conv.special)
+                self._fast, conv = got
                 self._allowed = frozenset(conv.special)
                 self._prefix, self._suffix = conv.prefix, conv.suffix
                 self.engine = "tiktoken"

@@ -107,9 +107,9 @@ def load_tokenizer(path: str | None, option: str = "--size"):
         raise SortpackError(f"--tokenizer {path}: cannot load ({one_line(exc)})") from None
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    from .fast_tokens import TokenEncoder, load_spec
+    from .fast_tokens import TokenEncoder
 
-    return TokenEncoder(tokenizer, load_spec(path), os.path.basename(path))
+    return TokenEncoder(tokenizer, path)
 
 
 def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:

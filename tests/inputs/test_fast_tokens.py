@@ -126,7 +126,7 @@ def test_every_code_point_sample_in_context(tokenizers_by_style, style):
 
 
 def code_point_texts(step: int = 1, block: int = 2048) -> list[str]:
-    """Return texts holding every ``step``-th code point (surrogates left out) in the contexts the regexes tell apart."""
+    """Return texts of every ``step``-th code point (no surrogates) in the contexts the regexes tell apart."""
     points = [c for c in range(0, 0x110000, step) if not 0xD800 <= c <= 0xDFFF]
     out = []
     for a in range(0, len(points), block):
@@ -162,7 +162,8 @@ def test_both_regex_engines_split_every_code_point_alike(name):
         assert enc.encode_ordinary(text) == [ranks[p.encode("utf-8")] for p in pieces]
 
 
-CHARS = st.one_of(st.characters(blacklist_categories=("Cs",)), st.sampled_from(list(" \t\n\r\u00a0\u3000'sSdlLtvVmMrReE019")))
+CHARS = st.one_of(st.characters(blacklist_categories=("Cs",)),
+                  st.sampled_from(list(" \t\n\r\u00a0\u3000'sSdlLtvVmMrReE019")))
 TEXT = st.lists(st.one_of(st.text(CHARS, max_size=30), st.sampled_from(SPECIALS)), max_size=6).map("".join)
 
 
@@ -259,7 +260,8 @@ def test_conversions_that_would_not_be_exact_are_refused(tokenizers_by_style, tm
         enc = load_tokenizer(path)
         assert enc.engine == "tokenizers" and why in enc.reason
         texts = ["hello <|endoftext|> world", "x = 1\n"]
-        assert fast_lists(enc, texts, True) == hf_reference(path, texts, True)
+        if why != "dropout":  # dropout's ids are random
+            assert fast_lists(enc, texts, True) == hf_reference(path, texts, True)
 
 
 def test_the_switch_and_a_missing_tiktoken_fall_back(tokenizers_by_style, monkeypatch):
