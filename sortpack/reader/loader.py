@@ -27,11 +27,29 @@ import warnings
 from collections import deque
 from collections.abc import Iterator
 
+try:
+    import resource
+
+    _RUSAGE_THREAD: int | None = resource.RUSAGE_THREAD  # Linux
+except (ImportError, AttributeError):
+    _RUSAGE_THREAD = None
+
 _END = object()
 _BUSY = 0.001  # seconds the thread sleeps while the loop prepares a batch itself
 # a loop away this long wants the thread even when a batch takes longer to prepare (a slow read
 # that lets go of the GIL overlaps with any step of a millisecond or more)
 _AWAY = 0.001
+
+
+def _usage() -> tuple[int, float]:
+    """Return the calling thread's voluntary context switches (its waits) and CPU seconds ((0, 0.0) where unknown).
+
+    Where unknown (not Linux) every long absence counts as time the thread could use, as it did.
+    """
+    if _RUSAGE_THREAD is None:
+        return 0, 0.0
+    got = resource.getrusage(_RUSAGE_THREAD)
+    return got.ru_nvcsw, got.ru_utime + got.ru_stime
 
 
 class _Failure:
@@ -55,6 +73,7 @@ class _Pass:
         self.wanted = False
         self.cost = float("inf")  # seconds the latest batch took to prepare (unknown before the first)
         self.back = time.perf_counter()  # when the loop last received a batch
+        self.usage = _usage()  # the loop thread's (waits, CPU seconds) by then
         self.done = False  # the sampler's epoch is over (or failed): nothing more to prepare
         self.stop = False
         self.cap = loader.prefetch
@@ -107,7 +126,14 @@ class _Pass:
     def take(self):
         """Return the next item for the loop: a prepared one, or one prepared here when none is."""
         ready = self.ready
-        self.wanted = wanted = time.perf_counter() - self.back > min(self.cost, _AWAY)
+        away = time.perf_counter() - self.back
+        wanted = away > min(self.cost, _AWAY)
+        if wanted and _RUSAGE_THREAD is not None:
+            # a loop that was only preempted (a busy machine: it neither waited nor ran) gains nothing from
+            # a second thread that needs the same cores and the GIL: it keeps preparing its own batches
+            waits, cpu = _usage()
+            wanted = waits != self.usage[0] or cpu - self.usage[1] > away / 2
+        self.wanted = wanted
         item = None
         while item is None:
             if ready:
@@ -120,6 +146,7 @@ class _Pass:
             with self.room:
                 self.room.notify()
         self.back = time.perf_counter()
+        self.usage = _usage()
         return item
 
     def halt(self) -> None:
