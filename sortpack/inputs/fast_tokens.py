@@ -367,19 +367,27 @@ class TokenEncoder:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._pool = ThreadPoolExecutor(threads, thread_name_prefix="sortpack-tiktoken")
-            parts = [a for run in self._pool.map(self._encode_run, runs) for a in run]
+            done = list(self._pool.map(self._encode_run, runs))
+            ids = np.concatenate([d[0] for d in done])
+            counts = np.concatenate([d[1] for d in done])
         else:
-            parts = self._encode_run(texts)
-        counts = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
-        ids = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
+            ids, counts = self._encode_run(texts)
         if special_tokens and (self._prefix or self._suffix):
             ids, counts = _surround(ids, counts, self._prefix, self._suffix)
         return ids, counts
 
-
-    def _encode_run(self, texts: list[str]) -> list[np.ndarray]:
+    def _encode_run(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Return (the ids as one int32 array, the counts) of texts encoded one after another in this thread."""
+        if not self._allowed:
+            # no added tokens: tiktoken's special-token search would look for an empty pattern at every
+            # position (1.6x the time); its plain encode gives the same ids as lists
+            lists = list(map(self._fast.encode_ordinary, texts))
+            counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+            return np.fromiter(itertools.chain.from_iterable(lists), np.int32, int(counts.sum())), counts
         encode, allowed = self._fast.encode_to_numpy, self._allowed
-        return [encode(t, allowed_special=allowed, disallowed_special=()) for t in texts]
+        parts = [encode(t, allowed_special=allowed, disallowed_special=()) for t in texts]
+        counts = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+        return (np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)), counts
 
 
 def _threads() -> int:

@@ -43,8 +43,11 @@ def sources() -> list[str]:
     return _stdlib_sources(40)
 
 
-def train(path: Path, style: str, texts: list[str], vocab: int = 3000) -> str:
-    """Train a byte-level BPE with ``style``'s pre-tokenizer (and Llama 3's ignore_merges and BOS) and save it."""
+def train(path: Path, style: str, texts: list[str], vocab: int = 3000, added: bool = True) -> str:
+    """Train a byte-level BPE with ``style``'s pre-tokenizer (and Llama 3's ignore_merges and BOS) and save it.
+
+    ``added=False``: no added tokens and no post-processor (as benchmarks/bench_scaling.py trains one).
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(ignore_merges=style == "llama3"))
@@ -56,8 +59,11 @@ def train(path: Path, style: str, texts: list[str], vocab: int = 3000) -> str:
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=SPECIALS[:2], show_progress=False)
+                                  special_tokens=SPECIALS[:2] if added else [], show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
+    if not added:
+        tok.save(str(path))
+        return str(path)
     tok.add_tokens(SPECIALS[3:])  # a non-special added token, split out first too
     tok.add_special_tokens(SPECIALS[2:3])
     if style == "llama3":
@@ -128,6 +134,13 @@ def class_points() -> list[int]:
         if not 0xD800 <= c <= 0xDFFF:
             seen.setdefault(unicodedata.category(chr(c)), []).append(c)
     return sorted({c for points in seen.values() for c in (points[0], points[len(points) // 2], points[-1])})
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama3"])
+def test_a_tokenizer_without_added_tokens(tmp_path, sources, style):
+    """No added tokens: tiktoken's plain encode (its special-token search would look for an empty pattern)."""
+    path = train(tmp_path / "plain.json", style, sources, vocab=1500, added=False)
+    assert_same(path, sources[:10] + EDGE)
 
 
 @pytest.mark.parametrize("style", STYLES)
