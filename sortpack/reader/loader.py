@@ -78,7 +78,10 @@ class _Pass:
         self.stop = False
         self.cap = loader.prefetch
         self.low = loader.prefetch // 2  # the thread is woken when the queue is down to this
+        # started the first time the loop is away long enough to want it: a loop that never is (it comes
+        # straight back) pays no thread start and join per epoch, each a thread switch on a busy machine
         self.thread = threading.Thread(target=self._help, name="sortpack-PlanLoader", daemon=True)
+        self.started = False
 
     def prepare(self):
         """Return the next item: (micro-batch, batch), a ``_Failure``, or ``_END`` (call with ``work`` held)."""
@@ -127,13 +130,16 @@ class _Pass:
         """Return the next item for the loop: a prepared one, or one prepared here when none is."""
         ready = self.ready
         away = time.perf_counter() - self.back
-        wanted = away > min(self.cost, _AWAY)
+        wanted = away > min(self.cost, _AWAY) and self.cost != float("inf")  # not before the first batch
         if wanted and _RUSAGE_THREAD is not None:
             # a loop that was only preempted (a busy machine: it neither waited nor ran) gains nothing from
             # a second thread that needs the same cores and the GIL: it keeps preparing its own batches
             waits, cpu = _usage()
             wanted = waits != self.usage[0] or cpu - self.usage[1] > away / 2
         self.wanted = wanted
+        if wanted and not self.started and not self.done:
+            self.started = True
+            self.thread.start()
         item = None
         while item is None:
             if ready:
@@ -258,7 +264,6 @@ class PlanLoader:
         # hand-outs to the thread must not move the resume state; the loop's receipt does
         self.sampler.track_steps = True
         run = self._pass = _Pass(self, iter(self.sampler))  # here, not in the thread: a finished epoch rolls over now
-        run.thread.start()
         return self._receive(run)
 
     def _receive(self, run: _Pass) -> Iterator:
