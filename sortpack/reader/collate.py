@@ -14,7 +14,7 @@ import numpy as np
 from ..kernels import pad_tokens, varlen_tokens
 from ..kernels.tokens import TokenView, batch_kernels, pad_batch_into, token_view, varlen_batch_into
 from .microbatch import MicroBatch, Samples
-from .tokens import ragged_tokens, stored_token_view
+from .tokens import check_planned, ragged_tokens, stored_token_view
 
 
 class PackedDataset:
@@ -74,8 +74,12 @@ def _known_ids(mb, n: int, items=None) -> np.ndarray | None:
 
 def _token_arrays(items, key, tokenize) -> TokenView:
     """Return the ``TokenView`` of the items' token ids: stored ids as zero-copy views, else ``ragged_tokens``."""
-    view = stored_token_view(items, key) if tokenize is None else None
-    return view if view is not None else token_view(*ragged_tokens(items, key, tokenize))
+    if tokenize is None:
+        view = stored_token_view(items, key)
+        return view if view is not None else token_view(*ragged_tokens(items, key))
+    view = token_view(*ragged_tokens(items, key, tokenize))
+    check_planned(items, view)  # a tokenizer that truncates or pads gives other lengths than the plan's
+    return view
 
 
 class PadCollate:

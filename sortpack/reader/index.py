@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import SortpackError
 from ..format import open_shard, read_manifest
 from ..format.integrity import check_index_shard, check_sha256, member_path
+from ..format.mapped import ShardWatch, check_unchanged, identity
 
 if TYPE_CHECKING:  # imported when used: the stored data's modules load with --store only
     from .stored import StoredData
@@ -77,6 +78,8 @@ class PackedIndex:
             raise ValueError(f"verify={verify!r}: the levels are 'structure', 'index', 'full'{hint}")
         self.verify = verify
         self.manifest = read_manifest(self.path, expect="index")
+        # the plan as opened: a shard mapped later must belong to it (docs/guarantees.md, "Files that change")
+        self._manifest_identity = identity(self.path / "manifest.json")
         self.options = dict(self.manifest.get("options") or {})
         self.num_microbatches = int(self.manifest["num_microbatches"])
         self.num_samples = int(self.manifest["num_samples"])
@@ -95,6 +98,7 @@ class PackedIndex:
                 raise SortpackError(f"{shard}: {found}, the manifest says {entry['bytes']} bytes")
         self._entries = entries
         self._shards: list = [None] * len(entries)
+        self._watch = ShardWatch(self.path, [str(member_path(self.path, e["file"])) for e in entries])
         self._firsts = firsts
         self._starts = np.array(firsts + [self.num_microbatches], dtype=np.int64)
         self._views: dict = {}
@@ -142,13 +146,20 @@ class PackedIndex:
         batch = self._shards[k]
         if batch is None:
             entry = self._entries[k]
+            self.check_manifest()
+            known = self._watch.opening(k)  # what is hashed and mapped next is this file
             ids = self.verify != "structure"
             if ids:  # the ids decide what trains: a flipped bit must not turn into a duplicate sample
                 check_sha256(member_path(self.path, entry["file"]), entry)
             batch = open_shard(self.path, entry, self.manifest.get("schema"))
             check_index_shard(self.path / entry["file"], batch, entry, self._source_rows, ids=ids)
+            self._watch.mapped(k, known)
             self._shards[k] = batch
         return batch
+
+    def check_manifest(self) -> None:
+        """Raise ``SortpackError`` if the manifest is no longer the one this index was opened with (one stat)."""
+        check_unchanged(str(self.path / "manifest.json"), self._manifest_identity)
 
     def __reduce__(self):
         # a worker re-opens at the same level, but never re-hashes the data: the opener did
@@ -177,6 +188,8 @@ class PackedIndex:
             else:
                 view = col.to_numpy(zero_copy_only=True)
             self._views[key] = view
+        else:  # a view into the mapped shard: a file that shrank would be a bus error, not an error
+            self._watch.fresh(k)
         return view
 
     def _locate(self, i: int) -> tuple[int, int]:
@@ -256,6 +269,8 @@ class PackedIndex:
         if views is None:  # the shard's columns a record reads, looked up once
             views = self._records[k] = (*self._view(k, "sample_ids"), self._view(k, "batch_size"),
                                         self._view(k, "padded_size"))
+        else:
+            self._watch.fresh(k)
         offsets, values, bs, ps = views
         splits = None
         if self.has_rows:

@@ -5,7 +5,7 @@ shape and step from these records; they need nothing else of the sampler.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class StepFacts(NamedTuple):
@@ -133,15 +133,27 @@ class Samples(list):
     token_ranges : tuple of numpy.ndarray, optional
         ``(begin, end)`` per item of a plan whose ``--size tokens`` samples ``--oversize split``
         cut: the collate helpers keep token ids ``[begin, end)`` of what ``tokenize`` returns.
+    size_unit : str, optional
+        What the plan's sizes count (its ``options.size``: ``"tokens"``, ``"length"``, ...;
+        None: not known). Under ``"tokens"`` the collate helpers check that ``tokenize``
+        returns the lengths the plan counted.
+
+    ``token_cache`` (a ``tokens.TokenCache`` or None) is where the collate helpers keep the
+    token ids of long documents whose pieces they cut (set by ``SourceDataset`` with
+    ``token_ranges``).
     """
 
-    def __init__(self, items, microbatch: MicroBatch | None = None, table=None, token_ranges=None):
+    token_cache: Any = None
+
+    def __init__(self, items, microbatch: MicroBatch | None = None, table=None, token_ranges=None,
+                 size_unit: str | None = None):
         super().__init__(items)
         self.microbatch = microbatch
         self.table = table
         # --oversize split under --size tokens: each item's (begin, end) in its text's token ids,
         # which the collate helpers apply after tokenize (a text cannot be cut by tokens before)
         self.token_ranges = token_ranges
+        self.size_unit = size_unit
 
 
 def step_info(batch) -> dict:
