@@ -89,10 +89,11 @@ def load_function(spec: Spec) -> Callable:
 
 
 def load_tokenizer(path: str | None, option: str = "--size"):
-    """Return an HF ``tokenizers.Tokenizer`` loaded from a tokenizer.json file, for counting.
+    """Return a ``fast_tokens.TokenEncoder`` of a tokenizer.json file, for counting (a ``tokenizers.Tokenizer`` too).
 
     The file's truncation and padding are switched off: a model's tokenizer.json often
     truncates and pads to a fixed length, which would make every sample measure the same.
+    Its ids come from tiktoken where that gives exactly the file's ids (``inputs.fast_tokens``).
     """
     if not path:
         raise SortpackError(f"{option} tokens needs --tokenizer tokenizer.json")
@@ -106,7 +107,9 @@ def load_tokenizer(path: str | None, option: str = "--size"):
         raise SortpackError(f"--tokenizer {path}: cannot load ({one_line(exc)})") from None
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    return tokenizer
+    from .fast_tokens import TokenEncoder
+
+    return TokenEncoder(tokenizer, path)
 
 
 def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
@@ -201,16 +204,7 @@ def _word_counts(col: pa.ChunkedArray) -> np.ndarray:
 
 
 def _token_counts(tokenizer, col: pa.ChunkedArray, special_tokens: bool = True) -> np.ndarray:
-    out = np.empty(len(col), dtype=np.int64)
-    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-    pos = 0
-    for chunk in col.chunks:
-        texts = chunk.to_pylist()
-        for a in range(0, len(texts), 4096):
-            encs = encode(texts[a:a + 4096], add_special_tokens=special_tokens)
-            out[pos:pos + len(encs)] = [len(e.ids) for e in encs]
-            pos += len(encs)
-    return out
+    return token_ids(tokenizer, col, special_tokens, keep=False)[1]
 
 
 def _numeric(values: np.ndarray, where: str, what: str) -> np.ndarray:
@@ -250,24 +244,31 @@ def as_difficulty(values: np.ndarray, where: str, what: str) -> np.ndarray:
     return values
 
 
-def token_ids(tokenizer, col: pa.ChunkedArray, special_tokens: bool = True) -> tuple[pa.ListArray, np.ndarray]:
+def token_ids(tokenizer, col: pa.ChunkedArray | pa.Array, special_tokens: bool = True, keep: bool = True
+              ) -> tuple[pa.ListArray, np.ndarray]:
     """Return the token ids (list<int32>) of a text column and their counts, from one encode per text.
 
-    The ids are exactly what ``tokens`` counts (the same encode call, with or without the
-    special tokens as ``--special-tokens`` says), so ``len(ids) == size``.
+    The ids are exactly what ``tokens`` counts (the same encode, with or without the special
+    tokens as ``--special-tokens`` says), so ``len(ids) == size``. ``keep=False``: the counts
+    only (the list is empty). Texts go to the encoder 4096 at a time; ids stay in numpy arrays.
     """
-    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-    counts = np.empty(len(col), dtype=np.int64)
-    values, pos = [], 0
-    for chunk in plain_column(col).chunks:
-        texts = chunk.to_pylist()
-        for a in range(0, len(texts), 4096):
-            encs = encode(texts[a:a + 4096], add_special_tokens=special_tokens)
-            ids = [e.ids for e in encs]
-            counts[pos:pos + len(ids)] = [len(x) for x in ids]
-            values.append(np.fromiter((t for x in ids for t in x), dtype=np.int32, count=int(
-                counts[pos:pos + len(ids)].sum())))
-            pos += len(ids)
-    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
-    flat = np.concatenate(values) if values else np.zeros(0, np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int32())), counts
+    from .fast_tokens import hf_ids
+
+    encode = getattr(tokenizer, "encode_texts", None)
+    if encode is None:  # a bare tokenizers.Tokenizer
+        def encode(texts, special):
+            return hf_ids(tokenizer, texts, special)
+    counts, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)]
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    for chunk in chunks:
+        chunk = plain_column(chunk)
+        for a in range(0, len(chunk), 4096):
+            ids, n = encode(chunk.slice(a, 4096).to_pylist(), special_tokens)
+            counts.append(n)
+            if keep:
+                values.append(ids)
+    sizes = np.concatenate(counts)
+    if not keep:
+        return pa.array([], pa.list_(pa.int32())), sizes
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(values), pa.int32())), sizes

@@ -120,3 +120,16 @@ def test_a_mixture_refuses_balance(tmp_path):
     proc = run_sortpack(["run", "--blend", f"1 {tmp_path / 'web'} 1 {tmp_path / 'code'}", "--size", "column:n",
                          "--max-tokens", "65536", "--balance", "compute", "-o", tmp_path / "p"], check=False)
     assert proc.returncode == 2 and "does not apply to a mixture" in proc.stderr
+
+
+def test_a_padded_plan_balances_its_padded_compute(tmp_path):
+    write(tmp_path / "chat.parquet", 30000, seed=5)
+    common = ["run", tmp_path / "chat.parquet", "--size", "column:n", "--max-tokens", "65536"]
+    run_sortpack([*common, "-o", tmp_path / "plain"])
+    run_sortpack([*common, "-o", tmp_path / "balanced", "--balance", "compute"])
+    t = table(tmp_path / "balanced")
+    bs, ps = t.column("batch_size").to_numpy().astype(np.float64), t.column("padded_size").to_numpy()
+    assert np.all(np.diff(bs * ps * (C + ps)) >= 0)  # ordered by the padded cost inspect reports
+    before = inspect_directory(str(tmp_path / "plain"), 64, 1)["compute_imbalance"]["weighted"]
+    after = inspect_directory(str(tmp_path / "balanced"), 64, 1)["compute_imbalance"]["weighted"]
+    assert after < before

@@ -2,6 +2,8 @@
 summed per micro-batch in the index, totalled in the manifest and handed out by the reader."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -72,6 +74,7 @@ def test_the_stage_commands_keep_the_measure_in_their_directories(data, tmp_path
         assert table.schema.field("size2").type == pa.int64()
         assert np.array_equal(table.column("size2").to_numpy(), patches[table.column("sample_id").to_numpy()])
         assert read_manifest(tmp_path / kind)["stats"]["size2"] == int(patches.sum())
+        assert json.loads(run_sortpack(["inspect", tmp_path / kind, "--json"]).stdout)["size2"] == int(patches.sum())
     check_sums(index_table(tmp_path / "i"), sizes, patches, padded=True)
 
 
@@ -158,3 +161,12 @@ def test_size2_refuses_oversize_split(data, tmp_path):
                          "column:patches", "--oversize", "split"], check=False)
     assert proc.returncode == 2 and "--size2 column:patches" in proc.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_a_failed_run_keeps_the_measure_in_its_metrics(data, tmp_path):
+    d, _, patches = data
+    proc = run_sortpack(["run", d / "a.parquet", "-o", tmp_path / "p", "--max-tokens", "1000", "--size2",
+                         "column:patches"], check=False, ranks=2)
+    assert proc.returncode == 2
+    kept = index_table(tmp_path / "p.metrics")
+    assert np.array_equal(kept.column("size2").to_numpy(), patches[kept.column("sample_id").to_numpy()])

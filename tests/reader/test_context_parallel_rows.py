@@ -77,3 +77,15 @@ def test_the_row_length_must_be_a_multiple_of_k():
     with pytest.raises(SortpackError, match="multiple of K"):
         PackOptions(rows=1000, pad_to_multiple=16).validate()
     PackOptions(rows=1024, pad_to_multiple=16).validate()
+
+
+@pytest.mark.slow
+def test_a_padded_row_plan_is_the_same_at_any_rank_count(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from support import assert_same_at_ranks
+
+    pq.write_table(pa.table({"n": chat_lengths(3000, seed=4)}), tmp_path / "chat.parquet", row_group_size=500)
+    assert_same_at_ranks(["run", tmp_path / "chat.parquet", "--size", "column:n", "--rows", str(ROW),
+                          "--pad-to-multiple", str(K)], tmp_path)

@@ -25,6 +25,7 @@ from ...distribute import fetch_rows
 from ...errors import SortpackError
 from ...parallel import Comm
 from ..sample_sort import sample_sort
+from ..samples import exact_sum
 from .batches import BatchArrays, Packed, segment_reduce
 
 
@@ -63,17 +64,32 @@ def cost_key(packed: Packed, name: str, cost_coeff: float) -> np.ndarray:
     return segment_reduce(np.add, weight(packed.sizes, packed.measures, cost_coeff), packed.batches.offsets)
 
 
-def two_cap_key(tokens: np.ndarray, size2: np.ndarray, cap1: int, cap2: int, bins: int = 20) -> np.ndarray:
-    """Return a key that orders micro-batches by both fills: the first's bin, then the second (serpentine).
+def _spread(comm: Comm, values: np.ndarray) -> tuple[int, int]:
+    """Return (m * sum of squares - sum^2, m) of integer ``values`` over all ranks, exactly (m values)."""
+    v = values.astype(np.int64)
+    m = comm.allreduce(len(v), "sum")
+    total = comm.allreduce(exact_sum(v), "sum")
+    squares = comm.allreduce(exact_sum(v * v), "sum")  # a micro-batch's sum is under its cap: no wrap
+    return m * squares - total * total, m
 
-    Micro-batches of near-equal first fill are grouped (``bins`` bins of the first cap) and
-    ordered by their second fill, which runs up in one bin and down in the next: neighbours are
-    alike in both measures.
+
+def two_cap_key(comm: Comm, tokens: np.ndarray, size2: np.ndarray, cap1: int, cap2: int,
+                bins: int = 40) -> np.ndarray:
+    """Return a key that orders micro-batches by both fills (collective).
+
+    The fill that varies more over the plan's micro-batches (usually the cap that does not
+    bind) is cut into ``bins`` bins of equal width; inside a bin micro-batches go by the
+    other fill, up in one bin and down in the next (serpentine): neighbours are alike in both.
+    Which fill varies more is decided on exact integer sums, so it does not depend on the rank count.
     """
-    f1 = tokens.astype(np.float64) / cap1
+    var1, _ = _spread(comm, tokens)
+    var2, _ = _spread(comm, size2)
+    f1 = np.minimum(tokens.astype(np.float64) / cap1, 1.0)
     f2 = np.minimum(size2.astype(np.float64) / cap2, 1.0)
-    b = np.floor(np.minimum(f1, 1.0) * bins)
-    return b + np.where(b % 2 == 1, 1.0 - f2, f2) * 0.5
+    # compare var(tokens)/cap1^2 with var(size2)/cap2^2 exactly
+    first, second = (f2, f1) if var2 * cap1 * cap1 >= var1 * cap2 * cap2 else (f1, f2)
+    b = np.floor(first * bins)
+    return b + np.where(b % 2 == 1, 1.0 - second, second) * 0.5
 
 
 def global_order(comm: Comm, packed: Packed, key: np.ndarray) -> Packed:

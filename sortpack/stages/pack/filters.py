@@ -17,22 +17,23 @@ class OversizeError(SortpackError):
     """Samples larger than the budget under ``--oversize error`` (``run`` adds how to keep its analysis)."""
 
 
-def content_empty(samples: SampleColumns) -> np.ndarray:
-    """Return which samples have no content: a size no larger than what an empty sample measures, or no target.
+def content_empty(samples: SampleColumns, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """Return which samples (of ``lo:hi``) have no content: a size no larger than what an empty sample measures,
+    or no loss target.
 
     Under ``--size tokens`` with special tokens an empty text measures the tokens the
     post-processor adds (``[CLS] [SEP]``: 2), which analyze records as ``empty_size``; a
     text of whitespace only measures the same and holds no token either. Every other size
     kind measures an empty sample as 0.
     """
-    empty = samples.size <= samples.empty_size
+    empty = samples.size[lo:hi] <= samples.empty_size
     if samples.begin is not None:
-        empty &= samples.begin == 0  # a document's last piece may hold just [SEP]: it is content all the same
+        empty &= samples.begin[lo:hi] == 0  # a document's last piece may hold just [SEP]: it is content all the same
     targets = samples.measures.get("targets")
     if targets is not None:
         # fine-tuning data: a sample (or piece) without a loss target trains nothing (an empty completion,
         # a chat without an assistant turn, a piece of prompt only)
-        empty |= targets <= 0
+        empty |= targets[lo:hi] <= 0
     return empty
 
 
@@ -76,8 +77,9 @@ def refuse_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> No
     count = comm.allreduce(int(over.sum()), "sum")
     if count:
         largest = comm.allreduce(int(samples.size[over].max()) if over.any() else 0, "max")
-        raise OversizeError(f"{count} samples {oversize_reason(opts, largest)}, or use --oversize split (cut "
-                            f"them into pieces that fit, no token lost), skip or truncate", collective=True)
+        ways = ("--oversize skip (a second size cannot be cut)" if "size2" in samples.measures else
+                "--oversize split (cut them into pieces that fit, no token lost), skip or truncate")
+        raise OversizeError(f"{count} samples {oversize_reason(opts, largest)}, or use {ways}", collective=True)
 
 
 def apply_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, dict]:

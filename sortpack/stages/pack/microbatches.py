@@ -62,11 +62,16 @@ def balanced(comm: Comm, packed: Packed, opts: PackOptions, two_caps: bool) -> P
     ``--balance NAME`` orders them by the cost it names; two caps under ``--budget tokens``
     (``two_caps``) by both fills; otherwise nothing moves. Collective.
     """
-    if opts.balance != "none":
+    if opts.balance == "compute" and padded_layout(opts):
+        # a padded micro-batch computes every slot at its padded length: the cost inspect reports
+        mb = packed.batches
+        slots = mb.batch_size.astype(np.float64) * np.asarray(mb.padded_size, np.float64)
+        key = slots * (opts.cost_coeff + np.asarray(mb.padded_size, np.float64))
+    elif opts.balance != "none":
         key = cost_key(packed, opts.balance, opts.cost_coeff)
     elif two_caps:
         size2 = segment_reduce(np.add, packed.measures["size2"], packed.batches.offsets)
-        key = two_cap_key(packed.batches.tokens, size2, opts.limit, opts.max_size2)
+        key = two_cap_key(comm, packed.batches.tokens, size2, opts.limit, opts.max_size2)
     else:
         return packed
     return global_order(comm, packed, key)
