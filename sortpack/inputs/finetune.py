@@ -443,6 +443,11 @@ class FineTuneShape:
     template: ChatTemplate | None = None
     gives_labels = True  # as a collate's tokenize=: it returns (ids, labels), also for a split plan's pieces
 
+    def __post_init__(self):
+        # the Hugging Face Tokenizer itself (load_tokenizer wraps it): the chats need its character offsets and the
+        # pairs its post-processor, and it pickles (a collate's tokenize= goes to DataLoader workers)
+        self.tokenizer = getattr(self.tokenizer, "hf", self.tokenizer)
+
     def columns(self) -> list[str]:
         """Return the input columns the shape reads."""
         if self.kind == "prompt_completion":
