@@ -137,9 +137,8 @@ def test_every_stage_reports_in_process(tmp_path, reporting, capsys, monkeypatch
     assert [x.split("%")[0] for x in err if x.startswith("sortpack: analyze ") and "%" in x] == \
         ["sortpack: analyze 25", "sortpack: analyze 50", "sortpack: analyze 75"]
     done = [x.split(" done")[0] for x in err if " done " in x]
-    # run writes its measurements right after analyze (kept only if the job then fails)
-    assert done == ["sortpack: analyze", "sortpack: write metrics", "sortpack: sort", "sortpack: pack",
-                    "sortpack: write index"]
+    # run writes no metrics directory when it succeeds (its measurements are dumped raw, unreported)
+    assert done == ["sortpack: analyze", "sortpack: sort", "sortpack: pack", "sortpack: write index"]
     assert not progress_mod._current
 
 
@@ -154,7 +153,7 @@ def test_mpiexec_run_reports_from_rank_zero_only(tmp_path, text_dataset):
     assert err and all(x.startswith("sortpack: rank 0 of 2: ") for x in err), proc.stderr
     done = [x.split(": ", 2)[2].split(" done")[0] for x in err if " done " in x]
     # one done line per stage: a second rank reporting would repeat them
-    assert done == ["analyze", "write metrics", "sort", "pack", "write index"], proc.stderr
+    assert done == ["analyze", "sort", "pack", "write index"], proc.stderr
     assert f"(job {len(lengths) / 1000:.1f}k)" in err[0]
     quiet = run_sortpack(args + ["--quiet", "--overwrite"], ranks=2, env=env, timeout=120)
     assert quiet.stderr.strip() == "" and quiet.stdout.strip() == ""

@@ -281,7 +281,13 @@ class _Measurements:
         kept, dumped = self.kept, self.dumped
         if kept is None or dumped is None or self.prof is None or self.job is None:
             return None
-        if (isinstance(exc, SortpackError) and exc.collective) or self.comm.size == 1:
+        together = (isinstance(exc, SortpackError) and exc.collective) or self.comm.size == 1
+        there = dumped.directory.is_dir()
+        # the dump lies in the output's temporary, which a failed commit (another job wrote OUTPUT
+        # meanwhile) has removed already: nothing is kept then, and the job's own error stands
+        if not (self.comm.allreduce(int(there), "min") if together else there):
+            return None
+        if together:
             manifest = keep_together(self.comm, kept, dumped, self.prof, self.job)
             if manifest is None:
                 return None
