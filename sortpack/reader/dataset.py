@@ -15,6 +15,7 @@ from ..inputs.formats import open_source, read_units
 from ..inputs.locations import with_locations
 from ..inputs.objects import is_url, size_of
 from ..inputs.renames import as_plan_names, manifest_renames, read_names
+from ..inputs.size_kinds import size_kind
 from ..inputs.source_file import SourceFile
 from .index import PackedIndex
 from .lazy_rows import TableSamples
@@ -160,9 +161,10 @@ class SourceDataset:
             return self._stored_items(ids)
         arr, files = self._where(np.asarray(list(ids), dtype=np.int64))
         ranges = self._ranges(ids)
+        kind = size_kind(self.pieces.unit) if self.pieces is not None else None
         cut = self.pieces.column if ranges is not None and self.pieces is not None \
-            and self.pieces.unit in ("length", "bytes") else None
-        by_bytes = self.pieces is not None and self.pieces.unit == "bytes"
+            and kind is not None and kind.cuts_column else None
+        by_bytes = kind is not None and kind.ranges == "bytes"
         out = [None] * len(arr)
         for k in np.unique(files).tolist():
             sel = np.flatnonzero(files == k)
@@ -227,11 +229,12 @@ class SourceDataset:
 
     def _token_ranges(self, ranges):
         """Return the ranges the collate helpers apply after tokenize: a ``--size tokens`` plan's only."""
-        return ranges if ranges is not None and self.pieces is not None and self.pieces.unit == "tokens" else None
+        kind = size_kind(self.pieces.unit) if self.pieces is not None else None
+        return ranges if ranges is not None and kind is not None and kind.ranges == "tokens" else None
 
 
 class PiecePlan(NamedTuple):
-    """A split plan's index and what its ranges count: ``unit`` ("tokens", "length" or "bytes") of ``column``."""
+    """A split plan's index and what its ranges count: ``unit`` (the size kind, ``SizeKind.ranges``) of ``column``."""
 
     plan: PackedIndex
     unit: str

@@ -12,6 +12,7 @@ from ..errors import SortpackError
 from ..inputs.discover import expand_inputs
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units
+from ..inputs.size_kinds import reads_text
 from ..inputs.source_file import SourceFile
 from ..inputs.specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
@@ -19,8 +20,6 @@ from ..partition import even_range
 from ..progress import Progress
 from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
-
-_TEXT_KINDS = ("length", "bytes", "words", "tokens")
 
 
 @dataclass
@@ -66,7 +65,7 @@ class Specs:
         columns = sorted({c for s in specs for c in (s.columns() or []) if c}) or None
         if any(s.kind == "python" for s in specs):
             columns = None
-        return columns, sorted({s.column for s in specs if s.kind in _TEXT_KINDS and s.column})
+        return columns, sorted({s.column for s in specs if reads_text(s.kind) and s.column})
 
 
 class TokenKeeper(Protocol):
@@ -121,7 +120,7 @@ def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None
 
 def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     """Return the parsed SPECs, the tokenizer they need and their python functions."""
-    needs_column = opts.size in _TEXT_KINDS or (opts.difficulty or opts.size) in _TEXT_KINDS
+    needs_column = reads_text(opts.size, opts.difficulty or opts.size)
     column = _resolve_column(opts, files) if needs_column else opts.column
     size_spec = parse_spec(opts.size, column, "--size")
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
