@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..format import open_shard, read_manifest
-from ..format.integrity import check_index_shard, check_sha256, member_path
+from ..format.integrity import check_index_shard, check_sha256, check_shard_size, member_path
 
 if TYPE_CHECKING:  # imported when used: the stored data's modules load with --store only
     from .stored import StoredData
@@ -88,11 +88,7 @@ class PackedIndex:
         # Refuse a damaged index now (a stat per shard); map a shard when a step first needs
         # it. Only Arrow footers and batch headers are read then, column pages on use.
         for entry in entries:
-            shard = member_path(self.path, entry["file"])
-            size = shard.stat().st_size if shard.is_file() else None
-            if size != int(entry["bytes"]):
-                found = "missing" if size is None else f"{size} bytes"
-                raise SortpackError(f"{shard}: {found}, the manifest says {entry['bytes']} bytes")
+            check_shard_size(member_path(self.path, entry["file"]), entry)
         self._entries = entries
         self._shards: list = [None] * len(entries)
         self._firsts = firsts

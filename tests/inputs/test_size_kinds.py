@@ -12,6 +12,7 @@ from sortpack.errors import SortpackError
 from sortpack.inputs import size_kinds
 from sortpack.inputs.size_kinds import SIZE_KINDS, SizeKind, reads_text, size_kind, split_kinds
 from sortpack.inputs.specs import evaluate, parse_spec
+
 from support import ROOT
 
 

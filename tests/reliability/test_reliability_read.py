@@ -348,7 +348,7 @@ def test_verify_refuses_a_huge_sparse_shard_at_once(tmp_path):
     t0 = time.perf_counter()
     proc = run_sortpack(["verify", ix], check=False, timeout=60)
     assert time.perf_counter() - t0 < 30
-    assert proc.returncode == 1 and f"{1 << 40} bytes, manifest says" in proc.stderr
+    assert proc.returncode == 1 and f"{1 << 40} bytes, the manifest says" in proc.stderr
 
 
 @pytest.mark.slow
