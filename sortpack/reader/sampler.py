@@ -26,7 +26,9 @@ class PackedSampler:
     Iterating yields ``MicroBatch`` lists of sample ids, ``grad_accum`` per step; every rank
     gets the same number of steps. Report what the loop received with ``consume(batch)``
     so ``state_dict()`` ignores DataLoader prefetch; it resumes exactly, at the same or
-    another world size. Framework-free; see ``sortpack.torch`` for the DataLoader side.
+    another world size. Framework-free; it is also ``sortpack.torch.PackedBatchSampler``, a
+    ``DataLoader`` ``batch_sampler`` whose ``len()`` is the micro-batches left in the epoch
+    (``steps * grad_accum``).
 
     Parameters
     ----------
@@ -371,20 +373,9 @@ class PackedSampler:
         self._resumed = True
 
 
-class PackedBatchSampler(PackedSampler):
-    """A ``DataLoader`` ``batch_sampler``: yields this rank's micro-batches (lists of sample ids).
-
-    ``len()`` is the micro-batches left in the epoch (``steps * grad_accum``). Call
-    ``consume(batch)`` on every batch the loop receives so ``state_dict()`` counts what was
-    trained on, not what workers prefetched. It takes ``PackedSampler``'s parameters, all of
-    them (``skip_steps``, ``skip_samples`` included), by inheriting its constructor: a
-    re-declared copy drifted from it once (issue 28), and tests keep the two signatures equal.
-    """
-
-
-# the parameters are the parent's, and so is their documentation (one text, no copy to drift)
-PackedBatchSampler.__doc__ = (PackedBatchSampler.__doc__ or "") + "\n    Parameters" + \
-    (PackedSampler.__doc__ or "").split("\n    Parameters", 1)[1]
+# A DataLoader's ``batch_sampler``: the same class, under the name that argument suggests
+# (``sortpack.torch`` exports it); one constructor and one docstring, nothing to drift.
+PackedBatchSampler = PackedSampler
 
 
 class _StepsAhead:
