@@ -1,4 +1,4 @@
-"""Do ranks pay for themselves (issue 29)? P=1 against P=2 on one node, side by side in one run.
+"""Do ranks pay for themselves? P=1 against P=2 on one node, side by side in one run.
 
 Two tables and their P2/P1 ratios:
 
@@ -17,7 +17,7 @@ Goals on a 2-core machine: sort at P=2 <= 0.6x P=1 at 60M, whole run <= 0.7x, st
 <= 0.3 s, tokens analyze >= 1x encode_batch's throughput at every P. Each figure carries the
 1-minute load average seen when its best run started: the machine may be shared.
 
-    PYTHONPATH=$PWD python -m benchmarks.bench_scaling --scale full      # the issue's tables
+    PYTHONPATH=$PWD python -m benchmarks.bench_scaling --scale full      # the full-size tables
     PYTHONPATH=$PWD python -m benchmarks --only scaling --scale small    # in the suite (CI)
 """
 from __future__ import annotations
