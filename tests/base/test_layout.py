@@ -248,3 +248,23 @@ def test_no_import_circles_between_modules():
     # a lazy import inside a function is still a circle: the two modules cannot be read (or tested) apart
     circles = _circles(_module_graph())
     assert not circles, f"modules that import each other (directly or around a circle): {circles}"
+
+
+# tests/ mirrors the package: a folder per side (or subpackage), base/ for the base modules, docs/ for what
+# the README and docs/ promise, and the two suites that cut across sides (mpi/ runs under mpiexec)
+TESTS = ROOT / "tests"
+TEST_FOLDERS_BESIDE_THE_SIDES = {"base", "docs", "mpi", "reliability"}
+
+
+def test_no_loose_test_files_at_the_top_of_tests():
+    loose = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert not loose, f"test files at the top of tests/: {loose}; put each in the folder of what it tests"
+
+
+def test_every_test_folder_mirrors_the_package():
+    sides = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    stray = sorted(folders - sides - TEST_FOLDERS_BESIDE_THE_SIDES)
+    assert not stray, f"test folders that mirror no part of sortpack/: {stray}"
+    base_tests = {p.stem.removeprefix("test_") for p in (TESTS / "base").glob("test_*.py")}
+    assert {"arrow_types", "errors", "launcher", "partition", "progress", "row_store"} <= base_tests
