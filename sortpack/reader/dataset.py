@@ -60,6 +60,18 @@ class SourceDataset:
         The split of a Hugging Face DatasetDict directory given as input paths.
     stored : bool
         Read an index's stored data shards when it has them (default True).
+
+    Examples
+    --------
+    The rows of ``plan/`` (``PackedIndex``'s example), by sample id or a micro-batch at a time:
+
+    >>> from sortpack.reader import PackedSampler, SourceDataset
+    >>> data = SourceDataset("plan/")
+    >>> data[3]
+    {'text': 'abcdef'}
+    >>> mb = next(iter(PackedSampler("plan/", rank=1, world_size=2)))
+    >>> [row["text"] for row in data.__getitems__(mb)]  # one zero-copy slice of the stored text
+    ['abcdef', 'abcdefg', 'abcdefgh']
     """
 
     def __init__(self, source, columns: list[str] | None = None, transform=None, cache_units: int = 8,

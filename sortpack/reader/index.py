@@ -68,6 +68,20 @@ class PackedIndex:
     mixture's held-out plan; else None),
     ``id_dtype`` (how the shards store sample ids: int32 when every id fits, else int64;
     every method hands out int64 arrays or Python ints either way).
+
+    Examples
+    --------
+    ``plan/`` holds 16 texts of 1 to 16 characters, planned by
+    ``sortpack run data/ -o plan/ --column text --max-tokens 32 --store text``:
+
+    >>> from sortpack.reader import PackedIndex
+    >>> index = PackedIndex("plan/")
+    >>> index.num_samples, index.num_microbatches
+    (16, 6)
+    >>> index.shape(1)  # (samples, padded length) of micro-batch 1
+    (3, 8)
+    >>> index.microbatch(1)  # its sample ids: rows of the input
+    array([ 3, 10,  1])
     """
 
     def __init__(self, path: str | os.PathLike, verify: str = "index"):

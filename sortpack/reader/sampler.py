@@ -65,6 +65,20 @@ class PackedSampler:
     skip_samples : iterable of int or dict, optional
         Sample ids taken out of their micro-batches (a dict maps id to size; see ``Skips``).
         ``step_batch``/``step_tokens`` of a step that loses samples no longer count them.
+
+    Examples
+    --------
+    Rank 1 of 2 takes every other micro-batch of ``plan/`` (``PackedIndex``'s example):
+
+    >>> from sortpack.reader import PackedSampler
+    >>> sampler = PackedSampler("plan/", rank=1, world_size=2)
+    >>> len(sampler)
+    3
+    >>> [list(mb) for mb in sampler]  # sample ids of micro-batches 1, 3 and 5
+    [[3, 10, 1], [6, 13], [2, 9]]
+    >>> mb = next(iter(sampler))
+    >>> mb.microbatch, mb.step, mb.step_batch  # step 0's batch: 5 + 3 samples over both ranks
+    (1, 0, 8)
     """
 
     STATE_VERSION = 1
