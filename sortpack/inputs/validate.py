@@ -30,13 +30,19 @@ def check_table(table: pa.Table, src: SourceFile, row0: int = 0,
         How the file's format names a row in a message (``InputFormat.row_position``: a
         JSONL file's line); by default ``row N``.
     """
+    name_row = position or _row
     for name, col in zip(table.column_names, table.columns):
         at = row0
         for chunk in col.chunks:
             try:
                 chunk.validate(full=True)
             except pa.ArrowException as exc:
-                raise SortpackError(_invalid(src, name, chunk, at, exc, position or _row)) from None
+                bad = _first_bad_utf8(chunk, exc)
+                if bad is not None:
+                    raise SortpackError(f"{src.path}: {name_row(src, at + bad)}: column {name!r} is not valid "
+                                        "UTF-8 text") from None
+                raise SortpackError(f"{src.path}: corrupt {src.format} data in column {name!r} "
+                                    f"({one_line(exc)})") from None
             at += len(chunk)
 
 
@@ -45,9 +51,8 @@ def _row(src: SourceFile, row: int) -> str:
     return f"row {row}"
 
 
-def _invalid(src: SourceFile, name: str, chunk: pa.Array, row0: int, exc: Exception,
-             position: Callable[[SourceFile, int], str]) -> str:
-    """Return the one-line message for a chunk that failed validation."""
+def _first_bad_utf8(chunk: pa.Array, exc: Exception) -> int | None:
+    """Return the first row of a text chunk that is not UTF-8 when that is why it failed validation, else None."""
     t = chunk.type
     if is_text(t) and "utf8" in str(exc).lower():
         values = chunk.view(pa.large_binary() if pa.types.is_large_string(t) else pa.binary()).to_pylist()
@@ -56,8 +61,8 @@ def _invalid(src: SourceFile, name: str, chunk: pa.Array, row0: int, exc: Except
                 if v is not None:
                     v.decode("utf-8")
             except UnicodeDecodeError:
-                return f"{src.path}: {position(src, row0 + r)}: column {name!r} is not valid UTF-8 text"
-    return f"{src.path}: corrupt {src.format} data in column {name!r} ({one_line(exc)})"
+                return r
+    return None
 
 
 def jsonl_line(path: str, row: int) -> int | str:
