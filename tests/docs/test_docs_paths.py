@@ -10,7 +10,7 @@ import pytest
 
 from support import ROOT
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 # a repository path: starts at a top-level folder (not inside a longer path or a URL), optionally
 # followed by ::test_name
 PATH = re.compile(r"(?<![\w./~-])((?:sortpack|tests|examples|benchmarks)/[\w./*-]*)(?:::(\w+))?")
