@@ -326,8 +326,12 @@ def estimate_rows(path: str, size: int, header_rows: int = 0) -> int:
     return max(1, round(max(rows, 1) * size / max(used, 1)))
 
 
-class _TextFormat(InputFormat):
-    """A line-based format: one unit (the whole file), rows estimated from its head, empty file = no rows."""
+class TextFormat(InputFormat):
+    """A line-based format: one unit (the whole file), rows estimated from its head, empty file = no rows.
+
+    A subclass says how the file's column names are read (``column_names``) and how it parses
+    (``parse``); the rest (rows, schema, the whole-file digest, empty files) is here.
+    """
 
     header_rows = 0
     digest = "file"
@@ -343,9 +347,10 @@ class _TextFormat(InputFormat):
     def columns(self, src: SourceFile) -> list[str]:
         """Return the column names (none for an empty file)."""
         # the first block is enough for the names; types are left to read
-        return self._names(src) if src.bytes else []
+        return self.column_names(src) if src.bytes else []
 
-    def _names(self, src: SourceFile) -> list[str]:
+    def column_names(self, src: SourceFile) -> list[str]:
+        """Return the column names of a non-empty file (its first block is enough)."""
         raise NotImplementedError
 
     def read(self, src: SourceFile, first: int, last: int, columns: list[str] | None,
@@ -354,9 +359,10 @@ class _TextFormat(InputFormat):
         if src.bytes == 0:
             # an empty shard (common among jsonl/csv part files) holds no rows, not an error
             return pa.table({c: pa.nulls(0) for c in columns or []})
-        return self._read(src, columns, text_columns)
+        return self.parse(src, columns, text_columns)
 
-    def _read(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+    def parse(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+        """Return the rows of a non-empty file (only ``columns`` when given; ``text_columns`` as strings)."""
         raise NotImplementedError
 
 
@@ -376,7 +382,7 @@ def _json_call(fn: Callable[..., Any], src: SourceFile) -> Any:
             block = min(block * 8, src.bytes + 1, 2**31 - 1)
 
 
-class JsonlFormat(_TextFormat):
+class JsonlFormat(TextFormat):
     """JSON lines: one object per line; a column's type widens across blocks (int then float)."""
 
     name = "jsonl"
@@ -386,10 +392,12 @@ class JsonlFormat(_TextFormat):
         """Return the line of row ``row`` (blank lines hold no row)."""
         return f"line {validate.jsonl_line(src.path, row)}"
 
-    def _names(self, src: SourceFile) -> list[str]:
+    def column_names(self, src: SourceFile) -> list[str]:
+        """Return the keys of the objects in the first block."""
         return _json_call(pjson.open_json, src).schema.names
 
-    def _read(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+    def parse(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+        """Return the file's rows, each column's type widened over all blocks."""
         # read_json widens a column's type across blocks (int then float); the dataset
         # API fixes the type from the first block and fails on a later one
         table = _json_call(pjson.read_json, src)
@@ -403,17 +411,19 @@ class JsonlFormat(_TextFormat):
         return _checked(table.select(columns), src, 0)
 
 
-class CsvFormat(_TextFormat):
+class CsvFormat(TextFormat):
     """CSV with a header line; ``text_columns`` are read as strings, not guessed (leading zeros stay)."""
 
     name = "csv"
     extensions = (".csv",)
     header_rows = 1
 
-    def _names(self, src: SourceFile) -> list[str]:
+    def column_names(self, src: SourceFile) -> list[str]:
+        """Return the header's names."""
         return pcsv.open_csv(_input(src.path)).schema.names
 
-    def _read(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+    def parse(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+        """Return the file's rows (``text_columns`` as strings)."""
         if columns is not None:
             _check_columns(src, file_columns(src), columns)
         text = {c: pa.string() for c in text_columns or []}

@@ -218,19 +218,19 @@ def test_one_reader_per_format_and_extension():
         open_source("x.xml", "xml")
 
 
-class LinesFormat(formats._TextFormat):
+class LinesFormat(formats.TextFormat):
     """Plain text: one sample per non-blank line, in column ``text`` (a format the package does not ship)."""
 
     name = "lines"
     extensions = (".lines",)
 
-    def _names(self, src):
+    def column_names(self, src):
         return ["text"]
 
-    def _read(self, src, columns, text_columns):
+    def parse(self, src, columns, text_columns):
         with open(src.path, encoding="utf-8") as fh:
             table = pa.table({"text": [line.rstrip("\n") for line in fh if line.strip()]})
-        return formats._checked(table if columns is None else table.select(columns), src, 0)
+        return table if columns is None else table.select(columns)
 
 
 def test_a_new_format_is_one_class_in_the_registry(tmp_path, monkeypatch):
