@@ -11,7 +11,12 @@ uploads). Interleaved over rounds, best of each kept, measured in the same run:
 - ``analyze``: ``sortpack analyze --size length`` of the files against the objects, per rank count;
 - ``read``: ``SourceDataset`` samples per second over an unstored plan (micro-batches in the
   sampler's ``shuffle`` order, rank 0 of 2, rows as Python objects, ``cache_units=4``), reading
-  the local files, the objects, and the objects with ``Prefetched(sampler, dataset=ds)``.
+  the local files, the objects, and the objects with ``Prefetched(sampler, dataset=ds)``;
+- ``tiny`` (``--only tiny``): a prefix of tiny JSONL objects (1,000 at small scale, 10,000 at
+  full) analyzed at 2 ranks: the whole command's wall time and the requests per object counted
+  in the server's log, against the server's floor in the same run (one HEAD and one GET of
+  every object from 16 threads of one process, what any pyarrow client pays). Goal: two
+  requests per object, 10,000 objects under 30 s.
 
 A local server has no network latency: the figures are the cost of going through HTTP, the
 S3 client and pyarrow's ranged reads, a lower bound of what a remote store costs.
@@ -21,9 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -31,8 +38,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SCALES = {"small": {"rows": 200_000, "files": 4, "rounds": 2, "read_mbs": 150},
-          "full": {"rows": 2_000_000, "files": 8, "rounds": 3, "read_mbs": 1500}}
+SCALES = {"small": {"rows": 200_000, "files": 4, "rounds": 2, "read_mbs": 150, "tiny": 1000},
+          "full": {"rows": 2_000_000, "files": 8, "rounds": 3, "read_mbs": 1500, "tiny": 10_000}}
+TINY_GOAL_S = 30.0  # 10,000 tiny objects at 2 ranks
 ROW_GROUP = 25_000
 MAX_TOKENS = 65536
 
@@ -65,8 +73,11 @@ class Server:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # one log line per request (werkzeug's): the tiny-objects figure counts them
+        self.log = Path(tempfile.mkstemp(prefix="moto-bench-", suffix=".log")[1])
+        with open(self.log, "wb") as sink:
+            self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                         stdout=sink, stderr=sink)
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -91,6 +102,20 @@ class Server:
             client.upload_file(str(f), bucket, f"data/{f.name}")
         return f"s3://{bucket}/data/"
 
+    def client(self):
+        """Return a boto3 S3 client of the server."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id="bench", aws_secret_access_key="bench")
+
+    def requests_since(self, mark: int) -> list[tuple[str, str]]:
+        """Return (method, path) of every request logged after byte ``mark`` of the log."""
+        time.sleep(0.5)
+        with open(self.log, "rb") as f:
+            f.seek(mark)
+            return re.findall(r'"([A-Z]+) (\S+) HTTP/[0-9.]+"', f.read().decode(errors="replace"))
+
     def stop(self) -> None:
         """End the server process."""
         self.proc.terminate()
@@ -98,6 +123,7 @@ class Server:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        self.log.unlink(missing_ok=True)
 
 
 def _cli(args: list[str], ranks: int, env: dict, timeout: float = 1200) -> float:
@@ -186,12 +212,67 @@ def measure(scale: str, ranks: list[int], workdir: Path) -> list[dict]:
     return rows
 
 
+def _floor(prefix: str, urls_n: int, env: dict) -> float:
+    """Return the seconds one process takes to HEAD and GET every object below ``prefix`` from 16 threads."""
+    from .runner import bench_env
+
+    code = ("import os, sys, time; from concurrent.futures import ThreadPoolExecutor; import pyarrow.fs as fs; "
+            "e = os.environ['AWS_ENDPOINT_URL']; s3 = fs.S3FileSystem(endpoint_override=e, scheme='http', "
+            "region='us-east-1'); p = sys.argv[1][len('s3://'):]; "
+            "keys = [i.path for i in s3.get_file_info(fs.FileSelector(p, recursive=True))]; t = time.perf_counter(); "
+            "one = lambda k: s3.open_input_file(k).read_buffer().size; "
+            "n = sum(ThreadPoolExecutor(16).map(one, keys)); print(time.perf_counter() - t, len(keys))")
+    proc = subprocess.run([sys.executable, "-c", code, prefix], env={**bench_env(), **env}, capture_output=True,
+                          text=True, timeout=1200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"floor worker failed\n{proc.stderr[-2000:]}")
+    secs_, n = proc.stdout.split()
+    assert int(n) == urls_n, (n, urls_n)
+    return float(secs_)
+
+
+def measure_tiny(scale: str, workdir: Path, ranks: int = 2) -> dict:
+    """Return the tiny-objects figure: sortpack's whole analyze at ``ranks``, requests per object, the floor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = SCALES[scale]["tiny"]
+    server = Server()
+    try:
+        client = server.client()
+        client.create_bucket(Bucket="tiny")
+
+        def put(i: int) -> None:
+            client.put_object(Bucket="tiny", Key=f"p/{i:06d}.jsonl",
+                              Body=(json.dumps({"text": "word " * (1 + i % 50)}) + "\n").encode())
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(put, range(n)))
+        load = os.getloadavg()[0]
+        floor = _floor("s3://tiny/p/", n, server.env)
+        mark = server.log.stat().st_size
+        wall = _cli(["analyze", "s3://tiny/p/", "-o", str(workdir / "tiny"), "--overwrite", "--quiet"], ranks,
+                    server.env)
+        reqs = [r for r in server.requests_since(mark) if r[1].startswith("/tiny/p/")]
+    finally:
+        server.stop()
+    return {"objects": n, "ranks": ranks, "wall": wall, "floor": floor, "per_object": len(reqs) / n,
+            "heads": sum(m == "HEAD" for m, _ in reqs) / n, "gets": sum(m == "GET" for m, _ in reqs) / n,
+            "load": load}
+
+
 def bench(ctx) -> list:
     """Return the suite's rows: analyze and SourceDataset reads, objects of a local S3 server vs local files."""
     from .report import Row, secs
 
     ctx.log("objects: writing Parquet files, starting moto's S3 server, uploading")
     rows = []
+    t = measure_tiny(ctx.scale_name, ROOT / "benchmarks" / "_work" / "objects")
+    rows.append(Row("objects", f"analyze a prefix of {t['objects']:,} tiny JSONL objects (whole command)", t["ranks"],
+                    secs(t["wall"]), f"server floor (HEAD+GET each, 16 threads): {secs(t['floor'])}",
+                    f"{t['wall'] / t['floor']:.2f}× floor", f"< {TINY_GOAL_S:g} s at 10,000",
+                    t["wall"] < TINY_GOAL_S if t["objects"] >= 10_000 else None,
+                    f"{t['per_object']:.2f} requests per object ({t['heads']:.2f} HEAD, {t['gets']:.2f} GET); "
+                    f"load {t['load']:.1f}"))
     for r in measure(ctx.scale_name, list(ctx.ranks), ROOT / "benchmarks" / "_work" / "objects"):
         if r["unit"] == "s":
             rows.append(Row("objects", r["what"] + ": s3:// vs local", r["ranks"], secs(r["s3"]),
@@ -209,9 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", choices=sorted(SCALES), default="small")
     ap.add_argument("--ranks", default="1,2")
     ap.add_argument("--workdir", default=str(ROOT / "benchmarks" / "_work" / "objects"))
+    ap.add_argument("--only", choices=["tiny", "files"], help="one part only")
     args = ap.parse_args(argv)
     ranks = [int(x) for x in args.ranks.split(",") if x]
     os.environ.setdefault("PYTHONPATH", str(ROOT))
+    if args.only in (None, "tiny"):
+        t = measure_tiny(args.scale, Path(args.workdir))
+        print(f"analyze of {t['objects']:,} tiny JSONL objects at {t['ranks']} ranks: {t['wall']:.2f} s whole command "
+              f"(goal < {TINY_GOAL_S:g} s at 10,000); server floor, one HEAD and one GET of each from 16 threads: "
+              f"{t['floor']:.2f} s ({t['wall'] / t['floor']:.2f}x); {t['per_object']:.2f} requests per object "
+              f"({t['heads']:.2f} HEAD, {t['gets']:.2f} GET); load {t['load']:.1f} on {os.cpu_count()} cores")
+        if args.only == "tiny":
+            return 0
     rows = measure(args.scale, ranks, Path(args.workdir))
     print(f"{'figure':<100} {'P':>2} {'local':>12} {'s3 (moto, 127.0.0.1)':>22} {'ratio':>8}")
     for r in rows:

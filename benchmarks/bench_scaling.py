@@ -17,22 +17,40 @@ Goals on a 2-core machine: sort at P=2 <= 0.6x P=1 at 60M, whole run <= 0.7x, st
 <= 0.3 s, tokens analyze >= 1x encode_batch's throughput at every P. Each figure carries the
 1-minute load average seen when its best run started: the machine may be shared.
 
+Two more tables, each alternated in one run (``--only keep``, ``--only weak``):
+
+- ``keep``: the 60M run (small: 1M) with the measurements kept for a failure (the default)
+  against the same run with ``SORTPACK_NO_KEEP=1`` (nothing kept): whole-command wall and CPU
+  time, and the ``keep_measurements`` stage. Goal: within 5% of the run without it.
+- ``weak``: weak scaling, 62.5M samples per rank (small: 1M): one rank on N against two ranks
+  on 2N, with every second of the wall accounted for: start-up, each stage, the time between
+  stages (``outside_stages_s``), and the launch plus the exit (the launcher's wall minus the
+  profile's ``process_s``), with the CPU time of all ranks. Goals: 2 ranks on 2N within 1.25x
+  one rank on N, and the 62.5M-per-rank run at most 7 s.
+
+The checkout's modules are compiled to bytecode first (``compileall``), as an installed
+package's are: where ``PYTHONDONTWRITEBYTECODE`` is set, a checkout run from source would
+otherwise compile about 90 modules in every rank of every command (about 0.1 s of CPU).
+
     PYTHONPATH=$PWD python -m benchmarks.bench_scaling --scale full      # the full-size tables
     PYTHONPATH=$PWD python -m benchmarks --only scaling --scale small    # in the suite (CI)
 """
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from . import data
 from .report import Row, Section, plain, secs
-from .runner import ROOT, launch, timed_worker
+from .runner import ROOT, BenchError, bench_env, launch, mpiexec, timed_worker
 
 MAX_TOKENS = 500_000
 SIZES = {"small": [1_000_000], "full": [20_000_000, 60_000_000]}
@@ -60,6 +78,110 @@ def _run(inputs: Path, out: Path, p: int) -> dict:
                      TIMEOUT, p, pin_rayon=False)
     man = json.loads((out / "manifest.json").read_text())
     return {"wall": wall, "profile": man["provenance"]["profile"], "hash": man["content_hash"], "load": load}
+
+
+KEEP_N = {"small": 1_000_000, "full": 60_000_000}
+WEAK_N = {"small": 1_000_000, "full": 62_500_000}  # samples per rank
+KEEP_TARGET, WEAK_TARGET, WEAK_SECONDS = 1.05, 1.25, 7.0
+
+
+def compile_checkout() -> None:
+    """Compile the checkout's modules to bytecode once, as an installed package's are."""
+    compileall.compile_dir(str(ROOT / "sortpack"), quiet=1)
+
+
+def _timed_run(inputs: Path, out: Path, p: int, env: dict | None = None) -> dict:
+    """Return one ``sortpack run --profile`` at P ranks: wall and CPU seconds (all ranks), profile, load at start."""
+    load = _load1()
+    cmd = [mpiexec(), "-n", str(p), sys.executable, "-m", "sortpack", "run", str(inputs), "-o", str(out), "--size",
+           "column:ntokens", "--max-tokens", str(MAX_TOKENS), "--profile", "--overwrite", "--quiet"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env={**bench_env(False), **(env or {})}, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise BenchError(f"exit {proc.returncode}: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    man = json.loads((out / "manifest.json").read_text())
+    return {"wall": wall, "user": after.ru_utime - before.ru_utime, "sys": after.ru_stime - before.ru_stime,
+            "profile": man["provenance"]["profile"], "hash": man["content_hash"], "load": load}
+
+
+def _stage_sum(prof: dict) -> float:
+    return sum(v["wall_s"] for v in prof.values() if isinstance(v, dict))
+
+
+def bench_keep(scale: str, log) -> tuple[list[Section], list[Row]]:
+    """Alternate the run with its kept measurements and without; return the table and the goal row."""
+    n = KEEP_N[scale]
+    inputs, out = data.size_parquet(n), data.work_dir("scaling-keep")
+    runs: dict = {"kept": [], "off": []}
+    for r in range(max(ROUNDS[scale], 2)):
+        for name, env in (("kept", {}), ("off", {"SORTPACK_NO_KEEP": "1"})):
+            res = _timed_run(inputs, out / name, 1, env)
+            log(f"round {r + 1}, {n / 1e6:g}M, measurements {name}: {res['wall']:.2f} s, CPU "
+                f"{res['user'] + res['sys']:.2f} s (load {res['load']:.1f})")
+            runs[name].append(res)
+    shutil.rmtree(out, ignore_errors=True)
+    best = {k: min(v, key=lambda x: x["wall"]) for k, v in runs.items()}
+    cpu = {k: min(x["user"] + x["sys"] for x in v) for k, v in runs.items()}
+    keep_stage = min(x["profile"].get("keep_measurements", {}).get("wall_s", 0.0) for x in runs["kept"])
+    sec = Section(f"kept measurements, sortpack run of {n / 1e6:g}M samples, P=1, alternated "
+                  f"(best of {len(runs['kept'])})", ["figure", "kept (default)", "SORTPACK_NO_KEEP=1", "ratio",
+                                                     "load"])
+    load = f"{best['kept']['load']:.1f} / {best['off']['load']:.1f}"
+    sec.rows += [["whole command wall", secs(best["kept"]["wall"]), secs(best["off"]["wall"]),
+                  f"{best['kept']['wall'] / best['off']['wall']:.3f}", load],
+                 ["whole command CPU (user+sys)", secs(cpu["kept"]), secs(cpu["off"]),
+                  f"{cpu['kept'] / cpu['off']:.3f}", load],
+                 ["keep_measurements stage", secs(keep_stage), "", "", load]]
+    ratio = best["kept"]["wall"] / best["off"]["wall"]
+    rows = [Row("scaling", f"run with kept measurements / without, {n / 1e6:g}M samples", 1,
+                secs(best["kept"]["wall"]), f"without: {secs(best['off']['wall'])}", f"{ratio:.3f}×",
+                f"≤ {KEEP_TARGET}×", ratio <= KEEP_TARGET,
+                f"CPU {cpu['kept'] / cpu['off']:.3f}×; keep_measurements stage {secs(keep_stage)}; load {load}")]
+    return [sec], rows
+
+
+def bench_weak(scale: str, log) -> tuple[list[Section], list[Row]]:
+    """Alternate one rank on N and two ranks on 2N; return the accounted wall table and the goal rows."""
+    n = WEAK_N[scale]
+    data_for = {1: data.size_parquet(n), 2: data.size_parquet(2 * n)}
+    out = data.work_dir("scaling-weak")
+    runs: dict = {1: [], 2: []}
+    for r in range(max(ROUNDS[scale] - 1, 2) if scale == "full" else 1):
+        for p in (1, 2):
+            res = _timed_run(data_for[p], out / f"P{p}", p)
+            log(f"round {r + 1}, weak P={p} on {p * n / 1e6:g}M: {res['wall']:.2f} s, CPU "
+                f"{res['user'] + res['sys']:.2f} s (load {res['load']:.1f})")
+            runs[p].append(res)
+    shutil.rmtree(out, ignore_errors=True)
+    best = {p: min(v, key=lambda x: x["wall"]) for p, v in runs.items()}
+    sec = Section(f"weak scaling, {n / 1e6:g}M samples per rank, --size column:ntokens (fastest round of each; "
+                  "max over ranks)", ["part", "P=1 on N", "P=2 on 2N", "P2/P1"])
+
+    def row(name: str, a: float, b: float) -> None:
+        sec.rows.append([name, secs(a), secs(b), f"{b / a:.2f}" if a else ""])
+
+    pr = {p: best[p]["profile"] for p in (1, 2)}
+    for name in [k for k, v in pr[1].items() if isinstance(v, dict)]:
+        row(name, pr[1][name]["wall_s"], pr[2].get(name, {}).get("wall_s", 0.0))
+    row("start-up (process start to the first stage)", pr[1]["startup_s"], pr[2]["startup_s"])
+    row("between stages (outside_stages_s)", pr[1]["outside_stages_s"], pr[2]["outside_stages_s"])
+    row("launch, manifest rename and exit (wall - process_s)", best[1]["wall"] - pr[1]["process_s"],
+        best[2]["wall"] - pr[2]["process_s"])
+    row("whole command (mpiexec launch to exit)", best[1]["wall"], best[2]["wall"])
+    row("CPU, all ranks (user)", best[1]["user"], best[2]["user"])
+    row("CPU, all ranks (sys)", best[1]["sys"], best[2]["sys"])
+    sec.rows.append(["load at start", f"{best[1]['load']:.1f}", f"{best[2]['load']:.1f}", ""])
+    ratio = best[2]["wall"] / best[1]["wall"]
+    load = f"load {best[1]['load']:.1f} / {best[2]['load']:.1f}"
+    rows = [Row("scaling", f"weak scaling: P=2 on {2 * n / 1e6:g}M / P=1 on {n / 1e6:g}M", 2, secs(best[2]["wall"]),
+                f"P=1: {secs(best[1]['wall'])}", f"{ratio:.2f}×", f"≤ {WEAK_TARGET}×", ratio <= WEAK_TARGET, load),
+            Row("scaling", f"whole run, {n / 1e6:g}M samples per rank", 1, secs(best[1]["wall"]), "",
+                "", f"≤ {WEAK_SECONDS:g} s", best[1]["wall"] <= WEAK_SECONDS if scale == "full" else None, load)]
+    return [sec], rows
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -249,6 +371,7 @@ def _texts(path: Path) -> list[str]:
 
 def bench(ctx) -> list[Row]:
     """The suite's ``scaling`` benchmark: both tables into the report, the goal rows back."""
+    compile_checkout()
     sort_secs, sort_rows = bench_sort(ctx.scale_name, ctx.log)
     tok_secs, tok_rows = bench_tokens(ctx.scale_name, ctx.log)
     ctx.sections.extend(sort_secs + tok_secs)
@@ -259,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run both parts and print their tables."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_scaling", description=__doc__.splitlines()[0])
     ap.add_argument("--scale", choices=sorted(SIZES), default="small")
-    ap.add_argument("--only", choices=["sort", "tokens"], help="one part only")
+    ap.add_argument("--only", choices=["sort", "tokens", "keep", "weak"], help="one part only")
     ap.add_argument("--texts", type=int, help="stdlib texts to tokenize (0: all; default: the scale's)")
     args = ap.parse_args(argv)
     print(f"bench_scaling, scale {args.scale}, load average {'/'.join(f'{x:.1f}' for x in os.getloadavg())}, "
@@ -268,7 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"  .. {msg}", flush=True)
 
+    compile_checkout()
     sections, rows = [], []
+    if args.only in ("keep",):
+        s, r = bench_keep(args.scale, log)
+        sections, rows = sections + s, rows + r
+    if args.only in ("weak",):
+        s, r = bench_weak(args.scale, log)
+        sections, rows = sections + s, rows + r
     if args.only in (None, "sort"):
         s, r = bench_sort(args.scale, log)
         sections, rows = sections + s, rows + r

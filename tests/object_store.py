@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -25,8 +27,20 @@ BAD_KEY = {"AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG0", "AWS_SECRET_ACCESS_KEY":
 class S3Server:
     """A moto S3 server process: its endpoint, the credentials it accepts and the env that reaches it."""
 
-    def __init__(self, proc: subprocess.Popen, endpoint: str, key: str, secret: str):
-        self.proc, self.endpoint, self.key, self.secret = proc, endpoint, key, secret
+    def __init__(self, proc: subprocess.Popen, endpoint: str, key: str, secret: str, log: Path):
+        self.proc, self.endpoint, self.key, self.secret, self.log = proc, endpoint, key, secret, log
+
+    def log_mark(self) -> int:
+        """Return where the server's request log ends now (for ``requests_since``)."""
+        return self.log.stat().st_size
+
+    def requests_since(self, mark: int) -> list[tuple[str, str]]:
+        """Return (method, path and query) of every request the server logged after ``mark``."""
+        time.sleep(0.3)  # the server writes its line after the response
+        with open(self.log, "rb") as f:
+            f.seek(mark)
+            text = f.read().decode(errors="replace")
+        return re.findall(r'"([A-Z]+) (\S+) HTTP/[0-9.]+"', text)
 
     def env(self, **extra: str) -> dict:
         """Return the environment variables a sortpack process needs to reach this server."""
@@ -92,9 +106,11 @@ def start_server() -> S3Server:
     boto3 = pytest.importorskip("boto3")
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"})
+    # the server logs one line per request (werkzeug's): tests count the requests sortpack makes
+    log = Path(tempfile.mkstemp(prefix="moto-", suffix=".log")[1])
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=sink, stderr=sink, env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"})
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -111,7 +127,7 @@ def start_server() -> S3Server:
     iam.put_user_policy(UserName="sortpack", PolicyName="s3", PolicyDocument=json.dumps(
         {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
     key = iam.create_access_key(UserName="sortpack")["AccessKey"]
-    return S3Server(proc, endpoint, key["AccessKeyId"], key["SecretAccessKey"])
+    return S3Server(proc, endpoint, key["AccessKeyId"], key["SecretAccessKey"], log)
 
 
 def stop_server(server: S3Server) -> None:
@@ -121,3 +137,4 @@ def stop_server(server: S3Server) -> None:
         server.proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         server.proc.kill()
+    server.log.unlink(missing_ok=True)

@@ -66,6 +66,11 @@ def profile_table(p: dict, exchange: dict | None = None) -> str:
     if p.get("startup_s") is not None:
         lines.append(f"start-up (process start to the first stage, max rank): {p['startup_s']:.3f} s"
                      + (f", {p['startup_cpu_s']:.3f} s CPU" if "startup_cpu_s" in p else ""))
+    if p.get("outside_stages_s") is not None:
+        lines.append(f"between stages (after the first stage began, in none; max rank): {p['outside_stages_s']:.3f} s")
+        lines.append(f"process start to the manifest (max rank): {p['process_s']:.3f} s, CPU per rank "
+                     f"{', '.join(f'{c:.2f}' for c in p['cpu_s_per_rank'])} s; the rest of a launcher's wall "
+                     "is the launch, the manifest's rename and the exit")
     lines.append(f"peak RSS (max rank): {p['peak_rss_bytes_max'] / 2**20:.1f} MiB")
     if p.get("peak_rss_bytes_per_rank"):
         lines.append(f"peak RSS per rank (MiB): {', '.join(f'{b / 2**20:.0f}' for b in p['peak_rss_bytes_per_rank'])}")

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import SortpackError
-from ..partition import round_robin
+from ..partition import even_range
+from . import objects
 from .discover import expand_inputs
 from .formats import file_columns, open_source
 from .size_kinds import reads_text as measured_on_text
@@ -38,8 +39,15 @@ def input_columns(comm: Comm, groups: list[list[str]], input_format: str = "auto
 
     expanded = comm.bcast_obj(comm.collectively(expand))
     flat = [(gi, path, fmt) for gi, files in enumerate(expanded) for path, fmt in files]
-    mine = comm.collectively(lambda: [(i, file_columns(open_source(*flat[i][1:])))
-                                      for i in round_robin(len(flat), rank=comm.rank, size=comm.size)])
+    # each rank the contiguous slice that analyze then describes: an object's first requests are then
+    # made by the rank that keeps it (``objects.prefetch``)
+    lo, hi = even_range(len(flat), rank=comm.rank, size=comm.size)
+
+    def mine_columns() -> list[tuple[int, list[str]]]:
+        objects.prefetch([flat[i][1] for i in range(lo, hi)])
+        return [(i, file_columns(open_source(*flat[i][1:]))) for i in range(lo, hi)]
+
+    mine = comm.collectively(mine_columns)
     names = dict(pair for part in comm.allgather_obj(mine) for pair in part)
     out: list[list[tuple[str, list[str]]]] = [[] for _ in groups]
     for i, (gi, path, _) in enumerate(flat):

@@ -77,6 +77,7 @@ def record(comm: Comm, paths: list[str], formats: list[str], sizes: list[int], o
     a newer mtime than the recorded one.
     """
     mine, err = [], None
+    objects.prefetch([paths[i] for i in owned(owners, rank=comm.rank)])  # small objects: kept from here on
     try:
         for i in owned(owners, rank=comm.rank):
             mine.append((i, {**version(paths[i]), **content_digest(paths[i], formats[i], int(sizes[i]))}))

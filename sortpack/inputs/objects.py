@@ -15,6 +15,12 @@ manifest. Timeouts and retries are bounded so that an unreachable endpoint fails
 seconds, not minutes: ``SORTPACK_OBJECT_TIMEOUT`` (seconds per connect and request,
 default 30) and ``SORTPACK_OBJECT_RETRIES`` (attempts per request, default 3).
 
+Requests: opening an object is one HEAD (its size, ETag and Last-Modified). An object below
+``WHOLE_BYTES`` is then read whole with one GET and kept (``_Small``, least recently used
+first out past ``CACHE_BYTES``), so describing, hashing and reading it again cost no
+request: two requests per small object, ``prefetch`` fetching many at once from threads.
+A larger object is read by ranged GETs of what is asked.
+
 Every failure becomes one ``SortpackError`` line naming the URL and what went wrong.
 """
 from __future__ import annotations
@@ -22,16 +28,23 @@ from __future__ import annotations
 import functools
 import os
 import re
+import threading
+from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 from ..env import env_int, env_text
 from ..errors import SortpackError, one_line
 
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs  # imported where a URL is read: a job of local files never loads it (nor TLS)
+
 SCHEMES = ("s3", "gs", "gcs")
+WHOLE_BYTES = 1 << 20  # an object this small is read whole in one GET (about one round trip's worth of bytes)
+CACHE_BYTES = 64 << 20  # small objects kept per process
+PREFETCH_THREADS = 16  # requests in flight while many objects are described
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 
@@ -73,6 +86,8 @@ def join_url(scheme: str, path: str) -> str:
 @functools.cache
 def _filesystem(scheme: str) -> pafs.FileSystem:
     """Return the (cached, per process) filesystem of a scheme, configured from the environment."""
+    import pyarrow.fs as pafs
+
     timeout = float(env_int("SORTPACK_OBJECT_TIMEOUT") or 30)
     attempts = max(1, env_int("SORTPACK_OBJECT_RETRIES") or 3)
     if scheme == "s3":
@@ -147,17 +162,102 @@ def _meta(meta: dict) -> dict[str, str]:
             for k, v in (meta or {}).items()}
 
 
-def head(url: str) -> ObjectInfo:
-    """Return the size, mtime and ETag (or generation) of object ``url`` from one HEAD request."""
-    fs, path = filesystem(url)
-    try:
-        with fs.open_input_file(path) as fh:
-            size, meta = fh.size(), _meta(fh.metadata())
-    except (OSError, pa.ArrowException) as exc:
-        raise object_error(url, exc) from None
+def _info(meta: dict, size: int) -> ObjectInfo:
+    """Return the ObjectInfo of a HEAD response's headers."""
     tag = meta.get("ETag") or meta.get("etag") or meta.get("x-goog-generation") or meta.get("generation")
     mtime = _parse_time(meta.get("Last-Modified") or meta.get("last-modified") or meta.get("mtime"))
     return ObjectInfo(int(size), mtime, tag.strip('"') if tag else None)
+
+
+class _Small:
+    """The small objects this process read whole: their HEAD and their bytes, least recently used first out."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.items: OrderedDict[str, tuple[ObjectInfo, pa.Buffer]] = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def get(self, url: str) -> tuple[ObjectInfo, pa.Buffer] | None:
+        """Return the kept HEAD and bytes of ``url`` (None: not kept)."""
+        with self.lock:
+            got = self.items.get(url)
+            if got is not None:
+                self.items.move_to_end(url)
+            return got
+
+    def put(self, url: str, info: ObjectInfo, buf: pa.Buffer) -> None:
+        """Keep ``url``'s HEAD and bytes, dropping the least recently used past the budget."""
+        with self.lock:
+            if url in self.items:
+                return
+            self.items[url] = (info, buf)
+            self.bytes += buf.size
+            while self.bytes > self.budget and len(self.items) > 1:
+                _, (_, old) = self.items.popitem(last=False)
+                self.bytes -= old.size
+
+    def clear(self) -> None:
+        """Forget every kept object."""
+        with self.lock:
+            self.items.clear()
+            self.bytes = 0
+
+
+_SMALL = _Small(CACHE_BYTES)
+
+
+def _open(url: str) -> tuple[ObjectInfo, pa.NativeFile]:
+    """Return the HEAD of ``url`` and a random-access file over it: its kept bytes, or the store's file.
+
+    An object below WHOLE_BYTES not kept yet costs one HEAD and one GET (the whole object, then
+    kept); a larger one one HEAD, and ranged GETs as it is read.
+    """
+    kept = _SMALL.get(url)
+    if kept is not None:
+        return kept[0], pa.BufferReader(kept[1])
+    fs, path = filesystem(url)
+    try:
+        fh = fs.open_input_file(path)
+        info = _info(_meta(fh.metadata()), fh.size())
+        if info.size > WHOLE_BYTES:
+            return info, fh
+        with fh:
+            buf = fh.read_buffer()
+    except (OSError, pa.ArrowException) as exc:
+        raise object_error(url, exc) from None
+    _SMALL.put(url, info, buf)
+    return info, pa.BufferReader(buf)
+
+
+def head(url: str) -> ObjectInfo:
+    """Return the size, mtime and ETag (or generation) of object ``url`` (one HEAD, none when it is kept)."""
+    info, fh = _open(url)
+    fh.close()
+    return info
+
+
+def prefetch(urls: list[str], threads: int = PREFETCH_THREADS) -> None:
+    """Read the HEAD (and the bytes of the small ones) of many objects at once, from threads.
+
+    What is described, hashed and read next is then served from memory (``_open``); a failed
+    request is left for that later call to report, with its URL.
+    """
+    todo = [u for u in urls if is_url(u) and _SMALL.get(u) is None]
+    if len(todo) < 2:
+        return
+
+    def one(url: str) -> None:
+        try:
+            _open(url)[1].close()
+        except SortpackError:
+            pass
+
+    filesystem(todo[0])  # made once, before the threads share it
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(threads, len(todo))) as pool:
+        list(pool.map(one, todo))
 
 
 def _parse_time(text: str | None) -> int | None:
@@ -175,6 +275,8 @@ def _parse_time(text: str | None) -> int | None:
 
 def kind(url: str) -> str:
     """Return ``"file"``, ``"prefix"`` (objects below it) or ``"missing"`` for ``url``."""
+    import pyarrow.fs as pafs
+
     fs, path = filesystem(url)
     try:
         info = fs.get_file_info(path)
@@ -189,6 +291,8 @@ def kind(url: str) -> str:
 
 def list_objects(url: str) -> list[tuple[str, int]]:
     """Return the URL and size of every object below prefix ``url``, in sorted key order."""
+    import pyarrow.fs as pafs
+
     fs, path = filesystem(url)
     scheme = url_scheme(url) or "s3"
     try:
@@ -202,11 +306,7 @@ def open_input(path: str) -> pa.NativeFile:
     """Return a random-access file over ``path``: memory-mapped when local, ranged GETs when a URL."""
     if not is_url(path):
         return pa.memory_map(path, "r")
-    fs, key = filesystem(path)
-    try:
-        return fs.open_input_file(key)
-    except (OSError, pa.ArrowException) as exc:
-        raise object_error(path, exc) from None
+    return _open(path)[1]
 
 
 def size_of(path: str) -> int:

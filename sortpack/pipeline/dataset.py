@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+from ..env import env_flag
 from ..errors import SortpackError
 from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
@@ -26,6 +27,7 @@ from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
 from ..stages.split import SPLIT_KINDS, byte_cuts, split_oversize
 from ..write.index_writer import write_index
+from ..write.kept import Dumped, dump_samples, keep_alone, keep_together
 from ..write.output import OutputDir
 from ..write.provenance import JobInfo, Profile
 from ..write.sample_dirs import read_samples, write_samples
@@ -74,28 +76,15 @@ def _repack_hint(metrics: str, output: str, sopts: SortOptions, popts: PackOptio
 def _kept_metrics(comm: Comm, out: OutputDir, overwrite: bool, inputs: list[str]) -> OutputDir | None:
     """Return where ``run`` keeps its measurements if it fails after analyze (None: OUTPUT.metrics is taken).
 
-    The directory is written right after analyze, inside the output's temporary, and moves
-    out to OUTPUT.metrics only when the job fails; a directory already there is replaced
-    only with ``--overwrite`` (else nothing is kept).
+    Its temporary lives inside the output's: right after analyze each rank dumps its columns
+    there (``write.kept``), made a metrics directory and moved out to OUTPUT.metrics only when
+    the job fails; a directory already there is replaced only with ``--overwrite`` (else
+    nothing is kept).
     """
     try:
         return OutputDir(comm, f"{out.path}.metrics", overwrite, inputs, inside=out)
     except SortpackError:  # raised on every rank together (the check is collective)
         return None
-
-
-def _keep_on_failure(comm: Comm, kept: OutputDir | None, manifest: dict | None, exc: Exception) -> str | None:
-    """Return the kept metrics directory after a failure past analyze (None: nothing kept).
-
-    A user error raised together on every rank is kept by rank 0; an error on one rank by
-    that rank alone (the others are blocked or aborted): the shards are all written already.
-    """
-    if kept is None or manifest is None:
-        return None
-    collective = isinstance(exc, SortpackError) and exc.collective
-    if collective and not comm.is_root():
-        return str(kept.path)  # rank 0 keeps it; only rank 0 prints a collective error
-    return str(kept.path) if kept.commit_alone(manifest) else None
 
 
 def split_sorted(comm: Comm, samples: SampleColumns, popts: PackOptions, recorded: dict
@@ -235,8 +224,8 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
 
 
 class _Measurements:
-    """Where ``run`` keeps its measurements: OUTPUT.metrics and .sorted with --keep-intermediate, else a copy
-    inside the output's temporary that moves out to OUTPUT.metrics only when the job fails after analyze."""
+    """Where ``run`` keeps its measurements: OUTPUT.metrics and .sorted with --keep-intermediate, else a raw
+    dump inside the output's temporary that becomes OUTPUT.metrics only when the job fails after analyze."""
 
     def __init__(self, comm: Comm, scope: JobScope, output: str, overwrite: bool, inputs: list[str],
                  keep_intermediate: bool):
@@ -246,23 +235,25 @@ class _Measurements:
         if keep_intermediate:
             self.extra = [scope.also(OutputDir(comm, f"{output}.metrics", overwrite, inputs)),
                           scope.also(OutputDir(comm, f"{output}.sorted", overwrite, inputs))]
-        # the measurements outlive a failure after analyze (an oversize sample, an error in sort or pack)
-        self.kept = self.extra[0] if keep_intermediate else _kept_metrics(comm, scope.out, overwrite, inputs)
-        self.manifest: dict | None = None
+        # the measurements outlive a failure after analyze (an oversize sample, an error in sort or pack);
+        # SORTPACK_NO_KEEP=1 keeps nothing (what the benchmark compares the dump's cost with)
+        self.kept = self.extra[0] if keep_intermediate else (
+            None if env_flag("SORTPACK_NO_KEEP") else _kept_metrics(comm, scope.out, overwrite, inputs))
+        self.written = False  # --keep-intermediate: OUTPUT.metrics is committed
+        self.dumped: Dumped | None = None
+        self.prof: Profile | None = None
+        self.job: JobInfo | None = None
 
     def write_metrics(self, samples: SampleColumns, measured: dict, prof: Profile, job: JobInfo) -> None:
-        """Write the metrics directory (--keep-intermediate: committed at once), or the copy kept on failure."""
+        """Write the metrics directory (--keep-intermediate: committed at once), or dump what a failure keeps."""
         if self.keep_intermediate:
-            # committed at once (the manifest is then rank 0's only)
-            self.manifest = write_samples(self.comm, self.extra[0], "metrics", samples, measured, prof, job) or {}
+            write_samples(self.comm, self.extra[0], "metrics", samples, measured, prof, job)
+            self.written = True
         elif self.kept is not None:
-            try:
-                self.manifest = write_samples(self.comm, self.kept, "metrics", samples, measured, prof, job,
-                                              commit=False)
-            except SortpackError as exc:
-                if not exc.collective:
-                    raise
-                self.kept.discard()  # insurance only: a full disk here does not stop the job
+            self.prof, self.job = prof, job
+            with prof.stage("keep_measurements"):
+                # analyze numbers each rank's samples from its first row: the ids need not be written
+                self.dumped = dump_samples(self.comm, self.kept, samples, measured, ids_from_start=True)
 
     def write_sorted(self, ordered: SampleColumns, options: dict, prof: Profile, job: JobInfo) -> None:
         """Write the sorted directory with --keep-intermediate (else nothing)."""
@@ -270,18 +261,36 @@ class _Measurements:
             write_samples(self.comm, self.extra[1], "sorted", ordered, options, prof, job)
 
     def done(self) -> None:
-        """Drop the copy kept only to survive a failure: the job succeeded."""
+        """Drop the dump kept only to survive a failure: the job succeeded."""
         if self.kept is not None and not self.keep_intermediate:
             self.kept.discard()
 
+    def _keep(self, exc: Exception) -> str | None:
+        """Return the kept metrics directory after a failure past analyze (None: nothing kept).
+
+        An error raised together on every rank is written by all ranks and moved into place by
+        rank 0; an error on one rank by that rank alone from every rank's dump (the others are
+        blocked or aborted).
+        """
+        kept, dumped = self.kept, self.dumped
+        if kept is None or dumped is None or self.prof is None or self.job is None:
+            return None
+        if (isinstance(exc, SortpackError) and exc.collective) or self.comm.size == 1:
+            manifest = keep_together(self.comm, kept, dumped, self.prof, self.job)
+            if manifest is None:
+                return None
+            if not self.comm.is_root():
+                return str(kept.path)  # rank 0 moves it; only rank 0 prints a collective error
+        else:
+            manifest = keep_alone(kept, dumped, self.job)
+        return str(kept.path) if manifest is not None and kept.commit_alone(manifest) else None
+
     def failed(self, exc: Exception, output: str, sopts: SortOptions, popts: PackOptions) -> Exception | None:
         """Return the error to raise instead of ``exc``, naming where the measurements are kept (None: ``exc``)."""
-        if self.manifest is None:
-            return None
-        if self.keep_intermediate and self.kept is not None:
-            where: str | None = str(self.kept.path)
+        if self.keep_intermediate:
+            where = str(self.extra[0].path) if self.written else None
         else:
-            where = _keep_on_failure(self.comm, self.kept, self.manifest, exc)
+            where = self._keep(exc)
         if where is None:
             return None
         hint = _repack_hint(where, output, sopts, popts, isinstance(exc, OversizeError))

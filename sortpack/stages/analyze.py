@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import SortpackError
+from ..inputs import objects
 from ..inputs.discover import expand_inputs
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units
@@ -101,8 +102,14 @@ def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str |
     # each rank opens only its contiguous slice of them; the small descriptions (row counts
     # per row group) are then shared with one allgather.
     lo, hi = even_range(len(paths), rank=comm.rank, size=comm.size)
-    mine = comm.collectively(lambda: [open_source(p, f) for p, f in paths[lo:hi]])
+    mine = comm.collectively(lambda: [open_source(p, f) for p, f in _prefetched(paths[lo:hi])])
     return [src for part in comm.allgather_obj(mine) for src in part]
+
+
+def _prefetched(paths: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Return ``paths`` once the objects among them are fetched at once (small ones whole: ``objects.prefetch``)."""
+    objects.prefetch([p for p, _ in paths])
+    return paths
 
 
 def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None:

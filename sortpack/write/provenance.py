@@ -41,6 +41,7 @@ class Profile:
         self.counts: dict[str, int] = {}  # per-rank counts reported for every rank (balance)
         self.startup_s: float | None = None  # process start to the first stage's start
         self.startup_cpu_s = 0.0  # CPU time spent by then (what start-up costs without other load)
+        self.first_stage: float | None = None  # perf_counter at the first stage's start
 
     @contextmanager
     def stage(self, name: str):
@@ -48,16 +49,33 @@ class Profile:
         if self.startup_s is None:
             self.startup_s, self.startup_cpu_s = process_age(), time.process_time()
         t0, b0 = time.perf_counter(), self.comm.bytes_sent
+        if self.first_stage is None:
+            self.first_stage = t0
         with phase_times() as phases:
             yield
         self.comm.barrier()
         self.stages[name] = {"wall_s": time.perf_counter() - t0, "alltoallv_bytes": self.comm.bytes_sent - b0,
                              "phases": phases}
 
+    def _outside(self) -> tuple[float | None, float | None, float]:
+        """Return (seconds since the first stage began not in any stage, seconds since the process began, CPU s)."""
+        age = process_age()
+        if self.first_stage is None:
+            return None, age, time.process_time()
+        staged = sum(st["wall_s"] for st in self.stages.values())
+        return max(time.perf_counter() - self.first_stage - staged, 0.0), age, time.process_time()
+
     def reduce(self) -> dict:
-        """Return, per stage, the max over ranks of wall time and bytes, and the peak RSS."""
+        """Return, per stage, the max over ranks of wall time and bytes, the peak RSS, and the rest of the wall.
+
+        Every second from the process's start to this call is in ``startup_s``, a stage, or
+        ``outside_stages_s`` (work between stages: option checks, statistics, this reduce);
+        ``process_s`` is that whole span and ``cpu_s`` its CPU time. What follows (the manifest's
+        write and rename, the process's exit) is the launcher's wall minus ``process_s``.
+        """
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        parts = self.comm.allgather_obj((self.stages, rss, self.counts, self.startup_s, self.startup_cpu_s))
+        outside = self._outside()
+        parts = self.comm.allgather_obj((self.stages, rss, self.counts, self.startup_s, self.startup_cpu_s, outside))
         out: dict[str, Any] = {}
         for name in self.stages:
             out[name] = {
@@ -74,6 +92,10 @@ class Profile:
             out["startup_s"] = round(max(p[3] for p in parts), 3)
             out["startup_s_per_rank"] = [round(p[3], 3) for p in parts]
             out["startup_cpu_s"] = round(max(p[4] for p in parts), 3)
+        if all(p[5][0] is not None for p in parts) and all(p[5][1] is not None for p in parts):
+            out["outside_stages_s"] = round(max(p[5][0] for p in parts), 3)
+            out["process_s"] = round(max(p[5][1] for p in parts), 3)
+            out["cpu_s_per_rank"] = [round(p[5][2], 3) for p in parts]
         out["peak_rss_bytes_max"] = max(p[1] for p in parts)
         out["peak_rss_bytes_per_rank"] = [p[1] for p in parts]
         for name in self.counts:

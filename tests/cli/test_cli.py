@@ -3,10 +3,12 @@ a failing rank ends the job, inspect and verify."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from support import assert_same_at_ranks, assert_same_outputs, read_manifest, run_sortpack
@@ -229,6 +231,12 @@ def test_profile_splits_the_sort_into_phases_and_records_start_up(tmp_path, text
     assert len(profile["startup_s_per_rank"]) == 2 and 0 < profile["startup_s"] < 60
     assert 0 < profile["startup_cpu_s"] <= profile["startup_s"] * 4  # a process's CPU clock, not a wall clock
     assert "  exchange" in proc.stdout and "start-up (process start to the first stage" in proc.stdout
+    # every second to the manifest: start-up, the stages, and the time between them
+    staged = sum(v["wall_s"] for v in profile.values() if isinstance(v, dict))
+    assert 0 <= profile["outside_stages_s"] and len(profile["cpu_s_per_rank"]) == 2
+    assert profile["startup_s"] + staged <= profile["process_s"] + 0.05
+    assert profile["process_s"] <= profile["startup_s"] + staged + profile["outside_stages_s"] + 0.5
+    assert "between stages" in proc.stdout
 
 
 THREADS_SPEC = "import os\n\ndef rayon(batch):\n    return [int(os.environ['RAYON_NUM_THREADS'])] * batch.num_rows\n"
@@ -255,3 +263,25 @@ def test_tokenizer_threads_share_the_cores_between_ranks(tmp_path, text_dataset,
     want = {None: cores, "half": max(cores // 2, 1)}.get(expect, expect)
     sizes = read_manifest(tmp_path / "m")["stats"]
     assert sizes["size_min"] == sizes["size_max"] == want
+
+
+def test_a_run_of_local_parquet_imports_only_what_it_uses(tmp_path):
+    # every rank pays for each import before its first stage: no tokenizer, training, report, mixture or
+    # progress-bar module for a --size column: run of local files with --quiet
+    import subprocess
+    import sys
+
+    pq.write_table(pa.table({"n": np.arange(1, 1001, dtype=np.int32)}), tmp_path / "x.parquet")
+    unused = ("tokenizers", "torch", "tqdm", "pandas", "matplotlib", "transformers", "datasets", "pyarrow.dataset",
+              "pyarrow.compute", "sortpack.reader", "sortpack.report", "sortpack.train", "sortpack.torch",
+              "sortpack.stages.mixture", "sortpack.stages.blend", "sortpack.pipeline.mixture")
+    code = ("import sys; from sortpack.cli import main\n"
+            f"try: main(['run', {str(tmp_path / 'x.parquet')!r}, '-o', {str(tmp_path / 'plan')!r}, '--size', "
+            "'column:n', '--max-tokens', '5000', '--quiet'])\nexcept SystemExit as e: assert not e.code, e.code\n"
+            f"print(sorted(m for m in sys.modules if m in {unused!r} or m.startswith(tuple(u + '.' for u in "
+            f"{unused!r}))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "SORTPACK_NO_MPI": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+    assert (tmp_path / "plan" / "manifest.json").is_file()

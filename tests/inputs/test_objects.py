@@ -369,3 +369,35 @@ def test_a_rank_fetches_only_the_byte_ranges_of_its_own_rows(s3_env, tmp_path, m
         got = formats.read_unit_rows(src, 7, 100, 300, ["text"])  # the rows a rank takes of one unit
         assert got.column("text").to_pylist() == table.column("text")[2900:3100].to_pylist()
         assert sum(counted) < size // 4, (name, sum(counted), size)  # one unit's bytes, not the file's
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_small_object_costs_one_head_and_one_get(s3_server, tmp_path, ranks):
+    # every object is described, hashed and read from the bytes of its one GET
+    s3_server.bucket("tiny")
+    n = 24
+    for i in range(n):
+        path = tmp_path / "in" / f"{i:03d}.{'jsonl' if i % 3 else 'parquet'}"
+        path.parent.mkdir(exist_ok=True)
+        if path.suffix == ".jsonl":
+            path.write_text(json.dumps({"text": "w" * (i + 1)}) + "\n")
+        else:
+            pq.write_table(pa.table({"text": ["v" * (i + 1), "u"]}), path)
+        s3_server.upload(path, f"s3://tiny/p/{path.name}")
+    mark = s3_server.log_mark()
+    _run(s3_server, ["run", "s3://tiny/p/", "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "400",
+                     "--quiet"], ranks=ranks)
+    per: dict[str, list[str]] = {}
+    for method, path in s3_server.requests_since(mark):
+        if path.startswith("/tiny/p/"):
+            per.setdefault(path.split("?")[0], []).append(method)
+    assert len(per) == n
+    if ranks == 1:
+        assert all(sorted(m) == ["GET", "HEAD"] for m in per.values()), per
+    else:  # the object at the ranks' boundary may be fetched by both
+        assert all(sorted(m) in (["GET", "HEAD"], ["GET", "GET", "HEAD", "HEAD"]) for m in per.values()), per
+        assert sum(len(m) for m in per.values()) <= 2 * n + 4, per
+    manifest = json.loads((tmp_path / "plan" / "manifest.json").read_text())
+    assert manifest["num_samples"] == sum(1 if i % 3 else 2 for i in range(n))
+    assert all(e for e in manifest["provenance"]["source_etags"])
