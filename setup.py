@@ -27,7 +27,13 @@ setup(
             "sortpack.kernels._ckernels",
             sources=["sortpack/kernels/_ckernels.c"],
             optional=True,
-        )
+        ),
+        # the SIGBUS handler of sortpack.format.mapped (a shard that shrinks under a reader)
+        Extension(
+            "sortpack.format._busguard",
+            sources=["sortpack/format/_busguard.c"],
+            optional=True,
+        ),
     ],
     cmdclass={"build_ext": BuildExt},
 )

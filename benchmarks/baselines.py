@@ -117,3 +117,71 @@ def utf8_length_baseline(path: Path, column: str) -> np.ndarray:
 def encode_batch_baseline(tokenizer, texts: list[str]) -> np.ndarray:
     """Return token counts of ``texts`` from one ``Tokenizer.encode_batch`` call."""
     return np.fromiter((len(e.ids) for e in tokenizer.encode_batch(texts)), np.int64, len(texts))
+
+
+def _ffd(sizes: np.ndarray, bins: int, row_len: int) -> list[list[int]] | None:
+    """Return first-fit-decreasing of ``sizes`` (positions) into ``bins`` rows of ``row_len`` (None: no fit)."""
+    room = np.full(bins, row_len, np.int64)
+    members: list[list[int]] = [[] for _ in range(bins)]
+    for i in np.argsort(-sizes, kind="stable").tolist():
+        fit = np.flatnonzero(room >= sizes[i])
+        if not fit.size:
+            return None
+        k = int(fit[0])
+        room[k] -= sizes[i]
+        members[k].append(i)
+    return members
+
+
+def multipack_rows(sizes: np.ndarray, row_len: int, world: int, seed: int = 0) -> list[list[np.ndarray]]:
+    """Return the steps of a multipack sampler: per step, one row of sample indices for each of ``world`` ranks.
+
+    As multipack (imoneoi/multipack_sampler, axolotl's MultipackBatchSampler) allocates: the
+    samples in a seeded random order; each step takes the longest run of the next samples that
+    first-fit-decreasing packs into ``world`` rows of ``row_len`` tokens (binary search on the
+    run's length), and deals the rows round robin, one to each rank.
+    """
+    order = np.random.default_rng(seed).permutation(len(sizes))
+    steps: list[list[np.ndarray]] = []
+    a, n = 0, len(order)
+    guess = max(1, world * row_len // max(int(sizes.mean()), 1))
+    while a < n:
+        lo, hi = 1, min(n - a, 2 * guess)  # lo always fits (a sample alone fits a row)
+        while hi < n - a and _ffd(sizes[order[a:a + hi]], world, row_len) is not None:
+            lo, hi = hi, min(n - a, 2 * hi)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _ffd(sizes[order[a:a + mid]], world, row_len) is not None:
+                lo = mid
+            else:
+                hi = mid - 1
+        rows = _ffd(sizes[order[a:a + lo]], world, row_len)
+        assert rows is not None
+        steps.append([order[a:a + lo][np.asarray(r, np.int64)] for r in rows])
+        a, guess = a + lo, lo
+    return steps
+
+
+def karmarkar_karp(weights: list[float], k: int) -> list[list[int]]:
+    """Return a partition of item indices into k parts of balanced weight sums (largest differencing method).
+
+    As verl's ``get_seqlen_balanced_partitions`` (and slime's FLOPs balance) describe it: every
+    item starts as a state of k parts (itself in one, the others empty); repeatedly the two
+    states of largest spread are merged, the heaviest part of one with the lightest of the
+    other, until one state is left.
+    """
+    import heapq
+
+    heap: list = []
+    for i, w in enumerate(weights):
+        parts = [(0.0, [])] * (k - 1) + [(float(w), [i])]
+        heapq.heappush(heap, (-float(w), i, parts))
+    if not heap:
+        return [[] for _ in range(k)]
+    while len(heap) > 1:
+        _, i, a = heapq.heappop(heap)
+        _, _, b = heapq.heappop(heap)
+        # a and b are sorted by weight ascending: a's heaviest with b's lightest
+        merged = sorted(((wa + wb, la + lb) for (wa, la), (wb, lb) in zip(a, reversed(b))), key=lambda x: x[0])
+        heapq.heappush(heap, (-(merged[-1][0] - merged[0][0]), i, merged))
+    return [members for _, members in heap[0][2]]

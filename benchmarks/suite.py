@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import (
+    bench_balance,
     bench_loader,
     bench_mixture,
     bench_objects,
@@ -353,7 +354,8 @@ def bench_reader(ctx: Context) -> list[Row]:
 BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze": bench_analyze,
               "tokens": bench_tokens, "reader": bench_reader, "train": train_payoff.bench,
               "loader": bench_loader.bench, "mixture": bench_mixture.bench, "stored": bench_stored.bench,
-              "objects": bench_objects.bench, "scaling": bench_scaling.bench, "tokens_loop": bench_tokens_loop.bench}
+              "objects": bench_objects.bench, "scaling": bench_scaling.bench, "tokens_loop": bench_tokens_loop.bench,
+              "balance": bench_balance.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

@@ -20,7 +20,7 @@ def make_analyze(kw: dict) -> AnalyzeOptions:
 
     return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
                           tokenizer=kw["tokenizer"], input_format=kw["input_format"],
-                          special_tokens=kw["special_tokens"], split=kw["split"])
+                          special_tokens=kw["special_tokens"], split=kw["split"], size2=kw.get("size2_spec"))
 
 
 def make_sort(kw: dict) -> SortOptions:
@@ -41,7 +41,8 @@ def make_pack(kw: dict) -> PackOptions:
                        segment_size=kw["segment_size"] or SEGMENT_SIZE, rows=kw["rows"],
                        rows_per_microbatch=kw["rows_per_microbatch"], max_segments=kw["max_segments"],
                        auto_shapes=kw["shapes"][1], static_shapes=kw["static_shapes"],
-                       keep_empty=kw["keep_empty"])
+                       keep_empty=kw["keep_empty"], max_size2=kw["max_size2"], balance=kw["balance"],
+                       cost_coeff=kw["cost_coeff"])
 
 
 def make_store(kw: dict) -> StoreOptions:

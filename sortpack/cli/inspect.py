@@ -15,6 +15,9 @@ from .job import on_one_rank
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--world-size", type=int, default=None, help="Data-parallel ranks: report steps and step imbalance.")
 @click.option("--grad-accum", type=int, default=1, show_default=True, help="Micro-batches per rank per step.")
+@click.option("--cost-coeff", type=float, default=None, metavar="C",
+              help="With --world-size: C of the compute cost C*s + s^2 per document (compute_imbalance); "
+                   "default 6144, C ~ 6 * d_model (docs/step-costs.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG: sizes, fill, step balance, shapes, LR scale.")
@@ -31,26 +34,30 @@ from .job import on_one_rank
 @click.option("--drop-last", is_flag=True, help="With --step/--sample: the sampler's drop_last.")
 @click.option("--largest-first", is_flag=True, help="With --step/--sample: the sampler's largest_first.")
 @click.option("--warmup-shapes", is_flag=True, help="With --step/--sample: the sampler's warmup_shapes.")
-def inspect(directory, world_size, grad_accum, as_json, plot, step, samples, **sampler):
+def inspect(directory, world_size, grad_accum, cost_coeff, as_json, plot, step, samples, **sampler):
     """Report on a metrics, sorted or index directory; --step/--sample trace a plan's steps."""
     # under mpiexec/srun rank 0 reports (and plots) for all; every rank exits with its status
     if step is not None or samples:
         text, root = on_one_rank(lambda: _trace(directory, 1 if world_size is None else world_size, grad_accum,
                                                 step, samples, as_json, sampler))
     else:
-        text, root = on_one_rank(lambda: _report(directory, world_size, grad_accum, as_json, plot))
+        text, root = on_one_rank(lambda: _report(directory, world_size, grad_accum, as_json, plot, cost_coeff))
     if root:
         click.echo(text)
 
 
-def _report(directory, world_size, grad_accum, as_json, plot) -> str:
-    from ..report.inspect import inspect_directory, render
+def _report(directory, world_size, grad_accum, as_json, plot, cost_coeff) -> str:
+    from ..report.inspect import DEFAULT_COST_COEFF, inspect_directory, render
     from ..report.plot import plot_directory
 
-    report = inspect_directory(directory, world_size, grad_accum)
+    if cost_coeff is None:
+        cost_coeff = DEFAULT_COST_COEFF
+    elif not (cost_coeff >= 0 and cost_coeff < float("inf")):
+        raise SortpackError(f"--cost-coeff {cost_coeff}: must be a finite number >= 0")
+    report = inspect_directory(directory, world_size, grad_accum, cost_coeff)
     if plot:
         os.makedirs(os.path.dirname(os.path.abspath(plot)), exist_ok=True)
-        plot_directory(directory, plot, world_size, grad_accum)
+        plot_directory(directory, plot, world_size, grad_accum, cost_coeff)
     for warning in report.get("warnings", []):  # on stderr: the report itself stays parseable
         click.echo(f"sortpack: warning: {warning}", err=True)
     return json.dumps(report, indent=1) if as_json else render(report)

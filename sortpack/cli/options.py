@@ -41,6 +41,10 @@ def analyze_options(f):
                           "python:MODULE:FUNC."),
         click.option("--difficulty", "difficulty_spec", default=None,
                      help="Difficulty SPEC (curriculum key); defaults to the size."),
+        click.option("--size2", "size2_spec", default=None, metavar="SPEC",
+                     help="A second size per sample (any SPEC, e.g. column:num_patches or column:duration*100: "
+                          "encoder patches or frames), summed per micro-batch as the index column size2; "
+                          "with --max-size2 N a second cap."),
         click.option("--tokenizer", type=click.Path(dir_okay=False),
                      help="HF tokenizers JSON file for SPEC tokens (its truncation and padding are ignored)."),
         click.option("--special-tokens/--no-special-tokens", default=True, show_default=True,
@@ -105,6 +109,14 @@ def pack_options(required: bool):
                          help="With --rows: rows per micro-batch."),
             click.option("--max-segments", type=int, default=0,
                          help="With --rows: most samples per row (0: no limit)."),
+            click.option("--max-size2", type=int, default=0, metavar="N",
+                         help="Cap a micro-batch's (and with --rows a row's) sum of --size2 at N too "
+                              "(a sample over N alone follows --oversize error|skip)."),
+            click.option("--balance", default="none", show_default=True, metavar="none|compute",
+                         help="Order micro-batches so that consecutive ones cost alike, so any W x A deal of "
+                              "a step is balanced: compute balances C*s + s^2 per document (docs/step-costs.md)."),
+            click.option("--cost-coeff", type=float, default=6144.0, show_default=True, metavar="C",
+                         help="With --balance compute: C of the cost C*s + s^2 (C ~ 6 * d_model)."),
             click.option("--segment-size", type=int, default=None, hidden=True,
                          help="Packing segment (testing only; default 2^20)."),
         ]

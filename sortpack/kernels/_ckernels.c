@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 13
+#define SP_ABI_VERSION 14
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -80,11 +80,14 @@ typedef struct {
     int64_t pad;          /* pad_multiple (> 1) or 0 */
     const int64_t *shapes; /* strictly increasing "record" shapes, or NULL */
     int64_t nshapes;
+    const int64_t *sizes2; /* a second size per sample (--size2), or NULL */
+    int64_t lim2;          /* the sum of sizes2 in a micro-batch stays <= lim2 */
 } gp_params;
 
 typedef struct {
     int64_t cnt, mx, rmx, sum;
     double fs; /* running float sum of the quadratic budget, added left to right */
+    int64_t sum2; /* running sum of the second size */
 } gp_state;
 
 static inline int64_t round_len(const gp_params *p, int64_t x) {
@@ -108,9 +111,13 @@ static inline double qterm(const gp_params *p, int64_t s) {
 }
 
 /* Would the current micro-batch plus a sample of size s (rounded r) still fit? */
-static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int64_t r) {
+static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int64_t r, int64_t s2) {
     int64_t c1 = st->cnt + 1;
     if (p->max_samples > 0 && c1 > p->max_samples) return 0;
+    if (p->sizes2) {
+        int64_t t2;
+        if (add_ovf(st->sum2, s2, &t2) || t2 > p->lim2) return 0;
+    }
     if (p->budget == B_PADDED || rounding(p)) {
         int64_t L = rounding(p) ? (s > st->mx ? r : st->rmx) : (s > st->mx ? s : st->mx);
         if (p->budget == B_QUADRATIC) {
@@ -129,12 +136,13 @@ static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int
     return st->fs + qterm(p, s) <= p->lim_d;
 }
 
-static inline void gp_add(const gp_params *p, gp_state *st, int64_t s, int64_t r) {
+static inline void gp_add(const gp_params *p, gp_state *st, int64_t s, int64_t r, int64_t s2) {
     if (st->cnt == 0 || s > st->mx) {
         st->mx = s;
         st->rmx = r;
     }
     st->sum += s;
+    st->sum2 += s2;
     if (p->budget == B_QUADRATIC && !rounding(p)) {
         st->fs += qterm(p, s);
     }
@@ -171,13 +179,16 @@ static int64_t greedy_padded(const int64_t *sizes, int64_t n, int64_t lim, int64
     return nb;
 }
 
-/* Sequential greedy of greedy_pack_reference for every budget and option.
+/* Sequential greedy of greedy_pack_reference for every budget and option, with an optional
+ * second size per sample (sizes2, NULL: none) whose sum in a micro-batch stays <= lim2.
  * bounds must hold n + 1 values. Returns the number written, -1 on a negative size. */
-SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t budget,
-                              int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
-                              double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
-                              int64_t nshapes, int64_t *bounds) {
+SP_API int64_t sp_greedy_pack2(const int64_t *sizes, int64_t n, int64_t budget,
+                               int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
+                               double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
+                               int64_t nshapes, const int64_t *sizes2, int64_t lim2, int64_t *bounds) {
     gp_params p;
+    p.sizes2 = sizes2;
+    p.lim2 = lim2;
     p.budget = (int)budget;
     p.lim_i = lim_i;
     p.lim_d = lim_d;
@@ -188,32 +199,43 @@ SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t budget,
     p.shapes = nshapes > 0 ? shapes : NULL;
     p.nshapes = nshapes > 0 ? nshapes : 0;
 
-    if (p.budget == B_PADDED && !rounding(&p) && p.multiple == 1)
+    if (p.budget == B_PADDED && !rounding(&p) && p.multiple == 1 && !sizes2)
         return greedy_padded(sizes, n, lim_i, max_samples, bounds);
 
     int64_t nb = 0, start = 0;
-    gp_state st = {0, 0, 0, 0, 0.0};
+    gp_state st = {0, 0, 0, 0, 0.0, 0};
     bounds[nb++] = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t s = sizes[i];
-        if (SP_UNLIKELY(s < 0)) return -1;
+        int64_t s2 = sizes2 ? sizes2[i] : 0;
+        if (SP_UNLIKELY(s < 0 || s2 < 0)) return -1;
         int64_t r = rounding(&p) ? round_len(&p, s) : s;
-        while (st.cnt > 0 && !gp_fits(&p, &st, s, r)) {
+        while (st.cnt > 0 && !gp_fits(&p, &st, s, r, s2)) {
             int64_t c = st.cnt;
             int64_t keep = c < p.multiple ? c : p.multiple * (c / p.multiple);
             start += keep;
             bounds[nb++] = start;
             /* the leftover (fewer than `multiple` samples) opens the next micro-batch; its
              * cost is recomputed from scratch, in order, exactly as the reference does */
-            gp_state fresh = {0, 0, 0, 0, 0.0};
+            gp_state fresh = {0, 0, 0, 0, 0.0, 0};
             st = fresh;
             for (int64_t j = start; j < i; j++)
-                gp_add(&p, &st, sizes[j], rounding(&p) ? round_len(&p, sizes[j]) : sizes[j]);
+                gp_add(&p, &st, sizes[j], rounding(&p) ? round_len(&p, sizes[j]) : sizes[j],
+                       sizes2 ? sizes2[j] : 0);
         }
-        gp_add(&p, &st, s, r);
+        gp_add(&p, &st, s, r, s2);
     }
     if (st.cnt > 0) bounds[nb++] = n;
     return nb;
+}
+
+/* sp_greedy_pack2 without a second size. */
+SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t budget,
+                              int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
+                              double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
+                              int64_t nshapes, int64_t *bounds) {
+    return sp_greedy_pack2(sizes, n, budget, lim_i, lim_d, max_samples, multiple, quadratic_scale,
+                           pad_multiple, shapes, nshapes, NULL, 0, bounds);
 }
 
 /* ------------------------------------------------------------------------------------ */

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,7 @@ from .budget import BUDGETS, check_budget, limits
 
 def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str = "padded", max_samples: int = 0,
                           batch_multiple: int = 1, quadratic_scale: float = 1.0, pad_multiple: int = 0,
-                          shapes: Any = None) -> np.ndarray:
+                          shapes: Any = None, sizes2: Any = None, max2: int = 0) -> np.ndarray:
     """Return micro-batch boundaries of the sequential greedy (the oracle; a Python loop).
 
     A sample joins the current micro-batch iff afterwards the budget holds and the count is
@@ -24,6 +24,8 @@ def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str = "padded", m
     quadratic ``sum(s + s*s/Q)`` (``c*(L + L*L/Q)`` when rounding). When a micro-batch closes
     with ``batch_multiple`` M > 1, it keeps the largest multiple of M of its samples (all
     when fewer than M) and the rest open the next one, which the sample is tested against.
+    With ``sizes2`` (a second size per sample) the sum of a micro-batch's ``sizes2`` stays at
+    most ``max2`` too.
 
     Returns
     -------
@@ -31,6 +33,7 @@ def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str = "padded", m
         int64 ``[0, b1, ..., n]``: micro-batch i is ``sizes[b[i]:b[i+1]]``.
     """
     sizes = [int(s) for s in np.asarray(sizes, dtype=np.int64)]
+    second = None if sizes2 is None else [int(s) for s in np.asarray(sizes2, dtype=np.int64)]
     rounding = bool(pad_multiple and pad_multiple > 1) or (shapes is not None and len(shapes) > 0)
     shape_list = [int(x) for x in shapes] if shapes is not None else []
 
@@ -38,13 +41,16 @@ def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str = "padded", m
         return _reference_cost(batch, budget, quadratic_scale, _reference_round(max(batch), shape_list, pad_multiple),
                                rounding)
 
+    def fits2(first: int, last: int) -> bool:
+        return second is None or sum(second[first:last + 1]) <= max2
+
     bounds = [0]
     start = 0
     batch: list[int] = []
-    for _i, s in enumerate(sizes):
+    for i, s in enumerate(sizes):
         while batch:
             trial = batch + [s]
-            if cost(trial) <= max_tokens and (max_samples <= 0 or len(trial) <= max_samples):
+            if cost(trial) <= max_tokens and (max_samples <= 0 or len(trial) <= max_samples) and fits2(start, i):
                 break
             c = len(batch)
             keep = c if c < batch_multiple else batch_multiple * (c // batch_multiple)
@@ -99,6 +105,8 @@ class _Options:
     pad: int  # 0: no pad multiple
     records: np.ndarray | None  # the shapes rounding can pick, increasing; None: no shapes
     rounding: bool
+    sizes2: np.ndarray | None = None  # a second size per sample, or None
+    max2: int = 0  # the second sizes of a micro-batch sum to at most this
 
 
 def _shape_records(shapes: Any) -> np.ndarray | None:
@@ -143,7 +151,7 @@ def _options(max_tokens: Any, budget: str, max_samples: Any, batch_multiple: Any
 
 def greedy_pack(sizes: Any, max_tokens: Any, budget: str = "padded", max_samples: int = 0,
                 batch_multiple: int = 1, quadratic_scale: float = 1.0, pad_multiple: int = 0,
-                shapes: Any = None) -> np.ndarray:
+                shapes: Any = None, sizes2: Any = None, max2: int = 0) -> np.ndarray:
     """Return micro-batch boundaries of the sequential greedy (see ``greedy_pack_reference``).
 
     Identical to the reference for every option; sizes must be non-negative (ValueError).
@@ -166,6 +174,10 @@ def greedy_pack(sizes: Any, max_tokens: Any, budget: str = "padded", max_samples
         Lengths round up to a multiple of this when > 1.
     shapes : array of int, optional
         Lengths round up to the first of these that is >= them.
+    sizes2 : array of int, optional
+        A second size per sample (``--size2``); a micro-batch's sum of them stays <= ``max2``.
+    max2 : int
+        The cap of the second size.
 
     Returns
     -------
@@ -174,6 +186,11 @@ def greedy_pack(sizes: Any, max_tokens: Any, budget: str = "padded", max_samples
     """
     a = _options(max_tokens, budget, max_samples, batch_multiple, quadratic_scale, pad_multiple, shapes)
     sizes = _i64(sizes).ravel()
+    if sizes2 is not None:
+        second = _i64(sizes2).ravel()
+        if len(second) != len(sizes):
+            raise ValueError("greedy_pack: sizes2 must have one value per size")
+        a = replace(a, sizes2=second, max2=operator.index(max2))
     lib = _c()
     if lib is None:
         return _greedy_pack_fallback(sizes, a)
@@ -181,9 +198,13 @@ def greedy_pack(sizes: Any, max_tokens: Any, budget: str = "padded", max_samples
     # n + 1 is the worst case (all singletons); untouched pages of np.empty cost nothing
     out = np.empty(n + 1, dtype=np.int64)
     rec = a.records if a.records is not None else np.zeros(1, dtype=np.int64)
-    nb = lib.sp_greedy_pack(_ptr(sizes), n, BUDGETS.index(a.budget), a.lim_i, a.lim_d, a.max_samples,
-                            a.multiple, a.q, a.pad, _ptr(rec), 0 if a.records is None else len(rec),
-                            _ptr(out))
+    nrec = 0 if a.records is None else len(rec)
+    if a.sizes2 is None:
+        nb = lib.sp_greedy_pack(_ptr(sizes), n, BUDGETS.index(a.budget), a.lim_i, a.lim_d, a.max_samples,
+                                a.multiple, a.q, a.pad, _ptr(rec), nrec, _ptr(out))
+    else:
+        nb = lib.sp_greedy_pack2(_ptr(sizes), n, BUDGETS.index(a.budget), a.lim_i, a.lim_d, a.max_samples,
+                                 a.multiple, a.q, a.pad, _ptr(rec), nrec, _ptr(a.sizes2), a.max2, _ptr(out))
     if nb < 0:
         raise ValueError("greedy_pack: sizes must be non-negative")
     return out[:nb].copy()
@@ -223,6 +244,15 @@ def _prefix_fits(w: np.ndarray, a: _Options) -> np.ndarray:
     return ok
 
 
+def _prefix_fits2(w: np.ndarray, j: int, a: _Options) -> np.ndarray:
+    """Return ``_prefix_fits`` of the samples from ``j`` (``w = sizes[j:j+K]``), the second size's cap too."""
+    ok = _prefix_fits(w, a)
+    if a.sizes2 is not None:
+        ok &= np.cumsum(a.sizes2[j:j + len(w)]) <= a.max2
+        ok[0] = True
+    return ok
+
+
 def _greedy_pack_fallback(sizes: np.ndarray, a: _Options) -> np.ndarray:
     """Return the greedy boundaries with numpy work per micro-batch, not per sample.
 
@@ -231,7 +261,7 @@ def _greedy_pack_fallback(sizes: np.ndarray, a: _Options) -> np.ndarray:
     sizes, monotone rounding), so restarting at the first leftover sample after a
     batch_multiple cut reproduces the reference, which re-tests the leftover as a group.
     """
-    if len(sizes) and sizes.min() < 0:
+    if (len(sizes) and sizes.min() < 0) or (a.sizes2 is not None and len(sizes) and a.sizes2.min() < 0):
         raise ValueError("greedy_pack: sizes must be non-negative")
     n = len(sizes)
     bounds = [0]
@@ -239,7 +269,7 @@ def _greedy_pack_fallback(sizes: np.ndarray, a: _Options) -> np.ndarray:
     while j < n:
         K = min(n - j, guess)
         while True:
-            bad = np.flatnonzero(~_prefix_fits(sizes[j:j + K], a))
+            bad = np.flatnonzero(~_prefix_fits2(sizes[j:j + K], j, a))
             if bad.size:
                 c = int(bad[0])
                 break

@@ -225,6 +225,9 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
     """
     check_options(comm, sopts.validate, popts.validate)
     _check_stages(mix, sopts)
+    if popts.balance != "none":  # every rank parses the same options: all raise together
+        raise SortpackError(f"--balance {popts.balance} does not apply to a mixture: its schedule orders the "
+                            "micro-batches", collective=True)
     splitting = popts.oversize == "split" and str(aopts.size or "length") in SPLIT_KINDS
     plan_column, file_counts = _plan_column(comm, mix, aopts, store, splitting)
     if plan_column != aopts.column:  # a source's own column is read under the plan's name

@@ -14,7 +14,7 @@ import numpy as np
 from ..kernels import pad_tokens, varlen_tokens
 from ..kernels.tokens import TokenView, batch_kernels, pad_batch_into, token_view, varlen_batch_into
 from .microbatch import MicroBatch, Samples
-from .tokens import ragged_tokens, stored_token_view
+from .tokens import check_planned, ragged_tokens, stored_token_view
 
 
 class PackedDataset:
@@ -74,8 +74,12 @@ def _known_ids(mb, n: int, items=None) -> np.ndarray | None:
 
 def _token_arrays(items, key, tokenize) -> TokenView:
     """Return the ``TokenView`` of the items' token ids: stored ids as zero-copy views, else ``ragged_tokens``."""
-    view = stored_token_view(items, key) if tokenize is None else None
-    return view if view is not None else token_view(*ragged_tokens(items, key, tokenize))
+    if tokenize is None:
+        view = stored_token_view(items, key)
+        return view if view is not None else token_view(*ragged_tokens(items, key))
+    view = token_view(*ragged_tokens(items, key, tokenize))
+    check_planned(items, view)  # a tokenizer that truncates or pads gives other lengths than the plan's
+    return view
 
 
 class PadCollate:
@@ -202,20 +206,23 @@ class Segments(NamedTuple):
 def _segments(lengths: np.ndarray, mb, pad_to_multiple: int | None) -> Segments:
     """Return the ``Segments`` of a micro-batch whose samples have ``lengths`` tokens.
 
-    Rows mode (the micro-batch's ``row_splits`` and ``padded_size``): each row's samples, cut
-    to the row's room, then the row's padding tail as its own segment. Otherwise one segment
-    per sample, padded to a multiple of ``pad_to_multiple`` when given.
+    Rows mode (the micro-batch's ``row_splits`` and ``padded_size``): each row's samples (each
+    padded to a multiple of ``pad_to_multiple`` when given), cut to the row's room, then the
+    row's padding tail as its own segment. Otherwise one segment per sample, padded to a
+    multiple of ``pad_to_multiple`` when given.
     """
     n = len(lengths)
     splits = getattr(mb, "row_splits", None)
-    if splits is not None and mb.padded_size is not None and not (pad_to_multiple and pad_to_multiple > 1):
+    k = pad_to_multiple if pad_to_multiple and pad_to_multiple > 1 else 1
+    if splits is not None and mb.padded_size is not None:
         width = int(mb.padded_size)
         splits = np.asarray(splits, dtype=np.int64)
         rows = len(splits) - 1
         row_of = np.repeat(np.arange(rows), np.diff(splits))
-        cum = np.concatenate(([0], np.cumsum(lengths)))
+        padded = -(-lengths // k) * k  # a plan packed with --pad-to-multiple K counted them so: they fit
+        cum = np.concatenate(([0], np.cumsum(padded)))
         before = cum[:-1] - cum[splits[:-1]][row_of]  # tokens before each sample in its row
-        kept = np.clip(width - before, 0, lengths)  # a row longer than its packed length is cut
+        kept = np.clip(width - before, 0, padded)  # a row longer than its packed length is cut
         room = width - np.bincount(row_of, weights=kept, minlength=rows).astype(np.int64)
         pads = room > 0
         pads_before: np.ndarray = np.cumsum(pads) - pads
@@ -224,7 +231,8 @@ def _segments(lengths: np.ndarray, mb, pad_to_multiple: int | None) -> Segments:
         at = np.arange(n) + pads_before[row_of]
         seg_len[at], seg_sample[at] = kept, np.arange(n)
         seg_len[(splits[1:] + pads_before)[pads]] = room[pads]
-        seg_real = np.where(seg_sample >= 0, seg_len, 0)
+        seg_real = np.zeros(len(seg_len), dtype=np.int64)
+        seg_real[at] = np.minimum(kept, lengths)  # a document's own tokens, without its padding to K
         return Segments(seg_len, seg_real, seg_sample, width)
     if mb is not None and mb.padded_size is not None:
         lengths = np.minimum(lengths, int(mb.padded_size))  # as pad_collate: never longer than the plan's shape

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..format import read_manifest
+from ..format.mapped import guard
 from ..inputs.discover import expand_inputs
 from ..inputs.formats import open_source, read_units
 from ..inputs.locations import with_locations
@@ -20,6 +21,7 @@ from ..inputs.source_file import SourceFile
 from .index import PackedIndex
 from .lazy_rows import TableSamples
 from .microbatch import MicroBatch, Samples
+from .tokens import TokenCache
 
 
 class InputFile(NamedTuple):
@@ -82,6 +84,8 @@ class SourceDataset:
         self.files = _source_files(self.index if self.index is not None else source, split)
         # a mixture source's own column comes under the plan's column name, as stored data has it
         self._renames = _renames(self.index if self.index is not None else source)
+        # what the plan's sizes count: under "tokens" the collate helpers check tokenize= against it
+        self.size_unit = _size_unit(self.index if self.index is not None else source)
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.cache_units = max(1, int(cache_units))
@@ -91,6 +95,7 @@ class SourceDataset:
         self._units: dict[int, InputFile] = {}
         self._cache: OrderedDict = OrderedDict()
         self._warm = None  # a UnitWarmer's units read ahead (Prefetched over a plan without --store)
+        self._token_cache = TokenCache()  # split documents' token ids, for the collate's tokenize=
 
     def __len__(self) -> int:
         """Return the number of samples (rows over all files)."""
@@ -100,6 +105,7 @@ class SourceDataset:
         state = dict(self.__dict__)
         state["_cache"] = OrderedDict()  # decoded units stay with the process that read them
         state["_warm"] = None
+        state["_token_cache"] = TokenCache()
         return state
 
     # --- lookup ---------------------------------------------------------------------------
@@ -114,6 +120,8 @@ class SourceDataset:
                 raise SortpackError(f"{path}: {size_of(path)} bytes, the index was built from "
                                     f"{entry['bytes']} bytes (the file changed)")
             src = open_source(path, entry["format"])
+            if not is_url(path):  # Arrow inputs are memory-mapped: a file that shrinks later is one line
+                guard(path)
             unit_rows = src.unit_rows if src.unit_rows is not None else [int(entry["rows"])]
             if sum(unit_rows) != int(entry["rows"]):
                 raise SortpackError(f"{path}: {sum(unit_rows)} rows, the index was built from "
@@ -190,18 +198,25 @@ class SourceDataset:
                     if cut is not None and ranges is not None and row.get(cut) is not None:
                         row[cut] = _cut_value(row[cut], ranges[0][slot], ranges[1][slot], by_bytes)
                     out[slot] = row if self.transform is None else self.transform(row)
-        return Samples(out, ids if isinstance(ids, MicroBatch) else None, token_ranges=self._token_ranges(ranges))
+        samples = Samples(out, ids if isinstance(ids, MicroBatch) else None, token_ranges=self._token_ranges(ranges),
+                          size_unit=self.size_unit)
+        if samples.token_ranges is not None:
+            samples.token_cache = self._token_cache
+        return samples
 
     def _stored_items(self, ids) -> Samples:
         stored = self.stored
         assert stored is not None
         mb = ids if isinstance(ids, MicroBatch) else None
-        i = self._whole_microbatch(mb) if mb is not None else -1
+        i, known = self._whole_microbatch(mb) if mb is not None else (-1, None)
         if i >= 0:
             # the rows become Python objects only if something asks for them, and the Arrow slice
             # only if something needs it: the collate helpers read stored token ids from the shard
             assert self.index is not None
-            samples = TableSamples(None, mb, self.transform, sample_ids=self.index.stored_ids(i),
+            # checked now, where the fetch runs: a shard that changed is an error here, in a DataLoader
+            # worker's fetch too, not when the rows are built (pickled, in a thread that cannot raise)
+            stored.check_microbatch(i)
+            samples = TableSamples(None, mb, self.transform, sample_ids=known,
                                    stored=(stored, i, self.columns))
         else:
             table = stored.take(np.asarray(list(ids), dtype=np.int64))
@@ -210,21 +225,24 @@ class SourceDataset:
             samples = TableSamples(table, mb, self.transform)
         # stored columns are cut to the pieces already, except text under --size tokens
         samples.token_ranges = self._token_ranges(self._ranges(ids))
+        samples.size_unit = self.size_unit
+        if samples.token_ranges is not None:
+            samples.token_cache = self._token_cache
         return samples
 
-    def _whole_microbatch(self, mb: MicroBatch) -> int:
-        """Return ``mb.microbatch`` if ``mb`` holds its micro-batch's ids unchanged (one contiguous slice), else -1.
+    def _whole_microbatch(self, mb: MicroBatch) -> tuple[int, np.ndarray | None]:
+        """Return ``(mb.microbatch, its stored ids)`` if ``mb`` holds its micro-batch's ids unchanged, else (-1, None).
 
-        The ids are compared as Python ints, no array built; a micro-batch that lost skipped
-        samples is not whole.
+        A whole micro-batch is one contiguous slice of the stored data. The ids are compared as
+        Python ints, no array built; a micro-batch that lost skipped samples is not whole.
         """
         index = self.index
         assert index is not None
         i = mb.microbatch
         if not 0 <= i < index.num_microbatches:
-            return -1
+            return -1, None
         known = index.stored_ids(i)
-        return i if len(known) == len(mb) and known.tolist() == mb else -1
+        return (i, known) if len(known) == len(mb) and known.tolist() == mb else (-1, None)
 
     def _ranges(self, ids) -> tuple[np.ndarray, np.ndarray] | None:
         """Return ``(begin, end)`` of a sampler's micro-batch's samples in a split plan (None: whole samples)."""
@@ -292,6 +310,20 @@ def _stored_data(source, columns):
     if stored is None or (columns is not None and not set(columns) <= set(stored.columns)):
         return None
     return stored
+
+
+def _size_unit(source) -> str | None:
+    """Return what an index's sizes count (its ``options.size``), or None for input paths and other directories."""
+    if isinstance(source, PackedIndex):
+        manifest = source.manifest
+    elif isinstance(source, (str, os.PathLike)) and (Path(source) / "manifest.json").is_file():
+        manifest = read_manifest(source)
+    else:
+        return None
+    if manifest.get("_kind") not in (None, "index"):
+        return None
+    size = (manifest.get("options") or {}).get("size")
+    return str(size) if size is not None else None
 
 
 def _renames(source) -> list[dict[str, str] | None] | None:

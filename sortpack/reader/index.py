@@ -12,6 +12,8 @@ import numpy as np
 from ..errors import SortpackError
 from ..format import open_shard, read_manifest
 from ..format.integrity import check_index_shard, check_sha256, check_shard_size, member_path
+from ..format.mapped import ShardWatch, check_unchanged, identity
+from ..format.schemas import measure_names
 
 if TYPE_CHECKING:  # imported when used: the stored data's modules load with --store only
     from .stored import StoredData
@@ -66,6 +68,8 @@ class PackedIndex:
     ``mixture`` (a mixture plan's manifest ``mixture`` object, else None), ``source_names``
     (a mixture's source names in order, the values of the ``source`` column, also in a
     mixture's held-out plan; else None),
+    ``sum_columns`` (the per-micro-batch sums the plan records beside the shape: ``attention``,
+    and measures such as ``size2`` and ``targets``; each readable as ``index[name]``),
     ``id_dtype`` (how the shards store sample ids: int32 when every id fits, else int64;
     every method hands out int64 arrays or Python ints either way).
 
@@ -91,6 +95,8 @@ class PackedIndex:
             raise ValueError(f"verify={verify!r}: the levels are 'structure', 'index', 'full'{hint}")
         self.verify = verify
         self.manifest = read_manifest(self.path, expect="index")
+        # the plan as opened: a shard mapped later must belong to it (docs/guarantees.md, "Files that change")
+        self._manifest_identity = identity(self.path / "manifest.json")
         self.options = dict(self.manifest.get("options") or {})
         self.num_microbatches = int(self.manifest["num_microbatches"])
         self.num_samples = int(self.manifest["num_samples"])
@@ -105,6 +111,7 @@ class PackedIndex:
             check_shard_size(member_path(self.path, entry["file"]), entry)
         self._entries = entries
         self._shards: list = [None] * len(entries)
+        self._watch = ShardWatch(self.path, [str(member_path(self.path, e["file"])) for e in entries])
         self._firsts = firsts
         self._starts = np.array(firsts + [self.num_microbatches], dtype=np.int64)
         self._views: dict = {}
@@ -117,6 +124,8 @@ class PackedIndex:
         if missing:
             raise SortpackError(f"{self.path}: the manifest's schema lacks column(s) {', '.join(sorted(missing))}")
         self.has_rows = "row_splits" in names
+        # the per-micro-batch sums beside the shape: ``attention`` and the measures (``size2``, ``targets``)
+        self.sum_columns = tuple((["attention"] if "attention" in names else []) + list(measure_names(names)))
         # --oversize split: each sample's range in its source sample (docs/format.md "Pieces")
         self.has_pieces = "piece_begin" in names and "piece_end" in names
         self.mixture = self.manifest.get("mixture") if "source" in names else None
@@ -152,13 +161,20 @@ class PackedIndex:
         batch = self._shards[k]
         if batch is None:
             entry = self._entries[k]
+            self.check_manifest()
+            known = self._watch.opening(k)  # what is hashed and mapped next is this file
             ids = self.verify != "structure"
             if ids:  # the ids decide what trains: a flipped bit must not turn into a duplicate sample
                 check_sha256(member_path(self.path, entry["file"]), entry)
             batch = open_shard(self.path, entry, self.manifest.get("schema"))
             check_index_shard(self.path / entry["file"], batch, entry, self._source_rows, ids=ids)
+            self._watch.mapped(k, known)
             self._shards[k] = batch
         return batch
+
+    def check_manifest(self) -> None:
+        """Raise ``SortpackError`` if the manifest is no longer the one this index was opened with (one stat)."""
+        check_unchanged(str(self.path / "manifest.json"), self._manifest_identity)
 
     def __reduce__(self):
         # a worker re-opens at the same level, but never re-hashes the data: the opener did
@@ -187,6 +203,8 @@ class PackedIndex:
             else:
                 view = col.to_numpy(zero_copy_only=True)
             self._views[key] = view
+        else:  # a view into the mapped shard: a file that shrank would be a bus error, not an error
+            self._watch.fresh(k)
         return view
 
     def _locate(self, i: int) -> tuple[int, int]:
@@ -266,6 +284,8 @@ class PackedIndex:
         if views is None:  # the shard's columns a record reads, looked up once
             views = self._records[k] = (*self._view(k, "sample_ids"), self._view(k, "batch_size"),
                                         self._view(k, "padded_size"))
+        else:
+            self._watch.fresh(k)
         offsets, values, bs, ps = views
         splits = None
         if self.has_rows:
@@ -283,8 +303,9 @@ class PackedIndex:
     # --- column access ----------------------------------------------------------------
     def __getitem__(self, name: str) -> np.ndarray:
         """Return a whole per-micro-batch column (read and cached on first use)."""
-        if name not in SCALAR_COLUMNS:
-            raise KeyError(f"{name!r} is not a scalar column of the index ({', '.join(SCALAR_COLUMNS)})")
+        if name not in SCALAR_COLUMNS and name not in self.sum_columns:
+            known = ", ".join(SCALAR_COLUMNS + self.sum_columns)
+            raise KeyError(f"{name!r} is not a scalar column of the index ({known})")
         if name == "source" and self.source_names is None:
             raise KeyError("'source' is a column of mixture plans only (sortpack run --mixture) and their held-out "
                            "plans")

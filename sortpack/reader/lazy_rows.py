@@ -9,8 +9,10 @@ comparing, pickling) builds them once, so a custom collate sees the usual list o
 """
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
+from ..errors import SortpackError, one_line
 from .microbatch import Samples
 from .tokens import list_token_view
 
@@ -76,10 +78,10 @@ class TableSamples(Samples):
 
     def _fill(self) -> None:
         if self._pending:
-            self._pending = False
             rows = self.table.to_pylist()
             if self._transform is not None:
                 rows = [self._transform(r) for r in rows]
+            self._pending = False  # only once built: a failed build raises again on the next use
             list.extend(self, rows)
 
     @property
@@ -129,8 +131,15 @@ class TableSamples(Samples):
         return list.__repr__(self)
 
     def __reduce_ex__(self, protocol):
-        self._fill()  # pickled (DataLoader workers) as plain Samples with their rows
-        return (Samples, (list(self), self.microbatch, self.table))
+        # pickled (DataLoader workers) as plain Samples with their rows. A worker pickles its result
+        # in multiprocessing's feeder thread, where an exception is printed and the result dropped:
+        # the training loop would wait for it for ever. So a failure to build the rows (a shard that
+        # changed, the transform's own error) is pickled instead, and raised where they are unpickled.
+        try:
+            self._fill()
+        except Exception as exc:  # noqa: BLE001 - every failure must reach the loop, whatever its type
+            return (_raise, (_picklable(exc),))
+        return (Samples, (list(self), self.microbatch, self.table, self.token_ranges, self.size_unit))
 
     def copy(self) -> list:
         """Return the rows as a plain list."""
@@ -207,3 +216,18 @@ class TableSamples(Samples):
     def __mul__(self, n):
         self._fill()
         return list.__mul__(self, n)
+
+
+def _raise(exc: BaseException):
+    """Raise ``exc``: a failure pickled in a DataLoader worker, raised where its result is unpickled."""
+    raise exc
+
+
+def _picklable(exc: Exception) -> Exception:
+    """Return ``exc`` if it survives pickling, else a ``SortpackError`` with its message on one line."""
+    try:
+        if isinstance(pickle.loads(pickle.dumps(exc)), type(exc)):
+            return exc
+    except Exception:  # noqa: BLE001,S110 - any exception that does not round-trip is replaced below
+        pass
+    return SortpackError(f"{type(exc).__name__}: {one_line(exc)}")

@@ -5,7 +5,7 @@ shape and step from these records; they need nothing else of the sampler.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class StepFacts(NamedTuple):
@@ -25,6 +25,12 @@ class StepFacts(NamedTuple):
         micro-batches count as often as the loop trains on them).
     world_size : int
         Data-parallel ranks W of the step (``sortpack.torch.step_loss`` scales by it).
+    step_attention : int
+        Attention work of the whole step over all ranks (the index's ``attention``: sum of s^2
+        per document, ``batch_size * padded_size^2`` for a padded micro-batch): for MFU logging.
+    step_targets : int
+        Loss targets of the whole step over all ranks (the index's ``targets``; a plan without
+        that column: ``step_tokens - step_batch``, every token but each document's first).
     """
 
     epoch: int = 0
@@ -35,6 +41,8 @@ class StepFacts(NamedTuple):
     step_batch: int = 0
     step_tokens: int = 0
     world_size: int = 1
+    step_attention: int = 0
+    step_targets: int = 0
 
     def info(self) -> dict:
         """Return the facts as a new dict of plain ints (the step's part of ``MicroBatch.info()``)."""
@@ -75,11 +83,19 @@ class MicroBatch(list):
         train on it, skip it when evaluating.
     source : str, optional
         The name of the source its samples come from (a mixture plan; None otherwise).
+    attention : int
+        Attention work of this micro-batch in the plan (sum of s^2 over its documents; padded:
+        ``batch_size * padded_size^2``).
+    targets : int
+        Loss targets of this micro-batch (the index's ``targets``, else ``tokens - num_samples``).
+    size2 : int, optional
+        The sum of its samples' second size (``--size2``; None when the plan has none).
     """
 
     def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,
                  padded_size: int | None = None, row_splits=None, *, facts: StepFacts = _NO_STEP,
-                 last: bool = True, tokens: int = 0, repeat: bool = False, source: str | None = None):
+                 last: bool = True, tokens: int = 0, repeat: bool = False, source: str | None = None,
+                 attention: int = 0, targets: int = 0, size2: int | None = None):
         super().__init__(ids)
         self.microbatch = microbatch
         self.batch_size = len(self) if batch_size is None else batch_size
@@ -90,6 +106,9 @@ class MicroBatch(list):
         self.tokens = tokens
         self.repeat = repeat
         self.source = source
+        self.attention = attention
+        self.targets = targets
+        self.size2 = size2
 
     epoch = property(lambda self: self.facts.epoch, doc="The epoch of the micro-batch's step.")
     step = property(lambda self: self.facts.step, doc="The step's number in the epoch.")
@@ -99,20 +118,29 @@ class MicroBatch(list):
     step_batch = property(lambda self: self.facts.step_batch, doc="Samples of the whole step over all ranks.")
     step_tokens = property(lambda self: self.facts.step_tokens, doc="Tokens of the whole step over all ranks.")
     world_size = property(lambda self: self.facts.world_size, doc="Data-parallel ranks W of the step.")
+    step_attention = property(lambda self: self.facts.step_attention,
+                              doc="Attention work of the whole step over all ranks.")
+    step_targets = property(lambda self: self.facts.step_targets, doc="Loss targets of the whole step over all ranks.")
 
     def info(self) -> dict:
         """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on).
 
         The step's facts (as ``StepFacts.info`` gives them) and the micro-batch's own: ``microbatch``,
-        ``last``, ``tokens``, ``num_samples``, ``repeat``, and ``source`` for a mixture plan's
-        micro-batch (its source's name), so a loop can log per source.
+        ``last``, ``tokens``, ``num_samples``, ``repeat``, ``attention``, ``targets``, ``size2`` when
+        the plan has it, and ``source`` for a mixture plan's micro-batch (its source's name), so a
+        loop can log per source.
         """
-        epoch, step, position, end, run_step, step_batch, step_tokens, world_size = self.facts
+        (epoch, step, position, end, run_step, step_batch, step_tokens, world_size, step_attention,
+         step_targets) = self.facts
         # one literal (the collate helpers call this for every micro-batch), in the order StepFacts.info gives
         out: dict = {"epoch": int(epoch), "step": int(step), "position": int(position), "end": int(end),
                "run_step": int(run_step), "step_batch": int(step_batch), "step_tokens": int(step_tokens),
                "world_size": int(world_size), "microbatch": int(self.microbatch), "last": bool(self.last),
-               "tokens": int(self.tokens), "num_samples": len(self), "repeat": bool(self.repeat)}
+               "tokens": int(self.tokens), "num_samples": len(self), "repeat": bool(self.repeat),
+               "step_attention": int(step_attention), "step_targets": int(step_targets),
+               "attention": int(self.attention), "targets": int(self.targets)}
+        if self.size2 is not None:
+            out["size2"] = int(self.size2)
         if self.source is not None:
             out["source"] = self.source
         return out
@@ -133,15 +161,27 @@ class Samples(list):
     token_ranges : tuple of numpy.ndarray, optional
         ``(begin, end)`` per item of a plan whose ``--size tokens`` samples ``--oversize split``
         cut: the collate helpers keep token ids ``[begin, end)`` of what ``tokenize`` returns.
+    size_unit : str, optional
+        What the plan's sizes count (its ``options.size``: ``"tokens"``, ``"length"``, ...;
+        None: not known). Under ``"tokens"`` the collate helpers check that ``tokenize``
+        returns the lengths the plan counted.
+
+    ``token_cache`` (a ``tokens.TokenCache`` or None) is where the collate helpers keep the
+    token ids of long documents whose pieces they cut (set by ``SourceDataset`` with
+    ``token_ranges``).
     """
 
-    def __init__(self, items, microbatch: MicroBatch | None = None, table=None, token_ranges=None):
+    token_cache: Any = None
+
+    def __init__(self, items, microbatch: MicroBatch | None = None, table=None, token_ranges=None,
+                 size_unit: str | None = None):
         super().__init__(items)
         self.microbatch = microbatch
         self.table = table
         # --oversize split under --size tokens: each item's (begin, end) in its text's token ids,
         # which the collate helpers apply after tokenize (a text cannot be cut by tokens before)
         self.token_ranges = token_ranges
+        self.size_unit = size_unit
 
 
 def step_info(batch) -> dict:

@@ -37,6 +37,7 @@ class _ShardRanges:
 
     def __init__(self, path: str):
         self.fd = os.open(path, os.O_RDONLY)
+        self.path, self.size = path, os.fstat(self.fd).st_size
         mapped = pa.memory_map(path, "r")
         base = mapped.read_buffer(1).address  # the map's first byte: buffers are views into it
         mapped.seek(0)
@@ -75,6 +76,8 @@ class _ShardRanges:
 
     def ranges(self, a: int, b: int) -> list[tuple[int, int]]:
         """Return (file offset, length) of every buffer range that rows ``[a, b)`` use."""
+        if os.fstat(self.fd).st_size != self.size:  # its offsets are read from the map: a shrunk file is a bus error
+            raise OSError(f"{self.path}: changed size under the prefetcher; hints stop (the reader names the change)")
         out = []
         for kind, at, size, off, extra in self.parts:
             if kind == "bits":

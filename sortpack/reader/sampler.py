@@ -315,6 +315,8 @@ class PackedSampler:
         names = self.index.source_names or []
         sources = self.index["source"] if names else None
         mb_sizes = self.index["tokens"]  # one read of the column, then a lookup per micro-batch
+        sums = self.index.sum_columns  # the plan's per-micro-batch sums, where it records them
+        attention, targets, size2 = (self.index[n] if n in sums else None for n in ("attention", "targets", "size2"))
         record = self.index.record
         ahead = _StepsAhead(plan, self.rank)
         while True:
@@ -335,7 +337,10 @@ class PackedSampler:
             if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
                 # without reported consumption the state follows what was handed out
                 self._set_state(epoch, pos, step + 1)
-            facts = StepFacts(epoch, step, start, pos, base + step, batch, tokens, w)
+            flat = start % length
+            step_attention = plan.span_sum("attention", flat, w * a) if attention is not None else 0
+            step_targets = plan.span_sum("targets", flat, w * a) if targets is not None else tokens - batch
+            facts = StepFacts(epoch, step, start, pos, base + step, batch, tokens, w, step_attention, step_targets)
             for k, p in enumerate(packed):
                 ids, bs, ps, splits = record(p)
                 mb_tokens = int(mb_sizes[p])
@@ -343,7 +348,10 @@ class PackedSampler:
                     ids, splits = skips.kept(p, ids, splits)
                     mb_tokens -= skips.lost([p]).tokens
                 yield MicroBatch(ids, p, bs, ps, splits, facts=facts, last=k == a - 1, tokens=mb_tokens,
-                                 repeat=repeat[k], source=None if sources is None else names[int(sources[p])])
+                                 repeat=repeat[k], source=None if sources is None else names[int(sources[p])],
+                                 attention=0 if attention is None else int(attention[p]),
+                                 targets=mb_tokens - len(ids) if targets is None else int(targets[p]),
+                                 size2=None if size2 is None else int(size2[p]))
             step += 1
 
     # --- resume ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from ..errors import SortpackError
 from ..format.integrity import check_sha256, check_shard_size, member_path
+from ..format.mapped import ShardWatch
 from ..format.shards import open_shard
 from ..kernels.tokens import TokenView
 from .tokens import list_token_view
@@ -45,6 +46,7 @@ class StoredData:
         for entry in self._entries:
             check_shard_size(member_path(self.path, entry["file"]), entry)
         self._shards: list = [None] * len(self._entries)
+        self._watch = ShardWatch(self.path, [str(member_path(self.path, e["file"])) for e in self._entries])
         counts = index["num_samples"].astype(np.int64)
         self.row_start = np.concatenate(([0], np.cumsum(counts)))
         if int(self.row_start[-1]) != self.num_rows:
@@ -58,12 +60,28 @@ class StoredData:
         return (_stored_of, (self.index,))
 
     def _shard(self, k: int) -> pa.RecordBatch:
+        """Return data shard ``k`` mapped, checked unchanged since it was mapped (one stat; docs/guarantees.md)."""
         batch = self._shards[k]
         if batch is None:
+            self.index.check_manifest()  # a shard mapped now must belong to the plan opened
+            known = self._watch.opening(k)
             # structure only (offsets in bounds, rows, schema): O(rows), no read of the values
             batch = open_shard(self.path, self._entries[k], self._schema, self.columns)
+            self._watch.mapped(k, known)
             self._shards[k] = batch
+        else:  # its mapped memory is read next: a file that shrank would be a bus error, not an error
+            self._watch.fresh(k)
         return batch
+
+    def check_microbatch(self, i: int) -> None:
+        """Map micro-batch ``i``'s data shards now, or check them unchanged (``SortpackError`` names a changed one)."""
+        if not self._entries:
+            return
+        start, stop = int(self.row_start[i]), int(self.row_start[i + 1])
+        first = max(0, bisect.bisect_right(self._firsts, start) - 1)
+        last = max(0, bisect.bisect_right(self._firsts, max(start, stop - 1)) - 1)
+        for k in range(first, last + 1):
+            self._shard(k)
 
     def verify_all(self) -> None:
         """Re-hash every data shard against the manifest and check its structure (``PackedIndex(verify="full")``)."""
@@ -113,6 +131,8 @@ class StoredData:
             batch = self._shard(k)
             j = batch.schema.get_field_index(column)
             view = self._token_views[key] = None if j < 0 else list_token_view(batch.column(j))
+        else:
+            self._shard(k)  # the check: the view's memory is the mapped shard's
         if view is None:
             return None
         first = self._firsts[k]
@@ -169,6 +189,8 @@ class StoredData:
         rows = pos[order] - firsts[by_shard]
         cuts = np.concatenate(([0], np.flatnonzero(np.diff(by_shard)) + 1, [len(order)]))
         touched = by_shard[cuts[:-1]].tolist()
+        for k in touched:
+            self._shard(k)  # mapped, or checked unchanged: the copies below read the mapped memory
         inverse = np.empty(len(order), dtype=np.int64)
         inverse[order] = np.arange(len(order))
         piece = np.repeat(np.arange(len(touched)), np.diff(cuts))[inverse]

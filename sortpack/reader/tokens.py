@@ -7,6 +7,8 @@ object per sample. Other items go through ``key``/``tokenize`` one by one.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 from ..kernels.tokens import TokenView, token_view
@@ -124,10 +126,85 @@ def list_token_view(col) -> TokenView | None:
     return token_view(values, offsets)
 
 
-def _cut_to_pieces(seqs: list[np.ndarray], ranges) -> list[np.ndarray]:
-    """Return each tokenized text cut to its piece's token range (``--oversize split`` under ``--size tokens``)."""
-    begin, end = ranges
-    return [s[int(b):int(e)] for s, b, e in zip(seqs, begin, end)]
+def _doc_ids(items, n: int) -> np.ndarray | None:
+    """Return the sample id of each of the ``n`` items (int64), or None when the items do not say."""
+    known = getattr(items, "sample_ids", None)
+    if known is None:
+        known = getattr(items, "microbatch", None)
+    if known is None or len(known) != n:
+        return None
+    return np.asarray(known, dtype=np.int64).reshape(-1)
+
+
+class TokenCache:
+    """The token ids of the last few long documents a split plan's pieces were cut from (one per dataset and process).
+
+    A document ``--oversize split`` cut into K pieces is tokenized whole for each piece when
+    the text is read back; its pieces sort together (equal sizes, one sample id), so they
+    come in consecutive micro-batches, and keeping the ids of the last ``documents`` cut
+    documents tokenizes each once per pass in plan order. Keys are ``(tokenize, sample id)``:
+    ``SourceDataset`` owns the cache, so a sample id names one row.
+    """
+
+    def __init__(self, documents: int = 8):
+        self.documents = max(1, int(documents))
+        self._docs: OrderedDict = OrderedDict()
+
+    def get(self, key) -> np.ndarray | None:
+        """Return the ids kept for ``key`` (None: not kept)."""
+        got = self._docs.get(key)
+        if got is not None:
+            self._docs.move_to_end(key)
+        return got
+
+    def put(self, key, ids: np.ndarray) -> None:
+        """Keep ``ids`` for ``key``, dropping the least recently used beyond ``documents``."""
+        self._docs[key] = ids
+        self._docs.move_to_end(key)
+        while len(self._docs) > self.documents:
+            self._docs.popitem(last=False)
+
+
+def _piece_tokens(items, key, tokenize, ranges) -> tuple[np.ndarray, np.ndarray]:
+    """Return (values, offsets) of each item's piece: its text tokenized once per document, cut to ``[begin, end)``.
+
+    ``--oversize split`` under ``--size tokens`` without stored tokens: the pieces of one long
+    document share its row, so the document is tokenized once per micro-batch (not once per
+    piece: a document of K pieces cost K whole tokenizations), or once per pass with the
+    dataset's ``TokenCache`` (``items.token_cache``), and every piece is cut from the result by
+    one vectorised gather.
+    """
+    n = len(items)
+    begin, end = (np.asarray(r, dtype=np.int64) for r in ranges)
+    ids = _doc_ids(items, n)
+    if ids is None:  # no ids to tell documents apart: each item is its own
+        first, inverse = np.arange(n), np.arange(n)
+    else:
+        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    cache: TokenCache | None = getattr(items, "token_cache", None) if ids is not None else None
+    docs = []
+    for j in first.tolist():
+        if cache is None or ids is None:
+            docs.append(_item_tokens(items[j], key, tokenize))
+            continue
+        doc = (tokenize, int(ids[j]))
+        got = cache.get(doc)
+        if got is None:
+            got = _item_tokens(items[j], key, tokenize)
+            if begin[j] > 0 or end[j] < len(got):  # a piece of a longer document
+                cache.put(doc, got)
+        docs.append(got)
+    doc_len = np.array([len(d) for d in docs], dtype=np.int64)
+    doc_start = np.zeros(len(docs) + 1, dtype=np.int64)
+    np.cumsum(doc_len, out=doc_start[1:])
+    flat = np.concatenate(docs).astype(np.int64, copy=False) if docs else np.zeros(0, np.int64)
+    have = doc_len[inverse]
+    lo = np.minimum(begin, have)
+    hi = np.maximum(np.minimum(end, have), lo)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(hi - lo, out=offsets[1:])
+    src = np.repeat(doc_start[:-1][inverse] + lo - offsets[:-1], hi - lo) + np.arange(offsets[-1], dtype=np.int64)
+    return flat[src], offsets
 
 
 def ragged_tokens(items, key=None, tokenize=None) -> tuple[np.ndarray, np.ndarray]:
@@ -141,11 +218,54 @@ def ragged_tokens(items, key=None, tokenize=None) -> tuple[np.ndarray, np.ndarra
         got = _from_table(table, key)
         if got is not None:
             return got
-    seqs = [_item_tokens(it, key, tokenize) for it in items]
     if tokenize is not None and getattr(items, "token_ranges", None) is not None:
-        seqs = _cut_to_pieces(seqs, items.token_ranges)
+        return _piece_tokens(items, key, tokenize, items.token_ranges)
+    seqs = [_item_tokens(it, key, tokenize) for it in items]
     offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
     if seqs:
         np.cumsum([len(s) for s in seqs], out=offsets[1:])
     values = np.concatenate(seqs) if seqs else np.zeros(0, np.int64)
     return values.astype(np.int64, copy=False), offsets
+
+
+def check_planned(items, view: TokenView) -> None:
+    """Raise ``SortpackError`` when ``tokenize=`` gave other lengths than the ``--size tokens`` plan counted.
+
+    Only items that say their plan counted tokens (``Samples.size_unit``, set by
+    ``SourceDataset``) are checked: a split plan's pieces one by one (each must hold ``end -
+    begin`` ids), another micro-batch by its total (the plan's ``tokens``, each sample cut at
+    ``padded_size`` as the collate cuts it). A tokenizer file's own truncation or padding is
+    the usual cause: the plan counts without them, ``tokenize`` at read time with them.
+    """
+    if getattr(items, "size_unit", None) != "tokens":
+        return
+    mb = getattr(items, "microbatch", None)
+    offsets = np.asarray(view.offsets)
+    lengths = np.diff(offsets)
+    ranges = getattr(items, "token_ranges", None)
+    if ranges is not None:
+        want = np.asarray(ranges[1], dtype=np.int64) - np.asarray(ranges[0], dtype=np.int64)
+        bad = np.flatnonzero(lengths != want)
+        if bad.size:
+            j = int(bad[0])
+            ids = _doc_ids(items, len(lengths))
+            where = f"sample {int(ids[j])}" if ids is not None else f"item {j}"
+            _refuse(mb, f"{where}'s piece [{int(ranges[0][j])}, {int(ranges[1][j])}) got {int(lengths[j])} token "
+                        f"ids from tokenize=, the plan counted {int(want[j])}")
+        return
+    if mb is None or getattr(mb, "microbatch", -1) < 0 or not getattr(mb, "tokens", 0):
+        return
+    cap = getattr(mb, "padded_size", None)
+    got = int(np.minimum(lengths, cap).sum()) if cap else int(offsets[-1] - offsets[0])
+    if got != int(mb.tokens):
+        _refuse(mb, f"tokenize= gave {got} tokens, the plan counted {int(mb.tokens)}")
+
+
+def _refuse(mb, what: str) -> None:
+    from ..errors import SortpackError
+
+    raise SortpackError(
+        f"micro-batch {getattr(mb, 'microbatch', '?')}: {what} (--size tokens): tokenize must return the ids the "
+        "plan was counted with; a tokenizer file's own truncation or padding (tokenizer.json \"truncation\", "
+        "\"padding\") changes them: turn both off, tok.no_truncation() and tok.no_padding(), or store the tokens "
+        "(--store-tokens)")

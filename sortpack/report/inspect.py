@@ -5,6 +5,7 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..format.manifest import read_manifest
+from ..format.schemas import padded_plan
 from ..format.shards import read_rows
 
 
@@ -31,8 +32,49 @@ def step_costs(cost: np.ndarray, world_size: int, grad_accum: int) -> np.ndarray
     return cost[step_positions(len(cost), world_size, grad_accum) % len(cost)].sum(axis=1)
 
 
-def inspect_directory(directory: str, world_size: int | None = None, grad_accum: int = 1) -> dict:
-    """Return the inspect report of a directory as a JSON-ready dict."""
+# C of the per-sample compute cost C*s + s^2 (docs/step-costs.md): 6 * d_model for d_model 1024.
+# Per layer a token costs about 24*d^2 FLOPs in its matrix products and a pair of tokens 4*d in
+# attention (QK^T and AV), so a document of s tokens costs 4*d*(6*d*s + s^2): C = 6*d_model.
+DEFAULT_COST_COEFF = 6144
+
+
+def imbalance(costs: np.ndarray) -> dict:
+    """Return {p50, p99, max, weighted} of a (steps, ranks) cost table.
+
+    Per step the costliest rank over the mean rank (1.0 for a step of no cost); ``weighted``
+    is the sum of the step maxima over the sum of the step means: the fraction of the run's
+    time ranks wait, plus one.
+    """
+    if costs.size == 0:
+        return {"p50": 1.0, "p99": 1.0, "max": 1.0, "weighted": 1.0}
+    costs = costs.astype(np.float64)
+    mean, top = costs.mean(axis=1), costs.max(axis=1)
+    ratio = np.where(mean > 0, top / np.where(mean > 0, mean, 1), 1.0)
+    total = float(mean.sum())
+    return {"p50": float(np.quantile(ratio, 0.5)), "p99": float(np.quantile(ratio, 0.99)),
+            "max": float(ratio.max()), "weighted": float(top.sum() / total) if total > 0 else 1.0}
+
+
+def compute_cost(m: dict, tokens: np.ndarray, bs: np.ndarray, ps: np.ndarray, attention: np.ndarray | None,
+                 cost_coeff: float) -> np.ndarray | None:
+    """Return each micro-batch's compute ``C * tokens + attention`` (float64; None when the plan cannot say).
+
+    The linear part counts what the micro-batch computes: its padded tokens when it trains as a
+    padded tensor, its real tokens when it trains varlen (``--rows``, ``--budget tokens``). An
+    index written before ``attention`` was recorded implies it only for a padded plan.
+    """
+    padded = padded_plan(m.get("options") or {})
+    if attention is None:
+        if not padded:
+            return None
+        attention = bs * ps * ps
+    linear = bs * ps if padded else tokens
+    return cost_coeff * linear.astype(np.float64) + attention.astype(np.float64)
+
+
+def inspect_directory(directory: str, world_size: int | None = None, grad_accum: int = 1,
+                      cost_coeff: float = DEFAULT_COST_COEFF) -> dict:
+    """Return the inspect report of a directory as a JSON-ready dict (``cost_coeff``: C of the compute cost)."""
     m = read_manifest(directory)
     kind = m["_kind"]
     report = {"directory": str(directory), "kind": kind, "format": m["format"], "version": m["version"],
@@ -62,6 +104,10 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         from ..format.data_shards import describe_data
 
         report["data"] = describe_data(m["data"])
+    schema = m.get("schema") or {}
+    if m["options"].get("max_size2") and "size2" in schema:
+        attention = _column(directory, m, "attention").astype(np.int64) if "attention" in schema else None
+        report["cap_fills"] = cap_fills(m, tok, bs, ps, attention, _column(directory, m, "size2").astype(np.int64))
     warnings = lr_warnings(ns, tok, world_size or 1, grad_accum)
     if warnings:
         report["warnings"] = warnings
@@ -71,6 +117,14 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         ratio = np.where(mean > 0, costs.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
         report.update({"world_size": world_size, "grad_accum": grad_accum, "steps": int(costs.shape[0]),
                        "step_imbalance": float(ratio.max()), "step_imbalance_mean": float(ratio.mean())})
+        attention = _column(directory, m, "attention").astype(np.int64) if "attention" in schema else None
+        compute = compute_cost(m, tok, bs, ps, attention, cost_coeff)
+        if compute is not None:
+            report["cost_coeff"] = _num(cost_coeff)
+            report["compute_imbalance"] = imbalance(step_costs(compute, world_size, grad_accum))
+        if "size2" in schema:
+            size2 = _column(directory, m, "size2").astype(np.float64)
+            report["size2_imbalance"] = imbalance(step_costs(size2, world_size, grad_accum))
     return report
 
 
@@ -81,6 +135,7 @@ def _samples_report(directory: str, m: dict) -> dict:
                           "sum": int(size.sum())}}
     if m["_kind"] == "sorted" and "stage_counts" in m["stats"]:
         out["stage_counts"] = m["stats"]["stage_counts"]
+    out.update({k: m["stats"][k] for k in ("size2", "targets") if k in m["stats"]})  # the measures' totals
     return out
 
 
@@ -106,7 +161,29 @@ def _microbatch_report(m: dict, ns: np.ndarray, ps: np.ndarray, tok: np.ndarray,
         "split_pieces": m["stats"].get("split_pieces", 0),
         "split_tokens": m["stats"].get("split_tokens", 0),
         "empty_dropped": m["stats"].get("empty_dropped", 0),
+        # the per-micro-batch sums' totals, where the plan records them (attention, size2, targets)
+        **{k: m["stats"][k] for k in ("attention", "size2", "targets") if k in m["stats"]},
     }
+
+
+def cap_fills(m: dict, tok: np.ndarray, bs: np.ndarray, ps: np.ndarray, attention: np.ndarray | None,
+              size2: np.ndarray) -> dict:
+    """Return the mean fill of each cap of a two-cap plan (``--max-size2``) and of the binding one.
+
+    The first cap's use is the micro-batch's cost under its budget (padded tokens, tokens, or
+    tokens plus attention / Q under quadratic); the second's is its ``size2`` over ``--max-size2``;
+    a micro-batch's binding fill is the larger of the two.
+    """
+    opts = m["options"]
+    limit = float(opts["max_tokens"])
+    used = (bs * ps if padded_plan(opts) else tok).astype(np.float64)
+    if opts.get("budget") == "quadratic" and attention is not None:
+        used = used + attention / float(opts.get("quadratic_scale") or 1.0)
+    f1 = used / limit
+    f2 = size2.astype(np.float64) / float(opts["max_size2"])
+    if not len(f1):
+        return {"max_tokens": 0.0, "max_size2": 0.0, "binding": 0.0}
+    return {"max_tokens": float(f1.mean()), "max_size2": float(f2.mean()), "binding": float(np.maximum(f1, f2).mean())}
 
 
 def _holdout_report(m: dict) -> dict:

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import SortpackError
 from ..format.manifest import read_manifest
 from ..format.shards import read_rows
-from .inspect import step_costs
+from .inspect import DEFAULT_COST_COEFF, compute_cost, imbalance, step_costs
 
 MAX_POINTS = 2000  # series longer than this are drawn as per-bin mean with a min..max band
 TOP_SHAPES = 15
@@ -90,8 +90,12 @@ def _series_panel(ax, y: np.ndarray, color: str, label: str | None = None) -> No
     ax.plot(x, mean, color=color, linewidth=1, label=label)
 
 
-def plot_directory(directory: str, path: str, world_size: int | None = None, grad_accum: int = 1):
-    """Write the inspect figure of a directory to the PNG ``path``; return the matplotlib Figure."""
+def plot_directory(directory: str, path: str, world_size: int | None = None, grad_accum: int = 1,
+                   cost_coeff: float | None = None):
+    """Write the inspect figure of a directory to the PNG ``path``; return the matplotlib Figure.
+
+    ``cost_coeff``: C of the compute panel's cost C*s + s^2 (default ``DEFAULT_COST_COEFF``).
+    """
     Figure, FigureCanvasAgg = _matplotlib()
     m = read_manifest(directory)
     if m["_kind"] != "index":
@@ -101,15 +105,16 @@ def plot_directory(directory: str, path: str, world_size: int | None = None, gra
         _size_panel(ax, size, None, f"sample sizes ({m['num_samples']:,} samples)", "size (log)")
         fig.suptitle(f"{directory} ({m['_kind']})", fontsize=10)
     else:
-        fig = _plot_index(Figure, directory, m, world_size or 1, grad_accum, world_size is None)
+        fig = _plot_index(Figure, directory, m, world_size or 1, grad_accum, world_size is None,
+                          DEFAULT_COST_COEFF if cost_coeff is None else cost_coeff)
     fig.tight_layout()
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=100)
     return fig
 
 
-def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_assumed: bool):
-    """Return the six-panel figure of an index directory."""
+def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_assumed: bool, cost_coeff: float):
+    """Return the seven-panel figure of an index directory (an eighth, the shares, for a mixture)."""
     if world < 1:
         raise SortpackError(f"--world-size {world}: must be >= 1")
     if accum < 1:
@@ -117,9 +122,9 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     c = _columns(directory, m, ["num_samples", "batch_size", "max_size", "padded_size", "tokens"])
     ns, bs, ps, tok = (c[k].astype(np.int64) for k in ("num_samples", "batch_size", "padded_size", "tokens"))
     padded = bs * ps
-    mixture = bool(m.get("mixture"))  # a seventh panel below: achieved shares against the schedule
-    fig = Figure(figsize=(15, 12.5 if mixture else 8.5))
-    axes = [fig.add_subplot(3 if mixture else 2, 3, k) for k in range(1, 7)]
+    mixture = bool(m.get("mixture"))  # a last panel below: achieved shares against the schedule
+    fig = Figure(figsize=(15, 16.5 if mixture else 12.5))
+    axes = [fig.add_subplot(4 if mixture else 3, 3, k) for k in range(1, 8)]
 
     # a micro-batch of sorted samples holds nearly equal sizes: its max size stands for each;
     # packed rows mix sizes, so there it is only an upper bound
@@ -134,10 +139,15 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     _imbalance_panel(axes[3], per_rank, per_rank_padded, world)
     _shapes_panel(axes[4], bs, ps)
     _lr_panel(axes[5], step_costs(ns, world, accum).sum(axis=1) if len(ns) else np.zeros(1, np.int64))
+    attention = _columns(directory, m, ["attention"])["attention"].astype(np.int64) \
+        if "attention" in (m.get("schema") or {}) else None
+    compute = compute_cost(m, tok, bs, ps, attention, cost_coeff)
+    _compute_panel(axes[6], None if compute is None or not len(tok) else step_costs(compute, world, accum),
+                   world, cost_coeff)
     if mixture:
         from .mixture import shares_panel
 
-        shares_panel(fig.add_subplot(3, 1, 3), m, tok, _columns(directory, m, ["source"])["source"])
+        shares_panel(fig.add_subplot(4, 1, 4), m, tok, _columns(directory, m, ["source"])["source"])
 
     fig.suptitle(f"{directory}: {m['num_microbatches']:,} micro-batches, {m['num_samples']:,} samples, "
                  f"{per_rank.shape[0]:,} steps", fontsize=11)
@@ -182,6 +192,21 @@ def _imbalance_panel(ax, per_rank: np.ndarray, per_rank_padded: np.ndarray, worl
     ax.set_title(f"step imbalance: max / mean over {world} ranks")
     ax.set_xlabel("step")
     ax.set_ylabel("max / mean")
+    ax.legend(fontsize=8, loc="upper right")
+
+
+def _compute_panel(ax, costs: np.ndarray | None, world: int, cost_coeff: float) -> None:
+    """Draw each step's max over mean rank compute (C*s + s^2 per document), with the weighted figure."""
+    if costs is None:
+        ax.set_title("compute: the plan records no attention work")
+        return
+    mean = costs.mean(axis=1)
+    ratio = np.where(mean > 0, costs.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
+    fig = imbalance(costs)
+    _series_panel(ax, ratio, "#c44e52", f"p99 {fig['p99']:.3f}, max {fig['max']:.3f}")
+    ax.set_title(f"compute imbalance over {world} ranks (C={cost_coeff:g}): weighted {fig['weighted']:.4f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("max / mean compute")
     ax.legend(fontsize=8, loc="upper right")
 
 

@@ -34,6 +34,11 @@ class AnalyzeOptions:
     input_format: str = "auto"
     special_tokens: bool = True  # tokens: count the ones the post-processor adds
     split: str | None = None  # the split of a Hugging Face DatasetDict directory
+    size2: str | None = None  # --size2 SPEC: a second size per sample, the measure ``size2``
+
+    def measure_specs(self) -> dict[str, str]:
+        """Return the SPEC of each per-sample measure to evaluate like a size, by measure name."""
+        return {"size2": self.size2} if self.size2 else {}
 
     def as_dict(self) -> dict:
         """Return the options as recorded in manifests (tokenizer by file name only).
@@ -44,10 +49,12 @@ class AnalyzeOptions:
         out: dict[str, Any] = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
                "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
                "input_format": self.input_format}
-        if "tokens" in (self.size, self.difficulty):
+        if "tokens" in (self.size, self.difficulty, self.size2):
             out["special_tokens"] = self.special_tokens
         if self.split is not None:
             out["split"] = self.split
+        if self.size2:
+            out["size2"] = self.size2
         return out
 
 
@@ -59,10 +66,11 @@ class Specs:
     difficulty: Spec | None  # None: the difficulty is the size
     tokenizer: Any = None  # loaded when a SPEC counts tokens
     funcs: dict[str, Callable] = field(default_factory=dict)  # python:MODULE:FUNC SPECs by text
+    measures: dict[str, Spec] = field(default_factory=dict)  # per-sample measures measured like a size
 
     def read_columns(self) -> tuple[list[str] | None, list[str]]:
         """Return (the columns a read needs, None for all; the text columns among them)."""
-        specs = [s for s in (self.size, self.difficulty) if s]
+        specs = [s for s in (self.size, self.difficulty, *self.measures.values()) if s]
         columns = sorted({c for s in specs for c in (s.columns() or []) if c}) or None
         if any(s.kind == "python" for s in specs):
             columns = None
@@ -92,6 +100,7 @@ class Measured:
     sizes: list[np.ndarray]
     diffs: list[np.ndarray]
     unknown_rows: list[int]
+    measures: dict[str, list[np.ndarray]] = field(default_factory=dict)  # per measure name, read by read
 
 
 def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str | None = None) -> list[SourceFile]:
@@ -131,11 +140,17 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     column = _resolve_column(opts, files) if needs_column else opts.column
     size_spec = parse_spec(opts.size, column, "--size")
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
+    extra = opts.measure_specs()
+    if reads_text(*extra.values()):
+        column = column or _resolve_column(opts, files)
+    measures = {name: parse_spec(text, column, f"--{name}") for name, text in extra.items()}
     tokenizer = None
-    if "tokens" in (size_spec.kind, diff_spec.kind if diff_spec else None):
-        tokenizer = load_tokenizer(opts.tokenizer, "--size" if size_spec.kind == "tokens" else "--difficulty")
-    funcs = {s.text: load_function(s) for s in (size_spec, diff_spec) if s and s.kind == "python"}
-    return Specs(size_spec, diff_spec, tokenizer, funcs)
+    kinds = [("--size", size_spec), ("--difficulty", diff_spec)] + [(f"--{n}", m) for n, m in measures.items()]
+    wants = [option for option, spec in kinds if spec is not None and spec.kind == "tokens"]
+    if wants:
+        tokenizer = load_tokenizer(opts.tokenizer, wants[0])
+    funcs = {s.text: load_function(s) for _, s in kinds if s and s.kind == "python"}
+    return Specs(size_spec, diff_spec, tokenizer, funcs, measures)
 
 
 def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False, *,
@@ -172,7 +187,9 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     size, diff = _columns(comm, measured, specs)
     sample_id = np.arange(start, start + len(size), dtype=np.int64)
     empty_size = empty_token_count(specs.tokenizer) if specs.size.kind == "tokens" and opts.special_tokens else 0
-    return SampleColumns(start, total, sample_id, size, diff, None, fingerprint, empty_size)
+    measures = {name: np.concatenate(measured.measures.get(name, [])) if measured.measures.get(name)
+                else np.zeros(0, np.int64) for name in specs.measures}
+    return SampleColumns(start, total, sample_id, size, diff, None, fingerprint, empty_size, measures=measures)
 
 
 def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: AnalyzeOptions,
@@ -196,6 +213,10 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: Analyz
             keep_pieces(table, size, src.path)
         out.sizes.append(size)
         out.diffs.append(diff)
+        for name, spec in specs.measures.items():
+            values = evaluate(spec, table, src.path, specs.tokenizer, specs.funcs.get(spec.text), opts.special_tokens)
+            out.measures.setdefault(name, []).append(
+                as_size(values, src.path, f"--{name} {spec.text}").astype(np.int64, copy=False))
         prog.update(table.num_rows, None, **{counter: int(size.sum())})
     prog.close()
     return out

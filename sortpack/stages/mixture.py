@@ -108,8 +108,19 @@ def union_sources(comm: Comm, parts: list[SampleColumns]
     files = [f for p in parts for f in p.files]
     total = int(rows.sum())
     union = SampleColumns(vstart, total, np.arange(vstart, vstart + mine, dtype=np.int64), size, difficulty, None,
-                          files, max((p.empty_size for p in parts), default=0))
+                          files, max((p.empty_size for p in parts), default=0), measures=union_measures(comm, parts))
     return union, groups, table, bases, files
+
+
+def union_measures(comm: Comm, parts: list[SampleColumns]) -> dict[str, np.ndarray]:
+    """Return the sources' measures concatenated in source order (every source must measure the same ones)."""
+    names = sorted({k for p in parts for k in p.measures})
+    for k, p in enumerate(parts):
+        missing = [n for n in names if n not in p.measures]
+        if missing:  # the same options on every rank: all raise together
+            raise SortpackError(f"mixture source {k} has no measure {missing[0]} (every source must measure it)",
+                                collective=True)
+    return {n: np.concatenate([p.measures[n] for p in parts]) if parts else np.zeros(0, np.int64) for n in names}
 
 
 def global_ids(table: np.ndarray, ids: np.ndarray) -> np.ndarray:

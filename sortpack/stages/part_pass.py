@@ -155,7 +155,8 @@ def part_pass_samples(comm: Comm, ordered: SampleColumns, popts: PackOptions, pa
     for s in range(k):
         a, b = int(bounds[s]), int(bounds[s + 1])
         size = ordered.size[a:b] if need[s] > 0 else ordered.size[:0]
-        over = oversize_mask(popts, size)
+        size2 = ordered.measures.get("size2")
+        over = oversize_mask(popts, size, None if size2 is None else size2[a:a + len(size)])
         if over.any():  # an empty sample adds 0 tokens already: never chosen
             size = size.astype(np.int64)
             size[over] = truncate_length(popts) if popts.oversize == "truncate" else 0

@@ -29,6 +29,9 @@ class SampleColumns:
     # ``--oversize split``: where each sample's range starts in its source sample (its end is
     # ``begin + size``); None when no sample was cut, so other plans carry no such column
     begin: np.ndarray | None = None
+    # extra per-sample measures by name (int64, aligned with sample_id): ``size2``, ``targets``;
+    # every stage moves them without knowing their names, and an empty dict adds no column anywhere
+    measures: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         """Return the number of samples on this rank."""
@@ -44,6 +47,8 @@ class SampleColumns:
             cols["stage"] = self.stage
         if self.begin is not None:
             cols["begin"] = self.begin
+        for name in sorted(self.measures):
+            cols[name] = self.measures[name]
         return cols
 
     def clear(self) -> None:
@@ -52,6 +57,7 @@ class SampleColumns:
         self.sample_id = self.size = self.difficulty = empty
         self.stage = None
         self.begin = None
+        self.measures = {}
 
     def stage_or_zero(self) -> np.ndarray:
         """Return the curriculum stage of each sample (int16, all 0 without stages)."""
@@ -67,14 +73,23 @@ class SampleColumns:
         stage = None if self.stage is None else self.stage[keep]
         begin = None if self.begin is None else self.begin[keep]
         return SampleColumns(start, total, self.sample_id[keep], size, difficulty, stage, self.files,
-                             self.empty_size, begin)
+                             self.empty_size, begin, {k: v[keep] for k, v in self.measures.items()})
 
     @classmethod
     def from_columns(cls, start: int, total: int, cols: dict[str, np.ndarray], files: list[dict],
                      empty_size: int = 0) -> SampleColumns:
         """Return SampleColumns rebuilt from ``columns()`` output (difficulty defaults to the size)."""
         return cls(start, total, cols["sample_id"], cols["size"], cols.get("difficulty", cols["size"]),
-                   cols.get("stage"), files, empty_size, cols.get("begin"))
+                   cols.get("stage"), files, empty_size, cols.get("begin"), measures_of(cols))
+
+
+# the columns of ``SampleColumns.columns()`` that are not measures
+BASE_COLUMNS = frozenset(("sample_id", "size", "difficulty", "stage", "begin"))
+
+
+def measures_of(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Return the measure columns among per-sample ``cols`` (every name that is not a base column), as int64."""
+    return {k: np.asarray(v).astype(np.int64, copy=False) for k, v in cols.items() if k not in BASE_COLUMNS}
 
 
 def exact_sum(values: np.ndarray) -> int:
@@ -102,6 +117,8 @@ def sample_stats(comm: Comm, s: SampleColumns) -> dict:
     dmax = comm.allreduce(float(s.difficulty.max()) if n else float("-inf"), "max")
     stats = {"num_samples": s.total, "size_sum": size_sum, "size_min": smin, "size_max": smax,
              "difficulty_min": dmin, "difficulty_max": dmax}
+    for name in sorted(s.measures):  # totals of the measures, present only when measured
+        stats[name] = comm.allreduce(exact_sum(s.measures[name]), "sum")
     if s.stage is not None:
         counts = np.bincount(s.stage.astype(np.int64), minlength=1) if n else np.zeros(1, np.int64)
         width = comm.allreduce(len(counts), "max")

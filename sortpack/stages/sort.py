@@ -102,6 +102,20 @@ class _Sorted:
     size: np.ndarray
     difficulty: np.ndarray
     stage: np.ndarray | None
+    measures: dict[str, np.ndarray]
+
+
+_MEASURE = "measure:"  # the payload prefix of a measure: its name cannot meet ``size`` or ``difficulty``
+
+
+def _with_measures(payload: dict[str, np.ndarray], samples: SampleColumns) -> dict[str, np.ndarray]:
+    """Return ``payload`` with the samples' measures added (each travels with its sample through the sort)."""
+    return {**payload, **{_MEASURE + k: v for k, v in samples.measures.items()}}
+
+
+def _measures_in(payload: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Return the measures a sort's payload carried back, by name."""
+    return {k[len(_MEASURE):]: v for k, v in payload.items() if k.startswith(_MEASURE)}
 
 
 def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per_shard: int,
@@ -136,7 +150,8 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
         out = _sort_plain(comm, samples, opts, contiguous, same, groups, group_bits, targets, consume)
     phase("decode")
     start, total = global_start(comm, len(out.ids))
-    ordered = SampleColumns(start, total, out.ids, out.size, out.difficulty, out.stage, files, samples.empty_size)
+    ordered = SampleColumns(start, total, out.ids, out.size, out.difficulty, out.stage, files, samples.empty_size,
+                            measures=out.measures)
     del out
     cols = redistribute(comm, ordered.columns(), start, owner_starts(total, rows_per_shard, comm.size))
     start, _ = global_start(comm, len(cols["sample_id"]))
@@ -154,14 +169,14 @@ def _sort_staged(comm: Comm, samples: SampleColumns, opts: SortOptions, same: bo
     # order inside a stage by size: the stage is the most significant part of the key below the group
     codes, codec = encode_keys(comm, samples.size, opts.descending)
     layout = KeyLayout(codec.bits, stage_width(opts.stages), group_bits)
-    payload = {} if same else {"difficulty": samples.difficulty}
+    payload = _with_measures({} if same else {"difficulty": samples.difficulty}, samples)
     out = _sort_by(comm, codes, layout, samples.start, samples.total, samples.sample_id, payload, False, targets,
                    stage=samples.stage_or_zero(), group=groups)
     stage = layout.field(out.codes, "stage").astype(np.int16)
     if group_bits:
         stage += layout.field(out.codes, "group").astype(np.int16) * np.int16(opts.stages)
     size = codec.decode(layout.field(out.codes, "key"))
-    return _Sorted(out.ids, size, out.payload.get("difficulty", size), stage)
+    return _Sorted(out.ids, size, out.payload.get("difficulty", size), stage, _measures_in(out.payload))
 
 
 def _sort_plain(comm: Comm, samples: SampleColumns, opts: SortOptions, contiguous: bool, same: bool,
@@ -175,6 +190,7 @@ def _sort_plain(comm: Comm, samples: SampleColumns, opts: SortOptions, contiguou
         payload["size"] = samples.size
     elif not same:
         payload["difficulty"] = samples.difficulty
+    payload = _with_measures(payload, samples)
     ids_in: np.ndarray | None = samples.sample_id
     if consume and not payload and contiguous:
         # the ids are start + arange(n) and the keys are in the codes: free the input now
@@ -194,7 +210,7 @@ def _sort_plain(comm: Comm, samples: SampleColumns, opts: SortOptions, contiguou
     del codes
     size = keys if by_size else payload["size"]
     difficulty = keys if not by_size else (size if same else payload["difficulty"])
-    return _Sorted(ids, size, difficulty, stage)
+    return _Sorted(ids, size, difficulty, stage, _measures_in(payload))
 
 
 def _sort_pieces(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per_shard: int, consume: bool,
@@ -210,7 +226,8 @@ def _sort_pieces(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     keep = {"sample_id": samples.sample_id, "begin": samples.begin}
     start, total = samples.start, samples.total
     rows = SampleColumns(start, total, np.arange(start, start + len(samples), dtype=np.int64), samples.size,
-                         samples.difficulty, samples.stage, samples.files, samples.empty_size)
+                         samples.difficulty, samples.stage, samples.files, samples.empty_size,
+                         measures=samples.measures)
     if consume:
         samples.clear()
     ordered = sort_samples(comm, rows, opts, rows_per_shard, consume, groups)
@@ -239,7 +256,7 @@ def _assign_stages(comm: Comm, samples: SampleColumns, opts: SortOptions, contig
     codes, codec = encode_keys(comm, samples.difficulty, opts.descending)
     layout = _group_layout(codec, group_bits)
     out = _sort_by(comm, codes, layout, samples.start, samples.total, samples.sample_id,
-                   {} if same else {"size": samples.size}, contiguous, group=groups)
+                   _with_measures({} if same else {"size": samples.size}, samples), contiguous, group=groups)
     ids, codes, payload = out.ids, out.codes, out.payload
     start, total = global_start(comm, len(ids))
     pos = np.arange(start, start + len(ids), dtype=np.int64)
@@ -252,4 +269,5 @@ def _assign_stages(comm: Comm, samples: SampleColumns, opts: SortOptions, contig
         counts = comm.allreduce(np.bincount(groups, minlength=1 << group_bits).astype(np.int64), "sum")
         stage = curriculum_stages(pos, opts.stages, total, groups, counts)
     size = difficulty if same else payload["size"]
-    return SampleColumns(start, total, ids, size, difficulty, stage, samples.files, samples.empty_size), groups
+    return SampleColumns(start, total, ids, size, difficulty, stage, samples.files, samples.empty_size,
+                         measures=_measures_in(payload)), groups

@@ -43,6 +43,10 @@ def check_split(options: dict, own_column: str | None = None) -> None:
     ``--size bytes`` cannot cut yet.
     """
     size = str(options.get("size") or "length")
+    if options.get("size2"):
+        # a piece's second size is not the same fraction of its sample's (an image's patches stay whole)
+        raise SortpackError(f"--oversize split cuts a sample's size, not its --size2 {options['size2']}: use "
+                            "--oversize skip or error with --size2")
     if size not in SPLIT_KINDS:
         raise SortpackError(f"--oversize split cuts token ids (--size tokens), characters and list elements "
                             f"(--size length) or bytes at character boundaries (--size bytes); --size {size} "
@@ -229,9 +233,31 @@ def split_samples(comm: Comm, samples: SampleColumns, cap: int, over: np.ndarray
     start, total = global_start(comm, len(row))
     difficulty = size if samples.difficulty is samples.size else samples.difficulty[row]
     stage = None if samples.stage is None else samples.stage[row]
+    measures = {name: PIECE_MEASURES.get(name, apportion)(values, samples, row, begin, size)
+                for name, values in samples.measures.items()}
     out = SampleColumns(start, total, samples.sample_id[row], size, difficulty, stage, samples.files,
-                        samples.empty_size, begin)
+                        samples.empty_size, begin, measures)
     return out, info
+
+
+def apportion(values: np.ndarray, samples: SampleColumns, row: np.ndarray, begin: np.ndarray,
+              size: np.ndarray) -> np.ndarray:
+    """Return each piece's share of its sample's measure, in proportion to the units it holds (int64).
+
+    Piece ``[b, e)`` of a sample of size S and measure M gets ``floor(M*e/S) - floor(M*b/S)``:
+    the shares of a sample's pieces sum to M exactly. A sample that was not cut keeps M
+    (``begin`` 0, ``size`` S). ``values`` are the measure per sample (rows of ``samples``).
+    """
+    whole = samples.size[row].astype(np.int64)
+    m = values[row].astype(np.int64)
+    # the piece's start within what the measure covers (a sample already a piece starts at its own begin)
+    start = begin if samples.begin is None else begin - samples.begin[row]
+    span = np.maximum(whole, 1)
+    return (m * (start + size)) // span - (m * start) // span
+
+
+# measures whose pieces are counted another way than in proportion (name -> function as ``apportion``)
+PIECE_MEASURES: dict = {}
 
 
 def split_oversize(comm: Comm, samples: SampleColumns, opts, measured: dict | None = None,

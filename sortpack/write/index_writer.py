@@ -17,7 +17,7 @@ import pyarrow as pa
 from ..distribute import move_ragged, redistribute
 from ..format.kinds import new_manifest, rows_per_shard, samples_per_shard
 from ..format.manifest import DATA_VERSION, VERSION
-from ..format.schemas import index_schema, sample_id_type, schema_json
+from ..format.schemas import index_schema, measure_names, sample_id_type, schema_json
 from ..inputs.locations import split_locations
 from ..parallel import Comm
 from ..partition import index_shard_layout
@@ -151,7 +151,8 @@ def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, options: dict, file
     source_rows = int(sum(f["rows"] for f in files))
     # the id width follows the input's row count, the same on every rank: bytes never depend on P
     schema = index_schema(rows=owned.row_sizes is not None, id_type=sample_id_type(source_rows),
-                          source="source" in owned.columns, pieces=owned.ranges is not None)
+                          source="source" in owned.columns, pieces=owned.ranges is not None,
+                          attention="attention" in owned.columns, measures=measure_names(owned.columns))
     with profile.stage("write_index"):
         shards = write_owned_shards(comm, out, "index", partial(index_table, owned, schema), owned.first,
                                     owned.count, mbs.total, rows, samples_in=owned.samples_in, starts=starts)

@@ -8,7 +8,7 @@ from ..distribute import redistribute
 from ..errors import SortpackError
 from ..format.kinds import new_manifest, rows_per_shard
 from ..format.manifest import VERSION, read_manifest
-from ..format.schemas import kind_schema, schema_json
+from ..format.schemas import kind_schema, measure_names, schema_json
 from ..format.shards import check_shards, read_rows
 from ..inputs.locations import split_locations, with_locations
 from ..parallel import Comm
@@ -32,7 +32,7 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: SampleColumns,
     cols.setdefault("difficulty", cols["size"])
     first = int(dest[comm.rank])
     diff_type = pa.float64() if cols["difficulty"].dtype.kind == "f" else pa.int64()
-    schema = kind_schema(kind, diff_type, pieces="begin" in cols)
+    schema = kind_schema(kind, diff_type, pieces="begin" in cols, measures=measure_names(samples.measures))
     if kind == "sorted" and "stage" not in cols:
         cols["stage"] = np.zeros(len(cols["sample_id"]), np.int16)
 
@@ -76,5 +76,6 @@ def read_samples(comm: Comm, directory: str, expect: str) -> tuple[SampleColumns
     cols = {name: table.column(name).to_numpy() for name in table.column_names}
     samples = SampleColumns(a, total, cols["sample_id"].astype(np.int64), cols["size"].astype(np.int64),
                       cols["difficulty"], cols.get("stage"), with_locations(manifest),
-                      int(manifest["options"].get("empty_size", 0)), cols.get("begin"))
+                      int(manifest["options"].get("empty_size", 0)), cols.get("begin"),
+                      {name: cols[name].astype(np.int64) for name in measure_names(cols)})
     return samples, manifest

@@ -168,3 +168,28 @@ def test_padded_hot_path_is_fast():
     t = time.thread_time()  # CPU time: the test machine may be shared
     K.greedy_pack(sizes, 500_000)
     assert time.thread_time() - t < 0.25
+
+
+@st.composite
+def two_cap_cases(draw):
+    sizes, kw = draw(pack_cases())
+    second = np.asarray(draw(st.lists(st.integers(0, 60), min_size=len(sizes), max_size=len(sizes))), np.int64)
+    return sizes, second, draw(st.integers(0, 200)), kw
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=two_cap_cases())
+def test_a_second_size_under_its_own_cap_matches_the_reference(case, fallback):
+    sizes, second, cap, kw = case
+    want = K.greedy_pack_reference(sizes, sizes2=second, max2=cap, **kw)
+    np.testing.assert_array_equal(fallback.greedy_pack(sizes, sizes2=second, max2=cap, **kw), want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=two_cap_cases())
+def test_the_compiled_second_cap_matches_the_reference(case):
+    sizes, second, cap, kw = case
+    got = K.greedy_pack(sizes, sizes2=second, max2=cap, **kw)
+    np.testing.assert_array_equal(got, K.greedy_pack_reference(sizes, sizes2=second, max2=cap, **kw))
+    for a, b in zip(got[:-1], got[1:]):  # every micro-batch of two samples or more under the second cap
+        assert b - a == 1 or second[a:b].sum() <= cap

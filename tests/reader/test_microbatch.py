@@ -5,8 +5,9 @@ import pytest
 
 from sortpack.reader import MicroBatch, PackedSampler, StepFacts
 
-STEP_KEYS = {"epoch", "step", "position", "end", "run_step", "step_batch", "step_tokens", "world_size"}
-OWN_KEYS = {"microbatch", "last", "tokens", "num_samples", "repeat"}
+STEP_KEYS = {"epoch", "step", "position", "end", "run_step", "step_batch", "step_tokens", "world_size",
+             "step_attention", "step_targets"}
+OWN_KEYS = {"microbatch", "last", "tokens", "num_samples", "repeat", "attention", "targets"}
 
 
 def test_the_micro_batches_of_a_step_share_one_facts_record(small):
@@ -47,4 +48,4 @@ def test_a_small_constructor_and_read_only_step_facts():
         MicroBatch([1], 0, step_batch=4, step_tokens=9)  # the old per-fact keywords are gone
     plain = MicroBatch([8, 9])  # not from a sampler: step 0 of epoch 0 on one rank
     assert plain.info() == {**dict.fromkeys(STEP_KEYS, 0), "world_size": 1, "microbatch": -1, "last": True,
-                            "tokens": 0, "num_samples": 2, "repeat": False}
+                            "tokens": 0, "num_samples": 2, "repeat": False, "attention": 0, "targets": 0}

@@ -137,3 +137,16 @@ def test_inspect_refuses_to_trace_steps_the_sampler_refuses(mix_index, flags, wh
         step_trace(mix_index, 3, **kw)
     # plan order traces as the sampler trains
     assert step_trace(mix_index, 3)["ranks"][0]["microbatches"][0]["microbatch"] == 3
+
+
+def test_the_documented_source_column_snippet_runs(mix_index, capsys):
+    """docs/mixtures.md's per-micro-batch ``source`` snippet runs as written on a mixture plan."""
+    from support import ROOT
+
+    text = (ROOT / "docs" / "mixtures.md").read_text()
+    snippet = text.split("<!-- mixture-source-column -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(snippet, "docs/mixtures.md", "exec"), {"PLAN": str(mix_index)})  # noqa: S102 - the page's code
+    name, count = capsys.readouterr().out.split()
+    idx = PackedIndex(mix_index)
+    assert name == idx.source_names[int(idx["source"][0])]
+    assert int(count) == int((idx["source"] == idx.source_names.index("code")).sum()) > 0

@@ -52,7 +52,7 @@ def test_index_figure_has_every_panel_with_the_index_numbers(tmp_path, plan):
     assert [t.split(" (")[0].split(";")[0] for t in titles] == [
         "sample sizes", "fill per micro-batch", "tokens per rank per step",
         "step imbalance: max / mean over 4 ranks", f"{titles[4].split(' ')[0]} distinct shapes",
-        "LR scale, linear rule"]
+        "LR scale, linear rule", "compute imbalance over 4 ranks"]
     c = index_columns(out)
     # the heat map is the reader's step layout of real tokens: ranks x steps
     heat = fig.axes[2].images[0].get_array()

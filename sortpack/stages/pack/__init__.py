@@ -8,8 +8,10 @@ count; a dataset of one segment gives exactly the sequential greedy's micro-batc
 
 ``options`` holds the options, ``budget`` what they let a sample or a length hold,
 ``filters`` the empty and oversize samples, ``greedy`` and ``rows`` the two packers,
-``batches`` the per-micro-batch arrays they build, ``stats`` the index summary and
-``microbatches`` the stage's entry, ``pack_samples``.
+``two_caps`` the order a second budget (``--max-size2``) packs in, ``batches`` the
+per-micro-batch arrays they build, ``balance`` the order of micro-batches by cost
+(``--balance``), ``stats`` the index summary and ``microbatches`` the stage's entry,
+``pack_samples``.
 """
 from __future__ import annotations
 

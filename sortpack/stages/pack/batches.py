@@ -1,13 +1,16 @@
 """Per-micro-batch arrays from packing cuts: plain, static-shape and same-shape groups."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..samples import SampleColumns
 from .budget import padded_lengths, static_batch_size
-from .options import PackOptions
+
+if TYPE_CHECKING:  # the options' type only: options.py reads the --balance registry, which reads these
+    from .options import PackOptions
 
 
 @dataclass
@@ -35,6 +38,8 @@ class Packed:
     begin: np.ndarray | None = None  # --oversize split: each sample's range in its source sample
     end: np.ndarray | None = None
     shapes: tuple[int, ...] = ()  # the padded lengths used: --shapes, or those --shapes auto:K chose
+    sizes: np.ndarray | None = None  # each packed sample's size as packed (truncated ones at their cut)
+    measures: dict[str, np.ndarray] = field(default_factory=dict)  # the samples' measures, in packed order
 
 
 def key_values(samples: SampleColumns, key: str) -> np.ndarray:

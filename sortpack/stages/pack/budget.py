@@ -6,12 +6,15 @@ the kernels' budget policy (``kernels.budget``); this module applies it to ``Pac
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ... import kernels
 from ...errors import SortpackError
-from .options import PackOptions
+
+if TYPE_CHECKING:  # the options' type only: options.py reads the --balance registry, which reads these
+    from .options import PackOptions
 
 
 def padded_lengths(opts: PackOptions, lengths: np.ndarray) -> np.ndarray:
@@ -28,13 +31,18 @@ def alone_cost(opts: PackOptions, sizes: np.ndarray) -> np.ndarray:
     return cost
 
 
-def oversize_mask(opts: PackOptions, sizes: np.ndarray) -> np.ndarray:
-    """Return which samples cannot fit a micro-batch (or a row) alone."""
+def oversize_mask(opts: PackOptions, sizes: np.ndarray, sizes2: np.ndarray | None = None) -> np.ndarray:
+    """Return which samples cannot fit a micro-batch (or a row) alone (``sizes2``: their second size,
+    over ``--max-size2`` alone too)."""
     if opts.rows:
-        return np.asarray(sizes) > opts.rows
-    if opts.budget != "quadratic" and not opts.rounding:
-        return np.asarray(sizes) > opts.limit  # cost alone is the size: no temporaries
-    return alone_cost(opts, sizes) > opts.limit
+        over = np.asarray(sizes) > opts.rows
+    elif opts.budget != "quadratic" and not opts.rounding:
+        over = np.asarray(sizes) > opts.limit  # cost alone is the size: no temporaries
+    else:
+        over = alone_cost(opts, sizes) > opts.limit
+    if opts.max_size2 and sizes2 is not None:
+        over |= np.asarray(sizes2) > opts.max_size2
+    return over
 
 
 def oversize_reason(opts: PackOptions, largest: int) -> str:

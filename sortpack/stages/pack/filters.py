@@ -54,20 +54,32 @@ def refuse_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> No
     ``run`` calls it right after analyze, before the sort, so a plan that cannot be packed
     fails in seconds rather than after the sort (pack calls it again through ``apply_oversize``).
     """
+    if opts.max_size2 and "size2" not in samples.measures:  # the same options and columns on every rank
+        raise SortpackError("--max-size2 N caps the second size: give --size2 SPEC (at analyze or run)",
+                            collective=True)
     if opts.oversize != "error":
         return
+    size2 = samples.measures.get("size2")
+    if opts.max_size2 and size2 is not None:
+        over2 = size2 > opts.max_size2
+        count = comm.allreduce(int(over2.sum()), "sum")
+        if count:
+            largest = comm.allreduce(int(size2[over2].max()) if over2.any() else 0, "max")
+            raise OversizeError(f"{count} samples have a second size over --max-size2 {opts.max_size2} alone "
+                                f"(largest {largest}); raise --max-size2 or use --oversize skip", collective=True)
     over = oversize_mask(opts, samples.size)
     count = comm.allreduce(int(over.sum()), "sum")
     if count:
         largest = comm.allreduce(int(samples.size[over].max()) if over.any() else 0, "max")
-        raise OversizeError(f"{count} samples {oversize_reason(opts, largest)}, or use --oversize split (cut "
-                            f"them into pieces that fit, no token lost), skip or truncate", collective=True)
+        ways = ("--oversize skip (a second size cannot be cut)" if "size2" in samples.measures else
+                "--oversize split (cut them into pieces that fit, no token lost), skip or truncate")
+        raise OversizeError(f"{count} samples {oversize_reason(opts, largest)}, or use {ways}", collective=True)
 
 
 def apply_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, dict]:
     """Return the samples after the ``--oversize`` policy, and counts of what it did (over all ranks)."""
     refuse_oversize(comm, samples, opts)
-    over = oversize_mask(opts, samples.size)
+    over = oversize_mask(opts, samples.size, samples.measures.get("size2"))
     count = comm.allreduce(int(over.sum()), "sum")
     info = {"oversize": count, "skipped": 0, "truncated": 0}
     if count == 0:

@@ -19,6 +19,7 @@ from .batches import Packed, key_values, plain_batches, same_shape_groups, stati
 from .budget import oversize_mask
 from .filters import apply_oversize
 from .options import PackOptions
+from .two_caps import two_cap_order
 
 
 def piece_starts(start: int, stage: np.ndarray, segment_size: int) -> np.ndarray:
@@ -35,8 +36,9 @@ def piece_starts(start: int, stage: np.ndarray, segment_size: int) -> np.ndarray
     return np.unique(np.concatenate(([0], seg, changes)))
 
 
-def piece_bounds(sizes: np.ndarray, opts: PackOptions) -> np.ndarray:
-    """Return micro-batch (or same-shape super-batch) boundaries for one piece."""
+def piece_bounds(sizes: np.ndarray, opts: PackOptions, sizes2: np.ndarray | None = None) -> np.ndarray:
+    """Return micro-batch (or same-shape super-batch) boundaries for one piece (``sizes2``: the
+    second size, capped by ``--max-size2``)."""
     g = opts.group_size if opts.same_shape else 1
     budget = opts.budget
     shapes = np.asarray(opts.shapes, np.int64) if opts.shapes else None
@@ -48,8 +50,20 @@ def piece_bounds(sizes: np.ndarray, opts: PackOptions) -> np.ndarray:
             budget = "padded"
         elif budget == "quadratic":
             shapes = np.unique(sizes)
+    if opts.max_size2 and sizes2 is not None:
+        return kernels.greedy_pack(sizes, opts.limit * g, budget, opts.max_samples * g, opts.batch_multiple * g,
+                                   opts.scale, opts.pad_to_multiple, shapes, sizes2, opts.max_size2)
     return kernels.greedy_pack(sizes, opts.limit * g, budget, opts.max_samples * g, opts.batch_multiple * g,
                                opts.scale, opts.pad_to_multiple, shapes)
+
+
+def balanced_caps(opts: PackOptions, samples: SampleColumns) -> bool:
+    """Return whether the two caps are packed in ``two_cap_order``: ``--max-size2`` under ``--budget tokens``.
+
+    Padded layouts keep the size order, which is what keeps their padding low.
+    """
+    return bool(opts.max_size2) and "size2" in samples.measures and opts.budget == "tokens" \
+        and not opts.rounding and not opts.static_shapes and not opts.same_shape
 
 
 def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:
@@ -66,18 +80,24 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
     n = len(sizes)
     if n != n_before:
         # skipped samples shift the pieces: a piece now starts at the first kept sample
-        kept_before = np.concatenate(([0], np.cumsum(~oversize_mask(opts, cols["size"]))))
+        kept_before = np.concatenate(([0], np.cumsum(~oversize_mask(opts, cols["size"], cols.get("size2")))))
         starts = np.unique(kept_before[starts])
         starts = starts[starts < n]
     ends = np.concatenate((starts[1:], [n])) if len(starts) else np.zeros(0, np.int64)
+    if n and balanced_caps(opts, samples):
+        # varlen under two caps: an order whose every run holds both kinds of sample (two_caps)
+        perm = two_cap_order(sizes, samples.measures["size2"], opts.limit, opts.max_size2, starts, ends)
+        samples = samples.select(perm, samples.start, samples.total)
+        sizes = samples.size
     if opts.auto_shapes is not None:
         # after --oversize: skipped samples do not count, truncated ones count at their cut size
         chosen, info["auto_shapes"] = choose_shapes(comm, sizes, opts.auto_shapes)
         opts = opts.with_shapes(chosen)  # the options stay the caller's: the result carries the lengths
     parts = [np.zeros(1, np.int64)]
     prog = Progress("pack", n, "rows", ranks=comm.size, job_total=total)
+    size2 = samples.measures.get("size2")
     for a, b in zip(starts, ends):
-        parts.append(piece_bounds(sizes[a:b], opts)[1:] + a)
+        parts.append(piece_bounds(sizes[a:b], opts, None if size2 is None else size2[a:b])[1:] + a)
         prog.update(b - a)
     prog.close()
     bounds = np.concatenate(parts)
@@ -88,7 +108,7 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
     else:
         batches = plain_batches(bounds, sizes, opts)
     packed = Packed(samples.sample_id, key_values(samples, key), samples.stage_or_zero(), batches, info,
-                    shapes=tuple(opts.shapes))
+                    shapes=tuple(opts.shapes), sizes=sizes, measures=samples.measures)
     if samples.begin is not None:
         packed.begin, packed.end = samples.begin, samples.begin + samples.size
     return packed

@@ -8,9 +8,10 @@ import numpy as np
 from ...distribute import global_start
 from ...parallel import Comm
 from ..samples import SampleColumns
-from .batches import segment_reduce
+from .balance import cost_key, global_order, two_cap_key
+from .batches import Packed, segment_reduce
 from .filters import drop_empty
-from .greedy import pack_greedy
+from .greedy import balanced_caps, pack_greedy
 from .options import PackOptions
 from .rows import pack_rows
 from .stats import microbatch_stats
@@ -32,6 +33,50 @@ class Microbatches:
     shapes: tuple[int, ...] = ()  # the padded lengths the packing used: --shapes, or those --shapes auto:K chose
 
 
+def padded_layout(opts: PackOptions) -> bool:
+    """Return whether micro-batches train as padded tensors (every slot ``padded_size`` long).
+
+    ``--budget padded``, ``--same-shape`` and ``--static-shapes`` pad; ``--budget tokens`` and
+    ``quadratic`` (varlen training: ``cu_seqlens``) and ``--rows`` attend within each document.
+    """
+    return not opts.rows and (opts.budget == "padded" or opts.same_shape or opts.static_shapes)
+
+
+def attention_work(packed: Packed, opts: PackOptions) -> np.ndarray:
+    """Return each micro-batch's attention work (int64): ``batch_size * padded_size^2`` padded, else sum of s^2.
+
+    A document attends to itself only (varlen kernels, ``cu_seqlens``), so its work is s^2;
+    a padded micro-batch computes every slot at the padded length.
+    """
+    mb = packed.batches
+    if padded_layout(opts):
+        padded = np.asarray(mb.padded_size, np.int64)
+        return np.asarray(mb.batch_size, np.int64) * padded * padded
+    sizes = packed.sizes.astype(np.int64) if packed.sizes is not None else np.zeros(0, np.int64)
+    return segment_reduce(np.add, sizes * sizes, mb.offsets).astype(np.int64)
+
+
+def balanced(comm: Comm, packed: Packed, opts: PackOptions, two_caps: bool) -> Packed:
+    """Return ``packed`` with its micro-batches in balanced order (``stages.pack.balance``), or as packed.
+
+    ``--balance NAME`` orders them by the cost it names; two caps under ``--budget tokens``
+    (``two_caps``) by both fills; otherwise nothing moves. Collective.
+    """
+    if opts.balance == "compute" and padded_layout(opts):
+        # a padded micro-batch computes every slot at its padded length: the cost inspect reports
+        mb = packed.batches
+        slots = mb.batch_size.astype(np.float64) * np.asarray(mb.padded_size, np.float64)
+        key = slots * (opts.cost_coeff + np.asarray(mb.padded_size, np.float64))
+    elif opts.balance != "none":
+        key = cost_key(packed, opts.balance, opts.cost_coeff)
+    elif two_caps:
+        size2 = segment_reduce(np.add, packed.measures["size2"], packed.batches.offsets)
+        key = two_cap_key(comm, packed.batches.tokens, size2, opts.limit, opts.max_size2)
+    else:
+        return packed
+    return global_order(comm, packed, key)
+
+
 def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str = "size",
                  split: dict | None = None) -> Microbatches:
     """Return this rank's micro-batches of globally sorted samples.
@@ -47,6 +92,7 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
     opts.validate()
     samples, empty = drop_empty(comm, samples, opts)
     packed = pack_rows(comm, samples, opts, key) if opts.rows else pack_greedy(comm, samples, opts, key)
+    packed = balanced(comm, packed, opts, two_caps=balanced_caps(opts, samples))
     mb = packed.batches
     n = len(packed.sample_ids)
     offsets = mb.offsets
@@ -65,7 +111,10 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
         "min_key": segment_reduce(np.minimum, packed.keys, offsets),
         "max_key": segment_reduce(np.maximum, packed.keys, offsets),
         "stage": stage.astype(np.int16),
+        "attention": attention_work(packed, opts),
     }
+    for name in sorted(packed.measures):  # each measure summed per micro-batch, a column of its name
+        columns[name] = segment_reduce(np.add, packed.measures[name].astype(np.int64, copy=False), offsets)
     first, total_mb = global_start(comm, m)
     info = {**packed.info, "empty": empty, "empty_dropped": 0 if opts.keep_empty else empty}
     if opts.oversize == "split":

@@ -33,6 +33,9 @@ class PackOptions:
     auto_shapes: int | None = None  # --shapes auto:K: K; pack_samples chooses the lengths (``Microbatches.shapes``)
     static_shapes: bool = False  # every micro-batch's batch size fixed by its padded length
     keep_empty: bool = False  # keep samples of size 0 (default: dropped, counted in stats["empty"])
+    max_size2: int = 0  # --max-size2 N: a micro-batch's (and a row's) sum of the size2 measure (0: no cap)
+    balance: str = "none"  # --balance NAME: order micro-batches so consecutive ones cost alike (balance.BALANCE)
+    cost_coeff: float = 6144.0  # --cost-coeff C of --balance compute: a sample costs C*s + s^2
 
     def __post_init__(self) -> None:
         """Give row packing its budget (rows per micro-batch times the row length) unless one is set."""
@@ -95,6 +98,15 @@ class PackOptions:
             raise SortpackError(f"--oversize {self.oversize!r}: expected error, skip, truncate or split")
         if self.segment_size < 1:
             raise SortpackError("--segment-size must be positive")
+        self._validate_balance()
+        if self.max_size2 < 0:
+            raise SortpackError(f"--max-size2 {self.max_size2}: must be a positive integer")
+        if self.max_size2 and self.same_shape:
+            # a group packed with G budgets is split evenly by count, not by the second size
+            raise SortpackError("--max-size2 and --same-shape exclude each other")
+        if self.max_size2 and self.oversize in ("truncate", "split"):
+            raise SortpackError(f"--max-size2 with --oversize {self.oversize}: a sample's second size cannot be "
+                                "cut; use --oversize error or skip")
         if self.rows < 0:
             raise SortpackError(f"--rows {self.rows}: must be a positive row length")
         if self.rows:
@@ -109,13 +121,29 @@ class PackOptions:
         if self.max_segments < 0:
             raise SortpackError(f"--max-segments {self.max_segments}: must be >= 0")
         clash = [name for name, on in (("--same-shape", self.same_shape), ("--shapes", bool(self.shapes)),
-                                       ("--pad-to-multiple", self.pad_to_multiple > 1),
                                        ("--max-samples", self.max_samples > 0),
                                        ("--batch-multiple", self.batch_multiple > 1),
                                        ("--shapes auto", self.auto_shapes is not None),
                                        ("--static-shapes", self.static_shapes)) if on]
         if clash:
             raise SortpackError(f"--rows packs fixed-length rows; {clash[0]} does not apply to it")
+        k = self.pad_to_multiple
+        if k > 1 and self.rows % k:
+            # each document is padded to a multiple of K inside its row: so is the row's padding tail
+            raise SortpackError(f"--rows {self.rows} with --pad-to-multiple {k}: the row length must be a multiple "
+                                f"of K (context parallelism pads every document and the row to 2 x CP)")
+
+    def _validate_balance(self) -> None:
+        """Raise SortpackError for an unknown ``--balance`` or a cost coefficient out of range."""
+        from .balance import BALANCE, balance_names
+
+        if self.balance not in BALANCE:
+            raise SortpackError(f"--balance {self.balance!r}: expected {', '.join(balance_names())}")
+        if not (math.isfinite(self.cost_coeff) and self.cost_coeff >= 0):
+            raise SortpackError(f"--cost-coeff {self.cost_coeff}: must be a finite number >= 0")
+        if self.balance != "none" and self.same_shape:
+            raise SortpackError(f"--balance {self.balance} and --same-shape exclude each other (a same-shape group "
+                                "is G consecutive micro-batches; balance reorders them)")
 
     def _validate_auto_static(self) -> None:
         """Raise SortpackError for bad ``--shapes auto:K`` / ``--static-shapes`` combinations."""
@@ -140,6 +168,12 @@ class PackOptions:
             extra["static_shapes"] = True
         if self.keep_empty:
             extra["keep_empty"] = True
+        if self.max_size2:
+            extra["max_size2"] = self.max_size2  # recorded only when set: other plans keep their hash
+        if self.balance != "none":
+            extra["balance"] = self.balance
+            if self.balance == "compute":
+                extra["cost_coeff"] = self.cost_coeff
         return {**extra, "max_tokens": self.max_tokens, "budget": self.budget, "max_samples": self.max_samples,
                 "batch_multiple": self.batch_multiple, "quadratic_scale": self.quadratic_scale,
                 "pad_to_multiple": self.pad_to_multiple, "shapes": list(self.shapes),

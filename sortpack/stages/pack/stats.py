@@ -20,6 +20,17 @@ def distinct_shapes(batch_size: np.ndarray, padded_size: np.ndarray) -> np.ndarr
     return np.unique(np.stack([b, p]), axis=1)
 
 
+# the per-micro-batch columns that are not sums of a per-sample quantity; every other one
+# (``attention``, the measures: ``size2``, ``targets``) is, and the summary carries its total
+SHAPE_COLUMNS = frozenset(("microbatch", "num_samples", "batch_size", "max_size", "padded_size", "tokens",
+                           "min_key", "max_key", "stage", "source"))
+
+
+def summed_columns(columns: dict[str, np.ndarray]) -> list[str]:
+    """Return the names of the per-micro-batch columns that sum a per-sample quantity (sorted)."""
+    return sorted(n for n in columns if n not in SHAPE_COLUMNS)
+
+
 def microbatch_stats(comm: Comm, columns: dict[str, np.ndarray], info: dict) -> dict:
     """Return the index summary (integers and ratios of integers: identical for any rank count).
 
@@ -41,6 +52,7 @@ def microbatch_stats(comm: Comm, columns: dict[str, np.ndarray], info: dict) -> 
     hi = comm.allreduce(int(ns.max()) if len(ns) else 0, "max")
     shapes = distinct_shapes(columns["batch_size"], columns["padded_size"])
     all_shapes = {tuple(x) for part in comm.allgather_obj(shapes.T.tolist()) for x in part}
+    totals = {name: comm.allreduce(exact_sum(columns[name]), "sum") for name in summed_columns(columns)}
     return {
         "num_microbatches": m,
         "num_samples": nsamp,
@@ -49,5 +61,6 @@ def microbatch_stats(comm: Comm, columns: dict[str, np.ndarray], info: dict) -> 
         "padding_ratio": (1.0 - tokens / padded) if padded else 0.0,
         "distinct_shapes": len(all_shapes),
         "samples_per_microbatch": {"min": lo if m else 0, "max": hi, "mean": (nsamp / m) if m else 0.0},
+        **totals,
         **info,
     }
