@@ -34,8 +34,12 @@ ratio to the numpy loop (its speed over the numpy loop's) measured in the same p
 Then, beside a simulated 1 ms training step that lets go of the GIL (a sleep, as a CUDA wait),
 the µs per micro-batch the loop waits for its batch: inline (all of fetch + collate) and
 with ``PlanLoader`` (what its thread did not prepare during the step).
-Goal: PlanLoader at >= 0.1x the numpy loop on ``long``, >= 0.5x on ``short``,
-and <= 100 µs of fixed cost per micro-batch.
+Goal: PlanLoader at >= 0.1x the numpy loop on ``long``, >= 0.5x on ``short``, by
+wall time (what a training loop waits; CPU time beside it), quiet and under load, and <= 100 µs
+of fixed cost per micro-batch. The numpy loop repeats its epoch until it runs as long as
+PlanLoader's (its time is per epoch): one epoch of it takes about a millisecond, which fits between
+two preemptions on a busy machine where PlanLoader's tens of milliseconds cannot, so a single
+epoch's wall time flatters it by the load factor. Each table line gives the load average.
 """
 from __future__ import annotations
 
@@ -200,11 +204,17 @@ def measure(plan: str, budget: int, rounds: int) -> dict:
     tokens = int(sum(e - s for _, _, spans in plain for s, e in spans))
     n = len(schedule)
 
-    def numpy_loop() -> None:
+    def numpy_epoch() -> None:
         for bs, ps, spans in plain:
             out = np.zeros((bs, ps), dtype=np.int64)
             for j, (s, e) in enumerate(spans):
                 out[j, :e - s] = values[s:e]
+
+    repeat = {"epochs": 1}
+
+    def numpy_loop() -> None:
+        for _ in range(repeat["epochs"]):
+            numpy_epoch()
 
     # dataset, sampler and loader are built once, as a training job does: the loops time the epoch alone
     def inline(collate):
@@ -264,16 +274,24 @@ def measure(plan: str, budget: int, rounds: int) -> dict:
         notes["megatron"] = f"skipped: megatron-core not importable ({exc})"
     best = {k: float("inf") for k in loops}
     cpu = {k: float("inf") for k in loops}
+    warm = {}
     for name, loop in loops.items():  # warm: shards mapped, pages touched, workers' imports cached
+        t0 = time.perf_counter()
         loop() if not name.startswith("datasets w2") else None
+        warm[name] = time.perf_counter() - t0
+    # the numpy loop repeats its epoch until it runs as long as PlanLoader's: a loop of a millisecond fits
+    # between two preemptions of a busy machine where one of 40 ms cannot, and would look faster than it is
+    repeat["epochs"] = max(1, round(warm["PlanLoader pad"] / max(warm["numpy"], 1e-9)))
     for _ in range(rounds):
         for name, loop in loops.items():
             c0, t0 = time.process_time(), time.perf_counter()
             loop()
-            best[name] = min(best[name], time.perf_counter() - t0)
-            cpu[name] = min(cpu[name], time.process_time() - c0)
+            epochs = repeat["epochs"] if name == "numpy" else 1
+            best[name] = min(best[name], (time.perf_counter() - t0) / epochs)
+            cpu[name] = min(cpu[name], (time.process_time() - c0) / epochs)
+    notes["numpy"] = f"baseline; each timing {repeat['epochs']} epochs (as long as PlanLoader's), per epoch"
     return {"microbatches": n, "tokens": tokens, "samples": int((hi - lo).sum()), "seconds": best, "cpu": cpu,
-            "notes": notes, "exposed": exposed(plan, order, rounds)}
+            "notes": notes, "exposed": exposed(plan, order, rounds), "load": os.getloadavg()[0]}
 
 
 STEP = 0.001  # seconds of a simulated training step that lets go of the GIL (a CUDA wait)
@@ -354,7 +372,7 @@ def render(results: dict) -> str:
         for plan, res in plans.items():
             out.append(f"\n{code} | {plan}: {res['microbatches']} micro-batches, {res['samples']} samples "
                        f"({res['samples'] / res['microbatches']:.1f} per micro-batch), {res['tokens']:,} tokens, "
-                       f"best of {results['rounds']}")
+                       f"best of {results['rounds']}, load {res.get('load', float('nan')):.1f}")
             rows = [header] + _rows(res)
             widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
             out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -365,10 +383,10 @@ def render(results: dict) -> str:
 
 
 def goals(res: dict, plan: str) -> tuple[float, float, float]:
-    """Return PlanLoader pad's (ratio to the numpy loop by wall time, by CPU time, CPU µs per micro-batch)."""
+    """Return PlanLoader pad's (ratio to the numpy loop by wall time, by CPU time, wall µs per micro-batch)."""
     sec, cpu = res["seconds"], res["cpu"]
     return (sec["numpy"] / sec["PlanLoader pad"], cpu["numpy"] / cpu["PlanLoader pad"],
-            cpu["PlanLoader pad"] / res["microbatches"] * 1e6)
+            sec["PlanLoader pad"] / res["microbatches"] * 1e6)
 
 
 def run(scale: str, codes: list[str]) -> dict:
@@ -408,9 +426,10 @@ def bench(ctx) -> list:
                                         HEADER, _rows(res)))
             wall, ratio, us = goals(res, plan)
             want = 0.1 if plan == "long" else 0.5
-            rows.append(Row("tokens_loop", f"PlanLoader + pad_collate, {plan} plan, CPU µs per micro-batch", None,
-                            f"{us:,.0f} µs", "numpy slice-and-pad loop", f"{ratio:.2f}× (wall {wall:.2f}×)",
-                            target=f"≥ {want}× numpy", met=ratio >= want))
+            rows.append(Row("tokens_loop", f"PlanLoader + pad_collate, {plan} plan, wall µs per micro-batch", None,
+                            f"{us:,.0f} µs", "numpy slice-and-pad loop", f"{wall:.2f}× (CPU {ratio:.2f}×)",
+                            target=f"≥ {want}× numpy by wall time", met=wall >= want,
+                            note=f"load {res.get('load', float('nan')):.1f}"))
     return rows
 
 
@@ -433,8 +452,9 @@ def main(argv: list[str] | None = None) -> int:
         for plan, res in plans.items():
             wall, ratio, us = goals(res, plan)
             want = 0.1 if plan == "long" else 0.5
-            print(f"goal {code} | {plan}: PlanLoader pad {us:,.0f} CPU µs per micro-batch, {ratio:.3f}x numpy by CPU "
-                  f"time, {wall:.3f}x by wall time (want >= {want}x): {'met' if ratio >= want else 'MISSED'}")
+            print(f"goal {code} | {plan}: PlanLoader pad {us:,.0f} wall µs per micro-batch, {wall:.3f}x numpy by "
+                  f"wall time, {ratio:.3f}x by CPU time (want >= {want}x by wall time): "
+                  f"{'met' if wall >= want else 'MISSED'} (load {res.get('load', float('nan')):.1f})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import (
     bench_balance,
+    bench_fasttok,
     bench_loader,
     bench_mixture,
     bench_objects,
@@ -355,7 +356,7 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "tokens": bench_tokens, "reader": bench_reader, "train": train_payoff.bench,
               "loader": bench_loader.bench, "mixture": bench_mixture.bench, "stored": bench_stored.bench,
               "objects": bench_objects.bench, "scaling": bench_scaling.bench, "tokens_loop": bench_tokens_loop.bench,
-              "balance": bench_balance.bench}
+              "balance": bench_balance.bench, "fasttok": bench_fasttok.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

@@ -83,3 +83,23 @@ class KeyedPermutation:
                 y[bad] = self._encrypt_vec(y[bad])
                 bad = bad[y[bad] >= np.uint64(self.n)]
         return y.astype(np.int64)
+
+
+SEED_LIMIT = 1 << 64  # seeds are 64-bit keys: a larger one would alias a smaller one
+
+
+def check_seed(seed, flag: str, error: type[Exception] = ValueError) -> int:
+    """Return ``seed`` as an int, or raise ``error`` (one line naming ``flag``) unless 0 <= seed < 2^64.
+
+    One rule for every seed a user gives (``run --seed``, ``--holdout-seed``, ``inspect --seed``,
+    MIX.json's ``seed``): a negative seed or one of 2^64 or more would be the same key as another
+    (the keys are taken modulo 2^64), so two spellings would name one order. Callers pass
+    ``SortpackError`` (this module stands alone).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise error(f"{flag} {seed!r}: must be an integer")
+    if seed < 0:
+        raise error(f"{flag} {seed}: must be >= 0")
+    if seed >= SEED_LIMIT:
+        raise error(f"{flag} {seed}: must be below 2^64 ({SEED_LIMIT})")
+    return int(seed)

@@ -13,6 +13,7 @@ import sys
 import click
 
 from ..errors import one_line
+from ..write import termination
 from . import analyze, inspect, pack, run, sort, verify  # noqa: F401 - each adds its command to the group
 from .group import cli
 from .job import prints_usage_errors
@@ -21,6 +22,8 @@ from .printing import echo_err
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``sortpack`` console script."""
+    # before the imports of a job's start-up: a Ctrl-C there is one line too, not a traceback per rank
+    termination.install()
     startup.skip_pandas(argv)
     try:
         cli.main(args=argv, prog_name="sortpack", standalone_mode=False)

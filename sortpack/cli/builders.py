@@ -59,13 +59,14 @@ def make_holdout(kw: dict, mixture: bool = False) -> HoldoutRequest | None:
     A mixture may take --holdout-seed alone (its MIX.json names what each source holds out).
     Every rank parses the same arguments, so every rank raises the same error.
     """
+    from ..permutation import check_seed
     from ..pipeline.dataset import HoldoutRequest
     from ..stages.holdout import parse_holdout
 
     value, seed = kw.pop("holdout"), kw.pop("holdout_seed")
     try:
-        if seed is not None and seed < 0:
-            raise SortpackError(f"--holdout-seed {seed}: must be >= 0")
+        if seed is not None:
+            check_seed(seed, "--holdout-seed", SortpackError)
         if value is None:
             if seed is not None and not mixture:
                 raise SortpackError("--holdout-seed applies to a held-out plan (--holdout N|FRACTION)")
@@ -89,6 +90,7 @@ def make_mixture(inputs: tuple[str, ...], kw: dict, keep_intermediate: bool) -> 
             raise SortpackError("Missing argument 'INPUTS...' (or --mixture MIX.json, or --blend)", collective=True)
         return None
     from ..inputs.mixture import check_total_tokens, load_mixture, parse_blend
+    from ..permutation import check_seed
 
     try:
         if path is not None and blend is not None:
@@ -104,9 +106,7 @@ def make_mixture(inputs: tuple[str, ...], kw: dict, keep_intermediate: bool) -> 
                 raise SortpackError(f"--total-tokens {total}: must be a positive integer")
             mix.total_tokens = check_total_tokens(total, "--total-tokens")
         if seed is not None:
-            if seed < 0:
-                raise SortpackError(f"--seed {seed}: must be >= 0")
-            mix.seed = seed
+            mix.seed = check_seed(seed, "--seed", SortpackError)
     except SortpackError as exc:
         raise SortpackError(str(exc), collective=True) from None
     return mix

@@ -11,7 +11,7 @@ import click
 
 from ..errors import SortpackError, one_line
 from ..launcher import printing_rank
-from .printing import echo_err, fail, oversize_note, profile_table, summary_line
+from .printing import echo_err, fail, holdout_note, oversize_note, profile_table, summary_line
 from .startup import set_threads, set_tokenizer_threads
 
 
@@ -92,6 +92,7 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
         from ..progress import configure as configure_progress
         from ..write.provenance import JobInfo
         from ..write.termination import install as clean_up_on_sigterm
+        from ..write.termination import set_rank
 
         clean_up_on_sigterm()
         threads = kw.pop("threads")
@@ -99,6 +100,7 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
             raise click.BadParameter("must be >= 0", param_hint="--threads")
         set_threads(threads)
         comm = _job_comm()
+        set_rank(comm.rank)  # rank 0 prints the line of a signal that finds nothing to remove
         set_tokenizer_threads(comm.node_size())
         configure_progress(comm.is_root() and not kw["quiet"], comm.size)
         job = JobInfo(argv=["sortpack"] + sys.argv[1:])
@@ -118,8 +120,9 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
                 click.echo(f"dropped {dropped} empty samples (no content; --keep-empty keeps them)")
             if kw.get("profile"):
                 click.echo(profile_table(manifest["provenance"]["profile"], manifest["provenance"].get("exchange")))
-        note = oversize_note(manifest) if comm.is_root() and manifest is not None else None
-        if note and (not kw["quiet"] or note.startswith("sortpack: warning")):
-            echo_err(note)
+        notes = [oversize_note(manifest), holdout_note(manifest)] if comm.is_root() and manifest is not None else []
+        for note in notes:
+            if note and (not kw["quiet"] or note.startswith("sortpack: warning")):
+                echo_err(note)
 
     return wrapper

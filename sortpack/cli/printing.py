@@ -47,9 +47,33 @@ def oversize_note(m: dict) -> str | None:
                 + (f" ({lost} tokens dropped; --oversize split keeps them)" if lost else ""))
     split = int(s.get("split", 0) or 0)
     if split:
+        unit = SIZE_UNITS.get(str(m.get("options", {}).get("size") or "length"), "size units")
+        if "mixture" in m:  # cut in the sources; the blend then uses each piece as the schedule says
+            return (f"sortpack: --oversize split cut {split} of the sources' samples into {s.get('split_pieces', 0)} "
+                    f"pieces that fit the budget ({s.get('split_tokens', 0)} {unit} of the sources, none lost in "
+                    f"the cut; the plan uses them as the schedule says)")
         return (f"sortpack: --oversize split cut {split} samples into {s.get('split_pieces', 0)} pieces that fit "
-                f"the budget ({s.get('split_tokens', 0)} tokens, none lost)")
+                f"the budget ({s.get('split_tokens', 0)} {unit}, none lost)")
     return None
+
+
+# what a split's units are, by --size: the unit its pieces are cut in
+SIZE_UNITS = {"tokens": "tokens", "bytes": "bytes", "length": "characters or list elements"}
+
+
+def holdout_note(m: dict) -> str | None:
+    """Return the line that says the held-out plan holds fewer samples than were held out (None: it holds them all).
+
+    The held-out samples are chosen by sample id before packing, so a held-out sample without
+    content is chosen like any other and then dropped with the other empty samples.
+    """
+    h = m.get("holdout") or {}
+    dropped = int(h.get("empty_dropped", 0) or 0)
+    if not dropped:
+        return None
+    return (f"sortpack: --holdout held out {h.get('num_samples', 0)} samples, {dropped} of them empty (no content; "
+            f"dropped as in training, --keep-empty keeps them): {h.get('directory', 'holdout')}/ plans "
+            f"{int(h.get('num_samples', 0)) - dropped} of them")
 
 
 def profile_table(p: dict, exchange: dict | None = None) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import SortpackError
+from ..permutation import SEED_LIMIT
 from .holdout import parse_holdout
 from .schedule import Schedule, schedule_dict
 
@@ -150,15 +151,19 @@ def parse_mixture(spec: dict, origin: str = "MIX.json", base_dir: str | None = N
         if holdout is not None:
             holdout = parse_holdout(holdout, f"{where}: holdout")
         sources.append(MixSource(name, inputs, weight, column, holdout))
-    seed = spec.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise SortpackError(f"{origin}: 'seed' must be a non-negative integer, got {json.dumps(seed)}")
+    seed = _seed(spec.get("seed", 0), "seed", origin)
     holdout_seed = spec.get("holdout_seed")
-    if holdout_seed is not None and (isinstance(holdout_seed, bool) or not isinstance(holdout_seed, int)
-                                     or holdout_seed < 0):
-        raise SortpackError(f"{origin}: 'holdout_seed' must be a non-negative integer, got {json.dumps(holdout_seed)}")
+    if holdout_seed is not None:
+        holdout_seed = _seed(holdout_seed, "holdout_seed", origin)
     schedule = _parse_schedule(spec.get("schedule"), sources, origin)
     return Mixture(sources, schedule, _total(spec.get("total_tokens"), origin), seed, origin, holdout_seed)
+
+
+def _seed(value, key: str, origin: str) -> int:
+    """Return a MIX.json seed, refusing (one line) what ``--seed`` refuses: not an integer, negative, 2^64 or more."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
+        raise SortpackError(f"{origin}: '{key}' must be an integer from 0 to 2^64-1, got {json.dumps(value)}")
+    return value
 
 
 def _parse_schedule(raw, sources: list[MixSource], origin: str) -> Schedule:

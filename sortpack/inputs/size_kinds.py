@@ -102,22 +102,10 @@ def _words(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = T
 
 def _tokens(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = True) -> np.ndarray | None:
     """Return the token ids the tokenizer gives each text (with its special tokens when ``special_tokens``)."""
-    import numpy as np
-
     from ..arrow_types import is_text
+    from .fast_tokens import token_ids
 
-    if not is_text(col.type):
-        return None
-    out = np.empty(len(col), dtype=np.int64)
-    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-    pos = 0
-    for chunk in col.chunks:
-        texts = chunk.to_pylist()
-        for a in range(0, len(texts), 4096):
-            encs = encode(texts[a:a + 4096], add_special_tokens=special_tokens)
-            out[pos:pos + len(encs)] = [len(e.ids) for e in encs]
-            pos += len(encs)
-    return out
+    return token_ids(tokenizer, col, special_tokens, keep=False)[1] if is_text(col.type) else None
 
 
 # the table: every size kind, in the order help and messages list them

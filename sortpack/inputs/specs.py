@@ -89,10 +89,11 @@ def load_function(spec: Spec) -> Callable:
 
 
 def load_tokenizer(path: str | None, option: str = "--size"):
-    """Return an HF ``tokenizers.Tokenizer`` loaded from a tokenizer.json file, for counting.
+    """Return a ``fast_tokens.TokenEncoder`` of a tokenizer.json file, for counting (a ``tokenizers.Tokenizer`` too).
 
     The file's truncation and padding are switched off: a model's tokenizer.json often
     truncates and pads to a fixed length, which would make every sample measure the same.
+    Its ids come from tiktoken where that gives exactly the file's ids (``inputs.fast_tokens``).
     """
     if not path:
         raise SortpackError(f"{option} tokens needs --tokenizer tokenizer.json")
@@ -106,7 +107,9 @@ def load_tokenizer(path: str | None, option: str = "--size"):
         raise SortpackError(f"--tokenizer {path}: cannot load ({one_line(exc)})") from None
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    return tokenizer
+    from .fast_tokens import TokenEncoder
+
+    return TokenEncoder(tokenizer, path)
 
 
 def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
@@ -202,26 +205,3 @@ def as_difficulty(values: np.ndarray, where: str, what: str) -> np.ndarray:
     if values.size and values.min() < 0:
         raise SortpackError(f"{where}: {what} has {int((values < 0).sum())} negative values")
     return values
-
-
-def token_ids(tokenizer, col: pa.ChunkedArray, special_tokens: bool = True) -> tuple[pa.ListArray, np.ndarray]:
-    """Return the token ids (list<int32>) of a text column and their counts, from one encode per text.
-
-    The ids are exactly what ``tokens`` counts (the same encode call, with or without the
-    special tokens as ``--special-tokens`` says), so ``len(ids) == size``.
-    """
-    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
-    counts = np.empty(len(col), dtype=np.int64)
-    values, pos = [], 0
-    for chunk in plain_column(col).chunks:
-        texts = chunk.to_pylist()
-        for a in range(0, len(texts), 4096):
-            encs = encode(texts[a:a + 4096], add_special_tokens=special_tokens)
-            ids = [e.ids for e in encs]
-            counts[pos:pos + len(ids)] = [len(x) for x in ids]
-            values.append(np.fromiter((t for x in ids for t in x), dtype=np.int32, count=int(
-                counts[pos:pos + len(ids)].sum())))
-            pos += len(ids)
-    offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
-    flat = np.concatenate(values) if values else np.zeros(0, np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int32())), counts

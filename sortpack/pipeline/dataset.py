@@ -124,7 +124,7 @@ def _plain_holdout(request: HoldoutRequest | None, files: list[dict]) -> Holdout
 
 def write_holdout(comm: Comm, out: OutputDir, held: SampleColumns, holdout: Holdout, popts: PackOptions,
                   key: str, options: dict, files: list[dict], job: JobInfo, store_fn: Store | None = None,
-                  to_plan=None, shapes: tuple[int, ...] = ()) -> dict:
+                  to_plan=None, shapes: tuple[int, ...] = (), split: dict | None = None) -> dict:
     """Pack the held-out samples and write their plan in ``OUTPUT/holdout``; return the training manifest's record.
 
     Call it after packing the training plan: ``shapes`` are the lengths it used
@@ -133,6 +133,8 @@ def write_holdout(comm: Comm, out: OutputDir, held: SampleColumns, holdout: Hold
     a held-out sample is longer than all). ``options`` are the training plan's recorded
     options. ``to_plan(mbs)`` turns the packed micro-batches into the plan's (a mixture's:
     its ``source`` column); the record (every rank) carries the held-out plan's content hash.
+    ``split``: what ``--oversize split`` did to the held-out documents (its stats), as
+    ``stages.split.split_samples`` counts them (``info["held"]``).
     """
     nested, prof = nested_plan(out, DIRECTORY)
     hopts = dataclasses.replace(popts.with_shapes(shapes), auto_shapes=None)
@@ -140,7 +142,7 @@ def write_holdout(comm: Comm, out: OutputDir, held: SampleColumns, holdout: Hold
         hopts = hopts.with_shapes(comm.collectively(holdout_lengths, comm, held.size, popts, shapes))
         options = {**options, **hopts.as_dict()}
     with prof.stage("pack"):
-        mbs: Microbatches = pack_samples(comm, held, hopts, key)
+        mbs: Microbatches = pack_samples(comm, held, hopts, key, split)
     if to_plan is not None:
         mbs = to_plan(mbs)
     record = holdout.as_dict()
@@ -151,6 +153,10 @@ def write_holdout(comm: Comm, out: OutputDir, held: SampleColumns, holdout: Hold
     if manifest is not None:  # rank 0
         mine = {"content_hash": manifest["content_hash"], "num_microbatches": manifest["num_microbatches"],
                 "packed_samples": manifest["num_samples"]}
+        if manifest["stats"].get("empty_dropped"):
+            # held out by id before packing: the empty ones among them are dropped (recorded
+            # only when some are, so other plans keep their hash)
+            mine["empty_dropped"] = manifest["stats"]["empty_dropped"]
     return {**record, **comm.bcast_obj(mine)}
 
 
@@ -204,12 +210,12 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
             # by sample id, before the pieces are cut: a document's pieces stay on one side
             with prof.stage("holdout_choice"):
                 samples, held = split_holdout(comm, samples, plan)
-        split = None
+        split = held_split = None
         if popts.oversize == "split":
             with prof.stage("split"):
                 samples, split = split_sorted(comm, samples, popts, recorded)
                 if held is not None:
-                    held, _ = split_sorted(comm, held, popts, recorded)
+                    held, held_split = split_sorted(comm, held, popts, recorded)
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key, split)
         options = {**recorded, **popts.with_shapes(mbs.shapes).as_dict()}  # --shapes auto: the chosen
@@ -218,7 +224,7 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
                 store_fn.also_holdout()
             with prof.stage("holdout"):
                 extra = {"holdout": write_holdout(comm, out, held, plan, popts, key, options, files, job, store_fn,
-                                                  shapes=mbs.shapes)}
+                                                  shapes=mbs.shapes, split=held_split)}
             del held
         return write_index(comm, out, mbs, options, files, prof, job, store_fn, extra=extra)
 
@@ -320,7 +326,8 @@ def _measure(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list[str]
     if popts.oversize == "split":
         # before the sort: the pieces are sorted by their own sizes
         with prof.stage("split"):
-            samples, split = split_oversize(comm, samples, popts, measured, cuts)
+            samples, split = split_oversize(comm, samples, popts, measured, cuts,
+                                            plan.mask if plan is not None else None)
     return samples, measured, plan, split
 
 
@@ -347,7 +354,7 @@ def _plan_dataset(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list
             store_fn.also_holdout()
         with prof.stage("holdout"):
             record = write_holdout(comm, out, held, plan, popts, sopts.key, options, files, job, store_fn,
-                                   shapes=mbs.shapes)
+                                   shapes=mbs.shapes, split=(split or {}).get("held"))
         del held
     manifest = write_index(comm, out, mbs, options, files, prof, job, store_fn,
                            extra={"holdout": record} if record is not None else None)
@@ -365,7 +372,7 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
     column = split_column(comm, aopts.as_dict(), popts, inputs)
     if column != aopts.column:
         aopts = dataclasses.replace(aopts, column=column)
-    check_options(comm, split_check(popts, aopts.as_dict()))
+    check_options(comm, split_check(popts, aopts.as_dict(), tokenizer=aopts.tokenizer))
     store_fn = store_for(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
     check_read_columns(comm, inputs, aopts, store)
     with job_scope(comm, output, overwrite, inputs) as scope:

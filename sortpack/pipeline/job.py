@@ -24,17 +24,19 @@ from ..write.output import NestedOutput, OutputDir
 from ..write.provenance import Profile
 from ..write.store import Store, StoreOptions, prepare
 
-__all__ = ["JobScope", "check_options", "job_scope", "nested_plan", "split_check", "store_for"]
+__all__ = ["JobScope", "check_options", "job_scope", "nested_plan", "split_check", "store_for", "training_split"]
 
 
-def split_check(popts: Any, recorded: dict, own_column: str | None = None) -> Callable[[], None] | None:
+def split_check(popts: Any, recorded: dict, own_column: str | None = None,
+                tokenizer: str | None = None) -> Callable[[], None] | None:
     """Return the check that ``--oversize split`` can cut the plan measured with ``recorded`` (None: not splitting).
 
-    ``own_column``: a mixture's source that reads a column of its own (``stages.split.check_split``).
+    ``own_column``: a mixture's source that reads a column of its own; ``tokenizer``: the
+    ``--tokenizer`` file of a plan not measured yet (``stages.split.check_split``).
     """
     if popts.oversize != "split":
         return None
-    return lambda: check_split(recorded, own_column)
+    return lambda: check_split(recorded, own_column, popts, tokenizer)
 
 
 def check_options(comm: Comm, *checks: Callable[[], object] | None) -> None:
@@ -99,5 +101,11 @@ def hold_out_and_pack(comm: Comm, prof: Profile, ordered: SampleColumns, plan: H
         with prof.stage("holdout_choice"):
             ordered, held = split_holdout(comm, ordered, plan)
     with prof.stage("pack"):
-        mbs = pack_samples(comm, ordered, popts, key, split)
+        # the split's counts of the training plan's documents (``split["held"]``: the held-out plan's)
+        mbs = pack_samples(comm, ordered, popts, key, training_split(split))
     return ordered, held, mbs
+
+
+def training_split(split: dict | None) -> dict | None:
+    """Return the counts of ``--oversize split`` that the training plan records (without the held-out plan's)."""
+    return None if split is None else {k: v for k, v in split.items() if k != "held"}

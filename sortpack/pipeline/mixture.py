@@ -175,13 +175,14 @@ def _plan_mixture(comm: Comm, scope: JobScope, mix: Mixture, aopts: AnalyzeOptio
         union, groups, table, bases, files, file_counts = _analyze_union(comm, mix, aopts, progress, sink, cuts)
     prof.counts["analyze_rows"] = len(union)
     refuse_oversize(comm, union, popts)  # fail fast: before the sort, as `run` does
+    hplan = comm.collectively(holdout_plan, mix, holdout.value if holdout is not None else None,
+                              holdout.seed if holdout is not None else None, bases)  # fails before the sort
     split = None
     if popts.oversize == "split":
         # before the sort, as `run` cuts: pieces are sorted by their own sizes, each in its source
         with prof.stage("split"):
-            union, groups, split = split_union(comm, union, groups, table, bases, popts, aopts.as_dict(), cuts)
-    hplan = comm.collectively(holdout_plan, mix, holdout.value if holdout is not None else None,
-                              holdout.seed if holdout is not None else None, bases)  # fails before the sort
+            union, groups, split = split_union(comm, union, groups, table, bases, popts, aopts.as_dict(), cuts,
+                                               hplan)
     with prof.stage("sort"):
         # by (source, key, id); the stage comes back as source * stages + stage, so the
         # pieces of packing end where the source (or the stage) changes
@@ -209,7 +210,7 @@ def _plan_mixture(comm: Comm, scope: JobScope, mix: Mixture, aopts: AnalyzeOptio
         with prof.stage("holdout"):
             extra["holdout"] = write_holdout(comm, out, held, hplan, popts, sopts.key, options, files, job,
                                              store_fn, to_plan=lambda m: split_source(m, sopts.stages),
-                                             shapes=plan.shapes)
+                                             shapes=plan.shapes, split=(split or {}).get("held"))
         del held
     return write_index(comm, out, plan, options, files, prof, job, store_fn, extra=extra)
 
@@ -232,7 +233,7 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
     plan_column, file_counts = _plan_column(comm, mix, aopts, store, splitting)
     if plan_column != aopts.column:  # a source's own column is read under the plan's name
         aopts = dataclasses.replace(aopts, column=plan_column)
-    check_options(comm, split_check(popts, aopts.as_dict(), _own_column(mix, aopts)))
+    check_options(comm, split_check(popts, aopts.as_dict(), _own_column(mix, aopts), aopts.tokenizer))
     renames = None
     if store is not None and store.enabled and file_counts is not None:
         renames = source_renames(plan_column, [src.column for src in mix.sources], file_counts)

@@ -27,11 +27,29 @@ import warnings
 from collections import deque
 from collections.abc import Iterator
 
+try:
+    import resource
+
+    _RUSAGE_THREAD: int | None = resource.RUSAGE_THREAD  # Linux
+except (ImportError, AttributeError):
+    _RUSAGE_THREAD = None
+
 _END = object()
 _BUSY = 0.001  # seconds the thread sleeps while the loop prepares a batch itself
 # a loop away this long wants the thread even when a batch takes longer to prepare (a slow read
 # that lets go of the GIL overlaps with any step of a millisecond or more)
 _AWAY = 0.001
+
+
+def _usage() -> tuple[int, float]:
+    """Return the calling thread's voluntary context switches (its waits) and CPU seconds ((0, 0.0) where unknown).
+
+    Where unknown (not Linux) every long absence counts as time the thread could use, as it did.
+    """
+    if _RUSAGE_THREAD is None:
+        return 0, 0.0
+    got = resource.getrusage(_RUSAGE_THREAD)
+    return got.ru_nvcsw, got.ru_utime + got.ru_stime
 
 
 class _Failure:
@@ -55,11 +73,15 @@ class _Pass:
         self.wanted = False
         self.cost = float("inf")  # seconds the latest batch took to prepare (unknown before the first)
         self.back = time.perf_counter()  # when the loop last received a batch
+        self.usage = _usage()  # the loop thread's (waits, CPU seconds) by then
         self.done = False  # the sampler's epoch is over (or failed): nothing more to prepare
         self.stop = False
         self.cap = loader.prefetch
         self.low = loader.prefetch // 2  # the thread is woken when the queue is down to this
+        # started the first time the loop is away long enough to want it: a loop that never is (it comes
+        # straight back) pays no thread start and join per epoch, each a thread switch on a busy machine
         self.thread = threading.Thread(target=self._help, name="sortpack-PlanLoader", daemon=True)
+        self.started = False
 
     def prepare(self):
         """Return the next item: (micro-batch, batch), a ``_Failure``, or ``_END`` (call with ``work`` held)."""
@@ -107,7 +129,17 @@ class _Pass:
     def take(self):
         """Return the next item for the loop: a prepared one, or one prepared here when none is."""
         ready = self.ready
-        self.wanted = wanted = time.perf_counter() - self.back > min(self.cost, _AWAY)
+        away = time.perf_counter() - self.back
+        wanted = away > min(self.cost, _AWAY) and self.cost != float("inf")  # not before the first batch
+        if wanted and _RUSAGE_THREAD is not None:
+            # a loop that was only preempted (a busy machine: it neither waited nor ran) gains nothing from
+            # a second thread that needs the same cores and the GIL: it keeps preparing its own batches
+            waits, cpu = _usage()
+            wanted = waits != self.usage[0] or cpu - self.usage[1] > away / 2
+        self.wanted = wanted
+        if wanted and not self.started and not self.done:
+            self.started = True
+            self.thread.start()
         item = None
         while item is None:
             if ready:
@@ -120,6 +152,7 @@ class _Pass:
             with self.room:
                 self.room.notify()
         self.back = time.perf_counter()
+        self.usage = _usage()
         return item
 
     def halt(self) -> None:
@@ -243,7 +276,6 @@ class PlanLoader:
         # hand-outs to the thread must not move the resume state; the loop's receipt does
         self.sampler.track_steps = True
         run = self._pass = _Pass(self, iter(self.sampler))  # here, not in the thread: a finished epoch rolls over now
-        run.thread.start()
         return self._receive(run)
 
     def _receive(self, run: _Pass) -> Iterator:

@@ -11,8 +11,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import SortpackError
+from ..permutation import check_seed
 from .index import PackedIndex
 from .plan import EpochPlan, check_group_alignment, steps_moved
+
+# the most micro-batches one step may hold (W * A): a trace holds arrays of an epoch's steps
+MAX_STEP_MICROBATCHES = 1 << 26
+_INT64 = (-(1 << 63), 1 << 63)
 
 
 def _plan(index: PackedIndex, world_size: int, grad_accum: int, epoch: int, order: str, seed: int,
@@ -23,6 +28,10 @@ def _plan(index: PackedIndex, world_size: int, grad_accum: int, epoch: int, orde
         raise SortpackError(f"--grad-accum {grad_accum}: must be >= 1")
     if epoch < 0:
         raise SortpackError(f"--epoch {epoch}: must be >= 0")
+    check_seed(seed, "--seed", SortpackError)  # the rule of `run --seed`: a seed is a 64-bit key
+    if world_size * grad_accum > MAX_STEP_MICROBATCHES:
+        raise SortpackError(f"--world-size {world_size} --grad-accum {grad_accum}: {world_size * grad_accum} "
+                            f"micro-batches per step, more than inspect traces ({MAX_STEP_MICROBATCHES})")
     moved = steps_moved(index, order, largest_first, warmup_shapes)
     if moved:
         flags = {"largest_first": "--largest-first", "warmup_shapes": "--warmup-shapes"}
@@ -97,11 +106,15 @@ def sample_trace(path, sample_ids, world_size: int = 1, grad_accum: int = 1, *, 
     index = path if isinstance(path, PackedIndex) else PackedIndex(path)
     flags = (order, seed, drop_last, largest_first, warmup_shapes)
     plan = _plan(index, world_size, grad_accum, epoch, *flags)
-    want = np.asarray(list(sample_ids), dtype=np.int64)
+    asked = [int(i) for i in sample_ids]
+    # an id no int64 holds names no sample either: the same line as any id not in the plan
+    missing = [i for i in asked if not _INT64[0] <= i < _INT64[1]]
+    want = np.asarray([i for i in asked if _INT64[0] <= i < _INT64[1]], dtype=np.int64)
     mbs, places, found = index.find_samples(want)
-    missing = np.setdiff1d(want, found)
-    if missing.size:
-        raise SortpackError(f"--sample {int(missing[0])}: not in the plan {index.path} "
+    missing += np.setdiff1d(want, found).tolist()
+    if missing:
+        absent = next(i for i in asked if i in set(missing))
+        raise SortpackError(f"--sample {absent}: not in the plan {index.path} "
                             f"({index.num_samples} samples in {index.num_microbatches} micro-batches)")
     g = world_size * grad_accum
     spe = plan.num_blocks

@@ -87,6 +87,11 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         raise SortpackError(f"--world-size {world_size}: must be >= 1")
     if grad_accum < 1:
         raise SortpackError(f"--grad-accum {grad_accum}: must be >= 1")
+    from ..reader.trace import MAX_STEP_MICROBATCHES
+
+    if world_size is not None and world_size * grad_accum > MAX_STEP_MICROBATCHES:
+        raise SortpackError(f"--world-size {world_size} --grad-accum {grad_accum}: {world_size * grad_accum} "
+                            f"micro-batches per step, more than inspect reports on ({MAX_STEP_MICROBATCHES})")
     table = read_rows(directory, m, 0, m["num_rows"], ["num_samples", "batch_size", "padded_size", "tokens"])
     ns, bs, ps, tok = (table.column(i).to_numpy().astype(np.int64) for i in range(4))
     padded = bs * ps
@@ -197,6 +202,8 @@ def _holdout_report(m: dict) -> dict:
            "sources": [{"name": s.get("name"), "num_rows": s.get("num_rows"), "request": s.get("request"),
                         "held_out": s.get("held_out")} for s in rec.get("sources", [])]}
     if m.get("holdout"):
+        # held out by id before packing: the empty ones among them are not in the held-out plan
+        out["empty_dropped"] = rec.get("empty_dropped", 0)
         return {"holdout": {"directory": rec.get("directory"), **out, "num_microbatches": rec.get("num_microbatches")}}
     return {"held_out": out}
 
@@ -205,6 +212,8 @@ def _render_holdout(value: dict) -> str:
     """Return the holdout line(s): where, how many, the seed, then per source its count of its rows."""
     head = [f"{value['directory']}/" if value.get("directory") else "this plan",
             f"{value['num_samples']} samples"]
+    if value.get("empty_dropped"):
+        head.append(f"{value['empty_dropped']} of them empty, dropped")
     if value.get("num_microbatches") is not None:
         head.append(f"{value['num_microbatches']} micro-batches")
     head.append(f"seed {value['seed']}")

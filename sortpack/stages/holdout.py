@@ -21,7 +21,7 @@ from ..distribute import global_start
 from ..errors import SortpackError
 from ..inputs.holdout import parse_holdout
 from ..parallel import Comm
-from ..permutation import KeyedPermutation
+from ..permutation import KeyedPermutation, check_seed
 from .samples import SampleColumns
 
 __all__ = ["DEFAULT_SEED", "DIRECTORY", "Holdout", "held_counts", "holdout_lengths", "holdout_mask", "parse_holdout",
@@ -97,8 +97,7 @@ class Holdout:
         """Return the holdout of sources at ``bases`` (None when no source holds anything out)."""
         if all(r is None for r in requests):
             return None
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise SortpackError(f"--holdout-seed {seed}: must be a non-negative integer")
+        seed = check_seed(seed, "--holdout-seed", SortpackError)
         bases = np.asarray(bases, dtype=np.int64)
         rows = np.diff(bases).tolist()
         counts = np.zeros(len(names), dtype=np.int64)

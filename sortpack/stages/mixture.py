@@ -143,16 +143,21 @@ def piece_sources(sample_id: np.ndarray, bases: np.ndarray, table: np.ndarray | 
 
 
 def split_union(comm: Comm, union: SampleColumns, groups: np.ndarray, table: np.ndarray | None, bases: np.ndarray,
-                popts: PackOptions, measured: dict | None = None, known: ByteCuts | None = None
-                ) -> tuple[SampleColumns, np.ndarray, dict]:
+                popts: PackOptions, measured: dict | None = None, known: ByteCuts | None = None,
+                holdout: Holdout | None = None) -> tuple[SampleColumns, np.ndarray, dict]:
     """Return (the union with every sample over the budget cut into pieces, their sources, the split's counts).
 
     Cut right after analyze, before the sort, as ``run`` cuts (``stages.split``): a piece is a
     sample of its document's source, sorted by its own size. ``measured`` and ``known`` as for
     ``split_oversize`` (``--size bytes``: the column cut between characters, the cuts analyze
-    placed). Collective.
+    placed). ``holdout``: the counts are the training plan's documents', ``split["held"]`` the
+    held-out plan's. Collective.
     """
-    union, split = split_oversize(comm, union, popts, measured, known)
+    held_out = None
+    if holdout is not None:
+        def held_out(ids: np.ndarray) -> np.ndarray:
+            return holdout.mask(ids if table is None else global_ids(table, ids.copy()))
+    union, split = split_oversize(comm, union, popts, measured, known, held_out)
     if union.begin is not None:  # pieces: one source per piece, from its document's id
         groups = piece_sources(union.sample_id, bases, table)
     return union, groups, split
@@ -370,6 +375,21 @@ def move_to_writers(comm: Comm, mbs: Microbatches, packed: PackedUnits, g: np.nd
     return int(lo[r]), cols, ids, rows, ranges
 
 
+def _fewest_uses(packed: PackedUnits, whole: np.ndarray, part: np.ndarray, whole_uses: np.ndarray,
+                 part_uses: np.ndarray, samples_held: int) -> int:
+    """Return the fewest uses of any sample of a source (its ``whole_passes``).
+
+    A sample is used by its whole packing's micro-batch and, when the part pass chose it, once
+    more by the part pass's. Where the used part-pass micro-batches hold every sample of the
+    source (a part pass that took them all), each sample has that use too: its one pass is a
+    part pass, and counting whole-packing uses alone said 0.
+    """
+    fewest = int(whole_uses.min()) if len(whole_uses) else 0
+    if len(part) and int(part_uses.min()) > 0 and int(packed.samples[part].sum()) == samples_held:
+        fewest += int(part_uses.min())
+    return fewest
+
+
 def _source_record(s: int, mix: Mixture, blend: Blend, packed: PackedUnits, g: np.ndarray, group: int) -> dict:
     """Return what source ``s`` holds and gives in the plan (its part of the ``mixture`` record)."""
     src = packed.source[g]
@@ -392,7 +412,7 @@ def _source_record(s: int, mix: Mixture, blend: Blend, packed: PackedUnits, g: n
         "tokens_held": held, "samples_held": samples_held, "microbatches_held": len(whole),
         "tokens": got, "samples": int(packed.samples[used].sum()), "microbatches": int(mine.sum()),
         "unique_samples": unique,
-        "passes": got / held, "whole_passes": int(whole_uses.min()),
+        "passes": got / held, "whole_passes": _fewest_uses(packed, whole, part, whole_uses, part_uses, samples_held),
         "most_uses": int(whole_uses.max()) + int(part_uses.sum() > 0),
         "pass_count": int(passes[mine].max()) + 1 if mine.any() else 0,
         "part_pass": {"samples": int(packed.samples[part].sum()), "tokens": int(packed.tokens[part].sum()),
@@ -448,6 +468,10 @@ def blend_mixture(comm: Comm, mbs: Microbatches, packed: PackedUnits, mix: Mixtu
     start, cols, ids, rows, ranges = move_to_writers(comm, mbs, packed, g, rows_per_shard, samples_per_shard)
     record = mixture_record(mix, blend, packed, g, bases, file_counts, group)
     info = {key: mbs.stats[key] for key in _KEPT_STATS if key in mbs.stats}
+    if mbs.stats.get("empty"):
+        # the sources' empty samples that packing dropped (or kept): recorded only when there are
+        # some, so the other mixture plans keep their hash
+        info.update({key: mbs.stats[key] for key in ("empty", "empty_dropped")})
     begin, end = ranges if ranges is not None else (None, None)
     plan = Microbatches(start, len(g), ids, np.concatenate(([0], np.cumsum(cols["num_samples"], dtype=np.int64))),
                         cols, microbatch_stats(comm, cols, info), rows, begin, end, shapes=mbs.shapes)

@@ -24,6 +24,7 @@ from ..parallel import Comm
 from ..permutation import _M64, _mix, _mix_vec
 from .pack import PackOptions, truncate_length
 from .pack.budget import oversize_mask
+from .pack.filters import content_empty
 from .samples import SampleColumns
 
 STRATUM_BITS = 4  # strata of 16 consecutive samples of the sorted order
@@ -157,9 +158,13 @@ def part_pass_samples(comm: Comm, ordered: SampleColumns, popts: PackOptions, pa
         size = ordered.size[a:b] if need[s] > 0 else ordered.size[:0]
         size2 = ordered.measures.get("size2")
         over = oversize_mask(popts, size, None if size2 is None else size2[a:a + len(size)])
-        if over.any():  # an empty sample adds 0 tokens already: never chosen
+        if over.any():
             size = size.astype(np.int64)
             size[over] = truncate_length(popts) if popts.oversize == "truncate" else 0
+        if ordered.empty_size and not popts.keep_empty and need[s] > 0:
+            # packing drops a sample of special tokens only: it gives the part pass nothing, so it
+            # is never chosen (an empty sample of any other size kind measures 0 already)
+            size = np.where(content_empty(ordered, a, b), 0, size)
         ids.append(ordered.sample_id[a:b] if need[s] > 0 else ordered.sample_id[:0])
         tokens.append(size)
     starts = [ordered.start + int(bounds[s]) - int(first[s]) for s in range(k)]

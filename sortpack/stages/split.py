@@ -22,6 +22,8 @@ by their own sizes; ``pack`` of a sorted directory splits and sorts again (``sor
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..distribute import global_start
@@ -36,17 +38,27 @@ from .samples import SampleColumns, exact_sum
 SPLIT_KINDS = split_kinds()
 
 
-def check_split(options: dict, own_column: str | None = None) -> None:
+def check_split(options: dict, own_column: str | None = None, popts=None, tokenizer: str | None = None) -> None:
     """Raise SortpackError when ``--oversize split`` cannot cut this plan's samples (one line, before any work).
 
     ``own_column``: a mixture source that reads its own column (``"name' reads 'column"``), which
-    ``--size bytes`` cannot cut yet.
+    ``--size bytes`` cannot cut yet. ``popts`` (PackOptions): also refuse a budget whose pieces
+    cannot hold a token beside the special tokens (``check_piece_room``): the recorded
+    ``empty_size`` of a measured plan, else the one the ``tokenizer`` file's post-processor adds.
     """
     size = str(options.get("size") or "length")
     if options.get("size2"):
         # a piece's second size is not the same fraction of its sample's (an image's patches stay whole)
         raise SortpackError(f"--oversize split cuts a sample's size, not its --size2 {options['size2']}: use "
                             "--oversize skip or error with --size2")
+    if popts is not None and size == "tokens":
+        empty = options.get("empty_size")
+        if empty is None and tokenizer and options.get("special_tokens", True):
+            from ..inputs.specs import load_tokenizer
+            from .analyze import empty_token_count
+
+            empty = empty_token_count(load_tokenizer(tokenizer))
+        check_piece_room(popts, int(empty or 0))
     if size not in SPLIT_KINDS:
         raise SortpackError(f"--oversize split cuts token ids (--size tokens), characters and list elements "
                             f"(--size length) or bytes at character boundaries (--size bytes); --size {size} "
@@ -60,6 +72,28 @@ def check_split(options: dict, own_column: str | None = None) -> None:
         # the store and the reader cut the column the manifest names: it must name one
         raise SortpackError("--oversize split with --size bytes needs --column (the text or binary column "
                             "whose bytes the pieces are cut from)")
+
+
+def check_piece_room(popts, empty_size: int) -> None:
+    """Raise SortpackError (one line) when a piece of ``popts``'s cap cannot hold a token beside the special tokens.
+
+    Under ``--size tokens`` a text measures ``empty_size`` tokens with no content (the
+    post-processor's ``[CLS]``/``[SEP]``, BOS/EOS). A document's first piece starts with the ones
+    placed before the text: at a cap of ``empty_size`` or less it may hold those alone, a piece
+    with no token to train on that packing then drops as empty. So the cap must exceed
+    ``empty_size``: every first piece then holds at least one token of its document.
+    """
+    from .pack.budget import truncate_length
+
+    if not empty_size:
+        return
+    cap = truncate_length(popts)
+    if cap <= empty_size:
+        where = f"--rows {popts.rows}" if popts.rows else f"--max-tokens {popts.max_tokens}"
+        raise SortpackError(f"{where} with --oversize split: a piece holds at most {cap} tokens and the tokenizer "
+                            f"adds {empty_size} special tokens to every text, so a document's first piece could hold "
+                            f"none of its own tokens; raise the budget so that a piece holds at least "
+                            f"{empty_size + 1} tokens (or count without them: --no-special-tokens)")
 
 
 def piece_table(size: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -210,8 +244,18 @@ def _check_bytes(values, size: np.ndarray, sample_id: np.ndarray, path: str) -> 
                             f"from {int(size[i])} (the input changed since analyze)")
 
 
+def _split_counts(comm: Comm, samples: SampleColumns, over: np.ndarray, row: np.ndarray | None,
+                  mine: np.ndarray | None) -> dict:
+    """Return the split's counts (over all ranks) of the samples ``mine`` (None: all): cut, pieces, units."""
+    cut = over if mine is None else over & mine
+    pieces = 0 if row is None else int(cut[row].sum())
+    return {"split": comm.allreduce(int(cut.sum()), "sum"), "split_pieces": comm.allreduce(pieces, "sum"),
+            "split_tokens": comm.allreduce(exact_sum(samples.size[cut]), "sum")}
+
+
 def split_samples(comm: Comm, samples: SampleColumns, cap: int, over: np.ndarray,
-                  column: str | None = None, known: ByteCuts | None = None) -> tuple[SampleColumns, dict]:
+                  column: str | None = None, known: ByteCuts | None = None,
+                  held_out: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[SampleColumns, dict]:
     """Return the samples with those in ``over`` cut into pieces of at most ``cap`` (numbered globally), and counts.
 
     The pieces of one sample stay together and in order, right where the sample was, so the
@@ -219,17 +263,23 @@ def split_samples(comm: Comm, samples: SampleColumns, cap: int, over: np.ndarray
     (over all ranks): ``split`` samples cut, ``split_pieces`` pieces they became and
     ``split_tokens`` the units they hold. ``begin`` is set on every rank when any sample was cut.
     ``column`` (``--size bytes``): the column whose bytes are cut at character boundaries;
-    ``known``: the cuts analyze placed already (``ByteCuts``).
+    ``known``: the cuts analyze placed already (``ByteCuts``). ``held_out`` (a plan with a
+    held-out part: which of these sample ids it holds out): the counts are the training
+    plan's documents only, and ``info["held"]`` holds the held-out plan's.
     """
     count = comm.allreduce(int(over.sum()), "sum")
-    info = {"split": count, "split_pieces": 0, "split_tokens": comm.allreduce(exact_sum(samples.size[over]), "sum")}
-    if count == 0:
+    held = None if held_out is None else held_out(samples.sample_id)
+    row = None
+    if count:
+        if column is None:
+            row, begin, size = piece_table(samples.size, cap)
+        else:
+            row, begin, size = comm.collectively(byte_piece_table, samples, cap, over, column, known)
+    info = _split_counts(comm, samples, over, row, None if held is None else ~held)
+    if held is not None:
+        info["held"] = _split_counts(comm, samples, over, row, held)
+    if row is None:
         return samples, info
-    if column is None:
-        row, begin, size = piece_table(samples.size, cap)
-    else:
-        row, begin, size = comm.collectively(byte_piece_table, samples, cap, over, column, known)
-    info["split_pieces"] = comm.allreduce(int(over[row].sum()), "sum")
     start, total = global_start(comm, len(row))
     difficulty = size if samples.difficulty is samples.size else samples.difficulty[row]
     stage = None if samples.stage is None else samples.stage[row]
@@ -261,16 +311,20 @@ PIECE_MEASURES: dict = {}
 
 
 def split_oversize(comm: Comm, samples: SampleColumns, opts, measured: dict | None = None,
-                   known: ByteCuts | None = None) -> tuple[SampleColumns, dict]:
+                   known: ByteCuts | None = None,
+                   held_out: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[SampleColumns, dict]:
     """Return the samples with every one that fits no micro-batch alone cut into pieces (``opts``: PackOptions).
 
     ``measured``: the plan's recorded analyze options (``size``, ``column``); under ``--size
     bytes`` the cuts fall on character boundaries of the column's values (``known``: those
-    ``analyze`` placed while it read them, ``byte_cuts``; others are read back).
+    ``analyze`` placed while it read them, ``byte_cuts``; others are read back). ``held_out``:
+    as for ``split_samples`` (the counts of each plan apart).
     """
     from .pack.budget import oversize_mask, truncate_length
 
+    check_piece_room(opts, samples.empty_size)  # on every rank together: empty_size is the job's
     column = None
     if measured is not None and measured.get("size") == "bytes":
         column = str(measured["column"])
-    return split_samples(comm, samples, truncate_length(opts), oversize_mask(opts, samples.size), column, known)
+    return split_samples(comm, samples, truncate_length(opts), oversize_mask(opts, samples.size), column, known,
+                         held_out)

@@ -18,6 +18,7 @@ from ..distribute import move_ragged, redistribute
 from ..format.kinds import new_manifest, rows_per_shard, samples_per_shard
 from ..format.manifest import DATA_VERSION, VERSION
 from ..format.schemas import index_schema, measure_names, sample_id_type, schema_json
+from ..inputs.fast_tokens import encoder_provenance
 from ..inputs.locations import split_locations
 from ..parallel import Comm
 from ..partition import index_shard_layout
@@ -164,6 +165,7 @@ def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, options: dict, file
     prov = provenance(comm, profile, job)
     files, where = split_locations(files)  # where and when, not what: out of content_hash
     prov.update(where)
+    prov.update(encoder_provenance(options))  # which encoder gave the ids: the same ids either way
     if stored is not None:
         # varies with the rank count: in the provenance, out of content_hash
         prov["exchange"] = stored.exchange.as_dict()

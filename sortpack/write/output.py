@@ -72,16 +72,20 @@ class OutputDir:
                         p.mkdir(exist_ok=True)
                         _MADE_PARENTS.add(p)
                     self.tmp.mkdir()
-                    self._cleanup_key = termination.register(self._remove_on_signal)
+                    self._cleanup_key = termination.register(self._remove_on_signal, self._claim_name())
                 except OSError as exc:
                     err = SortpackError(f"{self.path}: cannot create the output ({' '.join(str(exc).split())})")
             self.comm.check(err)
             if not self.comm.is_root():
                 # every rank removes the temporary when it alone is signalled: the launcher may then
                 # SIGKILL the others, rank 0 included, before they can
-                self._cleanup_key = termination.register(self._remove_on_signal)
+                self._cleanup_key = termination.register(self._remove_on_signal, self._claim_name())
             self._created = True
         return self.tmp
+
+    def _claim_name(self) -> str | None:
+        """Return the name every rank claims to print a signal's line (None: a temporary inside another's)."""
+        return None if self.inside is not None else self.tmp.name
 
     def _remove_on_signal(self) -> str | None:
         """Remove the temporary (and the parents made for it); return its name when it was there."""

@@ -10,6 +10,7 @@ from ..format.kinds import new_manifest, rows_per_shard
 from ..format.manifest import VERSION, read_manifest
 from ..format.schemas import kind_schema, measure_names, schema_json
 from ..format.shards import check_shards, read_rows
+from ..inputs.fast_tokens import encoder_provenance
 from ..inputs.locations import split_locations, with_locations
 from ..parallel import Comm
 from ..partition import owner_starts
@@ -46,6 +47,7 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: SampleColumns,
     prov = provenance(comm, profile, job)
     files, where = split_locations(samples.files)  # where and when, not what: out of content_hash
     prov.update(where)
+    prov.update(encoder_provenance(options))  # which encoder gave the ids: the same ids either way
     manifest = new_manifest(
         kind, version=VERSION,
         num_rows=samples.total, num_samples=samples.total, rows_per_shard=rows,

@@ -8,9 +8,18 @@ up while the main thread is still blocked: MPI and Arrow calls release the GIL. 
 runs first removes every registered temporary and ends the process; the others' are gone
 with the job. A temporary that survives anyway (SIGKILL) is removed by the next job into
 the same output (``output_guard.sweep_stale``).
+
+One line per job, not per rank: a launcher forwards Ctrl-C to every rank, and every rank
+registers the job's temporary (``OutputDir.ensure``) and removes it (whichever rank the
+launcher leaves the time finishes it). Which rank says so is claimed before the removal, by
+binding an abstract Unix socket named after the temporary: one process per host gets it
+(the kernel frees it when the process ends, so nothing is left behind, and the claim touches
+no file the removal walks). Where no rank had a temporary (a signal during start-up, or
+after the commit), rank 0 says it was interrupted.
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -21,16 +30,46 @@ from contextlib import contextmanager
 EXIT_CODE = 128 + signal.SIGTERM
 _SIGNALS: dict[int, str] = {signal.SIGTERM: "terminated by SIGTERM", signal.SIGINT: "interrupted (Ctrl-C)"}
 _CLEANUPS: dict[int, Callable[[], str | None]] = {}
+_CLAIMS: dict[int, str] = {}  # cleanup key -> the name of its temporary (what the line names)
+_ADDRESSES: dict[int, str] = {}  # cleanup key -> the socket address that claims its line
 _LOCK = threading.RLock()  # held while a commit renames: a cleanup never runs half-way through one
 _ONCE = threading.Lock()
-_state = {"installed": False, "deferred": 0, "in_critical": 0, "owner": 0}
+_state = {"installed": False, "deferred": 0, "in_critical": 0, "owner": 0, "rank": -1}
 
 
-def register(fn: Callable[[], str | None]) -> int:
-    """Run ``fn`` (it returns what it removed, or None) if the job is terminated; return a key for ``unregister``."""
+def set_rank(rank: int) -> None:
+    """Record this process's rank in its job (the communicator's): rank 0 says the job was interrupted."""
+    _state["rank"] = int(rank)
+
+
+def _prints_alone() -> bool:
+    """Return whether this process prints the line when it removed nothing: the job's rank 0."""
+    if _state["rank"] >= 0:
+        return _state["rank"] == 0
+    from ..launcher import printing_rank
+
+    return printing_rank() == 0
+
+
+def register(fn: Callable[[], str | None], claim: str | None = None) -> int:
+    """Run ``fn`` if the job is terminated; return a key for ``unregister``.
+
+    ``fn`` returns the name of what it removed, or a false value when there was nothing (left)
+    to remove. ``claim``: the name of a temporary every rank of the job registers; the one
+    process that claims it (per host) prints the line.
+    """
+    if claim is not None:
+        import hashlib
+        import socket  # noqa: F401 - loaded now, not in the signal's hurry
+
+        # a fixed length under the 108 bytes of a socket name, whatever the output's name
+        address = "\0sortpack-signal:" + hashlib.sha256(claim.encode("utf-8", "surrogateescape")).hexdigest()[:40]
     with _LOCK:
         key = id(fn)
         _CLEANUPS[key] = fn
+        if claim is not None:
+            _CLAIMS[key] = claim
+            _ADDRESSES[key] = address
         return key
 
 
@@ -38,6 +77,32 @@ def unregister(key: int) -> None:
     """Forget the cleanup registered under ``key`` (the temporary was committed or discarded)."""
     with _LOCK:
         _CLEANUPS.pop(key, None)
+        _CLAIMS.pop(key, None)
+        _ADDRESSES.pop(key, None)
+
+
+_held: list = []  # the claiming socket, kept open until the process ends
+
+
+def _claim(address: str) -> bool:
+    """Return whether this process is the one (on this host) to print the line claimed at ``address``.
+
+    An abstract Unix socket (Linux) binds once per name on a host; where there are none, every
+    process prints (the line may then come once per rank).
+    """
+    import socket
+
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except (AttributeError, OSError):
+        return True
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        return exc.errno != errno.EADDRINUSE  # in use: another rank of the job prints it
+    _held.append(sock)
+    return True
 
 
 @contextmanager
@@ -58,6 +123,9 @@ def _terminate(signum: int = signal.SIGTERM) -> None:
     if not _ONCE.acquire(blocking=False):
         return  # the other path is already cleaning up; it ends the process
     with _LOCK:
+        claims = list(_CLAIMS.values())
+        # claimed before anything is removed: a rank that finds the temporary gone has lost the claim
+        prints = _claim(next(iter(_ADDRESSES.values()))) if claims else _prints_alone()
         removed = []
         for fn in list(_CLEANUPS.values()):
             try:
@@ -66,12 +134,15 @@ def _terminate(signum: int = signal.SIGTERM) -> None:
                 what = None
             if what:
                 removed.append(what)
+        if claims and not removed:
+            removed = claims[:1]  # removed by another rank while this one claimed the line
     note = f"; removed {', '.join(removed)}" if removed else ""
-    try:
-        sys.stderr.write(f"sortpack: {_SIGNALS.get(signum, 'terminated')}{note}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    if prints:
+        try:
+            sys.stderr.write(f"sortpack: {_SIGNALS.get(signum, 'terminated')}{note}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
     os._exit(128 + int(signum))
 
 

@@ -396,3 +396,27 @@ def test_the_pieces_of_a_split_document_stay_on_one_side(tmp_path, command):
         assert spans[0][0] == 0 and spans[-1][1] == lengths[sid]  # every token once, in order
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
     assert sorted(tokens) == list(range(len(lengths)))
+
+
+def test_empty_samples_held_out_are_said_in_one_line(tmp_path):
+    # held out by id before packing drops empty rows: validation got fewer documents without a word
+    lengths = np.where(np.arange(400) % 4 == 0, 0, 1 + np.arange(400) % 50)
+    write_text_parquet(tmp_path / "a.parquet", lengths, 100)
+    proc = run_sortpack(["run", tmp_path / "a.parquet", "-o", tmp_path / "plan", *PACK, "--holdout", "0.25"])
+    held = _ids(tmp_path / "plan" / "holdout")
+    chosen = np.flatnonzero(holdout_mask(np.arange(400), np.array([0, 400]), np.array([100]), 0))
+    empty = int((lengths[chosen] == 0).sum())
+    assert empty and len(held) == 100 - empty
+    rec = json.loads((tmp_path / "plan" / "manifest.json").read_text())["holdout"]
+    assert rec["empty_dropped"] == empty and rec["packed_samples"] == 100 - empty
+    report = json.loads(run_sortpack(["inspect", tmp_path / "plan", "--json"]).stdout)
+    assert report["holdout"]["empty_dropped"] == empty
+    assert f"{empty} of them empty, dropped" in run_sortpack(["inspect", tmp_path / "plan"]).stdout
+    lines = [ln for ln in proc.stderr.splitlines() if "--holdout" in ln]
+    assert lines == [f"sortpack: --holdout held out 100 samples, {empty} of them empty (no content; dropped as in "
+                     f"training, --keep-empty keeps them): holdout/ plans {100 - empty} of them"], proc.stderr
+    # a plan whose held-out samples all have content says nothing and records nothing more
+    write_text_parquet(tmp_path / "b.parquet", 1 + np.arange(400) % 50, 100)
+    proc = run_sortpack(["run", tmp_path / "b.parquet", "-o", tmp_path / "full", *PACK, "--holdout", "0.25"])
+    assert "--holdout" not in proc.stderr
+    assert "empty_dropped" not in json.loads((tmp_path / "full" / "manifest.json").read_text())["holdout"]

@@ -84,6 +84,37 @@ def test_plan_follows_the_schedule_and_records_each_source(data):
 
 
 @pytest.mark.mpi
+def test_a_mixture_reports_the_empty_samples_it_drops(tmp_path):
+    # the rows were dropped, but neither the run's lines nor inspect said so
+    write_text_parquet(tmp_path / "a.parquet", np.where(np.arange(60) % 3 == 0, 0, 5 + np.arange(60)), 20)
+    write_text_parquet(tmp_path / "b.parquet", np.where(np.arange(40) % 8 == 0, 0, 9 + np.arange(40)), 20)
+    proc = run_sortpack(["run", "--blend", f"1 {tmp_path / 'a.parquet'} 1 {tmp_path / 'b.parquet'}", "-o",
+                         str(tmp_path / "plan"), "--max-tokens", "256"])
+    assert "dropped 25 empty samples (no content; --keep-empty keeps them)" in proc.stdout
+    report = json.loads(run_sortpack(["inspect", str(tmp_path / "plan"), "--json"]).stdout)
+    assert report["empty_dropped"] == 25
+    assert not set(PackedIndex(tmp_path / "plan").all_sample_ids().tolist()) & set(range(0, 60, 3))
+
+
+def test_whole_passes_and_most_uses_are_the_fewest_and_most_uses_of_a_sample(tmp_path):
+    # many small sources: some get a part pass that takes every sample of theirs, and used to
+    # report whole_passes 0 although each of their samples is used once
+    rng = np.random.default_rng(0)
+    sources = []
+    for k in range(5):
+        write_text_parquet(tmp_path / f"s{k}.parquet", rng.integers(1, 50, size=3), 3)
+        sources.append({"name": f"s{k}", "inputs": [f"s{k}.parquet"], "weight": float(rng.integers(1, 5))})
+    (tmp_path / "mix.json").write_text(json.dumps({"sources": sources, "seed": 0}))
+    run_sortpack(["run", "--mixture", str(tmp_path / "mix.json"), "-o", str(tmp_path / "plan"), "--max-tokens", "64"])
+    idx = PackedIndex(tmp_path / "plan")
+    uses = np.bincount(idx.all_sample_ids(), minlength=15)
+    recs = idx.manifest["mixture"]["sources"]
+    assert any(r["part_pass"]["samples"] == r["samples_held"] and r["whole_passes"] for r in recs)  # the case
+    for k, r in enumerate(recs):
+        mine = uses[3 * k:3 * k + 3]
+        assert (r["whole_passes"], r["most_uses"]) == (int(mine.min()), int(mine.max())), (r["name"], mine)
+
+
 @pytest.mark.slow
 def test_the_plan_is_byte_identical_at_any_rank_count(data, tmp_path):
     assert_same_at_ranks(["run", "--mixture", data / "mix.json", "--max-tokens", "8192", "--stages", "2", "--key",
@@ -214,6 +245,9 @@ CLI_ERRORS = {
     "absurd passes": (["run", "--blend", "1 web/", "--total-tokens", str(10**13)], "passes over its"),
     "absurd total in MIX.json": (["run", "--mixture", "huge.json"], "total_tokens 1e+30 is more than 2**53"),
     "negative weight": (["run", "--blend", "-1 web/ 2 code/"], "weights must be positive"),
+    # seeds are 64-bit keys (as `inspect --seed`): 2^64 would be seed 0 under another name
+    "negative seed": (["run", "--blend", "1 web/", "--seed", "-1"], "--seed -1: must be >= 0"),
+    "seed of 2^64": (["run", "--blend", "1 web/", "--seed", str(2**64)], f"--seed {2**64}: must be below 2^64"),
 }
 
 

@@ -188,6 +188,24 @@ def test_a_part_pass_chooses_pieces_and_the_holdout_keeps_documents_whole(tmp_pa
         assert "".join(v for _, v in parts) == corpus["texts"][sid]
 
 
+def test_a_mixtures_split_line_and_stats_count_what_each_plan_holds(tmp_path, corpus):
+    # the line said "tokens" for the whole union, held-out documents and units the plan never uses included
+    proc = run_sortpack(["run", "--mixture", corpus["half"], "-o", tmp_path / "plan", "--oversize", "split",
+                         "--max-tokens", "300", "--holdout", "0.2"], env=SMALL)
+    train = json.loads((tmp_path / "plan" / "manifest.json").read_text())["stats"]
+    held = json.loads((tmp_path / "plan" / "holdout" / "manifest.json").read_text())["stats"]
+    docs = [len(t) for t in corpus["texts"]]
+    held_ids = {sid for sid, _, _ in _read(tmp_path / "plan" / "holdout")}
+    cut = [n for sid, n in enumerate(docs) if n > 300]
+    held_cut = [docs[sid] for sid in held_ids if docs[sid] > 300]
+    assert held["split"] == len(held_cut) > 0 and held["split_tokens"] == sum(held_cut)
+    assert train["split"] + held["split"] == len(cut) and train["split_tokens"] + held["split_tokens"] == sum(cut)
+    line = next(x for x in proc.stderr.splitlines() if "--oversize split cut" in x)
+    assert line == (f"sortpack: --oversize split cut {train['split']} of the sources' samples into "
+                    f"{train['split_pieces']} pieces that fit the budget ({train['split_tokens']} characters or list "
+                    f"elements of the sources, none lost in the cut; the plan uses them as the schedule says)")
+
+
 BYTES = ("--size", "bytes", "--max-tokens", "100")
 
 

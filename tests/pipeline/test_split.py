@@ -255,3 +255,67 @@ def test_pack_split_of_a_sorted_directory_is_byte_identical_at_any_rank_count(tm
     for other in outs[1:]:
         assert shards(other) == shards(outs[0])
         assert manifest(other)["content_hash"] == manifest(outs[0])["content_hash"]
+
+
+@pytest.mark.parametrize("budget", ["1", "2"])
+@pytest.mark.parametrize("how", ["run", "pack"])
+def test_a_budget_that_leaves_no_room_beside_the_special_tokens_is_refused(tmp_path, corpus, budget, how):
+    # [CLS] + one token made a first piece "empty", and packing dropped it: a token per document lost
+    # under a line that said "none lost"
+    measure = ["--column", "text", "--size", "tokens", "--tokenizer", corpus["tok_path"]]
+    if how == "run":
+        cmd = ["run", *corpus["files"], *measure]
+    else:
+        run_sortpack(["run", *corpus["files"], *measure, "-o", tmp_path / "m", "--max-tokens", "512",
+                      "--keep-intermediate", "--quiet"])
+        cmd = ["pack", tmp_path / "m.sorted"]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = run_sortpack([*cmd, "-o", tmp_path / "plan", "--max-tokens", budget, "--oversize", "split"], check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"--max-tokens {budget} with --oversize split" in lines[0] and "2 special tokens" in lines[0], lines
+    assert "at least 3 tokens" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no .metrics kept
+
+
+def test_the_smallest_budget_with_room_keeps_every_token_and_says_so(tmp_path, corpus):
+    tok = corpus["tok"]
+    sizes = np.array([len(tok.encode(t).ids) for t in corpus["texts"]])
+    content = sizes[sizes > 2]  # an empty text is [CLS] [SEP]: no content, dropped
+    proc = run_sortpack(["run", *corpus["files"], "-o", tmp_path / "plan", "--column", "text", "--size", "tokens",
+                         "--tokenizer", corpus["tok_path"], "--max-tokens", "3", "--oversize", "split"])
+    m = manifest(tmp_path / "plan")
+    assert m["stats"]["tokens"] == int(content.sum())  # every token of every document, in some piece
+    assert m["stats"]["empty_dropped"] == int((sizes <= 2).sum())
+    over = content[content > 3]
+    assert (m["stats"]["split"], m["stats"]["split_tokens"]) == (len(over), int(over.sum()))
+    assert f"({int(over.sum())} tokens, none lost)" in proc.stderr
+
+
+@pytest.mark.parametrize("size, unit", [("length", "characters or list elements"), ("bytes", "bytes"),
+                                        ("tokens", "tokens")])
+def test_the_split_line_names_the_unit_it_counts(tmp_path, corpus, size, unit):
+    extra = ["--tokenizer", corpus["tok_path"]] if size == "tokens" else []
+    proc = run_sortpack(["run", *corpus["files"], "-o", tmp_path / "plan", "--column", "text", "--size", size,
+                         *extra, "--max-tokens", "64", "--oversize", "split"])
+    s = manifest(tmp_path / "plan")["stats"]
+    line = next(x for x in proc.stderr.splitlines() if "--oversize split cut" in x)
+    assert line.endswith(f"({s['split_tokens']} {unit}, none lost)"), line
+
+
+def test_a_held_out_plan_counts_its_own_split_documents(tmp_path, corpus):
+    # the held-out documents' pieces were counted in the training plan, and the held-out plan said split 0
+    args = ["--column", "text", "--size", "tokens", "--tokenizer", corpus["tok_path"], "--max-tokens", "64",
+            "--oversize", "split"]
+    run_sortpack(["run", *corpus["files"], "-o", tmp_path / "all", *args, "--quiet"])
+    run_sortpack(["run", *corpus["files"], "-o", tmp_path / "plan", *args, "--holdout", "0.3", "--quiet"])
+    whole, train, held = (manifest(d)["stats"] for d in (tmp_path / "all", tmp_path / "plan",
+                                                           tmp_path / "plan" / "holdout"))
+    ix = PackedIndex(tmp_path / "plan" / "holdout")
+    cut = set()  # the held-out documents with a second piece
+    for i in range(ix.num_microbatches):
+        begin, _ = ix.piece_ranges(i)
+        cut.update(ix.microbatch(i)[begin > 0].tolist())
+    assert held["split"] == len(cut) > 0
+    for key in ("split", "split_pieces", "split_tokens"):
+        assert train[key] + held[key] == whole[key], key

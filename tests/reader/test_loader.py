@@ -231,6 +231,23 @@ def test_the_thread_prepares_ahead_while_the_loop_is_away(token_plan, step, read
     assert len(got) == len(names)
 
 
+def test_a_loop_held_back_by_other_work_keeps_preparing_its_own_batches(token_plan, monkeypatch):
+    """Away long, but neither waiting nor running (preempted on a busy machine): no thread switch for it.
+
+    The thread would need the cores and the GIL the loop needs itself; here the loop's absences
+    (a sleep) are made to look like preemption: its thread's waits and CPU time do not move.
+    """
+    import time
+
+    from sortpack.reader import loader as loader_module
+
+    plan, _ = token_plan
+    monkeypatch.setattr(loader_module, "_usage", lambda: (7, 1.0))
+    names, got = _who_prepares(plan, lambda: time.sleep(0.003))
+    assert names.count("MainThread") >= len(names) * 0.9, names
+    assert len(got) == len(names)
+
+
 def test_leaving_the_loop_early_stops_the_thread(token_plan):
     import threading
     import time

@@ -96,6 +96,15 @@ def test_inspect_cli_step_and_sample(small):
     (["--step", "6", "--epoch", "0", "--world-size", "4"], "--step 6: epoch 0 has 6 steps"),
     (["--step", "1", "--sample", "3"], "--step and --sample: give one of them"),
     (["--step", "0", "--world-size", "0"], "--world-size 0: must be >= 1"),
+    # ids and sizes no int64 holds: the same one line, not an OverflowError traceback
+    (["--sample", str(2**63)], f"--sample {2**63}: not in the plan"),
+    (["--sample", "3", "--sample", str(-2**63 - 1)], f"--sample {-2**63 - 1}: not in the plan"),
+    (["--sample", "3", "--world-size", str(2**63)], "micro-batches per step, more than inspect traces"),
+    (["--step", "0", "--grad-accum", str(2**40)], "micro-batches per step, more than inspect traces"),
+    (["--world-size", str(2**63)], "micro-batches per step, more than inspect reports on"),
+    # the rule of `run --seed`: a seed is a 64-bit key, 0 to 2^64-1
+    (["--sample", "3", "--order", "shuffle", "--seed", "-1"], "--seed -1: must be >= 0"),
+    (["--step", "0", "--order", "shuffle", "--seed", str(2**64)], f"--seed {2**64}: must be below 2^64"),
 ])
 def test_inspect_trace_errors_are_one_line(small, args, message):
     proc = run_sortpack(["inspect", small, *args], check=False)

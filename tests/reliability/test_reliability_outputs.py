@@ -256,6 +256,75 @@ def test_ctrl_c_prints_a_sortpack_line_and_removes_the_temporary(tmp_path, ranks
     assert debris(tmp_path, "plan") == [] and not (tmp_path / "plan").exists()
 
 
+def _sortpack_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("sortpack:")]
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_mpiexec_during_store_tokens_is_one_sortpack_line(tmp_path):
+    # every rank printed its own line (or, signalled in the start-up, a KeyboardInterrupt traceback)
+    from support import make_special_tokenizer
+
+    make_inputs(tmp_path / "data")
+    tok = make_special_tokenizer(tmp_path / "tok.json", texts=["abcdefghij " * 3])
+    args = ["run", "data", "-o", "plan", "--column", "text", "--size", "tokens", "--tokenizer", tok,
+            "--store-tokens", "--max-tokens", "400", "--quiet"]
+    # rank 1 stalls after analyze (the temporary holds the token cache), rank 0 waits for it inside MPI
+    proc = start(args, tmp_path, 2, {"SORTPACK_FAULT": "after_analyze:1:stall"})
+    try:
+        _wait_for_temporary(proc, tmp_path)
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: mpiexec forwards it to every rank
+        _, err = proc.communicate(timeout=30)
+    finally:
+        kill_group(proc)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = _sortpack_lines(err)
+    assert len(lines) == 1 and lines[0].startswith("sortpack: interrupted (Ctrl-C); removed .plan.tmp-"), err
+    assert proc.returncode != 0
+    assert debris(tmp_path, "plan") == [] and not (tmp_path / "plan").exists()
+
+
+_STARTUP = """
+import os, sys, time
+from sortpack.cli import main, startup
+def slow(argv):  # the imports of a job's start-up, held: a Ctrl-C comes while they run
+    open(os.path.join(sys.argv[1], "up-%d" % os.getpid()), "w").close()
+    time.sleep(60)
+startup.skip_pandas = slow
+main(["run", "data", "-o", "plan", "--column", "text", "--max-tokens", "400"])
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ctrl_c_during_the_start_up_is_one_sortpack_line(tmp_path, ranks):
+    import subprocess
+    import sys
+
+    from support import MPIEXEC, ROOT
+
+    make_inputs(tmp_path / "data")
+    (tmp_path / "go.py").write_text(_STARTUP)
+    cmd = [sys.executable, str(tmp_path / "go.py"), str(tmp_path)]
+    if ranks > 1:
+        if MPIEXEC is None:
+            pytest.skip("mpiexec not found")
+        cmd = [MPIEXEC, "-n", str(ranks), *cmd]
+    proc = subprocess.Popen(cmd, cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("up-*"))) < ranks:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        kill_group(proc)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert _sortpack_lines(err) == ["sortpack: interrupted (Ctrl-C)"], err
+    assert proc.returncode != 0 and debris(tmp_path, "plan") == []
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_sigterm_to_one_rank_other_than_0_during_a_mixture_store_leaves_nothing(tmp_path):

@@ -110,3 +110,19 @@ def test_the_subset_reaches_the_need_stratum_by_stratum_and_follows_the_seed():
     # a run of the sorted order starting elsewhere (another rank's share) gets the same keys
     assert np.array_equal(part_keys(np.arange(40, 64), np.arange(40, 64), 3, 0),
                           part_keys(np.arange(64), np.arange(64), 3, 0)[40:])
+
+
+def test_a_part_pass_never_chooses_a_sample_of_special_tokens_only():
+    # under --size tokens with [CLS]/[SEP] an empty text measures 2: packing drops it, so choosing
+    # it gave the part pass tokens it never held
+    from dataclasses import replace
+
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(3, 40, size=200)
+    sizes[::4] = 2  # a quarter are empty texts
+    ordered = replace(_sorted_sources([sizes]), empty_size=2)
+    popts = PackOptions(max_tokens=64, budget="tokens")
+    content = int(sizes[sizes > 2].sum())
+    chosen = part_pass_samples(SerialComm(), ordered, popts, np.array([content // 2]), np.array([content]), 0, 1)
+    assert chosen is not None and len(chosen) and int(chosen.size.min()) > 2
+    assert int(chosen.size.sum()) >= content // 2  # the need is met with content alone

@@ -17,17 +17,17 @@ class OversizeError(SortpackError):
     """Samples larger than the budget under ``--oversize error`` (``run`` adds how to keep its analysis)."""
 
 
-def content_empty(samples: SampleColumns) -> np.ndarray:
-    """Return which samples have no content: a size no larger than what an empty sample measures.
+def content_empty(samples: SampleColumns, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """Return which samples (of ``lo:hi``) have no content: a size no larger than what an empty sample measures.
 
     Under ``--size tokens`` with special tokens an empty text measures the tokens the
     post-processor adds (``[CLS] [SEP]``: 2), which analyze records as ``empty_size``; a
     text of whitespace only measures the same and holds no token either. Every other size
     kind measures an empty sample as 0.
     """
-    empty = samples.size <= samples.empty_size
+    empty = samples.size[lo:hi] <= samples.empty_size
     if samples.begin is not None:
-        empty &= samples.begin == 0  # a document's last piece may hold just [SEP]: it is content all the same
+        empty &= samples.begin[lo:hi] == 0  # a document's last piece may hold just [SEP]: it is content all the same
     return empty
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from ...errors import SortpackError, one_line
-from ...inputs.specs import token_ids
+from ...inputs.fast_tokens import token_ids
 from ...parallel import Comm
 from ..output import OutputDir
 from .options import TOKENS_COLUMN
