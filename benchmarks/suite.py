@@ -19,6 +19,7 @@ from . import (
     bench_mixture,
     bench_objects,
     bench_scaling,
+    bench_sft,
     bench_stored,
     bench_tokens_loop,
     data,
@@ -356,7 +357,7 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "tokens": bench_tokens, "reader": bench_reader, "train": train_payoff.bench,
               "loader": bench_loader.bench, "mixture": bench_mixture.bench, "stored": bench_stored.bench,
               "objects": bench_objects.bench, "scaling": bench_scaling.bench, "tokens_loop": bench_tokens_loop.bench,
-              "balance": bench_balance.bench, "fasttok": bench_fasttok.bench}
+              "balance": bench_balance.bench, "fasttok": bench_fasttok.bench, "sft": bench_sft.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

@@ -171,3 +171,71 @@ def make_special_tokenizer(path, texts=("hello world", "the quick brown fox", "h
                                                                                             ("[SEP]", sep)])
     tok.save(str(path))
     return str(path)
+
+
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}{{- '\\n' }}"
+    "{%- else %}{{- message['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+    " + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}")
+CHAT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
+                 "<|end_header_id|>", "<|eot_id|>"]
+CHAT_WORDS = ("the quick brown fox jumps over the lazy dog. hello world, how are you? fine thanks! "
+              "what is two plus two? it is four. explain packing: documents share a row without padding.")
+
+
+def make_chat_tokenizer(directory, template: str = CHATML_TEMPLATE, bos: str = "<|begin_of_text|>",
+                        eos: str = "<|im_end|>"):
+    """Write a small byte-level BPE tokenizer.json (GPT-2/Qwen style, chat special tokens) and a
+    tokenizer_config.json carrying ``template``; return (tokenizer.json, tokenizer_config.json) paths."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=CHAT_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([CHAT_WORDS] * 20, trainer)
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
+              "pad_token": "<|endoftext|>", "chat_template": template, "model_max_length": 1 << 20}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(directory / "tokenizer.json"), str(directory / "tokenizer_config.json")
+
+
+CHAT_WORD_LIST = ("the quick brown fox jumps over lazy dog hello world how are you fine thanks what is two plus "
+                  "four").split()
+
+
+def conversations(n: int, seed: int = 0) -> list[list[dict]]:
+    """Return n generated chats: an optional system turn, then user/assistant turns of varied lengths."""
+    rng = np.random.default_rng(seed)
+
+    def text(k):
+        words = [CHAT_WORD_LIST[i] for i in rng.integers(0, len(CHAT_WORD_LIST), k)]
+        if rng.random() < 0.2:
+            words.append("\u00fcn\u00efcode \U0001f98a")
+        return " ".join(words)
+
+    out = []
+    for _ in range(n):
+        chat = [{"role": "system", "content": text(3)}] if rng.random() < 0.5 else []
+        for _ in range(int(rng.integers(1, 4))):
+            chat.append({"role": "user", "content": text(int(rng.integers(1, 12)))})
+            chat.append({"role": "assistant", "content": text(int(rng.integers(0, 12)))})
+        out.append(chat)
+    return out

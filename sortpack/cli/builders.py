@@ -20,7 +20,10 @@ def make_analyze(kw: dict) -> AnalyzeOptions:
 
     return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
                           tokenizer=kw["tokenizer"], input_format=kw["input_format"],
-                          special_tokens=kw["special_tokens"], split=kw["split"], size2=kw.get("size2_spec"))
+                          special_tokens=kw["special_tokens"], split=kw["split"], size2=kw.get("size2_spec"),
+                          labels_column=kw.get("labels_column"), prompt_column=kw.get("prompt_column"),
+                          completion_column=kw.get("completion_column"), chat_template=kw.get("chat_template"),
+                          train_on=tuple(r.strip() for r in kw["train_on"].split(",")) if kw.get("train_on") else None)
 
 
 def make_sort(kw: dict) -> SortOptions:
@@ -50,7 +53,8 @@ def make_store(kw: dict) -> StoreOptions:
     from ..write.store import StoreOptions, parse_memory, parse_store
 
     return StoreOptions(columns=parse_store(kw.pop("store_columns")), tokens=kw.pop("store_tokens"),
-                        memory_limit=parse_memory(kw.pop("memory_limit")), tokenizer=kw.pop("store_tokenizer", None))
+                        memory_limit=parse_memory(kw.pop("memory_limit")), tokenizer=kw.pop("store_tokenizer", None),
+                        chat_template=kw.pop("store_chat_template", None))
 
 
 def make_holdout(kw: dict, mixture: bool = False) -> HoldoutRequest | None:

@@ -52,6 +52,19 @@ def analyze_options(f):
                           "as the model sees them."),
         click.option("--split", default=None,
                      help="The split to read from a Hugging Face DatasetDict directory (save_to_disk)."),
+        click.option("--labels-column", default=None, metavar="COL",
+                     help="Fine-tuning: the labels list column aligned to the token ids of --column "
+                          "(default input_ids); -100 = no target."),
+        click.option("--prompt-column", default=None, metavar="COL",
+                     help="Fine-tuning: prompt/completion texts (default columns prompt, completion), "
+                          "encoded as a pair with --tokenizer; the completion is the target."),
+        click.option("--completion-column", default=None, metavar="COL",
+                     help="Fine-tuning: the completion text column (see --prompt-column)."),
+        click.option("--chat-template", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                     help="Fine-tuning: render the messages of --column (default messages) with this chat "
+                          "template (a tokenizer_config.json or a Jinja file) and tokenize with --tokenizer."),
+        click.option("--train-on", default=None, metavar="ROLE[,ROLE...]",
+                     help="With --chat-template: the roles whose turns are targets (default assistant)."),
         click.option("--input-format", type=click.Choice(["auto", *format_names()]),
                      default="auto", show_default=True, help="Input format (auto: by file extension)."),
     ]
@@ -112,9 +125,10 @@ def pack_options(required: bool):
             click.option("--max-size2", type=int, default=0, metavar="N",
                          help="Cap a micro-batch's (and with --rows a row's) sum of --size2 at N too "
                               "(a sample over N alone follows --oversize error|skip)."),
-            click.option("--balance", default="none", show_default=True, metavar="none|compute",
+            click.option("--balance", default="none", show_default=True, metavar="none|compute|targets",
                          help="Order micro-batches so that consecutive ones cost alike, so any W x A deal of "
-                              "a step is balanced: compute balances C*s + s^2 per document (docs/step-costs.md)."),
+                              "a step is balanced: compute balances C*s + s^2 per document (docs/step-costs.md), "
+                              "targets the loss targets of fine-tuning data (docs/fine-tuning.md)."),
             click.option("--cost-coeff", type=float, default=6144.0, show_default=True, metavar="C",
                          help="With --balance compute: C of the cost C*s + s^2 (C ~ 6 * d_model)."),
             click.option("--segment-size", type=int, default=None, hidden=True,
@@ -141,6 +155,9 @@ def store_options(tokenizer: bool):
         if tokenizer:
             opts.append(click.option("--tokenizer", type=click.Path(dir_okay=False),
                                      help="The tokenizer.json the sizes were counted with (for --store-tokens)."))
+            opts.append(click.option("--chat-template", "store_chat_template", type=click.Path(dir_okay=False),
+                                     default=None, metavar="FILE",
+                                     help="The chat template chats were rendered with (for --store-tokens of chats)."))
         return _apply(opts, f)
 
     return deco

@@ -316,7 +316,7 @@ class TokenEncoder:
     """
 
     def __init__(self, hf, path: str):
-        self.hf = hf
+        self.hf, self.path = hf, path
         self.engine, self.reason = "tokenizers", None
         self._fast: Any = None  # the tiktoken Encoding, when exact
         self._pool: Any = None  # threads for encode_texts (made on first use)
@@ -339,7 +339,14 @@ class TokenEncoder:
         _CHOSEN[name] = self.record()
 
     def __getattr__(self, name: str):
+        if name == "hf" or name.startswith("__"):
+            # not yet set (unpickling, copying): never look it up through itself
+            raise AttributeError(name)
         return getattr(self.hf, name)
+
+    def __reduce__(self):
+        """Return how to rebuild this encoder in another process (its thread pool is not sent)."""
+        return TokenEncoder, (self.hf, self.path)
 
     def record(self) -> dict:
         """Return what the manifest's provenance says of this encoder."""

@@ -22,10 +22,10 @@ from ..inputs.locations import with_locations
 from ..parallel import Comm, fault_point
 from ..stages.analyze import AnalyzeOptions, analyze, measured_options
 from ..stages.holdout import DEFAULT_SEED, DIRECTORY, Holdout, holdout_lengths, split_holdout
-from ..stages.pack import Microbatches, OversizeError, PackOptions, pack_samples, refuse_oversize
+from ..stages.pack import Microbatches, OversizeError, PackOptions, pack_samples, refuse_oversize, truncate_length
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
-from ..stages.split import SPLIT_KINDS, byte_cuts, split_oversize
+from ..stages.split import SPLIT_KINDS, TargetPieces, byte_cuts, split_oversize
 from ..write.index_writer import write_index
 from ..write.kept import Dumped, dump_samples, keep_alone, keep_together
 from ..write.output import OutputDir
@@ -315,7 +315,10 @@ def _measure(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list[str]
     sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
     with prof.stage("analyze"):
         cuts = byte_cuts(aopts.as_dict(), popts)  # --size bytes --oversize split: cut while the text is read
-        samples = analyze(comm, inputs, aopts, progress, keep_tokens=sink, keep_pieces=cuts)
+        pieces = None
+        if popts.oversize in ("split", "truncate") and aopts.fine_tune() is not None:
+            pieces = TargetPieces(truncate_length(popts))  # each piece's targets, counted while the labels are read
+        samples = analyze(comm, inputs, aopts, progress, keep_tokens=sink, keep_pieces=cuts or pieces)
     prof.counts["analyze_rows"] = len(samples)
     plan = comm.collectively(_plain_holdout, holdout, samples.files)  # a bad count fails before the sort
     measured = measured_options(aopts, samples)
@@ -323,11 +326,17 @@ def _measure(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list[str]
     fault_point(comm, "after_analyze")
     refuse_oversize(comm, samples, popts)  # fail fast: before the sort, not after it
     split = None
+    if pieces is not None and popts.oversize == "truncate":
+        samples, lost = pieces.truncated(samples)
+        split = {"truncated_targets": comm.allreduce(lost, "sum")}  # the pack's stats report it
     if popts.oversize == "split":
         # before the sort: the pieces are sorted by their own sizes
         with prof.stage("split"):
+            before = samples.sample_id
             samples, split = split_oversize(comm, samples, popts, measured, cuts,
                                             plan.mask if plan is not None else None)
+            if pieces is not None:
+                samples = pieces.exact(before, samples)
     return samples, measured, plan, split
 
 
@@ -372,7 +381,7 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
     column = split_column(comm, aopts.as_dict(), popts, inputs)
     if column != aopts.column:
         aopts = dataclasses.replace(aopts, column=column)
-    check_options(comm, split_check(popts, aopts.as_dict(), tokenizer=aopts.tokenizer))
+    check_options(comm, split_check(popts, aopts.as_dict(), tokenizer=aopts.tokenizer, labels_read=True))
     store_fn = store_for(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
     check_read_columns(comm, inputs, aopts, store)
     with job_scope(comm, output, overwrite, inputs) as scope:

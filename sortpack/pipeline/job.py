@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import SortpackError
 from ..parallel import Comm
 from ..stages.holdout import Holdout, split_holdout
 from ..stages.pack import Microbatches, PackOptions, pack_samples
@@ -28,15 +29,26 @@ __all__ = ["JobScope", "check_options", "job_scope", "nested_plan", "split_check
 
 
 def split_check(popts: Any, recorded: dict, own_column: str | None = None,
-                tokenizer: str | None = None) -> Callable[[], None] | None:
+                tokenizer: str | None = None, labels_read: bool = False) -> Callable[[], None] | None:
     """Return the check that ``--oversize split`` can cut the plan measured with ``recorded`` (None: not splitting).
 
     ``own_column``: a mixture's source that reads a column of its own; ``tokenizer``: the
     ``--tokenizer`` file of a plan not measured yet (``stages.split.check_split``).
+    ``labels_read``: the job reads fine-tuning data's labels before it cuts them (``run``), so it
+    counts the targets of each piece or truncated sample.
     """
+    fine_tune = bool(recorded.get("fine_tune"))
+    if fine_tune and popts.oversize in ("split", "truncate") and not labels_read:
+        return lambda: _refuse_cut_labels(popts.oversize)
     if popts.oversize != "split":
         return None
     return lambda: check_split(recorded, own_column, popts, tokenizer)
+
+
+def _refuse_cut_labels(oversize: str) -> None:
+    """Refuse cutting fine-tuning samples where their labels are not read: a piece's targets would not be counted."""
+    raise SortpackError(f"--oversize {oversize} of fine-tuning samples: cut them in the job that reads their labels "
+                        "(sortpack run), which counts the targets of what it keeps")
 
 
 def check_options(comm: Comm, *checks: Callable[[], object] | None) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 from ..kernels import pad_tokens, varlen_tokens
 from ..kernels.tokens import TokenView, batch_kernels, pad_batch_into, token_view, varlen_batch_into
 from .microbatch import MicroBatch, Samples
-from .tokens import check_planned, ragged_tokens, stored_token_view
+from .tokens import check_planned, ragged_labeled, stored_token_view
 
 
 class PackedDataset:
@@ -72,14 +72,42 @@ def _known_ids(mb, n: int, items=None) -> np.ndarray | None:
     return ids
 
 
-def _token_arrays(items, key, tokenize) -> TokenView:
-    """Return the ``TokenView`` of the items' token ids: stored ids as zero-copy views, else ``ragged_tokens``."""
-    if tokenize is None:
-        view = stored_token_view(items, key)
-        return view if view is not None else token_view(*ragged_tokens(items, key))
-    view = token_view(*ragged_tokens(items, key, tokenize))
-    check_planned(items, view)  # a tokenizer that truncates or pads gives other lengths than the plan's
-    return view
+def _has_column(items, key) -> bool:
+    has = getattr(items, "has_column", None)
+    if has is not None:
+        return bool(has(key))
+    table = getattr(items, "table", None)
+    return table is not None and key in table.schema.names
+
+
+def _token_arrays(items, key, tokenize, labels=None) -> tuple[TokenView, TokenView | None]:
+    """Return the ``TokenView`` of the items' token ids and of their labels (None: none given).
+
+    Stored ids and labels are zero-copy views; anything else goes through ``ragged_labeled``.
+    """
+    view = stored_token_view(items, key) if tokenize is None else None
+    if view is not None:
+        if not (isinstance(labels, str) and _has_column(items, labels)):
+            return view, None
+        lab = stored_token_view(items, labels)
+        if lab is not None:
+            if not np.array_equal(np.diff(lab.offsets), np.diff(view.offsets)):
+                raise ValueError(f"collate: the stored {labels!r} and {key!r} differ in length")
+            return view, lab
+    values, offsets, lab_values = ragged_labeled(items, key, tokenize, labels)
+    view = token_view(values, offsets)
+    if tokenize is not None:
+        check_planned(items, view)  # a tokenizer that truncates or pads gives other lengths than the plan's
+    return view, None if lab_values is None else token_view(lab_values, offsets)
+
+
+def _mask_labels(labels: np.ndarray, laid: np.ndarray) -> None:
+    """Write the given labels ``laid`` out as the ids are into ``labels`` where it has a target (in place).
+
+    ``labels`` already holds -100 at padding and at each document's first position; the given
+    labels add their own -100 (a prompt, a user turn) everywhere else.
+    """
+    np.copyto(labels, laid, where=labels != IGNORE_INDEX)
 
 
 class PadCollate:
@@ -97,20 +125,23 @@ class PadCollate:
         Also return a per-sample (B, T, T) attention mask.
     pad_to_multiple : int, optional
         Without a known shape, round the longest item up to a multiple of this.
+    labels : str, optional
+        The stored column (or item key) of the labels aligned to the ids (-100: no target).
     """
 
     def __init__(self, pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None = None,
-                 pad_to_multiple: int | None = None):
+                 pad_to_multiple: int | None = None, labels: str | None = "labels"):
         if attn_mask not in (None, "causal", "full"):
             raise ValueError(f"attn_mask must be None, 'causal' or 'full', not {attn_mask!r}")
         self.pad_id, self.key, self.tokenize = pad_id, key, tokenize
         self.attn_mask, self.pad_to_multiple = attn_mask, pad_to_multiple
+        self.labels = labels
 
     def __call__(self, items) -> dict:
         """Return input_ids, labels, lengths, key_padding_mask, real, sample_ids (and attn_mask) tensors."""
         import torch
 
-        view = _token_arrays(items, self.key, self.tokenize)
+        view, given = _token_arrays(items, self.key, self.tokenize, self.labels)
         n = len(view.offsets) - 1
         mb = getattr(items, "microbatch", None)
         if mb is not None and mb.padded_size is not None:
@@ -125,6 +156,9 @@ class PadCollate:
             out, padding = self._compiled(torch, kernels, view, n, rows, width, mb, items)
         else:
             out, padding = self._numpy(torch, view.values, view.offsets, n, rows, width, mb, items)
+        if given is not None:
+            _mask_labels(out["labels"].numpy(), pad_tokens(given.values, given.offsets, n, rows, width,
+                                                           IGNORE_INDEX, IGNORE_INDEX)[0])
         if mb is not None:
             out["microbatch"] = mb.info()
         if self.attn_mask is not None:
@@ -174,7 +208,7 @@ class PadCollate:
 
 
 def pad_collate(pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None = None,
-                pad_to_multiple: int | None = None) -> PadCollate:
+                pad_to_multiple: int | None = None, labels: str | None = "labels") -> PadCollate:
     """Return a picklable collate_fn that pads a micro-batch to its ``(batch_size, padded_size)``.
 
     Items are token-id sequences, ``item[key]``, or ``tokenize(item)``; a stored list (or
@@ -190,8 +224,14 @@ def pad_collate(pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None 
     ``attn_mask="causal"`` or ``"full"``, ``attn_mask`` (B, T, T; True = may attend, as
     ``F.scaled_dot_product_attention``).
     Without a known shape, T is the longest item rounded up to ``pad_to_multiple``.
+
+    Fine-tuning data brings its own labels (-100: no target, e.g. a prompt): a stored list
+    column named ``labels`` beside ``key`` (``--store-tokens`` of a fine-tuning shape, or
+    ``--store input_ids,labels``), ``item[labels]`` beside ``item[key]``, or ``tokenize(item)``
+    returning ``(ids, labels)`` (``sortpack.inputs.finetune.FineTuneShape`` does). ``labels``
+    then holds them, still -100 at padding and at each sample's first position.
     """
-    return PadCollate(pad_id, key, tokenize, attn_mask, pad_to_multiple)
+    return PadCollate(pad_id, key, tokenize, attn_mask, pad_to_multiple, labels)
 
 
 class Segments(NamedTuple):
@@ -256,26 +296,35 @@ class VarlenCollate:
         RoBERTa-like models; 0 otherwise).
     pad_to_multiple : int, optional
         Pad every document to a multiple of this (context parallelism: 2 x CP).
+    labels : str, optional
+        The stored column (or item key) of the labels aligned to the ids (-100: no target).
     """
 
     def __init__(self, key=None, tokenize=None, pad_id: int = 0, position_ids_start: int = 0,
-                 pad_to_multiple: int | None = None):
+                 pad_to_multiple: int | None = None, labels: str | None = "labels"):
         if pad_to_multiple is not None and int(pad_to_multiple) < 1:
             raise ValueError(f"pad_to_multiple must be a positive integer, not {pad_to_multiple!r}")
         self.key, self.tokenize, self.pad_id = key, tokenize, pad_id
         self.position_ids_start = int(position_ids_start)
         self.pad_to_multiple = int(pad_to_multiple) if pad_to_multiple else None
+        self.labels = labels
 
     def __call__(self, items) -> dict:
         """Return input_ids, labels, position_ids, cu_seqlens, seq_idx, the Hugging Face keys, lengths and masks."""
         import torch
 
-        view = _token_arrays(items, self.key, self.tokenize)
+        view, given = _token_arrays(items, self.key, self.tokenize, self.labels)
         mb = getattr(items, "microbatch", None)
         kernels = batch_kernels()
         rows = getattr(mb, "row_splits", None) is not None and getattr(mb, "padded_size", None) is not None
         if kernels is not None and not rows and not (self.pad_to_multiple and self.pad_to_multiple > 1):
             out = self._compiled(torch, kernels, view, mb, items)  # one segment per sample: the usual layout
+            if given is not None:
+                kept = out["lengths"].numpy()
+                cu = np.concatenate(([0], np.cumsum(kept)))
+                _mask_labels(out["labels"].numpy(), varlen_tokens(
+                    given.values, given.offsets, cu, kept, np.arange(len(kept), dtype=np.int64), IGNORE_INDEX,
+                    IGNORE_INDEX, 0)[0])
             if mb is not None:
                 out["microbatch"] = mb.info()
             return out
@@ -295,6 +344,9 @@ class VarlenCollate:
         # one pass (compiled) writes every per-token array
         ids, labels, position_ids, seg_of, token_mask = varlen_tokens(
             values, offsets, cu, seg_real, seg_sample, self.pad_id, IGNORE_INDEX, self.position_ids_start)
+        if given is not None:
+            _mask_labels(labels, varlen_tokens(given.values, given.offsets, cu, seg_real, seg_sample, IGNORE_INDEX,
+                                               IGNORE_INDEX, 0)[0])
         cu32 = torch.from_numpy(cu.astype(np.int32))
         max_len = int(seg_len.max(initial=0))
         out = {
@@ -356,7 +408,7 @@ class VarlenCollate:
 
 
 def varlen_collate(key=None, tokenize=None, pad_id: int = 0, position_ids_start: int = 0,
-                   pad_to_multiple: int | None = None) -> VarlenCollate:
+                   pad_to_multiple: int | None = None, labels: str | None = "labels") -> VarlenCollate:
     """Return a picklable collate_fn for packed documents: varlen kernels, document masks, Hugging Face models.
 
     ``input_ids`` (1-D) is the micro-batch's samples (documents) one after another; a stored
@@ -381,8 +433,12 @@ def varlen_collate(key=None, tokenize=None, pad_id: int = 0, position_ids_start:
     Transformer Engine's THD convention: ``cu_seqlens`` then counts real tokens,
     ``cu_seqlens_padded`` (and ``cu_seq_lens_q/k``) bound the padded documents in
     ``input_ids``; positions run on through a document's padding, which has no labels.
+
+    Labels given with the data (a stored ``labels`` column, ``item[labels]``, or
+    ``tokenize(item)`` returning ``(ids, labels)``: see ``pad_collate``) are laid out as the
+    ids are, still -100 at padding and at each document's first position.
     """
-    return VarlenCollate(key, tokenize, pad_id, position_ids_start, pad_to_multiple)
+    return VarlenCollate(key, tokenize, pad_id, position_ids_start, pad_to_multiple, labels)
 
 
 def hf_inputs(batch: dict, rows: bool = False) -> dict:

@@ -76,6 +76,14 @@ class TableSamples(Samples):
         j = table.schema.get_field_index(key)
         return None if j < 0 else list_token_view(table.column(j))
 
+    def has_column(self, key: str) -> bool:
+        """Return whether the rows have a column ``key`` (stored rows: without slicing the table)."""
+        if self._stored is not None and self._table is None:
+            stored, _, columns = self._stored
+            return key in (stored.columns if columns is None else columns)
+        table = self.table
+        return table is not None and key in table.schema.names
+
     def _fill(self) -> None:
         if self._pending:
             rows = self.table.to_pylist()

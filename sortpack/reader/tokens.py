@@ -207,6 +207,70 @@ def _piece_tokens(items, key, tokenize, ranges) -> tuple[np.ndarray, np.ndarray]
     return flat[src], offsets
 
 
+def _ids(seq) -> np.ndarray:
+    return np.asarray(seq, dtype=np.int64).reshape(-1)
+
+
+def _item_pair(item, key, tokenize, labels) -> tuple[np.ndarray, np.ndarray | None]:
+    """Return one item's (token ids, labels or None): ``tokenize(item)`` may give (ids, labels) or a dict of both."""
+    got = tokenize(item) if tokenize is not None else None
+    if isinstance(got, tuple) and len(got) == 2:
+        return _ids(got[0]), _ids(got[1])
+    if isinstance(got, dict) and "input_ids" in got:
+        return _ids(got["input_ids"]), None if got.get("labels") is None else _ids(got["labels"])
+    if got is not None:
+        return _item_tokens(got, None, None), None
+    ids = _item_tokens(item, key, None)
+    if labels is not None and key is not None and isinstance(item, dict) and item.get(labels) is not None:
+        return ids, _ids(item[labels])
+    return ids, None
+
+
+def ragged_labeled(items, key=None, tokenize=None, labels=None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Return (values, offsets, label values or None): ``ragged_tokens`` with the labels aligned to the ids.
+
+    Labels come from a stored list column ``labels`` beside ``key``, ``item[labels]`` beside
+    ``item[key]``, or ``tokenize(item)`` giving ``(ids, labels)`` or ``{"input_ids", "labels"}``;
+    None when no item has any. On a split plan's pieces, a ``tokenize`` that gives labels says
+    so with a true ``gives_labels`` attribute (``FineTuneShape`` does); others go through
+    ``ragged_tokens``, which tokenizes each document once. Raises ValueError when a sample's
+    labels and ids differ in length.
+    """
+    table = getattr(items, "table", None)
+    if table is not None and tokenize is None and isinstance(key, str) and key in table.schema.names:
+        got = _from_table(table, key)
+        if got is not None:
+            lab = _from_table(table, labels) if isinstance(labels, str) and labels in table.schema.names else None
+            if lab is not None and not np.array_equal(np.diff(lab[1]), np.diff(got[1])):
+                raise ValueError(f"collate: the stored {labels!r} and {key!r} differ in length")
+            return got[0], got[1], None if lab is None else lab[0]
+    ranges = getattr(items, "token_ranges", None) if tokenize is not None else None
+    if ranges is not None and not getattr(tokenize, "gives_labels", False):
+        # pieces of a split plan without labels: ragged_tokens tokenizes each document once
+        return (*ragged_tokens(items, key, tokenize), None)
+    pairs = [_item_pair(it, key, tokenize, labels) for it in items]
+    seqs = [p[0] for p in pairs]
+    labs = [p[1] for p in pairs if p[1] is not None]
+    if labs and len(labs) != len(seqs):
+        raise ValueError("collate: some items have labels and some do not")
+    if ranges is not None:  # each piece's ids and labels, cut from its document's
+        begin, end = ranges
+        seqs = [x[int(b):int(e)] for x, b, e in zip(seqs, begin, end)]
+        labs = [x[int(b):int(e)] for x, b, e in zip(labs, begin, end)] if labs else labs
+    counts = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    values = np.concatenate(seqs).astype(np.int64, copy=False) if seqs else np.zeros(0, np.int64)
+    if not labs:
+        return values, offsets, None
+    bad = np.flatnonzero(np.fromiter(map(len, labs), dtype=np.int64, count=len(labs)) != counts)
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"collate: item {i} has {len(labs[i])} labels for {int(counts[i])} token ids")
+    return values, offsets, np.concatenate(labs).astype(np.int64, copy=False)
+
+
 def ragged_tokens(items, key=None, tokenize=None) -> tuple[np.ndarray, np.ndarray]:
     """Return (values, offsets): the items' token ids one after another (int64) and where each starts (n + 1).
 

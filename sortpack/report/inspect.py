@@ -101,8 +101,11 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
     if m.get("mixture"):
         from .mixture import mixture_report
 
-        report["mixture"] = mixture_report(m, {"tokens": tok, "source": _column(directory, m, "source"),
-                                               "num_samples": ns, "batch_size": bs, "padded_size": ps})
+        mix_cols = {"tokens": tok, "source": _column(directory, m, "source"), "num_samples": ns, "batch_size": bs,
+                    "padded_size": ps}
+        if "targets" in (m.get("schema") or {}):  # fine-tuning data: each source's loss targets too
+            mix_cols["targets"] = _column(directory, m, "targets").astype(np.int64)
+        report["mixture"] = mixture_report(m, mix_cols)
     if m.get("holdout") or m.get("held_out"):
         report.update(_holdout_report(m))
     if m.get("data"):
@@ -130,6 +133,9 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         if "size2" in schema:
             size2 = _column(directory, m, "size2").astype(np.float64)
             report["size2_imbalance"] = imbalance(step_costs(size2, world_size, grad_accum))
+        if "targets" in schema:  # fine-tuning data: what trains per rank and step (the loss's share of work)
+            targets = _column(directory, m, "targets").astype(np.int64)
+            report["targets_imbalance"] = imbalance(step_costs(targets, world_size, grad_accum))
     return report
 
 
@@ -162,6 +168,8 @@ def _microbatch_report(m: dict, ns: np.ndarray, ps: np.ndarray, tok: np.ndarray,
         # tokens (size units) too: older plans did not record them (None there when samples were lost)
         "skipped_tokens": m["stats"].get("skipped_tokens", 0 if not m["stats"].get("skipped") else None),
         "truncated_tokens": m["stats"].get("truncated_tokens", 0 if not m["stats"].get("truncated") else None),
+        # fine-tuning data: the loss targets truncation cut away (recorded only for such plans)
+        **({"truncated_targets": m["stats"]["truncated_targets"]} if "truncated_targets" in m["stats"] else {}),
         "split": m["stats"].get("split", 0),
         "split_pieces": m["stats"].get("split_pieces", 0),
         "split_tokens": m["stats"].get("split_tokens", 0),

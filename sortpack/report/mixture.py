@@ -41,6 +41,7 @@ def mixture_report(manifest: dict, cols: dict[str, np.ndarray]) -> dict:
             "scheduled_share": float(shares[s]),
             "padding_ratio": (1.0 - t / p) if p else 0.0,
             "max_deviation_tokens": float(dev[s]),
+            **({"targets": int(cols["targets"][mine].sum())} if "targets" in cols else {}),
         })
     worst = float(dev.max()) if len(dev) else 0.0
     return {"num_sources": len(names), "tokens": all_tokens, "total_tokens": mix.get("total_tokens"),

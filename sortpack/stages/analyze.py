@@ -11,6 +11,7 @@ import pyarrow as pa
 from ..errors import SortpackError
 from ..inputs import objects
 from ..inputs.discover import expand_inputs
+from ..inputs.finetune import Encoded, FineTuneShape, fine_tune_shape
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units
 from ..inputs.size_kinds import reads_text
@@ -35,10 +36,40 @@ class AnalyzeOptions:
     special_tokens: bool = True  # tokens: count the ones the post-processor adds
     split: str | None = None  # the split of a Hugging Face DatasetDict directory
     size2: str | None = None  # --size2 SPEC: a second size per sample, the measure ``size2``
+    # fine-tuning shapes (inputs/finetune.py): a labels column, prompt/completion texts, or chats
+    labels_column: str | None = None
+    prompt_column: str | None = None
+    completion_column: str | None = None
+    chat_template: str | None = None
+    train_on: tuple[str, ...] | None = None
 
     def measure_specs(self) -> dict[str, str]:
         """Return the SPEC of each per-sample measure to evaluate like a size, by measure name."""
         return {"size2": self.size2} if self.size2 else {}
+
+    def __post_init__(self):
+        # a prompt/completion or chat sample's size is its tokens (length is only the default)
+        if self.text_shape and self.size == "length":
+            self.size = "tokens"
+        if self.labels_column and not self.column:
+            self.column = "input_ids"  # the token ids a labels column labels (the store cuts both at a split)
+
+    @property
+    def text_shape(self) -> bool:
+        """Return whether the samples are prompt/completion texts or chats (tokenized as one sequence each)."""
+        return bool(self.prompt_column or self.completion_column or self.chat_template)
+
+    def fine_tune(self) -> dict | None:
+        """Return the fine-tuning shape's options as manifests record them (None: not a fine-tuning shape)."""
+        if self.labels_column:
+            return {"shape": "labels", "labels_column": self.labels_column}
+        if self.chat_template:
+            return {"shape": "chat", "chat_template": str(self.chat_template).rsplit("/", 1)[-1],
+                    "train_on": list(self.train_on or ("assistant",))}
+        if self.text_shape:
+            return {"shape": "prompt_completion", "prompt_column": self.prompt_column or "prompt",
+                    "completion_column": self.completion_column or "completion"}
+        return None
 
     def as_dict(self) -> dict:
         """Return the options as recorded in manifests (tokenizer by file name only).
@@ -55,6 +86,9 @@ class AnalyzeOptions:
             out["split"] = self.split
         if self.size2:
             out["size2"] = self.size2
+        fine_tune = self.fine_tune()
+        if fine_tune is not None:  # recorded only for fine-tuning data: other plans keep their content hash
+            out["fine_tune"] = fine_tune
         return out
 
 
@@ -66,15 +100,21 @@ class Specs:
     difficulty: Spec | None  # None: the difficulty is the size
     tokenizer: Any = None  # loaded when a SPEC counts tokens
     funcs: dict[str, Callable] = field(default_factory=dict)  # python:MODULE:FUNC SPECs by text
+    shape: FineTuneShape | None = None  # fine-tuning data: how its ids, labels and targets are made
     measures: dict[str, Spec] = field(default_factory=dict)  # per-sample measures measured like a size
 
     def read_columns(self) -> tuple[list[str] | None, list[str]]:
         """Return (the columns a read needs, None for all; the text columns among them)."""
         specs = [s for s in (self.size, self.difficulty, *self.measures.values()) if s]
-        columns = sorted({c for s in specs for c in (s.columns() or []) if c}) or None
+        if self.shape is not None and self.shape.kind != "labels":  # the shape measures the size itself
+            specs = [s for s in specs if s is not self.size]
+        shaped = self.shape.columns() if self.shape is not None else []
+        columns = sorted({c for s in specs for c in (s.columns() or []) if c} | set(shaped)) or None
         if any(s.kind == "python" for s in specs):
             columns = None
-        return columns, sorted({s.column for s in specs if reads_text(s.kind) and s.column})
+        text = {s.column for s in specs if reads_text(s.kind) and s.column}
+        text |= set(self.shape.text_columns()) if self.shape is not None else set()
+        return columns, sorted(text)
 
 
 class TokenKeeper(Protocol):
@@ -82,6 +122,10 @@ class TokenKeeper(Protocol):
 
     def count_and_keep(self, table: pa.Table, column: str, tokenizer: Any, where: str) -> np.ndarray:
         """Return the token counts of ``column``'s values (the sizes) and keep their ids."""
+        ...
+
+    def keep_encoded(self, encoded: Encoded) -> None:
+        """Keep the ids and labels of a read of fine-tuning data (``FineTuneShape.encode``)."""
         ...
 
 
@@ -135,7 +179,9 @@ def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None
 
 
 def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
-    """Return the parsed SPECs, the tokenizer they need and their python functions."""
+    """Return the parsed SPECs, the tokenizer they need, their python functions and the fine-tuning shape."""
+    if opts.fine_tune() is not None or opts.train_on:
+        return _fine_tune_specs(opts)
     needs_column = reads_text(opts.size, opts.difficulty or opts.size)
     column = _resolve_column(opts, files) if needs_column else opts.column
     size_spec = parse_spec(opts.size, column, "--size")
@@ -150,7 +196,29 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     if wants:
         tokenizer = load_tokenizer(opts.tokenizer, wants[0])
     funcs = {s.text: load_function(s) for _, s in kinds if s and s.kind == "python"}
-    return Specs(size_spec, diff_spec, tokenizer, funcs, measures)
+    return Specs(size_spec, diff_spec, tokenizer, funcs, measures=measures)
+
+
+def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
+    """Return the SPECs of fine-tuning data: the size is the ids' length (labels column) or the encoded tokens."""
+    tokenizer = load_tokenizer(opts.tokenizer, "--size") if opts.text_shape else None
+    shape = fine_tune_shape(opts.column, opts.labels_column, opts.prompt_column, opts.completion_column,
+                            opts.chat_template, opts.train_on, tokenizer)
+    assert shape is not None  # fine_tune_shape raises on --train-on alone
+    if opts.text_shape and opts.size != "tokens":
+        raise SortpackError(f"--size {opts.size}: a prompt/completion or chat sample's size is its tokens "
+                            "(leave --size out)")
+    column = shape.column or shape.prompt_column
+    size_spec = parse_spec(opts.size, column, "--size")
+    diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
+    if diff_spec is not None and reads_text(diff_spec.kind) and opts.text_shape:
+        raise SortpackError(f"--difficulty {opts.difficulty}: of fine-tuning texts, give a column: or python: SPEC")
+    measures = {name: parse_spec(text, column, f"--{name}") for name, text in opts.measure_specs().items()}
+    kinds = [size_spec, diff_spec, *measures.values()]
+    if tokenizer is None and any(s is not None and s.kind == "tokens" for s in kinds):
+        tokenizer = load_tokenizer(opts.tokenizer, "--size")
+    funcs = {s.text: load_function(s) for s in kinds if s and s.kind == "python"}
+    return Specs(size_spec, diff_spec, tokenizer, funcs, shape, measures)
 
 
 def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False, *,
@@ -186,9 +254,12 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     fingerprint = [{**f.fingerprint(r), **d} for f, r, d in zip(files, file_rows, digests)]
     size, diff = _columns(comm, measured, specs)
     sample_id = np.arange(start, start + len(size), dtype=np.int64)
-    empty_size = empty_token_count(specs.tokenizer) if specs.size.kind == "tokens" and opts.special_tokens else 0
-    measures = {name: np.concatenate(measured.measures.get(name, [])) if measured.measures.get(name)
-                else np.zeros(0, np.int64) for name in specs.measures}
+    # (fine-tuning texts: a sample without content is one without targets, not one of the empty text's size)
+    counts_text = specs.size.kind == "tokens" and specs.shape is None
+    empty_size = empty_token_count(specs.tokenizer) if counts_text and opts.special_tokens else 0
+    measured_names = [*specs.measures, *(["targets"] if specs.shape is not None else [])]
+    measures = {name: np.concatenate(measured.measures[name]) if measured.measures.get(name)
+                else np.zeros(0, np.int64) for name in measured_names}
     return SampleColumns(start, total, sample_id, size, diff, None, fingerprint, empty_size, measures=measures)
 
 
@@ -208,7 +279,12 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: Analyz
         if table.num_rows == 0:
             # an empty file or row group: its columns may not even exist (empty jsonl)
             continue
-        size, diff = _measure_table(table, src.path, specs, opts, keep_tokens)
+        size, diff, encoded = _measure_table(table, src.path, specs, opts, keep_tokens)
+        if encoded is not None:
+            out.measures.setdefault("targets", []).append(encoded.targets)
+            keep_labels = getattr(keep_pieces, "keep_labels", None)  # split.TargetPieces: pieces' own targets
+            if keep_labels is not None:
+                keep_labels(encoded.labels, size)
         if keep_pieces is not None:
             keep_pieces(table, size, src.path)
         out.sizes.append(size)
@@ -236,9 +312,22 @@ def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: 
 
 
 def _measure_table(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptions,
-                   keep_tokens: TokenKeeper | None) -> tuple[np.ndarray, np.ndarray]:
-    """Return the (size, difficulty) of every row of ``table`` (the same array when difficulty is the size)."""
+                   keep_tokens: TokenKeeper | None) -> tuple[np.ndarray, np.ndarray, Encoded | None]:
+    """Return the (size, difficulty, encoded ids and labels) of every row of ``table``.
+
+    The difficulty is the same array as the size when it is the size; the encoding is None
+    unless the rows are fine-tuning data (its ``targets`` are their measure).
+    """
     size_spec, diff_spec = specs.size, specs.difficulty
+    encoded = None
+    shape = specs.shape
+    if shape is not None:
+        encoded = shape.encode(table, where)  # checks a labels column against its ids too
+        if shape.kind != "labels":
+            if keep_tokens is not None:
+                keep_tokens.keep_encoded(encoded)
+            size = encoded.sizes
+            return size, size if diff_spec is None else _difficulty(table, where, specs, opts), encoded
     if keep_tokens is not None and size_spec.kind == "tokens":
         assert size_spec.column is not None  # parse_spec gives a tokens SPEC its column
         size = keep_tokens.count_and_keep(table, size_spec.column, specs.tokenizer, where)
@@ -246,10 +335,16 @@ def _measure_table(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptio
         size = as_size(evaluate(size_spec, table, where, specs.tokenizer, specs.funcs.get(size_spec.text),
                                 opts.special_tokens), where, f"--size {size_spec.text}")
     if diff_spec is None:
-        return size, size
-    diff = as_difficulty(evaluate(diff_spec, table, where, specs.tokenizer, specs.funcs.get(diff_spec.text),
-                                  opts.special_tokens), where, f"--difficulty {diff_spec.text}")
-    return size, diff
+        return size, size, encoded
+    return size, _difficulty(table, where, specs, opts), encoded
+
+
+def _difficulty(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptions) -> np.ndarray:
+    """Return the ``--difficulty`` SPEC's value per row of ``table``."""
+    spec = specs.difficulty
+    assert spec is not None
+    return as_difficulty(evaluate(spec, table, where, specs.tokenizer, specs.funcs.get(spec.text),
+                                  opts.special_tokens), where, f"--difficulty {spec.text}")
 
 
 def _share_unit_rows(comm: Comm, plan: ReadPlan, found_rows: list[int]) -> np.ndarray:

@@ -202,6 +202,7 @@ class PackedUnits:
     stage: np.ndarray
     part: np.ndarray
     firsts: np.ndarray  # packed micro-batch number where each rank's micro-batches start, plus the end
+    targets: np.ndarray | None = None  # fine-tuning data: each micro-batch's loss targets
 
     def units(self, s: int, part: bool, group: int) -> np.ndarray:
         """Return source ``s``'s units (rows of ``group`` packed micro-batch numbers) of one packing, in pack order."""
@@ -217,9 +218,10 @@ def gather_packed(comm: Comm, mbs: Microbatches, stages: int, parts: int = 0) ->
     firsts = np.array([0] + [int(x) for x in np.cumsum(comm.allgather_obj(m))], dtype=np.int64)
     code_all = comm.allgatherv(code)
     part = comm.allgatherv((np.arange(m) >= m - parts).astype(np.uint8)).astype(bool)
+    targets = comm.allgatherv(c["targets"].astype(np.int64)) if "targets" in c else None
     return PackedUnits(comm.allgatherv(c["tokens"].astype(np.int64)),
                        comm.allgatherv(c["num_samples"].astype(np.int64)),
-                       comm.allgatherv(padded), code_all // stages, code_all % stages, part, firsts)
+                       comm.allgatherv(padded), code_all // stages, code_all % stages, part, firsts, targets)
 
 
 def held_tokens(packed: PackedUnits, names: list[str], group: int) -> np.ndarray:
@@ -408,7 +410,11 @@ def _source_record(s: int, mix: Mixture, blend: Blend, packed: PackedUnits, g: n
     else:  # no whole pass completed: the part pass, after them, gave nothing, or it is the only pass
         unique = int(packed.samples[whole][whole_uses > 0].sum()) + int(packed.samples[part][part_uses > 0].sum())
     passes = np.repeat(blend.passes, group)
+    # fine-tuning data: the loss targets the source holds and gives (recorded only for such plans)
+    targets = {} if packed.targets is None else {"targets_held": int(packed.targets[whole].sum()),
+                                                 "targets": int(packed.targets[g][mine].sum())}
     return {
+        **targets,
         "tokens_held": held, "samples_held": samples_held, "microbatches_held": len(whole),
         "tokens": got, "samples": int(packed.samples[used].sum()), "microbatches": int(mine.sum()),
         "unique_samples": unique,

@@ -18,16 +18,23 @@ _warned: set = set()
 
 
 def step_targets(info: dict, causal: bool = True) -> int:
-    """Return the loss targets of the whole step over all ranks: ``step_tokens`` less one per sample when ``causal``.
+    """Return the loss targets of the whole step over all ranks: the plan's ``step_targets`` when ``causal``.
 
-    With labels aligned to the inputs and -100 at each document's first position (what
-    ``pad_collate``/``varlen_collate`` give and Hugging Face causal LMs shift internally),
-    a sample of n tokens has n - 1 targets. Exact when every sample has a token (empty
-    samples are dropped at plan time unless ``--keep-empty``).
+    A plan of fine-tuning data counts each sample's targets (the positions after its first
+    whose label is not -100: a completion, the assistant's turns) and the step's total over
+    all ranks comes with every ``MicroBatch``; for other plans it is ``step_tokens`` less one
+    per sample: with labels aligned to the inputs and -100 at each document's first position
+    (what ``pad_collate``/``varlen_collate`` give and Hugging Face causal LMs shift
+    internally), a sample of n tokens has n - 1 targets. Exact when every sample has a token
+    (empty samples are dropped at plan time unless ``--keep-empty``). ``causal=False``: the
+    step's tokens.
     """
     tokens = int(info["step_tokens"])
-    samples = int(info["step_batch"])
-    return tokens - samples if causal else tokens
+    if not causal:
+        return tokens
+    # 0 also when a hand-built StepFacts leaves it out: a step without targets sums no loss anyway
+    planned = int(info.get("step_targets") or 0)
+    return planned if planned > 0 else tokens - int(info["step_batch"])
 
 
 def _info(batch) -> dict:

@@ -192,9 +192,39 @@ def recipe_section(path: Path) -> str:
 
 
 def test_docs_quote_the_recipes():
-    doc = (ROOT / "docs" / "training.md").read_text()
+    doc = (ROOT / "docs" / "training.md").read_text() + (ROOT / "docs" / "fine-tuning.md").read_text()
     blocks = re.findall(r"<!-- recipe: (\S+) -->\n```python\n(.*?)```", doc, flags=re.DOTALL)
     assert {path for path, _ in blocks} == {f"examples/recipes/{p.name}" for p in RECIPES.glob("*.py")
                                             if "# --- recipe ---" in p.read_text()}
     for path, code in blocks:
-        assert code == recipe_section(ROOT / path), f"docs/training.md's copy of {path} is out of date"
+        assert code == recipe_section(ROOT / path), f"the docs' copy of {path} is out of date"
+
+
+@pytest.fixture(scope="module")
+def chat_plan(tmp_path_factory) -> tuple[Path, str]:
+    """A --rows plan of generated chats stored with their ids and assistant-only labels (docs/fine-tuning.md)."""
+    import json
+
+    from support import conversations, make_chat_tokenizer
+
+    base = tmp_path_factory.mktemp("sft")
+    tokenizer, config = make_chat_tokenizer(base / "tok")
+    with open(base / "chats.jsonl", "w") as f:
+        for chat in conversations(200, seed=11):
+            f.write(json.dumps({"messages": chat}) + "\n")
+    run_sortpack(["run", base / "chats.jsonl", "-o", base / "plan", "--chat-template", config, "--tokenizer",
+                  tokenizer, "--rows", "512", "--store-tokens", "--quiet"], timeout=TIMEOUT)
+    return base / "plan", tokenizer
+
+
+@pytest.mark.slow
+def test_sft_trains_assistant_tokens_and_resumes_on_the_same_steps(chat_plan, tmp_path):
+    pytest.importorskip("transformers")
+    plan, tokenizer = chat_plan
+    straight = run_recipe("sft.py", plan, "--tokenizer", tokenizer, "--steps", "4")
+    first = run_recipe("sft.py", plan, "--tokenizer", tokenizer, "--steps", "2", "--save", str(tmp_path / "c.pt"))
+    resumed = run_recipe("sft.py", plan, "--tokenizer", tokenizer, "--steps", "4", "--resume", str(tmp_path / "c.pt"))
+    assert len(step_lines(straight)) == 4 and "nan" not in straight
+    # the resumed run continues on the same samples with the same weights: the very same losses
+    assert losses(first) + losses(resumed) == losses(straight)
+    assert [line.split()[1] for line in step_lines(resumed)] == ["2", "3"]

@@ -314,3 +314,14 @@ def test_plans_are_byte_identical_whichever_encoder_ran(tokenizers_by_style, sou
     assert output_files(plans["1"]) == output_files(plans["0"])
     assert one["provenance"]["tokenizers"]["llama3.json"]["encoder"] == "tiktoken"
     assert off["provenance"]["tokenizers"]["llama3.json"]["encoder"] == "tokenizers"
+
+
+def test_a_loaded_encoder_pickles_for_worker_processes(tokenizers_by_style, sources):
+    import pickle
+
+    for path in (tokenizers_by_style["gpt2"], tokenizers_by_style["llama3"]):
+        enc = load_tokenizer(path)
+        enc.encode_texts(sources[:4])  # its thread pool exists now and is not sent
+        back = pickle.loads(pickle.dumps(enc))
+        assert back.engine == enc.engine
+        assert fast_lists(back, sources[:20], True) == fast_lists(enc, sources[:20], True)

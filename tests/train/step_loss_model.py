@@ -65,11 +65,11 @@ def shifted_losses(logits, labels):
     return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1), reduction="none", ignore_index=-100)
 
 
-def collate_and_losses(mode: str):
-    """Return (collate_fn, per-token loss function) of a packing mode: padded or rows."""
+def collate_and_losses(mode: str, key: str | None = None):
+    """Return (collate_fn, per-token loss function) of a packing mode: padded or rows (``key``: a stored column)."""
     if mode == "rows":
-        return varlen_collate(), rows_token_losses
-    return pad_collate(), padded_token_losses
+        return varlen_collate(key=key), rows_token_losses
+    return pad_collate(key=key), padded_token_losses
 
 
 def accumulate(model, loader, mode: str, steps: int, no_sync=None) -> list[list[np.ndarray]]:

@@ -1,6 +1,8 @@
 """One gloo rank of the token-exact loss test: DDP over the plan's steps, gradients of each step saved by rank 0.
 
     python tests/train/step_loss_worker.py INDEX SIZES.npy MODE GRAD_ACCUM STEPS OUT.npz   (RANK/WORLD_SIZE set)
+
+SIZES.npy ``-``: the samples are the plan's stored ``input_ids`` with their ``labels``.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from step_loss_model import TinyCausalLM, accumulate, collate_and_losses, datase
 from torch.utils.data import DataLoader
 
 from sortpack.reader import PackedIndex
-from sortpack.torch import PackedBatchSampler
+from sortpack.torch import PackedBatchSampler, SourceDataset
 
 
 def main() -> None:
@@ -23,10 +25,11 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     ix = PackedIndex(index)
-    sizes = np.load(sizes_file)
+    stored = sizes_file == "-"
     sampler = PackedBatchSampler(ix, rank=rank, world_size=world, grad_accum=accum)
-    collate, _ = collate_and_losses(mode)
-    loader = DataLoader(dataset(sizes), batch_sampler=sampler, collate_fn=collate)
+    collate, _ = collate_and_losses(mode, "input_ids" if stored else None)
+    data = SourceDataset(ix) if stored else dataset(np.load(sizes_file))
+    loader = DataLoader(data, batch_sampler=sampler, collate_fn=collate)
     model = torch.nn.parallel.DistributedDataParallel(TinyCausalLM())
     grads = accumulate(model, loader, mode, steps, no_sync=model.no_sync)
     if rank == 0:

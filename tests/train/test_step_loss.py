@@ -17,7 +17,7 @@ from step_loss_model import (
 )
 from torch.utils.data import DataLoader
 
-from sortpack.reader import MicroBatch, PackedIndex, StepFacts
+from sortpack.reader import MicroBatch, PackedIndex, SourceDataset, StepFacts
 from sortpack.torch import PackedBatchSampler, pad_collate, step_loss, step_targets
 
 from reader_fixtures import pipeline_index
@@ -121,3 +121,57 @@ def test_step_loss_scales_by_the_world_and_warns_on_other_tokens(monkeypatch):
         step_loss(torch.ones(4), batch)
     with pytest.raises(TypeError, match="step_loss needs"):
         step_loss(torch.ones(1), [1, 2])
+
+
+def build_labeled(tmp_path, mode: str) -> tuple[Path, list, list]:
+    """Return a fine-tuning plan (--labels-column) of prompt-masked samples, stored, and its ids and labels."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from support import run_sortpack
+
+    rng = np.random.default_rng(9)
+    n = 70
+    sizes = rng.integers(2, 30, size=n)
+    ids = [tokens_of(i, int(k)).tolist() for i, k in enumerate(sizes)]
+    prompt = [int(rng.integers(0, k)) for k in sizes]  # prompts of 20-80%: masked; some samples all prompt
+    labels = [[-100] * p + x[p:] for x, p in zip(ids, prompt)]
+    labels[3] = [-100] * len(ids[3])  # no target: dropped as no content
+    pq.write_table(pa.table({"input_ids": ids, "labels": labels}), tmp_path / "d.parquet")
+    opts = ["--max-tokens", "90"] if mode == "padded" else ["--rows", "64", "--rows-per-microbatch", "2"]
+    out = tmp_path / f"ft-{mode}"
+    proc = run_sortpack(["run", tmp_path / "d.parquet", "-o", out, "--labels-column", "labels",
+                         "--store", "input_ids,labels", *opts])
+    assert "dropped 1 empty sample" in proc.stdout
+    return out, ids, labels
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_masked_labels_give_the_gradient_of_the_mean_over_targets_at_any_world(tmp_path, mode):
+    path, ids, labels = build_labeled(tmp_path, mode)
+    ix = PackedIndex(path)
+    steps = -(-ix.num_microbatches // 4)
+    one = PackedBatchSampler(ix, rank=0, world_size=1, grad_accum=4)
+    collate, _ = collate_and_losses(mode, "input_ids")
+    data = SourceDataset(ix)
+    w1 = accumulate(TinyCausalLM(), DataLoader(data, batch_sampler=one, collate_fn=collate), mode, steps)
+    full = []
+    for step in one.schedule():  # the oracle: one pass over the step's samples, each alone, mean over targets
+        sample_ids = [i for p in step for i in ix.microbatch(int(p)).tolist()]
+        model = TinyCausalLM()
+        batch = pad_collate(key="input_ids")([{"input_ids": ids[i], "labels": labels[i]} for i in sample_ids])
+        targets = sum(sum(t != -100 for t in labels[i][1:]) for i in sample_ids)
+        (padded_token_losses(model, batch).sum() / targets).backward()
+        full.append([p.grad.numpy().copy() for p in model.parameters()])
+    mb = next(iter(one))
+    assert mb.step_targets < mb.step_tokens - mb.step_batch  # the prompts are not targets
+    out = tmp_path / "w2.npz"
+    run_gloo_ranks([HERE / "step_loss_worker.py", path, "-", mode, 2, steps, out], timeout=240,
+                   env={"CUDA_VISIBLE_DEVICES": ""})
+    saved = np.load(out)
+    w2 = [[saved[f"arr_{s * len(w1[0]) + k}"] for k in range(len(w1[0]))] for s in range(steps)]
+    for s in range(steps):
+        for a, b, c in zip(w2[s], w1[s], full[s]):
+            np.testing.assert_allclose(a, c, rtol=0, atol=1e-10)
+            np.testing.assert_allclose(b, c, rtol=0, atol=1e-10)

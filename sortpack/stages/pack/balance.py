@@ -11,7 +11,8 @@ window alone leaves the tail of a window's costs too sparse: at W = 64 on 1M cha
 lengths, p99 1.21 against 1.02 for the global order.)
 
 ``BALANCE`` names what a micro-batch's cost is: the sum over its samples of a per-sample weight
-(``--balance compute``: ``C*s + s^2``, ``--cost-coeff C``). Two caps (``--max-size2`` under
+(``--balance compute``: ``C*s + s^2``, ``--cost-coeff C``; ``--balance targets``: the sample's
+loss targets, fine-tuning data). Two caps (``--max-size2`` under
 ``--budget tokens``) order their micro-batches by both fills the same way (``two_cap_key``).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...distribute import fetch_rows
+from ...errors import SortpackError
 from ...parallel import Comm
 from ..sample_sort import sample_sort
 from ..samples import exact_sum
@@ -33,11 +35,20 @@ def compute_weight(sizes: np.ndarray, measures: dict[str, np.ndarray], cost_coef
     return cost_coeff * s + s * s
 
 
+def targets_weight(sizes: np.ndarray, measures: dict[str, np.ndarray], cost_coeff: float) -> np.ndarray:
+    """Return each sample's loss targets (float64): what it adds to its step's gradient (fine-tuning data)."""
+    if "targets" not in measures:
+        raise SortpackError("--balance targets balances the loss targets of fine-tuning data (--chat-template, "
+                            "--prompt-column or --labels-column); this plan counts none", collective=True)
+    return measures["targets"].astype(np.float64)
+
+
 # --balance NAME -> the per-sample weight whose sum per micro-batch is the cost to balance
 # (sizes and measures in packed order, the cost coefficient); "none" balances nothing
 BALANCE: dict[str, Callable[[np.ndarray, dict[str, np.ndarray], float], np.ndarray] | None] = {
     "none": None,
     "compute": compute_weight,
+    "targets": targets_weight,
 }
 
 

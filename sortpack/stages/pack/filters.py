@@ -18,7 +18,8 @@ class OversizeError(SortpackError):
 
 
 def content_empty(samples: SampleColumns, lo: int = 0, hi: int | None = None) -> np.ndarray:
-    """Return which samples (of ``lo:hi``) have no content: a size no larger than what an empty sample measures.
+    """Return which samples (of ``lo:hi``) have no content: a size no larger than what an empty sample measures,
+    or no loss target.
 
     Under ``--size tokens`` with special tokens an empty text measures the tokens the
     post-processor adds (``[CLS] [SEP]``: 2), which analyze records as ``empty_size``; a
@@ -28,6 +29,11 @@ def content_empty(samples: SampleColumns, lo: int = 0, hi: int | None = None) ->
     empty = samples.size[lo:hi] <= samples.empty_size
     if samples.begin is not None:
         empty &= samples.begin[lo:hi] == 0  # a document's last piece may hold just [SEP]: it is content all the same
+    targets = samples.measures.get("targets")
+    if targets is not None:
+        # fine-tuning data: a sample (or piece) without a loss target trains nothing (an empty completion,
+        # a chat without an assistant turn, a piece of prompt only)
+        empty |= targets[lo:hi] <= 0
     return empty
 
 

@@ -120,6 +120,8 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
     if opts.oversize == "split":
         info.update(split or {"split": 0, "split_pieces": 0, "split_tokens": 0})
         info["oversize"] = info["split"]
+    elif split:  # --oversize truncate of fine-tuning data: the targets it cut (run counts them)
+        info.update(split)
     stats = microbatch_stats(comm, columns, info)
     return Microbatches(first, total_mb, packed.sample_ids, offsets, columns, stats, packed.row_sizes,
                         packed.begin, packed.end, packed.shapes)

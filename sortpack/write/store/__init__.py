@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from ...errors import SortpackError
 from ...format.data_shards import data_rows_per_shard
 from ...inputs.size_kinds import size_kind
 from ...inputs.source_file import SourceFile
@@ -26,6 +27,7 @@ from ..output import OutputDir, PlanDir
 from .exchange import exchange
 from .layout import data_layout
 from .options import (
+    LABELS_COLUMN,
     TOKENS_COLUMN,
     StoreOptions,
     TokenIds,
@@ -79,12 +81,12 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
     units, unit_rows = file_units(srcs, files)
     plan = read_plan(units, unit_rows, rank=comm.rank, size=comm.size)
     pos0 = comm.exscan(len(ids))
-    cut = None if ranges is None else (*cut_columns, *((TOKENS_COLUMN,) if tokens is not None else ()))
+    cut = None if ranges is None else (*cut_columns, *(_token_columns(tokens)))
     uses = _ask_readers(comm, ids, pos0, plan, ranges, cut)
     uses.unit = cut_unit  # what the ranges count: characters and elements, or a text's UTF-8 bytes
     layout = data_layout(comm, first_mb, mb_offsets, pos0, index_starts, mb_sizes)
     # ids analyze did not keep are counted again from their text column
-    read_columns = sorted(set(opts.columns) | ({tokens.column} if tokens is not None and cache is None else set()))
+    read_columns = sorted(set(opts.columns) | (_source_columns(tokens) if cache is None else set()))
     reader = InputRows(srcs, files, plan.units, plan.first_row, uses, read_columns, schema, tokens, cache, renames)
     received = ReceivedRows(directory, comm.rank, budget.held, schema, budget.spill_batch)
     t0 = time.perf_counter()
@@ -97,12 +99,28 @@ def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb
                        rows_per_shard=data_rows_per_shard(), num_rows=layout.num_rows, shards=shards, exchange=stats)
 
 
+def _token_columns(tokens: TokenIds | None) -> tuple[str, ...]:
+    """Return the columns ``--store-tokens`` writes: the ids, and the labels of fine-tuning texts."""
+    if tokens is None:
+        return ()
+    return (TOKENS_COLUMN, LABELS_COLUMN) if tokens.labels else (TOKENS_COLUMN,)
+
+
+def _source_columns(tokens: TokenIds | None) -> set[str]:
+    """Return the input columns the stored token ids are made from (read when analyze kept none)."""
+    if tokens is None:
+        return set()
+    return set(tokens.shape.columns()) if tokens.shape is not None else {tokens.column}
+
+
 def _stored_schema(comm: Comm, srcs: list[SourceFile], files: list[dict], columns: list[str],
                    renames: list[dict[str, str] | None] | None, tokens: TokenIds | None) -> pa.Schema:
     """Return the data shards' schema: the stored columns unified over the files, then the token ids (collective)."""
     schema = output_schema(comm, srcs, files, columns, renames) if columns else pa.schema([])
-    if tokens is not None:
-        schema = schema.append(pa.field(TOKENS_COLUMN, pa.list_(pa.int32())))
+    for name in _token_columns(tokens):
+        if name in schema.names:
+            raise SortpackError(f"--store {name} and --store-tokens both write {name!r}", collective=True)
+        schema = schema.append(pa.field(name, pa.list_(pa.int32())))
     return schema
 
 
@@ -170,10 +188,11 @@ class Store:
                 "special_tokens": self.special_tokens, "truncated_to": self.tokens.truncate or None,
                 "note": "the ids the size counted: len(input_ids) == size",
             }
+            if self.tokens.labels:
+                stored.tokens["labels"] = LABELS_COLUMN  # aligned to input_ids, -100 where no target
         if ranges is not None:
             # which stored columns hold a piece's range only (the others hold the whole sample)
-            stored.pieces = [c for c in stored.columns if c in self.cut_columns or
-                             (self.tokens is not None and c == TOKENS_COLUMN)]
+            stored.pieces = [c for c in stored.columns if c in self.cut_columns or c in _token_columns(self.tokens)]
         return stored
 
 
@@ -190,5 +209,9 @@ def prepare(comm: Comm, opts: StoreOptions, options: dict, popts: PackOptions, t
     # (characters, elements, bytes), a stored copy of that column is cut to them
     size = str(options.get("size"))
     kind = size_kind(size)
-    cut = (str(options.get("column")),) if kind is not None and kind.cuts_column and options.get("column") else ()
+    cut: tuple[str, ...] = (str(options.get("column")),) if kind is not None and kind.cuts_column \
+        and options.get("column") else ()
+    labels = (options.get("fine_tune") or {}).get("labels_column")
+    if cut and labels:  # a labels column is cut with the token ids it labels
+        cut = (*cut, str(labels))
     return Store(comm, opts, tokens, bool(options.get("special_tokens", True)), renames, cut, size)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ...stages.pack import PackOptions
 
 TOKENS_COLUMN = "input_ids"
+LABELS_COLUMN = "labels"  # fine-tuning data: the labels stored beside the ids (-100: no target)
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -61,6 +62,7 @@ class StoreOptions:
     tokens: bool = False
     memory_limit: int | None = None
     tokenizer: str | None = None
+    chat_template: str | None = None  # pack --store-tokens of chats: the template they were rendered with
     extra: dict = field(default_factory=dict)
 
     @property
@@ -102,6 +104,12 @@ class TokenIds:
     tokenizer_file: str
     special_tokens: bool
     truncate: int
+    shape: Any = None  # fine-tuning texts (inputs.finetune.FineTuneShape): labels are stored beside the ids
+
+    @property
+    def labels(self) -> bool:
+        """Return whether labels are stored beside the ids."""
+        return self.shape is not None
 
 
 def token_ids_options(opts: StoreOptions, options: dict, popts: PackOptions,
@@ -122,6 +130,12 @@ def token_ids_options(opts: StoreOptions, options: dict, popts: PackOptions,
     opts.validate()
     if not opts.tokens:
         return None
+    fine_tune = options.get("fine_tune") or {}
+    if fine_tune.get("shape") == "labels":
+        raise SortpackError(f"--store-tokens stores ids a tokenizer made; this plan's ids and labels are columns: "
+                            f"--store {options.get('column') or TOKENS_COLUMN},{fine_tune.get('labels_column')}")
+    if fine_tune.get("shape") in ("prompt_completion", "chat"):
+        return _fine_tune_ids(opts, options, popts, tokenizer_path, fine_tune)
     if options.get("size") != "tokens":
         raise SortpackError(f"--store-tokens stores the ids of --size tokens; this plan's size is "
                             f"{options.get('size')!r}")
@@ -140,3 +154,38 @@ def token_ids_options(opts: StoreOptions, options: dict, popts: PackOptions,
     tokenizer = load_tokenizer(path, "--store-tokens")
     cut = truncate_length(popts) if popts.oversize == "truncate" else 0
     return TokenIds(column, tokenizer, Path(path).name, bool(options.get("special_tokens", True)), cut)
+
+
+def _fine_tune_ids(opts: StoreOptions, options: dict, popts: PackOptions, tokenizer_path: str | None,
+                   fine_tune: dict) -> TokenIds:
+    """Return how ``--store-tokens`` gets the ids and labels of prompt/completion texts or chats."""
+    from ...inputs.finetune import FineTuneShape, load_chat_template
+    from ...inputs.specs import load_tokenizer
+    from ...stages.pack import truncate_length
+
+    path = opts.tokenizer or tokenizer_path
+    if not path:
+        raise SortpackError("--store-tokens needs --tokenizer (the tokenizer.json the sizes were counted with)")
+    recorded = options.get("tokenizer")
+    if recorded and Path(path).name != recorded:
+        raise SortpackError(f"--tokenizer {path}: the plan's sizes were counted with {recorded!r}")
+    tokenizer = load_tokenizer(path, "--store-tokens")
+    if fine_tune["shape"] == "chat":
+        # run takes the ids from analyze's cache; pack renders the chats again with the same template
+        template = None
+        if tokenizer_path is None and not opts.chat_template:  # pack: no ids kept by analyze in this job
+            raise SortpackError("--store-tokens of chats: pack needs --chat-template (the template the chats were "
+                                "rendered with) to render them again")
+        if opts.chat_template:
+            if Path(opts.chat_template).name != fine_tune.get("chat_template"):
+                raise SortpackError(f"--chat-template {opts.chat_template}: the plan's chats were rendered with "
+                                    f"{fine_tune.get('chat_template')!r}")
+            template = load_chat_template(opts.chat_template)
+        shape = FineTuneShape("chat", column=options.get("column") or "messages", tokenizer=tokenizer,
+                              template=template, train_on=tuple(fine_tune.get("train_on") or ("assistant",)))
+    else:
+        shape = FineTuneShape("prompt_completion", prompt_column=fine_tune["prompt_column"],
+                              completion_column=fine_tune["completion_column"], tokenizer=tokenizer)
+    cut = truncate_length(popts) if popts.oversize == "truncate" else 0
+    column = shape.column or shape.prompt_column
+    return TokenIds(column, tokenizer, Path(path).name, True, cut, shape)

@@ -13,7 +13,7 @@ from ...inputs.fast_tokens import token_ids
 from ...inputs.formats import read_units
 from ...inputs.renames import as_plan_names, read_names
 from ...inputs.source_file import SourceFile
-from .options import TOKENS_COLUMN, TokenIds
+from .options import LABELS_COLUMN, TOKENS_COLUMN, TokenIds
 from .token_cache import TokenCache
 
 
@@ -90,6 +90,12 @@ class InputRows:
         """Return whether every unit has been read."""
         return self.cursor >= len(self.units)
 
+    def _text_columns(self) -> list[str]:
+        """Return the text columns the token ids are made from (read as strings from CSV and JSON)."""
+        assert self.tokens is not None
+        shape = self.tokens.shape
+        return shape.text_columns() if shape is not None else [self.tokens.column]
+
     def next_table(self) -> tuple[pa.Table, np.ndarray]:
         """Return the next unit's stored columns and its rows' positions (rows not in the plan dropped)."""
         t0 = time.perf_counter()
@@ -106,7 +112,7 @@ class InputRows:
         if expected == 0:
             return self.schema.empty_table(), np.zeros(0, np.int64)
         rename = self.renames[fidx] if self.renames else None
-        text = read_names([self.tokens.column], rename) if self.tokens is not None else None
+        text = read_names(self._text_columns(), rename) if self.tokens is not None else None
         if self.read_columns:
             table = read_units(src, unit, unit + 1, read_names(self.read_columns, rename), text_columns=text)
             if rename is not None:  # a mixture source's own column, under the plan's name
@@ -118,9 +124,10 @@ class InputRows:
             raise SortpackError(f"{src.path}: read {table.num_rows} rows, the plan was analyzed from {expected} "
                                 "(the input changed since analyze)")
         cols = {}
+        made = self._token_ids(table, src.path, expected) if self.tokens is not None else {}
         for f in self.schema:
-            if f.name == TOKENS_COLUMN and self.tokens is not None:
-                cols[f.name] = self._token_ids(table, src.path, expected)
+            if f.name in made:
+                cols[f.name] = made[f.name]
             else:
                 col = table.column(f.name)
                 try:
@@ -140,19 +147,27 @@ class InputRows:
             out = _cut_pieces(out, self.uses.cut, self.uses.begin[a:b], self.uses.end[a:b], self.uses.unit)
         return out, pos
 
-    def _token_ids(self, table: pa.Table, where: str, expected: int) -> pa.Array | pa.ChunkedArray:
-        """Return the stored token ids of the unit being read (from the cache, else tokenized), truncated."""
+    def _token_ids(self, table: pa.Table, where: str, expected: int) -> dict[str, pa.Array | pa.ChunkedArray]:
+        """Return the stored token ids (and labels, of fine-tuning texts) of the unit being read: from the cache,
+        else tokenized; truncated."""
         from ...inputs.specs import _column
 
         assert self.tokens is not None
+        names = (TOKENS_COLUMN, LABELS_COLUMN) if self.tokens.labels else (TOKENS_COLUMN,)
         if self.cache is not None:  # the ids analyze computed while counting
             first = self.first_row + self.row
-            ids = self.cache.rows_of(first, first + expected)
+            got = {name: self.cache.rows_of(first, first + expected, name) for name in names}
+        elif self.tokens.shape is not None:
+            if self.tokens.shape.kind == "chat" and self.tokens.shape.template is None:
+                raise SortpackError("--store-tokens of chats: pack needs --chat-template (the template the chats "
+                                    "were rendered with)")
+            encoded = self.tokens.shape.encode(table, where)
+            got = {TOKENS_COLUMN: encoded.ids, LABELS_COLUMN: encoded.labels}
         else:
-            ids, _ = token_ids(self.tokens.tokenizer, _column(table, self.tokens.column, where),
-                               self.tokens.special_tokens)
+            got = {TOKENS_COLUMN: token_ids(self.tokens.tokenizer, _column(table, self.tokens.column, where),
+                                            self.tokens.special_tokens)[0]}
         if self.tokens.truncate:
             import pyarrow.compute as pc
 
-            ids = pc.list_slice(ids, 0, self.tokens.truncate)
-        return ids
+            got = {name: pc.list_slice(ids, 0, self.tokens.truncate) for name, ids in got.items()}
+        return got

@@ -10,9 +10,10 @@ import pyarrow as pa
 
 from ...errors import SortpackError, one_line
 from ...inputs.fast_tokens import token_ids
+from ...inputs.finetune import Encoded
 from ...parallel import Comm
 from ..output import OutputDir
-from .options import TOKENS_COLUMN
+from .options import LABELS_COLUMN, TOKENS_COLUMN
 
 
 @dataclass(frozen=True)
@@ -54,15 +55,22 @@ class TokenCache:
         if not is_text(col.type):
             return evaluate(parse_spec("tokens", column, "--size"), table, where, tokenizer)  # raises
         ids, counts = token_ids(tokenizer, col, self.special_tokens)
+        self._write(pa.record_batch([ids], names=[TOKENS_COLUMN]))
+        return counts
+
+    def keep_encoded(self, encoded: Encoded) -> None:
+        """Keep the ids and labels of a read of fine-tuning data (prompt/completion texts or chats)."""
+        self._write(pa.record_batch([encoded.ids, encoded.labels], names=[TOKENS_COLUMN, LABELS_COLUMN]))
+
+    def _write(self, batch: pa.RecordBatch) -> None:
         try:
             if self._writer is None:
                 self._sink = pa.OSFile(str(self.path), "wb")
-                self._writer = pa.ipc.new_file(self._sink, pa.schema([(TOKENS_COLUMN, ids.type)]))
-            self._writer.write_batch(pa.record_batch([ids], names=[TOKENS_COLUMN]))
+                self._writer = pa.ipc.new_file(self._sink, batch.schema)
+            self._writer.write_batch(batch)
         except (OSError, pa.ArrowException) as exc:
             raise SortpackError(f"{self.path}: cannot write the token cache ({one_line(exc)})") from None
-        self.rows += len(ids)
-        return counts
+        self.rows += batch.num_rows
 
     def set_runs(self, runs: list[tuple[int, int]]) -> None:
         """Say which global rows this rank's ids are, as (first row, rows) runs in the order written.
@@ -89,8 +97,9 @@ class TokenCache:
         self.parts = [p for part in self.comm.allgather_obj(mine) for p in part]
         self._tables = {}
 
-    def rows_of(self, start: int, stop: int) -> pa.Array | pa.ChunkedArray:
-        """Return the ids of global rows ``[start, stop)`` as list<int32> (chunked as the cache holds them)."""
+    def rows_of(self, start: int, stop: int, column: str = TOKENS_COLUMN) -> pa.Array | pa.ChunkedArray:
+        """Return ``column`` (the ids, or the labels) of global rows ``[start, stop)`` as list<int32>, chunked as
+        the cache holds them."""
         pieces = []
         for part in self.parts:
             a, b = max(start, part.first), min(stop, part.first + part.rows)
@@ -99,7 +108,7 @@ class TokenCache:
             table = self._tables.get(part.path)
             if table is None:
                 table = self._tables[part.path] = pa.ipc.open_file(pa.memory_map(part.path, "r")).read_all()
-            pieces.append(table.column(0).slice(part.offset + a - part.first, b - a))
+            pieces.append(table.column(column).slice(part.offset + a - part.first, b - a))
         if not pieces:
             return pa.array([], pa.list_(pa.int32()))
         # not combined: a unit's ids may hold more values than 32-bit offsets address
