@@ -125,7 +125,7 @@ def bench(ctx) -> list[Row]:
         section.rows.append([name, "" if r["fill"] is None else f"{100 * r['fill']:.3f}%",
                              *(f"{r[w][0]:.3f} / {r[w][1]:.4f}" for w in WORLDS), secs(r["wall"])])
     bal, base = results["sortpack --rows --balance compute"], results["sortpack --rows (default)"]
-    # the target is the issue's, on 1M samples: a small run's cost distribution is too sparse to judge it
+    # the target is stated on 1M samples: a small run's cost distribution is too sparse to judge it
     target = "≤ 1.01" if ctx.scale_name == "full" else ""
     for w in WORLDS:
         rows.append(Row("balance", f"--rows {ROW} --balance compute, W={w}: weighted compute imbalance", 1,

@@ -15,7 +15,7 @@ Launched alternately in each round, each keeping its fastest:
 
 The figure is the analyze stage's time (``provenance.profile``: read + tokenize), its ratio the
 baseline's time over it (throughput); the whole command is beside it. The token counts must equal
-the baseline's and both P=2 runs' ``content_hash`` must be equal. Goal (issue 38): P=2 at least
+the baseline's and both P=2 runs' ``content_hash`` must be equal. Goal: P=2 at least
 4x the baseline. Skipped (a row says why) where ``tokenizers`` or ``tiktoken`` is missing. Every
 figure carries the 1-minute load average of its run.
 """

@@ -19,7 +19,7 @@ micro-batches in the sampler's ``shuffle`` order, seed 1; checked: the first bat
 (c) the documented loop: ``PlanLoader(SourceDataset(plan), sampler, pad_collate(key="input_ids"))``;
 (d) for reference, sortpack through ``DataLoader(num_workers=2)``.
 
-Goal (issue 20): (c) at least 2x (a) and at least 50% of (b). Rounds interleave the methods
+Goal: (c) at least 2x (a) and at least 50% of (b). Rounds interleave the methods
 so all see the same background load; each figure is the median over rounds.
 """
 from __future__ import annotations

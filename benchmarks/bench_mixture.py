@@ -1,4 +1,4 @@
-"""Mixture planning vs planning the union of its inputs as one dataset (issue 18: at most 1.3x).
+"""Mixture planning vs planning the union of its inputs as one dataset (goal: at most 1.3x).
 
 Three sources of ``--size column:n`` sizes (web 60%, code 25%, books 15% of the samples, each
 its own size range), 20M samples at ``--scale full``. Per rank count, ``sortpack run --mixture``

@@ -1,4 +1,4 @@
-"""Object-store inputs (issue 26): what reading from a local S3 server costs against local files.
+"""Object-store inputs: what reading from a local S3 server costs against local files.
 
     PYTHONPATH=$PWD python -m benchmarks.bench_objects --scale small   # 200k rows, about a minute
     PYTHONPATH=$PWD python -m benchmarks.bench_objects --scale full    # 2M rows

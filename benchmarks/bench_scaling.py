@@ -1,4 +1,4 @@
-"""Do ranks pay for themselves (issue 29)? P=1 against P=2 on one node, side by side in one run.
+"""Do ranks pay for themselves? P=1 against P=2 on one node, side by side in one run.
 
 Two tables and their P2/P1 ratios:
 
@@ -32,7 +32,7 @@ The checkout's modules are compiled to bytecode first (``compileall``), as an in
 package's are: where ``PYTHONDONTWRITEBYTECODE`` is set, a checkout run from source would
 otherwise compile about 90 modules in every rank of every command (about 0.1 s of CPU).
 
-    PYTHONPATH=$PWD python -m benchmarks.bench_scaling --scale full      # the issue's tables
+    PYTHONPATH=$PWD python -m benchmarks.bench_scaling --scale full      # the full-size tables
     PYTHONPATH=$PWD python -m benchmarks --only scaling --scale small    # in the suite (CI)
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stored data at scale (issue 21): the --store job's memory and time, reads out of plan order, cold starts.
+"""Stored data at scale: the --store job's memory and time, reads out of plan order, cold starts.
 
     python benchmarks/bench_stored.py --scale small    # 100k rows, about a minute (CI runs it)
     python benchmarks/bench_stored.py --scale full     # 20M rows of text (~8 GB), tens of minutes

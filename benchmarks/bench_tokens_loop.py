@@ -1,4 +1,4 @@
-"""The stored-token loop's fixed cost per micro-batch, against a bare numpy slice-and-pad loop (issue 24).
+"""The stored-token loop's fixed cost per micro-batch, against a bare numpy slice-and-pad loop.
 
     PYTHONPATH=$PWD python benchmarks/bench_tokens_loop.py --scale small        # the suite's `tokens_loop`
     PYTHONPATH=$PWD python benchmarks/bench_tokens_loop.py --scale full --code /work/main --code .
@@ -34,7 +34,7 @@ ratio to the numpy loop (its speed over the numpy loop's) measured in the same p
 Then, beside a simulated 1 ms training step that lets go of the GIL (a sleep, as a CUDA wait),
 the µs per micro-batch the loop waits for its batch: inline (all of fetch + collate) and
 with ``PlanLoader`` (what its thread did not prepare during the step).
-Goal (issues 24, 38): PlanLoader at >= 0.1x the numpy loop on ``long``, >= 0.5x on ``short``, by
+Goal: PlanLoader at >= 0.1x the numpy loop on ``long``, >= 0.5x on ``short``, by
 wall time (what a training loop waits; CPU time beside it), quiet and under load, and <= 100 µs
 of fixed cost per micro-batch. The numpy loop repeats its epoch until it runs as long as
 PlanLoader's (its time is per epoch): one epoch of it takes about a millisecond, which fits between

@@ -9,7 +9,7 @@ of ``--repeat`` interleaved runs:
   (``all_sample_ids()``: every shard mapped, as in an epoch), for an index of ``--samples``
   samples, at "structure", "index" and "full";
 - a ``sort`` of a metrics directory of ``--rows`` rows (in process, one rank): the read
-  stage with the shard hashes (``integrity.check_shards``) and the hashes alone;
+  stage with the shard hashes (``shards.check_shards``) and the hashes alone;
 - the sha256 of a JSONL file against ``pyarrow.json.read_json`` of it (analyze's parse).
 """
 from __future__ import annotations
@@ -73,9 +73,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     index, metrics, text = _inputs(args.samples, args.rows)
 
-    from sortpack.format.integrity import check_shards
     from sortpack.format.manifest import read_manifest
-    from sortpack.format.shards import read_rows
+    from sortpack.format.shards import check_shards, read_rows
     from sortpack.reader import PackedIndex
 
     def open_and_read(level):

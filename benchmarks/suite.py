@@ -29,7 +29,7 @@ from .report import ROW_HEADER, Row, Section, machine, plain, render_markdown, r
 from .runner import ROOT, BenchError, sortpack_cli, timed_worker, worker
 
 MAX_TOKENS = 500_000  # the pack figure's budget; also used by the end-to-end run
-TARGET_P = 2  # the ranks the issue's targets are stated for
+TARGET_P = 2  # the ranks the targets are stated for
 
 
 @dataclass(frozen=True)
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the suite; print the table; write the results file. Exit 1 if a benchmark failed."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     ap.add_argument("--scale", choices=sorted(SCALES), default="small",
-                    help="small: CI smoke test (< ~60 s); full: the issue's sizes (minutes)")
+                    help="small: CI smoke test (< ~60 s); full: the target sizes (minutes)")
     ap.add_argument("--ranks", type=_parse_ranks, default=[1, 2],
                     help="comma-separated rank counts to sweep (default 1,2)")
     ap.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")

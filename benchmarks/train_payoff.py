@@ -1,6 +1,6 @@
 """The training payoff: real tokens/s of one model on one sample set under five batchings.
 
-    PYTHONPATH=$PWD python -m benchmarks.train_payoff --scale full     # a CUDA GPU (the issue's sizes)
+    PYTHONPATH=$PWD python -m benchmarks.train_payoff --scale full     # a CUDA GPU (the full sizes)
     PYTHONPATH=$PWD python -m benchmarks.train_payoff --scale small    # CPU toy: runs in seconds, no thresholds
 
 One GPT-style model (fresh weights per method, same seed) and one set of samples with

@@ -96,7 +96,7 @@ def index_shard_layout(comm: Comm, num_samples: np.ndarray, first: int, total: i
                               comm.allreduce(int(n.sum()), "sum"), size=comm.size)
 
 
-# --- the write side's deals (housewrite, issue 25): files checked in turn, input units read in
+# --- the write side's deals: files checked in turn, input units read in
 # --- blocks, rows found by their block, index shards cut by samples and dealt by bytes
 
 def round_robin(n: int, *, rank: int, size: int) -> list[int]:
@@ -157,7 +157,7 @@ def index_shard_owners(cut_mb: np.ndarray, cut_samples: np.ndarray, total: int, 
     return starts, starts[np.minimum(blocks, len(starts) - 1)]
 
 
-# --- the input side's deals (issue 25): analyze's files and row runs, the digests, row packing's windows ---
+# --- the input side's deals: analyze's files and row runs, the digests, row packing's windows ---
 
 
 def even_range(n: int, *, rank: int, size: int) -> tuple[int, int]:

@@ -111,7 +111,7 @@ def greedy_oracle(sizes, max_tokens, max_samples=0, batch_multiple=1) -> list[li
 
 
 def lognormal(n, seed=0, maximum=4096):
-    """Return n log-normal sizes (median 300, sigma 1, clipped to [1, maximum]): the issues' test set."""
+    """Return n log-normal sizes (median 300, sigma 1, clipped to [1, maximum]): the benchmarks' test set."""
     rng = np.random.default_rng(seed)
     return np.clip(np.ceil(rng.lognormal(np.log(300), 1.0, n)), 1, maximum).astype(np.int64)
 

@@ -4,6 +4,13 @@ from __future__ import annotations
 import click
 
 from ..errors import SortpackError
+from ..inputs.formats import format_names
+from ..inputs.size_kinds import SIZE_KINDS, split_kinds
+
+
+def _listed(names: tuple[str, ...] | list[str], last: str = "or") -> str:
+    """Return ``a, b or c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
 def _apply(opts: list, f):
@@ -30,7 +37,7 @@ def analyze_options(f):
     opts = [
         click.option("--column", help="Column holding the samples (text, list or binary)."),
         click.option("--size", "size_spec", default="length", show_default=True,
-                     help="Size SPEC (the budget unit): length, bytes, words, tokens, column:NAME[*SCALE], "
+                     help=f"Size SPEC (the budget unit): {', '.join(SIZE_KINDS)}, column:NAME[*SCALE], "
                           "python:MODULE:FUNC."),
         click.option("--difficulty", "difficulty_spec", default=None,
                      help="Difficulty SPEC (curriculum key); defaults to the size."),
@@ -58,7 +65,7 @@ def analyze_options(f):
                           "template (a tokenizer_config.json or a Jinja file) and tokenize with --tokenizer."),
         click.option("--train-on", default=None, metavar="ROLE[,ROLE...]",
                      help="With --chat-template: the roles whose turns are targets (default assistant)."),
-        click.option("--input-format", type=click.Choice(["auto", "parquet", "arrow", "jsonl", "csv"]),
+        click.option("--input-format", type=click.Choice(["auto", *format_names()]),
                      default="auto", show_default=True, help="Input format (auto: by file extension)."),
     ]
     return _apply(opts, f)
@@ -104,7 +111,7 @@ def pack_options(required: bool):
             click.option("--oversize", type=click.Choice(["error", "skip", "truncate", "split"]), default="error",
                          show_default=True, help="What to do with samples larger than the budget (split: cut "
                                                  "them into consecutive pieces that fit, no token lost; "
-                                                 "--size tokens, length or bytes)."),
+                                                 f"--size {_listed(split_kinds())})."),
             click.option("--keep-empty", is_flag=True,
                          help="Keep samples without content (size 0, or only the special tokens under "
                               "--size tokens; default: drop them, with a count)."),

@@ -33,7 +33,7 @@ def write_data_shard(path, table) -> int:
 
     Single-chunk columns are written as they are (no concatenating copy), so the bytes
     equal ``format.shards.write_shard``'s for the same rows. The caller hashes the file
-    (``format.shards.file_sha256``), off the writing thread.
+    (``format.integrity.file_sha256``), off the writing thread.
     """
     import pyarrow as pa
 
@@ -83,18 +83,3 @@ def describe_data(data: dict) -> dict:
     if data.get("tokens"):
         out["tokens"] = data["tokens"]["column"]
     return out
-
-
-def verify_data(directory, manifest: dict) -> list[str]:
-    """Return the problems of an index's data shards (sha256, bytes, rows, tiling); empty when fine."""
-    from .shards import open_shard, verify_shard_files
-
-    data = manifest.get("data")
-    if not data:
-        return []
-    problems, rows = verify_shard_files(
-        directory, data["shards"], lambda entry: open_shard(directory, entry, data.get("schema"), data["columns"]))
-    if rows != data["num_rows"] or data["num_rows"] != manifest["num_samples"]:
-        problems.append(f"data shards hold {rows} rows, manifest says {data['num_rows']} "
-                        f"for {manifest['num_samples']} samples")
-    return problems

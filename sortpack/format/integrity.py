@@ -10,7 +10,9 @@ Three levels (docs/guarantees.md gives what each costs):
   so a corrupt file is an error naming the file, never a crash in a later read
   (``check_structure``); an index shard's sample ids are in range and agree with its
   ``num_samples`` and row splits (``check_index_shard``);
-- bytes: the file's sha256 against the manifest (``check_sha256``): the stages do it for
+- bytes: the file's size against the manifest (``shard_size_error``, the one size check:
+  a stat, done whenever a shard is opened, listed or verified, and before any hash, so a
+  wrong file is never hashed), then its sha256 (``check_sha256``): the stages do it for
   the directory they read, the reader for every index shard it maps (4 or 8 bytes per
   sample) and, with ``verify="full"``, for the data shards too.
 
@@ -18,6 +20,7 @@ No MPI here: the train-time reader uses it.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -53,13 +56,38 @@ def member_path(directory: str | os.PathLike, name: str) -> Path:
     return path
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """Return the hex sha256 of a file, read in 4 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shard_size_error(path: Path, entry: dict) -> str | None:
+    """Return the one-line message when a shard file is missing or not the manifest's size (None: it is)."""
+    try:
+        size = path.stat().st_size if path.is_file() else None
+    except OSError:
+        size = None
+    if size is None:
+        return f"{path}: shard listed in the manifest is missing"
+    if size != int(entry["bytes"]):
+        return f"{path}: {size} bytes, the manifest says {entry['bytes']} bytes"
+    return None
+
+
+def check_shard_size(path: Path, entry: dict) -> None:
+    """Raise when a shard file is missing or not the size its manifest entry says (a stat, no read)."""
+    message = shard_size_error(path, entry)
+    if message is not None:
+        raise SortpackError(message)
+
+
 def check_sha256(path: Path, entry: dict) -> None:
     """Raise when the file's size or sha256 differ from its manifest entry (the size first: no hash of a wrong file)."""
-    from .shards import file_sha256
-
-    size = path.stat().st_size
-    if size != int(entry["bytes"]):
-        raise SortpackError(f"{path}: {size} bytes, the manifest says {entry['bytes']}")
+    check_shard_size(path, entry)
     if file_sha256(path) != entry["sha256"]:
         raise SortpackError(f"{path}: sha256 differs from the manifest (the file is corrupt or was modified)")
 
@@ -185,25 +213,3 @@ def check_index_shard(path: Path, batch: pa.RecordBatch, entry: dict, source_row
             ok = bool((first == 0).all() and np.array_equal(last, counts) and (step[inner] >= 0).all())
         if not ok:
             raise SortpackError(f"{path}: row splits disagree with the micro-batches' sample ids (corrupt shard)")
-
-
-def check_shards(directory: str | os.PathLike, manifest: dict, start: int, stop: int) -> None:
-    """Raise unless every shard holding a row of ``[start, stop)`` has its manifest's size and sha256.
-
-    What a stage calls on the part of its input directory that this rank reads, before it
-    writes anything; with the manifest's own ``content_hash``, so an edited manifest is
-    refused too.
-    """
-    from .manifest import content_hash
-
-    if content_hash(manifest) != manifest.get("content_hash"):
-        raise SortpackError(f"{Path(directory) / MANIFEST}: content_hash does not match the manifest "
-                            f"(edited or corrupt)")
-    for entry in manifest["shards"]:
-        first, rows = int(entry["first"]), int(entry["rows"])
-        if first + rows <= start or first >= stop:
-            continue
-        path = member_path(directory, entry["file"])
-        if not path.is_file():
-            raise SortpackError(f"{path}: shard listed in the manifest is missing")
-        check_sha256(path, entry)

@@ -1,24 +1,24 @@
 """Shard files as read: one shard memory-mapped and checked, global row ranges, whole-directory verification."""
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import pyarrow as pa
 
 from ..errors import SortpackError, one_line
-from .integrity import check_index_shard, check_structure, member_path
-from .manifest import read_manifest
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """Return the hex sha256 of a file, read in 4 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+from .integrity import (
+    MANIFEST,
+    check_index_shard,
+    check_sha256,
+    check_shard_size,
+    check_structure,
+    file_sha256,
+    member_path,
+    shard_size_error,
+)
+from .manifest import content_hash, read_manifest
+from .schemas import schema_for
 
 
 def open_shard(directory: str | os.PathLike, entry: dict, schema: dict | None = None,
@@ -29,12 +29,7 @@ def open_shard(directory: str | os.PathLike, entry: dict, schema: dict | None = 
     see ``integrity.check_structure`` for what is checked (O(rows), offsets only).
     """
     path = member_path(directory, entry["file"])
-    try:
-        size = path.stat().st_size
-    except OSError:
-        raise SortpackError(f"{path}: shard listed in the manifest is missing") from None
-    if size != entry["bytes"]:
-        raise SortpackError(f"{path}: {size} bytes, the manifest says {entry['bytes']}")
+    check_shard_size(path, entry)
     try:
         reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
         if reader.num_record_batches == 1:
@@ -94,16 +89,11 @@ def _check_rows(directory, manifest: dict, entry: dict, batch: pa.RecordBatch) -
 def _schema_of(directory, manifest) -> pa.Schema:
     if manifest["shards"]:
         return open_shard(directory, manifest["shards"][0]).schema
-    from .schemas import schema_for
-
     return schema_for(manifest)
 
 
 def verify_directory(directory: str | os.PathLike) -> list[str]:
     """Return a list of problems found by re-hashing every shard (empty when all is well)."""
-    from .data_shards import verify_data
-    from .manifest import content_hash
-
     manifest = read_manifest(directory)
 
     def open_checked(entry: dict) -> None:
@@ -172,9 +162,9 @@ def verify_shard_files(directory: str | os.PathLike, entries: list[dict], open_c
         if entry["first"] != expected:
             problems.append(f"{entry['file']}: starts at row {entry['first']}, expected {expected}")
         expected = entry["first"] + entry["rows"]
-        size = path.stat().st_size
-        if size != entry["bytes"]:
-            problems.append(f"{entry['file']}: {size} bytes, manifest says {entry['bytes']}")
+        wrong_size = shard_size_error(path, entry)
+        if wrong_size is not None:
+            problems.append(f"{entry['file']}: {wrong_size.removeprefix(str(path) + ': ')}")
             continue
         if file_sha256(path) != entry["sha256"]:
             problems.append(f"{entry['file']}: sha256 mismatch")
@@ -185,3 +175,33 @@ def verify_shard_files(directory: str | os.PathLike, entries: list[dict], open_c
         except Exception as exc:  # noqa: BLE001 - report any unreadable shard as a problem
             problems.append(f"{entry['file']}: unreadable ({exc})")
     return problems, expected
+
+
+def check_shards(directory: str | os.PathLike, manifest: dict, start: int, stop: int) -> None:
+    """Raise unless every shard holding a row of ``[start, stop)`` has its manifest's size and sha256.
+
+    What a stage calls on the part of its input directory that this rank reads, before it
+    writes anything; with the manifest's own ``content_hash``, so an edited manifest is
+    refused too.
+    """
+    if content_hash(manifest) != manifest.get("content_hash"):
+        raise SortpackError(f"{Path(directory) / MANIFEST}: content_hash does not match the manifest "
+                            f"(edited or corrupt)")
+    for entry in manifest["shards"]:
+        first, rows = int(entry["first"]), int(entry["rows"])
+        if first + rows <= start or first >= stop:
+            continue
+        check_sha256(member_path(directory, entry["file"]), entry)
+
+
+def verify_data(directory, manifest: dict) -> list[str]:
+    """Return the problems of an index's data shards (sha256, bytes, rows, tiling); empty when fine."""
+    data = manifest.get("data")
+    if not data:
+        return []
+    problems, rows = verify_shard_files(
+        directory, data["shards"], lambda entry: open_shard(directory, entry, data.get("schema"), data["columns"]))
+    if rows != data["num_rows"] or data["num_rows"] != manifest["num_samples"]:
+        problems.append(f"data shards hold {rows} rows, manifest says {data['num_rows']} "
+                        f"for {manifest['num_samples']} samples")
+    return problems

@@ -14,16 +14,14 @@ from ..partition import even_range
 from . import objects
 from .discover import expand_inputs
 from .formats import file_columns, open_source
+from .size_kinds import reads_text as measured_on_text
 
 if TYPE_CHECKING:
     from ..parallel import Comm
 
-TEXT_KINDS = ("length", "bytes", "words", "tokens")  # the SPECs that read the text column
-
-
 def reads_text(size: str, difficulty: str | None, store_tokens: bool = False) -> bool:
     """Return whether a run reads its text column (a text SPEC, or ``--store-tokens``)."""
-    return size in TEXT_KINDS or (difficulty or size) in TEXT_KINDS or store_tokens
+    return measured_on_text(size, difficulty or size) or store_tokens
 
 
 def resolve_column(names: list[str]) -> str | None:

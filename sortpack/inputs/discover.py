@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from ..errors import SortpackError, one_line
 from . import objects
-from .formats import INPUT_FORMATS, format_of
+from .formats import format_names, format_of
 
 
 class InputPath(NamedTuple):
@@ -32,7 +32,7 @@ def expand_inputs(inputs: list[str], input_format: str = "auto", split: str | No
     order, the same rules as a directory) or a glob (``*``, ``?`` within a name, ``**``
     across names); they are kept as given (``inputs.objects``).
     """
-    if input_format not in ("auto",) + INPUT_FORMATS:
+    if input_format not in ("auto", *format_names()):
         raise SortpackError(f"--input-format: unknown format {input_format!r}")
     if not inputs:
         raise SortpackError("no input files given")

@@ -441,3 +441,35 @@ def load_spec(path: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return spec if isinstance(spec, dict) else None
+
+
+def token_ids(tokenizer, col: Any, special_tokens: bool = True, keep: bool = True
+              ) -> tuple[Any, np.ndarray]:
+    """Return the token ids (list<int32>) of a text column and their counts, from one encode per text.
+
+    The ids are exactly what ``tokens`` counts (the same encode, with or without the special
+    tokens as ``--special-tokens`` says), so ``len(ids) == size``. ``keep=False``: the counts
+    only (the list is empty). Texts go to the encoder 4096 at a time; ids stay in numpy arrays.
+    """
+    import pyarrow as pa
+
+    from ..arrow_types import plain_column
+
+    encode = getattr(tokenizer, "encode_texts", None)
+    if encode is None:  # a bare tokenizers.Tokenizer
+        def encode(texts, special):
+            return hf_ids(tokenizer, texts, special)
+    counts, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)]
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    for chunk in chunks:
+        chunk = plain_column(chunk)
+        for a in range(0, len(chunk), 4096):
+            ids, n = encode(chunk.slice(a, 4096).to_pylist(), special_tokens)
+            counts.append(n)
+            if keep:
+                values.append(ids)
+    sizes = np.concatenate(counts)
+    if not keep:
+        return pa.array([], pa.list_(pa.int32())), sizes
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(values), pa.int32())), sizes

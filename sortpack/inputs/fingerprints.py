@@ -1,7 +1,8 @@
 """What a plan records of each input file so that a later stage can tell the file changed.
 
 Each entry of a manifest's ``source.files`` holds the format, rows and bytes, and a
-content digest: ``sha256`` of what ``sha256_of`` names:
+content digest: ``sha256`` of what ``sha256_of`` names (the format's ``InputFormat.digest``
+and ``footer_magic`` say which):
 
 - ``file`` (JSONL, CSV): the whole file. Analyze parses every byte of a text file anyway;
   hashing it too costs a fraction of that parse (docs/guarantees.md has the figures), and
@@ -38,6 +39,7 @@ from ..errors import SortpackError, one_line
 from ..parallel import Comm
 from ..partition import owned
 from . import objects
+from .formats import reader_for
 
 ENDS = 1 << 16  # bytes hashed at each end of a file without a footer
 _CHUNK = 1 << 22
@@ -46,13 +48,14 @@ _CHUNK = 1 << 22
 def content_digest(path: str, fmt: str, size: int) -> dict:
     """Return ``{"sha256": hex, "sha256_of": "file" | "footer" | "ends"}`` of one input file."""
     digest = hashlib.sha256()
+    reader = reader_for(fmt)
     # a local file through Python's buffered reads; an object through ranged GETs
     with (objects.open_input(path) if objects.is_url(path) else open(path, "rb")) as fh:
-        if fmt in ("jsonl", "csv"):
+        if reader.digest == "file":
             for chunk in iter(lambda: fh.read(_CHUNK), b""):
                 digest.update(chunk)
             return {"sha256": digest.hexdigest(), "sha256_of": "file"}
-        footer = _footer_length(fh, fmt, size)
+        footer = reader.footer_length(fh, size)
         if footer is not None:
             fh.seek(size - footer)
             digest.update(fh.read(footer))
@@ -63,21 +66,6 @@ def content_digest(path: str, fmt: str, size: int) -> dict:
             fh.seek(max(ENDS, size - ENDS))
             digest.update(fh.read())
         return {"sha256": digest.hexdigest(), "sha256_of": "ends"}
-
-
-def _footer_length(fh, fmt: str, size: int) -> int | None:
-    """Return the bytes at the end of the file that hold its footer (with its length and magic), or None."""
-    magic, tail = {"parquet": (b"PAR1", 8), "arrow": (b"ARROW1", 10)}.get(fmt, (None, 0))
-    if magic is None or size < tail:
-        return None
-    fh.seek(size - tail)
-    end = fh.read(tail)
-    if not end.endswith(magic):
-        return None  # an Arrow stream, or a file this reader would refuse anyway
-    length = int.from_bytes(end[:4], "little", signed=True)
-    if length <= 0 or length + tail > size:
-        return None
-    return length + tail
 
 
 def record(comm: Comm, paths: list[str], formats: list[str], sizes: list[int], owners: np.ndarray) -> list[dict]:

@@ -1,4 +1,10 @@
-"""One reader per input format (Parquet, Arrow IPC file or stream, JSONL, CSV), chosen by name.
+"""The input formats (Parquet, Arrow IPC file or stream, JSONL, CSV): one ``InputFormat`` class each, one registry.
+
+A format is one class: its name and extensions, how a file is opened, listed and read, its
+schema (``--store``), what its fingerprint hashes (``fingerprints.content_digest``) and how a
+row is named in a message. ``READERS`` is the registry every other module asks (the CLI's
+``--input-format`` choices, discovery by extension, the store, the fingerprints): adding a
+format is adding its class to ``READERS``.
 
 A file splits into units of rows: Parquet row groups, Arrow file record batches, or the
 whole file where the format does not say its rows without parsing (Arrow streams, JSONL,
@@ -12,19 +18,35 @@ or a record batch fetches only its byte ranges; JSONL and CSV objects are read w
 """
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.csv as pcsv
-import pyarrow.json as pjson
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SortpackError, one_line
-from . import objects
 from .source_file import SourceFile
-from .validate import check_table, first_non_utf8_line
+
+
+class _OnUse:
+    """A module imported on its first attribute use: the CLI reads the format names without loading pyarrow."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.json as pjson
+    import pyarrow.parquet as pq
+
+    from . import objects, validate
+else:  # --help lists the formats: pyarrow loads when a file is opened, not when the names are read
+    pa, pcsv, pjson, pq = (_OnUse(m) for m in ("pyarrow", "pyarrow.csv", "pyarrow.json", "pyarrow.parquet"))
+    objects, validate = _OnUse(f"{__package__}.objects"), _OnUse(f"{__package__}.validate")
 
 HEAD_BYTES = 1 << 16  # bytes of a jsonl/csv file read to estimate its rows
 JSON_BLOCK = 1 << 20  # pyarrow's default block size; a longer line needs a larger block
@@ -32,10 +54,14 @@ PARTIAL_BATCH_ROWS = 1 << 16  # rows decoded at once when a rank reads part of a
 
 
 class InputFormat:
-    """How files of one format are opened, listed and read (subclasses fill in the format)."""
+    """How files of one format are opened, listed, read, fingerprinted and named in messages (one class per format)."""
 
     name = ""
     extensions: tuple[str, ...] = ()
+    # the fingerprint's digest (fingerprints.content_digest): "file" hashes every byte (a text
+    # format, parsed whole anyway); "footer" the footer that ends with ``footer_magic``
+    digest = "footer"
+    footer_magic = b""
 
     def open(self, path: str, size: int) -> SourceFile:
         """Return the SourceFile of ``path`` (``size`` bytes), reading only metadata."""
@@ -58,6 +84,28 @@ class InputFormat:
     def read_error(self, src: SourceFile, exc: Exception) -> str:
         """Return the one-line message for a read of ``src`` that raised ``exc``."""
         return _cannot_read(src, exc)
+
+    def schema(self, src: SourceFile, rows: int) -> pa.Schema | None:
+        """Return the file's Arrow schema (``rows``: its recorded rows; None when the file holds no typed column)."""
+        return read_units(src, 0, 1, None).schema
+
+    def row_position(self, src: SourceFile, row: int) -> str:
+        """Return how a message names row ``row`` of the file (a text format: its line)."""
+        return f"row {row}"
+
+    def footer_length(self, fh: Any, size: int) -> int | None:
+        """Return the bytes at the end of the file that hold its footer (with its length and magic), or None."""
+        tail = 4 + len(self.footer_magic)  # int32 footer length, then the magic
+        if not self.footer_magic or size < tail:
+            return None
+        fh.seek(size - tail)
+        end = fh.read(tail)
+        if not end.endswith(self.footer_magic):
+            return None  # an Arrow stream, or a file this reader would refuse anyway
+        length = int.from_bytes(end[:4], "little", signed=True)
+        if length <= 0 or length + tail > size:
+            return None
+        return length + tail
 
 
 def _input(path: str) -> Any:
@@ -87,7 +135,7 @@ def _check_columns(src: SourceFile, names: list[str], columns: list[str]) -> Non
 def _checked(table: pa.Table, src: SourceFile, first_unit: int) -> pa.Table:
     """Return ``table`` (units from ``first_unit`` on) after ``check_table``."""
     row0 = sum(src.unit_rows[:first_unit]) if src.unit_rows is not None else 0
-    check_table(table, src, row0)
+    validate.check_table(table, src, row0, reader_for(src.format).row_position)
     return table
 
 
@@ -96,6 +144,11 @@ class ParquetFormat(InputFormat):
 
     name = "parquet"
     extensions = (".parquet", ".pq")
+    footer_magic = b"PAR1"
+
+    def schema(self, src: SourceFile, rows: int) -> pa.Schema:
+        """Return the schema from the file's footer."""
+        return pq.read_schema(objects.open_input(src.path))
 
     def open(self, path: str, size: int) -> SourceFile:
         """Return the SourceFile with the rows and uncompressed bytes of every row group."""
@@ -141,7 +194,7 @@ class ParquetFormat(InputFormat):
         if not parts:
             return pf.schema_arrow.empty_table() if columns is None else pf.schema_arrow.empty_table().select(columns)
         table = pa.Table.from_batches(parts)
-        check_table(table, src, sum(src.unit_rows[:unit]) + lo)
+        validate.check_table(table, src, sum(src.unit_rows[:unit]) + lo, self.row_position)
         return table
 
 
@@ -214,6 +267,11 @@ class ArrowFormat(InputFormat):
 
     name = "arrow"
     extensions = (".arrow", ".feather", ".ipc")
+    footer_magic = b"ARROW1"  # a file's; a stream has no footer (its digest hashes its ends)
+
+    def schema(self, src: SourceFile, rows: int) -> pa.Schema:
+        """Return the schema from the file's (or stream's) header."""
+        return open_arrow_reader(src.path).schema
 
     def open(self, path: str, size: int) -> SourceFile:
         """Return the SourceFile with every batch's rows and bytes (none for a stream)."""
@@ -268,10 +326,19 @@ def estimate_rows(path: str, size: int, header_rows: int = 0) -> int:
     return max(1, round(max(rows, 1) * size / max(used, 1)))
 
 
-class _TextFormat(InputFormat):
-    """A line-based format: one unit (the whole file), rows estimated from its head, empty file = no rows."""
+class TextFormat(InputFormat):
+    """A line-based format: one unit (the whole file), rows estimated from its head, empty file = no rows.
+
+    A subclass says how the file's column names are read (``column_names``) and how it parses
+    (``parse``); the rest (rows, schema, the whole-file digest, empty files) is here.
+    """
 
     header_rows = 0
+    digest = "file"
+
+    def schema(self, src: SourceFile, rows: int) -> pa.Schema | None:
+        """Return the schema of the parsed file (None without rows: an empty file types no column)."""
+        return read_units(src, 0, 1, None).schema if rows else None
 
     def open(self, path: str, size: int) -> SourceFile:
         """Return the SourceFile with the rows estimated from the file's head."""
@@ -280,9 +347,10 @@ class _TextFormat(InputFormat):
     def columns(self, src: SourceFile) -> list[str]:
         """Return the column names (none for an empty file)."""
         # the first block is enough for the names; types are left to read
-        return self._names(src) if src.bytes else []
+        return self.column_names(src) if src.bytes else []
 
-    def _names(self, src: SourceFile) -> list[str]:
+    def column_names(self, src: SourceFile) -> list[str]:
+        """Return the column names of a non-empty file (its first block is enough)."""
         raise NotImplementedError
 
     def read(self, src: SourceFile, first: int, last: int, columns: list[str] | None,
@@ -291,9 +359,10 @@ class _TextFormat(InputFormat):
         if src.bytes == 0:
             # an empty shard (common among jsonl/csv part files) holds no rows, not an error
             return pa.table({c: pa.nulls(0) for c in columns or []})
-        return self._read(src, columns, text_columns)
+        return self.parse(src, columns, text_columns)
 
-    def _read(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+    def parse(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+        """Return the rows of a non-empty file (only ``columns`` when given; ``text_columns`` as strings)."""
         raise NotImplementedError
 
 
@@ -313,16 +382,22 @@ def _json_call(fn: Callable[..., Any], src: SourceFile) -> Any:
             block = min(block * 8, src.bytes + 1, 2**31 - 1)
 
 
-class JsonlFormat(_TextFormat):
+class JsonlFormat(TextFormat):
     """JSON lines: one object per line; a column's type widens across blocks (int then float)."""
 
     name = "jsonl"
     extensions = (".jsonl", ".ndjson", ".json")
 
-    def _names(self, src: SourceFile) -> list[str]:
+    def row_position(self, src: SourceFile, row: int) -> str:
+        """Return the line of row ``row`` (blank lines hold no row)."""
+        return f"line {validate.jsonl_line(src.path, row)}"
+
+    def column_names(self, src: SourceFile) -> list[str]:
+        """Return the keys of the objects in the first block."""
         return _json_call(pjson.open_json, src).schema.names
 
-    def _read(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+    def parse(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+        """Return the file's rows, each column's type widened over all blocks."""
         # read_json widens a column's type across blocks (int then float); the dataset
         # API fixes the type from the first block and fails on a later one
         table = _json_call(pjson.read_json, src)
@@ -336,17 +411,19 @@ class JsonlFormat(_TextFormat):
         return _checked(table.select(columns), src, 0)
 
 
-class CsvFormat(_TextFormat):
+class CsvFormat(TextFormat):
     """CSV with a header line; ``text_columns`` are read as strings, not guessed (leading zeros stay)."""
 
     name = "csv"
     extensions = (".csv",)
     header_rows = 1
 
-    def _names(self, src: SourceFile) -> list[str]:
+    def column_names(self, src: SourceFile) -> list[str]:
+        """Return the header's names."""
         return pcsv.open_csv(_input(src.path)).schema.names
 
-    def _read(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+    def parse(self, src: SourceFile, columns: list[str] | None, text_columns: list[str] | None) -> pa.Table:
+        """Return the file's rows (``text_columns`` as strings)."""
         if columns is not None:
             _check_columns(src, file_columns(src), columns)
         text = {c: pa.string() for c in text_columns or []}
@@ -357,15 +434,19 @@ class CsvFormat(_TextFormat):
         """Return the message for a failed read, naming the first line that is not UTF-8 where that is why."""
         msg = one_line(exc)
         if "utf8" in msg.lower() and not objects.is_url(src.path):
-            line = first_non_utf8_line(src.path)
+            line = validate.first_non_utf8_line(src.path)
             if line is not None:
                 return f"{src.path}: line {line}: not valid UTF-8 text ({msg})"
         return _cannot_read(src, exc)
 
 
+# the registry: every input format by name, in the order --input-format lists them
 READERS: dict[str, InputFormat] = {r.name: r for r in (ParquetFormat(), ArrowFormat(), JsonlFormat(), CsvFormat())}
-INPUT_FORMATS = tuple(READERS)  # the names --input-format takes (besides auto)
-_BY_EXTENSION = {ext: r.name for r in READERS.values() for ext in r.extensions}
+
+
+def format_names() -> tuple[str, ...]:
+    """Return the names ``--input-format`` takes (besides auto), in the registry's order."""
+    return tuple(READERS)
 
 
 def reader_for(fmt: str) -> InputFormat:
@@ -373,14 +454,15 @@ def reader_for(fmt: str) -> InputFormat:
     try:
         return READERS[fmt]
     except KeyError:
-        raise SortpackError(f"unknown input format {fmt!r} (formats: {', '.join(INPUT_FORMATS)})") from None
+        raise SortpackError(f"unknown input format {fmt!r} (formats: {', '.join(READERS)})") from None
 
 
 def format_of(path: str, forced: str = "auto") -> str | None:
     """Return the input format of ``path``: ``forced`` unless auto, else by extension (None: unknown)."""
     if forced != "auto":
         return forced
-    return _BY_EXTENSION.get(Path(path).suffix.lower())
+    suffix = Path(path).suffix.lower()
+    return next((r.name for r in READERS.values() if suffix in r.extensions), None)
 
 
 def open_source(path: str, fmt: str) -> SourceFile:

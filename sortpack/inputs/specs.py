@@ -1,8 +1,8 @@
 """Size and difficulty SPECs: how a per-sample number is computed from a record batch.
 
-``length``, ``bytes``, ``words``, ``tokens`` (needs a tokenizer), ``column:NAME[*SCALE]``,
-``python:MODULE:FUNC``. Everything is vectorised with pyarrow.compute except the
-tokenizer and user functions.
+The size kinds (``length``, ``bytes``, ``words``, ``tokens``: ``size_kinds.SIZE_KINDS``, one
+row each), ``column:NAME[*SCALE]``, ``python:MODULE:FUNC``. Everything is vectorised with
+pyarrow.compute except the tokenizer and user functions.
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..arrow_types import is_binary, is_list, is_text, plain_column
+from ..arrow_types import plain_column
 from ..errors import SortpackError, one_line
+from .size_kinds import SIZE_KINDS
 
-SIZE_KINDS = ("length", "bytes", "words", "tokens")  # the SPECs measured on a text, binary or list column
 _COLUMN_RE = re.compile(r"^column:([^*]+?)(?:\*([-+0-9.eE]+))?$")
 
 
@@ -28,7 +28,7 @@ _COLUMN_RE = re.compile(r"^column:([^*]+?)(?:\*([-+0-9.eE]+))?$")
 class Spec:
     """A parsed SPEC: ``kind`` plus the column, scale or function it needs."""
 
-    kind: str  # length | bytes | words | tokens | column | python
+    kind: str  # a size kind (size_kinds.SIZE_KINDS), column or python
     column: str | None = None
     scale: float | None = None
     func: str | None = None
@@ -62,7 +62,7 @@ def parse_spec(text: str, column: str | None, option: str) -> Spec:
             raise SortpackError(f"{option} {text}: expected python:MODULE:FUNC")
         return Spec("python", func=text[len("python:"):], text=text)
     raise SortpackError(
-        f"{option} {text!r}: expected length, bytes, words, tokens, column:NAME[*SCALE] or python:MODULE:FUNC")
+        f"{option} {text!r}: expected {', '.join(SIZE_KINDS)}, column:NAME[*SCALE] or python:MODULE:FUNC")
 
 
 def load_function(spec: Spec) -> Callable:
@@ -163,48 +163,11 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None,
         if spec.scale is not None:
             values = values.astype(np.float64) * spec.scale
         return _numeric(values, where, spec.text)
-    import pyarrow.compute as pc  # here, not at the top: 40 ms of start-up that column: specs skip
-
-    if spec.kind == "length":
-        if is_text(t):
-            return _to_numpy(pc.utf8_length(col)).astype(np.int64, copy=False)
-        if is_binary(t):
-            return _to_numpy(pc.binary_length(col)).astype(np.int64, copy=False)
-        if is_list(t):
-            return _to_numpy(pc.list_value_length(col)).astype(np.int64, copy=False)
-    elif spec.kind == "bytes":
-        if is_text(t) or is_binary(t):
-            return _to_numpy(pc.binary_length(col)).astype(np.int64, copy=False)
-    elif spec.kind == "words":
-        if is_text(t):
-            return _word_counts(col)
-    elif spec.kind == "tokens":
-        if is_text(t):
-            return _token_counts(tokenizer, col, special_tokens)
-    needs = {"length": "a string, binary or list column", "bytes": "a string or binary column"}
-    raise SortpackError(f"{where}: column {spec.column!r} is {t}; {spec.kind} needs "
-                        + needs.get(spec.kind, "a string column"))
-
-
-def _word_counts(col: pa.ChunkedArray) -> np.ndarray:
-    import pyarrow.compute as pc
-
-    # Words as len(text.split()): utf8_split_whitespace splits on the same Unicode
-    # whitespace as str.split (RE2's \S takes U+3000, U+00A0 and \v for word characters)
-    # and is about 2x faster than a regex count; it leaves empty pieces around leading and
-    # trailing whitespace, which are not words.
-    parts = [np.empty(0, np.int64)]
-    for chunk in col.chunks:
-        lists = pc.utf8_split_whitespace(chunk)
-        starts = lists.offsets.to_numpy().astype(np.int64)
-        words = pc.not_equal(pc.binary_length(lists.values), 0).to_numpy(zero_copy_only=False)
-        before = np.concatenate(([0], np.cumsum(words, dtype=np.int64)))
-        parts.append(before[starts[1:]] - before[starts[:-1]])
-    return np.concatenate(parts)
-
-
-def _token_counts(tokenizer, col: pa.ChunkedArray, special_tokens: bool = True) -> np.ndarray:
-    return token_ids(tokenizer, col, special_tokens, keep=False)[1]
+    kind = SIZE_KINDS[spec.kind]
+    counts = kind.measure(col, tokenizer, special_tokens)
+    if counts is None:
+        raise SortpackError(f"{where}: column {spec.column!r} is {t}; {spec.kind} needs {kind.takes}")
+    return counts
 
 
 def _numeric(values: np.ndarray, where: str, what: str) -> np.ndarray:
@@ -242,33 +205,3 @@ def as_difficulty(values: np.ndarray, where: str, what: str) -> np.ndarray:
     if values.size and values.min() < 0:
         raise SortpackError(f"{where}: {what} has {int((values < 0).sum())} negative values")
     return values
-
-
-def token_ids(tokenizer, col: pa.ChunkedArray | pa.Array, special_tokens: bool = True, keep: bool = True
-              ) -> tuple[pa.ListArray, np.ndarray]:
-    """Return the token ids (list<int32>) of a text column and their counts, from one encode per text.
-
-    The ids are exactly what ``tokens`` counts (the same encode, with or without the special
-    tokens as ``--special-tokens`` says), so ``len(ids) == size``. ``keep=False``: the counts
-    only (the list is empty). Texts go to the encoder 4096 at a time; ids stay in numpy arrays.
-    """
-    from .fast_tokens import hf_ids
-
-    encode = getattr(tokenizer, "encode_texts", None)
-    if encode is None:  # a bare tokenizers.Tokenizer
-        def encode(texts, special):
-            return hf_ids(tokenizer, texts, special)
-    counts, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)]
-    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
-    for chunk in chunks:
-        chunk = plain_column(chunk)
-        for a in range(0, len(chunk), 4096):
-            ids, n = encode(chunk.slice(a, 4096).to_pylist(), special_tokens)
-            counts.append(n)
-            if keep:
-                values.append(ids)
-    sizes = np.concatenate(counts)
-    if not keep:
-        return pa.array([], pa.list_(pa.int32())), sizes
-    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(values), pa.int32())), sizes

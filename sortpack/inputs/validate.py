@@ -1,6 +1,8 @@
 """Full Arrow validation of what an input file gave, reported with the file and its line or row."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyarrow as pa
 
 from ..arrow_types import is_text
@@ -8,7 +10,8 @@ from ..errors import SortpackError, one_line
 from .source_file import SourceFile
 
 
-def check_table(table: pa.Table, src: SourceFile, row0: int = 0) -> None:
+def check_table(table: pa.Table, src: SourceFile, row0: int = 0,
+                position: Callable[[SourceFile, int], str] | None = None) -> None:
     """Raise SortpackError naming the file (and line or row) when a column read from it is malformed.
 
     Arrow's full validation: offsets in bounds and increasing (a corrupt offset would make
@@ -23,19 +26,33 @@ def check_table(table: pa.Table, src: SourceFile, row0: int = 0) -> None:
         The file it came from (named in the message).
     row0 : int
         The row of the file at which ``table`` starts.
+    position : callable, optional
+        How the file's format names a row in a message (``InputFormat.row_position``: a
+        JSONL file's line); by default ``row N``.
     """
+    name_row = position or _row
     for name, col in zip(table.column_names, table.columns):
         at = row0
         for chunk in col.chunks:
             try:
                 chunk.validate(full=True)
             except pa.ArrowException as exc:
-                raise SortpackError(_invalid(src, name, chunk, at, exc)) from None
+                bad = _first_bad_utf8(chunk, exc)
+                if bad is not None:
+                    raise SortpackError(f"{src.path}: {name_row(src, at + bad)}: column {name!r} is not valid "
+                                        "UTF-8 text") from None
+                raise SortpackError(f"{src.path}: corrupt {src.format} data in column {name!r} "
+                                    f"({one_line(exc)})") from None
             at += len(chunk)
 
 
-def _invalid(src: SourceFile, name: str, chunk: pa.Array, row0: int, exc: Exception) -> str:
-    """Return the one-line message for a chunk that failed validation."""
+def _row(src: SourceFile, row: int) -> str:
+    """Return how a message names row ``row`` of a file whose format says nothing finer."""
+    return f"row {row}"
+
+
+def _first_bad_utf8(chunk: pa.Array, exc: Exception) -> int | None:
+    """Return the first row of a text chunk that is not UTF-8 when that is why it failed validation, else None."""
     t = chunk.type
     if is_text(t) and "utf8" in str(exc).lower():
         values = chunk.view(pa.large_binary() if pa.types.is_large_string(t) else pa.binary()).to_pylist()
@@ -44,9 +61,8 @@ def _invalid(src: SourceFile, name: str, chunk: pa.Array, row0: int, exc: Except
                 if v is not None:
                     v.decode("utf-8")
             except UnicodeDecodeError:
-                where = f"line {jsonl_line(src.path, row0 + r)}" if src.format == "jsonl" else f"row {row0 + r}"
-                return f"{src.path}: {where}: column {name!r} is not valid UTF-8 text"
-    return f"{src.path}: corrupt {src.format} data in column {name!r} ({one_line(exc)})"
+                return r
+    return None
 
 
 def jsonl_line(path: str, row: int) -> int | str:

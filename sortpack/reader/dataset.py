@@ -16,6 +16,7 @@ from ..inputs.formats import open_source, read_units
 from ..inputs.locations import with_locations
 from ..inputs.objects import is_url, size_of
 from ..inputs.renames import as_plan_names, manifest_renames, read_names
+from ..inputs.size_kinds import size_kind
 from ..inputs.source_file import SourceFile
 from .index import PackedIndex
 from .lazy_rows import TableSamples
@@ -61,6 +62,18 @@ class SourceDataset:
         The split of a Hugging Face DatasetDict directory given as input paths.
     stored : bool
         Read an index's stored data shards when it has them (default True).
+
+    Examples
+    --------
+    The rows of ``plan/`` (``PackedIndex``'s example), by sample id or a micro-batch at a time:
+
+    >>> from sortpack.reader import PackedSampler, SourceDataset
+    >>> data = SourceDataset("plan/")
+    >>> data[3]
+    {'text': 'abcdef'}
+    >>> mb = next(iter(PackedSampler("plan/", rank=1, world_size=2)))
+    >>> [row["text"] for row in data.__getitems__(mb)]  # one zero-copy slice of the stored text
+    ['abcdef', 'abcdefg', 'abcdefgh']
     """
 
     def __init__(self, source, columns: list[str] | None = None, transform=None, cache_units: int = 8,
@@ -168,9 +181,10 @@ class SourceDataset:
             return self._stored_items(ids)
         arr, files = self._where(np.asarray(list(ids), dtype=np.int64))
         ranges = self._ranges(ids)
+        kind = size_kind(self.pieces.unit) if self.pieces is not None else None
         cut = self.pieces.column if ranges is not None and self.pieces is not None \
-            and self.pieces.unit in ("length", "bytes") else None
-        by_bytes = self.pieces is not None and self.pieces.unit == "bytes"
+            and kind is not None and kind.cuts_column else None
+        by_bytes = kind is not None and kind.ranges == "bytes"
         out = [None] * len(arr)
         for k in np.unique(files).tolist():
             sel = np.flatnonzero(files == k)
@@ -245,11 +259,12 @@ class SourceDataset:
 
     def _token_ranges(self, ranges):
         """Return the ranges the collate helpers apply after tokenize: a ``--size tokens`` plan's only."""
-        return ranges if ranges is not None and self.pieces is not None and self.pieces.unit == "tokens" else None
+        kind = size_kind(self.pieces.unit) if self.pieces is not None else None
+        return ranges if ranges is not None and kind is not None and kind.ranges == "tokens" else None
 
 
 class PiecePlan(NamedTuple):
-    """A split plan's index and what its ranges count: ``unit`` ("tokens", "length" or "bytes") of ``column``."""
+    """A split plan's index and what its ranges count: ``unit`` (the size kind, ``SizeKind.ranges``) of ``column``."""
 
     plan: PackedIndex
     unit: str

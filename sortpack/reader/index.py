@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..format import open_shard, read_manifest
-from ..format.integrity import check_index_shard, check_sha256, member_path
+from ..format.integrity import check_index_shard, check_sha256, check_shard_size, member_path
 from ..format.mapped import ShardWatch, check_unchanged, identity
 from ..format.schemas import measure_names
 
@@ -72,6 +72,20 @@ class PackedIndex:
     and measures such as ``size2`` and ``targets``; each readable as ``index[name]``),
     ``id_dtype`` (how the shards store sample ids: int32 when every id fits, else int64;
     every method hands out int64 arrays or Python ints either way).
+
+    Examples
+    --------
+    ``plan/`` holds 16 texts of 1 to 16 characters, planned by
+    ``sortpack run data/ -o plan/ --column text --max-tokens 32 --store text``:
+
+    >>> from sortpack.reader import PackedIndex
+    >>> index = PackedIndex("plan/")
+    >>> index.num_samples, index.num_microbatches
+    (16, 6)
+    >>> index.shape(1)  # (samples, padded length) of micro-batch 1
+    (3, 8)
+    >>> index.microbatch(1)  # its sample ids: rows of the input
+    array([ 3, 10,  1])
     """
 
     def __init__(self, path: str | os.PathLike, verify: str = "index"):
@@ -94,11 +108,7 @@ class PackedIndex:
         # Refuse a damaged index now (a stat per shard); map a shard when a step first needs
         # it. Only Arrow footers and batch headers are read then, column pages on use.
         for entry in entries:
-            shard = member_path(self.path, entry["file"])
-            size = shard.stat().st_size if shard.is_file() else None
-            if size != int(entry["bytes"]):
-                found = "missing" if size is None else f"{size} bytes"
-                raise SortpackError(f"{shard}: {found}, the manifest says {entry['bytes']} bytes")
+            check_shard_size(member_path(self.path, entry["file"]), entry)
         self._entries = entries
         self._shards: list = [None] * len(entries)
         self._watch = ShardWatch(self.path, [str(member_path(self.path, e["file"])) for e in entries])

@@ -205,6 +205,18 @@ class PlanLoader:
         Put the batch's tensors in page-locked memory in the thread, so
         ``.to("cuda", non_blocking=True)`` overlaps the copy with compute (CUDA only; without
         a CUDA device it warns once and does nothing).
+
+    Examples
+    --------
+    Rank 0 of 2 over ``plan/`` (``PackedIndex``'s example); a ``collate_fn`` such as
+    ``pad_collate(...)`` would turn each micro-batch's rows into tensors:
+
+    >>> from sortpack.torch import PackedBatchSampler, PlanLoader, SourceDataset
+    >>> loader = PlanLoader(SourceDataset("plan/"), PackedBatchSampler("plan/", rank=0, world_size=2))
+    >>> len(loader)
+    3
+    >>> [[row["text"] for row in batch] for batch in loader][1]
+    ['abcdefghi', 'abcdefghij']
     """
 
     def __init__(self, dataset, sampler, collate_fn=None, *, prefetch: int = 4, pin_memory: bool = False):

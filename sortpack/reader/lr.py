@@ -10,7 +10,18 @@ LR_METHODS = ("linear", "sqrt", "none")
 
 
 def lr_scale(step_batch: float, ref_batch_size: float, method: str = "linear") -> float:
-    """Return the LR multiplier for a step of ``step_batch``: k, sqrt(k) or 1 with k = batch/ref."""
+    """Return the LR multiplier for a step of ``step_batch``: k, sqrt(k) or 1 with k = batch/ref.
+
+    Examples
+    --------
+    Budget 30 tokens, reference batch 2: micro-batches of 10 and 4 samples.
+
+    >>> from sortpack.reader import lr_scale
+    >>> lr_scale(10, 2), lr_scale(4, 2)
+    (5.0, 2.0)
+    >>> lr_scale(8, 2, "sqrt"), lr_scale(8, 2, "none")
+    (2.0, 1.0)
+    """
     if method not in LR_METHODS:
         raise ValueError(f"method must be one of {', '.join(LR_METHODS)}, not {method!r}")
     if ref_batch_size <= 0:

@@ -21,6 +21,17 @@ def step_positions(count: int, world_size: int, grad_accum: int, start: int = 0,
     ``start + s*W*A + a*W + r``. A short tail is one more step reaching past ``count``
     (the caller wraps those positions: they repeat micro-batches from the start), or is left
     out with ``drop_last``.
+
+    Examples
+    --------
+    >>> from sortpack.reader import step_positions
+    >>> step_positions(5, world_size=2, grad_accum=1).tolist()  # step 2 reaches past 5: it repeats 0
+    [[[0, 1]], [[2, 3]], [[4, 5]]]
+    >>> step_positions(5, world_size=2, grad_accum=1, drop_last=True).tolist()
+    [[[0, 1]], [[2, 3]]]
+    >>> step_positions(8, world_size=2, grad_accum=2)[0]  # step 0: rank r takes column r
+    array([[0, 1],
+           [2, 3]])
     """
     width = world_size * grad_accum
     left = max(0, count - start)
@@ -118,6 +129,19 @@ class EpochPlan:
     Block ``b`` of the packed order is micro-batches ``b*G .. b*G+G-1`` (modulo the count,
     which pads the tail from the start); the epoch visits blocks in its order. A sampler
     cuts this sequence into steps from any position, with any width.
+
+    Examples
+    --------
+    The 6 micro-batches of ``plan/`` (``PackedIndex``'s example) for 2 ranks: blocks of 2,
+    in packed order or shuffled whole:
+
+    >>> from sortpack.reader import EpochPlan, PackedIndex
+    >>> plan = EpochPlan(PackedIndex("plan/"), world=2, accum=1)
+    >>> [plan.packed(flat) for flat in range(plan.length)]
+    [0, 1, 2, 3, 4, 5]
+    >>> plan = EpochPlan(PackedIndex("plan/"), world=2, accum=1, order="shuffle", seed=1)
+    >>> [plan.packed(flat) for flat in range(plan.length)]
+    [2, 3, 0, 1, 4, 5]
     """
 
     def __init__(self, index, world: int, accum: int, order: str = "index",

@@ -346,6 +346,15 @@ class Prefetched:
     read in this process, e.g. by ``PlanLoader``), a ``UnitWarmer`` reads the input units
     (row groups, record batches; ranged GETs for objects) in the same order instead, at most
     ``ahead_units`` ahead.
+
+    Examples
+    --------
+    >>> from sortpack.reader import PackedSampler, Prefetched
+    >>> sampler = Prefetched(PackedSampler("plan/", rank=0, world_size=2))  # PackedIndex's example
+    >>> [mb.microbatch for mb in sampler]  # what the sampler yields, its data read ahead
+    [0, 2, 4]
+    >>> sampler.state_dict()["world_size"]  # everything else is the sampler's
+    2
     """
 
     def __init__(self, sampler, ahead_bytes: int = AHEAD_BYTES, dataset=None, ahead_units: int = 16):

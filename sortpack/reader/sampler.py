@@ -26,7 +26,9 @@ class PackedSampler:
     Iterating yields ``MicroBatch`` lists of sample ids, ``grad_accum`` per step; every rank
     gets the same number of steps. Report what the loop received with ``consume(batch)``
     so ``state_dict()`` ignores DataLoader prefetch; it resumes exactly, at the same or
-    another world size. Framework-free; see ``sortpack.torch`` for the DataLoader side.
+    another world size. Framework-free; it is also ``sortpack.torch.PackedBatchSampler``, a
+    ``DataLoader`` ``batch_sampler`` whose ``len()`` is the micro-batches left in the epoch
+    (``steps * grad_accum``).
 
     Parameters
     ----------
@@ -63,6 +65,20 @@ class PackedSampler:
     skip_samples : iterable of int or dict, optional
         Sample ids taken out of their micro-batches (a dict maps id to size; see ``Skips``).
         ``step_batch``/``step_tokens`` of a step that loses samples no longer count them.
+
+    Examples
+    --------
+    Rank 1 of 2 takes every other micro-batch of ``plan/`` (``PackedIndex``'s example):
+
+    >>> from sortpack.reader import PackedSampler
+    >>> sampler = PackedSampler("plan/", rank=1, world_size=2)
+    >>> len(sampler)
+    3
+    >>> [list(mb) for mb in sampler]  # sample ids of micro-batches 1, 3 and 5
+    [[3, 10, 1], [6, 13], [2, 9]]
+    >>> mb = next(iter(sampler))
+    >>> mb.microbatch, mb.step, mb.step_batch  # step 0's batch: 5 + 3 samples over both ranks
+    (1, 0, 8)
     """
 
     STATE_VERSION = 1
@@ -379,20 +395,9 @@ class PackedSampler:
         self._resumed = True
 
 
-class PackedBatchSampler(PackedSampler):
-    """A ``DataLoader`` ``batch_sampler``: yields this rank's micro-batches (lists of sample ids).
-
-    ``len()`` is the micro-batches left in the epoch (``steps * grad_accum``). Call
-    ``consume(batch)`` on every batch the loop receives so ``state_dict()`` counts what was
-    trained on, not what workers prefetched. It takes ``PackedSampler``'s parameters, all of
-    them (``skip_steps``, ``skip_samples`` included), by inheriting its constructor: a
-    re-declared copy drifted from it once (issue 28), and tests keep the two signatures equal.
-    """
-
-
-# the parameters are the parent's, and so is their documentation (one text, no copy to drift)
-PackedBatchSampler.__doc__ = (PackedBatchSampler.__doc__ or "") + "\n    Parameters" + \
-    (PackedSampler.__doc__ or "").split("\n    Parameters", 1)[1]
+# A DataLoader's ``batch_sampler``: the same class, under the name that argument suggests
+# (``sortpack.torch`` exports it); one constructor and one docstring, nothing to drift.
+PackedBatchSampler = PackedSampler
 
 
 class _StepsAhead:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import SortpackError
-from ..format.integrity import check_sha256, member_path
+from ..format.integrity import check_sha256, check_shard_size, member_path
 from ..format.mapped import ShardWatch
 from ..format.shards import open_shard
 from ..kernels.tokens import TokenView
@@ -44,11 +44,7 @@ class StoredData:
                                          for k in range(1, len(self._entries))):
             raise SortpackError(f"{self.path}: manifest data shards do not tile its {self.num_rows} rows")
         for entry in self._entries:
-            shard = member_path(self.path, entry["file"])
-            size = shard.stat().st_size if shard.is_file() else None
-            if size != int(entry["bytes"]):
-                found = "missing" if size is None else f"{size} bytes"
-                raise SortpackError(f"{shard}: {found}, the manifest says {entry['bytes']} bytes")
+            check_shard_size(member_path(self.path, entry["file"]), entry)
         self._shards: list = [None] * len(self._entries)
         self._watch = ShardWatch(self.path, [str(member_path(self.path, e["file"])) for e in self._entries])
         counts = index["num_samples"].astype(np.int64)
@@ -60,9 +56,8 @@ class StoredData:
         self._token_views: dict = {}  # (shard, column) -> the column's (values, offsets) views or None
 
     def __reduce__(self):
-        from .index import PackedIndex
-
-        return (_reopen, (PackedIndex, str(self.path)))
+        # the index pickles as its path and check level; the worker's index opens its stored data again
+        return (_stored_of, (self.index,))
 
     def _shard(self, k: int) -> pa.RecordBatch:
         """Return data shard ``k`` mapped, checked unchanged since it was mapped (one stat; docs/guarantees.md)."""
@@ -224,5 +219,6 @@ class StoredData:
         return cache[k, i]
 
 
-def _reopen(index_cls, path):
-    return StoredData(index_cls(path))
+def _stored_of(index) -> StoredData:
+    """Return the stored data of ``index`` (how a pickled ``StoredData`` opens again)."""
+    return index.stored

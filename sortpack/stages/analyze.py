@@ -14,6 +14,7 @@ from ..inputs.discover import expand_inputs
 from ..inputs.finetune import Encoded, FineTuneShape, fine_tune_shape
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units
+from ..inputs.size_kinds import reads_text
 from ..inputs.source_file import SourceFile
 from ..inputs.specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
@@ -21,8 +22,6 @@ from ..partition import even_range
 from ..progress import Progress
 from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
-
-_TEXT_KINDS = ("length", "bytes", "words", "tokens")
 
 
 @dataclass
@@ -113,7 +112,7 @@ class Specs:
         columns = sorted({c for s in specs for c in (s.columns() or []) if c} | set(shaped)) or None
         if any(s.kind == "python" for s in specs):
             columns = None
-        text = {s.column for s in specs if s.kind in _TEXT_KINDS and s.column}
+        text = {s.column for s in specs if reads_text(s.kind) and s.column}
         text |= set(self.shape.text_columns()) if self.shape is not None else set()
         return columns, sorted(text)
 
@@ -183,12 +182,12 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     """Return the parsed SPECs, the tokenizer they need, their python functions and the fine-tuning shape."""
     if opts.fine_tune() is not None or opts.train_on:
         return _fine_tune_specs(opts)
-    needs_column = opts.size in _TEXT_KINDS or (opts.difficulty or opts.size) in _TEXT_KINDS
+    needs_column = reads_text(opts.size, opts.difficulty or opts.size)
     column = _resolve_column(opts, files) if needs_column else opts.column
     size_spec = parse_spec(opts.size, column, "--size")
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
     extra = opts.measure_specs()
-    if any(text in _TEXT_KINDS for text in extra.values()):
+    if reads_text(*extra.values()):
         column = column or _resolve_column(opts, files)
     measures = {name: parse_spec(text, column, f"--{name}") for name, text in extra.items()}
     tokenizer = None
@@ -212,7 +211,7 @@ def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
     column = shape.column or shape.prompt_column
     size_spec = parse_spec(opts.size, column, "--size")
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
-    if diff_spec is not None and diff_spec.kind in _TEXT_KINDS and opts.text_shape:
+    if diff_spec is not None and reads_text(diff_spec.kind) and opts.text_shape:
         raise SortpackError(f"--difficulty {opts.difficulty}: of fine-tuning texts, give a column: or python: SPEC")
     measures = {name: parse_spec(text, column, f"--{name}") for name, text in opts.measure_specs().items()}
     kinds = [size_spec, diff_spec, *measures.values()]

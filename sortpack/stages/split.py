@@ -30,12 +30,13 @@ import numpy as np
 from ..distribute import global_start
 from ..errors import SortpackError
 from ..inputs.pieces import byte_pieces, longest_char, read_values
+from ..inputs.size_kinds import split_kinds
 from ..parallel import Comm
 from .samples import SampleColumns, exact_sum
 
-# size kinds whose units a reader can cut: token ids, characters of a text, elements of a list,
-# bytes of a text (at character boundaries) or binary value
-SPLIT_KINDS = ("tokens", "length", "bytes")
+# size kinds whose units a reader can cut (their ``SizeKind.ranges``): token ids, characters of a
+# text, elements of a list, bytes of a text (at character boundaries) or binary value
+SPLIT_KINDS = split_kinds()
 
 
 def check_split(options: dict, own_column: str | None = None, popts=None, tokenizer: str | None = None) -> None:

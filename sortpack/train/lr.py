@@ -33,6 +33,27 @@ class VariableBatchSizeLR:
         Scale ``k``, ``sqrt(k)`` or 1 with ``k = step batch / ref_batch_size``.
     by : {"samples", "tokens"}
         What a step's batch counts.
+
+    Examples
+    --------
+    Base LR 1e-3 at 2 samples per step, over ``plan/`` (``PackedIndex``'s example) at rank 0 of 2,
+    whose steps hold 8, 4 and 4 samples:
+
+    >>> import torch
+    >>> from sortpack.torch import PackedBatchSampler, VariableBatchSizeLR
+    >>> sampler = PackedBatchSampler("plan/", rank=0, world_size=2)
+    >>> optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=1e-3)
+    >>> lr = VariableBatchSizeLR(optimizer, sampler, ref_batch_size=2)
+    >>> lr.get_last_lr()  # step 0: 8 samples, 4x the reference
+    [0.004]
+    >>> for batch in sampler:
+    ...     sampler.consume(batch)  # what the loop received (PlanLoader reports it itself)
+    ...     optimizer.step()
+    ...     lr.step()  # the next step's LR
+    ...     print(batch.step, lr.get_last_lr())
+    0 [0.002]
+    1 [0.002]
+    2 [0.004]
     """
 
     def __init__(self, scheduler, sampler=None, ref_batch_size: float = 1.0, method: str = "linear",

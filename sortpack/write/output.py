@@ -78,7 +78,7 @@ class OutputDir:
             self.comm.check(err)
             if not self.comm.is_root():
                 # every rank removes the temporary when it alone is signalled: the launcher may then
-                # SIGKILL the others, rank 0 included, before they can (issue 28)
+                # SIGKILL the others, rank 0 included, before they can
                 self._cleanup_key = termination.register(self._remove_on_signal, self._claim_name())
             self._created = True
         return self.tmp

@@ -6,11 +6,10 @@ import pyarrow as pa
 
 from ..distribute import redistribute
 from ..errors import SortpackError
-from ..format.integrity import check_shards
 from ..format.kinds import new_manifest, rows_per_shard
 from ..format.manifest import VERSION, read_manifest
 from ..format.schemas import kind_schema, measure_names, schema_json
-from ..format.shards import read_rows
+from ..format.shards import check_shards, read_rows
 from ..inputs.fast_tokens import encoder_provenance
 from ..inputs.locations import split_locations, with_locations
 from ..parallel import Comm

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import SortpackError
+from ..format.integrity import file_sha256
 from ..format.manifest import shard_name
-from ..format.shards import file_sha256
 from ..parallel import Comm, fault_point
 from ..partition import shard_starts
 from ..progress import Progress

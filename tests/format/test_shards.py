@@ -5,7 +5,7 @@ import hashlib
 
 import pyarrow as pa
 
-from sortpack.format.shards import file_sha256
+from sortpack.format.integrity import file_sha256
 from sortpack.write.shards import write_shard
 
 

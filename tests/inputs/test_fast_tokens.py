@@ -23,8 +23,8 @@ pytest.importorskip("tiktoken")
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sortpack.inputs.fast_tokens import VERIFIED_PATTERNS, Refused, TokenEncoder, exact_conversion, load_spec
-from sortpack.inputs.specs import evaluate, load_tokenizer, parse_spec, token_ids
+from sortpack.inputs.fast_tokens import VERIFIED_PATTERNS, Refused, TokenEncoder, exact_conversion, load_spec, token_ids
+from sortpack.inputs.specs import evaluate, load_tokenizer, parse_spec
 
 from support import output_files, read_manifest, run_sortpack
 

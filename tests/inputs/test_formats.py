@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sortpack.errors import SortpackError
-from sortpack.inputs.formats import INPUT_FORMATS, file_columns, format_of, open_source, read_unit_rows, read_units
+from sortpack.inputs import formats
+from sortpack.inputs.formats import file_columns, format_names, format_of, open_source, read_unit_rows, read_units
 
 
 def write_parquet(path, table, row_group_size=None):
@@ -210,8 +211,58 @@ def test_read_unit_rows_reads_a_row_range_of_one_unit(tmp_path, fmt, monkeypatch
 
 
 def test_one_reader_per_format_and_extension():
-    assert INPUT_FORMATS == ("parquet", "arrow", "jsonl", "csv")
+    assert format_names() == ("parquet", "arrow", "jsonl", "csv")
     assert format_of("a/b.PQ") == "parquet" and format_of("x.feather") == "arrow" and format_of("x.txt") is None
     assert format_of("x.txt", "csv") == "csv"
     with pytest.raises(SortpackError, match="unknown input format 'xml'"):
         open_source("x.xml", "xml")
+
+
+class LinesFormat(formats.TextFormat):
+    """Plain text: one sample per non-blank line, in column ``text`` (a format the package does not ship)."""
+
+    name = "lines"
+    extensions = (".lines",)
+
+    def column_names(self, src):
+        return ["text"]
+
+    def parse(self, src, columns, text_columns):
+        with open(src.path, encoding="utf-8") as fh:
+            table = pa.table({"text": [line.rstrip("\n") for line in fh if line.strip()]})
+        return table if columns is None else table.select(columns)
+
+
+def test_a_new_format_is_one_class_in_the_registry(tmp_path, monkeypatch):
+    # discovery, analyze, the fingerprint, the store's schema and the reader all ask the registry
+    from sortpack.parallel import SerialComm
+    from sortpack.pipeline.dataset import JobInfo, run_all
+    from sortpack.reader import SourceDataset
+    from sortpack.stages.analyze import AnalyzeOptions
+    from sortpack.stages.pack import PackOptions
+    from sortpack.stages.sort import SortOptions
+    from sortpack.write.store import StoreOptions
+
+    monkeypatch.setitem(formats.READERS, "lines", LinesFormat())
+    texts = ["x" * int(n) for n in np.random.default_rng(1).integers(1, 60, size=200)]
+    path = tmp_path / "a.lines"
+    path.write_text("\n".join(texts) + "\n")
+    assert format_of(str(path)) == "lines" and "lines" in format_names()
+    run_all(SerialComm(), [str(path)], str(tmp_path / "plan"), AnalyzeOptions(column="text"), SortOptions(),
+            PackOptions(max_tokens=300), overwrite=False, job=JobInfo(argv=["tests"]),
+            store=StoreOptions(columns=("text",)))
+    manifest = json.loads((tmp_path / "plan" / "manifest.json").read_text())
+    assert manifest["source"]["files"][0]["format"] == "lines"
+    assert manifest["source"]["files"][0]["sha256_of"] == "file"
+    data = SourceDataset(tmp_path / "plan", stored=False)
+    assert [data[i]["text"] for i in (0, 7, 199)] == [texts[0], texts[7], texts[199]]
+    stored = SourceDataset(tmp_path / "plan")
+    assert all(stored[i]["text"] == texts[i] for i in range(0, 200, 13))
+
+
+def test_a_format_names_a_row_its_own_way(tmp_path):
+    # a JSONL file names the line, others the row
+    bad = b'{"text": "ok"}\n\n{"text": "\xff"}\n'
+    (tmp_path / "a.jsonl").write_bytes(bad)
+    assert formats.READERS["jsonl"].row_position(open_source(str(tmp_path / "a.jsonl"), "jsonl"), 1) == "line 3"
+    assert formats.READERS["parquet"].row_position(None, 1) == "row 1"

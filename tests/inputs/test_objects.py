@@ -1,4 +1,4 @@
-"""Object-store inputs (issue 26): s3:// URLs read through pyarrow's S3 filesystem from a real server.
+"""Object-store inputs: s3:// URLs read through pyarrow's S3 filesystem from a real server.
 
 The server is moto's S3 server on 127.0.0.1 (tests/object_store.py), reached over HTTP with
 checked credentials; the same data on local disk is the reference: a plan of objects must

@@ -1,5 +1,5 @@
 """The exact choice of padded lengths (``optimal_lengths``) against a brute-force oracle, C
-against numpy, the log-normal figure of the issue, and ``batch_capacity`` against the greedy."""
+against numpy, a log-normal figure, and ``batch_capacity`` against the greedy."""
 from __future__ import annotations
 
 import itertools
@@ -62,7 +62,7 @@ def test_c_and_numpy_agree_on_large_histograms(fallback, monkeypatch):
 
 
 def test_lognormal_optimum_beats_powers_of_two():
-    # the issue's figure: 200k log-normal sizes (median 300, max 4096), K = 8
+    # the figure: 200k log-normal sizes (median 300, max 4096), K = 8
     sizes = lognormal(200_000)
     values, counts = np.unique(sizes, return_counts=True)
     lengths = K.optimal_lengths(values, counts, 8)

@@ -115,7 +115,7 @@ def test_other_dtypes_are_refused():
         K.pad_tokens(np.arange(4, dtype=np.uint8), np.array([0, 4]), 1, 1, 4, 0, IGNORE)
 
 
-# --- the whole-batch kernels: every output in one call, into buffers the caller allocated (issue 24.6) ---------------
+# --- the whole-batch kernels: every output in one call, into buffers the caller allocated -----------------------
 need_c = pytest.mark.skipif(_loader.backend() != "c", reason="the compiled kernels are not built")
 
 

@@ -1,7 +1,7 @@
 """Rank-count identity of whole CLI jobs, in process: each runner (2, 3 and 4 ranks) runs a job on
 rank 0 alone and then on every rank, and both must write the same bytes and content_hash.
 
-With the three runners of tests/test_mpi_suite.py that is 1 against 2, 3 and 4 ranks without
+With the three runners of tests/base/test_mpi_suite.py that is 1 against 2, 3 and 4 ranks without
 starting a process per rank count. tests/cli keeps one end-to-end invariance test per packing
 mode family under real ``mpiexec`` jobs.
 """

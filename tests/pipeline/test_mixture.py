@@ -436,7 +436,7 @@ def test_a_missing_column_is_refused_before_analyze(wordy, case, ranks):
 @pytest.mark.parametrize("total", [str(10**30), str(10**13)])
 def test_an_absurd_total_is_refused_at_once_on_every_rank(data, ranks, total):
     # 10**30 is past what a plan counts exactly; 10**13 asks web for millions of passes: both a typo,
-    # and planning either would run for ever (issue 28)
+    # and planning either would run for ever
     out = data / f"err-total-{total}-{ranks}"
     proc = run_sortpack(["run", "--blend", f"1 {data / 'web'}", "--total-tokens", total, "-o", out,
                          "--max-tokens", "8192"], ranks=ranks, check=False, timeout=90)
@@ -448,7 +448,7 @@ def test_an_absurd_total_is_refused_at_once_on_every_rank(data, ranks, total):
 
 @pytest.mark.parametrize("weights", [(1e308, 1e308), (1e-320, 3e-320), (1.7e308, 0.6e308)])
 def test_extreme_weights_are_exact_shares_without_warnings(weights):
-    # two weights of 1e308 overflowed their sum: numpy warnings, then "weight 0 in every phase" (issue 28)
+    # two weights of 1e308 would overflow their sum (numpy warnings, then "weight 0 in every phase")
     import warnings
 
     with warnings.catch_warnings():
@@ -474,7 +474,7 @@ def test_two_weights_of_1e308_run_without_noise(data):
 @pytest.mark.parametrize("ranks", [None, 2])
 @pytest.mark.parametrize("extra, message", [(["--stages", "20000"], "--stages 20000 with 2 mixture sources")])
 def test_a_refusal_after_the_first_collective_is_printed_once(data, ranks, extra, message):
-    # at 2 ranks it was printed twice, with two MPI_Abort lines (issue 28)
+    # at 2 ranks too: printed once, without MPI_Abort lines
     out = data / f"err-after-{extra[0]}-{ranks}"
     proc = run_sortpack(["run", "--blend", f"1 {data / 'web'} 1 {data / 'books'}", "-o", out, "--max-tokens",
                          "8192", *extra], ranks=ranks, check=False, timeout=90)

@@ -94,7 +94,7 @@ def test_refuses_unknown_version_and_bad_shard_size(small, tmp_path):
 
 
 def test_the_boolean_verify_spellings_are_refused_with_the_level_to_write(small):
-    """``verify=True/False`` were the first spellings of ``"full"``/``"index"`` (issue 25): one line names the level."""
+    """``verify=True/False`` are refused spellings of ``"full"``/``"index"``: one line names the level."""
     assert PackedIndex(small, verify="full").verify == "full"
     with pytest.raises(ValueError, match="verify=True: the levels are 'structure', 'index', 'full'; "
                                          "write verify='full'"):
@@ -105,7 +105,7 @@ def test_the_boolean_verify_spellings_are_refused_with_the_level_to_write(small)
 
 @pytest.mark.parametrize("schema", [{"sample_ids"}, "sample_ids:list<item: int16>", None])
 def test_a_manifest_must_say_how_the_ids_are_stored(small, tmp_path, schema):
-    """The id width comes from the manifest's schema, never guessed from a shard (issue 25: no "older is int64")."""
+    """The id width comes from the manifest's schema, never guessed from a shard."""
     manifest = json.loads((small / "manifest.json").read_text())
     bad = tmp_path / "no-width"
     bad.mkdir()

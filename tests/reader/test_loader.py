@@ -206,7 +206,7 @@ def _who_prepares(plan, loop_body, prefetch=4, read=0.0):
 
 
 def test_a_loop_that_comes_straight_back_prepares_its_own_batches(token_plan):
-    """No thread switch per batch when the loop does not let go of the GIL (issue 24.6): the loop collates inline."""
+    """No thread switch per batch when the loop does not let go of the GIL: the loop collates inline."""
     plan, _ = token_plan
     names, got = _who_prepares(plan, lambda: None)
     want = [b["sample_ids"].tolist() for b in DataLoader(

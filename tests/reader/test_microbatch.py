@@ -1,4 +1,4 @@
-"""sortpack.reader.microbatch: a micro-batch's step facts are one record per step, with one name each (issue 25)."""
+"""sortpack.reader.microbatch: a micro-batch's step facts are one record per step, with one name each."""
 from __future__ import annotations
 
 import pytest

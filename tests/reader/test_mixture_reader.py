@@ -123,7 +123,7 @@ def test_dataloader_workers_log_per_source(mix_index):
                                    ["--warmup-shapes"]])
 @pytest.mark.parametrize("what", [["--step", "3"], ["--sample", "5"]])
 def test_inspect_refuses_to_trace_steps_the_sampler_refuses(mix_index, flags, what):
-    # it traced a shuffled mixture plan: steps no run produced (issue 28)
+    # a trace of a shuffled mixture plan would show steps no run produced
     proc = run_sortpack(["inspect", mix_index, *what, *flags], check=False, timeout=60)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr

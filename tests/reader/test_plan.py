@@ -222,7 +222,7 @@ def test_step_parts_read_from_the_flat_table_equal_the_per_position_answers(smal
 @pytest.mark.parametrize("order,kw", [("index", {}), ("shuffle", {}), ("shuffle", {"largest_first": True}),
                                       ("index", {"warmup_shapes": True}), ("shuffle", {"drop_last": True})])
 def test_steps_ahead_gives_step_parts_a_chunk_at_a_time(small, order, kw):
-    """The sampler's vectorised chunks (issue 24.6) are each step's step_parts, up to one that straddles the end."""
+    """The sampler's vectorised chunks are each step's step_parts, up to one that straddles the end."""
     from sortpack.reader.plan import EpochPlan
 
     ix = PackedIndex(small)

@@ -148,7 +148,7 @@ def test_iterating_a_finished_epoch_starts_the_next(small):
 
 
 def test_a_peek_does_not_lose_microbatches(small):
-    # issue 9: next(iter(s)); s.set_epoch(0); list(s) gave one micro-batch less than the epoch
+    # next(iter(s)); s.set_epoch(0); list(s) gives the whole epoch, not one micro-batch less
     s = PackedSampler(small, rank=0, world_size=1)
     whole = _rest(PackedSampler(small, rank=0, world_size=1))
     next(iter(s))
@@ -239,7 +239,7 @@ def test_public_classes_document_their_arguments():
 
 
 def test_a_resume_position_off_the_step_grid_is_refused_unless_the_width_changed(small):
-    # issue 28: position 5 with 2 micro-batches per step was accepted and changed what was yielded
+    # position 5 with 2 micro-batches per step would change what is yielded: refused
     s = PackedSampler(small, world_size=1, grad_accum=2)
     for _ in range(3):
         s.step()
@@ -275,7 +275,7 @@ def test_a_resume_position_off_the_step_grid_is_refused_unless_the_width_changed
 
 
 def test_a_state_without_a_step_count_is_refused_in_one_line(small):
-    """States of the sampler before it counted steps (issue 25): refused by name, not resumed at a guessed step."""
+    """States without a step count: refused by name, not resumed at a guessed step."""
     s = PackedSampler(small, world_size=1, rank=0)
     it = iter(s)
     next(it), next(it)

@@ -293,7 +293,7 @@ def resume_index(tmp_path_factory):
                                                                 HealthCheck.function_scoped_fixture])
 @given(data=st.data(), with_lr=st.booleans(), accum=st.integers(1, 2))
 def test_state_after_k_consumed_steps_resumes_at_step_k_with_workers(resume_index, data, with_lr, accum):
-    # issue 9: a state_dict taken with num_workers=2 and no LR wrapper resumed late (it counted prefetch)
+    # a state_dict taken with num_workers=2 and no LR wrapper resumes where the loop is, not where prefetch is
     dataset = SourceDataset(resume_index, columns=["text"])
     def make():
         return PackedBatchSampler(resume_index, rank=1, world_size=2, grad_accum=accum,
@@ -326,7 +326,7 @@ def test_example_trains_with_two_gloo_ranks(text_index, tmp_path):
 @pytest.mark.parametrize("site", ["installed", "venv inside a sortpack clone"])
 def test_sortpack_torch_never_shadows_torch(tmp_path, site):
     # with sortpack/ itself on sys.path (python sortpack/x.py), `import torch` must be PyTorch, wherever
-    # PyTorch is installed: a .venv inside the clone puts "sortpack" in torch's own path (issue 28)
+    # PyTorch is installed: a .venv inside the clone puts "sortpack" in torch's own path
     import torch as real
 
     paths = [str(ROOT)]

@@ -145,8 +145,8 @@ def test_under_mpiexec_each_rank_takes_its_share(plan):
     ({"RANK": "0", "WORLD_SIZE": "2", "PMI_RANK": "junk", "PMI_SIZE": "2"}, "PMI_RANK='junk'"),
 ])
 def test_a_launcher_variable_that_does_not_parse_is_one_value_error(no_job, plan, env, message):
-    # before issue 28: RANK=abc gave rank 0 of 1 (every process trained the whole plan), a bad MPI or
-    # Slurm rank or a size alone gave rank 0 of 2 (half the plan twice, half never)
+    # RANK=abc must not give rank 0 of 1 (every process would train the whole plan), nor a bad MPI or
+    # Slurm rank or a size alone rank 0 of 2 (half the plan twice, half never)
     for k, v in env.items():
         no_job.setenv(k, v)
     with pytest.raises(ValueError, match=message) as err:

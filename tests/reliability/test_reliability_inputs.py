@@ -1,4 +1,4 @@
-"""Issue 16, items 7, 12-17 and the new user's cases: bad inputs and options give one line (exit 2),
+"""Bad inputs and options give one line (exit 2),
 never a hang, a segfault or a traceback; reports count what they say they count."""
 from __future__ import annotations
 

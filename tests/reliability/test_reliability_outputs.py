@@ -1,4 +1,4 @@
-"""Issue 16, items 1, 8, 9, 10: --overwrite replaces only what sortpack wrote, the swap is atomic,
+"""--overwrite replaces only what sortpack wrote, the swap is atomic,
 a terminated or killed job leaves no debris (or the next job removes it), and an unwritable output
 fails before any work."""
 from __future__ import annotations
@@ -240,7 +240,7 @@ def _rank_pid(launcher: int, rank: int) -> int:
 @pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.slow
 def test_ctrl_c_prints_a_sortpack_line_and_removes_the_temporary(tmp_path, ranks):
-    # Ctrl-C printed only MPI abort lines, no sortpack word (issue 28)
+    # Ctrl-C prints a sortpack line, not only MPI abort lines
     make_inputs(tmp_path / "data")
     proc = start(["run", "data", "-o", "plan", *RUN, "--quiet"], tmp_path, ranks,
                  {"SORTPACK_FAULT": f"wrote_index:{ranks - 1}:stall"})
@@ -328,7 +328,7 @@ def test_ctrl_c_during_the_start_up_is_one_sortpack_line(tmp_path, ranks):
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_sigterm_to_one_rank_other_than_0_during_a_mixture_store_leaves_nothing(tmp_path):
-    # the temporary was rank 0's to remove, and the launcher SIGKILLed rank 0 first: 24.7 MB left (issue 28)
+    # the temporary is rank 0's to remove, and the launcher may SIGKILL rank 0 first: nothing may be left
     make_inputs(tmp_path / "data")
     proc = start(["run", "--blend", "1 data", "-o", "plan", *RUN, "--store", "text", "--quiet"], tmp_path, 2,
                  {"SORTPACK_FAULT": "wrote_index:1:stall"})

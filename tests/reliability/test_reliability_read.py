@@ -1,4 +1,4 @@
-"""Reliability suite, the read side (issue 16, items 2-6 and 11): what sortpack reads, it checks.
+"""Reliability suite, the read side: what sortpack reads, it checks.
 
 Each test is one defect found by trying sortpack as a new user would; every one failed before
 the fix. A changed input is refused by ``pack --store``; a corrupted shard stops ``sort`` and
@@ -348,13 +348,13 @@ def test_verify_refuses_a_huge_sparse_shard_at_once(tmp_path):
     t0 = time.perf_counter()
     proc = run_sortpack(["verify", ix], check=False, timeout=60)
     assert time.perf_counter() - t0 < 30
-    assert proc.returncode == 1 and f"{1 << 40} bytes, manifest says" in proc.stderr
+    assert proc.returncode == 1 and f"{1 << 40} bytes, the manifest says" in proc.stderr
 
 
 @pytest.mark.slow
 def test_every_flipped_footer_byte_of_an_index_shard_is_one_error(tmp_path):
     # a flipped byte in a column name of the Arrow footer raised UnicodeDecodeError from
-    # format/integrity.py: a traceback instead of one line (issue 28)
+    # format/integrity.py: one line, never a traceback
     from sortpack.report.inspect import inspect_directory
 
     ix = pipeline_index(tmp_path / "ix", np.arange(1, 60), max_tokens=200)

@@ -162,7 +162,7 @@ def test_a_total_below_one_microbatch_is_refused():
 @pytest.mark.parametrize("total, message", [(10**9, "1.67e\\+08 passes over its 3 tokens; at most 10000"),
                                             (2**40, "passes over its 3 tokens")])
 def test_an_absurd_total_is_refused_before_planning(total, message):
-    # before issue 28 this built 10**8+ passes per source before noticing anything (a hang)
+    # a plan that needs 10**8+ passes per source is refused before any is built (no hang)
     schedule = Schedule(np.array([1.0]), np.array([[0.5, 0.5]]))
     tokens = [np.ones(3, np.int64), np.full(1000, 7, np.int64)]
     with pytest.raises(SortpackError, match=message):

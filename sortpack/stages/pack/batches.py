@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..samples import SampleColumns
 from .budget import padded_lengths, static_batch_size
-from .options import PackOptions
+
+if TYPE_CHECKING:  # the options' type only: options.py reads the --balance registry, which reads these
+    from .options import PackOptions
 
 
 @dataclass

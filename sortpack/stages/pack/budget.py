@@ -6,12 +6,15 @@ the kernels' budget policy (``kernels.budget``); this module applies it to ``Pac
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ... import kernels
 from ...errors import SortpackError
-from .options import PackOptions
+
+if TYPE_CHECKING:  # the options' type only: options.py reads the --balance registry, which reads these
+    from .options import PackOptions
 
 
 def padded_lengths(opts: PackOptions, lengths: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from ...errors import SortpackError
 from ...format.data_shards import data_rows_per_shard
+from ...inputs.size_kinds import size_kind
 from ...inputs.source_file import SourceFile
 from ...parallel import Comm
 from ...row_store import piece_bytes
@@ -204,11 +205,12 @@ def prepare(comm: Comm, opts: StoreOptions, options: dict, popts: PackOptions, t
     per input file ``{plan column: input column}`` (a mixture source's own ``column``).
     """
     tokens = comm.collectively(token_ids_options, opts, options, popts, tokenizer_path)
-    # a split plan's pieces are ranges of what the size counted: under --size length, the column's
-    # characters or elements, under --size bytes its bytes, which a stored copy of that column is cut to
+    # a split plan's pieces are ranges of what the size counted: where that is the column's own values
+    # (characters, elements, bytes), a stored copy of that column is cut to them
     size = str(options.get("size"))
-    cut: tuple[str, ...] = (str(options.get("column")),) if size in ("length", "bytes") and options.get("column") \
-        else ()
+    kind = size_kind(size)
+    cut: tuple[str, ...] = (str(options.get("column")),) if kind is not None and kind.cuts_column \
+        and options.get("column") else ()
     labels = (options.get("fine_tune") or {}).get("labels_column")
     if cut and labels:  # a labels column is cut with the token ids it labels
         cut = (*cut, str(labels))

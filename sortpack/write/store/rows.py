@@ -9,10 +9,10 @@ import pyarrow as pa
 
 from ...arrow_types import is_offset_bytes, is_offset_list
 from ...errors import SortpackError, one_line
+from ...inputs.fast_tokens import token_ids
 from ...inputs.formats import read_units
 from ...inputs.renames import as_plan_names, read_names
 from ...inputs.source_file import SourceFile
-from ...inputs.specs import token_ids
 from .options import LABELS_COLUMN, TOKENS_COLUMN, TokenIds
 from .token_cache import TokenCache
 

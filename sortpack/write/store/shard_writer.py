@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from ...errors import SortpackError, one_line
 from ...format.data_shards import data_shard_name, write_data_shard
-from ...format.shards import file_sha256
+from ...format.integrity import file_sha256
 from ...parallel import Comm
 from .layout import DataLayout
 from .spill import ReceivedRows

@@ -8,8 +8,8 @@ import pyarrow as pa
 from ...arrow_types import plain_type
 from ...errors import SortpackError, one_line
 from ...inputs.fingerprints import check_unchanged
-from ...inputs.formats import open_arrow_reader, open_source, read_units
-from ...inputs.objects import is_url, open_input
+from ...inputs.formats import open_source, reader_for
+from ...inputs.objects import is_url
 from ...inputs.renames import read_names
 from ...inputs.source_file import SourceFile
 from ...parallel import Comm
@@ -45,17 +45,10 @@ def _file_schema(src: SourceFile, entry: dict, columns: list[str],
 
     ``rename`` maps a plan column to the input column this file gives it from (a mixture source's ``column``).
     """
-    import pyarrow.parquet as pq
-
     try:
-        if src.format == "parquet":
-            schema = pq.read_schema(open_input(src.path))
-        elif src.format == "arrow":
-            schema = open_arrow_reader(src.path).schema
-        else:
-            if int(entry["rows"]) == 0:
-                return None
-            schema = read_units(src, 0, 1, None).schema
+        schema = reader_for(src.format).schema(src, int(entry["rows"]))
+        if schema is None:
+            return None
     except (pa.ArrowException, OSError) as exc:
         raise SortpackError(f"{src.path}: cannot read as {src.format} ({one_line(exc)})") from None
     names = read_names(columns, rename) or []

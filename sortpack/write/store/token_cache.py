@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 
 from ...errors import SortpackError, one_line
+from ...inputs.fast_tokens import token_ids
 from ...inputs.finetune import Encoded
-from ...inputs.specs import token_ids
 from ...parallel import Comm
 from ..output import OutputDir
 from .options import LABELS_COLUMN, TOKENS_COLUMN

@@ -106,7 +106,7 @@ def test_split_rows_balances_known_rows_exactly(units, ranks):
         assert rows.max() <= total / ranks + biggest + 1
 
 
-# --- the input side's deals (issue 25): analyze's files and runs, the digests, row packing's windows ---
+# --- the input side's deals: analyze's files and runs, the digests, row packing's windows ---
 
 @given(n=st.integers(0, 500), size=st.integers(1, 12))
 def test_even_range_tiles_the_items_within_one_of_even(n, size):
@@ -149,7 +149,7 @@ def test_deal_windows_spreads_each_stage_over_its_windows_and_ranks_in_blocks(pe
     assert np.array_equal(of, deal_windows(pos, stage, per_stage, window, size=1)[0])
 
 
-# --- the write side's deals (housewrite): round_robin, reader_blocks, rank_of, index shards ---------
+# --- the write side's deals: round_robin, reader_blocks, rank_of, index shards ---------
 
 @given(n=st.integers(0, 50), size=st.integers(1, 9))
 def test_round_robin_deals_every_item_to_one_rank_in_turn(n, size):

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 pytest.importorskip("torch")
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: support
 from support import ROOT, run_gloo_ranks, run_sortpack
 
 pytestmark = pytest.mark.torch

@@ -79,7 +79,7 @@ def test_a_launcher_variable_that_does_not_parse_is_an_error(clean_env, env, mes
     ({"OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_SIZE=2 is set but OMPI_COMM_WORLD_RANK is not", None),
 ])
 def test_the_cli_refuses_a_wrong_launcher_variable_with_one_line(tmp_path, text_dataset, env, message, ranks):
-    # before issue 28 these ran as rank 0 of 1 (or of 2), silently
+    # these must not run as rank 0 of 1 (or of 2), silently
     files, _ = text_dataset
     proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500"],
                         env=env, ranks=ranks, check=False, timeout=60)

@@ -161,7 +161,7 @@ def test_mpiexec_run_reports_from_rank_zero_only(tmp_path, text_dataset):
 
 def test_error_lines_do_not_depend_on_the_machines_load(tmp_path):
     # a test that counts stderr lines failed on a busy machine once analyze passed the 2 s delay
-    # (issue 28): every process the suite starts gets a delay no load reaches
+    # every process the suite starts gets a delay no load reaches
     from support import run_sortpack
 
     proc = run_sortpack(["run", tmp_path / "missing.parquet", "-o", tmp_path / "out", "--column", "text",

@@ -1,5 +1,5 @@
 """The README's expectations stay true: the quick-suite command, what --max-tokens counts in the first
-command, the CPU torch install, and the extra each documented command needs (issue 26)."""
+command, the CPU torch install, and the extra each documented command needs."""
 from __future__ import annotations
 
 import ast

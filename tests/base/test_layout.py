@@ -167,3 +167,110 @@ def test_nothing_imports_the_cli():
     for name, path in _modules():
         if name not in ("cli", "__main__"):
             assert "cli" not in _module_imports(path), path
+
+
+def _module_name(path: Path) -> str:
+    """Return the dotted name of a module file of the package (a package's ``__init__`` is the package)."""
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Return, per module of the package, the modules it loads (at the top or lazily; not for type checking only)."""
+    files = {_module_name(p): p for p in PKG.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        tree = ast.parse(path.read_text())
+        # an import for type checking only loads nothing: it is no edge (a lazy import inside a function is)
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(block.test) for stmt in block.body for n in ast.walk(stmt)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[:len(package) - (node.level - 1)]
+                    target = ".".join(base + (node.module.split(".") if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    found.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in files else target)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+        graph[name] = {m for m in found if m in files and m != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Return the strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    out.append(sorted(group))
+    return out
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles_between_modules():
+    # a lazy import inside a function is still a circle: the two modules cannot be loaded (or tested) apart
+    circles = _circles(_module_graph())
+    assert not circles, f"modules that import each other (directly or around a circle): {circles}"
+
+
+# tests/ mirrors the package: a folder per side (or subpackage), base/ for the base modules, docs/ for what
+# the README and docs/ promise, and the two suites that cut across sides (mpi/ runs under mpiexec)
+TESTS = ROOT / "tests"
+TEST_FOLDERS_BESIDE_THE_SIDES = {"base", "docs", "mpi", "reliability"}
+
+
+def test_no_loose_test_files_at_the_top_of_tests():
+    loose = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert not loose, f"test files at the top of tests/: {loose}; put each in the folder of what it tests"
+
+
+def test_every_test_folder_mirrors_the_package():
+    sides = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    stray = sorted(folders - sides - TEST_FOLDERS_BESIDE_THE_SIDES)
+    assert not stray, f"test folders that mirror no part of sortpack/: {stray}"
+    base_tests = {p.stem.removeprefix("test_") for p in (TESTS / "base").glob("test_*.py")}
+    assert {"arrow_types", "errors", "launcher", "partition", "progress", "row_store"} <= base_tests

@@ -1,4 +1,4 @@
-"""The two documented doors of the reader, ``sortpack.reader`` and ``sortpack.torch`` (issue 25)."""
+"""The two documented doors of the reader, ``sortpack.reader`` and ``sortpack.torch``."""
 from __future__ import annotations
 
 import os

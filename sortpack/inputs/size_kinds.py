@@ -1,0 +1,132 @@
+"""The size kinds: the SPECs measured on the ``--column`` (``length``, ``bytes``, ``words``, ``tokens``), one row each.
+
+A row of ``SIZE_KINDS`` is everything the package knows of a kind: how it is measured (a
+column to an int64 count per row), the column types it takes, and what the ranges of
+``--oversize split``'s pieces count (None: a sample of this kind is never cut). Being a row
+means reading the text column (analyze reads it, the columns check asks for it); the CLI's
+help, the split check, the store and the reader ask the table, never a list of names.
+Adding a size kind is adding its row.
+
+Importing this module loads neither numpy nor pyarrow (``--help`` lists the kinds); the
+measures import them when they run.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class SizeKind:
+    """One size kind: its measure, the column types it takes, what a split piece's range counts."""
+
+    # (column, tokenizer, special_tokens) -> int64 count per row; None when the column's type does not fit
+    measure: Callable[[pa.ChunkedArray, Any, bool], np.ndarray | None]
+    takes: str  # the column types it measures, as a message names them
+    # what --oversize split's piece ranges count: "values" (characters of a text, elements of a list,
+    # bytes of a binary value), "bytes" (a text's UTF-8 bytes, cut at character boundaries), "tokens"
+    # (the token ids); None: the kind says how large a sample is but not where to cut it
+    ranges: str | None = None
+
+    @property
+    def can_split(self) -> bool:
+        """Return whether ``--oversize split`` can cut a sample measured in this kind."""
+        return self.ranges is not None
+
+    @property
+    def cuts_column(self) -> bool:
+        """Return whether a piece's range indexes the column's own values (else the token ids made from them)."""
+        return self.ranges in ("values", "bytes")
+
+
+def _numpy(arr: Any) -> np.ndarray:
+    """Return an Arrow array or chunked array as an int64 numpy array."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    return arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _length(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = True) -> np.ndarray | None:
+    """Return the characters of a text, the bytes of a binary value or the elements of a list, per row."""
+    import pyarrow.compute as pc  # here, not at the top: 40 ms of start-up that column: specs skip
+
+    from ..arrow_types import is_binary, is_list, is_text
+
+    if is_text(col.type):
+        return _numpy(pc.utf8_length(col))
+    if is_binary(col.type):
+        return _numpy(pc.binary_length(col))
+    if is_list(col.type):
+        return _numpy(pc.list_value_length(col))
+    return None
+
+
+def _bytes(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = True) -> np.ndarray | None:
+    """Return the bytes of each text (UTF-8) or binary value."""
+    import pyarrow.compute as pc
+
+    from ..arrow_types import is_binary, is_text
+
+    return _numpy(pc.binary_length(col)) if is_text(col.type) or is_binary(col.type) else None
+
+
+def _words(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = True) -> np.ndarray | None:
+    """Return the words of each text, as ``len(text.split())``."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from ..arrow_types import is_text
+
+    if not is_text(col.type):
+        return None
+    # utf8_split_whitespace splits on the same Unicode whitespace as str.split (RE2's \S takes
+    # U+3000, U+00A0 and \v for word characters) and is about 2x faster than a regex count; it
+    # leaves empty pieces around leading and trailing whitespace, which are not words.
+    parts = [np.empty(0, np.int64)]
+    for chunk in col.chunks:
+        lists = pc.utf8_split_whitespace(chunk)
+        starts = lists.offsets.to_numpy().astype(np.int64)
+        words = pc.not_equal(pc.binary_length(lists.values), 0).to_numpy(zero_copy_only=False)
+        before = np.concatenate(([0], np.cumsum(words, dtype=np.int64)))
+        parts.append(before[starts[1:]] - before[starts[:-1]])
+    return np.concatenate(parts)
+
+
+def _tokens(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = True) -> np.ndarray | None:
+    """Return the token ids the tokenizer gives each text (with its special tokens when ``special_tokens``)."""
+    from ..arrow_types import is_text
+    from .fast_tokens import token_ids
+
+    return token_ids(tokenizer, col, special_tokens, keep=False)[1] if is_text(col.type) else None
+
+
+# the table: every size kind, in the order help and messages list them
+SIZE_KINDS: dict[str, SizeKind] = {
+    "length": SizeKind(_length, "a string, binary or list column", ranges="values"),
+    "bytes": SizeKind(_bytes, "a string or binary column", ranges="bytes"),
+    "words": SizeKind(_words, "a string column"),
+    "tokens": SizeKind(_tokens, "a string column", ranges="tokens"),
+}
+
+
+def size_kind(spec: str | None) -> SizeKind | None:
+    """Return the row of SPEC ``spec`` (None: not a size kind, e.g. ``column:NAME`` or ``python:M:F``)."""
+    return SIZE_KINDS.get(spec or "")
+
+
+def reads_text(*specs: str | None) -> bool:
+    """Return whether any of the SPECs is measured on the text column (is a size kind)."""
+    return any(size_kind(s) is not None for s in specs)
+
+
+def split_kinds() -> tuple[str, ...]:
+    """Return the size kinds ``--oversize split`` can cut, in the table's order."""
+    return tuple(name for name, kind in SIZE_KINDS.items() if kind.can_split)
