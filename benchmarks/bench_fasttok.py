@@ -30,7 +30,7 @@ from contextlib import contextmanager
 
 from . import data
 from .bench_scaling import bpe_tokenizer, stdlib_texts
-from .report import Row, Section, plain, secs
+from .report import Row, Section, print_script_results, secs
 from .runner import launch, missing_modules, timed_worker
 
 TEXTS = {"small": 1500, "full": 0}  # rows of the stdlib dataset (0: all of them)
@@ -143,13 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  .. {msg}", flush=True)
 
     sections, rows = measure(args.scale, log, args.texts)
-    for sec in sections:
-        print(f"\n{sec.title}\n" + plain(sec.header, sec.rows))
-    print()
-    print(plain(["figure", "P", "value", "baseline", "ratio", "target", "status", "note"],
-                [[r.figure, "" if r.ranks is None else str(r.ranks), r.value, r.baseline, r.ratio, r.target,
-                  r.status(), r.note] for r in rows]))
-    print(f"\nload average at end {'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print_script_results(sections, rows)
     return 0
 
 

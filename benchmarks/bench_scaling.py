@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 from . import data
-from .report import Row, Section, plain, secs
+from .report import Row, Section, print_script_results, secs
 from .runner import ROOT, BenchError, bench_env, launch, mpiexec, timed_worker
 
 MAX_TOKENS = 500_000
@@ -405,13 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in (None, "tokens"):
         s, r = bench_tokens(args.scale, log, args.texts)
         sections, rows = sections + s, rows + r
-    for sec in sections:
-        print(f"\n{sec.title}\n" + plain(sec.header, sec.rows))
-    print()
-    print(plain(["figure", "P", "value", "baseline", "ratio", "target", "status", "note"],
-                [[r.figure, "" if r.ranks is None else str(r.ranks), r.value, r.baseline, r.ratio, r.target,
-                  r.status(), r.note] for r in rows]))
-    print(f"\nload average at end {'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print_script_results(sections, rows)
     return 0
 
 

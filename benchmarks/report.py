@@ -83,6 +83,16 @@ def plain(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def print_script_results(sections: list, rows: list[Row]) -> None:
+    """Print a script-run benchmark's sections, its figures table and the load average (returns nothing)."""
+    for sec in sections:
+        print(f"\n{sec.title}\n" + plain(sec.header, sec.rows))
+    print()
+    header = ["figure", "P", "value", "baseline", "ratio", "target", "status", "note"]
+    print(plain(header, [row_cells(r) for r in rows]))
+    print(f"\nload average at end {'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -142,34 +142,33 @@ def token_ids_options(opts: StoreOptions, options: dict, popts: PackOptions,
     column = options.get("column")
     if not column:
         raise SortpackError("--store-tokens needs --column (the text column the tokens were counted from)")
+    from ...stages.pack import truncate_length
+
+    path, tokenizer = _recorded_tokenizer(opts, options, tokenizer_path)
+    cut = truncate_length(popts) if popts.oversize == "truncate" else 0
+    return TokenIds(column, tokenizer, Path(path).name, bool(options.get("special_tokens", True)), cut)
+
+
+def _recorded_tokenizer(opts: StoreOptions, options: dict, tokenizer_path: str | None) -> tuple[str, Any]:
+    """Return (path, loaded tokenizer) of ``--store-tokens``: the file the plan's sizes were counted with."""
+    from ...inputs.specs import load_tokenizer
+
     path = opts.tokenizer or tokenizer_path
     if not path:
         raise SortpackError("--store-tokens needs --tokenizer (the tokenizer.json the sizes were counted with)")
     recorded = options.get("tokenizer")
     if recorded and Path(path).name != recorded:
         raise SortpackError(f"--tokenizer {path}: the plan's sizes were counted with {recorded!r}")
-    from ...inputs.specs import load_tokenizer
-    from ...stages.pack import truncate_length
-
-    tokenizer = load_tokenizer(path, "--store-tokens")
-    cut = truncate_length(popts) if popts.oversize == "truncate" else 0
-    return TokenIds(column, tokenizer, Path(path).name, bool(options.get("special_tokens", True)), cut)
+    return path, load_tokenizer(path, "--store-tokens")
 
 
 def _fine_tune_ids(opts: StoreOptions, options: dict, popts: PackOptions, tokenizer_path: str | None,
                    fine_tune: dict) -> TokenIds:
     """Return how ``--store-tokens`` gets the ids and labels of prompt/completion texts or chats."""
     from ...inputs.finetune import FineTuneShape, load_chat_template
-    from ...inputs.specs import load_tokenizer
     from ...stages.pack import truncate_length
 
-    path = opts.tokenizer or tokenizer_path
-    if not path:
-        raise SortpackError("--store-tokens needs --tokenizer (the tokenizer.json the sizes were counted with)")
-    recorded = options.get("tokenizer")
-    if recorded and Path(path).name != recorded:
-        raise SortpackError(f"--tokenizer {path}: the plan's sizes were counted with {recorded!r}")
-    tokenizer = load_tokenizer(path, "--store-tokens")
+    path, tokenizer = _recorded_tokenizer(opts, options, tokenizer_path)
     if fine_tune["shape"] == "chat":
         # run takes the ids from analyze's cache; pack renders the chats again with the same template
         template = None
