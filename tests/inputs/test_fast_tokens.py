@@ -159,6 +159,21 @@ def code_point_texts(points: list[int] | None = None, block: int = 4096) -> list
             for a in range(0, len(points), block)]
 
 
+def swept_points() -> list[int] | None:
+    """Return the code points the engines' sweep compares (None: all of them, with SORTPACK_EXHAUSTIVE_TESTS=1).
+
+    Every code point of planes 0-3 and 14 (all of Unicode's assigned letters, marks, numbers,
+    punctuation and the tag characters) and every 499th of the rest: planes 4-13 are unassigned
+    and 15-16 private use, each one category that the regexes treat alike, so a sample of them
+    says what all of them would at a quarter of the time.
+    """
+    import os
+
+    if os.environ.get("SORTPACK_EXHAUSTIVE_TESTS") == "1":
+        return None
+    return sorted(set(range(0x40000)) | set(range(0xE0000, 0xF0000)) | set(range(0, 0x110000, 499)))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("name", sorted(VERIFIED_PATTERNS))
@@ -173,7 +188,7 @@ def test_both_regex_engines_split_every_code_point_alike(name):
 
     pattern = VERIFIED_PATTERNS[name]
     split = pre_tokenizers.Split(Regex(pattern), "isolated")
-    for text in code_point_texts():
+    for text in code_point_texts(swept_points()):
         pieces = [p.encode("utf-8") for p, _ in split.pre_tokenize_str(text)]
         assert b"".join(pieces) == text.encode("utf-8")  # the matches cover the text: tiktoken keeps only matches
         ranks = {bytes([b]): b for b in range(256)}
