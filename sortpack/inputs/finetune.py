@@ -128,13 +128,19 @@ def pretokenized(ids_col, labels_col, where: str, ids_name: str = "input_ids",
 # --- (b) prompt and completion texts --------------------------------------------------------------------
 
 
-def _texts(col, where: str, name: str) -> list:
+def _values(col, where: str, name: str, fits, kind: str) -> list:
+    """Return a column's values as Python objects; one line naming the column when its type or a null is wrong."""
     col = plain_column(col) if isinstance(col, pa.ChunkedArray) else col
-    if not is_text(col.type):
-        raise SortpackError(f"{where}: column {name!r} is {col.type}, not text")
+    if not fits(col.type):
+        raise SortpackError(f"{where}: column {name!r} is {col.type}, not {kind}")
     if col.null_count:
         raise SortpackError(f"{where}: column {name!r} has {col.null_count} null values")
     return col.to_pylist()
+
+
+def _texts(col, where: str, name: str) -> list:
+    """Return a text column's strings (prompts or completions)."""
+    return _values(col, where, name, is_text, "text")
 
 
 def prompt_completion(tokenizer, prompts: Sequence[str], completions: Sequence[str]) -> Encoded:
@@ -354,12 +360,8 @@ def _turn_spans(template: ChatTemplate, messages: list, roles: frozenset, where:
 
 
 def _messages(col, where: str, name: str) -> list:
-    col = plain_column(col) if isinstance(col, pa.ChunkedArray) else col
-    if not is_list(col.type):
-        raise SortpackError(f"{where}: column {name!r} is {col.type}, not a list of {{role, content}} messages")
-    if col.null_count:
-        raise SortpackError(f"{where}: column {name!r} has {col.null_count} null values")
-    return col.to_pylist()
+    """Return a messages column's conversations (lists of {role, content})."""
+    return _values(col, where, name, is_list, "a list of {role, content} messages")
 
 
 def render_chats(template: ChatTemplate, conversations: Sequence[list], train_on: Sequence[str] = DEFAULT_TRAIN_ON,
