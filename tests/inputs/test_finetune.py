@@ -162,3 +162,16 @@ def test_shape_is_a_picklable_per_item_tokenize(chatml):
     ids, labels = pickle.loads(pickle.dumps(shape))({"messages": chat, "other": 1})
     enc = encode_chats(shape.tokenizer, shape.template, [chat])
     assert ids.tolist() == _rows(enc.ids)[0] and labels.tolist() == _rows(enc.labels)[0]
+
+
+def test_a_wrong_column_type_or_a_null_is_one_line_naming_the_column(chatml):
+    tokenizer_file, config = chatml
+    tok = load_tokenizer(tokenizer_file)
+    pairs = fine_tune_shape(None, prompt_column="q", tokenizer=tok)
+    with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'q' is int64, not text$"):
+        pairs.encode(pa.table({"q": [1, 2], "completion": ["a", "b"]}), "f.jsonl")
+    with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'completion' has 1 null values$"):
+        pairs.encode(pa.table({"q": ["x", "y"], "completion": ["a", None]}), "f.jsonl")
+    chat = fine_tune_shape(None, chat_template=config, tokenizer=tok)
+    with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'messages' is string, not a list of \{role, content"):
+        chat.encode(pa.table({"messages": ["hi"]}), "f.jsonl")
