@@ -55,6 +55,19 @@ def full_batch_grads(ix: PackedIndex, sizes, schedule: np.ndarray) -> list[list[
     return out
 
 
+def assert_two_ranks_match(tmp_path, worker_args: list, steps: int, w1: list, full: list) -> None:
+    """Run the step-loss worker on two gloo ranks and assert its gradients and ``w1``'s equal ``full``'s."""
+    out = tmp_path / "w2.npz"
+    run_gloo_ranks([HERE / "step_loss_worker.py", *worker_args, 2, steps, out], timeout=240,
+                   env={"CUDA_VISIBLE_DEVICES": ""})
+    saved = np.load(out)
+    w2 = [[saved[f"arr_{s * len(w1[0]) + k}"] for k in range(len(w1[0]))] for s in range(steps)]
+    for s in range(steps):
+        for a, b, c in zip(w2[s], w1[s], full[s]):
+            np.testing.assert_allclose(a, c, rtol=0, atol=1e-10)
+            np.testing.assert_allclose(b, c, rtol=0, atol=1e-10)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_gradients_equal_at_any_world_and_accumulation(tmp_path, mode):
@@ -67,15 +80,7 @@ def test_gradients_equal_at_any_world_and_accumulation(tmp_path, mode):
     collate, _ = collate_and_losses(mode)
     w1 = accumulate(TinyCausalLM(), DataLoader(dataset(sizes), batch_sampler=one, collate_fn=collate), mode, steps)
     full = full_batch_grads(ix, sizes, schedule)
-    out = tmp_path / "w2.npz"
-    run_gloo_ranks([HERE / "step_loss_worker.py", path, tmp_path / f"{path.name}-sizes.npy", mode, 2, steps, out],
-                   timeout=240, env={"CUDA_VISIBLE_DEVICES": ""})
-    saved = np.load(out)
-    w2 = [[saved[f"arr_{s * len(w1[0]) + k}"] for k in range(len(w1[0]))] for s in range(steps)]
-    for s in range(steps):
-        for a, b, c in zip(w2[s], w1[s], full[s]):
-            np.testing.assert_allclose(a, c, rtol=0, atol=1e-10)
-            np.testing.assert_allclose(b, c, rtol=0, atol=1e-10)
+    assert_two_ranks_match(tmp_path, [path, tmp_path / f"{path.name}-sizes.npy", mode], steps, w1, full)
     # the usual per-micro-batch mean divided by A is not the step's mean: the test can tell
     _, losses = collate_and_losses(mode)
     model = TinyCausalLM()
@@ -166,12 +171,4 @@ def test_masked_labels_give_the_gradient_of_the_mean_over_targets_at_any_world(t
         full.append([p.grad.numpy().copy() for p in model.parameters()])
     mb = next(iter(one))
     assert mb.step_targets < mb.step_tokens - mb.step_batch  # the prompts are not targets
-    out = tmp_path / "w2.npz"
-    run_gloo_ranks([HERE / "step_loss_worker.py", path, "-", mode, 2, steps, out], timeout=240,
-                   env={"CUDA_VISIBLE_DEVICES": ""})
-    saved = np.load(out)
-    w2 = [[saved[f"arr_{s * len(w1[0]) + k}"] for k in range(len(w1[0]))] for s in range(steps)]
-    for s in range(steps):
-        for a, b, c in zip(w2[s], w1[s], full[s]):
-            np.testing.assert_allclose(a, c, rtol=0, atol=1e-10)
-            np.testing.assert_allclose(b, c, rtol=0, atol=1e-10)
+    assert_two_ranks_match(tmp_path, [path, "-", mode], steps, w1, full)
