@@ -17,15 +17,14 @@ from typing import Any
 
 from ..errors import SortpackError
 from ..parallel import Comm
-from ..stages.holdout import Holdout, split_holdout
-from ..stages.pack import Microbatches, PackOptions, pack_samples
-from ..stages.samples import SampleColumns
+from ..stages.pack import PackOptions
+from ..stages.sort import SortOptions
 from ..stages.split import check_split
 from ..write.output import NestedOutput, OutputDir
-from ..write.provenance import Profile
+from ..write.provenance import JobInfo, Profile
 from ..write.store import Store, StoreOptions, prepare
 
-__all__ = ["JobScope", "check_options", "job_scope", "nested_plan", "split_check", "store_for", "training_split"]
+__all__ = ["JobScope", "PlanJob", "check_options", "job_scope", "nested_plan", "split_check", "store_for"]
 
 
 def split_check(popts: Any, recorded: dict, own_column: str | None = None,
@@ -103,21 +102,27 @@ def job_scope(comm: Comm, output: str, overwrite: bool, inputs: list[str]) -> It
         raise
 
 
-def hold_out_and_pack(comm: Comm, prof: Profile, ordered: SampleColumns, plan: Holdout | None, popts: PackOptions,
-                      key: str, split: dict | None) -> tuple[SampleColumns, SampleColumns | None, Microbatches]:
-    """Return (the training samples, the held-out ones or None, the training samples' micro-batches)."""
-    held = None
-    if plan is not None:
-        # by sample id, before packing drops, skips or cuts anything: the same after the sort as
-        # before it, and a document's pieces (they share its id) stay on one side
-        with prof.stage("holdout_choice"):
-            ordered, held = split_holdout(comm, ordered, plan)
-    with prof.stage("pack"):
-        # the split's counts of the training plan's documents (``split["held"]``: the held-out plan's)
-        mbs = pack_samples(comm, ordered, popts, key, training_split(split))
-    return ordered, held, mbs
+@dataclass
+class PlanJob:
+    """One planning job as its stages see it: the ranks, its output scope, its options, store and provenance.
 
+    ``sopts``: the sort's options (``pack``: the sorted directory's, as recorded).
+    """
 
-def training_split(split: dict | None) -> dict | None:
-    """Return the counts of ``--oversize split`` that the training plan records (without the held-out plan's)."""
-    return None if split is None else {k: v for k, v in split.items() if k != "held"}
+    comm: Comm
+    scope: JobScope
+    info: JobInfo
+    sopts: SortOptions
+    popts: PackOptions
+    store: Store | None = None
+    progress: bool = False
+
+    @property
+    def out(self) -> OutputDir:
+        """Return the job's output directory."""
+        return self.scope.out
+
+    @property
+    def prof(self) -> Profile:
+        """Return the job's stage profile."""
+        return self.scope.prof

@@ -109,6 +109,38 @@ def test_the_pipeline_only_orchestrates():
                            f"stage (sortpack/stages/), see docs/architecture.md")
 
 
+def _calls(path: Path) -> set[str]:
+    """Return the names ``path`` calls (``f(...)`` and ``x.f(...)`` both give ``f``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            names.add(func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else "")
+    return names
+
+
+# what pipeline/ writes once for every plan (run, pack, a mixture): the module that owns it, what only it calls
+PIPELINE_ONCE = {
+    "columns.py": {"check_columns", "resolve_column", "first_columns", "input_columns"},  # the column policy
+    "tail.py": {"pack_samples", "write_index", "split_holdout"},  # hold out, pack, write both plans
+}
+
+
+@pytest.mark.parametrize("owner", sorted(PIPELINE_ONCE))
+def test_the_pipeline_writes_the_column_policy_and_the_tail_once(owner):
+    for path in sorted((PKG / "pipeline").rglob("*.py")):
+        found = _calls(path) & PIPELINE_ONCE[owner] if path.name != owner else set()
+        assert not found, (f"{path.relative_to(PKG.parent)} calls {sorted(found)}: that is pipeline/{owner}'s "
+                           f"(one rule for every plan), see docs/architecture.md")
+
+
+def test_a_mixture_is_one_stage_package():
+    # the union's analysis, part passes, blend and move are stages/mixture/'s; the pipeline only strings them
+    loose = sorted(p.name for p in (PKG / "stages").glob("*.py") if p.stem in {"mixture", "blend", "part_pass"})
+    assert not loose and (PKG / "stages" / "mixture" / "__init__.py").exists(), loose
+    assert "analyze" not in _calls(PKG / "pipeline" / "mixture.py"), "pipeline/mixture.py analyzes: stages/mixture's"
+
+
 def _side_imports(name: str) -> set[str]:
     """Return what every module of top-level ``name`` (a module or a package) imports."""
     paths = [PKG / f"{name}.py"] if (PKG / f"{name}.py").exists() else list((PKG / name).rglob("*.py"))

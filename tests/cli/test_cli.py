@@ -274,7 +274,7 @@ def test_a_run_of_local_parquet_imports_only_what_it_uses(tmp_path):
     pq.write_table(pa.table({"n": np.arange(1, 1001, dtype=np.int32)}), tmp_path / "x.parquet")
     unused = ("tokenizers", "torch", "tqdm", "pandas", "matplotlib", "transformers", "datasets", "pyarrow.dataset",
               "pyarrow.compute", "sortpack.reader", "sortpack.report", "sortpack.train", "sortpack.torch",
-              "sortpack.stages.mixture", "sortpack.stages.blend", "sortpack.pipeline.mixture")
+              "sortpack.stages.mixture", "sortpack.pipeline.mixture")
     code = ("import sys; from sortpack.cli import main\n"
             f"try: main(['run', {str(tmp_path / 'x.parquet')!r}, '-o', {str(tmp_path / 'plan')!r}, '--size', "
             "'column:n', '--max-tokens', '5000', '--quiet'])\nexcept SystemExit as e: assert not e.code, e.code\n"

@@ -10,7 +10,7 @@ from sortpack import kernels as K
 from sortpack.errors import SortpackError
 from sortpack.inputs.mixture import Schedule
 from sortpack.kernels import _loader
-from sortpack.stages.blend import plan_blend
+from sortpack.stages.mixture.blend import plan_blend
 
 needs_c = pytest.mark.skipif(K.backend() != "c", reason="the compiled kernels are not built")
 INF = float("inf")

@@ -1,5 +1,5 @@
 """The mixture stage's communicating halves: the union's numbering and the move to the writers; 1 rank
-in-process, 2-4 under mpiexec (the pure halves: tests/stages/test_mixture_stage.py)."""
+in-process, 2-4 under mpiexec (the pure halves: tests/stages/mixture/test_mixture_stage.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 
 from sortpack.parallel import get_comm
 from sortpack.partition import balanced_blocks
-from sortpack.stages.mixture import gather_packed, global_ids, move_to_writers, union_sources
+from sortpack.stages.mixture import IndexShards, gather_packed, global_ids, move_to_writers, union_sources
 from sortpack.stages.pack import Microbatches
 from sortpack.stages.samples import SampleColumns
 
@@ -58,7 +58,7 @@ def test_every_plan_micro_batch_reaches_its_writer_with_its_ids(comm, seed):
     mbs = Microbatches(a, total, flat, offsets, cols, {}, begin=flat * 7, end=flat * 7 + 1)
     packed = gather_packed(comm, mbs, 1)
     g = rng.integers(0, total, 40)  # repeats too
-    first, got, got_ids, _, ranges = move_to_writers(comm, mbs, packed, g, 5, 30)
+    first, got, got_ids, _, ranges = move_to_writers(comm, mbs, packed, g, IndexShards(5, 30))
     mine = g[first:first + len(got["tokens"])]
     assert np.array_equal(got["tokens"], mine * 3)
     assert np.array_equal(got_ids, np.concatenate([np.arange(j * 10, j * 10 + ns_all[j]) for j in mine] + [[]]))

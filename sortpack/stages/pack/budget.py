@@ -1,12 +1,15 @@
-"""What the packing options let a sample or a padded length hold: oversize, truncation, static batch sizes.
+"""What the packing options let a sample or a padded length hold: the budgets, oversize, truncation, static sizes.
 
-The costs themselves (what a sample and a micro-batch cost, how they compare to the limit) are
-the kernels' budget policy (``kernels.budget``); this module applies it to ``PackOptions``.
+``BUDGETS`` is the ``--budget`` registry (a name -> its ``Budget`` class, as ``--balance`` has
+``balance.BALANCE``): a budget says what a sample costs alone, the longest sample that fits
+alone, why a sample does not, the kernel budget it packs with and how a same-shape group packs.
+The costs inside the greedy are the kernels' budget policy (``kernels.budget``); this module
+applies a budget to ``PackOptions``.
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -15,6 +18,105 @@ from ...errors import SortpackError
 
 if TYPE_CHECKING:  # the options' type only: options.py reads the --balance registry, which reads these
     from .options import PackOptions
+
+
+class Budget:
+    """``--budget padded``: a micro-batch of ``c`` samples whose longest is ``L`` costs ``c*L`` (fairseq's rule).
+
+    The base class of the budgets: each answers for one ``PackOptions``.
+    """
+
+    name: ClassVar[str] = "padded"
+    kernel: ClassVar[str] = "padded"  # the kernels' budget that packs it (``kernels.budget.BUDGETS``)
+    pads: ClassVar[bool] = True  # its micro-batches train as padded tensors (else varlen: ``cu_seqlens``)
+
+    def __init__(self, opts: PackOptions):
+        self.opts = opts
+
+    def check(self) -> None:
+        """Raise SortpackError for options this budget cannot use (one line)."""
+
+    def cost_is_size(self) -> bool:
+        """Return whether a sample's cost alone is its size (no rounding): oversize is then a size above the limit."""
+        return not self.opts.rounding
+
+    def cost_alone(self, lengths: np.ndarray) -> np.ndarray:
+        """Return each (padded) length's cost alone in a micro-batch."""
+        return kernels.sample_cost(lengths, self.kernel, self.opts.scale)
+
+    def longest_alone(self) -> int:
+        """Return the longest sample (before rounding) whose cost alone fits the limit."""
+        return self.opts.limit
+
+    def over_reason(self, largest: int) -> str | None:
+        """Return why a sample of size ``largest`` costs more than the limit when its size does not (None: it does)."""
+        return None
+
+    def same_shape(self, sizes: np.ndarray, shapes: np.ndarray | None) -> tuple[str, np.ndarray | None]:
+        """Return (the kernel budget, the rounding lengths) a same-shape group of unrounded samples packs with."""
+        return self.kernel, shapes
+
+
+class TokensBudget(Budget):
+    """``--budget tokens``: a micro-batch costs the sum of its sizes (``c*L`` when lengths are rounded)."""
+
+    name: ClassVar[str] = "tokens"
+    kernel: ClassVar[str] = "tokens"
+    pads: ClassVar[bool] = False
+
+    def same_shape(self, sizes: np.ndarray, shapes: np.ndarray | None) -> tuple[str, np.ndarray | None]:
+        """Return the padded rule: a same-shape group pads every sample to one length, so each costs that length."""
+        return "padded", shapes
+
+
+class QuadraticBudget(Budget):
+    """``--budget quadratic``: a micro-batch costs ``sum(s + s*s/Q)`` (``c*(L + L*L/Q)`` rounded), lhotse's rule."""
+
+    name: ClassVar[str] = "quadratic"
+    kernel: ClassVar[str] = "quadratic"
+    pads: ClassVar[bool] = False
+
+    def check(self) -> None:
+        """Refuse the quadratic budget without its scale."""
+        if not (self.opts.quadratic_scale and self.opts.quadratic_scale > 0):
+            raise SortpackError("--budget quadratic needs --quadratic-scale Q > 0 (cost = size + size^2/Q)")
+
+    def cost_is_size(self) -> bool:
+        """Return False: a sample's cost alone is ``s + s*s/Q``, above its size."""
+        return False
+
+    def longest_alone(self) -> int:
+        """Return the longest ``s`` with ``s + s*s/Q`` within the limit."""
+        b, q = self.opts.limit, self.opts.scale
+        cap = int(math.floor(q * (math.sqrt(1.0 + 4.0 * b / q) - 1.0) / 2.0)) + 2
+        while cap > 0 and cap + cap * cap / q > b:
+            cap -= 1
+        return cap
+
+    def over_reason(self, largest: int) -> str | None:
+        """Return the quadratic cost that puts a sample within the limit by size over it, naming both options."""
+        b, q = self.opts.limit, self.opts.scale
+        if largest > b:
+            return None
+        return (f"cost more than --max-tokens {b} alone under --budget quadratic with --quadratic-scale {q:g} "
+                f"(largest size {largest}, cost {largest + largest * largest / q:.4g}); raise --quadratic-scale "
+                f"or --max-tokens")
+
+    def same_shape(self, sizes: np.ndarray, shapes: np.ndarray | None) -> tuple[str, np.ndarray | None]:
+        """Return the quadratic rule over each sample rounded to itself: every sample costs as the group's length."""
+        return self.kernel, np.unique(sizes)
+
+
+# --budget NAME -> the budget (``PackOptions.budget``); a new budget is one class here
+BUDGETS: dict[str, type[Budget]] = {cls.name: cls for cls in (Budget, TokensBudget, QuadraticBudget)}
+
+
+def budget_of(opts: PackOptions) -> Budget:
+    """Return the ``Budget`` of ``opts`` (SortpackError, one line: an unknown ``--budget``)."""
+    cls = BUDGETS.get(opts.budget)
+    if cls is None:
+        raise SortpackError(f"--budget {opts.budget!r}: expected {', '.join(BUDGETS)}")
+    return cls(opts)
 
 
 def padded_lengths(opts: PackOptions, lengths: np.ndarray) -> np.ndarray:
@@ -26,7 +128,7 @@ def padded_lengths(opts: PackOptions, lengths: np.ndarray) -> np.ndarray:
 def alone_cost(opts: PackOptions, sizes: np.ndarray) -> np.ndarray:
     """Return each sample's cost alone in a micro-batch (inf where no shape fits)."""
     lengths = padded_lengths(opts, sizes) if opts.rounding else np.asarray(sizes, np.int64)
-    cost = kernels.sample_cost(lengths, opts.budget, opts.scale).astype(np.float64)
+    cost = budget_of(opts).cost_alone(lengths).astype(np.float64)
     cost[lengths < 0] = np.inf
     return cost
 
@@ -36,7 +138,7 @@ def oversize_mask(opts: PackOptions, sizes: np.ndarray, sizes2: np.ndarray | Non
     over ``--max-size2`` alone too)."""
     if opts.rows:
         over = np.asarray(sizes) > opts.rows
-    elif opts.budget != "quadratic" and not opts.rounding:
+    elif budget_of(opts).cost_is_size():
         over = np.asarray(sizes) > opts.limit  # cost alone is the size: no temporaries
     else:
         over = alone_cost(opts, sizes) > opts.limit
@@ -59,11 +161,9 @@ def oversize_reason(opts: PackOptions, largest: int) -> str:
         return (f"are longer than the largest of --shapes ({max(opts.shapes)}; largest size {largest}); "
                 f"add a longer shape")
     length = int(padded_lengths(opts, np.array([largest], np.int64))[0]) if opts.rounding else largest
-    if opts.budget == "quadratic" and largest <= b:
-        q = opts.scale
-        return (f"cost more than --max-tokens {b} alone under --budget quadratic with --quadratic-scale {q:g} "
-                f"(largest size {largest}, cost {largest + largest * largest / q:.4g}); raise --quadratic-scale "
-                f"or --max-tokens")
+    reason = budget_of(opts).over_reason(largest)
+    if reason is not None:
+        return reason
     if length > b >= largest:
         flag = f"--pad-to-multiple {opts.pad_to_multiple}" if opts.pad_to_multiple > 1 else "--shapes"
         return (f"are padded past --max-tokens {b} by {flag} (largest size {largest} pads to {length}); "
@@ -76,13 +176,7 @@ def truncate_length(opts: PackOptions) -> int:
     b = opts.limit
     if opts.rows:
         return opts.rows
-    if opts.budget == "quadratic":
-        q = opts.scale
-        cap = int(math.floor(q * (math.sqrt(1.0 + 4.0 * b / q) - 1.0) / 2.0)) + 2
-        while cap > 0 and cap + cap * cap / q > b:
-            cap -= 1
-    else:
-        cap = b
+    cap = budget_of(opts).longest_alone()
     if opts.shapes:
         fitting = [s for s in opts.shapes if s <= cap]
         if not fitting:
@@ -101,6 +195,6 @@ def static_batch_size(opts: PackOptions, lengths: np.ndarray) -> np.ndarray:
     The most samples the budget (and ``--max-samples``) allows at that length, rounded
     down to a multiple of ``--batch-multiple`` when at least one multiple fits.
     """
-    cap = kernels.batch_capacity(lengths, opts.limit, opts.budget, opts.scale, opts.max_samples)
+    cap = kernels.batch_capacity(lengths, opts.limit, budget_of(opts).kernel, opts.scale, opts.max_samples)
     m = opts.batch_multiple
     return np.where(cap >= m, cap // m * m, cap)

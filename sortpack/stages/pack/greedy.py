@@ -16,7 +16,7 @@ from ...progress import Progress
 from ..samples import SampleColumns
 from ..shapes import choose_shapes
 from .batches import Packed, key_values, plain_batches, same_shape_groups, static_batches
-from .budget import oversize_mask
+from .budget import budget_of, oversize_mask
 from .filters import apply_oversize
 from .options import PackOptions
 from .two_caps import two_cap_order
@@ -40,16 +40,12 @@ def piece_bounds(sizes: np.ndarray, opts: PackOptions, sizes2: np.ndarray | None
     """Return micro-batch (or same-shape super-batch) boundaries for one piece (``sizes2``: the
     second size, capped by ``--max-size2``)."""
     g = opts.group_size if opts.same_shape else 1
-    budget = opts.budget
+    budget = budget_of(opts).kernel
     shapes = np.asarray(opts.shapes, np.int64) if opts.shapes else None
     if opts.same_shape and not opts.rounding:
         # A same-shape group pads every sample to one length L, so each costs as if it
-        # were L long: tokens becomes c*L (the padded rule) and quadratic c*(L + L^2/Q),
-        # which the kernel applies when lengths are rounded -- here to themselves.
-        if budget == "tokens":
-            budget = "padded"
-        elif budget == "quadratic":
-            shapes = np.unique(sizes)
+        # were L long: each budget says how its kernel then packs (``Budget.same_shape``).
+        budget, shapes = budget_of(opts).same_shape(sizes, shapes)
     if opts.max_size2 and sizes2 is not None:
         return kernels.greedy_pack(sizes, opts.limit * g, budget, opts.max_samples * g, opts.batch_multiple * g,
                                    opts.scale, opts.pad_to_multiple, shapes, sizes2, opts.max_size2)

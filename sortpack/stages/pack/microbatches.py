@@ -10,6 +10,7 @@ from ...parallel import Comm
 from ..samples import SampleColumns
 from .balance import cost_key, global_order, two_cap_key
 from .batches import Packed, segment_reduce
+from .budget import budget_of
 from .filters import drop_empty
 from .greedy import balanced_caps, pack_greedy
 from .options import PackOptions
@@ -39,7 +40,7 @@ def padded_layout(opts: PackOptions) -> bool:
     ``--budget padded``, ``--same-shape`` and ``--static-shapes`` pad; ``--budget tokens`` and
     ``quadratic`` (varlen training: ``cu_seqlens``) and ``--rows`` attend within each document.
     """
-    return not opts.rows and (opts.budget == "padded" or opts.same_shape or opts.static_shapes)
+    return not opts.rows and (budget_of(opts).pads or opts.same_shape or opts.static_shapes)
 
 
 def attention_work(packed: Packed, opts: PackOptions) -> np.ndarray:

@@ -17,7 +17,7 @@ class PackOptions:
     """How to cut micro-batches: budget, shape rules, oversize policy (read-only: ``with_shapes`` makes a copy)."""
 
     max_tokens: int | None = None
-    budget: str = "padded"
+    budget: str = "padded"  # --budget NAME (budget.BUDGETS)
     max_samples: int = 0
     batch_multiple: int = 1
     quadratic_scale: float | None = None
@@ -72,13 +72,13 @@ class PackOptions:
         """Raise SortpackError for option values that make no sense."""
         if self.limit <= 0:
             raise SortpackError(f"--max-tokens {self.max_tokens}: must be a positive integer")
-        if self.budget not in kernels.BUDGETS:
-            raise SortpackError(f"--budget {self.budget!r}: expected padded, tokens or quadratic")
+        from .budget import budget_of
+
+        budget = budget_of(self)  # the --budget registry: an unknown name is refused here
         q = self.quadratic_scale
         if q is not None and not (math.isfinite(q) and q > 0):
             raise SortpackError(f"--quadratic-scale {q}: must be a finite number > 0")
-        if self.budget == "quadratic" and not (self.quadratic_scale and self.quadratic_scale > 0):
-            raise SortpackError("--budget quadratic needs --quadratic-scale Q > 0 (cost = size + size^2/Q)")
+        budget.check()
         if self.max_samples < 0:
             raise SortpackError(f"--max-samples {self.max_samples}: must be >= 0")
         if self.batch_multiple < 1:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
 from sortpack.inputs.schedule import Schedule, deviations
-from sortpack.stages.blend import pass_order, plan_blend
+from sortpack.stages.mixture.blend import pass_order, plan_blend
 
 
 @st.composite
@@ -170,7 +170,7 @@ def test_an_absurd_total_is_refused_before_planning(total, message):
 
 
 def test_a_plan_of_too_many_units_is_refused(monkeypatch):
-    from sortpack.stages import blend
+    from sortpack.stages.mixture import blend
 
     monkeypatch.setattr(blend, "MAX_PLAN_UNITS", 100)
     schedule = Schedule(np.array([1.0]), np.array([[1.0]]))

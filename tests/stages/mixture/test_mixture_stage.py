@@ -12,7 +12,11 @@ from sortpack.inputs.mixture import parse_mixture
 from sortpack.parallel import SerialComm
 from sortpack.partition import balanced_blocks
 from sortpack.stages.mixture import (
+    IndexShards,
+    MixturePacking,
     PackedUnits,
+    Sources,
+    Union,
     blend_mixture,
     blend_units,
     concat_microbatches,
@@ -125,7 +129,8 @@ def test_units_and_held_tokens_count_the_whole_packing_only():
 def test_blend_units_point_at_packed_micro_batches_of_their_source():
     # web holds 300 tokens and needs 700: two whole passes and a part pass of 100 (held: 120); code once
     packed = _units([100] * 6 + [60, 60], [0, 0, 0, 1, 1, 1, 0, 0], part=[0] * 6 + [1, 1])
-    blend, g = blend_units(packed, _mix(total_tokens=1000), 1)
+    blended = blend_units(packed, _mix(total_tokens=1000), 1)
+    blend, g = blended.blend, blended.g
     assert len(g) == len(blend)
     assert np.array_equal(packed.source[g], blend.source)  # each plan unit is one of its source's micro-batches
     web = packed.tokens[g][blend.source == 0].sum()
@@ -199,22 +204,23 @@ def test_blend_mixture_on_one_rank_gives_each_source_its_share_and_a_record_that
     comm, mix = SerialComm(), _mix(total_tokens=60_000)
     mbs = pack_samples(comm, union, PackOptions(max_tokens=2048))
     packed = gather_packed(comm, mbs, 1)
-    plan, record = blend_mixture(comm, mbs, packed, mix, 1, 1, np.array([0, 400, 700]), [1, 1], 1000, 10**6)
+    how = MixturePacking(mix, PackOptions(max_tokens=2048), "size", 1, Sources(np.array([0, 400, 700]), [], [1, 1]))
+    plan, record = blend_mixture(comm, mbs, packed, how, IndexShards(1000, 10**6))
     assert plan.total == len(plan.offsets) - 1 == sum(s["microbatches"] for s in record["sources"])
     assert int(plan.columns["tokens"].sum()) == record["tokens"] == sum(s["tokens"] for s in record["sources"])
     assert record["max_deviation_tokens"] <= record["bound_tokens"]
     for s, src in enumerate(record["sources"]):
         ids = plan.sample_ids[np.repeat(plan.columns["source"] == s, plan.columns["num_samples"].astype(np.int64))]
         assert np.all((ids >= src["first_sample"]) & (ids < src["first_sample"] + src["num_rows"]))
-    blend, g = blend_units(packed, mix, 1)  # the pure half alone gives the same record
-    assert mixture_record(mix, blend, packed, g, np.array([0, 400, 700]), [1, 1], 1) == record
+    assert mixture_record(how, blend_units(packed, mix, 1)) == record  # the pure half alone gives the same record
 
 
 def test_move_to_writers_on_one_rank_lays_out_the_plan_in_order():
     mbs = _mbs({"num_samples": np.array([1, 2, 1], np.int32), "batch_size": np.array([1, 2, 1], np.int32),
                 "tokens": np.array([4, 6, 8])}, [[10], [11, 12], [13]])
     packed = _units([4, 6, 8], [0, 0, 0], samples=[1, 2, 1])
-    first, cols, ids, rows, ranges = move_to_writers(SerialComm(), mbs, packed, np.array([2, 0, 2, 1]), 1000, 10**6)
+    first, cols, ids, rows, ranges = move_to_writers(SerialComm(), mbs, packed, np.array([2, 0, 2, 1]),
+                                                     IndexShards(1000, 10**6))
     assert first == 0 and cols["tokens"].tolist() == [8, 4, 8, 6] and ids.tolist() == [13, 10, 13, 11, 12]
     assert rows is None and ranges is None
 
@@ -234,13 +240,14 @@ def test_split_union_cuts_each_source_and_keeps_its_group():
     size = np.array([3, 25, 4, 12, 2], np.int64)  # source 0: ids 0, 1; source 1: ids 2, 3, 4
     union = SampleColumns(0, 5, np.arange(5, dtype=np.int64), size, size, None, [])
     bases = np.array([0, 2, 5])
-    out, groups, split = split_union(SerialComm(), union, source_of(union, bases), None, bases,
-                                     PackOptions(max_tokens=10, oversize="split"))
+    whole = Union(union, source_of(union, bases), Sources(bases, [], [1, 1]))
+    cut, split = split_union(SerialComm(), whole, PackOptions(max_tokens=10, oversize="split"))
+    out, groups = cut.samples, cut.groups
     assert out.sample_id.tolist() == [0, 1, 1, 1, 2, 3, 3, 4] and out.begin.tolist() == [0, 0, 10, 20, 0, 0, 10, 0]
     assert out.size.tolist() == [3, 10, 10, 5, 4, 10, 2, 2] and groups.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
     assert split == {"split": 2, "split_pieces": 5, "split_tokens": 37}
-    same, groups, split = split_union(SerialComm(), union, source_of(union, bases), None, bases,
-                                      PackOptions(max_tokens=30, oversize="split"))
+    kept, split = split_union(SerialComm(), whole, PackOptions(max_tokens=30, oversize="split"))
+    same, groups = kept.samples, kept.groups
     assert same is union and same.begin is None and split["split"] == 0 and groups.tolist() == [0, 0, 1, 1, 1]
 
 
@@ -263,6 +270,6 @@ def test_piece_ranges_travel_with_their_ids():
     mbs = _pieces(_mbs({"num_samples": np.array([1, 2], np.int32), "batch_size": np.array([1, 2], np.int32),
                         "tokens": np.array([4, 6])}, [[10], [11, 11]]), [3, 0, 50])
     packed = _units([4, 6], [0, 0], samples=[1, 2])
-    _, _, ids, _, got = move_to_writers(SerialComm(), mbs, packed, np.array([1, 0, 1]), 1000, 10**6)
+    _, _, ids, _, got = move_to_writers(SerialComm(), mbs, packed, np.array([1, 0, 1]), IndexShards(1000, 10**6))
     assert ids.tolist() == [11, 11, 10, 11, 11] and got[0].tolist() == [0, 50, 3, 0, 50]
     assert got[1].tolist() == [100, 150, 103, 100, 150]

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import SortpackError
-from ..inputs.schedule import Schedule
-from ..kernels import wf2q_interleave
-from ..permutation import _M64, KeyedPermutation, _mix
+from ...errors import SortpackError
+from ...inputs.schedule import Schedule
+from ...kernels import wf2q_interleave
+from ...permutation import _M64, KeyedPermutation, _mix
 
 # A source asked for more passes than this is a typo in total_tokens, not a plan: repeating data
 # stops paying after a few dozen epochs, and the plan's arrays grow with the passes (docs/mixtures.md).
@@ -120,19 +120,37 @@ def _sparse_last(order: np.ndarray, tokens: np.ndarray, samples: np.ndarray | No
     return np.concatenate((order[~last], order[last])), cut
 
 
-def _stream(tokens: np.ndarray, stages: np.ndarray, samples: np.ndarray | None, whole: int, part_units: int,
-            need: float, bound: int, seed: int, source: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return (units, pass) of a source's stream: whole passes, the last pass, the sure head in stage order.
+@dataclass
+class _Units:
+    """One source's units: the whole packing's, then its part pass's (the last ``part`` of them; 0: none)."""
 
-    Units ``[0, n)`` are the whole packing's, ``[n, n + part_units)`` the part pass's (none:
-    the last pass visits the whole packing again).
-    """
-    n = len(tokens) - part_units
+    tokens: np.ndarray
+    stages: np.ndarray
+    samples: np.ndarray | None  # samples per unit (None: not known; the last pass keeps its pack order)
+    part: int
+
+
+def _pass_orders(units: _Units, whole: int, seed: int, source: int) -> list[np.ndarray]:
+    """Return the order of each pass over a source's units: ``whole`` passes over the whole packing, then the last
+    pass (over the part pass's units where there are some, else over the whole packing again)."""
+    n = len(units.tokens) - units.part
     orders = [pass_order(n, seed, source, p) for p in range(whole)]
-    if part_units:
-        orders.append(n + pass_order(part_units, seed, source, whole))
+    if units.part:
+        orders.append(n + pass_order(units.part, seed, source, whole))
     else:
         orders.append(pass_order(n, seed, source, whole))
+    return orders
+
+
+def _stream(units: _Units, needs: Needs, source: int, bound: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return (units, pass) of a source's stream: whole passes, the last pass, the sure head in stage order.
+
+    Units ``[0, n)`` are the whole packing's, ``[n, n + part)`` the part pass's (none: the last
+    pass visits the whole packing again).
+    """
+    tokens, stages, samples = units.tokens, units.stages, units.samples
+    need = float(needs.need[source])
+    orders = _pass_orders(units, int(needs.whole[source]), seed, source)
     # the interleave leaves out at most 2 units' worth at the stream's end: units holding few samples
     reserve = 2 * bound
     orders[-1], sparse = _sparse_last(orders[-1], tokens, samples, reserve)
@@ -176,10 +194,9 @@ def _check_size(tokens: list[np.ndarray], need: np.ndarray, held: np.ndarray, to
 
 
 def _with_parts(tokens: list[np.ndarray], stages: list[np.ndarray], samples: list[np.ndarray] | None,
-                parts: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None], needs: Needs
-                ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray | None], list[int]]:
-    """Return each source's units (tokens, stages, samples or None) with its part pass's after them, and their count."""
-    all_tokens, all_stages, all_samples, part_units = [], [], [], []
+                parts: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None], needs: Needs) -> list[_Units]:
+    """Return each source's units with its part pass's after them."""
+    out = []
     for s in range(len(tokens)):
         t, st = np.asarray(tokens[s], dtype=np.int64), np.asarray(stages[s])
         n_s = None if samples is None else np.asarray(samples[s], dtype=np.int64)
@@ -192,13 +209,10 @@ def _with_parts(tokens: list[np.ndarray], stages: list[np.ndarray], samples: lis
             st = np.concatenate((st, np.asarray(p[1], dtype=st.dtype)))
             if n_s is not None:
                 n_s = np.concatenate((n_s, np.asarray(p[2], dtype=np.int64)))
-            part_units.append(len(p[0]))
+            out.append(_Units(t, st, n_s, len(p[0])))
         else:
-            part_units.append(0)
-        all_tokens.append(t)
-        all_stages.append(st)
-        all_samples.append(n_s)
-    return all_tokens, all_stages, all_samples, part_units
+            out.append(_Units(t, st, n_s, 0))
+    return out
 
 
 def _picks(source: np.ndarray, units: list[np.ndarray], pass_ids: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -216,6 +230,16 @@ def _picks(source: np.ndarray, units: list[np.ndarray], pass_ids: list[np.ndarra
     return unit, passes_out
 
 
+def _held(tokens: list[np.ndarray], names: list[str]) -> np.ndarray:
+    """Return each source's tokens (float64), refusing a source that holds none (one line naming it)."""
+    held = np.array([int(np.asarray(t, np.int64).sum()) for t in tokens], dtype=np.float64)
+    empty = np.flatnonzero(held <= 0)
+    if len(empty):
+        raise SortpackError(f"mixture source {names[int(empty[0])]!r}: no tokens to plan (every sample skipped or "
+                            "empty)", collective=True)
+    return held
+
+
 def plan_blend(tokens: list[np.ndarray], stages: list[np.ndarray], schedule: Schedule,
                total_tokens: int | None, seed: int, names: list[str] | None = None,
                samples: list[np.ndarray] | None = None,
@@ -229,22 +253,16 @@ def plan_blend(tokens: list[np.ndarray], stages: list[np.ndarray], schedule: Sch
     """
     k = len(tokens)
     names = names or [str(s) for s in range(k)]
-    held = np.array([int(np.asarray(t, np.int64).sum()) for t in tokens], dtype=np.float64)
-    for s in range(k):
-        if held[s] <= 0:
-            raise SortpackError(f"mixture source {names[s]!r}: no tokens to plan (every sample skipped or empty)",
-                                collective=True)
+    held = _held(tokens, names)
     needs = pass_needs(held, schedule, total_tokens)
     _check_size(tokens, needs.need, held, total_tokens, names)
-    all_tokens, all_stages, all_samples, part_units = _with_parts(tokens, stages, samples, parts or [None] * k, needs)
-    bound = max(int(np.max(t)) for t in all_tokens)
+    per_source = _with_parts(tokens, stages, samples, parts or [None] * k, needs)
+    bound = max(int(np.max(u.tokens)) for u in per_source)
     total = needs.total
     starts, finishes, sizes, units, pass_ids = [], [], [], [], []
     for s in range(k):
-        t = all_tokens[s]
-        visit, pass_of = _stream(t, all_stages[s], all_samples[s], int(needs.whole[s]), part_units[s],
-                                 float(needs.need[s]), bound, seed, s)
-        sizes.append(t[visit])
+        visit, pass_of = _stream(per_source[s], needs, s, bound, seed)
+        sizes.append(per_source[s].tokens[visit])
         cum = np.concatenate(([0], np.cumsum(sizes[s])))
         starts.append(schedule.inverse(s, cum[:-1], total))
         finishes.append(schedule.inverse(s, cum[1:], total))

@@ -14,18 +14,26 @@ share of its samples (to one sample per stratum), and which samples of a stratum
 Keys depend on (seed, source, position in the source's sorted order, sample id) only: the
 subset is the same for any rank count. ``part_keys`` is the pure half; ``select_part`` finds
 the threshold with a few dozen allreduces of a number per source.
+
+In the job: ``choose_part_passes`` finds each source's need past its whole passes from every
+rank's packed units and chooses the samples; ``pack_part_passes`` packs them after the whole
+packing, with the lengths it used.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from ..distribute import global_start
-from ..parallel import Comm
-from ..permutation import _M64, _mix, _mix_vec
-from .pack import PackOptions, truncate_length
-from .pack.budget import oversize_mask
-from .pack.filters import content_empty
-from .samples import SampleColumns
+from ...distribute import global_start
+from ...parallel import Comm
+from ...permutation import _M64, _mix, _mix_vec
+from ..pack import Microbatches, PackOptions, pack_samples, truncate_length
+from ..pack.budget import oversize_mask
+from ..pack.filters import content_empty
+from ..samples import SampleColumns
+from .blend import pass_needs
+from .packing import MixturePacking, PackedUnits, concat_microbatches, gather_packed, held_tokens
 
 STRATUM_BITS = 4  # strata of 16 consecutive samples of the sorted order
 _HASH_BITS = 64 - STRATUM_BITS
@@ -75,6 +83,27 @@ def part_keys(position: np.ndarray, sample_id: np.ndarray, seed: int, source: in
     return (rank << np.uint64(_HASH_BITS)) | jitters(sample_id, seed, source)
 
 
+def _hash_thresholds(comm: Comm, sorted_hash: dict[int, np.ndarray], sums: dict[int, np.ndarray],
+                     rest: dict[int, float]) -> dict[int, int]:
+    """Return, per source, the smallest hash whose samples at the chosen stratum rank reach ``rest[s]`` tokens.
+
+    ``sorted_hash[s]`` are this rank's hashes there in order, ``sums[s]`` their tokens' running
+    sums (from 0). A bisection over the hash bits: one allreduce of a number per source each.
+    """
+    partial = list(rest)
+    lo = {s: 0 for s in partial}
+    hi = {s: (1 << _HASH_BITS) - 1 for s in partial}  # the whole rank reaches the need
+    while any(lo[s] < hi[s] for s in partial):
+        mid = {s: (lo[s] + hi[s]) // 2 for s in partial}
+        local = np.array([int(sums[s][np.searchsorted(sorted_hash[s], np.uint64(mid[s]), side="right")])
+                          for s in partial], dtype=np.int64)
+        got = comm.allreduce(local, "sum")
+        for i, s in enumerate(partial):
+            if lo[s] < hi[s]:
+                lo[s], hi[s] = (lo[s], mid[s]) if got[i] >= rest[s] else (mid[s] + 1, hi[s])
+    return hi
+
+
 def select_part(comm: Comm, first_position: list[int], sample_ids: list[np.ndarray], tokens: list[np.ndarray],
                 need: np.ndarray, seed: int) -> list[np.ndarray]:
     """Return, per source, which of this rank's samples make its part pass (bool per sample).
@@ -113,25 +142,27 @@ def select_part(comm: Comm, first_position: list[int], sample_ids: list[np.ndarr
         order = np.argsort(hashes[s], kind="stable")
         sorted_hash[s] = hashes[s][order]
         sums[s] = np.concatenate(([0], np.cumsum(t[at[s][order]])))
-    lo = {s: 0 for s in partial}
-    hi = {s: (1 << _HASH_BITS) - 1 for s in partial}  # the whole rank reaches the need
-    while any(lo[s] < hi[s] for s in partial):
-        mid = {s: (lo[s] + hi[s]) // 2 for s in partial}
-        local = np.array([int(sums[s][np.searchsorted(sorted_hash[s], np.uint64(mid[s]), side="right")])
-                          for s in partial], dtype=np.int64)
-        got = comm.allreduce(local, "sum")
-        for i, s in enumerate(partial):
-            if lo[s] >= hi[s]:
-                continue
-            if got[i] >= rest[s]:
-                hi[s] = mid[s]
-            else:
-                lo[s] = mid[s] + 1
+    hi = _hash_thresholds(comm, sorted_hash, sums, rest)
     for s in partial:
         t = np.asarray(tokens[s])
         keep[s] = (ranks[s] < level[s]) & (t > 0)
         keep[s][at[s]] = hashes[s] <= np.uint64(hi[s])
     return keep
+
+
+def _given_tokens(ordered: SampleColumns, a: int, b: int, popts: PackOptions) -> np.ndarray:
+    """Return what packing gives each sample of ``ordered[a:b]``: its size, its cut length, 0 where dropped."""
+    size = ordered.size[a:b]
+    size2 = ordered.measures.get("size2")
+    over = oversize_mask(popts, size, None if size2 is None else size2[a:b])
+    if over.any():
+        size = size.astype(np.int64)
+        size[over] = truncate_length(popts) if popts.oversize == "truncate" else 0
+    if ordered.empty_size and not popts.keep_empty and b > a:
+        # packing drops a sample of special tokens only: it gives the part pass nothing, so it
+        # is never chosen (an empty sample of any other size kind measures 0 already)
+        size = np.where(content_empty(ordered, a, b), 0, size)
+    return size
 
 
 def part_pass_samples(comm: Comm, ordered: SampleColumns, popts: PackOptions, part: np.ndarray, held: np.ndarray,
@@ -154,19 +185,9 @@ def part_pass_samples(comm: Comm, ordered: SampleColumns, popts: PackOptions, pa
     first = np.concatenate(([0], np.cumsum(counts)[:-1]))
     ids, tokens = [], []
     for s in range(k):
-        a, b = int(bounds[s]), int(bounds[s + 1])
-        size = ordered.size[a:b] if need[s] > 0 else ordered.size[:0]
-        size2 = ordered.measures.get("size2")
-        over = oversize_mask(popts, size, None if size2 is None else size2[a:a + len(size)])
-        if over.any():
-            size = size.astype(np.int64)
-            size[over] = truncate_length(popts) if popts.oversize == "truncate" else 0
-        if ordered.empty_size and not popts.keep_empty and need[s] > 0:
-            # packing drops a sample of special tokens only: it gives the part pass nothing, so it
-            # is never chosen (an empty sample of any other size kind measures 0 already)
-            size = np.where(content_empty(ordered, a, b), 0, size)
-        ids.append(ordered.sample_id[a:b] if need[s] > 0 else ordered.sample_id[:0])
-        tokens.append(size)
+        a, b = (int(bounds[s]), int(bounds[s + 1])) if need[s] > 0 else (0, 0)
+        ids.append(ordered.sample_id[a:b])
+        tokens.append(_given_tokens(ordered, a, b, popts))
     starts = [ordered.start + int(bounds[s]) - int(first[s]) for s in range(k)]
     chosen = select_part(comm, starts, ids, tokens, need, seed)
     keep = np.zeros(len(ordered), dtype=bool)
@@ -175,3 +196,33 @@ def part_pass_samples(comm: Comm, ordered: SampleColumns, popts: PackOptions, pa
             keep[int(bounds[s]):int(bounds[s + 1])] = chosen[s]
     start, total = global_start(comm, int(keep.sum()))
     return ordered.select(keep, start, total)
+
+
+def choose_part_passes(comm: Comm, ordered: SampleColumns, mbs: Microbatches, how: MixturePacking
+                       ) -> tuple[PackedUnits, SampleColumns | None]:
+    """Return (every rank's units of the whole packing ``mbs``, the part passes' samples or None).
+
+    The part passes are the sources' uses past their whole passes: a seeded subset of samples
+    of the sorted union ``ordered`` (``part_pass_samples``). Collective.
+    """
+    mix = how.mix
+    packed = gather_packed(comm, mbs, how.stages)
+    holds = held_tokens(packed, list(mix.names), how.group)
+    needs = pass_needs(holds, mix.schedule, mix.total_tokens)
+    return packed, part_pass_samples(comm, ordered, how.popts, needs.part, holds, mix.seed, how.stages)
+
+
+def pack_part_passes(comm: Comm, chosen: SampleColumns | None, mbs: Microbatches, packed: PackedUnits,
+                     how: MixturePacking) -> tuple[Microbatches, PackedUnits]:
+    """Return (the whole packing then the part passes' micro-batches, every rank's units of both). Collective.
+
+    The part passes' samples ``chosen`` are packed on their own with the lengths the whole
+    packing used (``--shapes auto:K`` chooses them once, from the whole packing).
+    """
+    if chosen is None:
+        return mbs, packed
+    popts = dataclasses.replace(how.popts.with_shapes(mbs.shapes), auto_shapes=None)
+    part_mbs = pack_samples(comm, chosen, popts, how.key)
+    n_part = len(part_mbs.columns["tokens"])
+    mbs = concat_microbatches(mbs, part_mbs)
+    return mbs, gather_packed(comm, mbs, how.stages, n_part)

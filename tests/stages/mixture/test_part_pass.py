@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from sortpack.inputs.schedule import Schedule, deviations
 from sortpack.parallel import SerialComm
-from sortpack.stages.blend import pass_needs, plan_blend
+from sortpack.stages.mixture.blend import pass_needs, plan_blend
+from sortpack.stages.mixture.part_pass import STRATUM_BITS, part_keys, part_pass_samples, select_part
 from sortpack.stages.pack import PackOptions, pack_samples
-from sortpack.stages.part_pass import STRATUM_BITS, part_keys, part_pass_samples, select_part
 from sortpack.stages.samples import SampleColumns
 
 

@@ -1,0 +1,76 @@
+"""The --budget registry (stages/pack/budget.py): a budget is one class; every question about it asks the class."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sortpack import kernels
+from sortpack.errors import SortpackError
+from sortpack.parallel import SerialComm
+from sortpack.stages.pack import PackOptions, pack_samples, truncate_length
+from sortpack.stages.pack import budget as budgets
+from sortpack.stages.pack.budget import BUDGETS, Budget, budget_of, oversize_mask
+from sortpack.stages.pack.microbatches import padded_layout
+from sortpack.stages.samples import SampleColumns
+
+
+def _opts(name: str, max_tokens: int = 1000, **kw) -> PackOptions:
+    return PackOptions(max_tokens=max_tokens, budget=name, quadratic_scale=kw.pop("quadratic_scale", 64.0), **kw)
+
+
+def test_every_budget_is_registered_by_its_name_and_packs_with_a_kernel_budget():
+    assert list(BUDGETS) == ["padded", "tokens", "quadratic"]
+    for name, cls in BUDGETS.items():
+        assert cls.name == name and cls.kernel in kernels.BUDGETS
+        assert isinstance(budget_of(_opts(name)), cls)
+    # varlen budgets train unpadded (cu_seqlens); padded pads, as --same-shape does for any budget
+    assert [padded_layout(_opts(n)) for n in BUDGETS] == [True, False, False]
+    assert padded_layout(_opts("tokens", group_size=2, same_shape=True))
+
+
+def test_an_unknown_budget_and_a_quadratic_one_without_its_scale_are_one_line():
+    with pytest.raises(SortpackError, match=r"^--budget 'cubic': expected padded, tokens, quadratic$"):
+        PackOptions(max_tokens=10, budget="cubic").validate()
+    with pytest.raises(SortpackError, match=r"--budget quadratic needs --quadratic-scale Q > 0"):
+        PackOptions(max_tokens=10, budget="quadratic").validate()
+
+
+@given(st.sampled_from(list(BUDGETS)), st.integers(1, 5000), st.floats(0.5, 4096.0))
+def test_the_longest_sample_alone_is_the_largest_whose_cost_alone_fits(name, max_tokens, scale):
+    opts = _opts(name, max_tokens, quadratic_scale=scale)
+    cap = truncate_length(opts)
+    costs = budget_of(opts).cost_alone(np.array([cap, cap + 1], np.int64))
+    assert costs[0] <= max_tokens < costs[1]
+    sizes = np.array([cap, cap + 1], np.int64)
+    assert oversize_mask(opts, sizes).tolist() == [False, True]
+
+
+def test_a_new_budget_is_one_class_in_the_registry(monkeypatch):
+    class HalfTokens(Budget):
+        """A budget whose samples may fill half a micro-batch alone (packed as tokens otherwise)."""
+
+        name = "half_tokens"
+        kernel = "tokens"
+        pads = False
+
+        def cost_is_size(self) -> bool:
+            return False
+
+        def cost_alone(self, lengths: np.ndarray) -> np.ndarray:
+            return 2 * np.asarray(lengths, np.int64)
+
+        def longest_alone(self) -> int:
+            return self.opts.limit // 2
+
+    monkeypatch.setitem(budgets.BUDGETS, HalfTokens.name, HalfTokens)
+    opts = PackOptions(max_tokens=100, budget="half_tokens", oversize="skip")
+    opts.validate()
+    assert truncate_length(opts) == 50 and not padded_layout(opts)
+    sizes = np.array([10, 20, 40, 50, 51, 90], np.int64)
+    samples = SampleColumns(0, len(sizes), np.arange(len(sizes), dtype=np.int64), sizes, sizes, None, [])
+    mbs = pack_samples(SerialComm(), samples, opts)
+    assert mbs.stats["skipped"] == 2  # over half the budget alone: 51 and 90
+    kept = [mbs.sample_ids[a:b].tolist() for a, b in zip(mbs.offsets[:-1], mbs.offsets[1:])]
+    assert kept == [[0, 1, 2], [3]]  # the tokens kernel packs the rest: 70 tokens, then 50
