@@ -16,12 +16,14 @@ from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
 from ..inputs.locations import with_locations
 from ..parallel import Comm, fault_point
-from ..stages.analyze import AnalyzeOptions, analyze, measured_options
+from ..stages.analyze import AnalyzeOptions, Keepers, analyze
 from ..stages.holdout import DEFAULT_SEED, Holdout
 from ..stages.pack import PackOptions, refuse_oversize, truncate_length
+from ..stages.plan_options import PlanOptions, measured_options
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
 from ..stages.split import SPLIT_KINDS, TargetPieces, byte_cuts, split_oversize
+from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo
 from ..write.sample_dirs import read_samples, write_samples
 from ..write.store import StoreOptions
@@ -61,7 +63,8 @@ def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOption
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress)
         prof.counts["analyze_rows"] = len(samples)
-        return write_samples(comm, out, "metrics", samples, measured_options(aopts, samples), prof, job)
+        return write_samples(comm, out, "metrics", samples,
+                             PlanRecord(measured_options(aopts, samples), samples.files, prof, job))
 
 
 def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrite: bool,
@@ -71,26 +74,20 @@ def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrit
     with job_scope(comm, output, overwrite, [metrics]) as scope:
         out, prof = scope.out, scope.prof
         with prof.stage("read"):
-            samples, manifest = read_samples(comm, metrics, "metrics")
+            samples, measured = read_samples(comm, metrics, "metrics")
         with prof.stage("sort"):
             ordered = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
-        options = {**manifest["options"], **sopts.as_dict()}
-        return write_samples(comm, out, "sorted", ordered, options, prof, job)
+        options = dataclasses.replace(measured, sort=sopts)
+        return write_samples(comm, out, "sorted", ordered, PlanRecord(options, ordered.files, prof, job))
 
 
-def _recorded_sort(recorded: dict) -> SortOptions:
-    """Return the sort options a sorted directory records."""
-    return SortOptions(key=recorded.get("key", "size"), descending=bool(recorded.get("descending", False)),
-                       stages=int(recorded.get("stages", 1)))
-
-
-def _split_sorted(job: PlanJob, samples: SampleColumns, recorded: dict) -> tuple[SampleColumns, dict]:
+def _split_sorted(job: PlanJob, samples: SampleColumns, recorded: PlanOptions) -> tuple[SampleColumns, dict]:
     """Return sorted samples with the oversize ones cut into pieces and sorted again (``pack --oversize split``).
 
     ``run`` splits before its sort; a sorted directory is split here and sorted once more with
     its recorded sort options, so the pieces are sorted by their own sizes too.
     """
-    samples, split = split_oversize(job.comm, samples, job.popts, recorded)  # recorded: --size bytes cuts the column
+    samples, split = split_oversize(job.comm, samples, recorded)  # recorded: --size bytes cuts the column
     if samples.begin is not None:
         samples = sort_samples(job.comm, samples, job.sopts, rows_per_shard("sorted"), consume=True)
     return samples, split
@@ -102,21 +99,22 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
     the held-out plan in ``OUTPUT/holdout``, the same as ``run --holdout`` writes)."""
     check_options(comm, popts.validate)
     sorted_manifest = comm.collectively(read_manifest, sorted_dir, "sorted")
-    recorded = sorted_manifest["options"]
-    request = ColumnRequest(recorded.get("column"), splitting=popts.oversize == "split"
-                            and str(recorded.get("size") or "length") in SPLIT_KINDS)
+    recorded = PlanOptions.from_manifest(sorted_manifest["options"]).with_pack(popts)
+    measured = recorded.analyze
+    request = ColumnRequest(measured.column, splitting=popts.oversize == "split" and measured.size in SPLIT_KINDS)
     # the inputs are found through the sorted (or metrics) manifest's source fingerprint
     column = read_columns(comm, request, [[f["path"] for f in with_locations(sorted_manifest) if "path" in f]],
-                          recorded.get("input_format") or "auto", recorded.get("split")).column
-    recorded = {**recorded, "column": column} if column != recorded.get("column") else recorded
-    check_options(comm, split_check(popts, recorded))
-    store_fn = store_for(comm, store, recorded, popts, None)
+                          measured.input_format, measured.split).column
+    if column != measured.column:
+        recorded = recorded.with_analyze(column=column)
+    check_options(comm, split_check(recorded))
+    store_fn = store_for(comm, store, recorded, None)
+    sopts = recorded.sort or SortOptions()
     with job_scope(comm, output, overwrite, [sorted_dir]) as scope:
-        plan_job = PlanJob(comm, scope, job, _recorded_sort(recorded), popts, store_fn)
+        plan_job = PlanJob(comm, scope, job, sopts, popts, store_fn)
         with scope.prof.stage("read"):
-            samples, manifest = read_samples(comm, sorted_dir, "sorted")
-        tail = Tail(plan_job, manifest["options"].get("key", "size"), with_locations(manifest),
-                    comm.collectively(_plain_holdout, holdout, samples.files))
+            samples, _ = read_samples(comm, sorted_dir, "sorted")
+        tail = Tail(plan_job, sopts.key, samples.files, comm.collectively(_plain_holdout, holdout, samples.files))
         # by sample id, before the pieces are cut: a document's pieces stay on one side
         samples = tail.hold_out(samples)
         split = None
@@ -127,21 +125,20 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
                     tail.held, tail.held_split = _split_sorted(plan_job, tail.held, recorded)
         mbs = tail.pack(samples, split)
         del samples
-        options = {**recorded, **popts.with_shapes(mbs.shapes).as_dict()}  # --shapes auto: the chosen
-        return tail.write(mbs, options)
+        return tail.write(mbs, recorded.with_pack(popts.with_shapes(mbs.shapes)))  # --shapes auto: the chosen
 
 
 def _measure(job: PlanJob, keep: Measurements, inputs: list[str], aopts: AnalyzeOptions,
-             holdout: HoldoutRequest | None) -> tuple[SampleColumns, dict, Holdout | None, dict | None]:
+             holdout: HoldoutRequest | None) -> tuple[SampleColumns, PlanOptions, Holdout | None, dict | None]:
     """Return (the measured samples, cut with --oversize split, their recorded options, the holdout, the split)."""
     comm, prof, popts = job.comm, job.prof, job.popts
     sink = job.store.token_cache(job.out) if job.store is not None else None  # ids kept, not re-tokenized
     with prof.stage("analyze"):
-        cuts = byte_cuts(aopts.as_dict(), popts)  # --size bytes --oversize split: cut while the text is read
+        cuts = byte_cuts(aopts, popts)  # --size bytes --oversize split: cut while the text is read
         pieces = None
         if popts.oversize in ("split", "truncate") and aopts.fine_tune() is not None:
             pieces = TargetPieces(truncate_length(popts))  # each piece's targets, counted while the labels are read
-        samples = analyze(comm, inputs, aopts, job.progress, keep_tokens=sink, keep_pieces=cuts or pieces)
+        samples = analyze(comm, inputs, aopts, job.progress, Keepers(sink, cuts or pieces))
     prof.counts["analyze_rows"] = len(samples)
     plan = comm.collectively(_plain_holdout, holdout, samples.files)  # a bad count fails before the sort
     measured = measured_options(aopts, samples)
@@ -156,7 +153,7 @@ def _measure(job: PlanJob, keep: Measurements, inputs: list[str], aopts: Analyze
         # before the sort: the pieces are sorted by their own sizes
         with prof.stage("split"):
             before = samples.sample_id
-            samples, split = split_oversize(comm, samples, popts, measured, cuts,
+            samples, split = split_oversize(comm, samples, measured.with_pack(popts), cuts,
                                             plan.mask if plan is not None else None)
             if pieces is not None:
                 samples = pieces.exact(before, samples)
@@ -170,7 +167,7 @@ def _plan_dataset(job: PlanJob, keep: Measurements, inputs: list[str], aopts: An
     with job.prof.stage("sort"):
         ordered = sort_samples(job.comm, samples, job.sopts, rows_per_shard("sorted"), consume=True)
     del samples
-    options = {**measured, **job.sopts.as_dict()}
+    options = dataclasses.replace(measured, sort=job.sopts)
     keep.write_sorted(ordered, options, job.prof, job.info)
     # `pack SORTED --holdout` repeats the held-out choice exactly
     tail = Tail(job, job.sopts.key, ordered.files, plan)
@@ -178,7 +175,7 @@ def _plan_dataset(job: PlanJob, keep: Measurements, inputs: list[str], aopts: An
     ordered = tail.hold_out(ordered)
     mbs = tail.pack(ordered, training_split(split))
     del ordered
-    manifest = tail.write(mbs, {**options, **job.popts.with_shapes(mbs.shapes).as_dict()})
+    manifest = tail.write(mbs, options.with_pack(job.popts.with_shapes(mbs.shapes)))
     keep.done()
     return manifest
 
@@ -194,8 +191,9 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
                            aopts.split)
     if columns.column != aopts.column:  # a split plan names the column it cuts
         aopts = dataclasses.replace(aopts, column=columns.column)
-    check_options(comm, split_check(popts, aopts.as_dict(), tokenizer=aopts.tokenizer, labels_read=True))
-    store_fn = store_for(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
+    planned = PlanOptions(aopts, sopts, popts)
+    check_options(comm, split_check(planned, tokenizer=aopts.tokenizer, labels_read=True))
+    store_fn = store_for(comm, store, planned, aopts.tokenizer)
     with job_scope(comm, output, overwrite, inputs) as scope:
         keep = Measurements(scope, output, overwrite, inputs, keep_intermediate)
         try:

@@ -9,10 +9,12 @@ from ..env import env_flag
 from ..errors import SortpackError
 from ..parallel import Comm
 from ..stages.pack import OversizeError, PackOptions
+from ..stages.plan_options import PlanOptions
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions
 from ..write.kept import Dumped, dump_samples, keep_alone, keep_together
 from ..write.output import OutputDir
+from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo, Profile
 from ..write.sample_dirs import write_samples
 from .job import JobScope
@@ -67,10 +69,10 @@ class Measurements:
         self.prof: Profile | None = None
         self.job: JobInfo | None = None
 
-    def write_metrics(self, samples: SampleColumns, measured: dict, prof: Profile, job: JobInfo) -> None:
+    def write_metrics(self, samples: SampleColumns, measured: PlanOptions, prof: Profile, job: JobInfo) -> None:
         """Write the metrics directory (--keep-intermediate: committed at once), or dump what a failure keeps."""
         if self.keep_intermediate:
-            write_samples(self.comm, self.extra[0], "metrics", samples, measured, prof, job)
+            write_samples(self.comm, self.extra[0], "metrics", samples, PlanRecord(measured, samples.files, prof, job))
             self.written = True
         elif self.kept is not None:
             self.prof, self.job = prof, job
@@ -78,10 +80,10 @@ class Measurements:
                 # analyze numbers each rank's samples from its first row: the ids need not be written
                 self.dumped = dump_samples(self.comm, self.kept, samples, measured, ids_from_start=True)
 
-    def write_sorted(self, ordered: SampleColumns, options: dict, prof: Profile, job: JobInfo) -> None:
+    def write_sorted(self, ordered: SampleColumns, options: PlanOptions, prof: Profile, job: JobInfo) -> None:
         """Write the sorted directory with --keep-intermediate (else nothing)."""
         if self.keep_intermediate:
-            write_samples(self.comm, self.extra[1], "sorted", ordered, options, prof, job)
+            write_samples(self.comm, self.extra[1], "sorted", ordered, PlanRecord(options, ordered.files, prof, job))
 
     def done(self) -> None:
         """Drop the dump kept only to survive a failure: the job succeeded."""

@@ -50,6 +50,7 @@ from ..stages.mixture import (
     split_union,
 )
 from ..stages.pack import PackOptions, refuse_oversize
+from ..stages.plan_options import PlanOptions
 from ..stages.sort import SortOptions, sort_samples
 from ..stages.split import byte_cuts
 from ..write.provenance import JobInfo
@@ -75,7 +76,7 @@ def _plan_mixture(job: PlanJob, mix: Mixture, aopts: AnalyzeOptions, holdout: Ho
     comm, prof, sopts, popts = job.comm, job.prof, job.sopts, job.popts
     sink = job.store.token_cache(job.out) if job.store is not None else None  # ids kept, not re-tokenized
     with prof.stage("analyze"):
-        cuts = byte_cuts(aopts.as_dict(), popts)  # --size bytes --oversize split: cut while the text is read
+        cuts = byte_cuts(aopts, popts)  # --size bytes --oversize split: cut while the text is read
         union = analyze_union(comm, mix, aopts, ReadWith(job.progress, sink, cuts))
     prof.counts["analyze_rows"] = len(union.samples)
     refuse_oversize(comm, union.samples, popts)  # fail fast: before the sort, as `run` does
@@ -86,7 +87,7 @@ def _plan_mixture(job: PlanJob, mix: Mixture, aopts: AnalyzeOptions, holdout: Ho
     if popts.oversize == "split":
         # before the sort, as `run` cuts: pieces are sorted by their own sizes, each in its source
         with prof.stage("split"):
-            union, split = split_union(comm, union, popts, aopts.as_dict(), hplan)
+            union, split = split_union(comm, union, PlanOptions(aopts, sopts, popts), hplan)
     with prof.stage("sort"):
         # by (source, key, id); the stage comes back as source * stages + stage, so the
         # pieces of packing end where the source (or the stage) changes
@@ -110,7 +111,7 @@ def _plan_mixture(job: PlanJob, mix: Mixture, aopts: AnalyzeOptions, holdout: Ho
     with prof.stage("blend"):
         plan, record = blend_mixture(comm, mbs, packed, how, IndexShards(rows_per_shard("index"), samples_per_shard()))
     del mbs
-    options = {**aopts.as_dict(), **sopts.as_dict(), **popts.with_shapes(plan.shapes).as_dict()}
+    options = PlanOptions(aopts, sopts, popts.with_shapes(plan.shapes))
     return tail.write(plan, options, extra={"mixture": record}, to_plan=lambda m: split_source(m, sopts.stages))
 
 
@@ -140,10 +141,11 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
         raise SortpackError(f"--balance {popts.balance} does not apply to a mixture: its schedule orders the "
                             "micro-batches", collective=True)
     aopts, file_counts = _plan_column(comm, mix, aopts, popts, store)
-    check_options(comm, split_check(popts, aopts.as_dict(), own_column(mix, aopts), aopts.tokenizer))
+    planned = PlanOptions(aopts, sopts, popts)
+    check_options(comm, split_check(planned, own_column(mix, aopts), aopts.tokenizer))
     renames = None
     if store is not None and store.enabled and file_counts is not None:
         renames = source_renames(aopts.column, [src.column for src in mix.sources], file_counts)
-    store_fn = store_for(comm, store, aopts.as_dict(), popts, aopts.tokenizer, renames)
+    store_fn = store_for(comm, store, planned, aopts.tokenizer, renames)
     with job_scope(comm, output, overwrite, []) as scope:
         return _plan_mixture(PlanJob(comm, scope, job, sopts, popts, store_fn, progress), mix, aopts, holdout)

@@ -14,8 +14,10 @@ from collections.abc import Callable
 
 from ..stages.holdout import DIRECTORY, Holdout, holdout_lengths, split_holdout
 from ..stages.pack import Microbatches, pack_samples
+from ..stages.plan_options import PlanOptions
 from ..stages.samples import SampleColumns
 from ..write.index_writer import write_index
+from ..write.plan_record import PlanRecord
 from .job import PlanJob, nested_plan
 
 __all__ = ["Tail", "training_split"]
@@ -54,7 +56,7 @@ class Tail:
         with self.job.prof.stage("pack"):
             return pack_samples(self.job.comm, ordered, self.job.popts, self.key, split)
 
-    def write(self, mbs: Microbatches, options: dict, extra: dict | None = None,
+    def write(self, mbs: Microbatches, options: PlanOptions, extra: dict | None = None,
               to_plan: Callable[[Microbatches], Microbatches] | None = None) -> dict | None:
         """Write the held-out plan (if any) and then the index of ``mbs``; return the manifest on rank 0.
 
@@ -70,10 +72,10 @@ class Tail:
             with job.prof.stage("holdout"):
                 extra["holdout"] = self._write_held_out(options, mbs.shapes, to_plan)
             self.held = None
-        return write_index(job.comm, job.out, mbs, options, self.files, job.prof, job.info, job.store,
-                           extra=extra or None)
+        return write_index(job.comm, job.out, mbs, PlanRecord(options, self.files, job.prof, job.info, extra or None),
+                           job.store)
 
-    def _write_held_out(self, options: dict, shapes: tuple[int, ...],
+    def _write_held_out(self, options: PlanOptions, shapes: tuple[int, ...],
                         to_plan: Callable[[Microbatches], Microbatches] | None) -> dict:
         """Pack the held-out samples and write their plan in ``OUTPUT/holdout``; return the training manifest's record.
 
@@ -89,15 +91,16 @@ class Tail:
         hopts = dataclasses.replace(popts.with_shapes(shapes), auto_shapes=None)
         if popts.auto_shapes is not None and shapes:
             hopts = hopts.with_shapes(comm.collectively(holdout_lengths, comm, held.size, popts, shapes))
-            options = {**options, **hopts.as_dict()}
+            # the lengths the training's --shapes auto:K chose, with one more: recorded with that request
+            options = options.with_pack(dataclasses.replace(hopts, auto_shapes=popts.auto_shapes))
         with prof.stage("pack"):
             mbs: Microbatches = pack_samples(comm, held, hopts, self.key, self.held_split)
         if to_plan is not None:
             mbs = to_plan(mbs)
         record = holdout.as_dict()
-        manifest = write_index(comm, nested, mbs, options, self.files, prof, job.info, job.store,
-                               extra={"held_out": {**{k: v for k, v in record.items() if k != "directory"},
-                                                   "training_plan": ".."}})
+        held_out = {**{k: v for k, v in record.items() if k != "directory"}, "training_plan": ".."}
+        plan_record = PlanRecord(options, self.files, prof, job.info, {"held_out": held_out})
+        manifest = write_index(comm, nested, mbs, plan_record, job.store)
         mine = None
         if manifest is not None:  # rank 0
             mine = {"content_hash": manifest["content_hash"], "num_microbatches": manifest["num_microbatches"],

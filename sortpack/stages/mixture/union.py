@@ -16,9 +16,9 @@ import numpy as np
 from ...errors import SortpackError
 from ...inputs.mixture import Mixture
 from ...parallel import Comm
-from ..analyze import AnalyzeOptions, TokenKeeper, analyze
+from ..analyze import AnalyzeOptions, Keepers, TokenKeeper, analyze
 from ..holdout import DEFAULT_SEED, Holdout
-from ..pack import PackOptions
+from ..plan_options import PlanOptions
 from ..samples import SampleColumns
 from ..split import ByteCuts, split_oversize
 
@@ -167,12 +167,11 @@ def piece_sources(sample_id: np.ndarray, bases: np.ndarray, table: np.ndarray | 
     return (np.searchsorted(bases, ids, side="right") - 1).astype(np.int64)
 
 
-def split_union(comm: Comm, union: Union, popts: PackOptions, measured: dict | None = None,
-                holdout: Holdout | None = None) -> tuple[Union, dict]:
+def split_union(comm: Comm, union: Union, plan: PlanOptions, holdout: Holdout | None = None) -> tuple[Union, dict]:
     """Return (the union with every sample over the budget cut into pieces, the split's counts).
 
     Cut right after analyze, before the sort, as ``run`` cuts (``stages.split``): a piece is a
-    sample of its document's source (``groups``), sorted by its own size. ``measured`` as for
+    sample of its document's source (``groups``), sorted by its own size. ``plan`` as for
     ``split_oversize`` (``--size bytes``: the column cut between characters, at the cuts
     analyze placed, ``union.cuts``). ``holdout``: the counts are the training plan's
     documents', ``split["held"]`` the held-out plan's. Collective.
@@ -182,7 +181,7 @@ def split_union(comm: Comm, union: Union, popts: PackOptions, measured: dict | N
     if holdout is not None:
         def held_out(ids: np.ndarray) -> np.ndarray:
             return holdout.mask(ids if table is None else global_ids(table, ids.copy()))
-    samples, split = split_oversize(comm, union.samples, popts, measured, union.cuts, held_out)
+    samples, split = split_oversize(comm, union.samples, plan, union.cuts, held_out)
     groups = union.groups
     if samples.begin is not None:  # pieces: one source per piece, from its document's id
         groups = piece_sources(samples.sample_id, bases, table)
@@ -232,7 +231,7 @@ def _analyze_source(comm: Comm, mix: Mixture, k: int, aopts: AnalyzeOptions, rea
     src = mix.sources[k]
     opts = dataclasses.replace(aopts, column=src.column or aopts.column)
     try:
-        return analyze(comm, src.inputs, opts, read.progress, keep_tokens=read.tokens)
+        return analyze(comm, src.inputs, opts, read.progress, Keepers(read.tokens))
     except SortpackError as exc:
         raise SortpackError(f"mixture source {src.name!r}: {exc}", collective=exc.collective) from None
 
@@ -253,7 +252,7 @@ def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions, read: Rea
     opts = dataclasses.replace(aopts, column=mix.sources[0].column or aopts.column)
     try:
         samples = analyze(comm, [p for src in mix.sources for p in src.inputs], opts, read.progress,
-                          keep_tokens=read.tokens, keep_pieces=read.cuts)
+                          Keepers(read.tokens, read.cuts))
     except SortpackError as exc:
         if exc.collective:  # every rank is here: find the source at fault, to name it
             for k in range(len(mix.sources)):
