@@ -36,9 +36,10 @@ def _timed(fn) -> float:
 
 def _inputs(samples: int, rows: int) -> tuple[Path, Path, Path]:
     from sortpack.parallel import SerialComm
-    from sortpack.pipeline.dataset import JobInfo, run_all, run_analyze
+    from sortpack.pipeline.dataset import JobInfo, JobOutput, run_all, run_analyze
     from sortpack.stages.analyze import AnalyzeOptions
     from sortpack.stages.pack import PackOptions
+    from sortpack.stages.plan_options import PlanOptions
     from sortpack.stages.sort import SortOptions
 
     WORK.mkdir(parents=True, exist_ok=True)
@@ -48,14 +49,15 @@ def _inputs(samples: int, rows: int) -> tuple[Path, Path, Path]:
         src = WORK / f"sizes-{samples}.parquet"
         sizes = np.clip(np.ceil(rng.lognormal(np.log(300), 1.0, samples)), 1, 4096).astype(np.int64)
         pq.write_table(pa.table({"n": sizes}), src, row_group_size=1 << 18)
-        run_all(SerialComm(), [str(src)], str(index), AnalyzeOptions(size="column:n"), SortOptions(),
-                PackOptions(max_tokens=16384), overwrite=True, job=JobInfo(argv=["bench"]))
+        run_all(SerialComm(), [str(src)], PlanOptions(AnalyzeOptions(size="column:n"), SortOptions(),
+                                                      PackOptions(max_tokens=16384)),
+                JobOutput(str(index), JobInfo(argv=["bench"]), overwrite=True))
     metrics = WORK / f"metrics-{rows}"
     if not (metrics / "manifest.json").exists():
         src = WORK / f"sizes-{rows}.parquet"
         pq.write_table(pa.table({"n": rng.integers(1, 4096, rows)}), src, row_group_size=1 << 20)
-        run_analyze(SerialComm(), [str(src)], str(metrics), AnalyzeOptions(size="column:n"), True,
-                    JobInfo(argv=["bench"]))
+        run_analyze(SerialComm(), [str(src)], AnalyzeOptions(size="column:n"),
+                    JobOutput(str(metrics), JobInfo(argv=["bench"]), overwrite=True))
     text = WORK / "text.jsonl"
     if not text.exists():
         with open(text, "w") as fh:
@@ -84,7 +86,7 @@ def main(argv=None) -> None:
         return lambda: PackedIndex(index, verify=level)
 
     from sortpack.parallel import SerialComm
-    from sortpack.pipeline.dataset import JobInfo, run_sort
+    from sortpack.pipeline.dataset import JobInfo, JobOutput, run_sort
     from sortpack.stages.sort import SortOptions
     from sortpack.write import sample_dirs
 
@@ -94,7 +96,8 @@ def main(argv=None) -> None:
             if not verify:
                 sample_dirs.check_shards = lambda *a, **k: None
             try:
-                run_sort(SerialComm(), str(metrics), str(WORK / "sorted"), SortOptions(), True, JobInfo(argv=["b"]))
+                run_sort(SerialComm(), str(metrics), SortOptions(),
+                         JobOutput(str(WORK / "sorted"), JobInfo(argv=["b"]), overwrite=True))
             finally:
                 sample_dirs.check_shards = saved
         return run

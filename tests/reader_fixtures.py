@@ -38,9 +38,10 @@ def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", siz
     ``id_bits=64`` writes the sample ids as int64 (the width of indexes over 2^31 rows)
     instead of the int32 a small input gets.
     """
-    from sortpack.pipeline.dataset import JobInfo, run_all
+    from sortpack.pipeline.dataset import JobInfo, JobOutput, run_all
     from sortpack.stages.analyze import AnalyzeOptions
     from sortpack.stages.pack import PackOptions
+    from sortpack.stages.plan_options import PlanOptions
     from sortpack.stages.sort import SortOptions
 
     path = Path(path)
@@ -57,9 +58,10 @@ def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", siz
         if value is not None:
             os.environ[name] = value
     try:
-        run_all(SerialComm(), [str(i) for i in inputs], str(path),
-                AnalyzeOptions(column=column, size=size, difficulty=difficulty),
-                SortOptions(key=key, stages=stages), PackOptions(**pack), overwrite=True, job=JobInfo(argv=["tests"]))
+        run_all(SerialComm(), [str(i) for i in inputs],
+                PlanOptions(AnalyzeOptions(column=column, size=size, difficulty=difficulty),
+                            SortOptions(key=key, stages=stages), PackOptions(**pack)),
+                JobOutput(str(path), JobInfo(argv=["tests"]), overwrite=True))
     finally:
         for name, value in saved.items():
             if value is None:

@@ -20,6 +20,6 @@ def analyze(comm, job, inputs, output, overwrite, quiet, profile, **kw):
     INPUTS are Parquet, Arrow, JSONL or CSV files, directories and globs, Hugging Face
     save_to_disk directories (a DatasetDict with --split) and to_parquet files.
     """
-    from ..pipeline.dataset import run_analyze
+    from ..pipeline.dataset import JobOutput, run_analyze
 
-    return run_analyze(comm, list(inputs), output, make_analyze(kw), overwrite, job, progress=not quiet)
+    return run_analyze(comm, list(inputs), make_analyze(kw), JobOutput(output, job, overwrite, progress=not quiet))

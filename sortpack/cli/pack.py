@@ -22,8 +22,9 @@ def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
     With --holdout, the held-out plan in OUTPUT/holdout too: the same two plans as
     ``run --holdout`` with the same options (the choice depends on sample ids only).
     """
-    from ..pipeline.dataset import run_pack
+    from ..pipeline.dataset import JobOutput, run_pack
 
     kw["store_tokenizer"] = kw.pop("tokenizer")
     store = make_store(kw)
-    return run_pack(comm, sorted_dir, output, make_pack(kw), overwrite, job, store, make_holdout(kw))
+    return run_pack(comm, sorted_dir, make_pack(kw), JobOutput(output, job, overwrite, store=store,
+                                                                holdout=make_holdout(kw)))

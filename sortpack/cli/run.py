@@ -37,15 +37,15 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
     With --holdout, a seeded set of each source's samples becomes a plan of its own in
     OUTPUT/holdout, never in the training plan.
     """
-    from ..pipeline.dataset import run_all
+    from ..pipeline.dataset import JobOutput, run_all
+    from ..stages.plan_options import PlanOptions
 
     mix = make_mixture(inputs, kw, keep_intermediate)
-    store = make_store(kw)
-    holdout = make_holdout(kw, mixture=mix is not None)
+    out = JobOutput(output, job, overwrite, progress=not quiet, store=make_store(kw),
+                    holdout=make_holdout(kw, mixture=mix is not None), keep_intermediate=keep_intermediate)
+    plan = PlanOptions(make_analyze(kw), make_sort(kw), make_pack(kw))
     if mix is not None:
         from ..pipeline.mixture import run_mixture
 
-        return run_mixture(comm, mix, output, make_analyze(kw), make_sort(kw), make_pack(kw), overwrite, job,
-                           progress=not quiet, store=store, holdout=holdout)
-    return run_all(comm, list(inputs), output, make_analyze(kw), make_sort(kw), make_pack(kw), overwrite,
-                   job, keep_intermediate, progress=not quiet, store=store, holdout=holdout)
+        return run_mixture(comm, mix, plan, out)
+    return run_all(comm, list(inputs), plan, out)

@@ -16,6 +16,6 @@ from .options import common_options, sort_options
 @job_command
 def sort(comm, job, metrics, output, overwrite, quiet, profile, **kw):
     """Sort a metrics directory by (key, sample_id); write a sorted directory."""
-    from ..pipeline.dataset import run_sort
+    from ..pipeline.dataset import JobOutput, run_sort
 
-    return run_sort(comm, metrics, output, make_sort(kw), overwrite, job)
+    return run_sort(comm, metrics, make_sort(kw), JobOutput(output, job, overwrite))

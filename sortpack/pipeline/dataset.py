@@ -26,25 +26,12 @@ from ..stages.split import SPLIT_KINDS, TargetPieces, byte_cuts, split_oversize
 from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo
 from ..write.sample_dirs import read_samples, write_samples
-from ..write.store import StoreOptions
 from .columns import ColumnRequest, read_columns
-from .job import PlanJob, check_options, job_scope, split_check, store_for
+from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, split_check, store_for
 from .kept import Measurements
 from .tail import Tail, training_split
 
-__all__ = ["HoldoutRequest", "JobInfo", "run_all", "run_analyze", "run_pack", "run_sort"]
-
-
-@dataclasses.dataclass(frozen=True)
-class HoldoutRequest:
-    """``--holdout N|FRACTION`` and ``--holdout-seed`` as parsed (``stages.holdout.parse_holdout``).
-
-    ``value`` None: a mixture's seed alone (MIX.json says what each source holds out);
-    ``seed`` None: MIX.json's ``holdout_seed``, else ``stages.holdout.DEFAULT_SEED``.
-    """
-
-    value: int | float | None
-    seed: int | None = None
+__all__ = ["HoldoutRequest", "JobInfo", "JobOutput", "run_all", "run_analyze", "run_pack", "run_sort"]
 
 
 def _plain_holdout(request: HoldoutRequest | None, files: list[dict]) -> Holdout | None:
@@ -55,30 +42,28 @@ def _plain_holdout(request: HoldoutRequest | None, files: list[dict]) -> Holdout
     return Holdout.plan([request.value], [0, rows], [None], DEFAULT_SEED if request.seed is None else request.seed)
 
 
-def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, overwrite: bool,
-                job: JobInfo, progress: bool = False) -> dict | None:
-    """Measure the inputs and write a metrics directory."""
-    with job_scope(comm, output, overwrite, inputs) as scope:
+def run_analyze(comm: Comm, inputs: list[str], aopts: AnalyzeOptions, output: JobOutput) -> dict | None:
+    """Measure the inputs and write a metrics directory; return its manifest on rank 0."""
+    with job_scope(comm, output.path, output.overwrite, inputs) as scope:
         out, prof = scope.out, scope.prof
         with prof.stage("analyze"):
-            samples = analyze(comm, inputs, aopts, progress)
+            samples = analyze(comm, inputs, aopts, output.progress)
         prof.counts["analyze_rows"] = len(samples)
         return write_samples(comm, out, "metrics", samples,
-                             PlanRecord(measured_options(aopts, samples), samples.files, prof, job))
+                             PlanRecord(measured_options(aopts, samples), samples.files, prof, output.info))
 
 
-def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrite: bool,
-             job: JobInfo) -> dict | None:
-    """Sort a metrics directory into a sorted directory."""
+def run_sort(comm: Comm, metrics: str, sopts: SortOptions, output: JobOutput) -> dict | None:
+    """Sort a metrics directory into a sorted directory; return its manifest on rank 0."""
     check_options(comm, sopts.validate)
-    with job_scope(comm, output, overwrite, [metrics]) as scope:
+    with job_scope(comm, output.path, output.overwrite, [metrics]) as scope:
         out, prof = scope.out, scope.prof
         with prof.stage("read"):
             samples, measured = read_samples(comm, metrics, "metrics")
         with prof.stage("sort"):
             ordered = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
         options = dataclasses.replace(measured, sort=sopts)
-        return write_samples(comm, out, "sorted", ordered, PlanRecord(options, ordered.files, prof, job))
+        return write_samples(comm, out, "sorted", ordered, PlanRecord(options, ordered.files, prof, output.info))
 
 
 def _split_sorted(job: PlanJob, samples: SampleColumns, recorded: PlanOptions) -> tuple[SampleColumns, dict]:
@@ -93,10 +78,12 @@ def _split_sorted(job: PlanJob, samples: SampleColumns, recorded: PlanOptions) -
     return samples, split
 
 
-def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overwrite: bool,
-             job: JobInfo, store: StoreOptions | None = None, holdout: HoldoutRequest | None = None) -> dict | None:
-    """Pack a sorted directory into an index directory (with ``store``: and its data shards; ``holdout``: and
-    the held-out plan in ``OUTPUT/holdout``, the same as ``run --holdout`` writes)."""
+def run_pack(comm: Comm, sorted_dir: str, popts: PackOptions, output: JobOutput) -> dict | None:
+    """Pack a sorted directory into an index directory; return its manifest on rank 0.
+
+    ``output.store``: and its data shards; ``output.holdout``: and the held-out plan in
+    ``OUTPUT/holdout``, the same as ``run --holdout`` writes.
+    """
     check_options(comm, popts.validate)
     sorted_manifest = comm.collectively(read_manifest, sorted_dir, "sorted")
     recorded = PlanOptions.from_manifest(sorted_manifest["options"]).with_pack(popts)
@@ -108,13 +95,14 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
     if column != measured.column:
         recorded = recorded.with_analyze(column=column)
     check_options(comm, split_check(recorded))
-    store_fn = store_for(comm, store, recorded, None)
+    store_fn = store_for(comm, output.store, recorded, None)
     sopts = recorded.sort or SortOptions()
-    with job_scope(comm, output, overwrite, [sorted_dir]) as scope:
-        plan_job = PlanJob(comm, scope, job, sopts, popts, store_fn)
+    with job_scope(comm, output.path, output.overwrite, [sorted_dir]) as scope:
+        plan_job = PlanJob(comm, scope, output.info, sopts, popts, store_fn)
         with scope.prof.stage("read"):
             samples, _ = read_samples(comm, sorted_dir, "sorted")
-        tail = Tail(plan_job, sopts.key, samples.files, comm.collectively(_plain_holdout, holdout, samples.files))
+        holdout = comm.collectively(_plain_holdout, output.holdout, samples.files)
+        tail = Tail(plan_job, sopts.key, samples.files, holdout)
         # by sample id, before the pieces are cut: a document's pieces stay on one side
         samples = tail.hold_out(samples)
         split = None
@@ -180,12 +168,14 @@ def _plan_dataset(job: PlanJob, keep: Measurements, inputs: list[str], aopts: An
     return manifest
 
 
-def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, sopts: SortOptions,
-            popts: PackOptions, overwrite: bool, job: JobInfo, keep_intermediate: bool = False,
-            progress: bool = False, store: StoreOptions | None = None,
-            holdout: HoldoutRequest | None = None) -> dict | None:
-    """Analyze, sort and pack in one job (no intermediate files unless asked; ``store``: data shards too;
-    ``holdout``: and the held-out plan in ``OUTPUT/holdout``)."""
+def run_all(comm: Comm, inputs: list[str], plan: PlanOptions, output: JobOutput) -> dict | None:
+    """Analyze, sort and pack in one job; return the index's manifest on rank 0.
+
+    No intermediate files unless ``output.keep_intermediate``; ``output.store``: data shards
+    too; ``output.holdout``: and the held-out plan in ``OUTPUT/holdout``.
+    """
+    aopts, sopts, popts = plan.analyze, plan.sort or SortOptions(), plan.pack or PackOptions()
+    store = output.store
     check_options(comm, sopts.validate, popts.validate)
     columns = read_columns(comm, ColumnRequest.of(aopts, popts.oversize, store), [inputs], aopts.input_format,
                            aopts.split)
@@ -194,14 +184,14 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
     planned = PlanOptions(aopts, sopts, popts)
     check_options(comm, split_check(planned, tokenizer=aopts.tokenizer, labels_read=True))
     store_fn = store_for(comm, store, planned, aopts.tokenizer)
-    with job_scope(comm, output, overwrite, inputs) as scope:
-        keep = Measurements(scope, output, overwrite, inputs, keep_intermediate)
+    with job_scope(comm, output.path, output.overwrite, inputs) as scope:
+        keep = Measurements(scope, output.path, output.overwrite, inputs, output.keep_intermediate)
         try:
-            return _plan_dataset(PlanJob(comm, scope, job, sopts, popts, store_fn, progress), keep, inputs, aopts,
-                                 holdout)
+            job = PlanJob(comm, scope, output.info, sopts, popts, store_fn, output.progress)
+            return _plan_dataset(job, keep, inputs, aopts, output.holdout)
         except Exception as exc:  # a signal or ^C: nothing stays
             # the measurements move out of the output's temporary before the scope drops it
-            instead = keep.failed(exc, output, sopts, popts)
+            instead = keep.failed(exc, output.path, sopts, popts)
             if instead is None:
                 raise
             raise instead from None

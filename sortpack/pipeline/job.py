@@ -24,7 +24,38 @@ from ..write.output import NestedOutput, OutputDir
 from ..write.provenance import JobInfo, Profile
 from ..write.store import Store, StoreOptions, prepare
 
-__all__ = ["JobScope", "PlanJob", "check_options", "job_scope", "nested_plan", "split_check", "store_for"]
+__all__ = ["HoldoutRequest", "JobOutput", "JobScope", "PlanJob", "check_options", "job_scope", "nested_plan",
+           "split_check", "store_for"]
+
+
+@dataclass(frozen=True)
+class HoldoutRequest:
+    """``--holdout N|FRACTION`` and ``--holdout-seed`` as parsed (``stages.holdout.parse_holdout``).
+
+    ``value`` None: a mixture's seed alone (MIX.json says what each source holds out);
+    ``seed`` None: MIX.json's ``holdout_seed``, else ``stages.holdout.DEFAULT_SEED``.
+    """
+
+    value: int | float | None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class JobOutput:
+    """What a job writes and where: the directory (an existing one replaced only with ``overwrite``), the
+    provenance it records, whether rank 0 shows progress, and what a plan writes beside its index.
+
+    ``store`` (--store): the data shards; ``holdout`` (--holdout): the held-out plan in
+    ``OUTPUT/holdout``; ``keep_intermediate`` (``run``): OUTPUT.metrics and OUTPUT.sorted too.
+    """
+
+    path: str
+    info: JobInfo
+    overwrite: bool = False
+    progress: bool = False
+    store: StoreOptions | None = None
+    holdout: HoldoutRequest | None = None
+    keep_intermediate: bool = False
 
 
 def split_check(recorded: PlanOptions, own_column: str | None = None,

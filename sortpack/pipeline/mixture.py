@@ -53,11 +53,9 @@ from ..stages.pack import PackOptions, refuse_oversize
 from ..stages.plan_options import PlanOptions
 from ..stages.sort import SortOptions, sort_samples
 from ..stages.split import byte_cuts
-from ..write.provenance import JobInfo
 from ..write.store import StoreOptions
 from .columns import ColumnRequest, read_columns
-from .dataset import HoldoutRequest
-from .job import PlanJob, check_options, job_scope, split_check, store_for
+from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, split_check, store_for
 from .tail import Tail, training_split
 
 __all__ = ["run_mixture"]
@@ -126,15 +124,15 @@ def _plan_column(comm: Comm, mix: Mixture, aopts: AnalyzeOptions, popts: PackOpt
     return aopts, columns.file_counts
 
 
-def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, sopts: SortOptions,
-                popts: PackOptions, overwrite: bool, job: JobInfo, progress: bool = False,
-                store: StoreOptions | None = None, holdout: HoldoutRequest | None = None) -> dict | None:
+def run_mixture(comm: Comm, mix: Mixture, plan: PlanOptions, output: JobOutput) -> dict | None:
     """Plan a mixture in one job (analyze, one sort, pack, blend) and write its index; the manifest on rank 0.
 
-    ``holdout`` (--holdout, --holdout-seed) and the sources' own ``holdout`` say what each source
-    sets aside: those samples leave the plan before packing and form the held-out plan in
+    ``output.holdout`` (--holdout, --holdout-seed) and the sources' own ``holdout`` say what each
+    source sets aside: those samples leave the plan before packing and form the held-out plan in
     ``OUTPUT/holdout`` (every held-out sample once, micro-batches by source, no blend).
     """
+    aopts, sopts, popts = plan.analyze, plan.sort or SortOptions(), plan.pack or PackOptions()
+    store = output.store
     check_options(comm, sopts.validate, popts.validate)
     _check_stages(mix, sopts)
     if popts.balance != "none":  # every rank parses the same options: all raise together
@@ -147,5 +145,6 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
     if store is not None and store.enabled and file_counts is not None:
         renames = source_renames(aopts.column, [src.column for src in mix.sources], file_counts)
     store_fn = store_for(comm, store, planned, aopts.tokenizer, renames)
-    with job_scope(comm, output, overwrite, []) as scope:
-        return _plan_mixture(PlanJob(comm, scope, job, sopts, popts, store_fn, progress), mix, aopts, holdout)
+    with job_scope(comm, output.path, output.overwrite, []) as scope:
+        job = PlanJob(comm, scope, output.info, sopts, popts, store_fn, output.progress)
+        return _plan_mixture(job, mix, aopts, output.holdout)

@@ -9,10 +9,11 @@ import pytest
 import sortpack.stages.read_plan as read_plan_mod
 from sortpack import progress as progress_mod
 from sortpack.parallel import SerialComm
-from sortpack.pipeline.dataset import JobInfo, run_all
+from sortpack.pipeline.dataset import JobInfo, JobOutput, run_all
 from sortpack.progress import Progress, configure, phase
 from sortpack.stages.analyze import AnalyzeOptions
 from sortpack.stages.pack import PackOptions
+from sortpack.stages.plan_options import PlanOptions
 from sortpack.stages.sort import SortOptions
 
 from support import run_sortpack, write_text_parquet
@@ -131,8 +132,9 @@ def test_every_stage_reports_in_process(tmp_path, reporting, capsys, monkeypatch
     # four row groups of 250 rows read one at a time: analyze reports within a file
     monkeypatch.setattr(read_plan_mod, "READ_ROWS", 250)
     path = write_text_parquet(tmp_path / "a.parquet", [1 + (i * 37) % 300 for i in range(1000)], 250)
-    run_all(SerialComm(), [str(path)], str(tmp_path / "plan"), AnalyzeOptions(column="text"), SortOptions(),
-            PackOptions(max_tokens=2000, segment_size=300), False, JobInfo(["test"]), progress=True)
+    run_all(SerialComm(), [str(path)],
+            PlanOptions(AnalyzeOptions(column="text"), SortOptions(), PackOptions(max_tokens=2000, segment_size=300)),
+            JobOutput(str(tmp_path / "plan"), JobInfo(["test"]), progress=True))
     err = capsys.readouterr().err.splitlines()
     assert [x.split("%")[0] for x in err if x.startswith("sortpack: analyze ") and "%" in x] == \
         ["sortpack: analyze 25", "sortpack: analyze 50", "sortpack: analyze 75"]

@@ -236,10 +236,11 @@ class LinesFormat(formats.TextFormat):
 def test_a_new_format_is_one_class_in_the_registry(tmp_path, monkeypatch):
     # discovery, analyze, the fingerprint, the store's schema and the reader all ask the registry
     from sortpack.parallel import SerialComm
-    from sortpack.pipeline.dataset import JobInfo, run_all
+    from sortpack.pipeline.dataset import JobInfo, JobOutput, run_all
     from sortpack.reader import SourceDataset
     from sortpack.stages.analyze import AnalyzeOptions
     from sortpack.stages.pack import PackOptions
+    from sortpack.stages.plan_options import PlanOptions
     from sortpack.stages.sort import SortOptions
     from sortpack.write.store import StoreOptions
 
@@ -248,9 +249,9 @@ def test_a_new_format_is_one_class_in_the_registry(tmp_path, monkeypatch):
     path = tmp_path / "a.lines"
     path.write_text("\n".join(texts) + "\n")
     assert format_of(str(path)) == "lines" and "lines" in format_names()
-    run_all(SerialComm(), [str(path)], str(tmp_path / "plan"), AnalyzeOptions(column="text"), SortOptions(),
-            PackOptions(max_tokens=300), overwrite=False, job=JobInfo(argv=["tests"]),
-            store=StoreOptions(columns=("text",)))
+    run_all(SerialComm(), [str(path)], PlanOptions(AnalyzeOptions(column="text"), SortOptions(),
+                                                   PackOptions(max_tokens=300)),
+            JobOutput(str(tmp_path / "plan"), JobInfo(argv=["tests"]), store=StoreOptions(columns=("text",))))
     manifest = json.loads((tmp_path / "plan" / "manifest.json").read_text())
     assert manifest["source"]["files"][0]["format"] == "lines"
     assert manifest["source"]["files"][0]["sha256_of"] == "file"

@@ -12,11 +12,12 @@ from sortpack.errors import SortpackError
 from sortpack.format.manifest import read_manifest
 from sortpack.format.shards import read_rows
 from sortpack.parallel import SerialComm
-from sortpack.pipeline.dataset import JobInfo, run_all
+from sortpack.pipeline.dataset import JobInfo, JobOutput, run_all
 from sortpack.report.inspect import step_costs
 from sortpack.report.plot import axes_titles, plot_directory, weighted_quantiles
 from sortpack.stages.analyze import AnalyzeOptions
 from sortpack.stages.pack import PackOptions
+from sortpack.stages.plan_options import PlanOptions
 from sortpack.stages.sort import SortOptions
 
 from support import run_sortpack, write_text_parquet
@@ -31,8 +32,9 @@ def plan(tmp_path):
     lengths = np.minimum(rng.lognormal(5, 1, 3000).astype(np.int64) + 1, 4000)
     path = write_text_parquet(tmp_path / "a.parquet", lengths, 500)
     out = tmp_path / "plan"
-    run_all(SerialComm(), [str(path)], str(out), AnalyzeOptions(column="text"), SortOptions(),
-            PackOptions(max_tokens=8192, pad_to_multiple=64), False, JobInfo(["test"]), keep_intermediate=True)
+    run_all(SerialComm(), [str(path)],
+            PlanOptions(AnalyzeOptions(column="text"), SortOptions(), PackOptions(max_tokens=8192, pad_to_multiple=64)),
+            JobOutput(str(out), JobInfo(["test"]), keep_intermediate=True))
     return out, lengths
 
 
