@@ -221,6 +221,24 @@ def test_step_parts_read_from_the_flat_table_equal_the_per_position_answers(smal
 
 @pytest.mark.parametrize("order,kw", [("index", {}), ("shuffle", {}), ("shuffle", {"largest_first": True}),
                                       ("index", {"warmup_shapes": True}), ("shuffle", {"drop_last": True})])
+def test_span_sums_from_the_running_sums_equal_the_columns_summed_position_by_position(small, order, kw):
+    """Once the sampler has built a column's running sums, every span's sum is still that column's over its positions."""
+    from sortpack.reader.plan import EpochPlan
+
+    ix = PackedIndex(small)
+    for world, accum in [(1, 1), (2, 3), (3, 1)]:
+        plan = EpochPlan(ix, world, accum, order, seed=5, epoch=1, **kw)
+        for name in ("num_samples", "tokens", "attention"):
+            plan.running(name)
+            for start in range(0, plan.length, 1 + plan.length // 9):
+                for count in (1, world * accum, 2 * world * accum + 1, plan.length):
+                    flat = (start + np.arange(count)) % plan.length
+                    want = int(sum(int(ix.take(name, np.array([plan.packed(int(f))]))[0]) for f in flat))
+                    assert plan.span_sum(name, start, count) == want
+
+
+@pytest.mark.parametrize("order,kw", [("index", {}), ("shuffle", {}), ("shuffle", {"largest_first": True}),
+                                      ("index", {"warmup_shapes": True}), ("shuffle", {"drop_last": True})])
 def test_steps_ahead_gives_step_parts_a_chunk_at_a_time(small, order, kw):
     """The sampler's vectorised chunks are each step's step_parts, up to one that straddles the end."""
     from sortpack.reader.plan import EpochPlan
