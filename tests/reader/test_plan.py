@@ -222,7 +222,7 @@ def test_step_parts_read_from_the_flat_table_equal_the_per_position_answers(smal
 @pytest.mark.parametrize("order,kw", [("index", {}), ("shuffle", {}), ("shuffle", {"largest_first": True}),
                                       ("index", {"warmup_shapes": True}), ("shuffle", {"drop_last": True})])
 def test_span_sums_from_the_running_sums_equal_the_columns_summed_position_by_position(small, order, kw):
-    """Once the sampler has built a column's running sums, every span's sum is still that column's over its positions."""
+    """Once the sampler built a column's running sums, a span's sum is still that column's over its positions."""
     from sortpack.reader.plan import EpochPlan
 
     ix = PackedIndex(small)
