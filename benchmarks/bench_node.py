@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import data
 from .report import Row, Section, print_script_results, secs
-from .runner import launch
+from .runner import BenchError, launch
 
 N_PER_RANK = {"small": 1_000_000, "full": 62_500_000}
 ROUNDS = {"small": 1, "full": 2}
@@ -73,6 +73,11 @@ def _run(inputs_dir: Path, out: Path, p: int) -> dict:
                       "column:ntokens", "--max-tokens", str(MAX_TOKENS), "--profile", "--overwrite", "--quiet"],
                      TIMEOUT, p, pin_rayon=False)
     man = json.loads((out / "manifest.json").read_text())
+    made_by = len(man["provenance"]["profile"].get("cpu_s_per_rank", []))
+    if made_by != p:
+        # mpiexec of one MPI and mpi4py of another start P singletons, each planning every file
+        raise BenchError(f"{p} ranks asked, the plan was made by {made_by}: mpiexec and mpi4py come from "
+                         "different MPI libraries (MPI4PY_LIBMPI)")
     return {"wall": wall, "profile": man["provenance"]["profile"], "hash": man["content_hash"], "load": load,
             "samples": man["num_samples"]}
 
