@@ -34,13 +34,14 @@ from .job import on_one_rank
 @click.option("--drop-last", is_flag=True, help="With --step/--sample: the sampler's drop_last.")
 @click.option("--largest-first", is_flag=True, help="With --step/--sample: the sampler's largest_first.")
 @click.option("--warmup-shapes", is_flag=True, help="With --step/--sample: the sampler's warmup_shapes.")
-def inspect(directory, as_json, plot, step, samples, world_size, grad_accum, **kw):
+def inspect(directory, as_json, plot, step, samples, **kw):
     """Report on a metrics, sorted or index directory; --step/--sample trace a plan's steps."""
     from ..reader.plan import StepOrder
     from ..reader.sampler_state import Layout
 
     # under mpiexec/srun rank 0 reports (and plots) for all; every rank exits with its status
-    cost_coeff, epoch = kw.pop("cost_coeff"), kw.pop("epoch")
+    world_size, grad_accum = kw.pop("world_size"), kw.pop("grad_accum")
+    cost_coeff, epoch = kw.pop("cost_coeff"), kw.pop("epoch")  # the rest: the sampler's order (StepOrder)
     if step is not None or samples:
         layout, how = Layout(1 if world_size is None else world_size, grad_accum), StepOrder(**kw)
         text, root = on_one_rank(lambda: _trace(directory, (step, samples, epoch), layout, how, as_json))

@@ -19,7 +19,7 @@ from ..inputs.source_file import SourceFile
 from ..inputs.specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
 from ..partition import even_range
-from ..progress import Progress
+from ..progress import Display, Progress
 from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
 
@@ -270,7 +270,7 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: Analyz
     columns, text_columns = specs.read_columns()
     counter = "tokens" if specs.size.kind == "tokens" else "summed size"  # the progress line's running sum
     out = Measured([], [], [])
-    prog = Progress("analyze", plan.rows, "rows", show, ranks, job_total=plan.total_rows)
+    prog = Progress("analyze", plan.rows, "rows", plan.total_rows, Display(show, ranks))
     for read in plan.reads:
         src = files[read.file]
         table = _read(src, read, columns, text_columns)

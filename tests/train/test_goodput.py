@@ -94,9 +94,10 @@ def test_step_time_model_fits_alpha_and_beta():
 
 
 @settings(max_examples=200, deadline=None)
-@given(noise=st.floats(0.0, 1e6), alpha=st.floats(0.0, 10.0), beta=st.floats(0.01, 10.0),
-       per_accum=st.floats(1.0, 1e4), lo=st.integers(1, 8), span=st.integers(0, 16))
-def test_choose_accum_maximises_goodput(noise, alpha, beta, per_accum, lo, span):
+@given(noise=st.floats(0.0, 1e6), cost=st.tuples(st.floats(0.0, 10.0), st.floats(0.01, 10.0)),
+       per_accum=st.floats(1.0, 1e4), bounds=st.tuples(st.integers(1, 8), st.integers(0, 16)))
+def test_choose_accum_maximises_goodput(noise, cost, per_accum, bounds):
+    (alpha, beta), (lo, span) = cost, bounds  # a step's seconds: alpha + beta * A
     times = StepTimeModel(smoothing=0.0)
     times.observe(1, alpha + beta)
     times.observe(2, alpha + 2 * beta)
