@@ -239,6 +239,21 @@ def pad_collate(pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None 
     ``--store input_ids,labels``), ``item[labels]`` beside ``item[key]``, or ``tokenize(item)``
     returning ``(ids, labels)`` (``sortpack.inputs.finetune.FineTuneShape`` does). ``labels``
     then holds them, still -100 at padding and at each sample's first position.
+
+    Examples
+    --------
+    Micro-batch 1 of ``plan/`` (``PackedIndex``'s example), its texts' bytes as token ids,
+    padded to the plan's shape (3 samples, 8 positions):
+
+    >>> from sortpack.reader import PackedSampler, SourceDataset
+    >>> from sortpack.torch import pad_collate
+    >>> collate = pad_collate(tokenize=lambda row: list(row["text"].encode()))
+    >>> mb = next(iter(PackedSampler("plan/", rank=1, world_size=2)))
+    >>> batch = collate(SourceDataset("plan/").__getitems__(mb))
+    >>> tuple(batch["input_ids"].shape), batch["lengths"].tolist(), batch["sample_ids"].tolist()
+    ((3, 8), [...], [3, 10, 1])
+    >>> batch["key_padding_mask"][0].tolist()  # True at padding
+    [...]
     """
     return PadCollate(pad_id, key, tokenize, attn_mask, pad_to_multiple, labels)
 

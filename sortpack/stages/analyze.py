@@ -304,7 +304,7 @@ def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: 
         table = read_units(src, read.first, read.end, columns, text_columns)
         expect = sum(src.unit_rows[read.first:read.end]) if src.unit_rows is not None else None
     else:
-        table = read_unit_rows(src, read.first, read.row_lo, read.row_hi, columns, text_columns)
+        table = read_unit_rows(src, read.first, range(read.row_lo, read.row_hi), columns, text_columns)
         expect = read.row_hi - read.row_lo
     if src.unit_rows is not None and expect != table.num_rows:
         raise SortpackError(f"{src.path}: read {table.num_rows} rows, metadata says {expect}")
