@@ -251,9 +251,11 @@ def pad_collate(pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None 
     >>> mb = next(iter(PackedSampler("plan/", rank=1, world_size=2)))
     >>> batch = collate(SourceDataset("plan/").__getitems__(mb))
     >>> tuple(batch["input_ids"].shape), batch["lengths"].tolist(), batch["sample_ids"].tolist()
-    ((3, 8), [...], [3, 10, 1])
-    >>> batch["key_padding_mask"][0].tolist()  # True at padding
-    [...]
+    ((3, 8), [6, 7, 8], [3, 10, 1])
+    >>> batch["input_ids"][0].tolist()  # sample 3, "abcdef", then pad_id
+    [97, 98, 99, 100, 101, 102, 0, 0]
+    >>> batch["labels"][0].tolist()  # no target at the first position and at padding
+    [-100, 98, 99, 100, 101, 102, -100, -100]
     """
     return PadCollate(pad_id, key, tokenize, attn_mask, pad_to_multiple, labels)
 

@@ -99,9 +99,9 @@ class MicroBatch(list):
     >>> from sortpack.reader import MicroBatch, PackedSampler, StepFacts
     >>> mb = next(iter(PackedSampler("plan/", rank=1, world_size=2)))
     >>> list(mb), (mb.batch_size, mb.padded_size), mb.tokens
-    ([3, 10, 1], (3, 8), 17)
+    ([3, 10, 1], (3, 8), 21)
     >>> mb.step, mb.step_batch, mb.step_tokens, mb.last, mb.repeat
-    (0, 8, 40, True, False)
+    (0, 8, 36, True, False)
 
     One of your own (a test, a custom sampler): the step's facts are one ``StepFacts``:
 
