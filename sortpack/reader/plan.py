@@ -6,11 +6,33 @@ only place that layout is written; the sampler and ``sortpack inspect`` both use
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..permutation import KeyedPermutation
 
 ORDERS = ("index", "shuffle", "curriculum")
+
+
+@dataclass(frozen=True)
+class StepOrder:
+    """How an epoch's steps are ordered: ``order`` and ``seed``, and the flags that drop or move steps.
+
+    The sampler's options of the same names (``PackedSampler``, ``EpochPlan``); ``sortpack
+    inspect --step/--sample`` traces under one.
+    """
+
+    order: str = "index"
+    seed: int = 0
+    drop_last: bool = False
+    largest_first: bool = False
+    warmup_shapes: bool = False
+
+    def epoch_plan(self, index, world: int, accum: int, epoch: int = 0) -> EpochPlan:
+        """Return the ``EpochPlan`` of ``epoch`` for ``world`` ranks accumulating ``accum`` under this order."""
+        return EpochPlan(index, world, accum, self.order, self.seed, epoch, self.drop_last, self.largest_first,
+                         self.warmup_shapes)
 
 
 def step_positions(count: int, world_size: int, grad_accum: int, start: int = 0,
