@@ -337,3 +337,24 @@ def test_stages_and_the_store_take_options_as_records_not_dicts():
                 if arg.arg in OPTION_NAMES and (not text or "dict" in text.lower()):
                     found.append(f"{path.relative_to(PKG)}:{node.lineno} {node.name}({arg.arg}: {text or '?'})")
     assert not found, f"options passed as a dict (or untyped) where a typed record belongs: {found}"
+
+
+def _reads_recorded_options(node: ast.AST) -> bool:
+    """Return whether ``node`` reads a manifest's ``options`` object (``m["options"]`` or ``m.get("options")``)."""
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "options"
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "options")
+
+
+def test_a_manifest_s_options_are_read_back_only_as_plan_options():
+    # the stages, writers and jobs read a manifest's options once, typed: PlanOptions.from_manifest(m["options"])
+    found = []
+    for side in ("stages", "write", "pipeline"):
+        for path in sorted((PKG / side).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            allowed = {id(call.args[0]) for call in ast.walk(tree) if isinstance(call, ast.Call) and call.args
+                       and isinstance(call.func, ast.Attribute) and call.func.attr == "from_manifest"}
+            found += [f"{path.relative_to(PKG)}:{node.lineno}" for node in ast.walk(tree)
+                      if _reads_recorded_options(node) and id(node) not in allowed]
+    assert not found, f"a manifest's options read as a dict (use PlanOptions.from_manifest): {found}"
