@@ -117,15 +117,17 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
 
     ``lo`` is None when ``hi`` alone is unique (keys packed with ids). For the packed
     form, ``ids_from = (first, layout)`` says the codes' ``id`` field holds the ids
-    ``first + arange(n)``: the local sort is then a plain ``np.sort`` and the payload
-    follows by the positions read back from the ids (no argsort). ``targets`` (P + 1
-    rising global positions, ending at the total), with unique ``hi``, makes rank r hold
+    ``first + arange(n)``: the local sort is then a radix sort on the fields above the ids
+    (``kernels.sort_id_ordered``) and the payload follows by the positions read back from
+    the ids (no argsort). ``targets`` (P + 1 rising global positions, ending at the total),
+    with unique ``hi``, makes rank r hold
     exactly positions ``[targets[r], targets[r+1])``; otherwise ranges are near-even.
     """
     if lo is None and ids_from is not None:
-        hi.sort()
+        first, layout = ids_from
+        # the ids rise in input order: a stable radix sort on the fields above them is the full sort
+        hi = kernels.sort_id_ordered(hi, layout.id_bits, layout.bits - layout.id_bits)
         if payload:
-            first, layout = ids_from
             pos = layout.field(hi, "id").astype(np.int64) - first
             payload = {k: v[pos] for k, v in payload.items()}
     else:

@@ -1,0 +1,58 @@
+"""sort_id_ordered (a radix sort on the bits above ids that rise in input order) against np.sort."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sortpack import kernels as K
+
+
+def packed(keys: np.ndarray, id_bits: int, first: int = 0) -> np.ndarray:
+    """Return the codes ``key << id_bits | id``, ids numbered from ``first`` in input order."""
+    ids = np.arange(first, first + len(keys), dtype=np.uint64)
+    return (np.asarray(keys, np.uint64) << np.uint64(id_bits)) | ids if id_bits < 64 else ids
+
+
+@settings(max_examples=120, deadline=None)
+@given(n=st.integers(0, 3000), key_bits=st.integers(0, 40), spread=st.sampled_from(["full", "few", "one"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_it_sorts_as_np_sort(n, key_bits, spread, seed):
+    rng = np.random.default_rng(seed)
+    id_bits = max(1, int(n).bit_length())
+    top = 1 << key_bits
+    if spread == "few":  # many ties, digits every code shares (their passes are skipped)
+        keys = rng.choice(rng.integers(0, top, 3, dtype=np.uint64), n)
+    elif spread == "one":
+        keys = np.full(n, top - 1, np.uint64)
+    else:
+        keys = rng.integers(0, top, n, dtype=np.uint64)
+    codes = packed(keys, id_bits, first=int(rng.integers(0, 2)))
+    assert np.array_equal(K.sort_id_ordered(codes.copy(), id_bits, key_bits), np.sort(codes))
+
+
+@pytest.mark.parametrize("key_bits", [12, 13, 14, 26, 27, 39, 64 - 21])
+def test_every_digit_count_sorts_a_large_rank(key_bits):
+    # one to four passes, the widths the packed keys of real ranks take (21 id bits: 2M samples)
+    rng = np.random.default_rng(key_bits)
+    keys = rng.integers(0, 1 << key_bits, 1 << 16, dtype=np.uint64)
+    codes = packed(keys, 21)
+    assert np.array_equal(K.sort_id_ordered(codes.copy(), 21, key_bits), np.sort(codes))
+
+
+def test_a_code_wider_than_said_is_sorted_all_the_same():
+    codes = packed(np.array([5, 1, 300, 2], np.uint64), 3)  # 300 needs 9 bits, not 4
+    assert np.array_equal(K.sort_id_ordered(codes.copy(), 3, 4), np.sort(codes))
+    assert np.array_equal(K.sort_id_ordered(packed(np.array([1, 0], np.uint64), 1), 1, 0), [0b01, 0b10])
+
+
+def test_the_fallback_gives_the_same_codes(fallback):
+    rng = np.random.default_rng(3)
+    codes = packed(rng.integers(0, 4096, 5000, dtype=np.uint64), 13)
+    assert np.array_equal(fallback.sort_id_ordered(codes.copy(), 13, 12), np.sort(codes))
+
+
+def test_bad_widths_are_refused_or_sorted():
+    codes = packed(np.array([3, 1], np.uint64), 1)
+    assert np.array_equal(K.sort_id_ordered(codes.copy(), 1, 70), np.sort(codes))  # more bits than a code has
