@@ -14,8 +14,10 @@ def sort_id_ordered(codes: np.ndarray, low_bits: int, high_bits: int) -> np.ndar
     order, are sorted by their key alone with a stable radix sort (a few linear passes over
     ``high_bits``, the width of ``codes >> low_bits``) instead of a comparison sort: the ties'
     input order is their id order, so the result is ``np.sort(codes)``. ``codes`` (uint64,
-    C-contiguous) is consumed: the result may be it, sorted in place, or a new array. Codes
-    wider than ``low_bits + high_bits``, and the numpy fallback, sort with ``np.sort``.
+    C-contiguous) is sorted in place and returned, as ``ndarray.sort`` would: the radix
+    passes scatter through a scratch array of the same size that is freed on return, so the
+    caller's next array of that size reuses its memory instead of new pages. Codes wider
+    than ``low_bits + high_bits``, and the numpy fallback, sort with ``np.sort``.
     """
     codes = np.ascontiguousarray(codes, dtype=np.uint64).ravel()
     lib = _c()
@@ -26,7 +28,8 @@ def sort_id_ordered(codes: np.ndarray, low_bits: int, high_bits: int) -> np.ndar
     counts = np.empty(max(int(lib.sp_radix_words(high_bits)), 1), np.int64)
     rc = lib.sp_radix_sort_high(_ptr(codes), len(codes), low_bits, high_bits, _ptr(out), _ptr(counts))
     if rc == 0:
-        return out
+        codes[...] = out  # one copy back: the caller's array holds the result, the scratch goes
+        return codes
     del out
     if rc == 1:
         return codes
