@@ -1,10 +1,12 @@
 """Sorting uint64 codes whose low bits already rise in input order (packed sample ids): a stable radix
-sort on the bits above them, the compiled kernel, and ``np.sort`` as its fallback (the same result)."""
+sort on the bits above them, the compiled kernel, and ``np.sort`` as its fallback (the same result);
+and the merge of sorted runs into memory the caller no longer needs (``merge_sorted_keys_into``)."""
 from __future__ import annotations
 
 import numpy as np
 
-from ._loader import _c, _ptr
+from ._loader import _c, _ptr, _scratch
+from .merge import _runs
 
 
 def sort_id_ordered(codes: np.ndarray, low_bits: int, high_bits: int) -> np.ndarray:
@@ -37,3 +39,29 @@ def sort_id_ordered(codes: np.ndarray, low_bits: int, high_bits: int) -> np.ndar
         codes.sort()
         return codes
     raise ValueError(f"sort_id_ordered: bad arguments (low_bits={low_bits}, high_bits={high_bits})")
+
+
+def merge_sorted_keys_into(keys: np.ndarray, offsets: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Return the sorted uint64 runs ``keys[offsets[i]:offsets[i+1]]`` merged, written into ``out[:len(keys)]``.
+
+    ``merge_sorted_keys`` into memory the caller is done with (the rank's codes once they are
+    sent), where a new array would be pages the process touches for the first time. ``out``
+    (uint64, C-contiguous, not overlapping ``keys``) must hold at least ``len(keys)`` codes;
+    the result is its first ``len(keys)``, and always equals ``np.sort(keys)``.
+    """
+    keys, offsets, lib = _runs(keys, offsets)
+    n = len(keys)
+    if len(out) < n or out.dtype != np.uint64 or not out.flags.c_contiguous:
+        raise ValueError("merge_sorted_keys_into: out must be C-contiguous uint64 of at least len(keys)")
+    merged = out[:n]
+    if lib is None:
+        merged[...] = np.sort(keys, kind="stable")
+        return merged
+    k = len(offsets) - 1
+    scratch = _scratch(lib.sp_merge_scratch_words(n, k, 0))
+    rc = lib.sp_merge_keys_u64(_ptr(keys), _ptr(offsets), k, _ptr(merged), _ptr(scratch))
+    if rc == -1:
+        raise MemoryError("merge_sorted_keys_into")
+    if rc != 0:
+        merged[...] = np.sort(keys, kind="stable")
+    return merged

@@ -153,8 +153,12 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     phase("exchange")
     offsets = np.concatenate(([0], np.cumsum(recv))).astype(np.int64)
     if r_lo is None and not r_payload:
-        # nothing rides along: merge the keys alone (no permutation to write)
-        r_hi = kernels.merge_sorted_keys(r_hi, offsets)
+        # nothing rides along: merge the keys alone (no permutation to write), into the sent codes'
+        # memory when they were sorted here in place (consumed) and it is large enough
+        if ids_from is not None and len(r_hi) <= len(hi):
+            r_hi = kernels.merge_sorted_keys_into(r_hi, offsets, hi)
+        else:
+            r_hi = kernels.merge_sorted_keys(r_hi, offsets)
         phase("merge")
         return SortedRecords(r_hi, None, {})
     if r_lo is None:

@@ -56,3 +56,24 @@ def test_the_fallback_gives_the_same_codes(fallback):
 def test_bad_widths_are_refused_or_sorted():
     codes = packed(np.array([3, 1], np.uint64), 1)
     assert np.array_equal(K.sort_id_ordered(codes.copy(), 1, 70), np.sort(codes))  # more bits than a code has
+
+
+@settings(max_examples=60, deadline=None)
+@given(runs=st.lists(st.lists(st.integers(0, 2**64 - 1), max_size=30), min_size=1, max_size=5),
+       spare=st.integers(0, 5))
+def test_merge_into_writes_the_merged_runs_into_the_given_memory(runs, spare):
+    keys = np.concatenate([np.sort(np.asarray(r, np.uint64)) for r in runs])
+    offsets = np.concatenate(([0], np.cumsum([len(r) for r in runs]))).astype(np.int64)
+    out = np.full(len(keys) + spare, 7, np.uint64)
+    got = K.merge_sorted_keys_into(keys, offsets, out)
+    assert np.array_equal(got, np.sort(keys))
+    assert np.shares_memory(got, out) or len(keys) == 0
+    assert np.all(out[len(keys):] == 7)  # nothing past the merged keys is written
+
+
+def test_merge_into_refuses_too_little_memory_and_sorts_unsorted_runs(fallback):
+    keys = np.array([3, 1, 2], np.uint64)  # one run, not sorted
+    with pytest.raises(ValueError):
+        K.merge_sorted_keys_into(keys, [0, 3], np.zeros(2, np.uint64))
+    assert np.array_equal(K.merge_sorted_keys_into(keys, [0, 3], np.zeros(3, np.uint64)), [1, 2, 3])
+    assert np.array_equal(fallback.merge_sorted_keys_into(keys, [0, 3], np.zeros(4, np.uint64)), [1, 2, 3])
