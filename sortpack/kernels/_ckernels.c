@@ -1142,6 +1142,27 @@ SP_API int64_t sp_radix_sort_high(uint64_t *keys, int64_t n, int64_t shift, int6
     return src == out ? 0 : 1;
 }
 
+/* Merge two sorted runs of uint64 into buf[0, na + nb) where one of them already lies in buf:   */
+/* own_first = 1: run b lies at buf + na and run a (own) elsewhere, merged from the front (a     */
+/* write never passes an unread code of b); own_first = 0: run a lies at buf and run b (own)     */
+/* elsewhere, merged from the back. Equal codes: a's first. No memory beyond buf.                */
+SP_API int64_t sp_merge_two_in_place(uint64_t *buf, int64_t na, int64_t nb, const uint64_t *own,
+                                     int64_t own_first) {
+    if (na < 0 || nb < 0) return -3;
+    if (own_first) {
+        const uint64_t *a = own, *b = buf + na;
+        int64_t i = 0, j = 0, w = 0;
+        while (i < na && j < nb) buf[w++] = (b[j] < a[i]) ? b[j++] : a[i++];
+        while (i < na) buf[w++] = a[i++];
+        return 0; /* what is left of b is in place */
+    }
+    const uint64_t *a = buf, *b = own;
+    int64_t i = na - 1, j = nb - 1, w = na + nb - 1;
+    while (i >= 0 && j >= 0) buf[w--] = (b[j] < a[i]) ? a[i--] : b[j--];
+    while (j >= 0) buf[w--] = b[j--];
+    return 0; /* what is left of a is in place */
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* An empty module, so that the file is a valid extension for setuptools to build.       */
 

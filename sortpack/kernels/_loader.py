@@ -48,6 +48,7 @@ _SIGNATURES = {
     "sp_varlen_batch": ([_PTR], _I64),
     "sp_radix_words": ([_I64], _I64),
     "sp_radix_sort_high": ([_PTR, _I64, _I64, _I64, _PTR, _PTR], _I64),
+    "sp_merge_two_in_place": ([_PTR, _I64, _I64, _PTR, _I64], _I64),
 }
 
 

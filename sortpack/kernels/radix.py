@@ -1,6 +1,7 @@
 """Sorting uint64 codes whose low bits already rise in input order (packed sample ids): a stable radix
 sort on the bits above them, the compiled kernel, and ``np.sort`` as its fallback (the same result);
-and the merge of sorted runs into memory the caller no longer needs (``merge_sorted_keys_into``)."""
+and the merge of sorted runs into memory the caller no longer needs (``merge_sorted_keys_into``,
+``merge_with_own_run``)."""
 from __future__ import annotations
 
 import numpy as np
@@ -65,3 +66,28 @@ def merge_sorted_keys_into(keys: np.ndarray, offsets: np.ndarray, out: np.ndarra
     if rc != 0:
         merged[...] = np.sort(keys, kind="stable")
     return merged
+
+
+def merge_with_own_run(received: np.ndarray, first_run: int, own: np.ndarray, own_first: bool) -> np.ndarray:
+    """Return ``received`` (two sorted runs of uint64 codes, the first ``first_run`` long) merged in place.
+
+    One of the two runs is this rank's own, which it still holds in ``own`` (the run it sent
+    itself): ``own_first`` says it is the first run. The other run is read where it lies and the
+    own run from ``own``, so the merge needs no memory beyond ``received``: a two-rank exchange
+    whose received codes outnumber the rank's own merges without a new array. Equals
+    ``np.sort(received)``.
+    """
+    received = np.ascontiguousarray(received, dtype=np.uint64)
+    own = np.ascontiguousarray(own, dtype=np.uint64)
+    na = int(first_run)
+    nb = len(received) - na
+    if not 0 <= na <= len(received) or len(own) != (na if own_first else nb):
+        raise ValueError("merge_with_own_run: the own run's length does not match its place")
+    lib = _c()
+    if lib is None:
+        received.sort(kind="stable")
+        return received
+    rc = lib.sp_merge_two_in_place(_ptr(received), na, nb, _ptr(own), int(bool(own_first)))
+    if rc != 0:
+        raise ValueError("merge_with_own_run: bad run lengths")
+    return received

@@ -157,6 +157,10 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
         # memory when they were sorted here in place (consumed) and it is large enough
         if ids_from is not None and len(r_hi) <= len(hi):
             r_hi = kernels.merge_sorted_keys_into(r_hi, offsets, hi)
+        elif comm.size == 2:
+            # two runs, one of them this rank's own (still in hi): merged within the received codes
+            own = hi[cuts[comm.rank]:cuts[comm.rank + 1]]
+            r_hi = kernels.merge_with_own_run(r_hi, int(recv[0]), own, own_first=comm.rank == 0)
         else:
             r_hi = kernels.merge_sorted_keys(r_hi, offsets)
         phase("merge")

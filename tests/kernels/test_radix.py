@@ -77,3 +77,22 @@ def test_merge_into_refuses_too_little_memory_and_sorts_unsorted_runs(fallback):
         K.merge_sorted_keys_into(keys, [0, 3], np.zeros(2, np.uint64))
     assert np.array_equal(K.merge_sorted_keys_into(keys, [0, 3], np.zeros(3, np.uint64)), [1, 2, 3])
     assert np.array_equal(fallback.merge_sorted_keys_into(keys, [0, 3], np.zeros(4, np.uint64)), [1, 2, 3])
+
+
+@settings(max_examples=80, deadline=None)
+@given(a=st.lists(st.integers(0, 2**64 - 1), max_size=40), b=st.lists(st.integers(0, 2**64 - 1), max_size=40),
+       own_first=st.booleans())
+def test_merge_with_own_run_needs_no_memory_beyond_the_received_codes(a, b, own_first):
+    a, b = np.sort(np.asarray(a, np.uint64)), np.sort(np.asarray(b, np.uint64))
+    received = np.concatenate((a, b)).astype(np.uint64)
+    own = (a if own_first else b).copy()  # the rank's own run, still held where it was sent from
+    got = K.merge_with_own_run(received, len(a), own, own_first)
+    assert np.shares_memory(got, received) or len(received) == 0
+    assert np.array_equal(got, np.sort(np.concatenate((a, b))))
+
+
+def test_merge_with_own_run_checks_the_own_run_and_falls_back(fallback):
+    received = np.array([2, 5, 1, 9], np.uint64)
+    with pytest.raises(ValueError):
+        K.merge_with_own_run(received.copy(), 2, np.array([1], np.uint64), True)
+    assert np.array_equal(fallback.merge_with_own_run(received.copy(), 2, received[:2].copy(), True), [1, 2, 5, 9])
