@@ -1,9 +1,12 @@
-"""What the CLI sets up before a job: one thread per rank, Arrow's pools, no pandas behind pyarrow."""
+"""What the CLI sets up before a job: one thread per rank, Arrow's pools, no pandas behind pyarrow, and the memory
+a job frees kept for its next arrays."""
 from __future__ import annotations
 
 import ctypes
 import os
 import sys
+
+from ..env import env_text
 
 # One thread per rank is the HPC norm (ranks = cores); set before numpy loads BLAS.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -23,7 +26,7 @@ def keep_freed_memory() -> bool:
     peak (the job ends when it is done), the system time halves. ``SORTPACK_KEEP_MEMORY=0``
     leaves malloc as it is; elsewhere than glibc nothing changes.
     """
-    if os.environ.get("SORTPACK_KEEP_MEMORY", "") == "0" or not sys.platform.startswith("linux"):
+    if env_text("SORTPACK_KEEP_MEMORY") == "0" or not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
