@@ -265,6 +265,9 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     file_rows = np.bincount(plan.units.file, weights=unit_rows, minlength=len(files)).astype(np.int64)
     fingerprint = [{**f.fingerprint(r), **d} for f, r, d in zip(files, file_rows, digests)]
     size, diff = _columns(comm, measured, specs)
+    # the per-read pieces are copied into the columns: free them first, so the ids take their memory
+    measured.sizes.clear()
+    measured.diffs.clear()
     sample_id = np.arange(start, start + len(size), dtype=np.int64)
     # (fine-tuning texts: a sample without content is one without targets, not one of the empty text's size)
     counts_text = specs.size.kind == "tokens" and specs.shape is None
