@@ -5,7 +5,7 @@ import click
 
 from .builders import make_holdout, make_pack, make_store
 from .group import cli
-from .job import job_command
+from .job import CommandOutput, job_command
 from .options import common_options, holdout_options, pack_options, store_options
 
 
@@ -16,7 +16,7 @@ from .options import common_options, holdout_options, pack_options, store_option
 @holdout_options
 @common_options
 @job_command
-def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
+def pack(comm, job, out: CommandOutput, sorted_dir, **kw):
     """Cut a sorted directory into micro-batches; write the index.
 
     With --holdout, the held-out plan in OUTPUT/holdout too: the same two plans as
@@ -26,5 +26,5 @@ def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
 
     kw["store_tokenizer"] = kw.pop("tokenizer")
     store = make_store(kw)
-    return run_pack(comm, sorted_dir, make_pack(kw), JobOutput(output, job, overwrite, store=store,
+    return run_pack(comm, sorted_dir, make_pack(kw), JobOutput(out.path, job, out.overwrite, store=store,
                                                                 holdout=make_holdout(kw)))

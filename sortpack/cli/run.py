@@ -5,7 +5,7 @@ import click
 
 from .builders import make_analyze, make_holdout, make_mixture, make_pack, make_sort, make_store
 from .group import cli
-from .job import job_command
+from .job import CommandOutput, job_command
 from .options import (
     analyze_options,
     common_options,
@@ -28,7 +28,7 @@ from .options import (
 @holdout_options
 @common_options
 @job_command
-def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate, **kw):
+def run(comm, job, out: CommandOutput, inputs, keep_intermediate, **kw):
     """Analyze, sort and pack in one job; write the index.
 
     INPUTS are as for analyze: files, directories, globs, Hugging Face save_to_disk
@@ -41,11 +41,11 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
     from ..stages.plan_options import PlanOptions
 
     mix = make_mixture(inputs, kw, keep_intermediate)
-    out = JobOutput(output, job, overwrite, progress=not quiet, store=make_store(kw),
-                    holdout=make_holdout(kw, mixture=mix is not None), keep_intermediate=keep_intermediate)
+    output = JobOutput(out.path, job, out.overwrite, progress=not out.quiet, store=make_store(kw),
+                       holdout=make_holdout(kw, mixture=mix is not None), keep_intermediate=keep_intermediate)
     plan = PlanOptions(make_analyze(kw), make_sort(kw), make_pack(kw))
     if mix is not None:
         from ..pipeline.mixture import run_mixture
 
-        return run_mixture(comm, mix, plan, out)
-    return run_all(comm, list(inputs), plan, out)
+        return run_mixture(comm, mix, plan, output)
+    return run_all(comm, list(inputs), plan, output)

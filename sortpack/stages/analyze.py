@@ -19,7 +19,7 @@ from ..inputs.source_file import SourceFile
 from ..inputs.specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
 from ..partition import even_range
-from ..progress import Progress
+from ..progress import Display, Progress
 from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
 
@@ -253,8 +253,8 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     # what pack --store checks later: each file's mtime and digest, taken before it is read
     digests = record(comm, [f.path for f in files], [f.format for f in files], [f.bytes for f in files],
                      plan.file_owners)
-    prog = Progress("analyze", plan.rows, "rows", show_progress and comm.is_root(), comm.size,
-                    job_total=plan.total_rows)
+    show = Display(show_progress and comm.is_root(), comm.size)
+    prog = Progress("analyze", plan.rows, "rows", plan.total_rows, show)
     measured: Measured = comm.collectively(_measure, files, plan, specs, keep or Keepers(), prog)
     unit_rows = _share_unit_rows(comm, plan, measured.unknown_rows)
     start = int(unit_rows[:plan.lo].sum()) + plan.head
@@ -265,6 +265,9 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     file_rows = np.bincount(plan.units.file, weights=unit_rows, minlength=len(files)).astype(np.int64)
     fingerprint = [{**f.fingerprint(r), **d} for f, r, d in zip(files, file_rows, digests)]
     size, diff = _columns(comm, measured, specs)
+    # the per-read pieces are copied into the columns: free them first, so the ids take their memory
+    measured.sizes.clear()
+    measured.diffs.clear()
     sample_id = np.arange(start, start + len(size), dtype=np.int64)
     # (fine-tuning texts: a sample without content is one without targets, not one of the empty text's size)
     counts_text = specs.size.kind == "tokens" and specs.shape is None
@@ -314,7 +317,7 @@ def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: 
         table = read_units(src, read.first, read.end, columns, text_columns)
         expect = sum(src.unit_rows[read.first:read.end]) if src.unit_rows is not None else None
     else:
-        table = read_unit_rows(src, read.first, read.row_lo, read.row_hi, columns, text_columns)
+        table = read_unit_rows(src, read.first, range(read.row_lo, read.row_hi), columns, text_columns)
         expect = read.row_hi - read.row_lo
     if src.unit_rows is not None and expect != table.num_rows:
         raise SortpackError(f"{src.path}: read {table.num_rows} rows, metadata says {expect}")

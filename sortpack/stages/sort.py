@@ -15,7 +15,7 @@ from ..distribute import fetch_rows, global_start, redistribute
 from ..errors import SortpackError
 from ..parallel import Comm
 from ..partition import owner_starts
-from ..progress import Progress, phase
+from ..progress import Display, Progress, phase
 from .key_codes import KeyCodec, KeyLayout, encode_keys
 from .sample_sort import sample_sort
 from .samples import SampleColumns
@@ -178,7 +178,7 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     if groups is not None:
         group_bits = group_width(comm.allreduce(int(groups.max()) if len(groups) else 0, "max"))
     files, total = samples.files, samples.total
-    prog = Progress("sort", None, "phases", ranks=comm.size)
+    prog = Progress("sort", None, "phases", display=Display(ranks=comm.size))
     # each rank's final range of whole output shards: an exact sort lands there, the redistribution is then a no-op
     facts = _Facts(opts, _is_contiguous(comm, samples), _is_same(comm, samples), group_bits,
                    owner_starts(total, rows_per_shard, comm.size), consume)
@@ -222,8 +222,6 @@ def _sort_plain(comm: Comm, samples: SampleColumns, groups: np.ndarray | None, f
     """Return the samples sorted by ((group,) key, id), one curriculum stage (the group, if any, as the stage)."""
     opts, same = facts.opts, facts.same
     by_size = opts.key == "size"
-    codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending)
-    layout = _group_layout(codec, facts.group_bits)
     payload: dict[str, np.ndarray] = {}
     if not by_size:
         payload["size"] = samples.size
@@ -231,10 +229,15 @@ def _sort_plain(comm: Comm, samples: SampleColumns, groups: np.ndarray | None, f
         payload["difficulty"] = samples.difficulty
     payload = _with_measures(payload, samples)
     ids_in: np.ndarray | None = samples.sample_id
-    if facts.consume and not payload and facts.contiguous:
-        # the ids are start + arange(n) and the keys are in the codes: free the input now
+    free_input = facts.consume and not payload and facts.contiguous
+    if free_input:
+        # the ids are start + arange(n): free them before the codes are made, which then take their memory
+        samples.sample_id, ids_in = np.zeros(0, np.int64), None
+    codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending)
+    layout = _group_layout(codec, facts.group_bits)
+    if free_input:
+        # the keys are in the codes: free the input now
         samples.clear()
-        ids_in = None
     out = _sort_by(comm, _Keys(codes, layout, group=groups), _Rows(samples.start, samples.total, ids_in, payload),
                    facts.contiguous, facts.targets)
     del ids_in

@@ -133,9 +133,8 @@ def _move_to_owners(comm: Comm, mbs: Microbatches, dest: np.ndarray) -> OwnedMic
                               row_sizes)
 
 
-def index_manifest(mbs: Microbatches, schema: pa.Schema, record: PlanRecord, shards: list[dict], prov: dict,
-                   stored: StoreResult | None = None) -> dict:
-    """Return the index directory's manifest (``stored``: with its data shards).
+def index_manifest(mbs: Microbatches, schema: pa.Schema, record: PlanRecord, shards: list[dict], prov: dict) -> dict:
+    """Return the index directory's manifest (``with_data`` adds the stored columns' data shards).
 
     The source files are recorded without their locations: those are in ``prov``, the provenance.
     """
@@ -148,11 +147,14 @@ def index_manifest(mbs: Microbatches, schema: pa.Schema, record: PlanRecord, sha
         source={"num_rows": record.source_rows, "files": files},
         shards=shards, stats=mbs.stats, provenance=prov,
     )
-    if stored is not None:
-        manifest.update(version=DATA_VERSION, data=stored.manifest_data())
     if record.extra:
         manifest.update(record.extra)
     return manifest
+
+
+def with_data(manifest: dict, stored: StoreResult) -> dict:
+    """Return an index manifest that also records its data shards (``--store``: the format's data version)."""
+    return {**manifest, "version": DATA_VERSION, "data": stored.manifest_data()}
 
 
 def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, record: PlanRecord,
@@ -184,4 +186,5 @@ def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, record: PlanRecord,
     if stored is not None:
         # varies with the rank count: in the provenance, out of content_hash
         prov["exchange"] = stored.exchange.as_dict()
-    return out.commit(index_manifest(mbs, schema, record, shards, prov, stored))
+    manifest = index_manifest(mbs, schema, record, shards, prov)
+    return out.commit(manifest if stored is None else with_data(manifest, stored))

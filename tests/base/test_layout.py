@@ -201,6 +201,49 @@ def test_nothing_imports_the_cli():
             assert "cli" not in _module_imports(path), path
 
 
+# The training side, the report and the CLI take records, not loose parameters (docs/architecture.md,
+# "Records instead of loose parameters"): more than five only in the public constructors whose
+# documented keywords a training script writes.
+FEW_PARAMETERS = ("reader", "report", "cli", "train", "progress.py", "distribute.py")
+MAX_PARAMETERS = 5
+PUBLIC_KEYWORDS = {
+    "reader/collate.py:PadCollate.__init__", "reader/collate.py:pad_collate",
+    "reader/collate.py:VarlenCollate.__init__", "reader/collate.py:varlen_collate",
+    "reader/dataset.py:SourceDataset.__init__", "reader/microbatch.py:MicroBatch.__init__",
+    "reader/plan.py:EpochPlan.__init__", "reader/sampler.py:PackedSampler.__init__",
+    "train/goodput_controller.py:GoodputController.__init__",
+}
+
+
+def _parameter_counts(path: Path) -> dict[str, int]:
+    """Return each function's parameters (``self``/``cls``, ``*args`` and ``**kwargs`` aside) by ``file:qualname``."""
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str, in_class: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.", True)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                if in_class and names and names[0] in ("self", "cls"):
+                    names = names[1:]
+                out[f"{path.relative_to(PKG).as_posix()}:{prefix}{child.name}"] = len(names)
+                visit(child, f"{prefix}{child.name}.", False)
+
+    visit(ast.parse(path.read_text()), "", False)
+    return out
+
+
+def test_the_training_side_takes_records_not_loose_parameters():
+    counts = {}
+    for top in FEW_PARAMETERS:
+        for path in ([PKG / top] if top.endswith(".py") else sorted((PKG / top).rglob("*.py"))):
+            counts.update(_parameter_counts(path))
+    assert "reader/sampler.py:PackedSampler.__init__" in counts and "cli/job.py:job_command" in counts
+    assert {k for k, n in counts.items() if n > MAX_PARAMETERS} == PUBLIC_KEYWORDS
+
+
 def _module_name(path: Path) -> str:
     """Return the dotted name of a module file of the package (a package's ``__init__`` is the package)."""
     parts = path.relative_to(PKG.parent).with_suffix("").parts
@@ -326,3 +369,24 @@ def test_stages_and_the_store_take_options_as_records_not_dicts():
                 if arg.arg in OPTION_NAMES and (not text or "dict" in text.lower()):
                     found.append(f"{path.relative_to(PKG)}:{node.lineno} {node.name}({arg.arg}: {text or '?'})")
     assert not found, f"options passed as a dict (or untyped) where a typed record belongs: {found}"
+
+
+def _reads_recorded_options(node: ast.AST) -> bool:
+    """Return whether ``node`` reads a manifest's ``options`` object (``m["options"]`` or ``m.get("options")``)."""
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "options"
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "options")
+
+
+def test_a_manifest_s_options_are_read_back_only_as_plan_options():
+    # the stages, writers and jobs read a manifest's options once, typed: PlanOptions.from_manifest(m["options"])
+    found = []
+    for side in ("stages", "write", "pipeline"):
+        for path in sorted((PKG / side).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            allowed = {id(call.args[0]) for call in ast.walk(tree) if isinstance(call, ast.Call) and call.args
+                       and isinstance(call.func, ast.Attribute) and call.func.attr == "from_manifest"}
+            found += [f"{path.relative_to(PKG)}:{node.lineno}" for node in ast.walk(tree)
+                      if _reads_recorded_options(node) and id(node) not in allowed]
+    assert not found, f"a manifest's options read as a dict (use PlanOptions.from_manifest): {found}"

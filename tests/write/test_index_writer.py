@@ -188,5 +188,5 @@ def test_the_manifest_takes_the_stored_data_and_the_extra_keys(monkeypatch):
     stored = StoreResult(columns=["text"], schema={"text": "string"}, rows_per_shard=300, num_rows=5, shards=[],
                          exchange=stats)
     record = PlanRecord(options, files, Profile(SerialComm()), JobInfo([]), {"mixture": {"k": 1}})
-    m = index_writer.index_manifest(mbs, schema, record, [], {}, stored)
+    m = index_writer.with_data(index_writer.index_manifest(mbs, schema, record, [], {}), stored)
     assert m["version"] == DATA_VERSION and m["data"] == stored.manifest_data() and m["mixture"] == {"k": 1}
