@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from typing import Any
 
 from ..env import env_flag
 from ..errors import SortpackError
@@ -87,14 +88,21 @@ def _kept_metrics(comm: Comm, out: OutputDir, overwrite: bool, inputs: list[str]
         return None
 
 
-def split_sorted(comm: Comm, samples: SampleColumns, popts: PackOptions, recorded: dict
-                 ) -> tuple[SampleColumns, dict]:
+def split_sorted(comm: Comm, samples: SampleColumns, popts: PackOptions, recorded: dict,
+                 shape: Any = None) -> tuple[SampleColumns, dict]:
     """Return sorted samples with the oversize ones cut into pieces and sorted again (``pack --oversize split``).
 
     ``run`` splits before its sort; a sorted directory is split here and sorted once more with
-    its recorded sort options, so the pieces are sorted by their own sizes too.
+    its recorded sort options, so the pieces are sorted by their own sizes too. ``shape``
+    (fine-tuning data): each piece counts its own targets, the labels of the samples cut read
+    back from the input files.
     """
+    pieces = None
+    if shape is not None:
+        pieces, ids = comm.collectively(TargetPieces.read_back, samples, shape, truncate_length(popts), True)
     samples, split = split_oversize(comm, samples, popts, recorded)  # recorded: --size bytes cuts the column
+    if pieces is not None:
+        samples = pieces.exact(ids, samples)  # before the sort: the pieces are still where their samples were
     if samples.begin is not None:
         sopts = SortOptions(key=recorded.get("key", "size"), descending=bool(recorded.get("descending", False)),
                             stages=int(recorded.get("stages", 1)))
@@ -194,7 +202,17 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
     recorded = sorted_manifest["options"]
     column = split_column(comm, recorded, popts, [f["path"] for f in with_locations(sorted_manifest) if "path" in f])
     recorded = {**recorded, "column": column} if column != recorded.get("column") else recorded
-    check_options(comm, split_check(popts, recorded))
+    # fine-tuning data cut by --oversize split|truncate: the labels of the samples cut are read back and
+    # encoded again, so each piece (or truncated sample) counts its own targets, as in run
+    labels_read = bool(recorded.get("fine_tune")) and popts.oversize in ("split", "truncate")
+    check_options(comm, split_check(popts, recorded, labels_read=labels_read))
+    shape = None
+    if labels_read:
+        from ..inputs.finetune import recorded_shape
+
+        opts = store or StoreOptions()
+        shape = comm.collectively(recorded_shape, recorded, opts.tokenizer, opts.chat_template,
+                                  f"pack --oversize {popts.oversize} of fine-tuning data")
     # the inputs are found through the sorted (or metrics) manifest's source fingerprint
     store_fn = store_for(comm, store, recorded, popts, None)
     with job_scope(comm, output, overwrite, [sorted_dir]) as scope:
@@ -204,18 +222,25 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         key = manifest["options"].get("key", "size")
         files = with_locations(manifest)
         extra = None
+        truncated = None
+        if shape is not None and popts.oversize == "truncate":
+            # before the held-out choice, as run counts them
+            with prof.stage("split"):
+                pieces, _ = comm.collectively(TargetPieces.read_back, samples, shape, truncate_length(popts), False)
+                samples, lost = pieces.truncated(samples)
+                truncated = {"truncated_targets": comm.allreduce(lost, "sum")}
         plan = comm.collectively(_plain_holdout, holdout, samples.files)
         held = None
         if plan is not None:
             # by sample id, before the pieces are cut: a document's pieces stay on one side
             with prof.stage("holdout_choice"):
                 samples, held = split_holdout(comm, samples, plan)
-        split = held_split = None
+        split, held_split = truncated, None
         if popts.oversize == "split":
             with prof.stage("split"):
-                samples, split = split_sorted(comm, samples, popts, recorded)
+                samples, split = split_sorted(comm, samples, popts, recorded, shape)
                 if held is not None:
-                    held, held_split = split_sorted(comm, held, popts, recorded)
+                    held, held_split = split_sorted(comm, held, popts, recorded, shape)
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key, split)
         options = {**recorded, **popts.with_shapes(mbs.shapes).as_dict()}  # --shapes auto: the chosen
