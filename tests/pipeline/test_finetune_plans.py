@@ -152,6 +152,44 @@ def test_pack_of_a_sorted_directory_cuts_fine_tuning_samples_as_run_does(chats, 
         assert int((batch["labels"] != -100).sum()) == mb.targets == int(ix["targets"][mb.microbatch])
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_pack_split_of_sorted_chats_is_the_same_at_any_rank_count(chats, tmp_path):
+    base, tokenizer, config, _ = chats
+    run_sortpack(["analyze", base / "chats.jsonl", "-o", tmp_path / "m", "--chat-template", config, "--tokenizer",
+                  tokenizer, "--quiet"])
+    run_sortpack(["sort", tmp_path / "m", "-o", tmp_path / "s", "--quiet"])
+    assert_same_at_ranks(["pack", tmp_path / "s", "--max-tokens", "64", "--budget", "tokens", "--oversize", "split",
+                          "--tokenizer", tokenizer, "--chat-template", config, "--store-tokens", "--quiet"],
+                         tmp_path, ranks=(1, 3), env={"SORTPACK_TEST_DATA_ROWS": "64"})
+
+
+def test_pack_split_of_a_labels_column_counts_each_piece_s_targets(tmp_path):
+    """A --labels-column plan needs no tokenizer to be cut again: the labels are read back from their column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(5)
+    ids = [rng.integers(1, 100, int(k)).tolist() for k in rng.integers(1, 60, 120)]
+    labels = [[t if rng.random() < 0.5 else -100 for t in x] for x in ids]
+    pq.write_table(pa.table({"input_ids": ids, "labels": labels}), tmp_path / "d.parquet", row_group_size=32)
+    measure = ["--labels-column", "labels", "--quiet"]
+    cut = ["--max-tokens", "16", "--budget", "tokens", "--oversize", "split", "--keep-empty"]
+    run_sortpack(["analyze", tmp_path / "d.parquet", "-o", tmp_path / "m", *measure])
+    run_sortpack(["sort", tmp_path / "m", "-o", tmp_path / "s", "--quiet"])
+    run_sortpack(["pack", tmp_path / "s", "-o", tmp_path / "p", *cut, "--quiet"])
+    run_sortpack(["run", tmp_path / "d.parquet", "-o", tmp_path / "r", *measure, *cut])
+    packed, ran = read_manifest(tmp_path / "p")["stats"], read_manifest(tmp_path / "r")["stats"]
+    assert packed["split"] > 10 and packed["targets"] == ran["targets"] and packed["split"] == ran["split"]
+    ix = PackedIndex(tmp_path / "p")
+    for m in range(ix.num_microbatches):
+        begin, end = ix.piece_ranges(m)
+        # each piece's own targets: its labels' non -100 positions after its first
+        own = [sum(t != -100 for t in labels[i][b + 1:e])
+               for i, b, e in zip(ix.microbatch(m).tolist(), begin.tolist(), end.tolist())]
+        assert int(ix["targets"][m]) == sum(own)
+
+
 def test_a_labels_column_is_cut_with_its_ids(tmp_path):
     pytest.importorskip("torch")
     import pyarrow as pa
