@@ -16,7 +16,8 @@ Launched alternately in each round, each keeping its fastest:
 The figure is the analyze stage's time (``provenance.profile``: read + tokenize), its ratio the
 baseline's time over it (throughput); the whole command is beside it. The token counts must equal
 the baseline's and both P=2 runs' ``content_hash`` must be equal. Goal: P=2 at least
-4x the baseline. Skipped (a row says why) where ``tokenizers`` or ``tiktoken`` is missing. Every
+4x the baseline; ``--ranks P`` runs the goal's pair at P ranks instead (a node's cores).
+Skipped (a row says why) where ``tokenizers`` or ``tiktoken`` is missing. Every
 figure carries the 1-minute load average of its run.
 """
 from __future__ import annotations
@@ -37,7 +38,6 @@ TEXTS = {"small": 1500, "full": 0}  # rows of the stdlib dataset (0: all of them
 ROUNDS = {"small": 1, "full": 3}
 GOAL = 4.0  # P=2 over one encode_batch_fast, by throughput
 TIMEOUT = 1200
-RUNS = [("tiktoken", 1), ("tiktoken", 2), ("tokenizers", 2)]  # (encoder, ranks) of the sortpack runs
 
 
 def _load1() -> float:
@@ -58,8 +58,9 @@ def _encoder(name: str):
             os.environ["SORTPACK_FAST_TOKENIZER"] = before
 
 
-def measure(scale: str, log, texts_n: int | None = None) -> tuple[list[Section], list[Row]]:
-    """Alternate the baseline and the sortpack runs; return the table and the goal rows."""
+def measure(scale: str, log, texts_n: int | None = None, ranks: int = 2) -> tuple[list[Section], list[Row]]:
+    """Alternate the baseline and the sortpack runs (at 1 and ``ranks``); return the table and the goal rows."""
+    runs = [("tiktoken", 1), ("tiktoken", ranks), ("tokenizers", ranks)]
     missing = missing_modules("tokenizers", "tiktoken")
     if missing:
         return [], [Row("fasttok", "analyze --size tokens, fast exact path", None, "skipped",
@@ -75,7 +76,7 @@ def measure(scale: str, log, texts_n: int | None = None) -> tuple[list[Section],
         if "base" not in best or res["seconds"] < best["base"]["seconds"]:
             best["base"] = {**res, "load": load}
         log(f"round {r + 1}: encode_batch_fast {res['seconds']:.2f} s (load {load:.1f})")
-        for name, p in RUNS:
+        for name, p in runs:
             load, target = _load1(), out / f"{name}-P{p}"
             with _encoder(name):
                 wall, _ = launch([sys.executable, "-m", "sortpack", "analyze", str(texts), "-o", str(target),
@@ -90,34 +91,35 @@ def measure(scale: str, log, texts_n: int | None = None) -> tuple[list[Section],
                 best[key] = {"stage": stage, "wall": wall, "load": load, "used": used, "hash": man["content_hash"],
                              "size_sum": man["stats"]["size_sum"], "samples": man["num_samples"]}
     shutil.rmtree(out, ignore_errors=True)
-    return _tables(best)
+    return _tables(best, runs)
 
 
-def _tables(best: dict) -> tuple[list[Section], list[Row]]:
+def _tables(best: dict, runs: list[tuple[str, int]]) -> tuple[list[Section], list[Row]]:
     base = best["base"]
     sec = Section(f"analyze --size tokens, {base['samples']} stdlib texts, BPE 8k, vs one encode_batch_fast "
                   f"(default pool: {os.cpu_count()} threads) in the same run",
                   ["encoder", "P", "analyze stage", "whole command", "encode_batch_fast", "throughput (stage)",
                    "(command)", "load at run / baseline"])
     rows = []
-    same_hash = best[("tiktoken", 2)]["hash"] == best[("tokenizers", 2)]["hash"]
-    for name, p in RUNS:
+    top = runs[-1][1]
+    same_hash = best[("tiktoken", top)]["hash"] == best[("tokenizers", top)]["hash"]
+    for name, p in runs:
         b = best[(name, p)]
         ratio = base["seconds"] / b["stage"]
         sec.rows.append([b["used"], str(p), secs(b["stage"]), secs(b["wall"]), secs(base["seconds"]),
                          f"{ratio:.2f}×", f"{base['seconds'] / b['wall']:.2f}×",
                          f"{b['load']:.1f} / {base['load']:.1f}"])
         same = b["size_sum"] == base["size_sum"] and b["samples"] == base["samples"]
-        goal = name == "tiktoken" and p == 2
+        goal = name == "tiktoken" and p == top
         note = f"load {b['load']:.1f}; " + ("same token counts" if same else "TOKEN COUNTS DIFFER")
-        if p == 2:
+        if p == top:
             note += "; content_hash equal to the other encoder's" if same_hash else "; CONTENT HASH DIFFERS"
         rows.append(Row("fasttok", f"analyze --size tokens (stage), {b['used']}, vs one encode_batch_fast", p,
                         secs(b["stage"]), f"encode_batch_fast: {secs(base['seconds'])}", f"{ratio:.2f}× throughput",
                         f"≥ {GOAL:g}×" if goal else "", (ratio >= GOAL and same and same_hash) if goal else None,
                         note))
-    before, after = best[("tokenizers", 2)], best[("tiktoken", 2)]
-    rows.append(Row("fasttok", "analyze stage at P=2: tiktoken path vs tokenizers path (before)", 2,
+    before, after = best[("tokenizers", top)], best[("tiktoken", top)]
+    rows.append(Row("fasttok", f"analyze stage at P={top}: tiktoken path vs tokenizers path (before)", top,
                     secs(after["stage"]), f"tokenizers: {secs(before['stage'])}",
                     f"{before['stage'] / after['stage']:.2f}× faster", note="same run, alternated"))
     return [sec], rows
@@ -135,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_fasttok", description=__doc__.splitlines()[0])
     ap.add_argument("--scale", choices=sorted(TEXTS), default="small")
     ap.add_argument("--texts", type=int, help="stdlib texts to tokenize (0: all; default: the scale's)")
+    ap.add_argument("--ranks", type=int, default=2, help="the ranks of the goal's run (default 2)")
     args = ap.parse_args(argv)
     print(f"bench_fasttok, scale {args.scale}, load average {'/'.join(f'{x:.1f}' for x in os.getloadavg())}, "
           f"{os.cpu_count()} cores", flush=True)
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"  .. {msg}", flush=True)
 
-    sections, rows = measure(args.scale, log, args.texts)
+    sections, rows = measure(args.scale, log, args.texts, args.ranks)
     print_script_results(sections, rows)
     return 0
 

@@ -27,25 +27,18 @@ def global_start(comm: Comm, n: int) -> tuple[int, int]:
     return start, comm.allreduce(int(n), "sum")
 
 
-def _owner_offsets(comm: Comm, dest: np.ndarray, first: int, m: int, flat_start: int, local_offsets: np.ndarray,
-                   flat_total: int) -> np.ndarray:
-    """Return where each owner's first micro-batch starts in a flat per-micro-batch list.
-
-    Only the rank holding that micro-batch knows it; a max-reduction shares it.
-    """
-    known = np.full(comm.size + 1, -1, dtype=np.int64)
-    local = (dest >= first) & (dest < first + m)
-    known[local] = flat_start + local_offsets[dest[local] - first]
-    known[dest >= dest[-1]] = flat_total  # owners starting at the end own nothing
-    return comm.allreduce(known, "max")
-
-
 def move_ragged(comm: Comm, values: np.ndarray, lengths: np.ndarray, first: int, dest: np.ndarray) -> np.ndarray:
     """Return the flat values of the micro-batches this rank owns after the move to ``dest``."""
     m = len(lengths)
     offsets = np.concatenate(([0], np.cumsum(lengths, dtype=np.int64)))
     flat_start, flat_total = global_start(comm, len(values))
-    starts = _owner_offsets(comm, dest, first, m, flat_start, offsets, flat_total)
+    # where each owner's first micro-batch starts in the flat list: only the rank holding that
+    # micro-batch knows it; a max-reduction shares it
+    known = np.full(comm.size + 1, -1, dtype=np.int64)
+    local = (dest >= first) & (dest < first + m)
+    known[local] = flat_start + offsets[dest[local] - first]
+    known[dest >= dest[-1]] = flat_total  # owners starting at the end own nothing
+    starts = comm.allreduce(known, "max")
     return redistribute(comm, {"v": values}, flat_start, starts)["v"]
 
 

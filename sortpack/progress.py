@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TextIO
 
 _DEFAULTS = {"enabled": False, "ranks": 1}
@@ -58,17 +59,12 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-class Progress:
-    """Reports one stage's progress on this process's stderr.
+@dataclass(frozen=True)
+class Display:
+    """Whether a ``Progress`` reports, for how many ranks, where its lines go and how often.
 
     Parameters
     ----------
-    stage : str
-        The stage's name as printed (``analyze``, ``sort``, ``pack``, ``write index``).
-    total : int or None
-        Units this process will do; None when unknown (no percentage or eta).
-    unit : str
-        What ``update`` counts (``rows``, ``shards``, ``phases``).
     enabled : bool, optional
         Report at all (rank 0 and not ``--quiet``); None takes ``configure``'s setting.
     ranks : int, optional
@@ -84,20 +80,47 @@ class Progress:
         Seconds before the first line (None: ``SORTPACK_PROGRESS_DELAY``, default 2).
     bar : bool, optional
         Force (True) or forbid (False) the tqdm bar; None: when ``stream`` is a terminal.
-    job_total : int, optional
-        Units of the whole job, where known without communication (printed beside rank 0's share).
     """
 
-    def __init__(self, stage: str, total: int | None, unit: str = "rows", enabled: bool | None = None,
-                 ranks: int | None = None, clock: Callable[[], float] = time.monotonic,
-                 stream: TextIO | None = None, interval: float = 10.0, step: float = 0.1,
-                 delay: float | None = None, bar: bool | None = None, job_total: int | None = None):
+    enabled: bool | None = None
+    ranks: int | None = None
+    clock: Callable[[], float] = time.monotonic
+    stream: TextIO | None = None
+    interval: float = 10.0
+    step: float = 0.1
+    delay: float | None = None
+    bar: bool | None = None
+
+
+_AS_CONFIGURED = Display()
+
+
+class Progress:
+    """Reports one stage's progress on this process's stderr.
+
+    Parameters
+    ----------
+    stage : str
+        The stage's name as printed (``analyze``, ``sort``, ``pack``, ``write index``).
+    total : int or None
+        Units this process will do; None when unknown (no percentage or eta).
+    unit : str
+        What ``update`` counts (``rows``, ``shards``, ``phases``).
+    job_total : int, optional
+        Units of the whole job, where known without communication (printed beside rank 0's share).
+    display : Display
+        Whether it reports and how (default: as ``configure`` set, lines on stderr).
+    """
+
+    def __init__(self, stage: str, total: int | None, unit: str = "rows", job_total: int | None = None,
+                 display: Display = _AS_CONFIGURED):
         self.stage, self.total, self.unit, self.job_total = stage, total, unit, job_total
+        enabled, bar, clock = display.enabled, display.bar, display.clock
         self.enabled = _DEFAULTS["enabled"] if enabled is None else bool(enabled)
-        self.clock, self.stream = clock, stream if stream is not None else sys.stderr
-        self.ranks = _DEFAULTS["ranks"] if ranks is None else ranks
-        self.interval, self.step = interval, step
-        self.delay = _delay() if delay is None else delay
+        self.clock, self.stream = clock, display.stream if display.stream is not None else sys.stderr
+        self.ranks = _DEFAULTS["ranks"] if display.ranks is None else display.ranks
+        self.interval, self.step = display.interval, display.step
+        self.delay = _delay() if display.delay is None else display.delay
         self.done = 0
         self.extra: dict[str, int] = {}  # counters such as tokens, summed
         self.phase_name: str | None = None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -25,17 +27,16 @@ from sortpack.write.shards import write_owned_shards
 from support import write_text_parquet
 
 
-def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", size: str = "length",
-                   difficulty: str | None = None, key: str = "size", stages: int = 1,
-                   rows_per_shard: int | None = None, id_bits: int | None = None, **pack) -> Path:
+def pipeline_index(path, lengths=None, *, inputs=None, stages: int = 1, rows_per_shard: int | None = None,
+                   **pack) -> Path:
     """Run the real pipeline (analyze, sort, pack) in process over ``inputs``; return the index path.
 
     Without ``inputs``, one parquet file of texts with the given ``lengths`` is written beside
-    the index (sample id i has size ``lengths[i]``). ``pack`` holds ``PackOptions`` fields
+    the index (sample id i has size ``lengths[i]``: ``--column text``, the default size);
+    ``stages`` is the sort's curriculum stages. ``pack`` holds ``PackOptions`` fields
     (``max_tokens``, ``budget``, ``shapes``, ``same_shape``, ``rows``, ...); ``rows_per_shard``
-    cuts the index into small shards (the format's shard size, set for this call only);
-    ``id_bits=64`` writes the sample ids as int64 (the width of indexes over 2^31 rows)
-    instead of the int32 a small input gets.
+    cuts the index into small shards (the format's shard size, set for this call only).
+    Under ``wide_ids()`` the sample ids are written as int64.
     """
     from sortpack.pipeline.dataset import JobInfo, run_all
     from sortpack.stages.analyze import AnalyzeOptions
@@ -49,23 +50,32 @@ def pipeline_index(path, lengths=None, *, inputs=None, column: str = "text", siz
     if "shapes" in pack:
         pack["shapes"] = tuple(pack["shapes"])
     # the shard size is read from the environment when a directory is written
-    overrides = {"SORTPACK_TEST_SHARD_ROWS": str(rows_per_shard) if rows_per_shard else None,
-                 "SORTPACK_TEST_ID_BITS": str(id_bits) if id_bits else None}
+    with _environment(SORTPACK_TEST_SHARD_ROWS=str(rows_per_shard) if rows_per_shard else None):
+        run_all(SerialComm(), [str(i) for i in inputs], str(path), AnalyzeOptions(column="text"),
+                SortOptions(stages=stages), PackOptions(**pack), overwrite=True, job=JobInfo(argv=["tests"]))
+    return path
+
+
+@contextmanager
+def _environment(**overrides: str | None) -> Iterator[None]:
+    """Set the environment variables given (None: left as they are) for the block, then restore them."""
     saved = {name: os.environ.get(name) for name in overrides}
     for name, value in overrides.items():
         if value is not None:
             os.environ[name] = value
     try:
-        run_all(SerialComm(), [str(i) for i in inputs], str(path),
-                AnalyzeOptions(column=column, size=size, difficulty=difficulty),
-                SortOptions(key=key, stages=stages), PackOptions(**pack), overwrite=True, job=JobInfo(argv=["tests"]))
+        yield
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    return path
+
+
+def wide_ids() -> AbstractContextManager[None]:
+    """Return a block in which indexes store int64 sample ids (the width of indexes over 2^31 input rows)."""
+    return _environment(SORTPACK_TEST_ID_BITS="64")
 
 
 def exact_index(path, m: int, seed: int = 0, per: int = 4, **kw) -> Path:
@@ -80,25 +90,20 @@ def _list_array(counts: np.ndarray, values: np.ndarray, value_type) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type))
 
 
-def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, batch_size=None,
-                stage=None, row_splits=None, options=None, source_files=None,
-                rows_per_shard: int | None = None) -> Path:
-    """Write an index by hand: micro-batch i is the next ``counts[i]`` of ``sample_ids``; return its path.
+def write_index(path, counts, sizes=None, *, rows_per_shard: int | None = None) -> Path:
+    """Write an index by hand: micro-batch i holds the next ``counts[i]`` sample ids, in order; return its path.
 
     Kept for the one case the pipeline cannot serve: a very large index in a second (the
     memory-map test opens 200 000 micro-batches; docs/reader.md's performance script writes
     1 000 000), where analyzing and sorting that many rows would take most of the test. Every
     other reader test reads an index the pipeline wrote (``pipeline_index``). ``sizes`` maps a
-    sample id to its size (default 1); ``row_splits`` is a list of per-micro-batch offset arrays
-    (rows mode); ``source_files`` the manifest's ``source.files``.
+    sample id to its size (default 1).
     """
     counts = np.asarray(counts, dtype=np.int64)
     m = len(counts)
     total = int(counts.sum())
-    ids = np.arange(total, dtype=np.int64) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
-    if sizes is None:
-        sizes = np.ones(int(ids.max(initial=-1)) + 1, dtype=np.int64)
-    sizes = np.asarray(sizes, dtype=np.int64)
+    ids = np.arange(total, dtype=np.int64)
+    sizes = np.ones(total, dtype=np.int64) if sizes is None else np.asarray(sizes, dtype=np.int64)
     starts = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     s = sizes[ids]
@@ -112,27 +117,19 @@ def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, 
     max_size = seg(np.maximum, 0)
     tokens = seg(np.add, 0)
     min_key = seg(np.minimum, 0).astype(np.float64)
-    padded = max_size if padded_size is None else np.asarray(padded_size, dtype=np.int64)
-    bsz = counts if batch_size is None else np.asarray(batch_size, dtype=np.int64)
-    stg = np.zeros(m, dtype=np.int16) if stage is None else np.asarray(stage, dtype=np.int16)
-    rows = row_splits is not None
     columns = [
         pa.array(np.arange(m, dtype=np.int64)),
         _list_array(counts, ids, pa.int64()),
         pa.array(counts.astype(np.int32)),
-        pa.array(bsz.astype(np.int32)),
+        pa.array(counts.astype(np.int32)),
         pa.array(max_size.astype(np.int64)),
-        pa.array(padded.astype(np.int64)),
+        pa.array(max_size.astype(np.int64)),
         pa.array(tokens.astype(np.int64)),
         pa.array(min_key),
         pa.array(max_size.astype(np.float64)),
-        pa.array(stg),
+        pa.array(np.zeros(m, dtype=np.int16)),
     ]
-    if rows:
-        rs_counts = np.array([len(r) for r in row_splits], dtype=np.int64)
-        rs_values = np.concatenate([np.asarray(r, dtype=np.int32) for r in row_splits] or [np.zeros(0, np.int32)])
-        columns.append(_list_array(rs_counts, rs_values, pa.int32()))
-    schema = index_schema(rows=rows)
+    schema = index_schema()
     table = pa.Table.from_arrays(columns, schema=schema)
     rps = rows_per_shard or format_rows_per_shard("index")
     comm = SerialComm()
@@ -141,13 +138,12 @@ def write_index(path, counts, sample_ids=None, sizes=None, *, padded_size=None, 
     offsets = np.concatenate(([0], np.cumsum(counts)))
     shards = write_owned_shards(comm, out, "index", lambda a, b: table.slice(a, b - a), 0, m, m, rps,
                                 samples_in=lambda a, b: offsets[b] - offsets[a])
-    files = source_files or []
     manifest = {
         "format": FORMATS["index"], "version": VERSION,
         "num_rows": m, "num_samples": total, "num_microbatches": m, "rows_per_shard": rps,
         "schema": schema_json(schema),
-        "options": options or {"max_tokens": int(padded.max(initial=0) * bsz.max(initial=0)), "budget": "padded"},
-        "source": {"num_rows": int(sum(f["rows"] for f in files)) if files else len(sizes), "files": files},
+        "options": {"max_tokens": int(max_size.max(initial=0) * counts.max(initial=0)), "budget": "padded"},
+        "source": {"num_rows": len(sizes), "files": []},
         "shards": shards, "stats": {}, "provenance": {"created": "test"},
     }
     out.commit(manifest)

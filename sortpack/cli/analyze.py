@@ -5,7 +5,7 @@ import click
 
 from .builders import make_analyze
 from .group import cli
-from .job import job_command
+from .job import CommandOutput, job_command
 from .options import analyze_options, common_options
 
 
@@ -14,7 +14,7 @@ from .options import analyze_options, common_options
 @analyze_options
 @common_options
 @job_command
-def analyze(comm, job, inputs, output, overwrite, quiet, profile, **kw):
+def analyze(comm, job, out: CommandOutput, inputs, **kw):
     """Measure every sample's size and difficulty; write a metrics directory.
 
     INPUTS are Parquet, Arrow, JSONL or CSV files, directories and globs, Hugging Face
@@ -22,4 +22,4 @@ def analyze(comm, job, inputs, output, overwrite, quiet, profile, **kw):
     """
     from ..pipeline.dataset import run_analyze
 
-    return run_analyze(comm, list(inputs), output, make_analyze(kw), overwrite, job, progress=not quiet)
+    return run_analyze(comm, list(inputs), out.path, make_analyze(kw), out.overwrite, job, progress=not out.quiet)

@@ -34,22 +34,30 @@ from .job import on_one_rank
 @click.option("--drop-last", is_flag=True, help="With --step/--sample: the sampler's drop_last.")
 @click.option("--largest-first", is_flag=True, help="With --step/--sample: the sampler's largest_first.")
 @click.option("--warmup-shapes", is_flag=True, help="With --step/--sample: the sampler's warmup_shapes.")
-def inspect(directory, world_size, grad_accum, cost_coeff, as_json, plot, step, samples, **sampler):
+def inspect(directory, as_json, plot, step, samples, **kw):
     """Report on a metrics, sorted or index directory; --step/--sample trace a plan's steps."""
+    from ..reader.plan import StepOrder
+    from ..reader.sampler_state import Layout
+
     # under mpiexec/srun rank 0 reports (and plots) for all; every rank exits with its status
+    world_size, grad_accum = kw.pop("world_size"), kw.pop("grad_accum")
+    cost_coeff, epoch = kw.pop("cost_coeff"), kw.pop("epoch")  # the rest: the sampler's order (StepOrder)
     if step is not None or samples:
-        text, root = on_one_rank(lambda: _trace(directory, 1 if world_size is None else world_size, grad_accum,
-                                                step, samples, as_json, sampler))
+        layout, how = Layout(1 if world_size is None else world_size, grad_accum), StepOrder(**kw)
+        text, root = on_one_rank(lambda: _trace(directory, (step, samples, epoch), layout, how, as_json))
     else:
-        text, root = on_one_rank(lambda: _report(directory, world_size, grad_accum, as_json, plot, cost_coeff))
+        text, root = on_one_rank(lambda: _report(directory, Layout(world_size, grad_accum), cost_coeff,
+                                                 as_json, plot))
     if root:
         click.echo(text)
 
 
-def _report(directory, world_size, grad_accum, as_json, plot, cost_coeff) -> str:
+def _report(directory, layout, cost_coeff, as_json, plot) -> str:
+    """Return the report (text or JSON) of ``directory``; with ``plot``, its figure written there too."""
     from ..report.inspect import DEFAULT_COST_COEFF, inspect_directory, render
     from ..report.plot import plot_directory
 
+    world_size, grad_accum = layout
     if cost_coeff is None:
         cost_coeff = DEFAULT_COST_COEFF
     elif not (cost_coeff >= 0 and cost_coeff < float("inf")):
@@ -63,14 +71,15 @@ def _report(directory, world_size, grad_accum, as_json, plot, cost_coeff) -> str
     return json.dumps(report, indent=1) if as_json else render(report)
 
 
-def _trace(directory, world_size, grad_accum, step, samples, as_json, sampler) -> str:
+def _trace(directory, asked: tuple, layout, how, as_json) -> str:
+    """Return the trace (text or JSON) of ``asked``, ``(step, sample ids, epoch)``: one step's or the samples'."""
     from ..reader.trace import render_trace, sample_trace, step_trace
 
+    step, samples, epoch = asked
     if step is not None and samples:
         raise SortpackError("--step and --sample: give one of them")
     if step is not None:
-        trace = step_trace(directory, step, world_size, grad_accum, **sampler)
+        trace = step_trace(directory, step, layout, how, epoch)
     else:
-        sampler["epoch"] = sampler["epoch"] or 0
-        trace = sample_trace(directory, samples, world_size, grad_accum, **sampler)
+        trace = sample_trace(directory, samples, layout, how, epoch or 0)
     return json.dumps(trace, indent=1) if as_json else render_trace(trace)

@@ -5,6 +5,7 @@ import functools
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -13,6 +14,16 @@ from ..errors import SortpackError, one_line
 from ..launcher import printing_rank
 from .printing import echo_err, fail, holdout_note, oversize_note, profile_table, summary_line
 from .startup import set_threads, set_tokenizer_threads
+
+
+@dataclass(frozen=True)
+class CommandOutput:
+    """Where a stage command writes (``-o``, ``--overwrite``) and what it prints (``--quiet``, ``--profile``)."""
+
+    path: str
+    overwrite: bool = False
+    quiet: bool = False
+    profile: bool = False
 
 
 def prints_alone() -> bool:
@@ -83,7 +94,8 @@ def on_one_rank(fn: Callable[[], Any]) -> tuple[Any, bool]:
 def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
     """Return the command that runs stage command ``fn`` on the job's communicator with the error and exit-code rules.
 
-    ``fn(comm, job, **options)`` returns the manifest it wrote (printed as a summary on rank 0).
+    ``fn(comm, job, out, **options)`` (``out`` a ``CommandOutput``) returns the manifest it wrote
+    (printed as a summary on rank 0).
     """
 
     @functools.wraps(fn)
@@ -102,27 +114,28 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
         comm = _job_comm()
         set_rank(comm.rank)  # rank 0 prints the line of a signal that finds nothing to remove
         set_tokenizer_threads(comm.node_size())
-        configure_progress(comm.is_root() and not kw["quiet"], comm.size)
+        out = CommandOutput(kw.pop("output"), kw.pop("overwrite"), kw.pop("quiet"), kw.pop("profile"))
+        configure_progress(comm.is_root() and not out.quiet, comm.size)
         job = JobInfo(argv=["sortpack"] + sys.argv[1:])
         result = {}
 
         def body():
-            result["manifest"] = fn(comm, job, **kw)
+            result["manifest"] = fn(comm, job, out, **kw)
 
         code = run_guarded(comm, body, echo_err)
         if code:
             sys.exit(code)
         manifest = result.get("manifest")
-        if comm.is_root() and manifest is not None and not kw["quiet"]:
-            click.echo(summary_line(kw["output"], manifest))
+        if comm.is_root() and manifest is not None and not out.quiet:
+            click.echo(summary_line(out.path, manifest))
             dropped = manifest.get("stats", {}).get("empty_dropped", 0)
             if dropped:
                 click.echo(f"dropped {dropped} empty samples (no content; --keep-empty keeps them)")
-            if kw.get("profile"):
+            if out.profile:
                 click.echo(profile_table(manifest["provenance"]["profile"], manifest["provenance"].get("exchange")))
         notes = [oversize_note(manifest), holdout_note(manifest)] if comm.is_root() and manifest is not None else []
         for note in notes:
-            if note and (not kw["quiet"] or note.startswith("sortpack: warning")):
+            if note and (not out.quiet or note.startswith("sortpack: warning")):
                 echo_err(note)
 
     return wrapper

@@ -5,7 +5,7 @@ import click
 
 from .builders import make_holdout, make_pack, make_store
 from .group import cli
-from .job import job_command
+from .job import CommandOutput, job_command
 from .options import common_options, holdout_options, pack_options, store_options
 
 
@@ -16,7 +16,7 @@ from .options import common_options, holdout_options, pack_options, store_option
 @holdout_options
 @common_options
 @job_command
-def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
+def pack(comm, job, out: CommandOutput, sorted_dir, **kw):
     """Cut a sorted directory into micro-batches; write the index.
 
     With --holdout, the held-out plan in OUTPUT/holdout too: the same two plans as
@@ -26,4 +26,4 @@ def pack(comm, job, sorted_dir, output, overwrite, quiet, profile, **kw):
 
     kw["store_tokenizer"] = kw.pop("tokenizer")
     store = make_store(kw)
-    return run_pack(comm, sorted_dir, output, make_pack(kw), overwrite, job, store, make_holdout(kw))
+    return run_pack(comm, sorted_dir, out.path, make_pack(kw), out.overwrite, job, store, make_holdout(kw))

@@ -5,7 +5,7 @@ import click
 
 from .builders import make_analyze, make_holdout, make_mixture, make_pack, make_sort, make_store
 from .group import cli
-from .job import job_command
+from .job import CommandOutput, job_command
 from .options import (
     analyze_options,
     common_options,
@@ -28,7 +28,7 @@ from .options import (
 @holdout_options
 @common_options
 @job_command
-def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate, **kw):
+def run(comm, job, out: CommandOutput, inputs, keep_intermediate, **kw):
     """Analyze, sort and pack in one job; write the index.
 
     INPUTS are as for analyze: files, directories, globs, Hugging Face save_to_disk
@@ -45,7 +45,7 @@ def run(comm, job, inputs, output, overwrite, quiet, profile, keep_intermediate,
     if mix is not None:
         from ..pipeline.mixture import run_mixture
 
-        return run_mixture(comm, mix, output, make_analyze(kw), make_sort(kw), make_pack(kw), overwrite, job,
-                           progress=not quiet, store=store, holdout=holdout)
-    return run_all(comm, list(inputs), output, make_analyze(kw), make_sort(kw), make_pack(kw), overwrite,
-                   job, keep_intermediate, progress=not quiet, store=store, holdout=holdout)
+        return run_mixture(comm, mix, out.path, make_analyze(kw), make_sort(kw), make_pack(kw), out.overwrite, job,
+                           progress=not out.quiet, store=store, holdout=holdout)
+    return run_all(comm, list(inputs), out.path, make_analyze(kw), make_sort(kw), make_pack(kw), out.overwrite,
+                   job, keep_intermediate, progress=not out.quiet, store=store, holdout=holdout)

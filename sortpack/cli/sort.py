@@ -5,7 +5,7 @@ import click
 
 from .builders import make_sort
 from .group import cli
-from .job import job_command
+from .job import CommandOutput, job_command
 from .options import common_options, sort_options
 
 
@@ -14,8 +14,8 @@ from .options import common_options, sort_options
 @sort_options
 @common_options
 @job_command
-def sort(comm, job, metrics, output, overwrite, quiet, profile, **kw):
+def sort(comm, job, out: CommandOutput, metrics, **kw):
     """Sort a metrics directory by (key, sample_id); write a sorted directory."""
     from ..pipeline.dataset import run_sort
 
-    return run_sort(comm, metrics, output, make_sort(kw), overwrite, job)
+    return run_sort(comm, metrics, out.path, make_sort(kw), out.overwrite, job)

@@ -85,6 +85,22 @@ def check_shard_size(path: Path, entry: dict) -> None:
         raise SortpackError(message)
 
 
+def shard_firsts(directory: str | os.PathLike, entries: list[dict], total: int, what: str) -> list[int]:
+    """Return each shard's first row, after checking the shards tile ``[0, total)`` and each file has its size.
+
+    The one check of a shard list a reader opens (the index's shards, its data shards):
+    consecutive ``first`` values, ``rows`` summing to ``total``, then a stat per shard
+    (``check_shard_size``). ``what`` names the rows in the message ("micro-batches", "rows").
+    """
+    firsts = [int(e["first"]) for e in entries]
+    ends = [first + int(e["rows"]) for first, e in zip(firsts, entries)]
+    if ([0] + ends[:-1] if entries else []) != firsts or (ends[-1] if ends else 0) != total:
+        raise SortpackError(f"{directory}: manifest shards do not tile its {total} {what}")
+    for entry in entries:
+        check_shard_size(member_path(directory, entry["file"]), entry)
+    return firsts
+
+
 def check_sha256(path: Path, entry: dict) -> None:
     """Raise when the file's size or sha256 differ from its manifest entry (the size first: no hash of a wrong file)."""
     check_shard_size(path, entry)

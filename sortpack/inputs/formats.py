@@ -76,10 +76,10 @@ class InputFormat:
         """Return units ``[first, last)`` of a file (only ``columns`` when given)."""
         raise NotImplementedError
 
-    def read_rows(self, src: SourceFile, unit: int, lo: int, hi: int, columns: list[str] | None,
+    def read_rows(self, src: SourceFile, unit: int, rows: range, columns: list[str] | None,
                   text_columns: list[str] | None) -> pa.Table:
-        """Return rows ``[lo, hi)`` of one unit: the whole unit read, then sliced."""
-        return self.read(src, unit, unit + 1, columns, text_columns).slice(lo, hi - lo)
+        """Return ``rows`` (a ``range``, step 1) of one unit: the whole unit read, then sliced."""
+        return self.read(src, unit, unit + 1, columns, text_columns).slice(rows.start, len(rows))
 
     def read_error(self, src: SourceFile, exc: Exception) -> str:
         """Return the one-line message for a read of ``src`` that raised ``exc``."""
@@ -171,14 +171,15 @@ class ParquetFormat(InputFormat):
         parts = [pf.read_row_group(i, columns=columns) for i in range(first, last)]
         return _checked(parts[0] if len(parts) == 1 else pa.concat_tables(parts), src, first)
 
-    def read_rows(self, src: SourceFile, unit: int, lo: int, hi: int, columns: list[str] | None,
+    def read_rows(self, src: SourceFile, unit: int, rows: range, columns: list[str] | None,
                   text_columns: list[str] | None) -> pa.Table:
-        """Return rows ``[lo, hi)`` of row group ``unit``, decoded in batches up to ``hi``.
+        """Return ``rows`` (a ``range``, step 1) of row group ``unit``, decoded in batches up to its end.
 
         Memory stays bounded by the range and the batch, not the row group.
         """
         if src.unit_rows is None:
-            return super().read_rows(src, unit, lo, hi, columns, text_columns)
+            return super().read_rows(src, unit, rows, columns, text_columns)
+        lo, hi = rows.start, rows.stop
         pf = _parquet(src.path)
         if columns is not None:
             _check_columns(src, pf.schema_arrow.names, columns)
@@ -497,9 +498,9 @@ def read_units(src: SourceFile, first: int, last: int, columns: list[str] | None
         raise SortpackError(reader.read_error(src, exc)) from None
 
 
-def read_unit_rows(src: SourceFile, unit: int, lo: int, hi: int, columns: list[str] | None,
+def read_unit_rows(src: SourceFile, unit: int, rows: range, columns: list[str] | None,
                    text_columns: list[str] | None = None) -> pa.Table:
-    """Return rows ``[lo, hi)`` of one unit (row group or record batch) of a file whose rows are known.
+    """Return ``rows`` (``range(lo, hi)``) of one unit (row group or record batch) of a file whose rows are known.
 
     Ranks that share a unit read their own rows of it: an Arrow batch is sliced in place;
     a Parquet row group is decoded in batches up to ``hi``, keeping only ``[lo, hi)``, so
@@ -507,6 +508,6 @@ def read_unit_rows(src: SourceFile, unit: int, lo: int, hi: int, columns: list[s
     """
     reader = reader_for(src.format)
     try:
-        return reader.read_rows(src, unit, lo, hi, columns, text_columns)
+        return reader.read_rows(src, unit, rows, columns, text_columns)
     except (pa.ArrowException, OSError) as exc:
         raise SortpackError(reader.read_error(src, exc)) from None

@@ -133,7 +133,7 @@ def byte_pieces(arr: pa.Array, cap: int, rows: np.ndarray | None = None) -> tupl
     arr = _byte_values(arr)
     offsets, data, _ = _offsets_data(arr)
     rows = np.arange(len(arr), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
-    return kernels.utf8_cuts(data, offsets[:-1], offsets[1:], rows, cap, is_text(arr.type))
+    return kernels.utf8_cuts(data, offsets, rows, cap, is_text(arr.type))
 
 
 def read_values(files: list[dict], ids: np.ndarray, column: str):

@@ -72,20 +72,52 @@ class TokenView(NamedTuple):
 _new_view = cast(Callable[[type[TokenView], tuple], TokenView], tuple.__new__)  # no per-call NamedTuple checks
 
 
+class Fill(NamedTuple):
+    """The values a batch holds where no token gives one.
+
+    ``pad_id`` in the ids of padding, ``ignore`` in the labels where there is no target (each
+    sample's first token, padding), ``pos_start`` the position id of each segment's first
+    token (varlen batches).
+    """
+
+    pad_id: int
+    ignore: int
+    pos_start: int = 0
+
+
+class RowMarks(NamedTuple):
+    """What a batch kernel writes per sample beside its tokens: its sample id and whether it is real.
+
+    ``ids`` (int32 or int64, one per sample; None: -1 for all), ``real`` (False: the
+    micro-batch repeats one to fill a step).
+    """
+
+    ids: np.ndarray | None
+    real: bool
+
+
 def token_view(values: np.ndarray, offsets: np.ndarray) -> TokenView:
     """Return a ``TokenView`` of ``values`` and ``offsets`` (1-D contiguous int32 or int64 arrays; else TypeError)."""
     _checked(values, offsets)
     return TokenView(values, offsets, _address(values), _address(offsets))
 
 
-def batch_kernels():
-    """Return the compiled token kernels (a handle for ``pad_batch_into``/``varlen_batch_into``), or None.
+def batch_kernels() -> BatchKernels | None:
+    """Return the compiled whole-batch token kernels (``BatchKernels``), or None.
 
     None when the compiled kernels are not available: ``pad_tokens``/``varlen_tokens`` then
     give the same arrays from numpy.
     """
     lib = _c()
-    return None if lib is None else _token_lib(lib)
+    if lib is None:
+        return None
+    got = _BATCH.get(lib._name)
+    if got is None:
+        got = _BATCH[lib._name] = BatchKernels(_token_lib(lib))
+    return got
+
+
+_BATCH: dict = {}  # the compiled library's path -> its BatchKernels
 
 
 def _ids_arg(ids) -> tuple[int, int, int]:
@@ -97,60 +129,73 @@ def _ids_arg(ids) -> tuple[int, int, int]:
     return _address(ids), ids.itemsize, len(ids)
 
 
-def pad_batch_into(kernels, view: TokenView, n: int, rows: int, width: int, pad_id: int, ignore: int,
-                   ids: np.ndarray | None, real: bool, out: tuple[int, ...]) -> None:
-    """Write ``pad_tokens``' batch, each row's sample id and its real flag into buffers the caller allocated.
+class BatchKernels:
+    """The compiled kernels that write a whole collated batch into buffers the caller allocated (``batch_kernels``).
 
-    ``kernels`` is ``batch_kernels()``. ``out`` holds the addresses of six C-contiguous
-    buffers: ids and labels (int64, ``rows`` x ``width``), lengths (int64, ``rows``),
-    key_padding_mask (bool, ``rows`` x ``width``), sample ids (int64, ``rows``: ``ids``
-    then -1) and real (bool, ``rows``: ``real`` for the ``n`` samples' rows, False after).
+    Every sample of ``view`` is written; ``out`` holds the buffers' addresses.
     """
-    values, offsets = view.values, view.offsets
-    if not 0 <= n <= rows or len(offsets) < n + 1 or width < 0 or len(out) != 6:
-        raise ValueError(f"pad_batch_into: {n} samples, {rows} rows, {len(offsets)} offsets, width {width}")
-    at, ibytes, nids = _ids_arg(ids)
-    args = array("q", (view.values_at, values.itemsize, len(values), view.offsets_at, offsets.itemsize, n, rows,
-                       width, int(pad_id), int(ignore), at, ibytes, min(nids, rows), 1 if real else 0, *out))
-    if kernels.sp_pad_batch(args.buffer_info()[0]) < 0:
-        raise ValueError("pad_tokens: the offsets reach outside the token values")
+
+    def __init__(self, lib) -> None:
+        self._lib = lib
+
+    def pad_into(self, view: TokenView, shape: tuple[int, int], fill: Fill, marks: RowMarks,
+                 out: tuple[int, ...]) -> None:
+        """Write ``pad_tokens``' batch of ``shape`` (rows, width), each row's sample id and real flag into ``out``.
+
+        ``out`` holds the addresses of six C-contiguous buffers: ids and labels (int64, ``rows``
+        x ``width``), lengths (int64, ``rows``), key_padding_mask (bool, ``rows`` x ``width``),
+        sample ids (int64, ``rows``: ``marks.ids`` then -1) and real (bool, ``rows``:
+        ``marks.real`` for the samples' rows, False after).
+        """
+        values, offsets = view.values, view.offsets
+        n, (rows, width) = len(offsets) - 1, shape
+        if not 0 <= n <= rows or width < 0 or len(out) != 6:
+            raise ValueError(f"pad_into: {n} samples, {rows} rows, width {width}, {len(out)} buffers")
+        at, ibytes, nids = _ids_arg(marks.ids)
+        args = array("q", (view.values_at, values.itemsize, len(values), view.offsets_at, offsets.itemsize, n,
+                           rows, width, int(fill.pad_id), int(fill.ignore), at, ibytes, min(nids, rows),
+                           1 if marks.real else 0, *out))
+        if self._lib.sp_pad_batch(args.buffer_info()[0]) < 0:
+            raise ValueError("pad_tokens: the offsets reach outside the token values")
+
+    def varlen_into(self, view: TokenView, cap: int | None, fill: Fill, marks: RowMarks,
+                    out: tuple[int, ...]) -> tuple[int, int]:
+        """Write the varlen batch of the samples (each its first ``cap`` tokens) into ``out``.
+
+        Return (tokens written, the longest sample's). ``out`` holds the addresses of ten
+        C-contiguous buffers: ids, labels, positions (int64), seq_idx (int32), token_mask (bool),
+        each of at least ``offsets[n] - offsets[0]`` entries; cu_seqlens (int32, n + 1);
+        lengths, seq_index, sample ids (int64, n); real (bool, n). Each sample's first token has
+        no label (``fill.ignore``); positions restart at ``fill.pos_start``; seq_idx is the
+        sample's place.
+        """
+        values, offsets = view.values, view.offsets
+        n = len(offsets) - 1
+        if n < 0 or len(out) != 10:
+            raise ValueError(f"varlen_into: {len(offsets)} offsets, {len(out)} buffers")
+        at, ibytes, nids = _ids_arg(marks.ids)
+        args = array("q", (view.values_at, values.itemsize, len(values), view.offsets_at, offsets.itemsize, n,
+                           -1 if cap is None else cap, int(fill.ignore), int(fill.pos_start), at, ibytes,
+                           min(nids, n), int(marks.real), *out, 0, 0, 0))
+        where = args.buffer_info()[0]
+        args[23] = where + 8 * 24  # where the kernel writes the two counts: the array's last two entries
+        if self._lib.sp_varlen_batch(where) < 0:
+            raise ValueError("varlen_tokens: the offsets or segments reach outside the token values")
+        return args[24], args[25]
 
 
-def varlen_batch_into(kernels, view: TokenView, n: int, cap: int | None, ignore: int, pos_start: int,
-                      ids: np.ndarray | None, real: bool, out: tuple[int, ...]) -> tuple[int, int]:
-    """Write the varlen batch of samples 0..n-1 (each its first ``cap`` tokens) into the caller's buffers.
+def pad_tokens(values: np.ndarray, offsets: np.ndarray, n: int, shape: tuple[int, int],
+               fill: Fill) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Return (ids, labels, lengths, key_padding_mask) of samples 0..n-1 padded into ``shape``, (rows, width).
 
-    Return (tokens written, the longest sample's). ``out`` holds the addresses of ten
-    C-contiguous buffers: ids, labels, positions (int64), seq_idx (int32), token_mask (bool),
-    each of at least ``offsets[n] - offsets[0]`` entries; cu_seqlens (int32, n + 1);
-    lengths, seq_index, sample ids (int64, n); real (bool, n). Each sample's first token has
-    no label; positions restart at ``pos_start``; seq_idx is the sample's place.
-    """
-    values, offsets = view.values, view.offsets
-    if n < 0 or len(offsets) < n + 1 or len(out) != 10:
-        raise ValueError(f"varlen_batch_into: {n} samples, {len(offsets)} offsets")
-    at, ibytes, nids = _ids_arg(ids)
-    args = array("q", (view.values_at, values.itemsize, len(values), view.offsets_at, offsets.itemsize, n,
-                       -1 if cap is None else cap, int(ignore), int(pos_start), at, ibytes, min(nids, n), int(real),
-                       *out, 0, 0, 0))
-    where = args.buffer_info()[0]
-    args[23] = where + 8 * 24  # where the kernel writes the two counts: the array's last two entries
-    if kernels.sp_varlen_batch(where) < 0:
-        raise ValueError("varlen_tokens: the offsets or segments reach outside the token values")
-    return args[24], args[25]
-
-
-def pad_tokens(values: np.ndarray, offsets: np.ndarray, n: int, rows: int, width: int, pad_id: int,
-               ignore: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Return (ids, labels, lengths, key_padding_mask) of samples 0..n-1 padded into ``rows`` x ``width``.
-
-    Row j < n holds sample j's first ``min(len, width)`` tokens then ``pad_id``; rows from n
-    on are all padding. ``labels`` are the ids with ``ignore`` at each row's first position
-    and at padding; ``lengths`` (int64) the tokens kept per row; the mask (bool) is True at
-    padding.
+    Row j < n holds sample j's first ``min(len, width)`` tokens then ``fill.pad_id``; rows
+    from n on are all padding. ``labels`` are the ids with ``fill.ignore`` at each row's first
+    position and at padding; ``lengths`` (int64) the tokens kept per row; the mask (bool) is
+    True at padding.
     """
     _checked(values, offsets)
-    n, rows, width = int(n), int(rows), int(width)
+    n, rows, width = int(n), int(shape[0]), int(shape[1])
+    pad_id, ignore = fill.pad_id, fill.ignore
     if not 0 <= n <= rows or len(offsets) < n + 1 or width < 0:
         raise ValueError(f"pad_tokens: {n} samples, {rows} rows, {len(offsets)} offsets, width {width}")
     lib = _c()
@@ -188,18 +233,20 @@ def pad_tokens(values: np.ndarray, offsets: np.ndarray, n: int, rows: int, width
     return ids, labels, lengths, ~valid
 
 
-def varlen_tokens(values: np.ndarray, offsets: np.ndarray, cu: np.ndarray, seg_real: np.ndarray,
-                  seg_sample: np.ndarray, pad_id: int, ignore: int, pos_start: int
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Return (ids, labels, position_ids, seq_idx, token_mask) of the varlen layout of segments.
+def varlen_tokens(values: np.ndarray, offsets: np.ndarray, segments: tuple[np.ndarray, np.ndarray, np.ndarray],
+                  fill: Fill) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Return (ids, labels, position_ids, seq_idx, token_mask) of the varlen layout of ``segments``.
 
-    Segment s spans ``cu[s]:cu[s + 1]`` and holds sample ``seg_sample[s]``'s first
-    ``seg_real[s]`` tokens, then ``pad_id`` (``seg_sample`` -1: padding only). ``labels`` are
-    the ids with ``ignore`` at each segment's first token and at padding; positions restart
-    at ``pos_start`` in every segment; ``seq_idx`` (int32) is the segment of each token and
-    ``token_mask`` (bool) is True at a sample's tokens.
+    ``segments`` is ``(cu, seg_real, seg_sample)``: segment s spans ``cu[s]:cu[s + 1]`` and
+    holds sample ``seg_sample[s]``'s first ``seg_real[s]`` tokens, then ``fill.pad_id``
+    (``seg_sample`` -1: padding only). ``labels`` are the ids with ``fill.ignore`` at each
+    segment's first token and at padding; positions restart at ``fill.pos_start`` in every
+    segment; ``seq_idx`` (int32) is the segment of each token and ``token_mask`` (bool) is
+    True at a sample's tokens.
     """
     _checked(values, offsets)
+    cu, seg_real, seg_sample = segments
+    pad_id, ignore, pos_start = fill
     cu = np.ascontiguousarray(cu, dtype=np.int64)
     seg_real = np.ascontiguousarray(seg_real, dtype=np.int64)
     seg_sample = np.ascontiguousarray(seg_sample, dtype=np.int64)

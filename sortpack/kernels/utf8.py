@@ -8,22 +8,23 @@ import numpy as np
 from ._loader import _c, _i64, _ptr
 
 
-def utf8_cuts(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray, cap: int,
+def utf8_cuts(data: np.ndarray, offsets: np.ndarray, rows: np.ndarray, cap: int,
               text: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return (row, begin, size) of the pieces rows ``rows`` (ascending) of ``data`` are cut into.
 
-    Row r is bytes ``[starts[r], ends[r])`` of ``data`` (uint8). Each piece is the longest run
+    Row r is bytes ``[offsets[r], offsets[r + 1])`` of ``data`` (uint8). Each piece is the longest run
     that fits ``cap`` bytes and, with ``text``, ends before a UTF-8 lead byte or at the row's
     end; ``begin`` counts from the row's start; an empty row is one piece of size 0. In (row,
     begin) order. Raises ValueError where a character is longer than ``cap``.
     """
     data = np.ascontiguousarray(data, dtype=np.uint8)
-    starts, ends, rows = _i64(starts), _i64(ends), _i64(rows)
+    offsets = np.asarray(offsets)
+    starts, ends, rows = _i64(offsets[:-1]), _i64(offsets[1:]), _i64(rows)
     if cap < 1:
         raise ValueError(f"utf8_cuts: a piece of {cap} bytes")
     lib = _c()
     if lib is None:
-        return _numpy_cuts(data, starts, ends, rows, cap, text)
+        return _numpy_cuts(data, (starts, ends), rows, cap, text)
     step = max(1, cap - 3) if text else cap  # every piece but a row's last holds at least this
     bound = int(((ends[rows] - starts[rows]) // step + 1).sum())
     out = [np.empty(max(bound, 1), dtype=np.int64) for _ in range(3)]
@@ -36,9 +37,13 @@ def utf8_cuts(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.n
     return out[0][:got], out[1][:got], out[2][:got]
 
 
-def _numpy_cuts(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray, cap: int,
+def _numpy_cuts(data: np.ndarray, bounds: tuple[np.ndarray, np.ndarray], rows: np.ndarray, cap: int,
                 text: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return ``utf8_cuts``'s pieces, one vectorised step per piece ordinal over the rows still being cut."""
+    """Return ``utf8_cuts``'s pieces, one vectorised step per piece ordinal over the rows still being cut.
+
+    ``bounds`` is (starts, ends) of every row (int64).
+    """
+    starts, ends = bounds
     lead = np.append((data & 0xC0) != 0x80, True) if text else np.ones(len(data) + 1, dtype=bool)
     live = rows.copy()
     pos = starts.copy()

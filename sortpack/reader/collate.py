@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernels import pad_tokens, varlen_tokens
-from ..kernels.tokens import TokenView, batch_kernels, pad_batch_into, token_view, varlen_batch_into
+from ..kernels.tokens import BatchKernels, Fill, RowMarks, TokenView, batch_kernels, token_view
 from .microbatch import MicroBatch, Samples
 from .tokens import check_planned, ragged_labeled, stored_token_view
 
@@ -44,6 +44,7 @@ class PackedDataset:
 
 # --- collate helpers ---------------------------------------------------------------------
 IGNORE_INDEX = -100  # the label of a position without a target (PyTorch's and Hugging Face's default)
+_LABELS_ONLY = Fill(IGNORE_INDEX, IGNORE_INDEX)  # given labels laid out as ids are: -100 wherever no token is
 
 
 def _round_up(n: int, k: int | None) -> int:
@@ -153,12 +154,12 @@ class PadCollate:
         # labels aligned to input_ids (the model shifts): no target at a sample's first token or at padding
         kernels = batch_kernels()
         if kernels is not None:
-            out, padding = self._compiled(torch, kernels, view, n, rows, width, mb, items)
+            out, padding = self._compiled(kernels, view, (rows, width), items)
         else:
-            out, padding = self._numpy(torch, view.values, view.offsets, n, rows, width, mb, items)
+            out, padding = self._numpy(view, (rows, width), items)
         if given is not None:
-            _mask_labels(out["labels"].numpy(), pad_tokens(given.values, given.offsets, n, rows, width,
-                                                           IGNORE_INDEX, IGNORE_INDEX)[0])
+            _mask_labels(out["labels"].numpy(), pad_tokens(given.values, given.offsets, n, (rows, width),
+                                                           _LABELS_ONLY)[0])
         if mb is not None:
             out["microbatch"] = mb.info()
         if self.attn_mask is not None:
@@ -172,26 +173,34 @@ class PadCollate:
             out["attn_mask"] = torch.from_numpy(allowed)
         return out
 
-    def _compiled(self, torch, kernels, view, n, rows, width, mb, items) -> tuple[dict, np.ndarray | None]:
-        """Return the batch written by the compiled kernel into tensors torch allocated, and its padding mask.
+    def _compiled(self, kernels: BatchKernels, view: TokenView, shape: tuple[int, int],
+                  items) -> tuple[dict, np.ndarray | None]:
+        """Return the batch of ``shape`` written by the compiled kernel into tensors torch allocated, and its mask.
 
         torch's own tensors, not numpy arrays: freeing a tensor made by ``torch.from_numpy``
         lets go of the GIL, and beside ``PlanLoader``'s thread that costs a thread switch.
         """
+        import torch
+
+        mb, n, (rows, width) = getattr(items, "microbatch", None), len(view.offsets) - 1, shape
         empty, i64 = torch.empty, torch.int64
         ids, labels = empty((rows, width), dtype=i64), empty((rows, width), dtype=i64)
         lengths, sample_ids = empty(rows, dtype=i64), empty(rows, dtype=i64)
         padding, real = empty((rows, width), dtype=torch.bool), empty(rows, dtype=torch.bool)
-        pad_batch_into(kernels, view, n, rows, width, self.pad_id, IGNORE_INDEX, _known_ids(mb, n, items),
-                       not getattr(mb, "repeat", False), (ids.data_ptr(), labels.data_ptr(), lengths.data_ptr(),
-                                                          padding.data_ptr(), sample_ids.data_ptr(), real.data_ptr()))
+        kernels.pad_into(view, shape, Fill(self.pad_id, IGNORE_INDEX),
+                         RowMarks(_known_ids(mb, n, items), not getattr(mb, "repeat", False)),
+                         (ids.data_ptr(), labels.data_ptr(), lengths.data_ptr(), padding.data_ptr(),
+                          sample_ids.data_ptr(), real.data_ptr()))
         out = {"input_ids": ids, "labels": labels, "lengths": lengths, "key_padding_mask": padding, "real": real,
                "sample_ids": sample_ids}
         return out, (padding.numpy() if self.attn_mask is not None else None)
 
-    def _numpy(self, torch, values, offsets, n, rows, width, mb, items) -> tuple[dict, np.ndarray]:
+    def _numpy(self, view: TokenView, shape: tuple[int, int], items) -> tuple[dict, np.ndarray]:
         """Return the batch from ``pad_tokens``' arrays (the numpy fallback of the kernels), and its padding mask."""
-        ids, labels, lengths, padding = pad_tokens(values, offsets, n, rows, width, self.pad_id, IGNORE_INDEX)
+        import torch
+
+        mb, n, rows = getattr(items, "microbatch", None), len(view.offsets) - 1, shape[0]
+        ids, labels, lengths, padding = pad_tokens(view.values, view.offsets, n, shape, Fill(self.pad_id, IGNORE_INDEX))
         sample_ids = np.full(rows, -1, dtype=np.int64)
         sample_ids[:n] = _sample_ids(mb, n, items)
         real = np.zeros(rows, dtype=np.bool_)
@@ -230,6 +239,23 @@ def pad_collate(pad_id: int = 0, key=None, tokenize=None, attn_mask: str | None 
     ``--store input_ids,labels``), ``item[labels]`` beside ``item[key]``, or ``tokenize(item)``
     returning ``(ids, labels)`` (``sortpack.inputs.finetune.FineTuneShape`` does). ``labels``
     then holds them, still -100 at padding and at each sample's first position.
+
+    Examples
+    --------
+    Micro-batch 1 of ``plan/`` (``PackedIndex``'s example), its texts' bytes as token ids,
+    padded to the plan's shape (3 samples, 8 positions):
+
+    >>> from sortpack.reader import PackedSampler, SourceDataset
+    >>> from sortpack.torch import pad_collate
+    >>> collate = pad_collate(tokenize=lambda row: list(row["text"].encode()))
+    >>> mb = next(iter(PackedSampler("plan/", rank=1, world_size=2)))
+    >>> batch = collate(SourceDataset("plan/").__getitems__(mb))
+    >>> tuple(batch["input_ids"].shape), batch["lengths"].tolist(), batch["sample_ids"].tolist()
+    ((3, 8), [6, 7, 8], [3, 10, 1])
+    >>> batch["input_ids"][0].tolist()  # sample 3, "abcdef", then pad_id
+    [97, 98, 99, 100, 101, 102, 0, 0]
+    >>> batch["labels"][0].tolist()  # no target at the first position and at padding
+    [-100, 98, 99, 100, 101, 102, -100, -100]
     """
     return PadCollate(pad_id, key, tokenize, attn_mask, pad_to_multiple, labels)
 
@@ -323,8 +349,7 @@ class VarlenCollate:
                 kept = out["lengths"].numpy()
                 cu = np.concatenate(([0], np.cumsum(kept)))
                 _mask_labels(out["labels"].numpy(), varlen_tokens(
-                    given.values, given.offsets, cu, kept, np.arange(len(kept), dtype=np.int64), IGNORE_INDEX,
-                    IGNORE_INDEX, 0)[0])
+                    given.values, given.offsets, (cu, kept, np.arange(len(kept), dtype=np.int64)), _LABELS_ONLY)[0])
             if mb is not None:
                 out["microbatch"] = mb.info()
             return out
@@ -343,10 +368,10 @@ class VarlenCollate:
             kept[seg_sample[doc]] = seg_real[doc]
         # one pass (compiled) writes every per-token array
         ids, labels, position_ids, seg_of, token_mask = varlen_tokens(
-            values, offsets, cu, seg_real, seg_sample, self.pad_id, IGNORE_INDEX, self.position_ids_start)
+            values, offsets, (cu, seg_real, seg_sample), Fill(self.pad_id, IGNORE_INDEX, self.position_ids_start))
         if given is not None:
-            _mask_labels(labels, varlen_tokens(given.values, given.offsets, cu, seg_real, seg_sample, IGNORE_INDEX,
-                                               IGNORE_INDEX, 0)[0])
+            _mask_labels(labels, varlen_tokens(given.values, given.offsets, (cu, seg_real, seg_sample),
+                                               _LABELS_ONLY)[0])
         cu32 = torch.from_numpy(cu.astype(np.int32))
         max_len = int(seg_len.max(initial=0))
         out = {
@@ -394,9 +419,9 @@ class VarlenCollate:
             empty(n, dtype=i64)
         sample_ids, real = empty(n, dtype=i64), empty(n, dtype=b8)
         cap = None if mb is None or mb.padded_size is None else int(mb.padded_size)
-        total, longest = varlen_batch_into(
-            kernels, view, n, cap, IGNORE_INDEX, self.position_ids_start, _known_ids(mb, n, items),
-            not getattr(mb, "repeat", False),
+        total, longest = kernels.varlen_into(
+            view, cap, Fill(self.pad_id, IGNORE_INDEX, self.position_ids_start),
+            RowMarks(_known_ids(mb, n, items), not getattr(mb, "repeat", False)),
             (ids.data_ptr(), labels.data_ptr(), positions.data_ptr(), seq_idx.data_ptr(), mask.data_ptr(),
              cu.data_ptr(), lengths.data_ptr(), seq_index.data_ptr(), sample_ids.data_ptr(), real.data_ptr()))
         if total < room:  # a sample longer than the plan's shape was cut

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..format import open_shard, read_manifest
-from ..format.integrity import check_index_shard, check_sha256, check_shard_size, member_path
+from ..format.integrity import check_index_shard, check_sha256, member_path, shard_firsts
 from ..format.mapped import ShardWatch, check_unchanged, identity
 from ..format.schemas import measure_names
 
@@ -101,14 +101,9 @@ class PackedIndex:
         self.num_microbatches = int(self.manifest["num_microbatches"])
         self.num_samples = int(self.manifest["num_samples"])
         entries = self.manifest["shards"]
-        firsts = [int(e["first"]) for e in entries]
-        if sum(int(e["rows"]) for e in entries) != self.num_microbatches or any(
-                firsts[k] != firsts[k - 1] + int(entries[k - 1]["rows"]) for k in range(1, len(firsts))):
-            raise SortpackError(f"{self.path}: manifest shards do not tile its micro-batches")
         # Refuse a damaged index now (a stat per shard); map a shard when a step first needs
         # it. Only Arrow footers and batch headers are read then, column pages on use.
-        for entry in entries:
-            check_shard_size(member_path(self.path, entry["file"]), entry)
+        firsts = shard_firsts(self.path, entries, self.num_microbatches, "micro-batches")
         self._entries = entries
         self._shards: list = [None] * len(entries)
         self._watch = ShardWatch(self.path, [str(member_path(self.path, e["file"])) for e in entries])

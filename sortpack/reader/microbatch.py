@@ -90,6 +90,24 @@ class MicroBatch(list):
         Loss targets of this micro-batch (the index's ``targets``, else ``tokens - num_samples``).
     size2 : int, optional
         The sum of its samples' second size (``--size2``; None when the plan has none).
+
+    Examples
+    --------
+    What rank 1 of 2 gets first from ``plan/`` (``PackedSampler``'s example): sample ids,
+    shape, and the step it belongs to:
+
+    >>> from sortpack.reader import MicroBatch, PackedSampler, StepFacts
+    >>> mb = next(iter(PackedSampler("plan/", rank=1, world_size=2)))
+    >>> list(mb), (mb.batch_size, mb.padded_size), mb.tokens
+    ([3, 10, 1], (3, 8), 21)
+    >>> mb.step, mb.step_batch, mb.step_tokens, mb.last, mb.repeat
+    (0, 8, 36, True, False)
+
+    One of your own (a test, a custom sampler): the step's facts are one ``StepFacts``:
+
+    >>> mine = MicroBatch([7, 9], batch_size=4, padded_size=6, facts=StepFacts(step_batch=2, world_size=1))
+    >>> mine.batch_size, mine.step_batch, mine.info()["num_samples"]
+    (4, 2, 2)
     """
 
     def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,

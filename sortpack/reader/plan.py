@@ -6,11 +6,33 @@ only place that layout is written; the sampler and ``sortpack inspect`` both use
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..permutation import KeyedPermutation
 
 ORDERS = ("index", "shuffle", "curriculum")
+
+
+@dataclass(frozen=True)
+class StepOrder:
+    """How an epoch's steps are ordered: ``order`` and ``seed``, and the flags that drop or move steps.
+
+    The sampler's options of the same names (``PackedSampler``, ``EpochPlan``); ``sortpack
+    inspect --step/--sample`` traces under one.
+    """
+
+    order: str = "index"
+    seed: int = 0
+    drop_last: bool = False
+    largest_first: bool = False
+    warmup_shapes: bool = False
+
+    def epoch_plan(self, index, world: int, accum: int, epoch: int = 0) -> EpochPlan:
+        """Return the ``EpochPlan`` of ``epoch`` for ``world`` ranks accumulating ``accum`` under this order."""
+        return EpochPlan(index, world, accum, self.order, self.seed, epoch, self.drop_last, self.largest_first,
+                         self.warmup_shapes)
 
 
 def step_positions(count: int, world_size: int, grad_accum: int, start: int = 0,
@@ -162,6 +184,7 @@ class EpochPlan:
         self.num_blocks = self.num_packed_blocks if self._order is None else len(self._order)
         self.length = self.num_blocks * g
         self._flat: tuple | None = None  # per flat position: micro-batch, repeat, running samples/tokens
+        self._runs: dict[str, np.ndarray] = {}  # running sums of index columns over the flat positions
 
     def _base_order(self, order: str) -> np.ndarray:
         s = self.num_packed_blocks
@@ -279,14 +302,21 @@ class EpochPlan:
         if self._flat is None:
             flat = np.arange(self.length, dtype=np.int64)
             packed = self.packed_array(flat)
-            sums = []
-            for name in ("num_samples", "tokens"):
-                run = np.zeros(self.length + 1, dtype=np.int64)
-                if self.length:
-                    np.cumsum(self.index.take(name, packed), out=run[1:])
-                sums.append(run)
-            self._flat = (packed, self.repeated(flat), sums[0], sums[1])
+            self._flat = (packed, self.repeated(flat), self.running("num_samples", packed),
+                          self.running("tokens", packed))
         return self._flat
+
+    def running(self, name: str, packed: np.ndarray | None = None) -> np.ndarray:
+        """Return the running sum of index column ``name`` over the epoch's flat positions (length + 1, from 0)."""
+        run = self._runs.get(name)
+        if run is None:
+            if packed is None:
+                packed = self._flat_table()[0]
+            run = np.zeros(self.length + 1, dtype=np.int64)
+            if self.length:
+                np.cumsum(self.index.take(name, packed), out=run[1:])
+            self._runs[name] = run
+        return run
 
     def step_parts(self, pos: int, world: int, accum: int, rank: int) -> tuple[list, list, int, int]:
         """Return rank ``rank``'s part of the step of ``world * accum`` positions from flat ``pos``.
@@ -325,6 +355,9 @@ class EpochPlan:
 
     def span_sum(self, name: str, start: int, count: int) -> int:
         """Return the sum of column ``name`` over flat positions ``[start, start+count)`` (mod length)."""
+        if name in self._runs and 0 <= start and start + count <= self.length:
+            run = self._runs[name]  # the sampler's steps: two lookups in the epoch's running sums
+            return int(run[start + count] - run[start])
         if count == self.width and start % self.width == 0 and start + count <= self.length:
             b = self.block(start // self.width)
             if b >= 0:  # the common case: one whole packed block, contiguous on disk

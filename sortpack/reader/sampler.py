@@ -319,6 +319,9 @@ class PackedSampler:
         attention, targets, size2 = (self.index[n] if n in sums else None for n in ("attention", "targets", "size2"))
         record = self.index.record
         ahead = _StepsAhead(plan, self.rank)
+        for name, col in (("attention", attention), ("targets", targets)):
+            if col is not None:
+                plan.running(name)  # each step's sum over all ranks is then two lookups
         while True:
             w, a = self.world_size, self.grad_accum  # read per step: set_grad_accum applies at once
             if self._steps_left(plan, pos, w * a) == 0:

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import SortpackError
-from ..format.integrity import check_sha256, check_shard_size, member_path
+from ..format.integrity import check_sha256, member_path, shard_firsts
 from ..format.mapped import ShardWatch
 from ..format.shards import open_shard
 from ..kernels.tokens import TokenView
@@ -37,14 +37,8 @@ class StoredData:
         self._schema = data.get("schema")
         self.tokens = data.get("tokens")
         self._entries = list(data["shards"])
-        self._firsts = [int(e["first"]) for e in self._entries]
         self.num_rows = int(data["num_rows"])
-        total = sum(int(e["rows"]) for e in self._entries)
-        if total != self.num_rows or any(self._firsts[k] != self._firsts[k - 1] + int(self._entries[k - 1]["rows"])
-                                         for k in range(1, len(self._entries))):
-            raise SortpackError(f"{self.path}: manifest data shards do not tile its {self.num_rows} rows")
-        for entry in self._entries:
-            check_shard_size(member_path(self.path, entry["file"]), entry)
+        self._firsts = shard_firsts(self.path, self._entries, self.num_rows, "stored rows")
         self._shards: list = [None] * len(self._entries)
         self._watch = ShardWatch(self.path, [str(member_path(self.path, e["file"])) for e in self._entries])
         counts = index["num_samples"].astype(np.int64)

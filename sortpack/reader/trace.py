@@ -8,34 +8,38 @@ sample is found by one vectorised pass over the plan; no Python loop over micro-
 """
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 
 from ..errors import SortpackError
 from ..permutation import check_seed
 from .index import PackedIndex
-from .plan import EpochPlan, check_group_alignment, steps_moved
+from .plan import EpochPlan, StepOrder, check_group_alignment, steps_moved
+from .sampler_state import Layout
 
 # the most micro-batches one step may hold (W * A): a trace holds arrays of an epoch's steps
 MAX_STEP_MICROBATCHES = 1 << 26
 _INT64 = (-(1 << 63), 1 << 63)
+ONE_RANK, IN_ORDER = Layout(1, 1), StepOrder()
 
 
-def _plan(index: PackedIndex, world_size: int, grad_accum: int, epoch: int, order: str, seed: int,
-          drop_last: bool, largest_first: bool, warmup_shapes: bool) -> EpochPlan:
+def _plan(index: PackedIndex, layout: Layout, how: StepOrder, epoch: int) -> EpochPlan:
+    world_size, grad_accum = layout
     if world_size < 1:
         raise SortpackError(f"--world-size {world_size}: must be >= 1")
     if grad_accum < 1:
         raise SortpackError(f"--grad-accum {grad_accum}: must be >= 1")
     if epoch < 0:
         raise SortpackError(f"--epoch {epoch}: must be >= 0")
-    check_seed(seed, "--seed", SortpackError)  # the rule of `run --seed`: a seed is a 64-bit key
+    check_seed(how.seed, "--seed", SortpackError)  # the rule of `run --seed`: a seed is a 64-bit key
     if world_size * grad_accum > MAX_STEP_MICROBATCHES:
         raise SortpackError(f"--world-size {world_size} --grad-accum {grad_accum}: {world_size * grad_accum} "
                             f"micro-batches per step, more than inspect traces ({MAX_STEP_MICROBATCHES})")
-    moved = steps_moved(index, order, largest_first, warmup_shapes)
+    moved = steps_moved(index, how.order, how.largest_first, how.warmup_shapes)
     if moved:
         flags = {"largest_first": "--largest-first", "warmup_shapes": "--warmup-shapes"}
-        flag = flags.get(moved[0], f"--order {order}")
+        flag = flags.get(moved[0], f"--order {how.order}")
         raise SortpackError(f"{index.path} is a mixture plan: its order is the schedule, and the sampler refuses "
                             f"{moved[0]} (it would break the blend), so {flag} traces steps no run trains on; "
                             "trace it in --order index (docs/mixtures.md)")
@@ -43,30 +47,26 @@ def _plan(index: PackedIndex, world_size: int, grad_accum: int, epoch: int, orde
         check_group_alignment(index.options, world_size * grad_accum)
     except ValueError as exc:
         raise SortpackError(str(exc)) from None
-    plan = EpochPlan(index, world_size, grad_accum, order, seed, epoch, drop_last, largest_first, warmup_shapes)
+    plan = how.epoch_plan(index, world_size, grad_accum, epoch)
     if plan.num_blocks == 0:
         raise SortpackError(f"{index.path}: no steps at --world-size {world_size} --grad-accum {grad_accum}"
-                            + (" with --drop-last" if drop_last else ""))
+                            + (" with --drop-last" if how.drop_last else ""))
     return plan
 
 
-def _settings(world_size, grad_accum, order, seed, drop_last, largest_first, warmup_shapes, spe) -> dict:
-    return {"world_size": world_size, "grad_accum": grad_accum, "order": order, "seed": seed,
-            "drop_last": drop_last, "largest_first": largest_first, "warmup_shapes": warmup_shapes,
-            "steps_per_epoch": spe}
+def _settings(layout: Layout, how: StepOrder, spe: int) -> dict:
+    return {"world_size": layout.world_size, "grad_accum": layout.grad_accum, **asdict(how), "steps_per_epoch": spe}
 
 
-def step_trace(path, step: int, world_size: int = 1, grad_accum: int = 1, *, epoch: int | None = None,
-               order: str = "index", seed: int = 0, drop_last: bool = False, largest_first: bool = False,
-               warmup_shapes: bool = False) -> dict:
+def step_trace(path, step: int, layout: Layout = ONE_RANK, how: StepOrder = IN_ORDER, epoch: int | None = None) -> dict:
     """Return every rank's micro-batches of one step with their sample ids, as a JSON-ready dict.
 
     ``step`` is a run step (``epoch * steps_per_epoch + step``), or a step of epoch ``epoch``
-    when that is given.
+    when that is given; ``layout`` the sampler's (W, A), ``how`` its order of steps.
     """
     index = path if isinstance(path, PackedIndex) else PackedIndex(path)
-    flags = (order, seed, drop_last, largest_first, warmup_shapes)
-    spe = _plan(index, world_size, grad_accum, epoch or 0, *flags).num_blocks
+    world_size, grad_accum = layout
+    spe = _plan(index, layout, how, epoch or 0).num_blocks
     if step < 0:
         raise SortpackError(f"--step {step}: must be >= 0")
     if epoch is None:
@@ -76,7 +76,7 @@ def step_trace(path, step: int, world_size: int = 1, grad_accum: int = 1, *, epo
                             f"{world_size} --grad-accum {grad_accum}")
     else:
         in_epoch = step
-    plan = _plan(index, world_size, grad_accum, epoch, *flags)
+    plan = _plan(index, layout, how, epoch)
     g = world_size * grad_accum
     flat = in_epoch * g + np.arange(g, dtype=np.int64)
     packed = plan.packed_array(flat % plan.length)
@@ -94,18 +94,16 @@ def step_trace(path, step: int, world_size: int = 1, grad_accum: int = 1, *, epo
                         "sample_ids": index.microbatch(mb).tolist()})
         ranks.append({"rank": r, "microbatches": mbs})
     return {"directory": str(index.path), "run_step": epoch * spe + in_epoch, "epoch": epoch, "step": in_epoch,
-            **_settings(world_size, grad_accum, *flags, spe),
+            **_settings(layout, how, spe),
             "step_samples": int(cols["num_samples"].sum()), "step_tokens": int(cols["tokens"].sum()),
             "ranks": ranks}
 
 
-def sample_trace(path, sample_ids, world_size: int = 1, grad_accum: int = 1, *, epoch: int = 0,
-                 order: str = "index", seed: int = 0, drop_last: bool = False, largest_first: bool = False,
-                 warmup_shapes: bool = False) -> dict:
+def sample_trace(path, sample_ids, layout: Layout = ONE_RANK, how: StepOrder = IN_ORDER, epoch: int = 0) -> dict:
     """Return, for each sample id, its micro-batch(es) and every step and rank of epoch ``epoch`` that trains on it."""
     index = path if isinstance(path, PackedIndex) else PackedIndex(path)
-    flags = (order, seed, drop_last, largest_first, warmup_shapes)
-    plan = _plan(index, world_size, grad_accum, epoch, *flags)
+    world_size, grad_accum = layout
+    plan = _plan(index, layout, how, epoch)
     asked = [int(i) for i in sample_ids]
     # an id no int64 holds names no sample either: the same line as any id not in the plan
     missing = [i for i in asked if not _INT64[0] <= i < _INT64[1]]
@@ -140,7 +138,7 @@ def sample_trace(path, sample_ids, world_size: int = 1, grad_accum: int = 1, *, 
                 for s, o, rp in zip(step.tolist(), off.tolist(), rep.tolist())]
         samples.append({"sample_id": int(found[k]), "microbatch": int(mbs[k]), "place": int(places[k]),
                         "steps": seen})
-    return {"directory": str(index.path), "epoch": epoch, **_settings(world_size, grad_accum, *flags, spe),
+    return {"directory": str(index.path), "epoch": epoch, **_settings(layout, how, spe),
             "samples": samples}
 
 

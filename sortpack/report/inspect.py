@@ -1,6 +1,8 @@
 """``sortpack inspect``: summary figures of a metrics, sorted or index directory."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..errors import SortpackError
@@ -11,6 +13,37 @@ from ..format.shards import read_rows
 
 def _column(directory: str, manifest: dict, name: str) -> np.ndarray:
     return read_rows(directory, manifest, 0, manifest["num_rows"], [name]).column(0).to_numpy()
+
+
+@dataclass(frozen=True)
+class IndexColumns:
+    """An index's per-micro-batch columns as the report reads them (int64): the shape, tokens and the sums.
+
+    ``attention`` and ``size2`` are None where the plan does not record them.
+    """
+
+    num_samples: np.ndarray
+    batch_size: np.ndarray
+    padded_size: np.ndarray
+    tokens: np.ndarray
+    attention: np.ndarray | None = None
+    size2: np.ndarray | None = None
+
+    @classmethod
+    def read(cls, directory: str, manifest: dict) -> IndexColumns:
+        """Return the columns of the index ``directory`` (``attention``/``size2`` where its schema has them)."""
+        table = read_rows(directory, manifest, 0, manifest["num_rows"],
+                          ["num_samples", "batch_size", "padded_size", "tokens"])
+        ns, bs, ps, tok = (table.column(i).to_numpy().astype(np.int64) for i in range(4))
+        schema = manifest.get("schema") or {}
+        sums = {name: _column(directory, manifest, name).astype(np.int64) if name in schema else None
+                for name in ("attention", "size2")}
+        return cls(ns, bs, ps, tok, **sums)
+
+    @property
+    def padded(self) -> np.ndarray:
+        """Return each micro-batch's padded tokens, ``batch_size * padded_size``."""
+        return self.batch_size * self.padded_size
 
 
 def _quantiles(x: np.ndarray) -> dict:
@@ -55,8 +88,7 @@ def imbalance(costs: np.ndarray) -> dict:
             "max": float(ratio.max()), "weighted": float(top.sum() / total) if total > 0 else 1.0}
 
 
-def compute_cost(m: dict, tokens: np.ndarray, bs: np.ndarray, ps: np.ndarray, attention: np.ndarray | None,
-                 cost_coeff: float) -> np.ndarray | None:
+def compute_cost(m: dict, cols: IndexColumns, cost_coeff: float) -> np.ndarray | None:
     """Return each micro-batch's compute ``C * tokens + attention`` (float64; None when the plan cannot say).
 
     The linear part counts what the micro-batch computes: its padded tokens when it trains as a
@@ -64,11 +96,12 @@ def compute_cost(m: dict, tokens: np.ndarray, bs: np.ndarray, ps: np.ndarray, at
     index written before ``attention`` was recorded implies it only for a padded plan.
     """
     padded = padded_plan(m.get("options") or {})
+    attention = cols.attention
     if attention is None:
         if not padded:
             return None
-        attention = bs * ps * ps
-    linear = bs * ps if padded else tokens
+        attention = cols.padded * cols.padded_size
+    linear = cols.padded if padded else cols.tokens
     return cost_coeff * linear.astype(np.float64) + attention.astype(np.float64)
 
 
@@ -92,11 +125,11 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
     if world_size is not None and world_size * grad_accum > MAX_STEP_MICROBATCHES:
         raise SortpackError(f"--world-size {world_size} --grad-accum {grad_accum}: {world_size * grad_accum} "
                             f"micro-batches per step, more than inspect reports on ({MAX_STEP_MICROBATCHES})")
-    table = read_rows(directory, m, 0, m["num_rows"], ["num_samples", "batch_size", "padded_size", "tokens"])
-    ns, bs, ps, tok = (table.column(i).to_numpy().astype(np.int64) for i in range(4))
-    padded = bs * ps
+    cols = IndexColumns.read(directory, m)
+    ns, bs, ps, tok = cols.num_samples, cols.batch_size, cols.padded_size, cols.tokens
+    padded = cols.padded
     shapes = np.unique(np.stack([bs, ps]), axis=1) if len(bs) else np.zeros((2, 0))
-    report.update(_microbatch_report(m, ns, ps, tok, padded, shapes))
+    report.update(_microbatch_report(m, cols, shapes))
     report.update(_shape_lines(m, shapes))
     if m.get("mixture"):
         from .mixture import mixture_report
@@ -113,9 +146,8 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
 
         report["data"] = describe_data(m["data"])
     schema = m.get("schema") or {}
-    if m["options"].get("max_size2") and "size2" in schema:
-        attention = _column(directory, m, "attention").astype(np.int64) if "attention" in schema else None
-        report["cap_fills"] = cap_fills(m, tok, bs, ps, attention, _column(directory, m, "size2").astype(np.int64))
+    if m["options"].get("max_size2") and cols.size2 is not None:
+        report["cap_fills"] = cap_fills(m, cols, cols.size2)
     warnings = lr_warnings(ns, tok, world_size or 1, grad_accum)
     if warnings:
         report["warnings"] = warnings
@@ -125,14 +157,12 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         ratio = np.where(mean > 0, costs.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
         report.update({"world_size": world_size, "grad_accum": grad_accum, "steps": int(costs.shape[0]),
                        "step_imbalance": float(ratio.max()), "step_imbalance_mean": float(ratio.mean())})
-        attention = _column(directory, m, "attention").astype(np.int64) if "attention" in schema else None
-        compute = compute_cost(m, tok, bs, ps, attention, cost_coeff)
+        compute = compute_cost(m, cols, cost_coeff)
         if compute is not None:
             report["cost_coeff"] = _num(cost_coeff)
             report["compute_imbalance"] = imbalance(step_costs(compute, world_size, grad_accum))
-        if "size2" in schema:
-            size2 = _column(directory, m, "size2").astype(np.float64)
-            report["size2_imbalance"] = imbalance(step_costs(size2, world_size, grad_accum))
+        if cols.size2 is not None:
+            report["size2_imbalance"] = imbalance(step_costs(cols.size2.astype(np.float64), world_size, grad_accum))
         if "targets" in schema:  # fine-tuning data: what trains per rank and step (the loss's share of work)
             targets = _column(directory, m, "targets").astype(np.int64)
             report["targets_imbalance"] = imbalance(step_costs(targets, world_size, grad_accum))
@@ -150,10 +180,10 @@ def _samples_report(directory: str, m: dict) -> dict:
     return out
 
 
-def _microbatch_report(m: dict, ns: np.ndarray, ps: np.ndarray, tok: np.ndarray, padded: np.ndarray,
-                       shapes: np.ndarray) -> dict:
+def _microbatch_report(m: dict, cols: IndexColumns, shapes: np.ndarray) -> dict:
     """Return an index's token, padding, shape and lost-sample figures."""
-    total_padded = int(padded.sum())
+    tok = cols.tokens
+    total_padded = int(cols.padded.sum())
     return {
         "num_microbatches": m["num_microbatches"],
         "tokens": int(tok.sum()),
@@ -161,8 +191,8 @@ def _microbatch_report(m: dict, ns: np.ndarray, ps: np.ndarray, tok: np.ndarray,
         "padding_ratio": (1.0 - tok.sum() / total_padded) if total_padded else 0.0,
         "fill": float(tok.sum() / total_padded) if total_padded else 1.0,
         "distinct_shapes": int(shapes.shape[1]),
-        "samples_per_microbatch": _quantiles(ns),
-        "padded_size": _quantiles(ps),
+        "samples_per_microbatch": _quantiles(cols.num_samples),
+        "padded_size": _quantiles(cols.padded_size),
         "skipped": m["stats"].get("skipped", 0),
         "truncated": m["stats"].get("truncated", 0),
         # tokens (size units) too: older plans did not record them (None there when samples were lost)
@@ -179,8 +209,7 @@ def _microbatch_report(m: dict, ns: np.ndarray, ps: np.ndarray, tok: np.ndarray,
     }
 
 
-def cap_fills(m: dict, tok: np.ndarray, bs: np.ndarray, ps: np.ndarray, attention: np.ndarray | None,
-              size2: np.ndarray) -> dict:
+def cap_fills(m: dict, cols: IndexColumns, size2: np.ndarray) -> dict:
     """Return the mean fill of each cap of a two-cap plan (``--max-size2``) and of the binding one.
 
     The first cap's use is the micro-batch's cost under its budget (padded tokens, tokens, or
@@ -189,9 +218,9 @@ def cap_fills(m: dict, tok: np.ndarray, bs: np.ndarray, ps: np.ndarray, attentio
     """
     opts = m["options"]
     limit = float(opts["max_tokens"])
-    used = (bs * ps if padded_plan(opts) else tok).astype(np.float64)
-    if opts.get("budget") == "quadratic" and attention is not None:
-        used = used + attention / float(opts.get("quadratic_scale") or 1.0)
+    used = (cols.padded if padded_plan(opts) else cols.tokens).astype(np.float64)
+    if opts.get("budget") == "quadratic" and cols.attention is not None:
+        used = used + cols.attention / float(opts.get("quadratic_scale") or 1.0)
     f1 = used / limit
     f2 = size2.astype(np.float64) / float(opts["max_size2"])
     if not len(f1):

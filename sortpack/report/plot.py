@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import SortpackError
 from ..format.manifest import read_manifest
 from ..format.shards import read_rows
-from .inspect import DEFAULT_COST_COEFF, compute_cost, imbalance, step_costs
+from .inspect import DEFAULT_COST_COEFF, IndexColumns, compute_cost, imbalance, step_costs
 
 MAX_POINTS = 2000  # series longer than this are drawn as per-bin mean with a min..max band
 TOP_SHAPES = 15
@@ -105,23 +105,28 @@ def plot_directory(directory: str, path: str, world_size: int | None = None, gra
         _size_panel(ax, size, None, f"sample sizes ({m['num_samples']:,} samples)", "size (log)")
         fig.suptitle(f"{directory} ({m['_kind']})", fontsize=10)
     else:
-        fig = _plot_index(Figure, directory, m, world_size or 1, grad_accum, world_size is None,
-                          DEFAULT_COST_COEFF if cost_coeff is None else cost_coeff)
+        coeff = DEFAULT_COST_COEFF if cost_coeff is None else cost_coeff
+        fig = _plot_index(directory, m, world_size, grad_accum, coeff)
     fig.tight_layout()
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=100)
     return fig
 
 
-def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_assumed: bool, cost_coeff: float):
-    """Return the seven-panel figure of an index directory (an eighth, the shares, for a mixture)."""
+def _plot_index(directory: str, m: dict, world_size: int | None, accum: int, cost_coeff: float):
+    """Return the seven-panel figure of an index directory (an eighth, the shares, for a mixture).
+
+    ``world_size`` None: one rank, and the rank panel's title says how to split by rank.
+    """
+    Figure, _ = _matplotlib()
+    world, world_assumed = world_size or 1, world_size is None
     if world < 1:
         raise SortpackError(f"--world-size {world}: must be >= 1")
     if accum < 1:
         raise SortpackError(f"--grad-accum {accum}: must be >= 1")
-    c = _columns(directory, m, ["num_samples", "batch_size", "max_size", "padded_size", "tokens"])
-    ns, bs, ps, tok = (c[k].astype(np.int64) for k in ("num_samples", "batch_size", "padded_size", "tokens"))
-    padded = bs * ps
+    cols = IndexColumns.read(directory, m)
+    ns, bs, ps, tok = cols.num_samples, cols.batch_size, cols.padded_size, cols.tokens
+    padded = cols.padded
     mixture = bool(m.get("mixture"))  # a last panel below: achieved shares against the schedule
     fig = Figure(figsize=(15, 16.5 if mixture else 12.5))
     axes = [fig.add_subplot(4 if mixture else 3, 3, k) for k in range(1, 8)]
@@ -129,7 +134,7 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     # a micro-batch of sorted samples holds nearly equal sizes: its max size stands for each;
     # packed rows mix sizes, so there it is only an upper bound
     bound = " (upper bound: rows mix sizes)" if m["options"].get("rows") else ""
-    _size_panel(axes[0], c["max_size"].astype(np.int64), ns.astype(np.float64),
+    _size_panel(axes[0], _columns(directory, m, ["max_size"])["max_size"].astype(np.int64), ns.astype(np.float64),
                 f"sample sizes ({m['num_samples']:,} samples)", f"max size of the sample's micro-batch{bound}, log")
     _fill_panel(axes[1], tok, padded)
     per_rank = step_costs(tok, world, accum) if len(tok) else np.zeros((1, world), np.int64)
@@ -139,9 +144,7 @@ def _plot_index(Figure, directory: str, m: dict, world: int, accum: int, world_a
     _imbalance_panel(axes[3], per_rank, per_rank_padded, world)
     _shapes_panel(axes[4], bs, ps)
     _lr_panel(axes[5], step_costs(ns, world, accum).sum(axis=1) if len(ns) else np.zeros(1, np.int64))
-    attention = _columns(directory, m, ["attention"])["attention"].astype(np.int64) \
-        if "attention" in (m.get("schema") or {}) else None
-    compute = compute_cost(m, tok, bs, ps, attention, cost_coeff)
+    compute = compute_cost(m, cols, cost_coeff)
     _compute_panel(axes[6], None if compute is None or not len(tok) else step_costs(compute, world, accum),
                    world, cost_coeff)
     if mixture:

@@ -19,7 +19,7 @@ from ..inputs.source_file import SourceFile
 from ..inputs.specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
 from ..partition import even_range
-from ..progress import Progress
+from ..progress import Display, Progress
 from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
 
@@ -270,7 +270,7 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: Analyz
     columns, text_columns = specs.read_columns()
     counter = "tokens" if specs.size.kind == "tokens" else "summed size"  # the progress line's running sum
     out = Measured([], [], [])
-    prog = Progress("analyze", plan.rows, "rows", show, ranks, job_total=plan.total_rows)
+    prog = Progress("analyze", plan.rows, "rows", plan.total_rows, Display(show, ranks))
     for read in plan.reads:
         src = files[read.file]
         table = _read(src, read, columns, text_columns)
@@ -304,7 +304,7 @@ def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: 
         table = read_units(src, read.first, read.end, columns, text_columns)
         expect = sum(src.unit_rows[read.first:read.end]) if src.unit_rows is not None else None
     else:
-        table = read_unit_rows(src, read.first, read.row_lo, read.row_hi, columns, text_columns)
+        table = read_unit_rows(src, read.first, range(read.row_lo, read.row_hi), columns, text_columns)
         expect = read.row_hi - read.row_lo
     if src.unit_rows is not None and expect != table.num_rows:
         raise SortpackError(f"{src.path}: read {table.num_rows} rows, metadata says {expect}")

@@ -15,7 +15,7 @@ from ..distribute import fetch_rows, global_start, redistribute
 from ..errors import SortpackError
 from ..parallel import Comm
 from ..partition import owner_starts
-from ..progress import Progress, phase
+from ..progress import Display, Progress, phase
 from .key_codes import KeyCodec, KeyLayout, encode_keys
 from .sample_sort import sample_sort
 from .samples import SampleColumns
@@ -138,7 +138,7 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     if groups is not None:
         group_bits = group_width(comm.allreduce(int(groups.max()) if len(groups) else 0, "max"))
     files, total = samples.files, samples.total
-    prog = Progress("sort", None, "phases", ranks=comm.size)
+    prog = Progress("sort", None, "phases", display=Display(ranks=comm.size))
     contiguous = _is_contiguous(comm, samples)
     same = _is_same(comm, samples)
     # each rank's final range of whole output shards: an exact sort lands there, the redistribution is then a no-op

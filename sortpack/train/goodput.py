@@ -199,8 +199,12 @@ def goodput(accums, batch_per_accum: float, noise_scale: float, ref_batch: float
 
 
 def choose_accum(batch_per_accum: float, noise_scale: float, ref_batch: float, times: StepTimeModel,
-                 min_accum: int = 1, max_accum: int = 8) -> int:
-    """Return the accumulation count in ``[min_accum, max_accum]`` with the highest goodput (smallest on ties)."""
+                 bounds: tuple[int, int] = (1, 8)) -> int:
+    """Return the accumulation count in ``[min_accum, max_accum]`` (``bounds``) with the highest goodput.
+
+    The smallest count wins a tie.
+    """
+    min_accum, max_accum = bounds
     if not 1 <= min_accum <= max_accum:
         raise ValueError(f"need 1 <= min_accum <= max_accum, got {min_accum} and {max_accum}")
     if math.isnan(noise_scale):

@@ -231,7 +231,7 @@ class GoodputController:
         if (self.noise.steps and self.ref_batch is not None and self.steps >= self.warmup_steps
                 and self.steps % self.interval == 0):
             decided = choose_accum(self._batch / self._accum, self.noise.value, self.ref_batch, self.times,
-                                   self.min_accum, self.max_accum)
+                                   (self.min_accum, self.max_accum))
             decided = self._broadcast(decided)
             if decided != self._sampler_accum():
                 self.sampler.set_grad_accum(decided)

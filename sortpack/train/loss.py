@@ -79,6 +79,19 @@ def step_loss(token_losses, batch, causal: bool = True, world_size: int | None =
     backward (``accelerator.backward`` and Lightning's ``accumulate_grad_batches`` divide
     by A: pass A). The returned values summed over a rank's micro-batches and averaged over
     ranks are the step's mean loss.
+
+    Examples
+    --------
+    A micro-batch of a step with 10 loss targets over 2 ranks: its summed losses times W
+    over the step's targets.
+
+    >>> import torch
+    >>> from sortpack.reader import MicroBatch, StepFacts
+    >>> from sortpack.torch import step_loss
+    >>> mb = MicroBatch([4, 5], facts=StepFacts(step_batch=4, step_tokens=14, world_size=2, step_targets=10))
+    >>> token_losses = torch.tensor([[2.0, 1.0, 0.0], [3.0, 0.0, 0.0]])  # 0 where there is no target
+    >>> step_loss(token_losses, mb)  # 6.0 * 2 / 10
+    tensor(1.2000)
     """
     info = _info(batch)
     causal = bool(causal)

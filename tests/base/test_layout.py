@@ -169,6 +169,49 @@ def test_nothing_imports_the_cli():
             assert "cli" not in _module_imports(path), path
 
 
+# The training side, the report and the CLI take records, not loose parameters (docs/architecture.md,
+# "Records instead of loose parameters"): more than five only in the public constructors whose
+# documented keywords a training script writes.
+FEW_PARAMETERS = ("reader", "report", "cli", "train", "progress.py", "distribute.py")
+MAX_PARAMETERS = 5
+PUBLIC_KEYWORDS = {
+    "reader/collate.py:PadCollate.__init__", "reader/collate.py:pad_collate",
+    "reader/collate.py:VarlenCollate.__init__", "reader/collate.py:varlen_collate",
+    "reader/dataset.py:SourceDataset.__init__", "reader/microbatch.py:MicroBatch.__init__",
+    "reader/plan.py:EpochPlan.__init__", "reader/sampler.py:PackedSampler.__init__",
+    "train/goodput_controller.py:GoodputController.__init__",
+}
+
+
+def _parameter_counts(path: Path) -> dict[str, int]:
+    """Return each function's parameters (``self``/``cls``, ``*args`` and ``**kwargs`` aside) by ``file:qualname``."""
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str, in_class: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.", True)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                if in_class and names and names[0] in ("self", "cls"):
+                    names = names[1:]
+                out[f"{path.relative_to(PKG).as_posix()}:{prefix}{child.name}"] = len(names)
+                visit(child, f"{prefix}{child.name}.", False)
+
+    visit(ast.parse(path.read_text()), "", False)
+    return out
+
+
+def test_the_training_side_takes_records_not_loose_parameters():
+    counts = {}
+    for top in FEW_PARAMETERS:
+        for path in ([PKG / top] if top.endswith(".py") else sorted((PKG / top).rglob("*.py"))):
+            counts.update(_parameter_counts(path))
+    assert "reader/sampler.py:PackedSampler.__init__" in counts and "cli/job.py:job_command" in counts
+    assert {k for k, n in counts.items() if n > MAX_PARAMETERS} == PUBLIC_KEYWORDS
+
+
 def _module_name(path: Path) -> str:
     """Return the dotted name of a module file of the package (a package's ``__init__`` is the package)."""
     parts = path.relative_to(PKG.parent).with_suffix("").parts

@@ -10,7 +10,7 @@ import sortpack.stages.read_plan as read_plan_mod
 from sortpack import progress as progress_mod
 from sortpack.parallel import SerialComm
 from sortpack.pipeline.dataset import JobInfo, run_all
-from sortpack.progress import Progress, configure, phase
+from sortpack.progress import Display, Progress, configure, phase
 from sortpack.stages.analyze import AnalyzeOptions
 from sortpack.stages.pack import PackOptions
 from sortpack.stages.sort import SortOptions
@@ -29,7 +29,8 @@ class FakeClock:
 def reporter(total, clock, unit="rows", **kw):
     stream = io.StringIO()
     kw.setdefault("delay", 0)
-    return Progress("analyze", total, unit, enabled=True, clock=clock, stream=stream, **kw), stream
+    job_total = kw.pop("job_total", None)
+    return Progress("analyze", total, unit, job_total, Display(enabled=True, clock=clock, stream=stream, **kw)), stream
 
 
 def lines(stream):
@@ -99,7 +100,7 @@ def test_a_stage_shorter_than_the_delay_prints_nothing():
 
 def test_disabled_reporter_prints_nothing():
     out = io.StringIO()
-    p = Progress("sort", 10, enabled=False, stream=out, delay=0)
+    p = Progress("sort", 10, display=Display(enabled=False, stream=out, delay=0))
     p.update(10)
     p.close()
     assert out.getvalue() == ""
@@ -121,7 +122,7 @@ def test_phases_go_to_the_open_reporter_and_a_terminal_gets_a_bar():
             return True
 
     tty = Tty()
-    bar = Progress("pack", 100, "rows", enabled=True, stream=tty, delay=0)
+    bar = Progress("pack", 100, "rows", display=Display(enabled=True, stream=tty, delay=0))
     bar.update(50)
     bar.close()
     assert "pack" in tty.getvalue() and "sortpack:" not in tty.getvalue()

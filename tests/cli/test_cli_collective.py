@@ -64,15 +64,15 @@ def broken(plan, tmp_path):
     return make
 
 
-@pytest.mark.parametrize("name, key, shard_key, command", [
-    ("plan", "stats", None, ["inspect"]),
-    ("plan", "num_microbatches", None, ["inspect", "--json"]),
-    ("plan", "shards", None, ["verify"]),
-    ("plan.metrics", "source", None, ["sort", "-o", "OUT"]),
-    ("plan.sorted", "options", None, ["pack", "-o", "OUT", "--max-tokens", "1000"]),
+@pytest.mark.parametrize("name, key, command", [
+    ("plan", "stats", ["inspect"]),
+    ("plan", "num_microbatches", ["inspect", "--json"]),
+    ("plan", "shards", ["verify"]),
+    ("plan.metrics", "source", ["sort", "-o", "OUT"]),
+    ("plan.sorted", "options", ["pack", "-o", "OUT", "--max-tokens", "1000"]),
 ])
-def test_manifest_missing_key_is_one_line(broken, tmp_path, name, key, shard_key, command):
-    d = broken(name, key, shard_key)
+def test_manifest_missing_key_is_one_line(broken, tmp_path, name, key, command):
+    d = broken(name, key, None)
     args = [command[0], d, *[str(tmp_path / "out") if a == "OUT" else a for a in command[1:]]]
     proc = run_sortpack(args, check=False, timeout=60)
     assert proc.returncode == 2, proc.stderr

@@ -3,8 +3,9 @@
 The ten names a training script meets first, from ``sortpack.reader`` and ``sortpack.torch``:
 ``PackedIndex``, ``PackedSampler`` (``PackedBatchSampler`` is the same class), ``SourceDataset``,
 ``PlanLoader``, ``Prefetched``, ``EpochPlan``, ``step_positions``, ``lr_scale``,
-``VariableBatchSizeLR`` and ``KeyedPermutation``. Their examples read ``plan/``: 16 texts of 1 to 16
-characters, ``sortpack run data/ -o plan/ --column text --max-tokens 32 --store text``.
+``VariableBatchSizeLR`` and ``KeyedPermutation``; and what a training step touches: ``MicroBatch``,
+``pad_collate``, ``step_loss``. Their examples read ``plan/``: 16 texts of 1 to 16 characters,
+``sortpack run data/ -o plan/ --column text --max-tokens 32 --store text``.
 """
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ DOORS = {
     "step_positions": sortpack.reader, "lr_scale": sortpack.reader, "VariableBatchSizeLR": sortpack.torch,
     "KeyedPermutation": sortpack.reader,
 }
-NEEDS_TORCH = {"PlanLoader", "VariableBatchSizeLR"}
+# what a training step touches beside the doors: the micro-batch, its collate, its loss
+STEP = {"MicroBatch": sortpack.reader, "pad_collate": sortpack.torch, "step_loss": sortpack.torch}
+EXAMPLES = {**DOORS, **STEP}
+NEEDS_TORCH = {"PlanLoader", "VariableBatchSizeLR", "pad_collate", "step_loss"}
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +44,9 @@ def plan_dir(tmp_path_factory):
     return root
 
 
-def test_ten_door_names_each_carry_examples():
+def test_the_door_names_and_a_steps_names_each_carry_examples():
     assert len(DOORS) == 10
-    for name, door in DOORS.items():
+    for name, door in EXAMPLES.items():
         doc = getattr(door, name).__doc__ or ""
         assert "\n    Examples\n    --------\n" in doc and ">>> " in doc, name
     assert sortpack.torch.PackedBatchSampler is sortpack.reader.PackedSampler  # shares the examples
@@ -50,12 +54,12 @@ def test_ten_door_names_each_carry_examples():
 
 # torch's import and first optimizer take over a second: those two are slow (the quick loop skips them)
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.torch, pytest.mark.slow]) if n in NEEDS_TORCH
-                                  else n for n in sorted(DOORS)])
+                                  else n for n in sorted(EXAMPLES)])
 def test_the_examples_run_as_written(name, plan_dir, monkeypatch):
     if name in NEEDS_TORCH:
         pytest.importorskip("torch")
     monkeypatch.chdir(plan_dir)
-    obj = getattr(DOORS[name], name)
+    obj = getattr(EXAMPLES[name], name)
     tests = [t for t in doctest.DocTestFinder(recurse=False).find(obj, name) if t.examples]
     assert tests, f"{name}: no doctest examples"
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

@@ -205,7 +205,7 @@ def test_read_unit_rows_reads_a_row_range_of_one_unit(tmp_path, fmt, monkeypatch
     src = open_source(path, fmt)
     assert src.unit_rows == [60, 40]
     for unit, lo, hi in [(0, 0, 60), (0, 13, 29), (1, 5, 40), (1, 0, 1), (0, 59, 60), (1, 3, 3)]:
-        got = read_unit_rows(src, unit, lo, hi, ["n"])
+        got = read_unit_rows(src, unit, range(lo, hi), ["n"])
         assert got.column_names == ["n"]
         assert got.column("n").to_pylist() == list(range(unit * 60 + lo, unit * 60 + hi))
 

@@ -366,7 +366,7 @@ def test_a_rank_fetches_only_the_byte_ranges_of_its_own_rows(s3_env, tmp_path, m
         assert src.unit_rows == [400] * 10
         assert 0 < sum(counted) < size // 10, (name, sum(counted), size)  # described from metadata only
         counted.clear()
-        got = formats.read_unit_rows(src, 7, 100, 300, ["text"])  # the rows a rank takes of one unit
+        got = formats.read_unit_rows(src, 7, range(100, 300), ["text"])  # the rows a rank takes of one unit
         assert got.column("text").to_pylist() == table.column("text")[2900:3100].to_pylist()
         assert sum(counted) < size // 4, (name, sum(counted), size)  # one unit's bytes, not the file's
 

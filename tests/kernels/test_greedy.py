@@ -141,9 +141,10 @@ def cost(batch, budget, q, pad_multiple=0, shapes=None):
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(1, 100), max_size=60), st.sampled_from(K.BUDGETS),
-       st.sampled_from(ORDERS), st.sampled_from([0, 2, 5]), st.sampled_from([0, 8]),
-       st.integers(100, 600))
-def test_budget_holds_and_batches_are_maximal(sizes, budget, order, max_samples, pad, max_tokens):
+       st.sampled_from(ORDERS), st.tuples(st.sampled_from([0, 2, 5]), st.sampled_from([0, 8]),
+                                          st.integers(100, 600)))
+def test_budget_holds_and_batches_are_maximal(sizes, budget, order, limits):
+    max_samples, pad, max_tokens = limits  # --max-samples, --pad-to-multiple, --max-tokens
     q = 50.0
     # callers drop samples that cannot fit alone before packing
     sizes = arrange([s for s in sizes if cost([s], budget, q, pad) <= max_tokens], order)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from sortpack import kernels as K
 from sortpack.kernels import _loader
+from sortpack.kernels.tokens import Fill
 
 IGNORE = -100
 
@@ -28,7 +29,20 @@ def _ragged(lengths, vdtype, odtype, lead=0):
     return values, offsets
 
 
-def _pad_reference(values, offsets, n, rows, width, pad_id):
+@st.composite
+def ragged(draw, longest=40, most=12, lead=5):
+    """Draw (lengths, values, offsets): int32 or int64 ids behind int32 or int64 offsets, unused values first."""
+    lengths = draw(st.lists(st.integers(0, longest), max_size=most))
+    widths = st.sampled_from([np.int32, np.int64])
+    return (lengths, *_ragged(lengths, draw(widths), draw(widths), draw(st.integers(0, lead))))
+
+
+# what a batch kernel is told of each sample beside its tokens: its id's width (None: unknown), real or repeated
+MARKS = st.tuples(st.sampled_from([None, np.int32, np.int64]), st.booleans())
+
+
+def _pad_reference(values, offsets, shape, pad_id):
+    n, (rows, width) = len(offsets) - 1, shape
     ids = np.full((rows, width), pad_id, dtype=np.int64)
     labels = np.full((rows, width), IGNORE, dtype=np.int64)
     lengths = np.zeros(rows, dtype=np.int64)
@@ -41,21 +55,21 @@ def _pad_reference(values, offsets, n, rows, width, pad_id):
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=st.lists(st.integers(0, 40), max_size=12), extra_rows=st.integers(0, 3), width=st.integers(0, 45),
-       wide=st.booleans(), large=st.booleans(), lead=st.integers(0, 5), pad_id=st.integers(-2, 9))
-def test_pad_tokens_matches_a_loop(lengths, extra_rows, width, wide, large, lead, pad_id):
-    values, offsets = _ragged(lengths, np.int64 if wide else np.int32, np.int64 if large else np.int32, lead)
+@given(sample=ragged(), extra_rows=st.integers(0, 3), width=st.integers(0, 45), pad_id=st.integers(-2, 9))
+def test_pad_tokens_matches_a_loop(sample, extra_rows, width, pad_id):
+    lengths, values, offsets = sample
     n = len(lengths)
-    want = _pad_reference(values, offsets, n, n + extra_rows, width, pad_id)
+    want = _pad_reference(values, offsets, (n + extra_rows, width), pad_id)
     with pytest.MonkeyPatch.context() as mp:
         for _ in _backends(mp):
-            got = K.pad_tokens(values, offsets, n, n + extra_rows, width, pad_id, IGNORE)
+            got = K.pad_tokens(values, offsets, n, (n + extra_rows, width), Fill(pad_id, IGNORE))
             for g, w in zip(got, want):
                 assert g.dtype == w.dtype and g.shape == w.shape
                 np.testing.assert_array_equal(g, w)
 
 
-def _varlen_reference(values, offsets, cu, seg_real, seg_sample, pad_id, pos_start):
+def _varlen_reference(values, offsets, segments, fill):
+    (cu, seg_real, seg_sample), (pad_id, pos_start) = segments, (fill.pad_id, fill.pos_start)
     total = int(cu[-1])
     ids = np.full(total, pad_id, dtype=np.int64)
     labels = np.full(total, IGNORE, dtype=np.int64)
@@ -76,11 +90,9 @@ def _varlen_reference(values, offsets, cu, seg_real, seg_sample, pad_id, pos_sta
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), wide=st.booleans(), large=st.booleans(), pos_start=st.integers(0, 2))
-def test_varlen_tokens_matches_a_loop(data, wide, large, pos_start):
-    lengths = data.draw(st.lists(st.integers(0, 30), max_size=10))
-    values, offsets = _ragged(lengths, np.int64 if wide else np.int32, np.int64 if large else np.int32,
-                              data.draw(st.integers(0, 4)))
+@given(data=st.data(), pos_start=st.integers(0, 2))
+def test_varlen_tokens_matches_a_loop(data, pos_start):
+    lengths, values, offsets = data.draw(ragged(30, 10, 4))
     seg_sample, seg_real, seg_len = [], [], []
     for j, n in enumerate(lengths):  # each sample, cut and padded, with padding segments between
         real = data.draw(st.integers(0, n))
@@ -89,10 +101,11 @@ def test_varlen_tokens_matches_a_loop(data, wide, large, pos_start):
             seg_sample.append(-1), seg_real.append(0), seg_len.append(data.draw(st.integers(1, 4)))
     cu = np.concatenate(([0], np.cumsum(seg_len))).astype(np.int64)
     args = (cu, np.array(seg_real, dtype=np.int64), np.array(seg_sample, dtype=np.int64))
-    want = _varlen_reference(values, offsets, *args, 5, pos_start)
+    fill = Fill(5, IGNORE, pos_start)
+    want = _varlen_reference(values, offsets, args, fill)
     with pytest.MonkeyPatch.context() as mp:
         for _ in _backends(mp):
-            got = K.varlen_tokens(values, offsets, *args, 5, IGNORE, pos_start)
+            got = K.varlen_tokens(values, offsets, args, fill)
             for g, w in zip(got, want):
                 assert g.dtype == w.dtype
                 np.testing.assert_array_equal(g, w)
@@ -103,16 +116,16 @@ def test_offsets_outside_the_values_are_refused_by_both(monkeypatch):
     bad = np.array([0, 4, 12], dtype=np.int64)  # the second sample ends past the values
     for _ in _backends(monkeypatch):
         with pytest.raises(ValueError, match="outside"):
-            K.pad_tokens(values, bad, 2, 2, 16, 0, IGNORE)
+            K.pad_tokens(values, bad, 2, (2, 16), Fill(0, IGNORE))
         with pytest.raises(ValueError, match="outside"):
-            K.varlen_tokens(values, bad, np.array([0, 4, 12]), np.array([4, 8]), np.array([0, 1]), 0, IGNORE, 0)
+            K.varlen_tokens(values, bad, (np.array([0, 4, 12]), np.array([4, 8]), np.array([0, 1])), Fill(0, IGNORE))
         with pytest.raises(ValueError, match="outside"):  # more real tokens than the sample holds
-            K.varlen_tokens(values, bad, np.array([0, 6]), np.array([6]), np.array([0]), 0, IGNORE, 0)
+            K.varlen_tokens(values, bad, (np.array([0, 6]), np.array([6]), np.array([0])), Fill(0, IGNORE))
 
 
 def test_other_dtypes_are_refused():
     with pytest.raises(TypeError):
-        K.pad_tokens(np.arange(4, dtype=np.uint8), np.array([0, 4]), 1, 1, 4, 0, IGNORE)
+        K.pad_tokens(np.arange(4, dtype=np.uint8), np.array([0, 4]), 1, (1, 4), Fill(0, IGNORE))
 
 
 # --- the whole-batch kernels: every output in one call, into buffers the caller allocated -----------------------
@@ -125,21 +138,19 @@ def _ids_of(n, dtype, known):
 
 @need_c
 @settings(max_examples=60, deadline=None)
-@given(lengths=st.lists(st.integers(0, 40), max_size=12), extra_rows=st.integers(0, 3), width=st.integers(0, 45),
-       wide=st.booleans(), large=st.booleans(), lead=st.integers(0, 5), pad_id=st.integers(-2, 9),
-       ids=st.sampled_from([None, np.int32, np.int64]), real=st.booleans())
-def test_pad_batch_into_writes_pad_tokens_batch_ids_and_flags(lengths, extra_rows, width, wide, large, lead, pad_id,
-                                                              ids, real):
-    from sortpack.kernels.tokens import batch_kernels, pad_batch_into, token_view
+@given(sample=ragged(), extra_rows=st.integers(0, 3), width=st.integers(0, 45), pad_id=st.integers(-2, 9),
+       marks=MARKS)
+def test_pad_into_writes_pad_tokens_batch_ids_and_flags(sample, extra_rows, width, pad_id, marks):
+    from sortpack.kernels.tokens import RowMarks, batch_kernels, token_view
 
-    values, offsets = _ragged(lengths, np.int64 if wide else np.int32, np.int64 if large else np.int32, lead)
+    (lengths, values, offsets), (ids, real) = sample, marks
     n, rows = len(lengths), len(lengths) + extra_rows
     sample_ids = _ids_of(n, ids, ids is not None)
     out = [np.full((rows, width), 77, np.int64), np.full((rows, width), 77, np.int64), np.full(rows, 77, np.int64),
            np.zeros((rows, width), np.bool_), np.full(rows, 77, np.int64), np.ones(rows, np.bool_)]
-    pad_batch_into(batch_kernels(), token_view(values, offsets), n, rows, width, pad_id, IGNORE, sample_ids, real,
-                   tuple(a.ctypes.data for a in out))
-    for got, want in zip(out, _pad_reference(values, offsets, n, rows, width, pad_id)):
+    batch_kernels().pad_into(token_view(values, offsets), (rows, width), Fill(pad_id, IGNORE),
+                             RowMarks(sample_ids, real), tuple(a.ctypes.data for a in out))
+    for got, want in zip(out, _pad_reference(values, offsets, (rows, width), pad_id)):
         np.testing.assert_array_equal(got, want)
     want_ids = np.full(rows, -1)
     if sample_ids is not None:
@@ -150,25 +161,24 @@ def test_pad_batch_into_writes_pad_tokens_batch_ids_and_flags(lengths, extra_row
 
 @need_c
 @settings(max_examples=60, deadline=None)
-@given(lengths=st.lists(st.integers(0, 30), max_size=10), cap=st.one_of(st.none(), st.integers(0, 35)),
-       wide=st.booleans(), large=st.booleans(), lead=st.integers(0, 4), pos_start=st.integers(0, 2),
-       ids=st.sampled_from([None, np.int32, np.int64]), real=st.booleans())
-def test_varlen_batch_into_is_varlen_tokens_of_one_segment_per_sample(lengths, cap, wide, large, lead, pos_start,
-                                                                      ids, real):
-    from sortpack.kernels.tokens import batch_kernels, token_view, varlen_batch_into
+@given(sample=ragged(30, 10, 4), cap=st.one_of(st.none(), st.integers(0, 35)), pos_start=st.integers(0, 2),
+       marks=MARKS)
+def test_varlen_into_is_varlen_tokens_of_one_segment_per_sample(sample, cap, pos_start, marks):
+    from sortpack.kernels.tokens import RowMarks, batch_kernels, token_view
 
-    values, offsets = _ragged(lengths, np.int64 if wide else np.int32, np.int64 if large else np.int32, lead)
+    (lengths, values, offsets), (ids, real) = sample, marks
     n = len(lengths)
     kept = np.minimum(lengths, cap if cap is not None else 10**9).astype(np.int64) if n else np.zeros(0, np.int64)
     cu = np.concatenate(([0], np.cumsum(kept))).astype(np.int64)
-    want = _varlen_reference(values, offsets, cu, kept, np.arange(n), 0, pos_start)
+    fill = Fill(0, IGNORE, pos_start)
+    want = _varlen_reference(values, offsets, (cu, kept, np.arange(n)), fill)
     room = int(sum(lengths))
     out = [np.full(room, 77, np.int64), np.full(room, 77, np.int64), np.full(room, 77, np.int64),
            np.full(room, 77, np.int32), np.zeros(room, np.bool_), np.full(n + 1, 77, np.int32),
            np.full(n, 77, np.int64), np.full(n, 77, np.int64), np.full(n, 77, np.int64), np.ones(n, np.bool_)]
     sample_ids = _ids_of(n, ids, ids is not None)
-    total, longest = varlen_batch_into(batch_kernels(), token_view(values, offsets), n, cap, IGNORE, pos_start,
-                                       sample_ids, real, tuple(a.ctypes.data for a in out))
+    total, longest = batch_kernels().varlen_into(token_view(values, offsets), cap, fill, RowMarks(sample_ids, real),
+                                                 tuple(a.ctypes.data for a in out))
     assert (total, longest) == (int(cu[-1]), int(kept.max(initial=0)))
     for got, w in zip(out[:5], want):
         np.testing.assert_array_equal(got[:total], w)
@@ -181,14 +191,14 @@ def test_varlen_batch_into_is_varlen_tokens_of_one_segment_per_sample(lengths, c
 
 @need_c
 def test_the_batch_kernels_refuse_offsets_outside_the_values():
-    from sortpack.kernels.tokens import batch_kernels, pad_batch_into, token_view, varlen_batch_into
+    from sortpack.kernels.tokens import RowMarks, batch_kernels, token_view
 
     values = np.arange(10, dtype=np.int32)
     view = token_view(values, np.array([0, 4, 12], dtype=np.int64))  # the second sample ends past the values
     buf = np.zeros(4096, np.int64)
     with pytest.raises(ValueError, match="outside"):
-        pad_batch_into(batch_kernels(), view, 2, 2, 16, 0, IGNORE, None, True, (buf.ctypes.data,) * 6)
+        batch_kernels().pad_into(view, (2, 16), Fill(0, IGNORE), RowMarks(None, True), (buf.ctypes.data,) * 6)
     with pytest.raises(ValueError, match="outside"):
-        varlen_batch_into(batch_kernels(), view, 2, None, IGNORE, 0, None, True, (buf.ctypes.data,) * 10)
-    with pytest.raises(ValueError, match="3 samples"):  # more samples than the offsets bound
-        pad_batch_into(batch_kernels(), view, 3, 3, 16, 0, IGNORE, None, True, (buf.ctypes.data,) * 6)
+        batch_kernels().varlen_into(view, None, Fill(0, IGNORE), RowMarks(None, True), (buf.ctypes.data,) * 10)
+    with pytest.raises(ValueError, match="2 samples, 1 rows"):  # more samples than the rows
+        batch_kernels().pad_into(view, (1, 16), Fill(0, IGNORE), RowMarks(None, True), (buf.ctypes.data,) * 6)

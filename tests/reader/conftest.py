@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reader_fixtures import pipeline_index
+from reader_fixtures import pipeline_index, wide_ids
 
 
 @pytest.fixture
@@ -18,4 +18,5 @@ def small(tmp_path):
 def small64(tmp_path):
     """``small`` with int64 sample ids (the width of an index over more than 2^31 input rows)."""
     lengths = np.random.default_rng(0).integers(1, 200, size=92)
-    return pipeline_index(tmp_path / "ix64", lengths, max_tokens=1000, max_samples=4, rows_per_shard=5, id_bits=64)
+    with wide_ids():
+        return pipeline_index(tmp_path / "ix64", lengths, max_tokens=1000, max_samples=4, rows_per_shard=5)

@@ -13,7 +13,7 @@ from sortpack.errors import SortpackError
 from sortpack.reader import PackedIndex, PackedSampler
 
 from reader_fixtures import pipeline_index, write_index
-from support import greedy_oracle
+from support import greedy_oracle, run_sortpack, write_text_parquet
 
 MODES = {
     "padded": {"max_tokens": 600},
@@ -91,6 +91,50 @@ def test_refuses_unknown_version_and_bad_shard_size(small, tmp_path):
         fh.write(b"x")
     with pytest.raises(SortpackError, match="bytes, the manifest says"):
         PackedIndex(bad)
+
+
+def _edited_copy(src: Path, dst: Path, edit) -> Path:
+    """Return ``dst``: a copy of the plan ``src`` whose manifest ``edit(manifest)`` changed in place."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.is_file():
+            (dst / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((src / "manifest.json").read_text())
+    edit(manifest)
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+# shard lists that do not tile their rows: a gap, an overlap, all moved off 0, one shard missing
+UNTILED = {
+    "gap": lambda shards: shards[1].update(first=shards[1]["first"] + 1),
+    "overlap": lambda shards: shards[1].update(first=shards[1]["first"] - 1),
+    "off-zero": lambda shards: [s.update(first=s["first"] + 1) for s in shards],
+    "missing": lambda shards: shards.pop(),
+}
+
+
+@pytest.fixture(scope="module")
+def stored_plan(tmp_path_factory):
+    """A plan with its texts stored in several data shards (``--store text``)."""
+    root = tmp_path_factory.mktemp("stored")
+    write_text_parquet(root / "data.parquet", np.random.default_rng(2).integers(1, 60, size=120))
+    run_sortpack(["run", root / "data.parquet", "-o", root / "plan", "--column", "text", "--max-tokens", "200",
+                  "--store", "text", "--quiet"], env={"SORTPACK_TEST_DATA_ROWS": "40"})
+    return root / "plan"
+
+
+@pytest.mark.parametrize("how", sorted(UNTILED))
+def test_refuses_index_and_data_shards_that_do_not_tile(small, stored_plan, tmp_path, how):
+    """The index's shards and its stored data's are checked by one rule: consecutive from 0 to the count."""
+    bad = _edited_copy(small, tmp_path / "index", lambda m: UNTILED[how](m["shards"]))
+    with pytest.raises(SortpackError, match="manifest shards do not tile its 23 micro-batches"):
+        PackedIndex(bad)
+    assert len(json.loads((stored_plan / "manifest.json").read_text())["data"]["shards"]) >= 3
+    bad = _edited_copy(stored_plan, tmp_path / "stored", lambda m: UNTILED[how](m["data"]["shards"]))
+    index = PackedIndex(bad)  # its own shards tile: the stored data is opened when first asked for
+    with pytest.raises(SortpackError, match="manifest shards do not tile its 120 stored rows"):
+        _ = index.stored
 
 
 def test_the_boolean_verify_spellings_are_refused_with_the_level_to_write(small):

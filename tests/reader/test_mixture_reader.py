@@ -130,11 +130,13 @@ def test_inspect_refuses_to_trace_steps_the_sampler_refuses(mix_index, flags, wh
     assert "is a mixture plan: its order is the schedule" in lines[0] and flags[-1] in lines[0], lines
     assert proc.stdout == ""
     from sortpack.errors import SortpackError
+    from sortpack.reader.plan import StepOrder
+    from sortpack.reader.sampler_state import Layout
     from sortpack.reader.trace import step_trace
 
     kw = {"order": flags[1]} if flags[0] == "--order" else {flags[0][2:].replace("-", "_"): True}
     with pytest.raises(SortpackError, match="mixture plan"):
-        step_trace(mix_index, 3, **kw)
+        step_trace(mix_index, 3, Layout(1, 1), StepOrder(**kw))
     # plan order traces as the sampler trains
     assert step_trace(mix_index, 3)["ranks"][0]["microbatches"][0]["microbatch"] == 3
 

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sortpack.reader import KeyedPermutation, PackedIndex, PackedSampler, lr_scale, step_positions
+from sortpack.reader.plan import StepOrder
 
 from reader_fixtures import exact_index, pipeline_index
 
@@ -50,10 +51,12 @@ def test_inspect_and_the_sampler_share_the_step_layout(small, m, world, accum):
 
 # --- the property test ----------------------------------------------------------------------
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(1, 8000), world=st.integers(1, 64), accum=st.integers(1, 4),
-       drop_last=st.booleans(), order=st.sampled_from(["index", "shuffle"]), seed=st.integers(0, 3),
+@given(n=st.integers(1, 8000), layout=st.tuples(st.integers(1, 64), st.integers(1, 4)),
+       how=st.builds(StepOrder, order=st.sampled_from(["index", "shuffle"]), seed=st.integers(0, 3),
+                     drop_last=st.booleans()),
        data=st.data())
-def test_every_rank_gets_equal_steps_and_agrees_on_lr(n, world, accum, drop_last, order, seed, data):
+def test_every_rank_gets_equal_steps_and_agrees_on_lr(n, layout, how, data):
+    (world, accum), (order, seed, drop_last) = layout, (how.order, how.seed, how.drop_last)
     with tempfile.TemporaryDirectory() as tmp:
         lengths = np.random.default_rng(n).integers(1, 200, size=n)
         ix = PackedIndex(pipeline_index(Path(tmp) / "ix", lengths, max_tokens=800, rows_per_shard=997))
@@ -221,6 +224,24 @@ def test_step_parts_read_from_the_flat_table_equal_the_per_position_answers(smal
 
 @pytest.mark.parametrize("order,kw", [("index", {}), ("shuffle", {}), ("shuffle", {"largest_first": True}),
                                       ("index", {"warmup_shapes": True}), ("shuffle", {"drop_last": True})])
+def test_span_sums_from_the_running_sums_equal_the_columns_summed_position_by_position(small, order, kw):
+    """Once the sampler built a column's running sums, a span's sum is still that column's over its positions."""
+    from sortpack.reader.plan import EpochPlan
+
+    ix = PackedIndex(small)
+    for world, accum in [(1, 1), (2, 3), (3, 1)]:
+        plan = EpochPlan(ix, world, accum, order, seed=5, epoch=1, **kw)
+        for name in ("num_samples", "tokens", "attention"):
+            plan.running(name)
+            for start in range(0, plan.length, 1 + plan.length // 9):
+                for count in (1, world * accum, 2 * world * accum + 1, plan.length):
+                    flat = (start + np.arange(count)) % plan.length
+                    want = int(sum(int(ix.take(name, np.array([plan.packed(int(f))]))[0]) for f in flat))
+                    assert plan.span_sum(name, start, count) == want
+
+
+@pytest.mark.parametrize("order,kw", [("index", {}), ("shuffle", {}), ("shuffle", {"largest_first": True}),
+                                      ("index", {"warmup_shapes": True}), ("shuffle", {"drop_last": True})])
 def test_steps_ahead_gives_step_parts_a_chunk_at_a_time(small, order, kw):
     """The sampler's vectorised chunks are each step's step_parts, up to one that straddles the end."""
     from sortpack.reader.plan import EpochPlan
@@ -242,13 +263,14 @@ def test_steps_ahead_gives_step_parts_a_chunk_at_a_time(small, order, kw):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(world=st.integers(1, 4), accum=st.integers(1, 3), order=st.sampled_from(["index", "shuffle"]),
+@given(layout=st.tuples(st.integers(1, 4), st.integers(1, 3)), order=st.sampled_from(["index", "shuffle"]),
        drop_last=st.booleans(), changes=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 4)), max_size=3))
-def test_the_sampler_hands_out_each_steps_parts_also_across_grad_accum_changes(small, world, accum, order, drop_last,
+def test_the_sampler_hands_out_each_steps_parts_also_across_grad_accum_changes(small, layout, order, drop_last,
                                                                                changes):
     """Steps handed out from chunks equal step_parts at the position each starts, whatever set_grad_accum does."""
     from sortpack.reader.plan import EpochPlan
 
+    world, accum = layout
     ix = PackedIndex(small)
     s = PackedSampler(ix, rank=world - 1, world_size=world, grad_accum=accum, order=order, seed=3,
                       drop_last=drop_last, check_rank=False)

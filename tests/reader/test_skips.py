@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from sortpack.reader import PackedIndex, PackedSampler
+from sortpack.reader.plan import StepOrder
+from sortpack.reader.sampler_state import Layout
 from sortpack.reader.trace import sample_trace, step_trace
 
 from reader_fixtures import pipeline_index
@@ -48,7 +50,7 @@ def test_step_trace_is_what_every_rank_trains_on(small, flags, world, accum):
     spe = ranks(small, world, accum, **flags)[0].steps_per_epoch
     assert sorted(got) == list(range(2 * spe))
     for run_step, per_rank in got.items():
-        t = step_trace(small, run_step, world, accum, **flags)
+        t = step_trace(small, run_step, Layout(world, accum), StepOrder(**flags))
         assert (t["epoch"], t["step"]) == divmod(run_step, spe)
         assert [[mb["sample_ids"] for mb in r["microbatches"]] for r in t["ranks"]] == \
             [[list(mb) for mb in mbs] for mbs in per_rank]
@@ -56,7 +58,7 @@ def test_step_trace_is_what_every_rank_trains_on(small, flags, world, accum):
             [[mb.repeat for mb in mbs] for mbs in per_rank]
         assert t["step_samples"] == per_rank[0][0].step_batch and t["step_tokens"] == per_rank[0][0].step_tokens
         # the same step counted within its epoch
-        inner = step_trace(small, t["step"], world, accum, epoch=t["epoch"], **flags)
+        inner = step_trace(small, t["step"], Layout(world, accum), StepOrder(**flags), epoch=t["epoch"])
         assert inner["ranks"] == t["ranks"]
 
 
@@ -66,7 +68,7 @@ def test_sample_trace_lists_every_step_and_rank_of_a_sample(small, flags):
     got = run(ranks(small, world, accum, **flags), epochs=2)
     spe = ranks(small, world, accum, **flags)[0].steps_per_epoch
     for epoch in (0, 1):
-        t = sample_trace(small, range(92), world, accum, epoch=epoch, **flags)
+        t = sample_trace(small, range(92), Layout(world, accum), StepOrder(**flags), epoch=epoch)
         assert [s["sample_id"] for s in t["samples"]] == list(range(92))
         for s in t["samples"]:
             want = sorted((rs, r, a, mb.repeat) for rs in range(epoch * spe, (epoch + 1) * spe)
@@ -79,7 +81,7 @@ def test_inspect_cli_step_and_sample(small):
     out = run_sortpack(["inspect", small, "--world-size", "2", "--grad-accum", "2", "--step", "7", "--order",
                         "shuffle", "--seed", "3", "--json"]).stdout
     t = json.loads(out)
-    assert t == step_trace(small, 7, 2, 2, order="shuffle", seed=3)
+    assert t == step_trace(small, 7, Layout(2, 2), StepOrder("shuffle", seed=3))
     ids = t["ranks"][1]["microbatches"][0]["sample_ids"]
     text = run_sortpack(["inspect", small, "--world-size", "2", "--grad-accum", "2", "--order", "shuffle",
                          "--seed", "3", "--epoch", "1", "--sample", str(ids[0])]).stdout
@@ -123,7 +125,7 @@ def test_sample_trace_of_a_big_plan_is_vectorised(tmp_path):
     path = write_index(tmp_path / "big", counts, rows_per_shard=50_000)
     want = [0, int(counts.sum()) // 2, int(counts.sum()) - 1]
     t0 = time.perf_counter()
-    t = sample_trace(path, want, 8, 4, order="shuffle", seed=1)
+    t = sample_trace(path, want, Layout(8, 4), StepOrder("shuffle", seed=1))
     assert time.perf_counter() - t0 < 5
     assert [len(s["steps"]) >= 1 for s in t["samples"]] == [True] * 3
 

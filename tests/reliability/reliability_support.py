@@ -13,12 +13,12 @@ import pyarrow.parquet as pq
 from support import ROOT, sortpack_cmd
 
 
-def run(args, cwd: Path, ranks: int | None = None, env: dict | None = None, timeout: float = 90,
-        preexec_fn=None) -> subprocess.CompletedProcess:
+def run(args, cwd: Path, ranks: int | None = None, env: dict | None = None,
+        timeout: float = 90) -> subprocess.CompletedProcess:
     """Run ``sortpack ARGS`` in ``cwd`` (under ``mpiexec -n ranks`` when given); never raise on failure."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(sortpack_cmd(list(args), ranks if ranks and ranks > 1 else None), cwd=str(cwd),
-                          env=full_env, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def error_line(proc: subprocess.CompletedProcess, contains: str | None = None) -> str:

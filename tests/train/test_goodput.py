@@ -94,14 +94,15 @@ def test_step_time_model_fits_alpha_and_beta():
 
 
 @settings(max_examples=200, deadline=None)
-@given(noise=st.floats(0.0, 1e6), alpha=st.floats(0.0, 10.0), beta=st.floats(0.01, 10.0),
-       per_accum=st.floats(1.0, 1e4), lo=st.integers(1, 8), span=st.integers(0, 16))
-def test_choose_accum_maximises_goodput(noise, alpha, beta, per_accum, lo, span):
+@given(noise=st.floats(0.0, 1e6), cost=st.tuples(st.floats(0.0, 10.0), st.floats(0.01, 10.0)),
+       per_accum=st.floats(1.0, 1e4), bounds=st.tuples(st.integers(1, 8), st.integers(0, 16)))
+def test_choose_accum_maximises_goodput(noise, cost, per_accum, bounds):
+    (alpha, beta), (lo, span) = cost, bounds  # a step's seconds: alpha + beta * A
     times = StepTimeModel(smoothing=0.0)
     times.observe(1, alpha + beta)
     times.observe(2, alpha + 2 * beta)
     hi = lo + span
-    best = choose_accum(per_accum, noise, per_accum, times, lo, hi)
+    best = choose_accum(per_accum, noise, per_accum, times, (lo, hi))
     accums = np.arange(lo, hi + 1)
     values = goodput(accums, per_accum, noise, per_accum, times)
     assert lo <= best <= hi
@@ -112,8 +113,8 @@ def test_choice_grows_with_the_noise_scale():
     times = StepTimeModel(smoothing=0.0)
     times.observe(1, 2.0 + 1.0)
     times.observe(2, 2.0 + 2.0)
-    picks = [choose_accum(64, b, 64, times, 1, 16) for b in (1.0, 64.0, 1024.0, 1e5)]
+    picks = [choose_accum(64, b, 64, times, (1, 16)) for b in (1.0, 64.0, 1024.0, 1e5)]
     assert picks == sorted(picks) and picks[0] < picks[-1]
-    assert choose_accum(64, math.inf, 64, times, 1, 16) == 16  # all noise: the biggest batch
+    assert choose_accum(64, math.inf, 64, times, (1, 16)) == 16  # all noise: the biggest batch
     with pytest.raises(ValueError):
-        choose_accum(64, 1.0, 64, times, 4, 2)
+        choose_accum(64, 1.0, 64, times, (4, 2))

@@ -43,8 +43,9 @@ def regression(tmp_path_factory):
     return tmp / "ix", torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(w_true)
 
 
-def _train(ix, x, y, w0, steps, lr, state=None, **ctl_kw):
-    """Run `steps` optimizer steps; return (controller, sampler, model, optimizer, clock)."""
+def _train(problem, w0, steps, lr, state=None, **ctl_kw):
+    """Run `steps` steps on ``problem`` (index, x, y); return (controller, sampler, model, optimizer, clock)."""
+    ix, x, y = problem
     model = torch.nn.Linear(D, 1, bias=False).double()
     with torch.no_grad():
         model.weight.copy_(w0[None])
@@ -84,7 +85,7 @@ def test_noise_scale_matches_the_exact_value(regression):
     g = x * (x @ w0 - y)[:, None]
     mean = g.mean(0)
     truth = float((g - mean).pow(2).sum(1).mean() / mean.pow(2).sum())
-    ctl, _, model, _, _ = _train(ix, x, y, w0, 200, lr=0.0, min_accum=4, max_accum=4)
+    ctl, _, model, _, _ = _train((ix, x, y), w0, 200, lr=0.0, min_accum=4, max_accum=4)
     values = [h["noise_scale"] for h in ctl.history]
     assert torch.equal(model.weight.detach()[0], w0)  # lr 0: the point stays fixed
     assert np.mean(values[20:]) == pytest.approx(truth, rel=0.15)
@@ -92,7 +93,7 @@ def test_noise_scale_matches_the_exact_value(regression):
 
 def test_grad_accum_grows_as_the_loss_falls(regression):
     ix, x, y, w_true = regression
-    ctl, sampler, *_ = _train(ix, x, y, w_true + 2.0, 120, lr=0.05)
+    ctl, sampler, *_ = _train((ix, x, y), w_true + 2.0, 120, lr=0.05)
     accums = [h["grad_accum"] for h in ctl.history]
     noise = [h["noise_scale"] for h in ctl.history]
     assert accums[0] == 2 and accums[-1] >= 3 * accums[0]
@@ -104,13 +105,13 @@ def test_grad_accum_grows_as_the_loss_falls(regression):
 def test_resume_restores_the_controller_exactly(regression):
     ix, x, y, w_true = regression
     w0 = w_true + 2.0
-    whole, *_ = _train(ix, x, y, w0, 60, lr=0.05)
-    ctl, sampler, model, opt, clock = _train(ix, x, y, w0, 30, lr=0.05)
+    whole, *_ = _train((ix, x, y), w0, 60, lr=0.05)
+    ctl, sampler, model, opt, clock = _train((ix, x, y), w0, 30, lr=0.05)
     state = {"sampler": sampler.state_dict(), "controller": ctl.state_dict(), "model": model.state_dict(),
              "opt": opt.state_dict(), "clock": clock.t}
-    resumed, *_ = _train(ix, x, y, w0, 0, lr=0.05, state=state)
+    resumed, *_ = _train((ix, x, y), w0, 0, lr=0.05, state=state)
     assert resumed.state_dict() == state["controller"]
-    resumed, *_ = _train(ix, x, y, w0, 30, lr=0.05, state=state)
+    resumed, *_ = _train((ix, x, y), w0, 30, lr=0.05, state=state)
     # the same decisions and estimates; only the first step after a resume goes untimed
     assert resumed.history == whole.history
 
@@ -130,7 +131,7 @@ def test_the_controller_leaves_no_reference_cycle(regression):
     import weakref
 
     ix, x, y, w_true = regression
-    ctl, _, model, opt, _ = _train(ix, x, y, w_true + 0.3, 3, lr=0.0)
+    ctl, _, model, opt, _ = _train((ix, x, y), w_true + 0.3, 3, lr=0.0)
     refs = [weakref.ref(o) for o in (ctl, model, opt)]
     gc.disable()
     try:

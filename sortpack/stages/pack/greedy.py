@@ -12,7 +12,7 @@ from ... import kernels
 from ...distribute import global_start, redistribute
 from ...parallel import Comm
 from ...partition import owner_starts
-from ...progress import Progress
+from ...progress import Display, Progress
 from ..samples import SampleColumns
 from ..shapes import choose_shapes
 from .batches import Packed, key_values, plain_batches, same_shape_groups, static_batches
@@ -94,7 +94,7 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
         chosen, info["auto_shapes"] = choose_shapes(comm, sizes, opts.auto_shapes)
         opts = opts.with_shapes(chosen)  # the options stay the caller's: the result carries the lengths
     parts = [np.zeros(1, np.int64)]
-    prog = Progress("pack", n, "rows", ranks=comm.size, job_total=total)
+    prog = Progress("pack", n, "rows", total, Display(ranks=comm.size))
     size2 = samples.measures.get("size2")
     for a, b in zip(starts, ends):
         parts.append(piece_bounds(sizes[a:b], opts, None if size2 is None else size2[a:b])[1:] + a)
