@@ -14,6 +14,7 @@ import dataclasses
 
 from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
+from ..inputs.finetune import FineTuneShape
 from ..inputs.locations import with_locations
 from ..parallel import Comm, fault_point
 from ..stages.analyze import AnalyzeOptions, Keepers, analyze
@@ -26,6 +27,7 @@ from ..stages.split import SPLIT_KINDS, TargetPieces, byte_cuts, split_oversize
 from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo
 from ..write.sample_dirs import read_samples, write_samples
+from ..write.store import StoreOptions
 from .columns import ColumnRequest, read_columns
 from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, split_check, store_for
 from .kept import Measurements
@@ -66,16 +68,43 @@ def run_sort(comm: Comm, metrics: str, sopts: SortOptions, output: JobOutput) ->
         return write_samples(comm, out, "sorted", ordered, PlanRecord(options, ordered.files, prof, output.info))
 
 
-def _split_sorted(job: PlanJob, samples: SampleColumns, recorded: PlanOptions) -> tuple[SampleColumns, dict]:
+def _split_sorted(job: PlanJob, samples: SampleColumns, recorded: PlanOptions, shape: FineTuneShape | None
+                  ) -> tuple[SampleColumns, dict]:
     """Return sorted samples with the oversize ones cut into pieces and sorted again (``pack --oversize split``).
 
     ``run`` splits before its sort; a sorted directory is split here and sorted once more with
-    its recorded sort options, so the pieces are sorted by their own sizes too.
+    its recorded sort options, so the pieces are sorted by their own sizes too. ``shape``
+    (fine-tuning data): each piece counts its own targets, the labels of the samples cut read
+    back from the input files.
     """
+    pieces = None
+    if shape is not None:
+        pieces, ids = job.comm.collectively(TargetPieces.read_back, samples, shape, truncate_length(job.popts), True)
     samples, split = split_oversize(job.comm, samples, recorded)  # recorded: --size bytes cuts the column
+    if pieces is not None:
+        samples = pieces.exact(ids, samples)  # before the sort: the pieces are still where their samples were
     if samples.begin is not None:
         samples = sort_samples(job.comm, samples, job.sopts, rows_per_shard("sorted"), consume=True)
     return samples, split
+
+
+def _recorded_shape(comm: Comm, recorded: PlanOptions, store: StoreOptions | None) -> FineTuneShape:
+    """Return the fine-tuning shape a sorted directory was measured with, loaded again with ``pack``'s
+    ``--tokenizer`` and ``--chat-template`` (collective: a missing or different file is one line)."""
+    from ..inputs.finetune import recorded_shape
+
+    opts = store or StoreOptions()
+    return comm.collectively(recorded_shape, recorded.to_manifest(), opts.tokenizer, opts.chat_template,
+                             f"pack --oversize {recorded.pack.oversize if recorded.pack else ''} of fine-tuning data")
+
+
+def _truncated_targets(job: PlanJob, samples: SampleColumns, shape: FineTuneShape) -> tuple[SampleColumns, dict]:
+    """Return the samples cut to the budget (``pack --oversize truncate`` of fine-tuning data) and the targets the
+    cut lost (the pack's stats report them), their labels read back from the input files."""
+    comm = job.comm
+    pieces, _ = comm.collectively(TargetPieces.read_back, samples, shape, truncate_length(job.popts), False)
+    samples, lost = pieces.truncated(samples)
+    return samples, {"truncated_targets": comm.allreduce(lost, "sum")}
 
 
 def run_pack(comm: Comm, sorted_dir: str, popts: PackOptions, output: JobOutput) -> dict | None:
@@ -94,23 +123,31 @@ def run_pack(comm: Comm, sorted_dir: str, popts: PackOptions, output: JobOutput)
                           measured.input_format, measured.split).column
     if column != measured.column:
         recorded = recorded.with_analyze(column=column)
-    check_options(comm, split_check(recorded))
+    # fine-tuning data cut by --oversize split|truncate: the labels of the samples cut are read back and
+    # encoded again, so each piece (or truncated sample) counts its own targets, as in run
+    labels_read = measured.fine_tune() is not None and popts.oversize in ("split", "truncate")
+    check_options(comm, split_check(recorded, labels_read=labels_read))
+    shape = _recorded_shape(comm, recorded, output.store) if labels_read else None
     store_fn = store_for(comm, output.store, recorded, None)
     sopts = recorded.sort or SortOptions()
     with job_scope(comm, output.path, output.overwrite, [sorted_dir]) as scope:
         plan_job = PlanJob(comm, scope, output.info, sopts, popts, store_fn)
         with scope.prof.stage("read"):
             samples, _ = read_samples(comm, sorted_dir, "sorted")
+        split = None
+        if shape is not None and popts.oversize == "truncate":
+            # before the held-out choice, as run counts them
+            with scope.prof.stage("split"):
+                samples, split = _truncated_targets(plan_job, samples, shape)
         holdout = comm.collectively(_plain_holdout, output.holdout, samples.files)
         tail = Tail(plan_job, sopts.key, samples.files, holdout)
         # by sample id, before the pieces are cut: a document's pieces stay on one side
         samples = tail.hold_out(samples)
-        split = None
         if popts.oversize == "split":
             with scope.prof.stage("split"):
-                samples, split = _split_sorted(plan_job, samples, recorded)
+                samples, split = _split_sorted(plan_job, samples, recorded, shape)
                 if tail.held is not None:
-                    tail.held, tail.held_split = _split_sorted(plan_job, tail.held, recorded)
+                    tail.held, tail.held_split = _split_sorted(plan_job, tail.held, recorded, shape)
         mbs = tail.pack(samples, split)
         del samples
         return tail.write(mbs, recorded.with_pack(popts.with_shapes(mbs.shapes)))  # --shapes auto: the chosen
