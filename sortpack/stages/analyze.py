@@ -385,7 +385,7 @@ def empty_token_count(tokenizer) -> int:
     """Return the tokens an empty text measures with special tokens on (the post-processor's, e.g. 2).
 
     One encode of the empty string, once per job: a sample whose measured size is no more than
-    this has no content (``stages.pack.filters.content_empty``), so no second encode per sample.
+    this has no content (``stages.pack.fits.content_empty``), so no second encode per sample.
     """
     return len(tokenizer.encode("", add_special_tokens=True).ids)
 

@@ -92,7 +92,7 @@ def check_piece_room(popts: PackOptions, empty_size: int) -> None:
     with no token to train on that packing then drops as empty. So the cap must exceed
     ``empty_size``: every first piece then holds at least one token of its document.
     """
-    from .pack.budget import truncate_length
+    from .pack.fits import truncate_length
 
     if not empty_size:
         return
@@ -165,7 +165,7 @@ class ByteCuts:
 
 def byte_cuts(measured: AnalyzeOptions, popts: PackOptions) -> ByteCuts | None:
     """Return the ``keep_pieces`` for ``analyze`` under ``--size bytes --oversize split`` (None otherwise)."""
-    from .pack.budget import truncate_length
+    from .pack.fits import truncate_length
 
     if popts.oversize != "split" or measured.size != "bytes" or not measured.column:
         return None
@@ -336,7 +336,7 @@ def split_oversize(comm: Comm, samples: SampleColumns, plan: PlanOptions, known:
     placed while it read them, ``byte_cuts``; others are read back). ``held_out``: as for
     ``split_samples`` (the counts of each plan apart).
     """
-    from .pack.budget import oversize_mask, truncate_length
+    from .pack.fits import oversize_mask, truncate_length
 
     opts = plan.pack
     assert opts is not None, "split_oversize cuts by the pack options"

@@ -141,6 +141,15 @@ def test_a_mixture_is_one_stage_package():
     assert "analyze" not in _calls(PKG / "pipeline" / "mixture.py"), "pipeline/mixture.py analyzes: stages/mixture's"
 
 
+# the pack stage: what fits, how to cut, the entry; the arrays the cut builds and balance reorders; balance
+PACK_MODULES = {"__init__", "fits", "cut", "microbatches", "packed", "balance"}
+
+
+def test_the_pack_stage_is_what_fits_how_to_cut_and_the_entry():
+    found = {p.stem for p in (PKG / "stages" / "pack").glob("*.py")}
+    assert found == PACK_MODULES, f"stages/pack/ holds {sorted(found)}; see docs/architecture.md"
+
+
 def _side_imports(name: str) -> set[str]:
     """Return what every module of top-level ``name`` (a module or a package) imports."""
     paths = [PKG / f"{name}.py"] if (PKG / f"{name}.py").exists() else list((PKG / name).rglob("*.py"))

@@ -1,4 +1,4 @@
-"""The --budget registry (stages/pack/budget.py): a budget is one class; every question about it asks the class."""
+"""The --budget registry (stages/pack/fits.py): a budget is one class; every question about it asks the class."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +10,8 @@ from sortpack import kernels
 from sortpack.errors import SortpackError
 from sortpack.parallel import SerialComm
 from sortpack.stages.pack import PackOptions, pack_samples, truncate_length
-from sortpack.stages.pack import budget as budgets
-from sortpack.stages.pack.budget import BUDGETS, Budget, budget_of, oversize_mask
+from sortpack.stages.pack import fits as budgets
+from sortpack.stages.pack.fits import BUDGETS, Budget, budget_of, oversize_mask
 from sortpack.stages.pack.microbatches import padded_layout
 from sortpack.stages.samples import SampleColumns
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from sortpack.format.manifest import read_manifest
 from sortpack.parallel import SerialComm
-from sortpack.pipeline.dataset import JobInfo, run_all, run_pack
+from sortpack.pipeline.dataset import JobInfo, JobOutput, run_all, run_pack
 from sortpack.stages.analyze import AnalyzeOptions
 from sortpack.stages.pack import PackOptions
 from sortpack.stages.plan_options import PlanOptions
@@ -76,8 +76,8 @@ def test_every_directory_the_pipeline_writes_reads_back_as_its_options(tmp_path)
     out = tmp_path / "plan"
     aopts, sopts = AnalyzeOptions(column="text", difficulty="words"), SortOptions(key="difficulty", stages=2)
     popts = PackOptions(max_tokens=512, shapes=(), auto_shapes=2, oversize="split")
-    run_all(SerialComm(), [str(path)], str(out), aopts, sopts, popts, False, JobInfo(["test"]),
-            keep_intermediate=True)
+    run_all(SerialComm(), [str(path)], PlanOptions(aopts, sopts, popts),
+            JobOutput(str(out), JobInfo(["test"]), keep_intermediate=True))
     metrics, ordered, index = (read_manifest(f"{out}{suffix}") for suffix in (".metrics", ".sorted", ""))
     for manifest in (metrics, ordered, index):
         assert PlanOptions.from_manifest(manifest["options"]).to_manifest() == manifest["options"]
@@ -85,5 +85,5 @@ def test_every_directory_the_pipeline_writes_reads_back_as_its_options(tmp_path)
     assert plan.analyze == aopts and plan.sort == sopts and PlanOptions.from_manifest(metrics["options"]).sort is None
     assert plan.pack is not None and plan.pack.auto_shapes == 2 and len(plan.pack.shapes) >= 1  # the chosen lengths
     # pack of the sorted directory records the same options as run did
-    run_pack(SerialComm(), f"{out}.sorted", str(tmp_path / "again"), popts, False, JobInfo(["test"]))
+    run_pack(SerialComm(), f"{out}.sorted", popts, JobOutput(str(tmp_path / "again"), JobInfo(["test"])))
     assert read_manifest(tmp_path / "again")["options"] == index["options"]

@@ -29,8 +29,7 @@ from ...distribute import global_start
 from ...parallel import Comm
 from ...permutation import _M64, _mix, _mix_vec
 from ..pack import Microbatches, PackOptions, pack_samples, truncate_length
-from ..pack.budget import oversize_mask
-from ..pack.filters import content_empty
+from ..pack.fits import content_empty, oversize_mask
 from ..samples import SampleColumns
 from .blend import pass_needs
 from .packing import MixturePacking, PackedUnits, concat_microbatches, gather_packed, held_tokens

@@ -6,20 +6,16 @@ so each packs its own with no communication, and the result does not depend on t
 count; a dataset of one segment gives exactly the sequential greedy's micro-batches.
 ``--rows`` instead bin-packs best-fit windows into fixed-length rows.
 
-``options`` holds the options, ``budget`` what they let a sample or a length hold,
-``filters`` the empty and oversize samples, ``greedy`` and ``rows`` the two packers,
-``two_caps`` the order a second budget (``--max-size2``) packs in, ``batches`` the
-per-micro-batch arrays they build, ``balance`` the order of micro-batches by cost
-(``--balance``), ``stats`` the index summary and ``microbatches`` the stage's entry,
-``pack_samples``.
+``fits`` says what fits (the ``--budget`` registry, oversize and empty samples), ``cut`` how
+to cut (the greedy, best-fit rows, the order of two caps), ``microbatches`` is the entry (the
+options, ``pack_samples``, ``Microbatches``); ``packed`` holds the per-micro-batch arrays the
+cut builds and ``balance`` reorders (``--balance``), and the index's statistics.
 """
 from __future__ import annotations
 
-from .budget import static_batch_size, truncate_length
-from .filters import OversizeError, refuse_oversize
-from .microbatches import Microbatches, pack_samples
-from .options import SEGMENT_SIZE, PackOptions
-from .stats import microbatch_stats
+from .fits import OversizeError, refuse_oversize, static_batch_size, truncate_length
+from .microbatches import SEGMENT_SIZE, Microbatches, PackOptions, pack_samples
+from .packed import microbatch_stats
 
 __all__ = ["SEGMENT_SIZE", "Microbatches", "OversizeError", "PackOptions", "microbatch_stats", "pack_samples",
            "refuse_oversize", "static_batch_size", "truncate_length"]

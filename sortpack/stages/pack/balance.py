@@ -26,7 +26,7 @@ from ...errors import SortpackError
 from ...parallel import Comm
 from ..sample_sort import sample_sort
 from ..samples import exact_sum
-from .batches import BatchArrays, Packed, segment_reduce
+from .packed import BatchArrays, Packed, segment_reduce
 
 
 def compute_weight(sizes: np.ndarray, measures: dict[str, np.ndarray], cost_coeff: float) -> np.ndarray:

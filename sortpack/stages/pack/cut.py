@@ -1,0 +1,282 @@
+"""How to cut the sorted order into micro-batches: the greedy within fixed global pieces, best-fit rows, two caps.
+
+``pack_greedy`` cuts greedily within segments of ``segment_size`` sorted samples (also cut where
+the curriculum stage changes): ranks own whole segments, so the cut does not depend on the rank
+count. ``pack_rows`` bin-packs best-fit windows into fixed-length rows (``--rows``).
+``two_cap_order`` is the order a second budget (``--max-size2``) packs in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ... import kernels
+from ...distribute import global_start, redistribute
+from ...parallel import Comm
+from ...partition import deal_windows, owner_starts
+from ...progress import Display, Progress
+from ..samples import SampleColumns
+from ..shapes import choose_shapes
+from .balance import compose_rows, targets_spread
+from .fits import apply_oversize, budget_of, oversize_mask
+from .packed import BatchArrays, Packed, key_values, plain_batches, same_shape_groups, segment_reduce, static_batches
+
+if TYPE_CHECKING:  # the options' type only: the entry's PackOptions reads the registries here
+    from .microbatches import PackOptions
+
+
+def two_cap_order(size: np.ndarray, size2: np.ndarray, cap1: int, cap2: int, starts: np.ndarray,
+                  ends: np.ndarray) -> np.ndarray:
+    """Return the local order (int64 indices) of the samples, each piece ``[starts[i], ends[i])`` reordered in place.
+
+    Pieces keep their places and their samples; inside one, samples are merged by the normalised
+    position of their cumulative lean within their side (see the module's text). Ties keep position.
+    """
+    n = len(size)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    assert len(starts) and int(starts[0]) == 0 and int(ends[-1]) == n, "pieces cover the samples"
+    piece = np.zeros(n, np.int64)
+    if len(starts) > 1:
+        piece[np.asarray(starts[1:], np.int64)] = 1
+        piece = np.cumsum(piece)
+    lean = np.asarray(size2, np.int64) * int(cap1) - np.asarray(size, np.int64) * int(cap2)
+    side = (lean > 0).astype(np.int64)
+    mass = np.abs(lean)
+    # within (piece, side): increasing lean, ties by position
+    order = np.lexsort((np.arange(n), mass, side, piece))
+    p, sd, m = piece[order], side[order], mass[order]
+    group = np.concatenate(([True], (p[1:] != p[:-1]) | (sd[1:] != sd[:-1])))
+    first = np.flatnonzero(group)
+    gid = np.cumsum(group) - 1
+    cum = np.cumsum(m)  # exact int64 sums
+    before = np.concatenate(([0], cum))[first][gid]  # the group's sum before its first sample
+    upto = cum - before  # cumulative lean in the group, this sample included
+    total = (cum[np.concatenate((first[1:] - 1, [n - 1]))] - before[first])[gid]
+    # the midpoint of the sample's share, normalised to its group's whole: (2*upto - m) / (2*total)
+    pos = np.where(total > 0, (2 * upto - m).astype(np.float64) / np.maximum(2 * total, 1).astype(np.float64),
+                   (np.arange(n) - first[gid] + 0.5) / np.maximum(np.bincount(gid)[gid], 1))
+    merged = np.lexsort((order, sd, pos, p))
+    return order[merged]
+
+
+def piece_starts(start: int, stage: np.ndarray, segment_size: int) -> np.ndarray:
+    """Return local indices where a packing piece starts (a new segment or a new stage).
+
+    This rank holds global positions ``[start, start + len(stage))``.
+    """
+    n = len(stage)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    first_seg = -(-start // segment_size) * segment_size - start
+    seg = np.arange(first_seg, n, segment_size, dtype=np.int64)
+    changes = np.flatnonzero(stage[1:] != stage[:-1]) + 1
+    return np.unique(np.concatenate(([0], seg, changes)))
+
+
+def piece_bounds(sizes: np.ndarray, opts: PackOptions, sizes2: np.ndarray | None = None) -> np.ndarray:
+    """Return micro-batch (or same-shape super-batch) boundaries for one piece (``sizes2``: the
+    second size, capped by ``--max-size2``)."""
+    g = opts.group_size if opts.same_shape else 1
+    budget = budget_of(opts).kernel
+    shapes = np.asarray(opts.shapes, np.int64) if opts.shapes else None
+    if opts.same_shape and not opts.rounding:
+        # A same-shape group pads every sample to one length L, so each costs as if it
+        # were L long: each budget says how its kernel then packs (``Budget.same_shape``).
+        budget, shapes = budget_of(opts).same_shape(sizes, shapes)
+    if opts.max_size2 and sizes2 is not None:
+        return kernels.greedy_pack(sizes, opts.limit * g, budget, opts.max_samples * g, opts.batch_multiple * g,
+                                   opts.scale, opts.pad_to_multiple, shapes, sizes2, opts.max_size2)
+    return kernels.greedy_pack(sizes, opts.limit * g, budget, opts.max_samples * g, opts.batch_multiple * g,
+                               opts.scale, opts.pad_to_multiple, shapes)
+
+
+def balanced_caps(opts: PackOptions, samples: SampleColumns) -> bool:
+    """Return whether the two caps are packed in ``two_cap_order``: ``--max-size2`` under ``--budget tokens``.
+
+    Padded layouts keep the size order, which is what keeps their padding low.
+    """
+    return bool(opts.max_size2) and "size2" in samples.measures and opts.budget == "tokens" \
+        and not opts.rounding and not opts.static_shapes and not opts.same_shape
+
+
+def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:
+    """Return this rank's greedy micro-batches of globally sorted samples, after the ``--oversize`` policy."""
+    # ranks must own whole segments so that pieces never straddle ranks
+    cols = redistribute(comm, samples.columns(), samples.start,
+                        owner_starts(samples.total, opts.segment_size, comm.size))
+    start, total = global_start(comm, len(cols["sample_id"]))
+    samples = SampleColumns.from_columns(start, total, cols, samples.files, samples.empty_size)
+    starts = piece_starts(start, samples.stage_or_zero(), opts.segment_size)
+    n_before = len(samples)
+    samples, info = apply_oversize(comm, samples, opts)
+    sizes = samples.size
+    n = len(sizes)
+    if n != n_before:
+        # skipped samples shift the pieces: a piece now starts at the first kept sample
+        kept_before = np.concatenate(([0], np.cumsum(~oversize_mask(opts, cols["size"], cols.get("size2")))))
+        starts = np.unique(kept_before[starts])
+        starts = starts[starts < n]
+    ends = np.concatenate((starts[1:], [n])) if len(starts) else np.zeros(0, np.int64)
+    if n and balanced_caps(opts, samples):
+        # varlen under two caps: an order whose every run holds both kinds of sample (two_caps)
+        perm = two_cap_order(sizes, samples.measures["size2"], opts.limit, opts.max_size2, starts, ends)
+        samples = samples.select(perm, samples.start, samples.total)
+        sizes = samples.size
+    if opts.auto_shapes is not None:
+        # after --oversize: skipped samples do not count, truncated ones count at their cut size
+        chosen, info["auto_shapes"] = choose_shapes(comm, sizes, opts.auto_shapes)
+        opts = opts.with_shapes(chosen)  # the options stay the caller's: the result carries the lengths
+    parts = [np.zeros(1, np.int64)]
+    prog = Progress("pack", n, "rows", total, Display(ranks=comm.size))
+    size2 = samples.measures.get("size2")
+    for a, b in zip(starts, ends):
+        parts.append(piece_bounds(sizes[a:b], opts, None if size2 is None else size2[a:b])[1:] + a)
+        prog.update(b - a)
+    prog.close()
+    bounds = np.concatenate(parts)
+    if opts.same_shape:
+        batches = same_shape_groups(bounds, sizes, opts)
+    elif opts.static_shapes:
+        batches = static_batches(bounds, sizes, opts)
+    else:
+        batches = plain_batches(bounds, sizes, opts)
+    packed = Packed(samples.sample_id, key_values(samples, key), samples.stage_or_zero(), batches, info,
+                    shapes=tuple(opts.shapes), sizes=sizes, measures=samples.measures)
+    if samples.begin is not None:
+        packed.begin, packed.end = samples.begin, samples.begin + samples.size
+    return packed
+
+
+@dataclass
+class Windows:
+    """One rank's samples grouped by best-fit window, sorted order kept inside each window."""
+
+    sample_ids: np.ndarray
+    sizes: np.ndarray
+    keys: np.ndarray
+    stage: np.ndarray
+    starts: np.ndarray  # local index where each window starts
+    ends: np.ndarray  # and where it ends
+    begin: np.ndarray | None = None  # --oversize split: each sample's range start in its source sample
+    measures: dict[str, np.ndarray] = field(default_factory=dict)  # the samples' measures, in window order
+
+
+def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: PackOptions) -> Windows:
+    """Return this rank's row-packing windows.
+
+    A window takes every K-th sample of a curriculum stage in sorted order (K windows per
+    stage of ``window`` samples each), so each window spans the stage's whole size range:
+    best-fit then fills rows as well as over the whole stage. Windows are numbered
+    globally and dealt to ranks in contiguous blocks (``partition.deal_windows``, then one
+    Alltoallv); inside a window samples keep their sorted order. Nothing depends on the
+    number of ranks.
+    """
+    n = len(samples.sample_id)
+    start, total = global_start(comm, n)
+    stage_of = samples.stage_or_zero()
+    stage = stage_of.astype(np.int64)
+    width = comm.allreduce(int(stage.max()) + 1 if n else 1, "max")
+    per_stage = comm.allreduce(np.bincount(stage, minlength=width).astype(np.int64), "sum")
+    pos = np.arange(start, start + n, dtype=np.int64)
+    window, dest = deal_windows(pos, stage, per_stage, opts.window(), size=comm.size)
+    order = np.argsort(dest, kind="stable")
+    cols = {"id": samples.sample_id[order], "size": samples.size[order], "key": keys[order],
+            "stage": stage_of[order], "window": window[order], "pos": pos[order]}
+    if samples.begin is not None:
+        cols["begin"] = samples.begin[order]
+    cols.update({_MEASURE + k: v[order] for k, v in samples.measures.items()})
+    cols = comm.alltoallv_many(cols, np.bincount(dest, minlength=comm.size))
+    order = np.lexsort((cols["pos"], cols["window"]))
+    cols = {k: v[order] for k, v in cols.items()}
+    w = cols["window"]
+    starts = np.flatnonzero(np.concatenate(([True], w[1:] != w[:-1]))) if len(w) else np.zeros(0, np.int64)
+    ends = np.concatenate((starts[1:], [len(w)])) if len(w) else np.zeros(0, np.int64)
+    measures = {k[len(_MEASURE):]: v for k, v in cols.items() if k.startswith(_MEASURE)}
+    return Windows(cols["id"], cols["size"], cols["key"], cols["stage"], starts, ends, cols.get("begin"), measures)
+
+
+_MEASURE = "measure:"  # a measure's column while it travels: its name cannot meet the window's own
+
+
+def window_rows(room: np.ndarray, size2: np.ndarray | None, opts: PackOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Return (order, row_splits) of one window's samples packed into rows.
+
+    Best-fit-decreasing; under two caps (``--max-size2``: each row's sum of ``size2`` at most N
+    too) the window's samples in ``two_cap_order`` are cut into rows by the two-cap greedy, so
+    each row holds both kinds of sample in the window's proportion.
+    """
+    if size2 is None:
+        return kernels.pack_rows(room, opts.rows, opts.max_segments)
+    n = len(room)
+    order = two_cap_order(room, size2, opts.rows, opts.max_size2, np.zeros(1, np.int64), np.array([n]))
+    splits = kernels.greedy_pack(room[order], opts.rows, "tokens", opts.max_segments, sizes2=size2[order],
+                                 max2=opts.max_size2)
+    return order, splits
+
+
+def composed_rows(sizes: np.ndarray, room: np.ndarray, targets: np.ndarray, opts: PackOptions
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Return (order, row_splits) of one window's rows composed by their targets (``--balance targets``).
+
+    The rows best fit packs (the same sizes in each), with the samples of each size placed so
+    that every row's targets come near the window's mean (``balance.targets_spread`` and
+    ``balance.compose_rows``); the samples of a row in window order.
+    """
+    spread = targets_spread(sizes, targets)
+    order, row_splits = window_rows(room[spread], None, opts)
+    order = spread[compose_rows(sizes[spread], targets[spread], order, row_splits)]
+    row = np.repeat(np.arange(len(row_splits) - 1, dtype=np.int64), np.diff(row_splits))
+    return order[np.lexsort((order, row))], row_splits
+
+
+def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:
+    """Return this rank's row-packed micro-batches of globally sorted samples, after the ``--oversize`` policy.
+
+    Each window is packed best-fit-decreasing; every ``rows_per_microbatch`` consecutive
+    rows of a window make one micro-batch. With ``--pad-to-multiple K`` each document counts
+    at its length rounded up to K (``tokens`` and ``max_size`` stay the real sizes); with
+    ``--max-size2 N`` no row holds more than N of the second size (``window_rows``).
+    """
+    samples, info = apply_oversize(comm, samples, opts)
+    win = deal_to_windows(comm, samples, key_values(samples, key), opts)
+    sizes = win.sizes
+    k = opts.pad_to_multiple
+    # --pad-to-multiple K: a document takes its length rounded up to K in its row (context
+    # parallelism pads each document to 2 x CP), so the padded rows still fit ROW_LEN
+    room = -(-sizes // k) * k if k > 1 else sizes
+    perms = []
+    splits, mb_rows = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+    rows_done = 0
+    prog = Progress("pack", len(sizes), "rows")
+    size2 = win.measures.get("size2") if opts.max_size2 else None
+    # --balance targets: rows composed so that each carries about the same targets (balance.compose_rows)
+    targets = win.measures.get("targets") if opts.balance == "targets" and size2 is None else None
+    for a, b in zip(win.starts, win.ends):
+        if targets is None:
+            order, row_splits = window_rows(room[a:b], None if size2 is None else size2[a:b], opts)
+        else:
+            order, row_splits = composed_rows(sizes[a:b], room[a:b], targets[a:b], opts)
+        prog.update(b - a)
+        perms.append(order + a)
+        splits.append(row_splits[1:] + a)
+        nrows = len(row_splits) - 1
+        cut = np.arange(opts.rows_per_microbatch, nrows, opts.rows_per_microbatch, dtype=np.int64)
+        mb_rows.append(np.concatenate((cut, [nrows])) + rows_done)
+        rows_done += nrows
+    prog.close()
+    perm = np.concatenate(perms) if perms else np.zeros(0, np.int64)
+    row_ends = np.concatenate(splits)
+    mb_row_ends = np.concatenate(mb_rows)
+    offsets = row_ends[mb_row_ends]
+    ordered = sizes[perm]
+    batches = BatchArrays(offsets, np.diff(offsets), np.diff(mb_row_ends), segment_reduce(np.maximum, ordered, offsets),
+                          np.full(len(offsets) - 1, opts.rows, np.int64), segment_reduce(np.add, ordered, offsets))
+    packed = Packed(win.sample_ids[perm], win.keys[perm], win.stage[perm], batches, info, np.diff(row_ends),
+                    sizes=ordered, measures={k: v[perm] for k, v in win.measures.items()})
+    if win.begin is not None:
+        packed.begin = win.begin[perm]
+        packed.end = packed.begin + ordered
+    return packed
