@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from typing import Any
 
 from ..env import env_flag
 from ..errors import SortpackError
@@ -89,13 +90,22 @@ def _kept_metrics(comm: Comm, out: OutputDir, overwrite: bool, inputs: list[str]
         return None
 
 
-def split_sorted(comm: Comm, samples: SampleColumns, recorded: PlanOptions) -> tuple[SampleColumns, dict]:
+def split_sorted(comm: Comm, samples: SampleColumns, recorded: PlanOptions,
+                 shape: Any = None) -> tuple[SampleColumns, dict]:
     """Return sorted samples with the oversize ones cut into pieces and sorted again (``pack --oversize split``).
 
     ``run`` splits before its sort; a sorted directory is split here and sorted once more with
-    its recorded sort options, so the pieces are sorted by their own sizes too.
+    its recorded sort options, so the pieces are sorted by their own sizes too. ``shape``
+    (fine-tuning data): each piece counts its own targets, the labels of the samples cut read
+    back from the input files.
     """
+    pieces = None
+    if shape is not None:
+        assert recorded.pack is not None, "a split is the pack options' choice"
+        pieces, ids = comm.collectively(TargetPieces.read_back, samples, shape, truncate_length(recorded.pack), True)
     samples, split = split_oversize(comm, samples, recorded)  # recorded: --size bytes cuts the column
+    if pieces is not None:
+        samples = pieces.exact(ids, samples)  # before the sort: the pieces are still where their samples were
     if samples.begin is not None:
         samples = sort_samples(comm, samples, recorded.sort or SortOptions(), rows_per_shard("sorted"), consume=True)
     return samples, split
@@ -196,7 +206,17 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
                           [f["path"] for f in with_locations(sorted_manifest) if "path" in f])
     if column != recorded.analyze.column:
         recorded = recorded.with_analyze(column=column)
-    check_options(comm, split_check(recorded))
+    # fine-tuning data cut by --oversize split|truncate: the labels of the samples cut are read back and
+    # encoded again, so each piece (or truncated sample) counts its own targets, as in run
+    labels_read = recorded.analyze.fine_tune() is not None and popts.oversize in ("split", "truncate")
+    check_options(comm, split_check(recorded, labels_read=labels_read))
+    shape = None
+    if labels_read:
+        from ..inputs.finetune import recorded_shape
+
+        opts = store or StoreOptions()
+        shape = comm.collectively(recorded_shape, recorded.analyze.as_dict(), opts.tokenizer, opts.chat_template,
+                                  f"pack --oversize {popts.oversize} of fine-tuning data")
     # the inputs are found through the sorted (or metrics) manifest's source fingerprint
     store_fn = store_for(comm, store, recorded, None)
     with job_scope(comm, output, overwrite, [sorted_dir]) as scope:
@@ -206,18 +226,25 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         key = (recorded.sort or SortOptions()).key
         files = samples.files
         extra = None
+        truncated = None
+        if shape is not None and popts.oversize == "truncate":
+            # before the held-out choice, as run counts them
+            with prof.stage("split"):
+                pieces, _ = comm.collectively(TargetPieces.read_back, samples, shape, truncate_length(popts), False)
+                samples, lost = pieces.truncated(samples)
+                truncated = {"truncated_targets": comm.allreduce(lost, "sum")}
         plan = comm.collectively(_plain_holdout, holdout, samples.files)
         held = None
         if plan is not None:
             # by sample id, before the pieces are cut: a document's pieces stay on one side
             with prof.stage("holdout_choice"):
                 samples, held = split_holdout(comm, samples, plan)
-        split = held_split = None
+        split, held_split = truncated, None
         if popts.oversize == "split":
             with prof.stage("split"):
-                samples, split = split_sorted(comm, samples, recorded)
+                samples, split = split_sorted(comm, samples, recorded, shape)
                 if held is not None:
-                    held, held_split = split_sorted(comm, held, recorded)
+                    held, held_split = split_sorted(comm, held, recorded, shape)
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key, split)
         options = recorded.with_pack(popts.with_shapes(mbs.shapes))  # --shapes auto: the chosen

@@ -366,24 +366,48 @@ class TargetPieces:
 
     def keep_labels(self, labels, size: np.ndarray) -> None:
         """Count the targets of the pieces of this read's samples over ``cap`` (before ``__call__`` of the read)."""
+        size = np.asarray(size, dtype=np.int64)
+        over = np.flatnonzero(size > self.cap)
+        if len(over):
+            self._keep(labels.take(over), size[over], self.seen + over)
+
+    def _keep(self, labels, lengths: np.ndarray, positions: np.ndarray) -> None:
+        """Count the targets of the pieces of samples over ``cap`` (their ``labels``, at ``positions``)."""
         import pyarrow.compute as pc
 
         from ..inputs.finetune import IGNORE_INDEX
 
-        size = np.asarray(size, dtype=np.int64)
-        over = np.flatnonzero(size > self.cap)
-        if not len(over):
-            return
-        flags = pc.list_flatten(labels.take(over)).to_numpy(zero_copy_only=False) != IGNORE_INDEX
+        flags = pc.list_flatten(labels).to_numpy(zero_copy_only=False) != IGNORE_INDEX
         cum = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
-        lengths = size[over]
         count = -(-lengths // self.cap)
         first = np.repeat(np.cumsum(lengths) - lengths, count)  # each piece's sample's first label
         ordinal = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
         begin = ordinal * self.cap
         end = np.minimum(begin + self.cap, np.repeat(lengths, count))
         targets = cum[first + end] - cum[first + np.minimum(begin + 1, end)]
-        self.parts.append((self.seen + np.repeat(over, count), begin, targets))
+        self.parts.append((np.repeat(positions, count), begin, targets))
+
+    @classmethod
+    def read_back(cls, samples: SampleColumns, shape, cap: int, by_id: bool) -> tuple[TargetPieces, np.ndarray]:
+        """Return (the pieces of ``samples`` over ``cap``, their labels read back from the input files and encoded
+        again with ``shape``; the sample ids in ascending order).
+
+        ``pack`` of a sorted directory: the labels are not in memory. Positions count in the
+        ascending ids (``by_id``: for ``exact`` with those ids) or in ``samples``' own order
+        (for ``truncated``).
+        """
+        from ..inputs.finetune import read_labels
+
+        order = np.argsort(samples.sample_id, kind="stable")
+        ids = samples.sample_id[order]
+        size = np.asarray(samples.size, dtype=np.int64)[order]
+        pieces = cls(cap)
+        over = np.flatnonzero(size > cap)
+        if len(over):
+            labels = read_labels(shape, samples.files, ids[over], size[over])
+            pieces._keep(labels, size[over], over if by_id else order[over])
+        pieces.seen = len(ids)
+        return pieces, ids
 
     def __call__(self, table, size: np.ndarray, where: str) -> None:
         """Count this read's samples (``analyze``'s ``keep_pieces``)."""
