@@ -15,6 +15,10 @@ over its micro-batches, dealt rank-interleaved as the reader deals them. Per W (
   into W parts of balanced cost (each rank then trains its part).
 
 Registered in ``suite.py`` as ``balance``: ``python -m benchmarks --only balance [--scale small|full]``.
+
+``bench_targets`` (registered as ``balance_targets``) measures ``--balance targets`` on generated
+chats: the loss targets each rank of a step trains, default rows against rows composed by
+their targets, and the best any order of those rows could do.
 """
 from __future__ import annotations
 
@@ -134,4 +138,88 @@ def bench(ctx) -> list[Row]:
                         f"p99 {bal[w][0]:.3f} (default {base[w][0]:.3f}); fill {100 * bal['fill']:.3f}%"))
     ctx.sections.append(section)
     shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def _targets_report(directory) -> dict:
+    """Return the targets imbalance at W = 8 and 64 and the row fill of a chat plan (``sortpack inspect``)."""
+    from sortpack.reader import PackedIndex
+    from sortpack.report.inspect import inspect_directory
+
+    out: dict = {w: inspect_directory(str(directory), world_size=w)["targets_imbalance"] for w in WORLDS}
+    report = inspect_directory(str(directory))
+    out["fill"] = report["fill"]
+    out["padding"] = report["padding_ratio"]
+    out["bound"] = {w: order_bound(PackedIndex(directory)["targets"], w) for w in WORLDS}
+    return out
+
+
+def order_bound(targets: np.ndarray, world: int) -> tuple[float, float]:
+    """Return (max, p99) of the steps' max/mean that no order of these micro-batches can beat (A = 1).
+
+    The step that holds the micro-batch of most targets has a mean of at most that of the W
+    highest, so its max/mean is at least their ratio; with every other step perfect (1.0), p99
+    (numpy's linear quantile over the steps) is what that one step contributes.
+    """
+    t = np.sort(np.asarray(targets, dtype=np.float64))
+    top = float(t[-1] / t[-world:].mean())
+    steps = -(-len(t) // world)
+    at = 0.99 * (steps - 1)
+    return top, 1.0 + max(0.0, at - (steps - 2)) * (top - 1.0)
+
+
+def bench_targets(ctx) -> list[Row]:
+    """Return the rows: the targets imbalance of a chat plan at W = 8 and 64, default rows vs ``--balance targets``.
+
+    Generated chats (``bench_sft.make_chats``: turns of log-normal word counts, prompts and answers
+    independent; 100k at ``--scale full`` in rows of 4096, 20k at small in rows of 1024) are
+    measured and sorted once (``run --keep-intermediate``); the sorted directory is packed with
+    each ``--balance``, and ``sortpack inspect --world-size W`` gives the steps' max/mean targets
+    over ranks (A = 1, the short tail repeating the start as the reader deals it).
+    """
+    from .bench_sft import make_chats, make_tokenizer
+    from .runner import missing_modules, sortpack_cli
+
+    missing = missing_modules("tokenizers", "jinja2")
+    if missing:
+        return [Row("balance_targets", "targets balance", 1, "skipped", note=f"needs {', '.join(missing)}")]
+    full = ctx.scale_name == "full"
+    n, row = (100_000, 4096) if full else (20_000, 1024)
+    work = data.work_dir("balance_targets")
+    tok, config = make_tokenizer(work / "tokenizer")
+    ctx.log(f"generating {n} chats")
+    chats = make_chats(work / f"chats-{n}", n, seed=1, files=4 if full else 2)
+    ctx.log("measuring and sorting them once (run --keep-intermediate)")
+    sortpack_cli(["run", *map(str, chats), "-o", str(work / "first"), "--chat-template", str(config), "--tokenizer",
+                  str(tok), "--rows", str(row), "--oversize", "skip", "--keep-intermediate", "--overwrite", "--quiet"],
+                 ctx.scale.timeout, 1)
+    results = {}
+    for balance in ("none", "targets"):
+        ctx.log(f"pack --rows {row} --balance {balance}, P=1")
+        out = work / balance
+        wall = sortpack_cli(["pack", str(work / "first.sorted"), "-o", str(out), "--rows", str(row), "--oversize",
+                             "skip", "--balance", balance, "--overwrite", "--quiet"], ctx.scale.timeout, 1)
+        results[balance] = {"wall": wall, **_targets_report(out)}
+    section = Section(f"targets balance, {n // 1000}k generated chats, rows of {row}, A = 1",
+                      ["--balance", "fill", "padding", *(f"W={w} p50 / p99 / max / weighted" for w in WORLDS),
+                       "pack time"])
+    for name, r in results.items():
+        section.rows.append([name, f"{100 * r['fill']:.3f}%", f"{r['padding']:.4f}",
+                             *(f"{r[w]['p50']:.3f} / {r[w]['p99']:.3f} / {r[w]['max']:.3f} / {r[w]['weighted']:.4f}"
+                               for w in WORLDS), secs(r["wall"])])
+    bound = results["targets"]["bound"]
+    section.rows.append(["(any order of the targets rows: at best)", "", "",
+                         *(f"- / {bound[w][1]:.3f} / {bound[w][0]:.3f} / -" for w in WORLDS), ""])
+    ctx.sections.append(section)
+    bal, base = results["targets"], results["none"]
+    rows = [Row("balance_targets", f"--rows {row} --balance targets, W=64: p99 targets imbalance", 1,
+                f"{bal[64]['p99']:.3f}", f"default rows: {base[64]['p99']:.3f}", "", "≤ 1.10",
+                bal[64]["p99"] <= 1.10, f"weighted {bal[64]['weighted']:.4f} (default {base[64]['weighted']:.4f}); "
+                f"fill {100 * bal['fill']:.3f}% (default {100 * base['fill']:.3f}%); no order of these rows "
+                f"does better than p99 {bound[64][1]:.3f}, max {bound[64][0]:.3f}"),
+            Row("balance_targets", f"--rows {row} --balance targets, W=8: p99 targets imbalance", 1,
+                f"{bal[8]['p99']:.3f}", f"default rows: {base[8]['p99']:.3f}", "", "", None,
+                f"weighted {bal[8]['weighted']:.4f} (default {base[8]['weighted']:.4f})")]
+    for name in ("first", "first.metrics", "first.sorted", "none", "targets"):
+        shutil.rmtree(work / name, ignore_errors=True)
     return rows

@@ -357,7 +357,8 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "tokens": bench_tokens, "reader": bench_reader, "train": train_payoff.bench,
               "loader": bench_loader.bench, "mixture": bench_mixture.bench, "stored": bench_stored.bench,
               "objects": bench_objects.bench, "scaling": bench_scaling.bench, "tokens_loop": bench_tokens_loop.bench,
-              "balance": bench_balance.bench, "fasttok": bench_fasttok.bench, "sft": bench_sft.bench}
+              "balance": bench_balance.bench,
+              "balance_targets": bench_balance.bench_targets, "fasttok": bench_fasttok.bench, "sft": bench_sft.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

@@ -154,10 +154,12 @@ def store_options(tokenizer: bool):
         ]
         if tokenizer:
             opts.append(click.option("--tokenizer", type=click.Path(dir_okay=False),
-                                     help="The tokenizer.json the sizes were counted with (for --store-tokens)."))
+                                     help="The tokenizer.json the sizes were counted with (for --store-tokens, and for "
+                                          "--oversize split|truncate of prompts/completions or chats)."))
             opts.append(click.option("--chat-template", "store_chat_template", type=click.Path(dir_okay=False),
                                      default=None, metavar="FILE",
-                                     help="The chat template chats were rendered with (for --store-tokens of chats)."))
+                                     help="The chat template chats were rendered with (for --store-tokens and "
+                                          "--oversize split|truncate of chats)."))
         return _apply(opts, f)
 
     return deco

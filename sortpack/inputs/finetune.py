@@ -425,7 +425,7 @@ def encode_chats(tokenizer, template: ChatTemplate, conversations: Sequence[list
 # --- the shape of a fine-tuning dataset -----------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: a collate's tokenize= keys the reader's cache of cut documents
 class FineTuneShape:
     """Which of the three shapes a dataset has and what encoding it needs.
 
@@ -443,7 +443,6 @@ class FineTuneShape:
     train_on: tuple[str, ...] = DEFAULT_TRAIN_ON
     tokenizer: Any = None
     template: ChatTemplate | None = None
-    gives_labels = True  # as a collate's tokenize=: it returns (ids, labels), also for a split plan's pieces
 
     def __post_init__(self):
         # the Hugging Face Tokenizer itself (load_tokenizer wraps it): the chats need its character offsets and the
@@ -518,3 +517,63 @@ def fine_tune_shape(column: str | None, labels_column: str | None = None, prompt
                              template=load_chat_template(chat_template))
     return FineTuneShape("prompt_completion", prompt_column=prompt_column or "prompt",
                          completion_column=completion_column or "completion", tokenizer=tokenizer)
+
+
+def recorded_shape(options: dict, tokenizer: str | None, chat_template: str | None, why: str) -> FineTuneShape:
+    """Return the ``FineTuneShape`` a measured plan records (``options["fine_tune"]``), loaded again.
+
+    ``tokenizer`` and ``chat_template`` are the files given to the job (checked by name against
+    what the plan was measured with); ``why`` names what needs them in the error line.
+    """
+    from .specs import load_tokenizer
+
+    fine_tune = options.get("fine_tune") or {}
+    if fine_tune.get("shape") == "labels":
+        return FineTuneShape("labels", column=options.get("column") or "input_ids",
+                             labels_column=fine_tune["labels_column"])
+    recorded = options.get("tokenizer")
+    if not tokenizer:
+        raise SortpackError(f"{why} needs --tokenizer (the tokenizer.json the plan was measured with"
+                            f"{f': {recorded}' if recorded else ''})")
+    if recorded and Path(tokenizer).name != recorded:
+        raise SortpackError(f"--tokenizer {tokenizer}: the plan was measured with {recorded!r}")
+    loaded = load_tokenizer(tokenizer, "--tokenizer")
+    if fine_tune.get("shape") == "chat":
+        if not chat_template:
+            raise SortpackError(f"{why} needs --chat-template (the template the chats were rendered with: "
+                                f"{fine_tune.get('chat_template')})")
+        if Path(chat_template).name != fine_tune.get("chat_template"):
+            raise SortpackError(f"--chat-template {chat_template}: the plan's chats were rendered with "
+                                f"{fine_tune.get('chat_template')!r}")
+        return FineTuneShape("chat", column=options.get("column") or "messages", tokenizer=loaded,
+                             template=load_chat_template(chat_template),
+                             train_on=tuple(fine_tune.get("train_on") or DEFAULT_TRAIN_ON))
+    return FineTuneShape("prompt_completion", prompt_column=fine_tune["prompt_column"],
+                         completion_column=fine_tune["completion_column"], tokenizer=loaded)
+
+
+def read_labels(shape: FineTuneShape, files: list[dict], ids: np.ndarray, sizes: np.ndarray) -> pa.Array:
+    """Return the labels (list<int32>, one row per id) of the samples ``ids``, read back from the plan's input
+    ``files`` and encoded again with ``shape``.
+
+    Only the input units that hold one of ``ids`` are read. Raises one line where a sample no
+    longer measures its recorded ``sizes`` (the input changed since analyze).
+    """
+    from .pieces import read_rows
+
+    ids = np.asarray(ids, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    at, parts = [], []
+    for pos, table, path in read_rows(files, ids, shape.columns(), shape.text_columns() or None):
+        enc = shape.encode(table, path)
+        bad = np.flatnonzero(np.asarray(enc.sizes, dtype=np.int64) != sizes[pos])
+        if len(bad):
+            i = int(bad[0])
+            raise SortpackError(f"{path}: sample {int(ids[pos[i]])} has {int(enc.sizes[i])} tokens, the plan was "
+                                f"measured at {int(sizes[pos[i]])} (the input changed since analyze)")
+        at.append(pos)
+        parts.append(enc.labels)
+    if not parts:
+        return pa.array([], pa.list_(pa.int32()))
+    labels = pa.concat_arrays([p.cast(pa.list_(pa.int32())) for p in parts])
+    return labels.take(pa.array(np.argsort(np.concatenate(at), kind="stable")))

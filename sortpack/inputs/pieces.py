@@ -142,6 +142,18 @@ def read_values(files: list[dict], ids: np.ndarray, column: str):
     ``files`` are the plan's ``source.files`` entries (with ``path``); each input unit (row
     group, record batch, whole text file) that holds one of ``ids`` is read once.
     """
+    for at, table, path in read_rows(files, ids, [column], [column]):
+        if column not in table.column_names:
+            raise SortpackError(f"{path}: no column {column!r} to cut into pieces")
+        yield at, table.column(column), path
+
+
+def read_rows(files: list[dict], ids: np.ndarray, columns: list[str], text_columns: list[str] | None = None):
+    """Yield (positions in ``ids``, a table of those sample ids' ``columns``, the file's path), a unit at a time.
+
+    Each input unit that holds one of ``ids`` is read once (``text_columns`` read as strings
+    where the format guesses types); the table's rows are the ids at those positions, in order.
+    """
     ids = np.asarray(ids, dtype=np.int64)
     starts = np.concatenate(([0], np.cumsum([int(f["rows"]) for f in files]))).astype(np.int64)
     which = np.searchsorted(starts, ids, side="right") - 1
@@ -154,7 +166,5 @@ def read_values(files: list[dict], ids: np.ndarray, column: str):
         units = np.searchsorted(unit_starts, local, side="right") - 1
         for u in np.unique(units).tolist():
             pick = units == u
-            table = read_units(src, u, u + 1, [column], [column])
-            if column not in table.column_names:
-                raise SortpackError(f"{src.path}: no column {column!r} to cut into pieces")
-            yield sel[pick], table.column(column).take(pa.array(local[pick] - unit_starts[u])), src.path
+            table = read_units(src, u, u + 1, columns, text_columns)
+            yield sel[pick], table.take(pa.array(local[pick] - unit_starts[u])), src.path

@@ -137,7 +137,8 @@ def _doc_ids(items, n: int) -> np.ndarray | None:
 
 
 class TokenCache:
-    """The token ids of the last few long documents a split plan's pieces were cut from (one per dataset and process).
+    """The token ids (and labels) of the last few long documents a split plan's pieces were cut from (one per dataset
+    and process).
 
     A document ``--oversize split`` cut into K pieces is tokenized whole for each piece when
     the text is read back; its pieces sort together (equal sizes, one sample id), so they
@@ -150,15 +151,15 @@ class TokenCache:
         self.documents = max(1, int(documents))
         self._docs: OrderedDict = OrderedDict()
 
-    def get(self, key) -> np.ndarray | None:
-        """Return the ids kept for ``key`` (None: not kept)."""
+    def get(self, key) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """Return the (ids, labels or None) kept for ``key`` (None: not kept)."""
         got = self._docs.get(key)
         if got is not None:
             self._docs.move_to_end(key)
         return got
 
-    def put(self, key, ids: np.ndarray) -> None:
-        """Keep ``ids`` for ``key``, dropping the least recently used beyond ``documents``."""
+    def put(self, key, ids: tuple[np.ndarray, np.ndarray | None]) -> None:
+        """Keep (ids, labels or None) for ``key``, dropping the least recently used beyond ``documents``."""
         self._docs[key] = ids
         self._docs.move_to_end(key)
         while len(self._docs) > self.documents:
@@ -166,13 +167,21 @@ class TokenCache:
 
 
 def _piece_tokens(items, key, tokenize, ranges) -> tuple[np.ndarray, np.ndarray]:
-    """Return (values, offsets) of each item's piece: its text tokenized once per document, cut to ``[begin, end)``.
+    """Return (values, offsets) of each item's piece: ``_piece_pairs`` without the labels."""
+    values, offsets, _ = _piece_pairs(items, key, tokenize, None, ranges)
+    return values, offsets
+
+
+def _piece_pairs(items, key, tokenize, labels, ranges) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Return (values, offsets, label values or None) of each item's piece: its document tokenized once, cut to
+    ``[begin, end)``.
 
     ``--oversize split`` under ``--size tokens`` without stored tokens: the pieces of one long
     document share its row, so the document is tokenized once per micro-batch (not once per
     piece: a document of K pieces cost K whole tokenizations), or once per pass with the
     dataset's ``TokenCache`` (``items.token_cache``), and every piece is cut from the result by
-    one vectorised gather.
+    one vectorised gather. A ``tokenize`` that gives labels (``(ids, labels)`` or a dict of
+    both, as ``_item_pair`` reads them) has them cut with the ids.
     """
     n = len(items)
     begin, end = (np.asarray(r, dtype=np.int64) for r in ranges)
@@ -181,30 +190,48 @@ def _piece_tokens(items, key, tokenize, ranges) -> tuple[np.ndarray, np.ndarray]
         first, inverse = np.arange(n), np.arange(n)
     else:
         _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    cache: TokenCache | None = getattr(items, "token_cache", None) if ids is not None else None
+    cache: TokenCache | None = getattr(items, "token_cache", None) if ids is not None and _hashable(tokenize) else None
     docs = []
     for j in first.tolist():
         if cache is None or ids is None:
-            docs.append(_item_tokens(items[j], key, tokenize))
+            docs.append(_item_pair(items[j], key, tokenize, labels))
             continue
         doc = (tokenize, int(ids[j]))
         got = cache.get(doc)
         if got is None:
-            got = _item_tokens(items[j], key, tokenize)
-            if begin[j] > 0 or end[j] < len(got):  # a piece of a longer document
+            got = _item_pair(items[j], key, tokenize, labels)
+            if begin[j] > 0 or end[j] < len(got[0]):  # a piece of a longer document
                 cache.put(doc, got)
         docs.append(got)
-    doc_len = np.array([len(d) for d in docs], dtype=np.int64)
+    with_labels = [d[1] is not None for d in docs]
+    if any(with_labels) and not all(with_labels):
+        raise ValueError("collate: some items have labels and some do not")
+    for i, (tok, lab) in enumerate(docs):
+        if lab is not None and len(lab) != len(tok):
+            raise ValueError(f"collate: item {int(first[i])} has {len(lab)} labels for {len(tok)} token ids")
+    doc_len = np.array([len(d[0]) for d in docs], dtype=np.int64)
     doc_start = np.zeros(len(docs) + 1, dtype=np.int64)
     np.cumsum(doc_len, out=doc_start[1:])
-    flat = np.concatenate(docs).astype(np.int64, copy=False) if docs else np.zeros(0, np.int64)
     have = doc_len[inverse]
     lo = np.minimum(begin, have)
     hi = np.maximum(np.minimum(end, have), lo)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(hi - lo, out=offsets[1:])
     src = np.repeat(doc_start[:-1][inverse] + lo - offsets[:-1], hi - lo) + np.arange(offsets[-1], dtype=np.int64)
-    return flat[src], offsets
+
+    def flat(k: int) -> np.ndarray:
+        return np.concatenate([d[k] for d in docs]).astype(np.int64, copy=False) if docs else np.zeros(0, np.int64)
+
+    return flat(0)[src], offsets, flat(1)[src] if docs and all(with_labels) else None
+
+
+def _hashable(value) -> bool:
+    """Return whether ``value`` can key a dict (a ``tokenize`` that cannot is not cached)."""
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _ids(seq) -> np.ndarray:
@@ -232,10 +259,9 @@ def ragged_labeled(items, key=None, tokenize=None, labels=None
 
     Labels come from a stored list column ``labels`` beside ``key``, ``item[labels]`` beside
     ``item[key]``, or ``tokenize(item)`` giving ``(ids, labels)`` or ``{"input_ids", "labels"}``;
-    None when no item has any. On a split plan's pieces, a ``tokenize`` that gives labels says
-    so with a true ``gives_labels`` attribute (``FineTuneShape`` does); others go through
-    ``ragged_tokens``, which tokenizes each document once. Raises ValueError when a sample's
-    labels and ids differ in length.
+    None when no item has any. A split plan's pieces (``items.token_ranges``) go through
+    ``_piece_pairs``: each document tokenized once, its labels cut with its ids, whatever
+    ``tokenize`` returns. Raises ValueError when a sample's labels and ids differ in length.
     """
     table = getattr(items, "table", None)
     if table is not None and tokenize is None and isinstance(key, str) and key in table.schema.names:
@@ -246,18 +272,13 @@ def ragged_labeled(items, key=None, tokenize=None, labels=None
                 raise ValueError(f"collate: the stored {labels!r} and {key!r} differ in length")
             return got[0], got[1], None if lab is None else lab[0]
     ranges = getattr(items, "token_ranges", None) if tokenize is not None else None
-    if ranges is not None and not getattr(tokenize, "gives_labels", False):
-        # pieces of a split plan without labels: ragged_tokens tokenizes each document once
-        return (*ragged_tokens(items, key, tokenize), None)
+    if ranges is not None:  # pieces of a split plan: each document tokenized once, its labels cut with its ids
+        return _piece_pairs(items, key, tokenize, labels, ranges)
     pairs = [_item_pair(it, key, tokenize, labels) for it in items]
     seqs = [p[0] for p in pairs]
     labs = [p[1] for p in pairs if p[1] is not None]
     if labs and len(labs) != len(seqs):
         raise ValueError("collate: some items have labels and some do not")
-    if ranges is not None:  # each piece's ids and labels, cut from its document's
-        begin, end = ranges
-        seqs = [x[int(b):int(e)] for x, b, e in zip(seqs, begin, end)]
-        labs = [x[int(b):int(e)] for x, b, e in zip(labs, begin, end)] if labs else labs
     counts = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
     offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])

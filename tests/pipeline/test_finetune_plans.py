@@ -122,16 +122,72 @@ def test_truncation_counts_the_targets_it_keeps_and_reports_those_it_cut(chats, 
     assert report["truncated_targets"] == m["stats"]["truncated_targets"]
 
 
-@pytest.mark.parametrize("oversize", ["split", "truncate"])
-def test_cutting_fine_tuning_samples_outside_run_is_refused(chats, tmp_path, oversize):
+@pytest.mark.parametrize(("oversize", "budget"), [("split", "64"), ("truncate", "48")])
+def test_pack_of_a_sorted_directory_cuts_fine_tuning_samples_as_run_does(chats, tmp_path, oversize, budget):
+    """The labels of the samples cut are read back and encoded again: each piece (or truncated sample) counts its
+    own targets, the stored labels are cut with the ids, and the counts are run's."""
+    pytest.importorskip("torch")
+    from sortpack.reader import SourceDataset
+    from sortpack.torch import PackedBatchSampler, varlen_collate
+
     base, tokenizer, config, _ = chats
     run_sortpack(["analyze", base / "chats.jsonl", "-o", tmp_path / "m", "--chat-template", config, "--tokenizer",
                   tokenizer, "--quiet"])
     run_sortpack(["sort", tmp_path / "m", "-o", tmp_path / "s", "--quiet"])
-    proc = run_sortpack(["pack", tmp_path / "s", "-o", tmp_path / "i", "--max-tokens", "40", "--oversize", oversize],
-                        check=False)
-    assert proc.returncode == 2 and "cut them in the job that reads their labels" in proc.stderr
-    assert not (tmp_path / "i").exists()
+    cut = ["--max-tokens", budget, "--budget", "tokens", "--oversize", oversize, "--keep-empty"]
+    proc = run_sortpack(["pack", tmp_path / "s", "-o", tmp_path / "i", *cut, "--tokenizer", tokenizer], check=False)
+    assert proc.returncode == 2 and "needs --chat-template" in proc.stderr and not (tmp_path / "i").exists()
+    run_sortpack(["pack", tmp_path / "s", "-o", tmp_path / "i", *cut, "--tokenizer", tokenizer, "--chat-template",
+                  config, "--store-tokens", "--quiet"])
+    _run(chats, tmp_path / "r", *cut, "--store-tokens", "--quiet")
+    packed, ran = read_manifest(tmp_path / "i")["stats"], read_manifest(tmp_path / "r")["stats"]
+    counts = ("targets", "truncated", "truncated_targets") if oversize == "truncate" else \
+        ("targets", "split", "split_pieces", "split_tokens")
+    assert {k: packed[k] for k in counts} == {k: ran[k] for k in counts}
+    assert packed["split" if oversize == "split" else "truncated_targets"] > 0
+    ix = PackedIndex(tmp_path / "i")
+    ds = SourceDataset(tmp_path / "i")
+    for mb in PackedBatchSampler(ix, rank=0, world_size=1):
+        batch = varlen_collate(key="input_ids")(ds.__getitems__(mb))
+        assert int((batch["labels"] != -100).sum()) == mb.targets == int(ix["targets"][mb.microbatch])
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_pack_split_of_sorted_chats_is_the_same_at_any_rank_count(chats, tmp_path):
+    base, tokenizer, config, _ = chats
+    run_sortpack(["analyze", base / "chats.jsonl", "-o", tmp_path / "m", "--chat-template", config, "--tokenizer",
+                  tokenizer, "--quiet"])
+    run_sortpack(["sort", tmp_path / "m", "-o", tmp_path / "s", "--quiet"])
+    assert_same_at_ranks(["pack", tmp_path / "s", "--max-tokens", "64", "--budget", "tokens", "--oversize", "split",
+                          "--tokenizer", tokenizer, "--chat-template", config, "--store-tokens", "--quiet"],
+                         tmp_path, ranks=(1, 3), env={"SORTPACK_TEST_DATA_ROWS": "64"})
+
+
+def test_pack_split_of_a_labels_column_counts_each_piece_s_targets(tmp_path):
+    """A --labels-column plan needs no tokenizer to be cut again: the labels are read back from their column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(5)
+    ids = [rng.integers(1, 100, int(k)).tolist() for k in rng.integers(1, 60, 120)]
+    labels = [[t if rng.random() < 0.5 else -100 for t in x] for x in ids]
+    pq.write_table(pa.table({"input_ids": ids, "labels": labels}), tmp_path / "d.parquet", row_group_size=32)
+    measure = ["--labels-column", "labels", "--quiet"]
+    cut = ["--max-tokens", "16", "--budget", "tokens", "--oversize", "split", "--keep-empty"]
+    run_sortpack(["analyze", tmp_path / "d.parquet", "-o", tmp_path / "m", *measure])
+    run_sortpack(["sort", tmp_path / "m", "-o", tmp_path / "s", "--quiet"])
+    run_sortpack(["pack", tmp_path / "s", "-o", tmp_path / "p", *cut, "--quiet"])
+    run_sortpack(["run", tmp_path / "d.parquet", "-o", tmp_path / "r", *measure, *cut])
+    packed, ran = read_manifest(tmp_path / "p")["stats"], read_manifest(tmp_path / "r")["stats"]
+    assert packed["split"] > 10 and packed["targets"] == ran["targets"] and packed["split"] == ran["split"]
+    ix = PackedIndex(tmp_path / "p")
+    for m in range(ix.num_microbatches):
+        begin, end = ix.piece_ranges(m)
+        # each piece's own targets: its labels' non -100 positions after its first
+        own = [sum(t != -100 for t in labels[i][b + 1:e])
+               for i, b, e in zip(ix.microbatch(m).tolist(), begin.tolist(), end.tolist())]
+        assert int(ix["targets"][m]) == sum(own)
 
 
 def test_a_labels_column_is_cut_with_its_ids(tmp_path):
@@ -174,6 +230,9 @@ def test_balance_targets_evens_what_trains_in_every_step_at_64_ranks(tmp_path):
     assert default["max"] >= 2.0 and default["weighted"] >= 1.3
     # any 64 consecutive rows carry nearly the same targets: the steps' sum of maxima is within 10% of their mean's
     assert balanced["weighted"] <= 1.10 and balanced["p50"] <= 1.05
+    # rows composed by their targets and a circular order: no step far off, the short last one included (sorted
+    # alone: p99 1.63, max 2.38; the highest row alone carries 2.35x the mean, 1.44x the mean of the highest 64)
+    assert balanced["p99"] <= 1.3 and balanced["max"] <= 1.6
     # the same rows, in another order: padding and fill unchanged
     assert reports["targets"]["fill"] == reports["none"]["fill"]
     assert reports["targets"]["targets"] == reports["none"]["targets"]

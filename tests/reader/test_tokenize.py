@@ -95,6 +95,38 @@ def test_consecutive_pieces_of_a_document_are_tokenized_once_per_pass(texts):
     assert sum(tokenize.calls.values()) == len(pieces)  # every document once, however many pieces
 
 
+class Labelled(Counting):
+    """``tokenize`` giving (ids, labels): every other token a target, no ``gives_labels`` or other attribute."""
+
+    def __call__(self, row):
+        ids = super().__call__(row)
+        return ids, [t if k % 2 else -100 for k, t in enumerate(ids)]
+
+
+def test_a_tokenize_giving_labels_has_them_cut_with_each_piece(texts):
+    """A plain function returning (ids, labels) over a split plan: each piece's labels are its document's, cut with
+    its ids (the first position -100), and each document is still tokenized once."""
+    plan = _plan(texts, "padded", "--max-tokens", "64", "--oversize", "split")
+    index = PackedIndex(plan)
+    ds = SourceDataset(plan)
+    tokenize = Labelled(texts[1])
+    collate = pad_collate(tokenize=tokenize)
+    whole = Tokenizer.from_file(str(texts[1]))
+    docs = pq.read_table(texts[0] / "d.parquet").column("text").to_pylist()
+    pieces = Counter()
+    for mb in PackedSampler(plan, rank=0, world_size=1):
+        batch = collate(ds.__getitems__(mb))
+        begin, end = index.piece_ranges(mb.microbatch)
+        for row, (sid, b, e) in enumerate(zip(list(mb), begin.tolist(), end.tolist())):
+            ids = whole.encode(docs[sid]).ids[b:e]
+            labels = [t if k % 2 else -100 for k, t in enumerate(whole.encode(docs[sid]).ids)][b:e]
+            assert batch["input_ids"][row, :e - b].tolist() == ids
+            assert batch["labels"][row].tolist() == [-100] + labels[1:] + [-100] * (batch["labels"].shape[1] - (e - b))
+        pieces.update(mb)
+    assert max(pieces.values()) >= 5
+    assert sum(tokenize.calls.values()) == len(pieces)
+
+
 def _reading(path, setting):
     tok = Tokenizer.from_file(str(path))
     if setting == "truncation":

@@ -8,7 +8,7 @@ import numpy as np
 from ...distribute import global_start
 from ...parallel import Comm
 from ..samples import SampleColumns
-from .balance import cost_key, global_order, two_cap_key
+from .balance import cost_key, global_order, targets_order, two_cap_key
 from .batches import Packed, segment_reduce
 from .filters import drop_empty
 from .greedy import balanced_caps, pack_greedy
@@ -67,6 +67,8 @@ def balanced(comm: Comm, packed: Packed, opts: PackOptions, two_caps: bool) -> P
         mb = packed.batches
         slots = mb.batch_size.astype(np.float64) * np.asarray(mb.padded_size, np.float64)
         key = slots * (opts.cost_coeff + np.asarray(mb.padded_size, np.float64))
+    elif opts.balance == "targets":
+        return targets_order(comm, packed, cost_key(packed, "targets", opts.cost_coeff))
     elif opts.balance != "none":
         key = cost_key(packed, opts.balance, opts.cost_coeff)
     elif two_caps:
@@ -108,8 +110,9 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
         "max_size": mb.max_size,
         "padded_size": mb.padded_size,
         "tokens": mb.tokens,
-        "min_key": segment_reduce(np.minimum, packed.keys, offsets),
-        "max_key": segment_reduce(np.maximum, packed.keys, offsets),
+        # float64 after the reduction: min(float(k)) == float(min(k)), without a float copy of every key
+        "min_key": segment_reduce(np.minimum, packed.keys, offsets).astype(np.float64),
+        "max_key": segment_reduce(np.maximum, packed.keys, offsets).astype(np.float64),
         "stage": stage.astype(np.int16),
         "attention": attention_work(packed, opts),
     }

@@ -11,6 +11,7 @@ from ...parallel import Comm
 from ...partition import deal_windows
 from ...progress import Progress
 from ..samples import SampleColumns
+from .balance import compose_rows, targets_spread
 from .batches import BatchArrays, Packed, key_values, segment_reduce
 from .filters import apply_oversize
 from .options import PackOptions
@@ -84,6 +85,21 @@ def window_rows(room: np.ndarray, size2: np.ndarray | None, opts: PackOptions) -
     return order, splits
 
 
+def composed_rows(sizes: np.ndarray, room: np.ndarray, targets: np.ndarray, opts: PackOptions
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Return (order, row_splits) of one window's rows composed by their targets (``--balance targets``).
+
+    The rows best fit packs (the same sizes in each), with the samples of each size placed so
+    that every row's targets come near the window's mean (``balance.targets_spread`` and
+    ``balance.compose_rows``); the samples of a row in window order.
+    """
+    spread = targets_spread(sizes, targets)
+    order, row_splits = window_rows(room[spread], None, opts)
+    order = spread[compose_rows(sizes[spread], targets[spread], order, row_splits)]
+    row = np.repeat(np.arange(len(row_splits) - 1, dtype=np.int64), np.diff(row_splits))
+    return order[np.lexsort((order, row))], row_splits
+
+
 def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:
     """Return this rank's row-packed micro-batches of globally sorted samples, after the ``--oversize`` policy.
 
@@ -104,8 +120,13 @@ def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -
     rows_done = 0
     prog = Progress("pack", len(sizes), "rows")
     size2 = win.measures.get("size2") if opts.max_size2 else None
+    # --balance targets: rows composed so that each carries about the same targets (balance.compose_rows)
+    targets = win.measures.get("targets") if opts.balance == "targets" and size2 is None else None
     for a, b in zip(win.starts, win.ends):
-        order, row_splits = window_rows(room[a:b], None if size2 is None else size2[a:b], opts)
+        if targets is None:
+            order, row_splits = window_rows(room[a:b], None if size2 is None else size2[a:b], opts)
+        else:
+            order, row_splits = composed_rows(sizes[a:b], room[a:b], targets[a:b], opts)
         prog.update(b - a)
         perms.append(order + a)
         splits.append(row_splits[1:] + a)
