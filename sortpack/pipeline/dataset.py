@@ -94,7 +94,7 @@ def _recorded_shape(comm: Comm, recorded: PlanOptions, store: StoreOptions | Non
     from ..inputs.finetune import recorded_shape
 
     opts = store or StoreOptions()
-    return comm.collectively(recorded_shape, recorded.to_manifest(), opts.tokenizer, opts.chat_template,
+    return comm.collectively(recorded_shape, recorded.analyze.as_dict(), opts.tokenizer, opts.chat_template,
                              f"pack --oversize {recorded.pack.oversize if recorded.pack else ''} of fine-tuning data")
 
 
