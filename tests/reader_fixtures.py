@@ -21,8 +21,9 @@ from sortpack.format import FORMATS, VERSION, index_schema
 from sortpack.format import rows_per_shard as format_rows_per_shard
 from sortpack.format.schemas import schema_json
 from sortpack.parallel import SerialComm
+from sortpack.partition import shard_starts
 from sortpack.write.output import OutputDir
-from sortpack.write.shards import write_owned_shards
+from sortpack.write.shards import OwnedRows, write_owned_shards
 
 from support import write_text_parquet
 
@@ -136,8 +137,8 @@ def write_index(path, counts, sizes=None, *, rows_per_shard: int | None = None) 
     out = OutputDir(comm, path, overwrite=True)
     out.ensure()
     offsets = np.concatenate(([0], np.cumsum(counts)))
-    shards = write_owned_shards(comm, out, "index", lambda a, b: table.slice(a, b - a), 0, m, m, rps,
-                                samples_in=lambda a, b: offsets[b] - offsets[a])
+    rows_out = OwnedRows(0, m, m, lambda a, b: table.slice(a, b - a), lambda a, b: offsets[b] - offsets[a])
+    shards = write_owned_shards(comm, out, "index", rows_out, shard_starts(m, rps))
     manifest = {
         "format": FORMATS["index"], "version": VERSION,
         "num_rows": m, "num_samples": total, "num_microbatches": m, "rows_per_shard": rps,

@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 14
+#define SP_ABI_VERSION 15
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -1076,6 +1076,91 @@ SP_API int64_t sp_utf8_cuts(const uint8_t *data, const int64_t *starts, const in
         } while (pos < e);
     }
     return m;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Stable LSD radix sort of uint64 codes by their bits from `shift` up (`bits` of them).  */
+/* Where the low `shift` bits already rise in input order (packed sample ids numbered in  */
+/* the order the codes are given), the result is the codes in ascending order: the same   */
+/* as a comparison sort, in a few linear passes (one histogram read, one scatter per      */
+/* digit of at most RADIX_DIGIT bits, digits every code shares skipped).                  */
+/* counts: passes << width int64 words (sp_radix_passes). Returns 0 (sorted codes in out), */
+/* 1 (in keys: no pass moved anything), 2 (a code has bits above shift + bits: nothing    */
+/* moved), -3 (bad arguments). keys is scratch from the second pass on.                    */
+
+#define RADIX_DIGIT 13
+
+static int64_t radix_width(int64_t bits, int64_t *passes) {
+    int64_t p = (bits + RADIX_DIGIT - 1) / RADIX_DIGIT;
+    *passes = p;
+    return p ? (bits + p - 1) / p : 0;
+}
+
+SP_API int64_t sp_radix_words(int64_t bits) {
+    int64_t p, w = radix_width(bits, &p);
+    return p << w;
+}
+
+SP_API int64_t sp_radix_sort_high(uint64_t *keys, int64_t n, int64_t shift, int64_t bits, uint64_t *out,
+                                  int64_t *counts) {
+    if (n < 0 || shift < 0 || bits < 0 || shift + bits > 64 || bits > 64) return -3;
+    if (bits == 0 || shift == 64 || n < 2) {
+        /* one value above the low bits: the input order is the sorted order, if no code has more */
+        for (int64_t i = 0; i < n && shift < 64; i++)
+            if (bits == 0 && (keys[i] >> shift) != 0) return 2;
+        return 1;
+    }
+    int64_t p, w = radix_width(bits, &p);
+    uint64_t mask = ((uint64_t)1 << w) - 1;
+    int64_t buckets = (int64_t)1 << w;
+    memset(counts, 0, (size_t)(p * buckets) * sizeof(int64_t));
+    uint64_t over = bits >= 64 - shift ? 0 : ~(uint64_t)0 << bits;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t h = keys[i] >> shift;
+        if (h & over) return 2;
+        for (int64_t d = 0; d < p; d++) counts[d * buckets + (int64_t)((h >> (d * w)) & mask)]++;
+    }
+    uint64_t *src = keys, *dst = out;
+    for (int64_t d = 0; d < p; d++) {
+        int64_t *c = counts + d * buckets, total = 0, skip = 0;
+        for (int64_t b = 0; b < buckets; b++) {
+            if (c[b] == n) skip = 1; /* every code has this digit: the pass would move nothing */
+            int64_t k = c[b];
+            c[b] = total;
+            total += k;
+        }
+        if (skip) continue;
+        int s = (int)(shift + d * w);
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t v = src[i];
+            dst[c[(v >> s) & mask]++] = v;
+        }
+        uint64_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    return src == out ? 0 : 1;
+}
+
+/* Merge two sorted runs of uint64 into buf[0, na + nb) where one of them already lies in buf:   */
+/* own_first = 1: run b lies at buf + na and run a (own) elsewhere, merged from the front (a     */
+/* write never passes an unread code of b); own_first = 0: run a lies at buf and run b (own)     */
+/* elsewhere, merged from the back. Equal codes: a's first. No memory beyond buf.                */
+SP_API int64_t sp_merge_two_in_place(uint64_t *buf, int64_t na, int64_t nb, const uint64_t *own,
+                                     int64_t own_first) {
+    if (na < 0 || nb < 0) return -3;
+    if (own_first) {
+        const uint64_t *a = own, *b = buf + na;
+        int64_t i = 0, j = 0, w = 0;
+        while (i < na && j < nb) buf[w++] = (b[j] < a[i]) ? b[j++] : a[i++];
+        while (i < na) buf[w++] = a[i++];
+        return 0; /* what is left of b is in place */
+    }
+    const uint64_t *a = buf, *b = own;
+    int64_t i = na - 1, j = nb - 1, w = na + nb - 1;
+    while (i >= 0 && j >= 0) buf[w--] = (b[j] < a[i]) ? a[i--] : b[j--];
+    while (j >= 0) buf[w--] = b[j--];
+    return 0; /* what is left of a is in place */
 }
 
 /* ------------------------------------------------------------------------------------ */

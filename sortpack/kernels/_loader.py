@@ -16,7 +16,7 @@ import numpy as np
 
 from ..env import env_flag
 
-_ABI_VERSION = 14  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 15  # must equal SP_ABI_VERSION in _ckernels.c
 _EXTENSION = __name__.rpartition(".")[0] + "._ckernels"
 _UNLOADED: Any = object()
 _clib: Any = _UNLOADED
@@ -46,6 +46,9 @@ _SIGNATURES = {
     "sp_utf8_cuts": ([_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64], _I64),
     "sp_pad_batch": ([_PTR], _I64),  # one int64 array of arguments (see _ckernels.c)
     "sp_varlen_batch": ([_PTR], _I64),
+    "sp_radix_words": ([_I64], _I64),
+    "sp_radix_sort_high": ([_PTR, _I64, _I64, _I64, _PTR, _PTR], _I64),
+    "sp_merge_two_in_place": ([_PTR, _I64, _I64, _PTR, _I64], _I64),
 }
 
 

@@ -21,15 +21,17 @@ from ..format.manifest import read_manifest
 from ..inputs.columns import check_columns, first_columns, input_columns, reads_text, resolve_column
 from ..inputs.locations import with_locations
 from ..parallel import Comm, fault_point
-from ..stages.analyze import AnalyzeOptions, analyze, measured_options
+from ..stages.analyze import AnalyzeOptions, Keepers, analyze
 from ..stages.holdout import DEFAULT_SEED, DIRECTORY, Holdout, holdout_lengths, split_holdout
 from ..stages.pack import Microbatches, OversizeError, PackOptions, pack_samples, refuse_oversize, truncate_length
+from ..stages.plan_options import PlanOptions, measured_options
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
 from ..stages.split import SPLIT_KINDS, TargetPieces, byte_cuts, split_oversize
 from ..write.index_writer import write_index
 from ..write.kept import Dumped, dump_samples, keep_alone, keep_together
 from ..write.output import OutputDir
+from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo, Profile
 from ..write.sample_dirs import read_samples, write_samples
 from ..write.store import Store, StoreOptions
@@ -38,17 +40,17 @@ from .job import JobScope, check_options, hold_out_and_pack, job_scope, nested_p
 __all__ = ["HoldoutRequest", "JobInfo", "run_all", "run_analyze", "run_pack", "run_sort", "write_holdout"]
 
 
-def split_column(comm: Comm, options: dict, popts: PackOptions, inputs: list[str]) -> str | None:
+def split_column(comm: Comm, measured: AnalyzeOptions, popts: PackOptions, inputs: list[str]) -> str | None:
     """Return the column an ``--oversize split`` plan cuts: ``--column``, else the one analyze reads (collective).
 
     The store and the reader cut the column the plan's options name, so a split plan names it
     even where analyze chose it (the only column, or ``text``); other plans record ``--column``
     as given (None), which keeps their content hash.
     """
-    column = options.get("column")
-    if popts.oversize != "split" or column or str(options.get("size") or "length") not in SPLIT_KINDS or not inputs:
+    column = measured.column
+    if popts.oversize != "split" or column or measured.size not in SPLIT_KINDS or not inputs:
         return column
-    files = input_columns(comm, [inputs], options.get("input_format") or "auto", options.get("split"))[0]
+    files = input_columns(comm, [inputs], measured.input_format, measured.split)[0]
     return resolve_column(first_columns(files)) or column
 
 
@@ -88,7 +90,7 @@ def _kept_metrics(comm: Comm, out: OutputDir, overwrite: bool, inputs: list[str]
         return None
 
 
-def split_sorted(comm: Comm, samples: SampleColumns, popts: PackOptions, recorded: dict,
+def split_sorted(comm: Comm, samples: SampleColumns, recorded: PlanOptions,
                  shape: Any = None) -> tuple[SampleColumns, dict]:
     """Return sorted samples with the oversize ones cut into pieces and sorted again (``pack --oversize split``).
 
@@ -99,14 +101,13 @@ def split_sorted(comm: Comm, samples: SampleColumns, popts: PackOptions, recorde
     """
     pieces = None
     if shape is not None:
-        pieces, ids = comm.collectively(TargetPieces.read_back, samples, shape, truncate_length(popts), True)
-    samples, split = split_oversize(comm, samples, popts, recorded)  # recorded: --size bytes cuts the column
+        assert recorded.pack is not None, "a split is the pack options' choice"
+        pieces, ids = comm.collectively(TargetPieces.read_back, samples, shape, truncate_length(recorded.pack), True)
+    samples, split = split_oversize(comm, samples, recorded)  # recorded: --size bytes cuts the column
     if pieces is not None:
         samples = pieces.exact(ids, samples)  # before the sort: the pieces are still where their samples were
     if samples.begin is not None:
-        sopts = SortOptions(key=recorded.get("key", "size"), descending=bool(recorded.get("descending", False)),
-                            stages=int(recorded.get("stages", 1)))
-        samples = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
+        samples = sort_samples(comm, samples, recorded.sort or SortOptions(), rows_per_shard("sorted"), consume=True)
     return samples, split
 
 
@@ -131,7 +132,7 @@ def _plain_holdout(request: HoldoutRequest | None, files: list[dict]) -> Holdout
 
 
 def write_holdout(comm: Comm, out: OutputDir, held: SampleColumns, holdout: Holdout, popts: PackOptions,
-                  key: str, options: dict, files: list[dict], job: JobInfo, store_fn: Store | None = None,
+                  key: str, options: PlanOptions, files: list[dict], job: JobInfo, store_fn: Store | None = None,
                   to_plan=None, shapes: tuple[int, ...] = (), split: dict | None = None) -> dict:
     """Pack the held-out samples and write their plan in ``OUTPUT/holdout``; return the training manifest's record.
 
@@ -148,15 +149,15 @@ def write_holdout(comm: Comm, out: OutputDir, held: SampleColumns, holdout: Hold
     hopts = dataclasses.replace(popts.with_shapes(shapes), auto_shapes=None)
     if popts.auto_shapes is not None and shapes:
         hopts = hopts.with_shapes(comm.collectively(holdout_lengths, comm, held.size, popts, shapes))
-        options = {**options, **hopts.as_dict()}
+        # the lengths the training's --shapes auto:K chose, with one more: recorded with that request
+        options = options.with_pack(dataclasses.replace(hopts, auto_shapes=popts.auto_shapes))
     with prof.stage("pack"):
         mbs: Microbatches = pack_samples(comm, held, hopts, key, split)
     if to_plan is not None:
         mbs = to_plan(mbs)
     record = holdout.as_dict()
-    manifest = write_index(comm, nested, mbs, options, files, prof, job, store_fn,
-                           extra={"held_out": {**{k: v for k, v in record.items() if k != "directory"},
-                                        "training_plan": ".."}})
+    held_out = {**{k: v for k, v in record.items() if k != "directory"}, "training_plan": ".."}
+    manifest = write_index(comm, nested, mbs, PlanRecord(options, files, prof, job, {"held_out": held_out}), store_fn)
     mine = None
     if manifest is not None:  # rank 0
         mine = {"content_hash": manifest["content_hash"], "num_microbatches": manifest["num_microbatches"],
@@ -176,7 +177,8 @@ def run_analyze(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOption
         with prof.stage("analyze"):
             samples = analyze(comm, inputs, aopts, progress)
         prof.counts["analyze_rows"] = len(samples)
-        return write_samples(comm, out, "metrics", samples, measured_options(aopts, samples), prof, job)
+        return write_samples(comm, out, "metrics", samples,
+                             PlanRecord(measured_options(aopts, samples), samples.files, prof, job))
 
 
 def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrite: bool,
@@ -186,11 +188,11 @@ def run_sort(comm: Comm, metrics: str, output: str, sopts: SortOptions, overwrit
     with job_scope(comm, output, overwrite, [metrics]) as scope:
         out, prof = scope.out, scope.prof
         with prof.stage("read"):
-            samples, manifest = read_samples(comm, metrics, "metrics")
+            samples, measured = read_samples(comm, metrics, "metrics")
         with prof.stage("sort"):
             ordered = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
-        options = {**manifest["options"], **sopts.as_dict()}
-        return write_samples(comm, out, "sorted", ordered, options, prof, job)
+        options = dataclasses.replace(measured, sort=sopts)
+        return write_samples(comm, out, "sorted", ordered, PlanRecord(options, ordered.files, prof, job))
 
 
 def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overwrite: bool,
@@ -199,28 +201,30 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
     the held-out plan in ``OUTPUT/holdout``, the same as ``run --holdout`` writes)."""
     check_options(comm, popts.validate)
     sorted_manifest = comm.collectively(read_manifest, sorted_dir, "sorted")
-    recorded = sorted_manifest["options"]
-    column = split_column(comm, recorded, popts, [f["path"] for f in with_locations(sorted_manifest) if "path" in f])
-    recorded = {**recorded, "column": column} if column != recorded.get("column") else recorded
+    recorded = PlanOptions.from_manifest(sorted_manifest["options"]).with_pack(popts)
+    column = split_column(comm, recorded.analyze, popts,
+                          [f["path"] for f in with_locations(sorted_manifest) if "path" in f])
+    if column != recorded.analyze.column:
+        recorded = recorded.with_analyze(column=column)
     # fine-tuning data cut by --oversize split|truncate: the labels of the samples cut are read back and
     # encoded again, so each piece (or truncated sample) counts its own targets, as in run
-    labels_read = bool(recorded.get("fine_tune")) and popts.oversize in ("split", "truncate")
-    check_options(comm, split_check(popts, recorded, labels_read=labels_read))
+    labels_read = recorded.analyze.fine_tune() is not None and popts.oversize in ("split", "truncate")
+    check_options(comm, split_check(recorded, labels_read=labels_read))
     shape = None
     if labels_read:
         from ..inputs.finetune import recorded_shape
 
         opts = store or StoreOptions()
-        shape = comm.collectively(recorded_shape, recorded, opts.tokenizer, opts.chat_template,
+        shape = comm.collectively(recorded_shape, recorded.analyze.as_dict(), opts.tokenizer, opts.chat_template,
                                   f"pack --oversize {popts.oversize} of fine-tuning data")
     # the inputs are found through the sorted (or metrics) manifest's source fingerprint
-    store_fn = store_for(comm, store, recorded, popts, None)
+    store_fn = store_for(comm, store, recorded, None)
     with job_scope(comm, output, overwrite, [sorted_dir]) as scope:
         out, prof = scope.out, scope.prof
         with prof.stage("read"):
-            samples, manifest = read_samples(comm, sorted_dir, "sorted")
-        key = manifest["options"].get("key", "size")
-        files = with_locations(manifest)
+            samples, _ = read_samples(comm, sorted_dir, "sorted")
+        key = (recorded.sort or SortOptions()).key
+        files = samples.files
         extra = None
         truncated = None
         if shape is not None and popts.oversize == "truncate":
@@ -238,12 +242,12 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
         split, held_split = truncated, None
         if popts.oversize == "split":
             with prof.stage("split"):
-                samples, split = split_sorted(comm, samples, popts, recorded, shape)
+                samples, split = split_sorted(comm, samples, recorded, shape)
                 if held is not None:
-                    held, held_split = split_sorted(comm, held, popts, recorded, shape)
+                    held, held_split = split_sorted(comm, held, recorded, shape)
         with prof.stage("pack"):
             mbs = pack_samples(comm, samples, popts, key, split)
-        options = {**recorded, **popts.with_shapes(mbs.shapes).as_dict()}  # --shapes auto: the chosen
+        options = recorded.with_pack(popts.with_shapes(mbs.shapes))  # --shapes auto: the chosen
         if plan is not None and held is not None:
             if store_fn is not None:
                 store_fn.also_holdout()
@@ -251,7 +255,7 @@ def run_pack(comm: Comm, sorted_dir: str, output: str, popts: PackOptions, overw
                 extra = {"holdout": write_holdout(comm, out, held, plan, popts, key, options, files, job, store_fn,
                                                   shapes=mbs.shapes, split=held_split)}
             del held
-        return write_index(comm, out, mbs, options, files, prof, job, store_fn, extra=extra)
+        return write_index(comm, out, mbs, PlanRecord(options, files, prof, job, extra), store_fn)
 
 
 class _Measurements:
@@ -275,10 +279,10 @@ class _Measurements:
         self.prof: Profile | None = None
         self.job: JobInfo | None = None
 
-    def write_metrics(self, samples: SampleColumns, measured: dict, prof: Profile, job: JobInfo) -> None:
+    def write_metrics(self, samples: SampleColumns, measured: PlanOptions, prof: Profile, job: JobInfo) -> None:
         """Write the metrics directory (--keep-intermediate: committed at once), or dump what a failure keeps."""
         if self.keep_intermediate:
-            write_samples(self.comm, self.extra[0], "metrics", samples, measured, prof, job)
+            write_samples(self.comm, self.extra[0], "metrics", samples, PlanRecord(measured, samples.files, prof, job))
             self.written = True
         elif self.kept is not None:
             self.prof, self.job = prof, job
@@ -286,10 +290,10 @@ class _Measurements:
                 # analyze numbers each rank's samples from its first row: the ids need not be written
                 self.dumped = dump_samples(self.comm, self.kept, samples, measured, ids_from_start=True)
 
-    def write_sorted(self, ordered: SampleColumns, options: dict, prof: Profile, job: JobInfo) -> None:
+    def write_sorted(self, ordered: SampleColumns, options: PlanOptions, prof: Profile, job: JobInfo) -> None:
         """Write the sorted directory with --keep-intermediate (else nothing)."""
         if self.keep_intermediate:
-            write_samples(self.comm, self.extra[1], "sorted", ordered, options, prof, job)
+            write_samples(self.comm, self.extra[1], "sorted", ordered, PlanRecord(options, ordered.files, prof, job))
 
     def done(self) -> None:
         """Drop the dump kept only to survive a failure: the job succeeded."""
@@ -340,16 +344,16 @@ class _Measurements:
 
 def _measure(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list[str], aopts: AnalyzeOptions,
              popts: PackOptions, job: JobInfo, progress: bool, store_fn: Store | None,
-             holdout: HoldoutRequest | None) -> tuple[SampleColumns, dict, Holdout | None, dict | None]:
+             holdout: HoldoutRequest | None) -> tuple[SampleColumns, PlanOptions, Holdout | None, dict | None]:
     """Return (the measured samples, cut with --oversize split, their recorded options, the holdout, the split)."""
     out, prof = scope.out, scope.prof
     sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
     with prof.stage("analyze"):
-        cuts = byte_cuts(aopts.as_dict(), popts)  # --size bytes --oversize split: cut while the text is read
+        cuts = byte_cuts(aopts, popts)  # --size bytes --oversize split: cut while the text is read
         pieces = None
         if popts.oversize in ("split", "truncate") and aopts.fine_tune() is not None:
             pieces = TargetPieces(truncate_length(popts))  # each piece's targets, counted while the labels are read
-        samples = analyze(comm, inputs, aopts, progress, keep_tokens=sink, keep_pieces=cuts or pieces)
+        samples = analyze(comm, inputs, aopts, progress, Keepers(sink, cuts or pieces))
     prof.counts["analyze_rows"] = len(samples)
     plan = comm.collectively(_plain_holdout, holdout, samples.files)  # a bad count fails before the sort
     measured = measured_options(aopts, samples)
@@ -364,7 +368,7 @@ def _measure(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list[str]
         # before the sort: the pieces are sorted by their own sizes
         with prof.stage("split"):
             before = samples.sample_id
-            samples, split = split_oversize(comm, samples, popts, measured, cuts,
+            samples, split = split_oversize(comm, samples, measured.with_pack(popts), cuts,
                                             plan.mask if plan is not None else None)
             if pieces is not None:
                 samples = pieces.exact(before, samples)
@@ -381,14 +385,14 @@ def _plan_dataset(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list
     with prof.stage("sort"):
         ordered = sort_samples(comm, samples, sopts, rows_per_shard("sorted"), consume=True)
     del samples
-    options = {**measured, **sopts.as_dict()}
+    options = dataclasses.replace(measured, sort=sopts)
     keep.write_sorted(ordered, options, prof, job)
     files = ordered.files
     record = None
     # `pack SORTED --holdout` repeats the held-out choice exactly
     ordered, held, mbs = hold_out_and_pack(comm, prof, ordered, plan, popts, sopts.key, split)
     del ordered
-    options = {**options, **popts.with_shapes(mbs.shapes).as_dict()}
+    options = options.with_pack(popts.with_shapes(mbs.shapes))
     if plan is not None and held is not None:
         if store_fn is not None:
             store_fn.also_holdout()
@@ -396,8 +400,8 @@ def _plan_dataset(comm: Comm, scope: JobScope, keep: _Measurements, inputs: list
             record = write_holdout(comm, out, held, plan, popts, sopts.key, options, files, job, store_fn,
                                    shapes=mbs.shapes, split=(split or {}).get("held"))
         del held
-    manifest = write_index(comm, out, mbs, options, files, prof, job, store_fn,
-                           extra={"holdout": record} if record is not None else None)
+    extra = {"holdout": record} if record is not None else None
+    manifest = write_index(comm, out, mbs, PlanRecord(options, files, prof, job, extra), store_fn)
     keep.done()
     return manifest
 
@@ -409,11 +413,12 @@ def run_all(comm: Comm, inputs: list[str], output: str, aopts: AnalyzeOptions, s
     """Analyze, sort and pack in one job (no intermediate files unless asked; ``store``: data shards too;
     ``holdout``: and the held-out plan in ``OUTPUT/holdout``)."""
     check_options(comm, sopts.validate, popts.validate)
-    column = split_column(comm, aopts.as_dict(), popts, inputs)
+    column = split_column(comm, aopts, popts, inputs)
     if column != aopts.column:
         aopts = dataclasses.replace(aopts, column=column)
-    check_options(comm, split_check(popts, aopts.as_dict(), tokenizer=aopts.tokenizer, labels_read=True))
-    store_fn = store_for(comm, store, aopts.as_dict(), popts, aopts.tokenizer)
+    planned = PlanOptions(aopts, sopts, popts)
+    check_options(comm, split_check(planned, tokenizer=aopts.tokenizer, labels_read=True))
+    store_fn = store_for(comm, store, planned, aopts.tokenizer)
     check_read_columns(comm, inputs, aopts, store)
     with job_scope(comm, output, overwrite, inputs) as scope:
         keep = _Measurements(comm, scope, output, overwrite, inputs, keep_intermediate)

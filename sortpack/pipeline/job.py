@@ -3,8 +3,8 @@ and whatever the job opened dropped when it fails.
 
 A job (``pipeline.dataset``, ``pipeline.mixture``) reads as::
 
-    check_options(comm, sopts.validate, popts.validate, split_check(popts, recorded))
-    store_fn = store_for(comm, store, recorded, popts, tokenizer)
+    check_options(comm, sopts.validate, popts.validate, split_check(recorded))
+    store_fn = store_for(comm, store, recorded, tokenizer)
     with job_scope(comm, output, overwrite, inputs) as scope:
         ... its stages, timed by scope.prof, writing into scope.out ...
 """
@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import SortpackError
 from ..parallel import Comm
 from ..stages.holdout import Holdout, split_holdout
 from ..stages.pack import Microbatches, PackOptions, pack_samples
+from ..stages.plan_options import PlanOptions
 from ..stages.samples import SampleColumns
 from ..stages.split import check_split
 from ..write.output import NestedOutput, OutputDir
@@ -28,21 +28,23 @@ from ..write.store import Store, StoreOptions, prepare
 __all__ = ["JobScope", "check_options", "job_scope", "nested_plan", "split_check", "store_for", "training_split"]
 
 
-def split_check(popts: Any, recorded: dict, own_column: str | None = None,
+def split_check(recorded: PlanOptions, own_column: str | None = None,
                 tokenizer: str | None = None, labels_read: bool = False) -> Callable[[], None] | None:
-    """Return the check that ``--oversize split`` can cut the plan measured with ``recorded`` (None: not splitting).
+    """Return the check that ``--oversize split`` can cut the plan ``recorded`` measures and packs (None: no split).
 
     ``own_column``: a mixture's source that reads a column of its own; ``tokenizer``: the
     ``--tokenizer`` file of a plan not measured yet (``stages.split.check_split``).
     ``labels_read``: the job reads fine-tuning data's labels before it cuts them (``run``), so it
     counts the targets of each piece or truncated sample.
     """
-    fine_tune = bool(recorded.get("fine_tune"))
+    popts = recorded.pack
+    assert popts is not None, "split_check checks the pack options"
+    fine_tune = recorded.analyze.fine_tune() is not None
     if fine_tune and popts.oversize in ("split", "truncate") and not labels_read:
         return lambda: _refuse_cut_labels(popts.oversize)
     if popts.oversize != "split":
         return None
-    return lambda: check_split(recorded, own_column, popts, tokenizer)
+    return lambda: check_split(recorded, own_column, tokenizer)
 
 
 def _refuse_cut_labels(oversize: str) -> None:
@@ -58,12 +60,12 @@ def check_options(comm: Comm, *checks: Callable[[], object] | None) -> None:
             comm.collectively(check)
 
 
-def store_for(comm: Comm, store: StoreOptions | None, options: dict, popts: Any, tokenizer: str | None,
+def store_for(comm: Comm, store: StoreOptions | None, options: PlanOptions, tokenizer: str | None,
               renames: list[dict[str, str] | None] | None = None) -> Store | None:
     """Return the job's ``Store`` for ``--store`` (None without it), its options checked on every rank together."""
     if store is None or not store.enabled:
         return None
-    return prepare(comm, store, options, popts, tokenizer, renames)
+    return prepare(comm, store, options, tokenizer, renames)
 
 
 @dataclass

@@ -33,7 +33,7 @@ from ..inputs.columns import check_columns, first_columns, input_columns, reads_
 from ..inputs.mixture import Mixture
 from ..inputs.renames import source_renames
 from ..parallel import Comm
-from ..stages.analyze import AnalyzeOptions, analyze
+from ..stages.analyze import AnalyzeOptions, Keepers, analyze
 from ..stages.mixture import (
     blend_mixture,
     choose_part_passes,
@@ -47,10 +47,12 @@ from ..stages.mixture import (
     union_sources,
 )
 from ..stages.pack import PackOptions, refuse_oversize
+from ..stages.plan_options import PlanOptions
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
 from ..stages.split import SPLIT_KINDS, ByteCuts, byte_cuts
 from ..write.index_writer import write_index
+from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo
 from ..write.store import Store, StoreOptions
 from .dataset import HoldoutRequest, write_holdout
@@ -65,7 +67,7 @@ def _analyze_source(comm: Comm, mix: Mixture, k: int, aopts: AnalyzeOptions, pro
     src = mix.sources[k]
     opts = dataclasses.replace(aopts, column=src.column or aopts.column)
     try:
-        return analyze(comm, src.inputs, opts, progress, keep_tokens=sink)
+        return analyze(comm, src.inputs, opts, progress, Keepers(sink))
     except SortpackError as exc:
         raise SortpackError(f"mixture source {src.name!r}: {exc}", collective=exc.collective) from None
 
@@ -86,8 +88,7 @@ def _analyze_together(comm: Comm, mix: Mixture, aopts: AnalyzeOptions, progress:
     counts = comm.bcast_obj(comm.collectively(lambda: count() if comm.is_root() else None))
     opts = dataclasses.replace(aopts, column=mix.sources[0].column or aopts.column)
     try:
-        samples = analyze(comm, [p for src in mix.sources for p in src.inputs], opts, progress, keep_tokens=sink,
-                          keep_pieces=cuts)
+        samples = analyze(comm, [p for src in mix.sources for p in src.inputs], opts, progress, Keepers(sink, cuts))
     except SortpackError as exc:
         if exc.collective:  # every rank is here: find the source at fault, to name it
             for k in range(len(mix.sources)):
@@ -171,7 +172,7 @@ def _plan_mixture(comm: Comm, scope: JobScope, mix: Mixture, aopts: AnalyzeOptio
     group = popts.group_size if popts.same_shape else 1
     sink = store_fn.token_cache(out) if store_fn is not None else None  # ids kept, not re-tokenized
     with prof.stage("analyze"):
-        cuts = byte_cuts(aopts.as_dict(), popts)  # --size bytes --oversize split: cut while the text is read
+        cuts = byte_cuts(aopts, popts)  # --size bytes --oversize split: cut while the text is read
         union, groups, table, bases, files, file_counts = _analyze_union(comm, mix, aopts, progress, sink, cuts)
     prof.counts["analyze_rows"] = len(union)
     refuse_oversize(comm, union, popts)  # fail fast: before the sort, as `run` does
@@ -181,8 +182,8 @@ def _plan_mixture(comm: Comm, scope: JobScope, mix: Mixture, aopts: AnalyzeOptio
     if popts.oversize == "split":
         # before the sort, as `run` cuts: pieces are sorted by their own sizes, each in its source
         with prof.stage("split"):
-            union, groups, split = split_union(comm, union, groups, table, bases, popts, aopts.as_dict(), cuts,
-                                               hplan)
+            union, groups, split = split_union(comm, union, groups, table, bases, PlanOptions(aopts, sopts, popts),
+                                               cuts, hplan)
     with prof.stage("sort"):
         # by (source, key, id); the stage comes back as source * stages + stage, so the
         # pieces of packing end where the source (or the stage) changes
@@ -202,7 +203,7 @@ def _plan_mixture(comm: Comm, scope: JobScope, mix: Mixture, aopts: AnalyzeOptio
         plan, record = blend_mixture(comm, mbs, packed, mix, group, sopts.stages, bases, file_counts,
                                      rows_per_shard("index"), samples_per_shard())
     del mbs
-    options = {**aopts.as_dict(), **sopts.as_dict(), **popts.with_shapes(plan.shapes).as_dict()}
+    options = PlanOptions(aopts, sopts, popts.with_shapes(plan.shapes))
     extra = {"mixture": record}
     if hplan is not None and held is not None:
         if store_fn is not None:
@@ -212,7 +213,7 @@ def _plan_mixture(comm: Comm, scope: JobScope, mix: Mixture, aopts: AnalyzeOptio
                                              store_fn, to_plan=lambda m: split_source(m, sopts.stages),
                                              shapes=plan.shapes, split=(split or {}).get("held"))
         del held
-    return write_index(comm, out, plan, options, files, prof, job, store_fn, extra=extra)
+    return write_index(comm, out, plan, PlanRecord(options, files, prof, job, extra), store_fn)
 
 
 def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, sopts: SortOptions,
@@ -233,10 +234,11 @@ def run_mixture(comm: Comm, mix: Mixture, output: str, aopts: AnalyzeOptions, so
     plan_column, file_counts = _plan_column(comm, mix, aopts, store, splitting)
     if plan_column != aopts.column:  # a source's own column is read under the plan's name
         aopts = dataclasses.replace(aopts, column=plan_column)
-    check_options(comm, split_check(popts, aopts.as_dict(), _own_column(mix, aopts), aopts.tokenizer))
+    planned = PlanOptions(aopts, sopts, popts)
+    check_options(comm, split_check(planned, _own_column(mix, aopts), aopts.tokenizer))
     renames = None
     if store is not None and store.enabled and file_counts is not None:
         renames = source_renames(plan_column, [src.column for src in mix.sources], file_counts)
-    store_fn = store_for(comm, store, aopts.as_dict(), popts, aopts.tokenizer, renames)
+    store_fn = store_for(comm, store, planned, aopts.tokenizer, renames)
     with job_scope(comm, output, overwrite, []) as scope:
         return _plan_mixture(comm, scope, mix, aopts, sopts, popts, job, progress, store_fn, holdout)

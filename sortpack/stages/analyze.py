@@ -24,9 +24,9 @@ from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
 
 
-@dataclass
+@dataclass(frozen=True)
 class AnalyzeOptions:
-    """What to measure: the column and the size/difficulty SPECs."""
+    """What to measure: the column and the size/difficulty SPECs (read-only: ``dataclasses.replace`` makes a copy)."""
 
     column: str | None = None
     size: str = "length"
@@ -47,12 +47,14 @@ class AnalyzeOptions:
         """Return the SPEC of each per-sample measure to evaluate like a size, by measure name."""
         return {"size2": self.size2} if self.size2 else {}
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
+        """Give fine-tuning shapes their defaults: texts count tokens, a labels column labels ``input_ids``."""
         # a prompt/completion or chat sample's size is its tokens (length is only the default)
         if self.text_shape and self.size == "length":
-            self.size = "tokens"
+            object.__setattr__(self, "size", "tokens")
         if self.labels_column and not self.column:
-            self.column = "input_ids"  # the token ids a labels column labels (the store cuts both at a split)
+            # the token ids a labels column labels (the store cuts both at a split)
+            object.__setattr__(self, "column", "input_ids")
 
     @property
     def text_shape(self) -> bool:
@@ -102,6 +104,7 @@ class Specs:
     funcs: dict[str, Callable] = field(default_factory=dict)  # python:MODULE:FUNC SPECs by text
     shape: FineTuneShape | None = None  # fine-tuning data: how its ids, labels and targets are made
     measures: dict[str, Spec] = field(default_factory=dict)  # per-sample measures measured like a size
+    special_tokens: bool = True  # tokens: count the ones the post-processor adds
 
     def read_columns(self) -> tuple[list[str] | None, list[str]]:
         """Return (the columns a read needs, None for all; the text columns among them)."""
@@ -135,6 +138,15 @@ class PieceKeeper(Protocol):
     def __call__(self, table: pa.Table, size: np.ndarray, where: str) -> None:
         """Keep the cuts of this read's samples over the budget (rows in this rank's sample order)."""
         ...
+
+
+@dataclass(frozen=True)
+class Keepers:
+    """What a job keeps of each read besides its measures: the token ids (``tokens``) and the cuts of the
+    oversize texts (``pieces``); see ``analyze``."""
+
+    tokens: TokenKeeper | None = None
+    pieces: PieceKeeper | None = None
 
 
 @dataclass
@@ -196,7 +208,7 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     if wants:
         tokenizer = load_tokenizer(opts.tokenizer, wants[0])
     funcs = {s.text: load_function(s) for _, s in kinds if s and s.kind == "python"}
-    return Specs(size_spec, diff_spec, tokenizer, funcs, measures=measures)
+    return Specs(size_spec, diff_spec, tokenizer, funcs, measures=measures, special_tokens=opts.special_tokens)
 
 
 def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
@@ -218,20 +230,20 @@ def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
     if tokenizer is None and any(s is not None and s.kind == "tokens" for s in kinds):
         tokenizer = load_tokenizer(opts.tokenizer, "--size")
     funcs = {s.text: load_function(s) for s in kinds if s and s.kind == "python"}
-    return Specs(size_spec, diff_spec, tokenizer, funcs, shape, measures)
+    return Specs(size_spec, diff_spec, tokenizer, funcs, shape, measures, opts.special_tokens)
 
 
-def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False, *,
-            keep_tokens: TokenKeeper | None = None, keep_pieces: PieceKeeper | None = None) -> SampleColumns:
+def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: bool = False,
+            keep: Keepers | None = None) -> SampleColumns:
     """Return this rank's slice of (sample_id, size, difficulty) for the inputs.
 
     Ranks read the parts ``read_plan.plan_reads`` deals them: disjoint contiguous runs of
     units balanced by rows, so each rank's samples are a contiguous range of global ids.
 
-    ``keep_tokens`` (``run --store-tokens``) changes how ``--size tokens`` is counted, not
+    ``keep.tokens`` (``run --store-tokens``) changes how ``--size tokens`` is counted, not
     what: its ``count_and_keep`` counts each read's tokens (the sizes, the same counts) and
     keeps the ids of that one encode for the store. Other SPECs never use it.
-    ``keep_pieces`` (``run --size bytes --oversize split``: ``split.ByteCuts``) sees each read's
+    ``keep.pieces`` (``run --size bytes --oversize split``: ``split.ByteCuts``) sees each read's
     table with its sizes, in sample order, to cut the oversize texts while they are in memory;
     it changes nothing that is measured.
     """
@@ -241,9 +253,9 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     # what pack --store checks later: each file's mtime and digest, taken before it is read
     digests = record(comm, [f.path for f in files], [f.format for f in files], [f.bytes for f in files],
                      plan.file_owners)
-    show = show_progress and comm.is_root()
-    measured: Measured = comm.collectively(_measure, files, plan, specs, opts, keep_tokens, keep_pieces, show,
-                                           comm.size)
+    show = Display(show_progress and comm.is_root(), comm.size)
+    prog = Progress("analyze", plan.rows, "rows", plan.total_rows, show)
+    measured: Measured = comm.collectively(_measure, files, plan, specs, keep or Keepers(), prog)
     unit_rows = _share_unit_rows(comm, plan, measured.unknown_rows)
     start = int(unit_rows[:plan.lo].sum()) + plan.head
     total = int(unit_rows.sum())
@@ -253,6 +265,9 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     file_rows = np.bincount(plan.units.file, weights=unit_rows, minlength=len(files)).astype(np.int64)
     fingerprint = [{**f.fingerprint(r), **d} for f, r, d in zip(files, file_rows, digests)]
     size, diff = _columns(comm, measured, specs)
+    # the per-read pieces are copied into the columns: free them first, so the ids take their memory
+    measured.sizes.clear()
+    measured.diffs.clear()
     sample_id = np.arange(start, start + len(size), dtype=np.int64)
     # (fine-tuning texts: a sample without content is one without targets, not one of the empty text's size)
     counts_text = specs.size.kind == "tokens" and specs.shape is None
@@ -263,14 +278,12 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     return SampleColumns(start, total, sample_id, size, diff, None, fingerprint, empty_size, measures=measures)
 
 
-def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: AnalyzeOptions,
-             keep_tokens: TokenKeeper | None, keep_pieces: PieceKeeper | None, show: bool,
-             ranks: int) -> Measured:
+def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keepers, prog: Progress) -> Measured:
     """Return this rank's sizes and difficulties, read by read, and the rows of the units it found."""
     columns, text_columns = specs.read_columns()
     counter = "tokens" if specs.size.kind == "tokens" else "summed size"  # the progress line's running sum
     out = Measured([], [], [])
-    prog = Progress("analyze", plan.rows, "rows", plan.total_rows, Display(show, ranks))
+    keep_pieces = keep.pieces
     for read in plan.reads:
         src = files[read.file]
         table = _read(src, read, columns, text_columns)
@@ -279,7 +292,7 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: Analyz
         if table.num_rows == 0:
             # an empty file or row group: its columns may not even exist (empty jsonl)
             continue
-        size, diff, encoded = _measure_table(table, src.path, specs, opts, keep_tokens)
+        size, diff, encoded = _measure_table(table, src.path, specs, keep.tokens)
         if encoded is not None:
             out.measures.setdefault("targets", []).append(encoded.targets)
             keep_labels = getattr(keep_pieces, "keep_labels", None)  # split.TargetPieces: pieces' own targets
@@ -290,7 +303,7 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, opts: Analyz
         out.sizes.append(size)
         out.diffs.append(diff)
         for name, spec in specs.measures.items():
-            values = evaluate(spec, table, src.path, specs.tokenizer, specs.funcs.get(spec.text), opts.special_tokens)
+            values = evaluate(spec, table, src.path, specs.tokenizer, specs.funcs.get(spec.text), specs.special_tokens)
             out.measures.setdefault(name, []).append(
                 as_size(values, src.path, f"--{name} {spec.text}").astype(np.int64, copy=False))
         prog.update(table.num_rows, None, **{counter: int(size.sum())})
@@ -311,7 +324,7 @@ def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: 
     return table
 
 
-def _measure_table(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptions,
+def _measure_table(table: pa.Table, where: str, specs: Specs,
                    keep_tokens: TokenKeeper | None) -> tuple[np.ndarray, np.ndarray, Encoded | None]:
     """Return the (size, difficulty, encoded ids and labels) of every row of ``table``.
 
@@ -327,24 +340,24 @@ def _measure_table(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptio
             if keep_tokens is not None:
                 keep_tokens.keep_encoded(encoded)
             size = encoded.sizes
-            return size, size if diff_spec is None else _difficulty(table, where, specs, opts), encoded
+            return size, size if diff_spec is None else _difficulty(table, where, specs), encoded
     if keep_tokens is not None and size_spec.kind == "tokens":
         assert size_spec.column is not None  # parse_spec gives a tokens SPEC its column
         size = keep_tokens.count_and_keep(table, size_spec.column, specs.tokenizer, where)
     else:
         size = as_size(evaluate(size_spec, table, where, specs.tokenizer, specs.funcs.get(size_spec.text),
-                                opts.special_tokens), where, f"--size {size_spec.text}")
+                                specs.special_tokens), where, f"--size {size_spec.text}")
     if diff_spec is None:
         return size, size, encoded
-    return size, _difficulty(table, where, specs, opts), encoded
+    return size, _difficulty(table, where, specs), encoded
 
 
-def _difficulty(table: pa.Table, where: str, specs: Specs, opts: AnalyzeOptions) -> np.ndarray:
+def _difficulty(table: pa.Table, where: str, specs: Specs) -> np.ndarray:
     """Return the ``--difficulty`` SPEC's value per row of ``table``."""
     spec = specs.difficulty
     assert spec is not None
     return as_difficulty(evaluate(spec, table, where, specs.tokenizer, specs.funcs.get(spec.text),
-                                  opts.special_tokens), where, f"--difficulty {spec.text}")
+                                  specs.special_tokens), where, f"--difficulty {spec.text}")
 
 
 def _share_unit_rows(comm: Comm, plan: ReadPlan, found_rows: list[int]) -> np.ndarray:
@@ -375,18 +388,6 @@ def empty_token_count(tokenizer) -> int:
     this has no content (``stages.pack.filters.content_empty``), so no second encode per sample.
     """
     return len(tokenizer.encode("", add_special_tokens=True).ids)
-
-
-def measured_options(opts: AnalyzeOptions, samples: SampleColumns) -> dict:
-    """Return the options a metrics manifest records: ``opts`` plus what analyze decided (``empty_size``).
-
-    ``empty_size`` is recorded only when it is not 0, so plans that count no special tokens
-    keep their content hash.
-    """
-    out = opts.as_dict()
-    if samples.empty_size:
-        out["empty_size"] = samples.empty_size
-    return out
 
 
 def _common_dtype(comm: Comm, parts: list[np.ndarray]) -> np.dtype:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from ..inputs.holdout import parse_holdout
 from ..parallel import Comm
 from ..permutation import KeyedPermutation, check_seed
 from .samples import SampleColumns
+
+if TYPE_CHECKING:
+    from .pack import PackOptions
 
 __all__ = ["DEFAULT_SEED", "DIRECTORY", "Holdout", "held_counts", "holdout_lengths", "holdout_mask", "parse_holdout",
            "split_holdout"]
@@ -134,7 +138,7 @@ def split_holdout(comm: Comm, samples: SampleColumns, holdout: Holdout) -> tuple
     return train, samples.select(held, start, total)
 
 
-def holdout_lengths(comm: Comm, sizes: np.ndarray, popts, shapes: tuple[int, ...]) -> tuple[int, ...]:
+def holdout_lengths(comm: Comm, sizes: np.ndarray, popts: PackOptions, shapes: tuple[int, ...]) -> tuple[int, ...]:
     """Return the padded lengths of a held-out plan under ``--shapes auto:K``: the training's (``shapes``).
 
     A held-out sample longer than every chosen length (the longest document may be held out)

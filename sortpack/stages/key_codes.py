@@ -95,14 +95,22 @@ class KeyLayout:
         return np.uint64((1 << self.width(field)) - 1)
 
     def pack(self, key: np.ndarray, *, stage: np.ndarray | None = None, group: np.ndarray | None = None,
-             ids: np.ndarray | None = None, first_id: int | None = None, in_place: bool = False) -> np.ndarray:
+             ids: np.ndarray | None = None, first_id: int | None = None) -> np.ndarray:
         """Return uint64 codes holding each given field in its place (an absent one is 0).
 
         ``key`` holds key codes below ``2**key_bits``; ``ids`` are int64 sample ids, or
-        ``first_id`` says they are ``first_id + arange(n)``. ``in_place`` packs into
-        ``key`` itself (uint64), which bounds memory on large ranks.
+        ``first_id`` says they are ``first_id + arange(n)``. ``key`` is left as it is
+        (``pack_into`` packs in its memory).
         """
-        codes = key if in_place else np.asarray(key).astype(np.uint64)
+        return self.pack_into(np.asarray(key).astype(np.uint64), stage=stage, group=group, ids=ids,
+                              first_id=first_id)
+
+    def pack_into(self, codes: np.ndarray, *, stage: np.ndarray | None = None, group: np.ndarray | None = None,
+                  ids: np.ndarray | None = None, first_id: int | None = None) -> np.ndarray:
+        """Return ``codes`` (uint64 key codes) with the fields of ``pack`` packed in, in their own memory.
+
+        Packing in place bounds memory on large ranks: no second array of codes.
+        """
         if self.id_bits:
             codes <<= np.uint64(self.id_bits)
         if stage is not None:

@@ -33,6 +33,7 @@ from .blend import Blend, pass_needs, plan_blend
 from .holdout import DEFAULT_SEED, Holdout
 from .pack import Microbatches, PackOptions, microbatch_stats, pack_samples
 from .part_pass import part_pass_samples
+from .plan_options import PlanOptions
 from .samples import SampleColumns
 from .split import ByteCuts, split_oversize
 
@@ -143,12 +144,12 @@ def piece_sources(sample_id: np.ndarray, bases: np.ndarray, table: np.ndarray | 
 
 
 def split_union(comm: Comm, union: SampleColumns, groups: np.ndarray, table: np.ndarray | None, bases: np.ndarray,
-                popts: PackOptions, measured: dict | None = None, known: ByteCuts | None = None,
+                plan: PlanOptions, known: ByteCuts | None = None,
                 holdout: Holdout | None = None) -> tuple[SampleColumns, np.ndarray, dict]:
     """Return (the union with every sample over the budget cut into pieces, their sources, the split's counts).
 
     Cut right after analyze, before the sort, as ``run`` cuts (``stages.split``): a piece is a
-    sample of its document's source, sorted by its own size. ``measured`` and ``known`` as for
+    sample of its document's source, sorted by its own size. ``plan`` and ``known`` as for
     ``split_oversize`` (``--size bytes``: the column cut between characters, the cuts analyze
     placed). ``holdout``: the counts are the training plan's documents', ``split["held"]`` the
     held-out plan's. Collective.
@@ -157,7 +158,7 @@ def split_union(comm: Comm, union: SampleColumns, groups: np.ndarray, table: np.
     if holdout is not None:
         def held_out(ids: np.ndarray) -> np.ndarray:
             return holdout.mask(ids if table is None else global_ids(table, ids.copy()))
-    union, split = split_oversize(comm, union, popts, measured, known, held_out)
+    union, split = split_oversize(comm, union, plan, known, held_out)
     if union.begin is not None:  # pieces: one source per piece, from its document's id
         groups = piece_sources(union.sample_id, bases, table)
     return union, groups, split

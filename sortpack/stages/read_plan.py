@@ -110,18 +110,19 @@ def plan_reads(files: list[SourceFile], *, rank: int, size: int) -> ReadPlan:
     cut_unit, cut_off = split_rows(weights, ~units.unknown, size)
     lo, head, hi, tail = rank_run(cut_unit, cut_off, rank=rank)
     owners = unit_owners(cut_unit, np.searchsorted(units.file, np.arange(len(files))), size=size)
-    reads = rank_reads(units.file, units.local, units.rows, lo, hi, head, tail, units.bytes)
+    reads = rank_reads(units, lo, hi, head, tail)
     return ReadPlan(units, weights, lo, head, hi, tail, reads, owners)
 
 
-def rank_reads(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndarray, lo: int, hi: int,
-               head: int, tail: int, unit_bytes: np.ndarray | None = None) -> list[Read]:
-    """Return the reads of one rank's run, in global row order.
+def rank_reads(units: Units, lo: int, hi: int, head: int, tail: int) -> list[Read]:
+    """Return the reads of one rank's run of ``units``, in global row order.
 
     The run starts at row ``head`` of unit ``lo`` and ends before row ``tail`` of unit
     ``hi`` (the end is unit ``hi`` itself when ``tail`` is 0). A unit read only in part has
     ``row_lo, row_hi`` set (and is the only unit of its read); whole units have None.
     """
+    unit_file, unit_local, unit_rows, unit_bytes = units.file, units.local, units.rows, units.bytes
+
     def part(u: int, a: int, b: int) -> Read:
         """Return the read of rows ``[a, b)`` of unit ``u``."""
         return Read(int(unit_file[u]), int(unit_local[u]), int(unit_local[u]) + 1, a, b)
@@ -134,7 +135,7 @@ def rank_reads(unit_file: np.ndarray, unit_local: np.ndarray, unit_rows: np.ndar
         reads.append(part(lo, head, int(unit_rows[lo])))
         first_whole = lo + 1
     reads += file_runs(unit_file[first_whole:hi], unit_local[first_whole:hi], unit_rows[first_whole:hi],
-                       None if unit_bytes is None else unit_bytes[first_whole:hi])
+                       unit_bytes[first_whole:hi])
     if tail > 0:
         reads.append(part(hi, 0, tail))
     return reads

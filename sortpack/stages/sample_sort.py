@@ -117,15 +117,17 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
 
     ``lo`` is None when ``hi`` alone is unique (keys packed with ids). For the packed
     form, ``ids_from = (first, layout)`` says the codes' ``id`` field holds the ids
-    ``first + arange(n)``: the local sort is then a plain ``np.sort`` and the payload
-    follows by the positions read back from the ids (no argsort). ``targets`` (P + 1
-    rising global positions, ending at the total), with unique ``hi``, makes rank r hold
+    ``first + arange(n)``: the local sort is then a radix sort on the fields above the ids
+    (``kernels.sort_id_ordered``) and the payload follows by the positions read back from
+    the ids (no argsort). ``targets`` (P + 1 rising global positions, ending at the total),
+    with unique ``hi``, makes rank r hold
     exactly positions ``[targets[r], targets[r+1])``; otherwise ranges are near-even.
     """
     if lo is None and ids_from is not None:
-        hi.sort()
+        first, layout = ids_from
+        # the ids rise in input order: a stable radix sort on the fields above them is the full sort
+        hi = kernels.sort_id_ordered(hi, layout.id_bits, layout.bits - layout.id_bits)
         if payload:
-            first, layout = ids_from
             pos = layout.field(hi, "id").astype(np.int64) - first
             payload = {k: v[pos] for k, v in payload.items()}
     else:
@@ -151,8 +153,16 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     phase("exchange")
     offsets = np.concatenate(([0], np.cumsum(recv))).astype(np.int64)
     if r_lo is None and not r_payload:
-        # nothing rides along: merge the keys alone (no permutation to write)
-        r_hi = kernels.merge_sorted_keys(r_hi, offsets)
+        # nothing rides along: merge the keys alone (no permutation to write), into the sent codes'
+        # memory when they were sorted here in place (consumed) and it is large enough
+        if ids_from is not None and len(r_hi) <= len(hi):
+            r_hi = kernels.merge_sorted_keys_into(r_hi, offsets, hi)
+        elif comm.size == 2:
+            # two runs, one of them this rank's own (still in hi): merged within the received codes
+            own = hi[cuts[comm.rank]:cuts[comm.rank + 1]]
+            r_hi = kernels.merge_with_own_run(r_hi, int(recv[0]), own, own_first=comm.rank == 0)
+        else:
+            r_hi = kernels.merge_sorted_keys(r_hi, offsets)
         phase("merge")
         return SortedRecords(r_hi, None, {})
     if r_lo is None:

@@ -22,7 +22,7 @@ from .samples import SampleColumns
 from .sort_plan import curriculum_stages, group_width, id_width, stage_width
 
 
-@dataclass
+@dataclass(frozen=True)
 class SortOptions:
     """How to order samples: by which key, which direction, how many curriculum stages."""
 
@@ -51,30 +51,64 @@ class SortedKeys:
     payload: dict[str, np.ndarray]  # the columns that travelled along, in the same order
 
 
-def _sort_by(comm: Comm, codes: np.ndarray, layout: KeyLayout, start: int, total: int, ids: np.ndarray | None,
-             payload: dict[str, np.ndarray], contiguous: bool, targets: np.ndarray | None = None, *,
-             stage: np.ndarray | None = None, group: np.ndarray | None = None) -> SortedKeys:
-    """Return the samples sorted by (group, stage, key code, sample_id) over all ranks.
+@dataclass(frozen=True)
+class _Keys:
+    """The key codes one sort packs (``layout`` says their fields, without ids): consumed, the stage and group
+    (either may be None) packed into them in place."""
 
-    ``codes`` (the key codes; ``layout`` says the fields, without ids) is consumed: the
-    stage and group are packed into it in place. This rank holds global positions from
-    ``start`` of ``total``; ``ids=None`` says its ids are ``start + arange(len(codes))``.
+    codes: np.ndarray
+    layout: KeyLayout
+    stage: np.ndarray | None = None
+    group: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The rows going into one sort: this rank's global positions from ``start`` of ``total``, their ids
+    (None: ``start + arange(n)``) and the columns that travel with them."""
+
+    start: int
+    total: int
+    ids: np.ndarray | None
+    payload: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What every rank knows of a sort before anything moves: the options, whether the ids are contiguous and
+    the difficulty is the size (``_is_contiguous``, ``_is_same``), the group bits, each rank's target range."""
+
+    opts: SortOptions
+    contiguous: bool
+    same: bool
+    group_bits: int
+    targets: np.ndarray
+    consume: bool
+
+
+def _sort_by(comm: Comm, keys: _Keys, rows: _Rows, contiguous: bool, targets: np.ndarray | None = None
+             ) -> SortedKeys:
+    """Return the rows sorted by (group, stage, key code, sample_id) over all ranks.
+
+    ``keys.codes`` is consumed: the stage and group are packed into it in place. ``contiguous``:
+    every rank's ids are its positions (then the payload follows the ids, no argsort).
     ``targets`` (each rank's first global position, and the total) asks for exactly those
     ranges; it is honoured when keys and ids pack into one uint64 (else ranges are near-even).
-    The returned codes hold ``layout``'s fields, the ids shifted out.
+    The returned codes hold ``keys.layout``'s fields, the ids shifted out.
     """
-    packed = layout.with_ids(id_width(total))
+    start, ids, layout = rows.start, rows.ids, keys.layout
+    packed = layout.with_ids(id_width(rows.total))
     if packed.fits():
-        codes = packed.pack(codes, stage=stage, group=group, ids=ids, first_id=start if ids is None else None,
-                            in_place=True)
+        codes = packed.pack_into(keys.codes, stage=keys.stage, group=keys.group, ids=ids,
+                                 first_id=start if ids is None else None)
         phase("keys")
-        out = sample_sort(comm, codes, None, payload, (start, packed) if contiguous else None, targets)
+        out = sample_sort(comm, codes, None, rows.payload, (start, packed) if contiguous else None, targets)
         out_ids, _ = packed.strip_ids(out.hi)
         return SortedKeys(out_ids, out.hi, out.payload)
-    codes = layout.pack(codes, stage=stage, group=group, in_place=True)
+    codes = layout.pack_into(keys.codes, stage=keys.stage, group=keys.group)
     ids = np.arange(start, start + len(codes), dtype=np.int64) if ids is None else ids.astype(np.int64, copy=False)
     phase("keys")
-    out = sample_sort(comm, codes, ids.view(np.uint64), payload)
+    out = sample_sort(comm, codes, ids.view(np.uint64), rows.payload)
     assert out.lo is not None  # sorted as (key, id) pairs: lo holds the ids
     return SortedKeys(out.lo.view(np.int64), out.hi, out.payload)
 
@@ -133,21 +167,26 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     """
     opts.validate()
     if samples.begin is not None:
-        return _sort_pieces(comm, samples, opts, rows_per_shard, consume, groups)
+        # pieces share their sample's id: sorted by global position, their ids and ranges fetched back
+        start = samples.start
+        rows, keep = _piece_positions(samples, consume)
+        ordered = sort_samples(comm, rows, opts, rows_per_shard, consume, groups)
+        got = fetch_rows(comm, keep, start, ordered.sample_id)
+        ordered.sample_id, ordered.begin = got["sample_id"], got["begin"]
+        return ordered
     group_bits = 0
     if groups is not None:
         group_bits = group_width(comm.allreduce(int(groups.max()) if len(groups) else 0, "max"))
     files, total = samples.files, samples.total
     prog = Progress("sort", None, "phases", display=Display(ranks=comm.size))
-    contiguous = _is_contiguous(comm, samples)
-    same = _is_same(comm, samples)
     # each rank's final range of whole output shards: an exact sort lands there, the redistribution is then a no-op
-    targets = owner_starts(total, rows_per_shard, comm.size)
+    facts = _Facts(opts, _is_contiguous(comm, samples), _is_same(comm, samples), group_bits,
+                   owner_starts(total, rows_per_shard, comm.size), consume)
     if opts.stages > 1:
-        samples, groups = _assign_stages(comm, samples, opts, contiguous, same, groups, group_bits)
-        out = _sort_staged(comm, samples, opts, same, groups, group_bits, targets)
+        samples, groups = _assign_stages(comm, samples, groups, facts)
+        out = _sort_staged(comm, samples, groups, facts)
     else:
-        out = _sort_plain(comm, samples, opts, contiguous, same, groups, group_bits, targets, consume)
+        out = _sort_plain(comm, samples, groups, facts)
     phase("decode")
     start, total = global_start(comm, len(out.ids))
     ordered = SampleColumns(start, total, out.ids, out.size, out.difficulty, out.stage, files, samples.empty_size,
@@ -163,28 +202,26 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     return ordered
 
 
-def _sort_staged(comm: Comm, samples: SampleColumns, opts: SortOptions, same: bool, groups: np.ndarray | None,
-                 group_bits: int, targets: np.ndarray) -> _Sorted:
+def _sort_staged(comm: Comm, samples: SampleColumns, groups: np.ndarray | None, facts: _Facts) -> _Sorted:
     """Return samples already staged (``_assign_stages``) sorted by ((group,) stage, size, id)."""
+    opts = facts.opts
     # order inside a stage by size: the stage is the most significant part of the key below the group
     codes, codec = encode_keys(comm, samples.size, opts.descending)
-    layout = KeyLayout(codec.bits, stage_width(opts.stages), group_bits)
-    payload = _with_measures({} if same else {"difficulty": samples.difficulty}, samples)
-    out = _sort_by(comm, codes, layout, samples.start, samples.total, samples.sample_id, payload, False, targets,
-                   stage=samples.stage_or_zero(), group=groups)
+    layout = KeyLayout(codec.bits, stage_width(opts.stages), facts.group_bits)
+    payload = _with_measures({} if facts.same else {"difficulty": samples.difficulty}, samples)
+    out = _sort_by(comm, _Keys(codes, layout, samples.stage_or_zero(), groups),
+                   _Rows(samples.start, samples.total, samples.sample_id, payload), False, facts.targets)
     stage = layout.field(out.codes, "stage").astype(np.int16)
-    if group_bits:
+    if facts.group_bits:
         stage += layout.field(out.codes, "group").astype(np.int16) * np.int16(opts.stages)
     size = codec.decode(layout.field(out.codes, "key"))
     return _Sorted(out.ids, size, out.payload.get("difficulty", size), stage, _measures_in(out.payload))
 
 
-def _sort_plain(comm: Comm, samples: SampleColumns, opts: SortOptions, contiguous: bool, same: bool,
-                groups: np.ndarray | None, group_bits: int, targets: np.ndarray, consume: bool) -> _Sorted:
+def _sort_plain(comm: Comm, samples: SampleColumns, groups: np.ndarray | None, facts: _Facts) -> _Sorted:
     """Return the samples sorted by ((group,) key, id), one curriculum stage (the group, if any, as the stage)."""
+    opts, same = facts.opts, facts.same
     by_size = opts.key == "size"
-    codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending)
-    layout = _group_layout(codec, group_bits)
     payload: dict[str, np.ndarray] = {}
     if not by_size:
         payload["size"] = samples.size
@@ -192,17 +229,22 @@ def _sort_plain(comm: Comm, samples: SampleColumns, opts: SortOptions, contiguou
         payload["difficulty"] = samples.difficulty
     payload = _with_measures(payload, samples)
     ids_in: np.ndarray | None = samples.sample_id
-    if consume and not payload and contiguous:
-        # the ids are start + arange(n) and the keys are in the codes: free the input now
+    free_input = facts.consume and not payload and facts.contiguous
+    if free_input:
+        # the ids are start + arange(n): free them before the codes are made, which then take their memory
+        samples.sample_id, ids_in = np.zeros(0, np.int64), None
+    codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending)
+    layout = _group_layout(codec, facts.group_bits)
+    if free_input:
+        # the keys are in the codes: free the input now
         samples.clear()
-        ids_in = None
-    out = _sort_by(comm, codes, layout, samples.start, samples.total, ids_in, payload, contiguous, targets,
-                   group=groups)
+    out = _sort_by(comm, _Keys(codes, layout, group=groups), _Rows(samples.start, samples.total, ids_in, payload),
+                   facts.contiguous, facts.targets)
     del ids_in
     ids, codes, payload = out.ids, out.codes, out.payload
     del out
     stage = None
-    if group_bits:
+    if facts.group_bits:
         # stages == 1: the code is the group; the codes are sorted, so it is runs
         stage = layout.sorted_groups(codes)
         codes = layout.field(codes, "key", in_place=True)
@@ -213,14 +255,13 @@ def _sort_plain(comm: Comm, samples: SampleColumns, opts: SortOptions, contiguou
     return _Sorted(ids, size, difficulty, stage, _measures_in(payload))
 
 
-def _sort_pieces(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per_shard: int, consume: bool,
-                 groups: np.ndarray | None) -> SampleColumns:
-    """Return pieces (``--oversize split``) sorted by (key, position), their sample ids and ranges fetched back.
+def _piece_positions(samples: SampleColumns, consume: bool) -> tuple[SampleColumns, dict[str, np.ndarray]]:
+    """Return pieces (``--oversize split``) numbered by global position in place of their ids, and their
+    (sample_id, begin) to fetch back by position after the sort (``consume``: ``samples`` is emptied).
 
     The pieces of a sample share its id, so the id alone cannot break ties: the pieces are
     sorted by their global positions instead (numbered in (sample, piece) order, a total
-    order that does not depend on the rank count), and each sorted position then fetches its
-    sample id and range from the rank that held it.
+    order that does not depend on the rank count).
     """
     assert samples.begin is not None
     keep = {"sample_id": samples.sample_id, "begin": samples.begin}
@@ -230,10 +271,7 @@ def _sort_pieces(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
                          measures=samples.measures)
     if consume:
         samples.clear()
-    ordered = sort_samples(comm, rows, opts, rows_per_shard, consume, groups)
-    got = fetch_rows(comm, keep, start, ordered.sample_id)
-    ordered.sample_id, ordered.begin = got["sample_id"], got["begin"]
-    return ordered
+    return rows, keep
 
 
 def _group_layout(codec: KeyCodec, group_bits: int) -> KeyLayout:
@@ -247,16 +285,18 @@ def _group_layout(codec: KeyCodec, group_bits: int) -> KeyLayout:
     return layout
 
 
-def _assign_stages(comm: Comm, samples: SampleColumns, opts: SortOptions, contiguous: bool, same: bool,
-                   groups: np.ndarray | None = None, group_bits: int = 0) -> tuple[SampleColumns, np.ndarray | None]:
+def _assign_stages(comm: Comm, samples: SampleColumns, groups: np.ndarray | None,
+                   facts: _Facts) -> tuple[SampleColumns, np.ndarray | None]:
     """Return the samples in ((group,) difficulty, id) order with stage = exact quantile bucket (within its group).
 
     The groups come back in the new order (None without groups).
     """
+    opts, same, group_bits = facts.opts, facts.same, facts.group_bits
     codes, codec = encode_keys(comm, samples.difficulty, opts.descending)
     layout = _group_layout(codec, group_bits)
-    out = _sort_by(comm, codes, layout, samples.start, samples.total, samples.sample_id,
-                   _with_measures({} if same else {"size": samples.size}, samples), contiguous, group=groups)
+    payload = _with_measures({} if same else {"size": samples.size}, samples)
+    out = _sort_by(comm, _Keys(codes, layout, group=groups),
+                   _Rows(samples.start, samples.total, samples.sample_id, payload), facts.contiguous)
     ids, codes, payload = out.ids, out.codes, out.payload
     start, total = global_start(comm, len(ids))
     pos = np.arange(start, start + len(ids), dtype=np.int64)

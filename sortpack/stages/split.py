@@ -23,7 +23,8 @@ by their own sizes; ``pack`` of a sorted directory splits and sorts again (``sor
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,32 +35,39 @@ from ..inputs.size_kinds import split_kinds
 from ..parallel import Comm
 from .samples import SampleColumns, exact_sum
 
+if TYPE_CHECKING:
+    from .analyze import AnalyzeOptions
+    from .pack import PackOptions
+    from .plan_options import PlanOptions
+
 # size kinds whose units a reader can cut (their ``SizeKind.ranges``): token ids, characters of a
 # text, elements of a list, bytes of a text (at character boundaries) or binary value
 SPLIT_KINDS = split_kinds()
 
 
-def check_split(options: dict, own_column: str | None = None, popts=None, tokenizer: str | None = None) -> None:
+def check_split(plan: PlanOptions, own_column: str | None = None, tokenizer: str | None = None) -> None:
     """Raise SortpackError when ``--oversize split`` cannot cut this plan's samples (one line, before any work).
 
-    ``own_column``: a mixture source that reads its own column (``"name' reads 'column"``), which
-    ``--size bytes`` cannot cut yet. ``popts`` (PackOptions): also refuse a budget whose pieces
-    cannot hold a token beside the special tokens (``check_piece_room``): the recorded
-    ``empty_size`` of a measured plan, else the one the ``tokenizer`` file's post-processor adds.
+    ``plan``: what the plan measures (``analyze``) and how it packs (``pack``). ``own_column``: a
+    mixture source that reads its own column (``"name' reads 'column"``), which ``--size bytes``
+    cannot cut yet. A budget whose pieces cannot hold a token beside the special tokens is
+    refused too (``check_piece_room``): the recorded ``empty_size`` of a measured plan, else the
+    one the ``tokenizer`` file's post-processor adds.
     """
-    size = str(options.get("size") or "length")
-    if options.get("size2"):
+    measured, popts = plan.analyze, plan.pack
+    size = measured.size
+    if measured.size2:
         # a piece's second size is not the same fraction of its sample's (an image's patches stay whole)
-        raise SortpackError(f"--oversize split cuts a sample's size, not its --size2 {options['size2']}: use "
+        raise SortpackError(f"--oversize split cuts a sample's size, not its --size2 {measured.size2}: use "
                             "--oversize skip or error with --size2")
     if popts is not None and size == "tokens":
-        empty = options.get("empty_size")
-        if empty is None and tokenizer and options.get("special_tokens", True):
+        empty = plan.empty_size
+        if not empty and tokenizer and measured.special_tokens:
             from ..inputs.specs import load_tokenizer
             from .analyze import empty_token_count
 
             empty = empty_token_count(load_tokenizer(tokenizer))
-        check_piece_room(popts, int(empty or 0))
+        check_piece_room(popts, empty)
     if size not in SPLIT_KINDS:
         raise SortpackError(f"--oversize split cuts token ids (--size tokens), characters and list elements "
                             f"(--size length) or bytes at character boundaries (--size bytes); --size {size} "
@@ -69,13 +77,13 @@ def check_split(options: dict, own_column: str | None = None, popts=None, tokeni
         raise SortpackError(f"--oversize split with --size bytes: not supported yet for a mixture whose sources "
                             f"read different columns (source {own_column}); use --size length or --size tokens, "
                             "or --oversize skip or truncate")
-    if size == "bytes" and not options.get("column"):
+    if size == "bytes" and not measured.column:
         # the store and the reader cut the column the manifest names: it must name one
         raise SortpackError("--oversize split with --size bytes needs --column (the text or binary column "
                             "whose bytes the pieces are cut from)")
 
 
-def check_piece_room(popts, empty_size: int) -> None:
+def check_piece_room(popts: PackOptions, empty_size: int) -> None:
     """Raise SortpackError (one line) when a piece of ``popts``'s cap cannot hold a token beside the special tokens.
 
     Under ``--size tokens`` a text measures ``empty_size`` tokens with no content (the
@@ -155,13 +163,13 @@ class ByteCuts:
         return row, begin, size
 
 
-def byte_cuts(options: dict, popts) -> ByteCuts | None:
+def byte_cuts(measured: AnalyzeOptions, popts: PackOptions) -> ByteCuts | None:
     """Return the ``keep_pieces`` for ``analyze`` under ``--size bytes --oversize split`` (None otherwise)."""
     from .pack.budget import truncate_length
 
-    if popts.oversize != "split" or options.get("size") != "bytes" or not options.get("column"):
+    if popts.oversize != "split" or measured.size != "bytes" or not measured.column:
         return None
-    return ByteCuts(truncate_length(popts), str(options["column"]))
+    return ByteCuts(truncate_length(popts), measured.column)
 
 
 def _no_pieces() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -254,20 +262,28 @@ def _split_counts(comm: Comm, samples: SampleColumns, over: np.ndarray, row: np.
             "split_tokens": comm.allreduce(exact_sum(samples.size[cut]), "sum")}
 
 
-def split_samples(comm: Comm, samples: SampleColumns, cap: int, over: np.ndarray,
-                  column: str | None = None, known: ByteCuts | None = None,
+@dataclass(frozen=True)
+class PieceCut:
+    """How samples over the budget are cut: into pieces of at most ``cap`` units; under ``--size bytes`` at
+    character boundaries of ``column``'s values (``known``: the cuts analyze placed, ``ByteCuts``)."""
+
+    cap: int
+    column: str | None = None
+    known: ByteCuts | None = None
+
+
+def split_samples(comm: Comm, samples: SampleColumns, over: np.ndarray, cut: PieceCut,
                   held_out: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[SampleColumns, dict]:
-    """Return the samples with those in ``over`` cut into pieces of at most ``cap`` (numbered globally), and counts.
+    """Return the samples with those in ``over`` cut into pieces (``cut``, numbered globally), and counts.
 
     The pieces of one sample stay together and in order, right where the sample was, so the
     order is (sample order, piece ordinal) and does not depend on the rank count. The counts
     (over all ranks): ``split`` samples cut, ``split_pieces`` pieces they became and
     ``split_tokens`` the units they hold. ``begin`` is set on every rank when any sample was cut.
-    ``column`` (``--size bytes``): the column whose bytes are cut at character boundaries;
-    ``known``: the cuts analyze placed already (``ByteCuts``). ``held_out`` (a plan with a
-    held-out part: which of these sample ids it holds out): the counts are the training
-    plan's documents only, and ``info["held"]`` holds the held-out plan's.
+    ``held_out`` (a plan with a held-out part: which of these sample ids it holds out): the
+    counts are the training plan's documents only, and ``info["held"]`` holds the held-out plan's.
     """
+    cap, column, known = cut.cap, cut.column, cut.known
     count = comm.allreduce(int(over.sum()), "sum")
     held = None if held_out is None else held_out(samples.sample_id)
     row = None
@@ -311,24 +327,24 @@ def apportion(values: np.ndarray, samples: SampleColumns, row: np.ndarray, begin
 PIECE_MEASURES: dict = {}
 
 
-def split_oversize(comm: Comm, samples: SampleColumns, opts, measured: dict | None = None,
-                   known: ByteCuts | None = None,
+def split_oversize(comm: Comm, samples: SampleColumns, plan: PlanOptions, known: ByteCuts | None = None,
                    held_out: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[SampleColumns, dict]:
-    """Return the samples with every one that fits no micro-batch alone cut into pieces (``opts``: PackOptions).
+    """Return the samples with every one that fits no micro-batch alone cut into pieces (by ``plan.pack``).
 
-    ``measured``: the plan's recorded analyze options (``size``, ``column``); under ``--size
-    bytes`` the cuts fall on character boundaries of the column's values (``known``: those
-    ``analyze`` placed while it read them, ``byte_cuts``; others are read back). ``held_out``:
-    as for ``split_samples`` (the counts of each plan apart).
+    ``plan.analyze``: what the plan measured (``size``, ``column``); under ``--size bytes`` the
+    cuts fall on character boundaries of the column's values (``known``: those ``analyze``
+    placed while it read them, ``byte_cuts``; others are read back). ``held_out``: as for
+    ``split_samples`` (the counts of each plan apart).
     """
     from .pack.budget import oversize_mask, truncate_length
 
+    opts = plan.pack
+    assert opts is not None, "split_oversize cuts by the pack options"
     check_piece_room(opts, samples.empty_size)  # on every rank together: empty_size is the job's
-    column = None
-    if measured is not None and measured.get("size") == "bytes":
-        column = str(measured["column"])
-    return split_samples(comm, samples, truncate_length(opts), oversize_mask(opts, samples.size), column, known,
-                         held_out)
+    measured = plan.analyze
+    column = str(measured.column) if measured.size == "bytes" else None
+    return split_samples(comm, samples, oversize_mask(opts, samples.size),
+                         PieceCut(truncate_length(opts), column, known), held_out)
 
 
 class TargetPieces:

@@ -24,13 +24,26 @@ from ..parallel import Comm
 from ..partition import index_shard_layout
 from ..stages.pack import Microbatches
 from .output import PlanDir
-from .provenance import JobInfo, Profile, provenance
-from .shards import write_owned_shards
+from .plan_record import PlanRecord
+from .provenance import provenance
+from .shards import OwnedRows, write_owned_shards
 
 if TYPE_CHECKING:
     from .store import Store, StoreResult
 
 PIECE_COLUMNS = ("piece_begin", "piece_end")  # --oversize split: each sample's range in its source sample
+
+
+@dataclass(frozen=True)
+class PieceRanges:
+    """``--oversize split``: each sample's range ``[begin, end)`` in its source sample, one value per sample id."""
+
+    begin: np.ndarray
+    end: np.ndarray
+
+    def column(self, name: str) -> np.ndarray:
+        """Return the values of index column ``name`` (one of ``PIECE_COLUMNS``)."""
+        return self.begin if name == PIECE_COLUMNS[0] else self.end
 
 
 @dataclass(frozen=True)
@@ -41,7 +54,7 @@ class OwnedMicrobatches:
     columns: dict[str, np.ndarray]  # per micro-batch, ``microbatch`` (the global number) included
     offsets: np.ndarray  # each micro-batch's first sample in ``sample_ids``, plus the end
     sample_ids: np.ndarray
-    ranges: dict[str, np.ndarray] | None  # ``PIECE_COLUMNS``, one value per sample id
+    ranges: PieceRanges | None  # --oversize split: each sample's range in its source sample
     row_sizes: np.ndarray | None  # rows mode: each row's samples, rows in micro-batch order
     row_offsets: np.ndarray | None  # rows mode: each micro-batch's first row, plus the end
     row_starts: np.ndarray | None  # rows mode: each row's first sample, plus the end
@@ -57,7 +70,7 @@ class OwnedMicrobatches:
 
 
 def owned_microbatches(first: int, columns: dict[str, np.ndarray], sample_ids: np.ndarray,
-                       ranges: dict[str, np.ndarray] | None = None,
+                       ranges: PieceRanges | None = None,
                        row_sizes: np.ndarray | None = None) -> OwnedMicrobatches:
     """Return a rank's owned micro-batches, with the offsets its tables are cut by (from the per-micro-batch counts)."""
     offsets = np.concatenate(([0], np.cumsum(columns["num_samples"], dtype=np.int64)))
@@ -93,8 +106,8 @@ def index_table(owned: OwnedMicrobatches, schema: pa.Schema, a: int, b: int) -> 
         type_ = schema.field(name).type
         if name == "sample_ids":
             data[name] = _list_array(owned.offsets, owned.sample_ids, a, b, type_.value_type)
-        elif owned.ranges is not None and name in owned.ranges:
-            data[name] = _list_array(owned.offsets, owned.ranges[name], a, b, type_.value_type)
+        elif owned.ranges is not None and name in PIECE_COLUMNS:
+            data[name] = _list_array(owned.offsets, owned.ranges.column(name), a, b, type_.value_type)
         elif name == "row_splits":
             data[name] = row_splits(owned, a, b)
         else:
@@ -109,8 +122,8 @@ def _move_to_owners(comm: Comm, mbs: Microbatches, dest: np.ndarray) -> OwnedMic
     ranges = None
     if mbs.begin is not None and mbs.end is not None:
         # each sample's range in its source sample, moved as its id is
-        ranges = {name: move_ragged(comm, v, counts, mbs.first, dest) for name, v in zip(PIECE_COLUMNS,
-                                                                                         (mbs.begin, mbs.end))}
+        ranges = PieceRanges(move_ragged(comm, mbs.begin, counts, mbs.first, dest),
+                             move_ragged(comm, mbs.end, counts, mbs.first, dest))
     row_sizes = None
     if mbs.row_sizes is not None:
         row_sizes = move_ragged(comm, mbs.row_sizes, mbs.columns["batch_size"].astype(np.int64), mbs.first, dest)
@@ -120,53 +133,58 @@ def _move_to_owners(comm: Comm, mbs: Microbatches, dest: np.ndarray) -> OwnedMic
                               row_sizes)
 
 
-def index_manifest(mbs: Microbatches, schema: pa.Schema, options: dict, files: list[dict], source_rows: int,
-                   shards: list[dict], prov: dict, stored: StoreResult | None = None,
-                   extra: dict | None = None) -> dict:
-    """Return the index directory's manifest (``files`` without their locations, ``stored``: the data shards)."""
+def index_manifest(mbs: Microbatches, schema: pa.Schema, record: PlanRecord, shards: list[dict], prov: dict) -> dict:
+    """Return the index directory's manifest (``with_data`` adds the stored columns' data shards).
+
+    The source files are recorded without their locations: those are in ``prov``, the provenance.
+    """
+    files, _ = split_locations(record.files)
     manifest = new_manifest(
         "index", version=VERSION,
         num_rows=mbs.total, num_samples=mbs.stats["num_samples"], num_microbatches=mbs.total,
         rows_per_shard=rows_per_shard("index"), samples_per_shard=samples_per_shard(),
-        schema=schema_json(schema), options=options, source={"num_rows": source_rows, "files": files},
+        schema=schema_json(schema), options=record.options.to_manifest(),
+        source={"num_rows": record.source_rows, "files": files},
         shards=shards, stats=mbs.stats, provenance=prov,
     )
-    if stored is not None:
-        manifest.update(version=DATA_VERSION, data=stored.manifest_data())
-    if extra:
-        manifest.update(extra)
+    if record.extra:
+        manifest.update(record.extra)
     return manifest
 
 
-def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, options: dict, files: list[dict],
-                profile: Profile, job: JobInfo, store: Store | None = None, extra: dict | None = None) -> dict | None:
+def with_data(manifest: dict, stored: StoreResult) -> dict:
+    """Return an index manifest that also records its data shards (``--store``: the format's data version)."""
+    return {**manifest, "version": DATA_VERSION, "data": stored.manifest_data()}
+
+
+def write_index(comm: Comm, out: PlanDir, mbs: Microbatches, record: PlanRecord,
+                store: Store | None = None) -> dict | None:
     """Write the index directory from this rank's micro-batches; return the manifest on rank 0.
 
     ``store`` (from ``write.store.prepare``) also writes the stored columns' data shards;
-    ``extra`` adds manifest keys (a mixture plan's ``mixture``), covered by ``content_hash``.
+    ``record.extra`` adds manifest keys (a mixture plan's ``mixture``), covered by ``content_hash``.
     """
     rows = rows_per_shard("index")
     # shards cut by sample count and dealt by bytes: every rank writes, whatever the sizes
     starts, dest = index_shard_layout(comm, np.diff(mbs.offsets), mbs.first, mbs.total, rows, samples_per_shard())
     owned = _move_to_owners(comm, mbs, dest)
-    source_rows = int(sum(f["rows"] for f in files))
     # the id width follows the input's row count, the same on every rank: bytes never depend on P
-    schema = index_schema(rows=owned.row_sizes is not None, id_type=sample_id_type(source_rows),
+    schema = index_schema(rows=owned.row_sizes is not None, id_type=sample_id_type(record.source_rows),
                           source="source" in owned.columns, pieces=owned.ranges is not None,
                           attention="attention" in owned.columns, measures=measure_names(owned.columns))
-    with profile.stage("write_index"):
-        shards = write_owned_shards(comm, out, "index", partial(index_table, owned, schema), owned.first,
-                                    owned.count, mbs.total, rows, samples_in=owned.samples_in, starts=starts)
+    with record.profile.stage("write_index"):
+        mine = OwnedRows(owned.first, owned.count, mbs.total, partial(index_table, owned, schema), owned.samples_in)
+        shards = write_owned_shards(comm, out, "index", mine, starts)
     stored = None
     if store is not None:
-        with profile.stage("materialize"):
-            stored = store(out, files, owned.sample_ids, owned.offsets, owned.first, starts,
-                           owned.columns["tokens"], owned.ranges)
-    prov = provenance(comm, profile, job)
-    files, where = split_locations(files)  # where and when, not what: out of content_hash
-    prov.update(where)
-    prov.update(encoder_provenance(options))  # which encoder gave the ids: the same ids either way
+        with record.profile.stage("materialize"):
+            stored = store(out, record.files, owned, starts)
+    prov = provenance(comm, record.profile, record.job)
+    prov.update(split_locations(record.files)[1])  # where and when, not what: out of content_hash
+    # which encoder gave the ids: the same ids either way
+    prov.update(encoder_provenance(record.options.to_manifest()))
     if stored is not None:
         # varies with the rank count: in the provenance, out of content_hash
         prov["exchange"] = stored.exchange.as_dict()
-    return out.commit(index_manifest(mbs, schema, options, files, source_rows, shards, prov, stored, extra))
+    manifest = index_manifest(mbs, schema, record, shards, prov)
+    return out.commit(manifest if stored is None else with_data(manifest, stored))

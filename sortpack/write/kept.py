@@ -18,10 +18,12 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..parallel import Comm, SerialComm
+from ..stages.plan_options import PlanOptions
 from ..stages.samples import SampleColumns
 from .output import OutputDir
+from .plan_record import PlanRecord
 from .provenance import JobInfo, Profile
-from .sample_dirs import write_samples
+from .sample_dirs import write_sample_shards
 
 DUMP = "dump"  # inside the kept directory's temporary; removed before it is committed
 _KEEPER = ".keeper"  # made by the one rank that assembles the dump alone
@@ -39,7 +41,7 @@ class Dumped:
     total: int
     files: list[dict]
     empty_size: int
-    options: dict
+    options: PlanOptions
 
     def path(self, rank: int, name: str) -> Path:
         """Return the file holding ``rank``'s column ``name``."""
@@ -86,7 +88,7 @@ def _write(path: Path, arr: np.ndarray, dtype: np.dtype) -> None:
             f.write(part.data)
 
 
-def dump_samples(comm: Comm, out: OutputDir, samples: SampleColumns, options: dict,
+def dump_samples(comm: Comm, out: OutputDir, samples: SampleColumns, options: PlanOptions,
                  ids_from_start: bool = False) -> Dumped | None:
     """Write this rank's columns into ``out``'s temporary (collective); return where (None: a write failed).
 
@@ -127,7 +129,8 @@ def keep_together(comm: Comm, out: OutputDir, dumped: Dumped, prof: Profile, job
     cols = {name: dumped.load(comm.rank, name) for name in names}
     samples = SampleColumns.from_columns(start, dumped.total, cols, dumped.files, dumped.empty_size)
     try:
-        manifest = write_samples(comm, out, "metrics", samples, dumped.options, prof, job, commit=False)
+        record = PlanRecord(dumped.options, samples.files, prof, job)
+        manifest = write_sample_shards(comm, out, "metrics", samples, record)
     except SortpackError:  # raised together (a full disk): nothing is kept, the job's own error stands
         manifest = None
     del samples, cols
@@ -158,7 +161,8 @@ def keep_alone(out: OutputDir, dumped: Dumped, job: JobInfo) -> dict | None:
             n for _, _, names in dumped.parts for n in names)}
         samples = SampleColumns.from_columns(0, dumped.total, cols, dumped.files, dumped.empty_size)
         one = SerialComm()  # the job's profile reduces over every rank: a fresh one of this rank alone
-        manifest = write_samples(one, out, "metrics", samples, dumped.options, Profile(one), job, commit=False)
+        record = PlanRecord(dumped.options, samples.files, Profile(one), job)
+        manifest = write_sample_shards(one, out, "metrics", samples, record)
         del samples, cols
         shutil.rmtree(dumped.directory, ignore_errors=True)
         return manifest

@@ -13,20 +13,33 @@ from ..format.shards import check_shards, read_rows
 from ..inputs.fast_tokens import encoder_provenance
 from ..inputs.locations import split_locations, with_locations
 from ..parallel import Comm
-from ..partition import owner_starts
+from ..partition import owner_starts, shard_starts
+from ..stages.plan_options import PlanOptions
 from ..stages.samples import SampleColumns, sample_stats
 from .output import OutputDir
-from .provenance import JobInfo, Profile, provenance
-from .shards import write_owned_shards
+from .plan_record import PlanRecord
+from .provenance import provenance
+from .shards import OwnedRows, write_owned_shards
 
 
-def write_samples(comm: Comm, out: OutputDir, kind: str, samples: SampleColumns, options: dict,
-                  profile: Profile, job: JobInfo, commit: bool = True) -> dict | None:
-    """Write a metrics or sorted directory from this rank's slice; return the manifest on rank 0.
+def write_samples(comm: Comm, out: OutputDir, kind: str, samples: SampleColumns, record: PlanRecord) -> dict | None:
+    """Write a metrics or sorted directory from this rank's slice; return the manifest on rank 0."""
+    return out.commit(_write_shards(comm, out, kind, samples, record))
 
-    ``commit=False`` writes the shards only and returns the manifest on every rank, for
-    ``out.commit`` or ``out.commit_alone`` later (``run`` keeps its measurements on failure).
+
+def write_sample_shards(comm: Comm, out: OutputDir, kind: str, samples: SampleColumns, record: PlanRecord) -> dict:
+    """Write the shards of a metrics or sorted directory from this rank's slice; return its manifest (every rank).
+
+    Nothing is committed: once every rank has returned, any one rank may ``out.commit`` or
+    ``out.commit_alone`` it (``run`` keeps its measurements on failure).
     """
+    manifest = _write_shards(comm, out, kind, samples, record)
+    comm.barrier()  # every shard is on disk: any one rank may commit from here on
+    return manifest
+
+
+def _write_shards(comm: Comm, out: OutputDir, kind: str, samples: SampleColumns, record: PlanRecord) -> dict:
+    """Return the manifest of a metrics or sorted directory after writing this rank's shards."""
     rows = rows_per_shard(kind)
     dest = owner_starts(samples.total, rows, comm.size)
     cols = redistribute(comm, samples.columns(), samples.start, dest)
@@ -40,29 +53,27 @@ def write_samples(comm: Comm, out: OutputDir, kind: str, samples: SampleColumns,
     def make_table(a: int, b: int) -> pa.Table:
         return pa.table({name: cols[name][a:b] for name in schema.names}, schema=schema)
 
-    with profile.stage(f"write_{kind}"):
-        shards = write_owned_shards(comm, out, kind, make_table, first, len(cols["sample_id"]),
-                                    samples.total, rows)
+    with record.profile.stage(f"write_{kind}"):
+        mine = OwnedRows(first, len(cols["sample_id"]), samples.total, make_table)
+        shards = write_owned_shards(comm, out, kind, mine, shard_starts(samples.total, rows))
     stats = sample_stats(comm, samples)
-    prov = provenance(comm, profile, job)
-    files, where = split_locations(samples.files)  # where and when, not what: out of content_hash
+    prov = provenance(comm, record.profile, record.job)
+    files, where = split_locations(record.files)  # where and when, not what: out of content_hash
     prov.update(where)
-    prov.update(encoder_provenance(options))  # which encoder gave the ids: the same ids either way
+    recorded = record.options.to_manifest()
+    prov.update(encoder_provenance(recorded))  # which encoder gave the ids: the same ids either way
     manifest = new_manifest(
         kind, version=VERSION,
         num_rows=samples.total, num_samples=samples.total, rows_per_shard=rows,
-        schema=schema_json(schema), options=options,
+        schema=schema_json(schema), options=recorded,
         source={"num_rows": samples.total, "files": files},
         shards=shards, stats=stats, provenance=prov,
     )
-    if not commit:
-        comm.barrier()  # every shard is on disk: any one rank may commit from here on
-        return manifest
-    return out.commit(manifest)
+    return manifest
 
 
-def read_samples(comm: Comm, directory: str, expect: str) -> tuple[SampleColumns, dict]:
-    """Return this rank's shard-aligned slice of a metrics or sorted directory, and its manifest."""
+def read_samples(comm: Comm, directory: str, expect: str) -> tuple[SampleColumns, PlanOptions]:
+    """Return this rank's shard-aligned slice of a metrics or sorted directory, and the options it records."""
     manifest = comm.collectively(read_manifest, directory, expect)
     total = manifest["num_rows"]
     starts = owner_starts(total, manifest["rows_per_shard"], comm.size)
@@ -76,8 +87,8 @@ def read_samples(comm: Comm, directory: str, expect: str) -> tuple[SampleColumns
     comm.check(err)
     table = read_rows(directory, manifest, a, b)
     cols = {name: table.column(name).to_numpy() for name in table.column_names}
+    options = PlanOptions.from_manifest(manifest["options"])
     samples = SampleColumns(a, total, cols["sample_id"].astype(np.int64), cols["size"].astype(np.int64),
-                      cols["difficulty"], cols.get("stage"), with_locations(manifest),
-                      int(manifest["options"].get("empty_size", 0)), cols.get("begin"),
-                      {name: cols[name].astype(np.int64) for name in measure_names(cols)})
-    return samples, manifest
+                            cols["difficulty"], cols.get("stage"), with_locations(manifest), options.empty_size,
+                            cols.get("begin"), {name: cols[name].astype(np.int64) for name in measure_names(cols)})
+    return samples, options

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,6 @@ from ..errors import SortpackError
 from ..format.integrity import file_sha256
 from ..format.manifest import shard_name
 from ..parallel import Comm, fault_point
-from ..partition import shard_starts
 from ..progress import Progress
 from .output import PlanDir
 
@@ -26,30 +26,31 @@ def write_shard(path: Path, table: pa.Table) -> dict:
     return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
 
 
+@dataclass(frozen=True)
+class OwnedRows:
+    """The global rows ``[first, first + count)`` of ``total`` that one rank writes, as tables of local rows.
 
-def write_owned_shards(
-    comm: Comm,
-    out: PlanDir,
-    kind: str,
-    make_table: Callable[[int, int], pa.Table],
-    first_row: int,
-    num_rows: int,
-    total_rows: int,
-    rows_per_shard: int,
-    samples_in: Callable[[int, int], int] | None = None,
-    starts: np.ndarray | None = None,
-) -> list[dict]:
+    ``make_table(a, b)`` returns local rows ``[a, b)``; ``samples_in(a, b)`` (index only) counts
+    the samples in them (None: one sample a row).
+    """
+
+    first: int
+    count: int
+    total: int
+    make_table: Callable[[int, int], pa.Table]
+    samples_in: Callable[[int, int], int] | None = None
+
+
+def write_owned_shards(comm: Comm, out: PlanDir, kind: str, rows: OwnedRows, starts: np.ndarray) -> list[dict]:
     """Write this rank's whole shards; return every shard's manifest entry on all ranks.
 
-    This rank holds global rows ``[first_row, first_row + num_rows)``, which must be whole
-    shards; ``make_table(a, b)`` returns local rows ``[a, b)`` as a table. Each shard is
-    built on its own, so its bytes never depend on how rows were split between ranks.
-    ``samples_in(a, b)`` (index only) counts the samples in local rows ``[a, b)``.
-    ``starts`` gives the shard boundaries (default: every ``rows_per_shard`` rows).
+    ``rows`` must be whole shards of ``starts`` (each shard's first global row, then the end:
+    ``partition.shard_starts`` cuts every ``rows_per_shard`` rows). Each shard is built on its
+    own, so its bytes never depend on how rows were split between ranks.
     """
+    first_row, num_rows, total_rows = rows.first, rows.count, rows.total
+    make_table, samples_in = rows.make_table, rows.samples_in
     directory = out.ensure()
-    if starts is None:
-        starts = shard_starts(total_rows, rows_per_shard)
     lo = int(np.searchsorted(starts, first_row))
     hi = int(np.searchsorted(starts, first_row + num_rows)) if num_rows else lo
     entries = []

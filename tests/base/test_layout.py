@@ -317,3 +317,44 @@ def test_every_test_folder_mirrors_the_package():
     assert not stray, f"test folders that mirror no part of sortpack/: {stray}"
     base_tests = {p.stem.removeprefix("test_") for p in (TESTS / "base").glob("test_*.py")}
     assert {"arrow_types", "errors", "launcher", "partition", "progress", "row_store"} <= base_tests
+
+
+# a stage or the store takes its options as typed records (``stages.plan_options.PlanOptions`` and the options it
+# holds), never as a dict: ``stages/plan_options.py`` is the one reader of the manifest's recorded options
+OPTION_NAMES = {"options", "opts", "recorded", "measured", "popts", "aopts", "sopts", "fine_tune"}
+
+
+def test_stages_and_the_store_take_options_as_records_not_dicts():
+    found = []
+    for path in [*sorted((PKG / "stages").rglob("*.py")), *sorted((PKG / "write" / "store").rglob("*.py"))]:
+        if path.name == "plan_options.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                text = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+                if arg.arg in OPTION_NAMES and (not text or "dict" in text.lower()):
+                    found.append(f"{path.relative_to(PKG)}:{node.lineno} {node.name}({arg.arg}: {text or '?'})")
+    assert not found, f"options passed as a dict (or untyped) where a typed record belongs: {found}"
+
+
+def _reads_recorded_options(node: ast.AST) -> bool:
+    """Return whether ``node`` reads a manifest's ``options`` object (``m["options"]`` or ``m.get("options")``)."""
+    if isinstance(node, ast.Subscript):
+        return isinstance(node.slice, ast.Constant) and node.slice.value == "options"
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "options")
+
+
+def test_a_manifest_s_options_are_read_back_only_as_plan_options():
+    # the stages, writers and jobs read a manifest's options once, typed: PlanOptions.from_manifest(m["options"])
+    found = []
+    for side in ("stages", "write", "pipeline"):
+        for path in sorted((PKG / side).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            allowed = {id(call.args[0]) for call in ast.walk(tree) if isinstance(call, ast.Call) and call.args
+                       and isinstance(call.func, ast.Attribute) and call.func.attr == "from_manifest"}
+            found += [f"{path.relative_to(PKG)}:{node.lineno}" for node in ast.walk(tree)
+                      if _reads_recorded_options(node) and id(node) not in allowed]
+    assert not found, f"a manifest's options read as a dict (use PlanOptions.from_manifest): {found}"

@@ -87,3 +87,20 @@ def test_sort_lands_on_output_shards_without_a_second_exchange(stages, monkeypat
         np.testing.assert_array_equal(ids, np.lexsort((np.arange(n), size)))
     else:
         assert sorted(ids.tolist()) == list(range(n))
+
+
+@pytest.mark.parametrize("first_share", [0.3, 0.7])
+def test_a_consumed_sort_of_uneven_ranks_is_the_total_order(first_share):
+    # the consumed path merges the received codes into the rank's own memory: into its sent codes
+    # where they fit, else (two ranks) within the received codes, the own run read where it was sent from
+    comm = get_comm()
+    n = 60_000
+    size = np.random.default_rng(5).integers(0, 4000, n)
+    bounds = np.linspace(0, n, comm.size + 1).astype(np.int64)
+    bounds[1] = int(n * first_share / max(comm.size - 1, 1)) if comm.size > 1 else n
+    a, b = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
+    out = sort_samples(comm, SampleColumns(a, n, np.arange(a, b), size[a:b].copy(), size[a:b].copy()), SortOptions(),
+                       1000, consume=True)
+    ref = np.lexsort((np.arange(n), size))
+    assert np.array_equal(np.concatenate(comm.allgather_obj(out.sample_id)), ref)
+    assert np.array_equal(np.concatenate(comm.allgather_obj(out.size)), size[ref])

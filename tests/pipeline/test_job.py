@@ -8,7 +8,9 @@ import pytest
 from sortpack.errors import SortpackError
 from sortpack.parallel import SerialComm
 from sortpack.pipeline.job import check_options, job_scope, split_check, store_for
+from sortpack.stages.analyze import AnalyzeOptions
 from sortpack.stages.pack import PackOptions
+from sortpack.stages.plan_options import PlanOptions
 from sortpack.write.output import OutputDir
 
 from support import ROOT
@@ -38,13 +40,14 @@ def test_options_are_checked_in_order_and_split_only_when_asked():
     calls = []
     check_options(comm, lambda: calls.append(1), None, lambda: calls.append(2))
     assert calls == [1, 2]
-    assert split_check(PackOptions(max_tokens=10), {"size": "length"}) is None
+    assert split_check(PlanOptions(AnalyzeOptions(), pack=PackOptions(max_tokens=10))) is None
     split = PackOptions(max_tokens=10, oversize="split")
-    check_options(comm, split_check(split, {"size": "length"}, "'code' reads 'content'"))
-    check_options(comm, split_check(split, {"size": "bytes", "column": "t"}))
+    check_options(comm, split_check(PlanOptions(AnalyzeOptions(), pack=split), "'code' reads 'content'"))
+    by_bytes = PlanOptions(AnalyzeOptions(size="bytes", column="t"), pack=split)
+    check_options(comm, split_check(by_bytes))
     with pytest.raises(SortpackError, match="--size bytes: not supported yet for a mixture whose sources read"):
-        check_options(comm, split_check(split, {"size": "bytes", "column": "t"}, "'code' reads 'content'"))
-    assert store_for(comm, None, {}, PackOptions(max_tokens=10), None) is None
+        check_options(comm, split_check(by_bytes, "'code' reads 'content'"))
+    assert store_for(comm, None, PlanOptions(AnalyzeOptions(), pack=PackOptions(max_tokens=10)), None) is None
 
 
 @pytest.mark.parametrize("module", ["dataset", "mixture"])

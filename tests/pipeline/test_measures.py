@@ -12,7 +12,7 @@ import pytest
 from sortpack.parallel import SerialComm
 from sortpack.reader import PackedIndex, PackedSampler
 from sortpack.stages.samples import SampleColumns
-from sortpack.stages.split import split_samples
+from sortpack.stages.split import PieceCut, split_samples
 from tests.support import assert_same_at_ranks, lognormal, read_manifest, run_sortpack, write_text_parquet
 
 N = 1500
@@ -120,7 +120,7 @@ def test_split_pieces_share_their_sample_s_measure_exactly():
     size = np.array([10, 25, 3], np.int64)
     m = np.array([7, 11, 5], np.int64)
     samples = SampleColumns(0, 3, np.arange(3, dtype=np.int64), size, size, measures={"size2": m})
-    out, _ = split_samples(SerialComm(), samples, 8, size > 8)
+    out, _ = split_samples(SerialComm(), samples, size > 8, PieceCut(8))
     assert list(out.sample_id) == [0, 0, 1, 1, 1, 1, 2]
     piece = out.measures["size2"]
     assert np.array_equal(np.bincount(out.sample_id, weights=piece).astype(np.int64), m)

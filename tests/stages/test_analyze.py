@@ -12,7 +12,7 @@ import pytest
 from sortpack.errors import SortpackError
 from sortpack.parallel import Comm, SerialComm
 from sortpack.stages import read_plan
-from sortpack.stages.analyze import AnalyzeOptions, analyze
+from sortpack.stages.analyze import AnalyzeOptions, Keepers, analyze
 
 
 def write_parquet(path, texts, row_group_size=None, **extra):
@@ -216,13 +216,13 @@ def test_keep_tokens_counts_the_sizes_and_keeps_the_ids_of_that_encode(tmp_path)
     p = write_parquet(tmp_path / "a.parquet", tx, row_group_size=3)
     plain = run([p], size="tokens", tokenizer=tokenizer)
     keeper = KeptIds()
-    kept = analyze(SerialComm(), [p], AnalyzeOptions(size="tokens", tokenizer=tokenizer), keep_tokens=keeper)
+    kept = analyze(SerialComm(), [p], AnalyzeOptions(size="tokens", tokenizer=tokenizer), keep=Keepers(keeper))
     assert kept.size.tolist() == plain.size.tolist() == [len(i) for i in keeper.ids]
     assert len(keeper.ids) == len(tx)
     # a SPEC that counts no tokens never asks the keeper
     unused = KeptIds()
     analyze(SerialComm(), [p], AnalyzeOptions(size="length", difficulty="tokens", tokenizer=tokenizer),
-            keep_tokens=unused)
+            keep=Keepers(unused))
     assert unused.ids == []
 
 

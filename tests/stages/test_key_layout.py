@@ -29,10 +29,11 @@ def layouts_and_fields(draw):
     return layout, fields
 
 
-def pack(layout, fields, **kw):
+def pack(layout, fields, in_place=False):
     ids = fields.get("id")
-    return layout.pack(fields["key"].copy(), stage=fields.get("stage"), group=fields.get("group"),
-                       ids=None if ids is None else ids.view(np.int64), **kw)
+    packer = layout.pack_into if in_place else layout.pack
+    return packer(fields["key"].copy(), stage=fields.get("stage"), group=fields.get("group"),
+                  ids=None if ids is None else ids.view(np.int64))
 
 
 @settings(max_examples=300, deadline=None)

@@ -11,6 +11,7 @@ from sortpack.errors import SortpackError
 from sortpack.inputs.mixture import parse_mixture
 from sortpack.parallel import SerialComm
 from sortpack.partition import balanced_blocks
+from sortpack.stages.analyze import AnalyzeOptions
 from sortpack.stages.mixture import (
     PackedUnits,
     blend_mixture,
@@ -35,6 +36,7 @@ from sortpack.stages.mixture import (
     union_sources,
 )
 from sortpack.stages.pack import Microbatches, PackOptions, pack_samples
+from sortpack.stages.plan_options import PlanOptions
 from sortpack.stages.samples import SampleColumns
 
 
@@ -235,12 +237,12 @@ def test_split_union_cuts_each_source_and_keeps_its_group():
     union = SampleColumns(0, 5, np.arange(5, dtype=np.int64), size, size, None, [])
     bases = np.array([0, 2, 5])
     out, groups, split = split_union(SerialComm(), union, source_of(union, bases), None, bases,
-                                     PackOptions(max_tokens=10, oversize="split"))
+                                     PlanOptions(AnalyzeOptions(), pack=PackOptions(max_tokens=10, oversize="split")))
     assert out.sample_id.tolist() == [0, 1, 1, 1, 2, 3, 3, 4] and out.begin.tolist() == [0, 0, 10, 20, 0, 0, 10, 0]
     assert out.size.tolist() == [3, 10, 10, 5, 4, 10, 2, 2] and groups.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
     assert split == {"split": 2, "split_pieces": 5, "split_tokens": 37}
     same, groups, split = split_union(SerialComm(), union, source_of(union, bases), None, bases,
-                                      PackOptions(max_tokens=30, oversize="split"))
+                                      PlanOptions(AnalyzeOptions(), pack=PackOptions(max_tokens=30, oversize="split")))
     assert same is union and same.begin is None and split["split"] == 0 and groups.tolist() == [0, 0, 1, 1, 1]
 
 

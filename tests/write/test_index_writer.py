@@ -128,7 +128,7 @@ def _owned(rows_mode=False, pieces=False):
         "padded_size": [10, 0, 27], "tokens": [8, 0, 20], "min_key": [1.0, 0.0, 4.0],
         "max_key": [5.0, 0.0, 9.0], "stage": [0, 0, 1]}.items()}
     ids = np.array([4, 2, 0, 1, 3], dtype=np.int64)
-    ranges = {"piece_begin": np.arange(5) * 10, "piece_end": np.arange(5) * 10 + 3} if pieces else None
+    ranges = index_writer.PieceRanges(np.arange(5) * 10, np.arange(5) * 10 + 3) if pieces else None
     row_sizes = np.array([1, 1, 2, 1]) if rows_mode else None
     owned = index_writer.owned_microbatches(7, cols, ids, ranges, row_sizes)
     return owned, index_schema(rows=rows_mode, id_type=pa.int32(), pieces=pieces)
@@ -166,18 +166,27 @@ def test_an_index_table_does_not_depend_on_where_shards_are_cut():
 
 def test_the_manifest_takes_the_stored_data_and_the_extra_keys(monkeypatch):
     from sortpack.format.manifest import DATA_VERSION, VERSION
-    from sortpack.stages.pack import Microbatches
+    from sortpack.parallel import SerialComm
+    from sortpack.stages.analyze import AnalyzeOptions
+    from sortpack.stages.pack import Microbatches, PackOptions
+    from sortpack.stages.plan_options import PlanOptions
+    from sortpack.write.plan_record import PlanRecord
+    from sortpack.write.provenance import JobInfo, Profile
     from sortpack.write.store.result import ExchangeStats, StoreResult
 
     owned, schema = _owned()
     mbs = Microbatches(first=0, total=3, sample_ids=owned.sample_ids, offsets=owned.offsets, columns=owned.columns,
                        stats={"num_samples": 5})
     files = [{"path": "a.parquet", "rows": 5}]
-    plain = index_writer.index_manifest(mbs, schema, {"max_tokens": 9}, files, 5, [], {"host": "h"})
+    options = PlanOptions(AnalyzeOptions(), pack=PackOptions(max_tokens=9))
+    plain = index_writer.index_manifest(mbs, schema, PlanRecord(options, files, Profile(SerialComm()), JobInfo([])),
+                                        [], {"host": "h"})
     assert plain["version"] == VERSION and "data" not in plain and plain["num_microbatches"] == 3
-    assert plain["source"] == {"num_rows": 5, "files": files} and plain["provenance"] == {"host": "h"}
+    # the locations are provenance: the source records the rest
+    assert plain["source"] == {"num_rows": 5, "files": [{"rows": 5}]} and plain["provenance"] == {"host": "h"}
     stats = ExchangeStats(rounds=1, memory_limit=8, round_budget=1, spills=0, spill_batches=0, seconds={})
     stored = StoreResult(columns=["text"], schema={"text": "string"}, rows_per_shard=300, num_rows=5, shards=[],
                          exchange=stats)
-    m = index_writer.index_manifest(mbs, schema, {}, files, 5, [], {}, stored, extra={"mixture": {"k": 1}})
+    record = PlanRecord(options, files, Profile(SerialComm()), JobInfo([]), {"mixture": {"k": 1}})
+    m = index_writer.with_data(index_writer.index_manifest(mbs, schema, record, [], {}), stored)
     assert m["version"] == DATA_VERSION and m["data"] == stored.manifest_data() and m["mixture"] == {"k": 1}

@@ -6,9 +6,12 @@ import json
 import numpy as np
 
 from sortpack.parallel import SerialComm
+from sortpack.stages.analyze import AnalyzeOptions
+from sortpack.stages.plan_options import PlanOptions
 from sortpack.stages.samples import SampleColumns
 from sortpack.write import kept
 from sortpack.write.output import OutputDir
+from sortpack.write.plan_record import PlanRecord
 from sortpack.write.provenance import JobInfo, Profile
 from sortpack.write.sample_dirs import write_samples
 
@@ -28,7 +31,8 @@ def _shards(directory) -> list[tuple[str, str]]:
 def _plain(tmp_path, whole: SampleColumns):
     comm = SerialComm()
     out = OutputDir(comm, tmp_path / "plain.metrics")
-    write_samples(comm, out, "metrics", whole, {"size": "length"}, Profile(comm), JobInfo([]))
+    write_samples(comm, out, "metrics", whole, PlanRecord(PlanOptions(AnalyzeOptions()), whole.files, Profile(comm),
+                                                          JobInfo([])))
     return tmp_path / "plain.metrics"
 
 
@@ -54,7 +58,7 @@ def test_a_dump_made_a_directory_by_one_rank_is_the_plain_write_byte_for_byte(tm
             kept._write(directory / f"r{rank:05d}-{name}.npy", arr, disk)
             cols[name] = (disk.str, arr.dtype.str)
         written.append((part.start, len(part), cols))
-    dumped = kept.Dumped(directory, written, 10, FILES, 0, {"size": "length"})
+    dumped = kept.Dumped(directory, written, 10, FILES, 0, PlanOptions(AnalyzeOptions()))
     manifest = kept.keep_alone(out, dumped, JobInfo([]))
     assert manifest is not None and out.commit_alone(manifest)
     assert sorted(p.name for p in (tmp_path / "plan.metrics").iterdir()) == [
@@ -67,7 +71,7 @@ def test_a_dump_is_the_columns_as_they_are_and_is_dropped_on_success(tmp_path):
     output = OutputDir(comm, tmp_path / "plan")
     out = OutputDir(comm, tmp_path / "plan.metrics", inside=output)
     samples = _samples(np.arange(5, dtype=np.int64), np.full(5, 3, np.int64))
-    dumped = kept.dump_samples(comm, out, samples, {}, ids_from_start=True)
+    dumped = kept.dump_samples(comm, out, samples, PlanOptions(AnalyzeOptions()), ids_from_start=True)
     assert dumped is not None
     # the ids numbered from the first row are not written, the difficulty that is the size is not
     # written twice, sizes that fit are written as int16 (or int32); nothing is hashed or moved between ranks
@@ -85,7 +89,7 @@ def test_a_collective_failure_writes_the_dump_as_the_plain_write(tmp_path):
     out = OutputDir(comm, tmp_path / "plan.metrics")
     samples = _samples(np.arange(7, dtype=np.int64), np.arange(7, dtype=np.int64) + 1)
     samples.size[3] = 1 << 40  # a size past int32 is written as it is
-    dumped = kept.dump_samples(comm, out, samples, {"size": "length"})
+    dumped = kept.dump_samples(comm, out, samples, PlanOptions(AnalyzeOptions()))
     assert np.load(dumped.path(0, "size")).dtype == np.int64
     manifest = kept.keep_together(comm, out, dumped, Profile(comm), JobInfo([]))
     assert manifest is not None and out.commit_alone(manifest)

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sortpack.inputs.source_file import SourceFile
+from sortpack.write.index_writer import PieceRanges
 from sortpack.write.store.plan import file_units, memory_budget, position_requests, read_plan, row_uses
 from sortpack.write.store.result import ExchangeStats, StoreResult
 
@@ -83,7 +84,7 @@ def test_each_reader_learns_every_position_of_its_rows(data, size, n_rows, split
     reader_starts = np.array([0, *reader_cuts, n_rows], dtype=np.int64)
     begin = np.arange(len(plan), dtype=np.int64) * 10
     parts = [plan[a:b] for a, b in zip(bounds, bounds[1:])]
-    ranges = [{"piece_begin": begin[a:b], "piece_end": begin[a:b] + 5} if split else None
+    ranges = [PieceRanges(begin[a:b], begin[a:b] + 5) if split else None
               for a, b in zip(bounds, bounds[1:])]
     uses = _simulate(parts, reader_starts, ranges, ("text",) if split else None)
     for r, u in enumerate(uses):

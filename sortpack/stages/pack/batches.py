@@ -30,7 +30,7 @@ class Packed:
     """One rank's samples in micro-batch order, their micro-batches and what ``--oversize`` did."""
 
     sample_ids: np.ndarray
-    keys: np.ndarray  # float64 sort key per sample (recorded as min_key/max_key)
+    keys: np.ndarray  # sort key per sample, int64 or float64 (recorded as float64 min_key/max_key)
     stage: np.ndarray  # int16 curriculum stage per sample
     batches: BatchArrays
     info: dict  # oversize counts over all ranks (and the auto:K summary)
@@ -43,8 +43,12 @@ class Packed:
 
 
 def key_values(samples: SampleColumns, key: str) -> np.ndarray:
-    """Return the sort key ``key`` ("size" or "difficulty") of each sample as float64."""
-    return (samples.size if key == "size" else samples.difficulty).astype(np.float64)
+    """Return the sort key ``key`` ("size" or "difficulty") of each sample, the column itself (int64 or float64).
+
+    Not converted per sample: the index records each micro-batch's min and max as float64,
+    converted after the reduction (the same values: the conversion keeps the order).
+    """
+    return samples.size if key == "size" else samples.difficulty
 
 
 def segment_reduce(ufunc: np.ufunc, values: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -110,8 +110,9 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
         "max_size": mb.max_size,
         "padded_size": mb.padded_size,
         "tokens": mb.tokens,
-        "min_key": segment_reduce(np.minimum, packed.keys, offsets),
-        "max_key": segment_reduce(np.maximum, packed.keys, offsets),
+        # float64 after the reduction: min(float(k)) == float(min(k)), without a float copy of every key
+        "min_key": segment_reduce(np.minimum, packed.keys, offsets).astype(np.float64),
+        "max_key": segment_reduce(np.maximum, packed.keys, offsets).astype(np.float64),
         "stage": stage.astype(np.int16),
         "attention": attention_work(packed, opts),
     }

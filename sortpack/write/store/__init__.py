@@ -12,6 +12,7 @@ memory up to half of it and spill to memory-mapped Arrow files past that (``spil
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,7 +37,17 @@ from .options import (
     parse_store,
     token_ids_options,
 )
-from .plan import MemoryBudget, ReadPlan, file_units, memory_budget, position_requests, read_plan, row_uses
+from .plan import (
+    MemoryBudget,
+    ReadPlan,
+    StorePlan,
+    StoreSetup,
+    file_units,
+    memory_budget,
+    position_requests,
+    read_plan,
+    row_uses,
+)
 from .result import SECONDS, ExchangeStats, StoreResult
 from .rows import InputRows, RowPositions
 from .shard_writer import write_data_shards
@@ -45,55 +56,42 @@ from .spill import ReceivedRows
 from .token_cache import TokenCache
 
 if TYPE_CHECKING:
-    from ...stages.pack import PackOptions
+    from ...stages.plan_options import PlanOptions
+    from ..index_writer import OwnedMicrobatches
 
-__all__ = ["ExchangeStats", "Store", "StoreOptions", "StoreResult", "materialize", "parse_memory", "parse_store",
-           "prepare"]
+__all__ = ["ExchangeStats", "Store", "StoreOptions", "StorePlan", "StoreResult", "StoreSetup", "materialize",
+           "parse_memory", "parse_store", "prepare"]
 
 
-def materialize(comm: Comm, out: PlanDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray,
-                first_mb: int, opts: StoreOptions, tokens: TokenIds | None, cache: TokenCache | None,
-                index_starts: np.ndarray, mb_sizes: np.ndarray | None = None,
-                renames: list[dict[str, str] | None] | None = None, ranges: dict[str, np.ndarray] | None = None,
-                cut_columns: tuple[str, ...] = (), cut_unit: str = "length") -> StoreResult:
+def materialize(comm: Comm, out: PlanDir, owned: OwnedMicrobatches, plan: StorePlan) -> StoreResult:
     """Return the data shards written and the exchange's figures (every rank), after writing this rank's shards.
 
-    Parameters
-    ----------
-    ids, mb_offsets : numpy.ndarray
-        The sample ids of this rank's micro-batches ``[first_mb, ...)`` in plan order and
-        their local offsets.
-    tokens : TokenIds or None
-        How ``--store-tokens`` gets its ids; ``cache`` holds them when ``analyze`` kept them.
-    mb_sizes : numpy.ndarray or None
-        The micro-batches' summed sample sizes (what balances the writers).
-    renames : list or None
-        Per input file, ``{plan column: input column}`` (a mixture source's own ``column``).
-    ranges : dict or None
-        ``--oversize split``: ``piece_begin``/``piece_end`` of each sample (as ``ids``); the
-        columns in ``cut_columns`` (and the token ids) are stored cut to them, others whole;
-        ``cut_unit`` is the size kind the ranges count (``bytes``: a text's UTF-8 bytes).
+    ``owned``: the index's micro-batches this rank writes (their sample ids in plan order, and
+    with ``--oversize split`` each sample's range: the columns in ``plan.setup.cut_columns`` and
+    the token ids are stored cut to it, others whole); ``plan``: what is stored, from which files.
     """
+    setup, opts = plan.setup, plan.setup.options
     directory = out.ensure()
     budget = memory_budget(opts.memory_limit or default_memory_limit(comm), piece_bytes())
-    srcs = describe_files(comm, files)
-    schema = _stored_schema(comm, srcs, files, list(opts.columns), renames, tokens)
-    units, unit_rows = file_units(srcs, files)
-    plan = read_plan(units, unit_rows, rank=comm.rank, size=comm.size)
-    pos0 = comm.exscan(len(ids))
-    cut = None if ranges is None else (*cut_columns, *(_token_columns(tokens)))
-    uses = _ask_readers(comm, ids, pos0, plan, ranges, cut)
-    uses.unit = cut_unit  # what the ranges count: characters and elements, or a text's UTF-8 bytes
-    layout = data_layout(comm, first_mb, mb_offsets, pos0, index_starts, mb_sizes)
+    srcs = describe_files(comm, plan.files)
+    schema = _stored_schema(comm, srcs, plan)
+    units, unit_rows = file_units(srcs, plan.files)
+    reads = read_plan(units, unit_rows, rank=comm.rank, size=comm.size)
+    pos0 = comm.exscan(len(owned.sample_ids))
+    cut = None if owned.ranges is None else (*setup.cut_columns, *(_token_columns(setup.tokens)))
+    uses = _ask_readers(comm, owned, pos0, reads, cut)
+    uses.unit = setup.cut_unit  # what the ranges count: characters and elements, or a text's UTF-8 bytes
+    layout = data_layout(comm, owned, pos0, plan.index_starts)
     # ids analyze did not keep are counted again from their text column
-    read_columns = sorted(set(opts.columns) | (_source_columns(tokens) if cache is None else set()))
-    reader = InputRows(srcs, files, plan.units, plan.first_row, uses, read_columns, schema, tokens, cache, renames)
+    read_columns = sorted(set(opts.columns) | (_source_columns(setup.tokens) if plan.cache is None else set()))
+    reader = InputRows(srcs, plan.files, reads.units, reads.first_row, uses, read_columns, schema, setup.tokens,
+                       plan.cache, setup.renames)
     received = ReceivedRows(directory, comm.rank, budget.held, schema, budget.spill_batch)
     t0 = time.perf_counter()
-    rounds = exchange(comm, reader, received, layout.owner_starts, budget.round, budget.limit)
+    rounds = exchange(comm, reader, received, layout.owner_starts, budget)
     t1 = time.perf_counter()
     shards = write_data_shards(comm, directory, received, layout)
-    stats = _exchange_stats(comm, rounds, budget, reader, received, t1 - t0, time.perf_counter() - t1)
+    stats = _exchange_stats(comm, budget, reader, received, _Timing(rounds, t1 - t0, time.perf_counter() - t1))
     received.remove()
     return StoreResult(columns=[f.name for f in schema], schema={f.name: str(f.type) for f in schema},
                        rows_per_shard=data_rows_per_shard(), num_rows=layout.num_rows, shards=shards, exchange=stats)
@@ -113,27 +111,37 @@ def _source_columns(tokens: TokenIds | None) -> set[str]:
     return set(tokens.shape.columns()) if tokens.shape is not None else {tokens.column}
 
 
-def _stored_schema(comm: Comm, srcs: list[SourceFile], files: list[dict], columns: list[str],
-                   renames: list[dict[str, str] | None] | None, tokens: TokenIds | None) -> pa.Schema:
+def _stored_schema(comm: Comm, srcs: list[SourceFile], plan: StorePlan) -> pa.Schema:
     """Return the data shards' schema: the stored columns unified over the files, then the token ids (collective)."""
-    schema = output_schema(comm, srcs, files, columns, renames) if columns else pa.schema([])
-    for name in _token_columns(tokens):
+    columns, setup = list(plan.setup.options.columns), plan.setup
+    schema = output_schema(comm, srcs, plan.files, columns, setup.renames) if columns else pa.schema([])
+    for name in _token_columns(setup.tokens):
         if name in schema.names:
             raise SortpackError(f"--store {name} and --store-tokens both write {name!r}", collective=True)
         schema = schema.append(pa.field(name, pa.list_(pa.int32())))
     return schema
 
 
-def _ask_readers(comm: Comm, ids: np.ndarray, pos0: int, plan: ReadPlan, ranges: dict[str, np.ndarray] | None,
+def _ask_readers(comm: Comm, owned: OwnedMicrobatches, pos0: int, reads: ReadPlan,
                  cut: tuple[str, ...] | None) -> RowPositions:
     """Return every use of this rank's input rows: the plan's owners tell each reader where its rows go (collective)."""
-    asked, counts = position_requests(ids, pos0, plan.reader_starts, ranges, comm.size)
-    return row_uses(comm.alltoallv_many(asked, counts), plan.first_row, cut)
+    asked, counts = position_requests(owned.sample_ids, pos0, reads.reader_starts, owned.ranges, comm.size)
+    return row_uses(comm.alltoallv_many(asked, counts), reads.first_row, cut)
 
 
-def _exchange_stats(comm: Comm, rounds: int, budget: MemoryBudget, reader: InputRows, received: ReceivedRows,
-                    exchange_s: float, write_s: float) -> ExchangeStats:
+@dataclass(frozen=True)
+class _Timing:
+    """How this rank's exchange went: its rounds, its seconds, and the seconds writing the shards took."""
+
+    rounds: int
+    exchange_s: float
+    write_s: float
+
+
+def _exchange_stats(comm: Comm, budget: MemoryBudget, reader: InputRows, received: ReceivedRows,
+                    timing: _Timing) -> ExchangeStats:
     """Return how the rows moved: spills summed over ranks, the seconds the slowest rank took (collective)."""
+    rounds, exchange_s, write_s = timing.rounds, timing.exchange_s, timing.write_s
     # the exchange less its reads and spills, and the writes
     seconds = comm.allreduce(np.array([reader.seconds, exchange_s - reader.seconds - received.spill_s,
                                        received.spill_s, write_s]), "max")
@@ -146,13 +154,8 @@ def _exchange_stats(comm: Comm, rounds: int, budget: MemoryBudget, reader: Input
 class Store:
     """The stored columns' writer that ``write_index`` calls, with the token cache ``analyze`` fills."""
 
-    def __init__(self, comm: Comm, opts: StoreOptions, tokens: TokenIds | None, special_tokens: bool,
-                 renames: list[dict[str, str] | None] | None = None, cut_columns: tuple[str, ...] = (),
-                 cut_unit: str = "length"):
-        self.comm, self.opts, self.tokens, self.special_tokens = comm, opts, tokens, special_tokens
-        self.renames = renames  # per input file: {plan column: input column} (a mixture's sources)
-        self.cut_columns = cut_columns  # --oversize split: stored columns cut to each piece's range
-        self.cut_unit = cut_unit  # what the ranges count: "length" (characters, elements) or "bytes"
+    def __init__(self, comm: Comm, setup: StoreSetup):
+        self.comm, self.setup = comm, setup
         self.caches: list[TokenCache] = []
         self.plans = 1  # plans still to store: the token cache is removed after the last
 
@@ -162,56 +165,53 @@ class Store:
 
     def token_cache(self, out: OutputDir) -> TokenCache | None:
         """Return the ``keep_tokens`` for ``analyze``: the cache that keeps its ids (None without --store-tokens)."""
-        if self.tokens is None:
+        if self.setup.tokens is None:
             return None
-        self.caches.append(TokenCache(out, self.comm, self.special_tokens))
+        self.caches.append(TokenCache(out, self.comm, self.setup.special_tokens))
         return self.caches[-1]
 
-    def __call__(self, out: PlanDir, files: list[dict], ids: np.ndarray, mb_offsets: np.ndarray, first_mb: int,
-                 index_starts: np.ndarray, mb_sizes: np.ndarray | None = None,
-                 ranges: dict[str, np.ndarray] | None = None) -> StoreResult:
-        """Return what was stored, after writing the data shards (collective)."""
+    def __call__(self, out: PlanDir, files: list[dict], owned: OwnedMicrobatches,
+                 index_starts: np.ndarray) -> StoreResult:
+        """Return what was stored, after writing the data shards of ``owned`` (collective)."""
         cache = self.caches[-1] if self.caches else None
         if cache is not None:
             cache.share()
-        stored = materialize(self.comm, out, files, ids, mb_offsets, first_mb, self.opts, self.tokens, cache,
-                             index_starts, mb_sizes, self.renames, ranges, self.cut_columns,
-                             self.cut_unit)
+        stored = materialize(self.comm, out, owned, StorePlan(self.setup, files, index_starts, cache))
         self.plans -= 1
         if cache is not None and self.plans <= 0:
             self.comm.barrier()  # every rank has read the ids it needed
             cache.remove()
-        if self.tokens is not None:
+        tokens = self.setup.tokens
+        if tokens is not None:
             stored.tokens = {
-                "column": TOKENS_COLUMN, "source_column": self.tokens.column,
-                "tokenizer": self.tokens.tokenizer_file,
-                "special_tokens": self.special_tokens, "truncated_to": self.tokens.truncate or None,
+                "column": TOKENS_COLUMN, "source_column": tokens.column,
+                "tokenizer": tokens.tokenizer_file,
+                "special_tokens": self.setup.special_tokens, "truncated_to": tokens.truncate or None,
                 "note": "the ids the size counted: len(input_ids) == size",
             }
-            if self.tokens.labels:
+            if tokens.labels:
                 stored.tokens["labels"] = LABELS_COLUMN  # aligned to input_ids, -100 where no target
-        if ranges is not None:
+        if owned.ranges is not None:
             # which stored columns hold a piece's range only (the others hold the whole sample)
-            stored.pieces = [c for c in stored.columns if c in self.cut_columns or c in _token_columns(self.tokens)]
+            pieces = self.setup.cut_columns + _token_columns(tokens)
+            stored.pieces = [c for c in stored.columns if c in pieces]
         return stored
 
 
-def prepare(comm: Comm, opts: StoreOptions, options: dict, popts: PackOptions, tokenizer_path: str | None,
+def prepare(comm: Comm, opts: StoreOptions, plan: PlanOptions, tokenizer_path: str | None,
             renames: list[dict[str, str] | None] | None = None) -> Store:
     """Return the ``Store`` for ``write_index``, checking the options collectively.
 
-    ``options`` are the plan's recorded options (column, size, tokenizer); ``popts`` the
-    pack options (``--oversize truncate`` cuts stored ids to the truncated size); ``renames``
-    per input file ``{plan column: input column}`` (a mixture source's own ``column``).
+    ``plan``: what the plan measures (column, size, tokenizer) and how it packs (``--oversize
+    truncate`` cuts stored ids to the truncated size); ``renames`` per input file ``{plan
+    column: input column}`` (a mixture source's own ``column``).
     """
-    tokens = comm.collectively(token_ids_options, opts, options, popts, tokenizer_path)
+    tokens = comm.collectively(token_ids_options, opts, plan, tokenizer_path)
     # a split plan's pieces are ranges of what the size counted: where that is the column's own values
     # (characters, elements, bytes), a stored copy of that column is cut to them
-    size = str(options.get("size"))
-    kind = size_kind(size)
-    cut: tuple[str, ...] = (str(options.get("column")),) if kind is not None and kind.cuts_column \
-        and options.get("column") else ()
-    labels = (options.get("fine_tune") or {}).get("labels_column")
-    if cut and labels:  # a labels column is cut with the token ids it labels
-        cut = (*cut, str(labels))
-    return Store(comm, opts, tokens, bool(options.get("special_tokens", True)), renames, cut, size)
+    measured = plan.analyze
+    kind = size_kind(measured.size)
+    cut: tuple[str, ...] = (measured.column,) if kind is not None and kind.cuts_column and measured.column else ()
+    if cut and measured.labels_column:  # a labels column is cut with the token ids it labels
+        cut = (*cut, measured.labels_column)
+    return Store(comm, StoreSetup(opts, tokens, measured.special_tokens, renames, cut, measured.size))

@@ -10,6 +10,7 @@ from ...errors import SortpackError
 from ...parallel import Comm
 from ...partition import rank_of
 from ...row_store import RowStore, from_raw_pieces, gather_pieces, piece_bytes
+from .plan import MemoryBudget
 from .rows import InputRows, column_row_bytes, row_bytes
 from .spill import ReceivedRows
 
@@ -23,6 +24,15 @@ class QueuedTable:
 
 
 @dataclass(frozen=True)
+class RoundRows:
+    """The rows one round sends, in reading order: each one's output position, bytes and destination rank."""
+
+    pos: np.ndarray
+    sizes: np.ndarray
+    dest: np.ndarray
+
+
+@dataclass(frozen=True)
 class Segment:
     """Rows ``[first, end)`` of a read table, sent in one round."""
 
@@ -31,12 +41,13 @@ class Segment:
     end: int
 
 
-def exchange(comm: Comm, reader: InputRows, received: ReceivedRows, owner_starts: np.ndarray, budget: int,
-             limit: int) -> int:
+def exchange(comm: Comm, reader: InputRows, received: ReceivedRows, owner_starts: np.ndarray,
+             memory: MemoryBudget) -> int:
     """Return the rounds it took to send every local row to its position's owner.
 
-    A round moves at most ``budget`` bytes per rank, sent and received.
+    A round moves at most ``memory.round`` bytes per rank, sent and received.
     """
+    budget, limit = memory.round, memory.limit
     queue: list[QueuedTable] = []  # in reading order
     pos, sizes = np.zeros(0, np.int64), np.zeros(0, np.int64)
     rounds = 0
@@ -73,7 +84,7 @@ def exchange(comm: Comm, reader: InputRows, received: ReceivedRows, owner_starts
                 break
             take = max(1, take // 2) if take else 0
         segments = _take_queue(queue, take)
-        _send_round(comm, received, segments, pos[:take], sizes[:take], dest)
+        _send_round(comm, received, segments, RoundRows(pos[:take], sizes[:take], dest))
         pos, sizes = pos[take:], sizes[take:]
         rounds += 1
     return rounds
@@ -94,9 +105,10 @@ def _take_queue(queue: list[QueuedTable], take: int) -> list[Segment]:
     return segments
 
 
-def _send_round(comm: Comm, received: ReceivedRows, segments: list[Segment], pos: np.ndarray, sizes: np.ndarray,
-                dest: np.ndarray) -> None:
-    """Move one round's rows to their owners: Alltoallv of the rows' bytes, column by column."""
+def _send_round(comm: Comm, received: ReceivedRows, segments: list[Segment], sent: RoundRows) -> None:
+    """Move one round's rows (``segments``, as ``sent`` places them) to their owners: Alltoallv of the rows'
+    bytes, column by column."""
+    pos, sizes, dest = sent.pos, sent.sizes, sent.dest
     schema = received.schema
     stores = {f.name: RowStore(f.type) for f in schema}
     for seg in segments:
@@ -121,8 +133,7 @@ def _send_round(comm: Comm, received: ReceivedRows, segments: list[Segment], pos
             meta[f"valid{k}"] = np.ones(len(others), np.uint8) if valid is None else valid.astype(np.uint8)
             byte_counts = np.bincount(dest[others], weights=length, minlength=comm.size).astype(np.int64)
         else:
-            data, byte_counts = _ipc_by_destination(store, others, dest[others], sizes[others], comm.size,
-                                                    schema.field(name))
+            data, byte_counts = _ipc_by_destination(store, others, sent, comm.size, schema.field(name))
         payloads.append((data, byte_counts))
     got = comm.alltoallv_many(meta, rows_out)
     columns = {}
@@ -140,15 +151,16 @@ def _send_round(comm: Comm, received: ReceivedRows, segments: list[Segment], pos
             columns[name] = _from_ipc(buf, recv_counts, field_)
     payloads.clear()
     received.add(columns, got["pos"], got["size"])
-    _keep_own(received, segments, stores, own, pos, sizes, len(dest))
+    _keep_own(received, segments, stores, own, sent)
 
 
 def _keep_own(received: ReceivedRows, segments: list[Segment], stores: dict[str, RowStore], own: np.ndarray,
-              pos: np.ndarray, sizes: np.ndarray, sent: int) -> None:
-    """Register the round's rows that stay on this rank (``own``, of ``sent`` rows in the round)."""
+              sent: RoundRows) -> None:
+    """Register the round's rows that stay on this rank (``own``, of the rows ``sent`` in the round)."""
+    pos, sizes = sent.pos, sent.sizes
     if len(own) == 0:
         return
-    if 2 * len(own) >= sent:  # most rows stay: register them where they are read
+    if 2 * len(own) >= len(sent.dest):  # most rows stay: register them where they are read
         at = 0
         for seg in segments:
             rows = seg.end - seg.first
@@ -163,12 +175,13 @@ def _keep_own(received: ReceivedRows, segments: list[Segment], stores: dict[str,
                      sizes[own])
 
 
-def _ipc_by_destination(store: RowStore, rows: np.ndarray, dest: np.ndarray, sizes: np.ndarray, size: int,
+def _ipc_by_destination(store: RowStore, rows: np.ndarray, sent: RoundRows, size: int,
                         field_: pa.Field) -> tuple[np.ndarray, np.ndarray]:
-    """Return the rows of a column that cannot go raw as one IPC stream per destination, and each stream's bytes.
+    """Return the ``rows`` of a column that cannot go raw as one IPC stream per destination, and each stream's bytes.
 
-    A stream holds one record batch per piece of at most ``piece_bytes()`` (estimated by ``sizes``).
+    A stream holds one record batch per piece of at most ``piece_bytes()`` (estimated by the rows' sizes).
     """
+    dest, sizes = sent.dest[rows], sent.sizes[rows]
     sink, counts = pa.BufferOutputStream(), np.zeros(size, dtype=np.int64)
     schema = pa.schema([field_])
     limit = piece_bytes()

@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...format.data_shards import data_cuts
 from ...parallel import Comm
 from ...partition import balanced_blocks
+
+if TYPE_CHECKING:
+    from ..index_writer import OwnedMicrobatches
 
 ROW_WEIGHT = 16  # per-row bytes (offsets, validity) when balancing the writers by size
 
@@ -73,13 +77,14 @@ def merge_data_layout(parts: list[LocalShards], *, size: int) -> DataLayout:
     return DataLayout(bounds.astype(np.int64), balanced_blocks(np.concatenate([p.weights for p in parts]), size))
 
 
-def data_layout(comm: Comm, first_mb: int, mb_offsets: np.ndarray, pos0: int, index_starts: np.ndarray,
-                mb_sizes: np.ndarray | None = None) -> DataLayout:
+def data_layout(comm: Comm, owned: OwnedMicrobatches, pos0: int, index_starts: np.ndarray) -> DataLayout:
     """Return the data shards' layout and the shards each rank writes (collective).
 
     The shards follow the index owners' micro-batches (``data_cuts``), but who writes them
     does not: the index of a small plan is one shard on one rank, so writing data where the
     index is would send every row to that rank (``merge_data_layout`` deals them by weight).
+    ``owned``: this rank's micro-batches of the index, their rows from output position ``pos0``.
     """
-    local = local_data_shards(first_mb, mb_offsets, pos0, index_starts, mb_sizes)
+    # the micro-batches' summed sample sizes balance the writers
+    local = local_data_shards(owned.first, owned.offsets, pos0, index_starts, owned.columns.get("tokens"))
     return merge_data_layout(comm.allgather_obj(local), size=comm.size)

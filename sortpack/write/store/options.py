@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +11,8 @@ from ...errors import SortpackError
 from ...parallel import Comm
 
 if TYPE_CHECKING:
-    from ...stages.pack import PackOptions
+    from ...stages.analyze import AnalyzeOptions
+    from ...stages.plan_options import PlanOptions
 
 TOKENS_COLUMN = "input_ids"
 LABELS_COLUMN = "labels"  # fine-tuning data: the labels stored beside the ids (-100: no target)
@@ -48,7 +49,7 @@ def default_memory_limit(comm: Comm) -> int:
     return max(1 << 20, phys // 2 // per_node)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StoreOptions:
     """What to store with the index.
 
@@ -63,7 +64,6 @@ class StoreOptions:
     memory_limit: int | None = None
     tokenizer: str | None = None
     chat_template: str | None = None  # pack --store-tokens of chats: the template they were rendered with
-    extra: dict = field(default_factory=dict)
 
     @property
     def enabled(self) -> bool:
@@ -112,79 +112,86 @@ class TokenIds:
         return self.shape is not None
 
 
-def token_ids_options(opts: StoreOptions, options: dict, popts: PackOptions,
-                      tokenizer_path: str | None) -> TokenIds | None:
+def token_ids_options(opts: StoreOptions, plan: PlanOptions, tokenizer_path: str | None) -> TokenIds | None:
     """Return how ``--store-tokens`` gets its ids (None without it), raising SortpackError on bad options.
 
     Parameters
     ----------
     opts : StoreOptions
         The store options (validated here).
-    options : dict
-        The plan's recorded options (column, size, tokenizer, special_tokens).
-    popts : PackOptions
-        The pack options: ``--oversize truncate`` cuts stored ids to the truncated size.
+    plan : PlanOptions
+        What the plan measured (column, size, tokenizer, special tokens) and how it packs
+        (``--oversize truncate`` cuts stored ids to the truncated size).
     tokenizer_path : str or None
         ``run``'s ``--tokenizer``, used when ``opts.tokenizer`` is not set.
     """
     opts.validate()
     if not opts.tokens:
         return None
-    fine_tune = options.get("fine_tune") or {}
-    if fine_tune.get("shape") == "labels":
+    measured = plan.analyze
+    if measured.labels_column:
         raise SortpackError(f"--store-tokens stores ids a tokenizer made; this plan's ids and labels are columns: "
-                            f"--store {options.get('column') or TOKENS_COLUMN},{fine_tune.get('labels_column')}")
-    if fine_tune.get("shape") in ("prompt_completion", "chat"):
-        return _fine_tune_ids(opts, options, popts, tokenizer_path, fine_tune)
-    if options.get("size") != "tokens":
+                            f"--store {measured.column or TOKENS_COLUMN},{measured.labels_column}")
+    if measured.fine_tune() is not None:
+        return _fine_tune_ids(opts, plan, tokenizer_path)
+    if measured.size != "tokens":
         raise SortpackError(f"--store-tokens stores the ids of --size tokens; this plan's size is "
-                            f"{options.get('size')!r}")
-    column = options.get("column")
+                            f"{measured.size!r}")
+    column = measured.column
     if not column:
         raise SortpackError("--store-tokens needs --column (the text column the tokens were counted from)")
+    path, tokenizer = _recorded_tokenizer(opts, measured, tokenizer_path)
+    return TokenIds(column, tokenizer, Path(path).name, measured.special_tokens, _truncated_to(plan))
+
+
+def _truncated_to(plan: PlanOptions) -> int:
+    """Return the length stored ids are cut to: ``--oversize truncate``'s, else 0 (kept whole)."""
     from ...stages.pack import truncate_length
 
-    path, tokenizer = _recorded_tokenizer(opts, options, tokenizer_path)
-    cut = truncate_length(popts) if popts.oversize == "truncate" else 0
-    return TokenIds(column, tokenizer, Path(path).name, bool(options.get("special_tokens", True)), cut)
+    popts = plan.pack
+    return truncate_length(popts) if popts is not None and popts.oversize == "truncate" else 0
 
 
-def _recorded_tokenizer(opts: StoreOptions, options: dict, tokenizer_path: str | None) -> tuple[str, Any]:
+def _recorded_tokenizer(opts: StoreOptions, measured: AnalyzeOptions, tokenizer_path: str | None) -> tuple[str, Any]:
     """Return (path, loaded tokenizer) of ``--store-tokens``: the file the plan's sizes were counted with."""
     from ...inputs.specs import load_tokenizer
 
     path = opts.tokenizer or tokenizer_path
     if not path:
         raise SortpackError("--store-tokens needs --tokenizer (the tokenizer.json the sizes were counted with)")
-    recorded = options.get("tokenizer")
+    recorded = _file_name(measured.tokenizer)
     if recorded and Path(path).name != recorded:
         raise SortpackError(f"--tokenizer {path}: the plan's sizes were counted with {recorded!r}")
     return path, load_tokenizer(path, "--store-tokens")
 
 
-def _fine_tune_ids(opts: StoreOptions, options: dict, popts: PackOptions, tokenizer_path: str | None,
-                   fine_tune: dict) -> TokenIds:
+def _file_name(path: str | None) -> str | None:
+    """Return the file name a manifest records for ``path`` (None stays None)."""
+    return None if not path else str(path).rsplit("/", 1)[-1]
+
+
+def _fine_tune_ids(opts: StoreOptions, plan: PlanOptions, tokenizer_path: str | None) -> TokenIds:
     """Return how ``--store-tokens`` gets the ids and labels of prompt/completion texts or chats."""
     from ...inputs.finetune import FineTuneShape, load_chat_template
-    from ...stages.pack import truncate_length
 
-    path, tokenizer = _recorded_tokenizer(opts, options, tokenizer_path)
-    if fine_tune["shape"] == "chat":
+    measured = plan.analyze
+    path, tokenizer = _recorded_tokenizer(opts, measured, tokenizer_path)
+    if measured.chat_template:
         # run takes the ids from analyze's cache; pack renders the chats again with the same template
         template = None
         if tokenizer_path is None and not opts.chat_template:  # pack: no ids kept by analyze in this job
             raise SortpackError("--store-tokens of chats: pack needs --chat-template (the template the chats were "
                                 "rendered with) to render them again")
+        recorded = _file_name(measured.chat_template)
         if opts.chat_template:
-            if Path(opts.chat_template).name != fine_tune.get("chat_template"):
+            if Path(opts.chat_template).name != recorded:
                 raise SortpackError(f"--chat-template {opts.chat_template}: the plan's chats were rendered with "
-                                    f"{fine_tune.get('chat_template')!r}")
+                                    f"{recorded!r}")
             template = load_chat_template(opts.chat_template)
-        shape = FineTuneShape("chat", column=options.get("column") or "messages", tokenizer=tokenizer,
-                              template=template, train_on=tuple(fine_tune.get("train_on") or ("assistant",)))
+        shape = FineTuneShape("chat", column=measured.column or "messages", tokenizer=tokenizer,
+                              template=template, train_on=tuple(measured.train_on or ("assistant",)))
     else:
-        shape = FineTuneShape("prompt_completion", prompt_column=fine_tune["prompt_column"],
-                              completion_column=fine_tune["completion_column"], tokenizer=tokenizer)
-    cut = truncate_length(popts) if popts.oversize == "truncate" else 0
+        shape = FineTuneShape("prompt_completion", prompt_column=measured.prompt_column or "prompt",
+                              completion_column=measured.completion_column or "completion", tokenizer=tokenizer)
     column = shape.column or shape.prompt_column
-    return TokenIds(column, tokenizer, Path(path).name, True, cut, shape)
+    return TokenIds(column, tokenizer, Path(path).name, True, _truncated_to(plan), shape)

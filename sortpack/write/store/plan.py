@@ -6,12 +6,45 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...inputs.source_file import SourceFile
 from ...partition import rank_of, reader_blocks
+from .options import StoreOptions, TokenIds
 from .rows import RowPositions
+
+if TYPE_CHECKING:
+    from ..index_writer import PieceRanges
+    from .token_cache import TokenCache
+
+
+@dataclass(frozen=True)
+class StoreSetup:
+    """How a job stores its columns (``prepare`` checks it): the options, where stored token ids come from,
+    whether their counts include special tokens, per input file ``{plan column: input column}`` (a
+    mixture source's own ``column``), and, for ``--oversize split``, the stored columns cut to each
+    piece's range and the size kind the ranges count (``bytes``: a text's UTF-8 bytes)."""
+
+    options: StoreOptions
+    tokens: TokenIds | None = None
+    special_tokens: bool = True
+    renames: list[dict[str, str] | None] | None = None
+    cut_columns: tuple[str, ...] = ()
+    cut_unit: str = "length"
+
+
+@dataclass(frozen=True)
+class StorePlan:
+    """What one plan's store reads and how its data shards line up: the job's setup, the input files
+    (fingerprint entries), each index shard's first micro-batch (the data shards follow them), and the
+    token ids ``analyze`` kept (None: tokenized again where needed)."""
+
+    setup: StoreSetup
+    files: list[dict]
+    index_starts: np.ndarray
+    cache: TokenCache | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +92,7 @@ def read_plan(units: list[tuple[int, int]], unit_rows: np.ndarray, *, rank: int,
 
 
 def position_requests(ids: np.ndarray, pos0: int, reader_starts: np.ndarray,
-                      ranges: dict[str, np.ndarray] | None, size: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                      ranges: PieceRanges | None, size: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Return what this rank tells the readers, grouped by reader, and how many go to each.
 
     ``ids`` are this rank's samples in plan order from output position ``pos0``; each reader
@@ -70,7 +103,7 @@ def position_requests(ids: np.ndarray, pos0: int, reader_starts: np.ndarray,
     order = np.argsort(to_reader, kind="stable")
     asked = {"id": np.ascontiguousarray(ids[order], dtype=np.int64), "pos": positions[order]}
     if ranges is not None:
-        asked.update({"begin": ranges["piece_begin"][order], "end": ranges["piece_end"][order]})
+        asked.update({"begin": ranges.begin[order], "end": ranges.end[order]})
     return asked, np.bincount(to_reader, minlength=size)
 
 

@@ -53,8 +53,8 @@ class ReceivedRows:
         self.spill_batches = 0
         self.spill_s = 0.0
 
-    def add(self, columns: dict, pos: np.ndarray, sizes: np.ndarray, rows: np.ndarray | None = None,
-            held: int | None = None) -> None:
+    def add(self, columns: dict[str, pa.Array | pa.ChunkedArray], pos: np.ndarray, sizes: np.ndarray,
+            rows: np.ndarray | None = None, held: int | None = None) -> None:
         """Register rows ``rows`` (all when None) of ``columns`` (name -> array), with their positions and bytes.
 
         ``held``: the bytes these rows keep in memory when more than their own (rows registered in place).

@@ -1,0 +1,93 @@
+"""Sorting uint64 codes whose low bits already rise in input order (packed sample ids): a stable radix
+sort on the bits above them, the compiled kernel, and ``np.sort`` as its fallback (the same result);
+and the merge of sorted runs into memory the caller no longer needs (``merge_sorted_keys_into``,
+``merge_with_own_run``)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ._loader import _c, _ptr, _scratch
+from .merge import _runs
+
+
+def sort_id_ordered(codes: np.ndarray, low_bits: int, high_bits: int) -> np.ndarray:
+    """Return ``codes`` sorted ascending, given that their low ``low_bits`` bits rise in input order.
+
+    The codes of one rank's samples packed as ``key << low_bits | id``, ids numbered in input
+    order, are sorted by their key alone with a stable radix sort (a few linear passes over
+    ``high_bits``, the width of ``codes >> low_bits``) instead of a comparison sort: the ties'
+    input order is their id order, so the result is ``np.sort(codes)``. ``codes`` (uint64,
+    C-contiguous) is sorted in place and returned, as ``ndarray.sort`` would: the radix
+    passes scatter through a scratch array of the same size that is freed on return, so the
+    caller's next array of that size reuses its memory instead of new pages. Codes wider
+    than ``low_bits + high_bits``, and the numpy fallback, sort with ``np.sort``.
+    """
+    codes = np.ascontiguousarray(codes, dtype=np.uint64).ravel()
+    lib = _c()
+    if lib is None or not 0 <= low_bits <= 64 or not 0 <= high_bits <= 64 - low_bits:
+        codes.sort()
+        return codes
+    out = np.empty_like(codes)
+    counts = np.empty(max(int(lib.sp_radix_words(high_bits)), 1), np.int64)
+    rc = lib.sp_radix_sort_high(_ptr(codes), len(codes), low_bits, high_bits, _ptr(out), _ptr(counts))
+    if rc == 0:
+        codes[...] = out  # one copy back: the caller's array holds the result, the scratch goes
+        return codes
+    del out
+    if rc == 1:
+        return codes
+    if rc == 2:  # a code above the bits said: nothing moved
+        codes.sort()
+        return codes
+    raise ValueError(f"sort_id_ordered: bad arguments (low_bits={low_bits}, high_bits={high_bits})")
+
+
+def merge_sorted_keys_into(keys: np.ndarray, offsets: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Return the sorted uint64 runs ``keys[offsets[i]:offsets[i+1]]`` merged, written into ``out[:len(keys)]``.
+
+    ``merge_sorted_keys`` into memory the caller is done with (the rank's codes once they are
+    sent), where a new array would be pages the process touches for the first time. ``out``
+    (uint64, C-contiguous, not overlapping ``keys``) must hold at least ``len(keys)`` codes;
+    the result is its first ``len(keys)``, and always equals ``np.sort(keys)``.
+    """
+    keys, offsets, lib = _runs(keys, offsets)
+    n = len(keys)
+    if len(out) < n or out.dtype != np.uint64 or not out.flags.c_contiguous:
+        raise ValueError("merge_sorted_keys_into: out must be C-contiguous uint64 of at least len(keys)")
+    merged = out[:n]
+    if lib is None:
+        merged[...] = np.sort(keys, kind="stable")
+        return merged
+    k = len(offsets) - 1
+    scratch = _scratch(lib.sp_merge_scratch_words(n, k, 0))
+    rc = lib.sp_merge_keys_u64(_ptr(keys), _ptr(offsets), k, _ptr(merged), _ptr(scratch))
+    if rc == -1:
+        raise MemoryError("merge_sorted_keys_into")
+    if rc != 0:
+        merged[...] = np.sort(keys, kind="stable")
+    return merged
+
+
+def merge_with_own_run(received: np.ndarray, first_run: int, own: np.ndarray, own_first: bool) -> np.ndarray:
+    """Return ``received`` (two sorted runs of uint64 codes, the first ``first_run`` long) merged in place.
+
+    One of the two runs is this rank's own, which it still holds in ``own`` (the run it sent
+    itself): ``own_first`` says it is the first run. The other run is read where it lies and the
+    own run from ``own``, so the merge needs no memory beyond ``received``: a two-rank exchange
+    whose received codes outnumber the rank's own merges without a new array. Equals
+    ``np.sort(received)``.
+    """
+    received = np.ascontiguousarray(received, dtype=np.uint64)
+    own = np.ascontiguousarray(own, dtype=np.uint64)
+    na = int(first_run)
+    nb = len(received) - na
+    if not 0 <= na <= len(received) or len(own) != (na if own_first else nb):
+        raise ValueError("merge_with_own_run: the own run's length does not match its place")
+    lib = _c()
+    if lib is None:
+        received.sort(kind="stable")
+        return received
+    rc = lib.sp_merge_two_in_place(_ptr(received), na, nb, _ptr(own), int(bool(own_first)))
+    if rc != 0:
+        raise ValueError("merge_with_own_run: bad run lengths")
+    return received

@@ -1,0 +1,63 @@
+"""What the CLI sets up before a job: memory a job frees stays with it for its next arrays (glibc)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support import ROOT
+
+# in a fresh process: free a 256 MiB array, then print the resident MiB that stayed
+_PROBE = """
+import numpy as np
+from sortpack.cli.startup import keep_freed_memory
+kept = keep_freed_memory()
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) // 1024
+before = rss()
+a = np.ones(32 << 20, np.int64)
+del a
+print(kept, rss() - before)
+"""
+
+
+def _probe(**env: str) -> tuple[str, int]:
+    out = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), **env}).stdout.split()
+    return out[0], int(out[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt, /proc")
+def test_a_freed_array_stays_for_the_next_one():
+    kept, stayed = _probe()
+    assert kept == "True"
+    assert stayed > 200  # MiB: the 256 MiB array's pages, ready for the next array without page faults
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt, /proc")
+def test_sortpack_keep_memory_0_leaves_malloc_alone():
+    kept, stayed = _probe(SORTPACK_KEEP_MEMORY="0")
+    assert kept == "False"
+    assert stayed < 50  # unmapped when freed, as glibc does by default
+
+
+def test_only_the_command_line_process_changes_malloc(monkeypatch):
+    # main(argv) called from Python (tests, notebooks) leaves the caller's malloc as it is
+    from sortpack import cli
+    from sortpack.cli import startup
+
+    calls = []
+    monkeypatch.setattr(startup, "keep_freed_memory", lambda: calls.append(1) or True)
+    try:
+        cli.main(["--version"])
+    except SystemExit:
+        pass
+    assert calls == []
+    monkeypatch.setattr(sys, "argv", ["sortpack", "--version"])
+    try:
+        cli.main()
+    except SystemExit:
+        pass
+    assert calls == [1]
