@@ -82,7 +82,7 @@ def sort_sortpack(a: dict) -> dict:
     """Time ``sortpack.stages.sample_sort.sample_sort`` on packed uint64 records (``total`` over ranks)."""
     from sortpack.parallel import MPIComm
     from sortpack.stages.key_codes import KeyLayout
-    from sortpack.stages.sample_sort import sample_sort
+    from sortpack.stages.sample_sort import SortHints, sample_sort
 
     w = _World()
     comm = MPIComm(w.mpi)
@@ -91,7 +91,7 @@ def sort_sortpack(a: dict) -> dict:
     keys = data.packed_keys(lo, hi, total)
     bits = data.id_bits(total)
     layout = KeyLayout(64 - bits, id_bits=bits)  # the keys' low bits are the ids
-    secs, out = w.timed(lambda k: sample_sort(comm, k, None, {}, (lo, layout)).hi, a["repeats"], keys.copy)
+    secs, out = w.timed(lambda k: sample_sort(comm, k, None, {}, SortHints((lo, layout))).hi, a["repeats"], keys.copy)
     ok = bool(np.all(out[1:] >= out[:-1]))
     ok = _sorted_across(w, int(out[0]) if len(out) else 0, int(out[-1]) if len(out) else 0, len(out), ok)
     n_out = w.mpi.allreduce(len(out))

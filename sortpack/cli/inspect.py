@@ -71,7 +71,7 @@ def _report(directory, layout, cost_coeff, as_json, plot) -> str:
     return json.dumps(report, indent=1) if as_json else render(report)
 
 
-def _trace(directory, asked: tuple, layout, how, as_json) -> str:
+def _trace(directory, asked: tuple[int | None, tuple[int, ...], int | None], layout, how, as_json) -> str:
     """Return the trace (text or JSON) of ``asked``, ``(step, sample ids, epoch)``: one step's or the samples'."""
     from ..reader.trace import render_trace, sample_trace, step_trace
 

@@ -17,16 +17,17 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 
 
 def keep_freed_memory() -> bool:
-    """Keep the memory a job frees for its next arrays instead of handing it back (glibc); return whether it is set.
+    """Keep the memory a job frees for its next arrays instead of handing it back (glibc), where
+    ``SORTPACK_KEEP_MEMORY=1`` asks for it; return whether it is set.
 
-    glibc serves every array above 32 MiB with a fresh ``mmap`` and unmaps it when freed, so
-    each stage's arrays are memory the process touches for the first time: page faults and
-    zeroing in the kernel, 1-2 s of system time per GB on a virtual machine. Served from the
-    heap and never trimmed, a freed array's pages serve the next one: the peak stays the
-    peak (the job ends when it is done), the system time halves. ``SORTPACK_KEEP_MEMORY=0``
-    leaves malloc as it is; elsewhere than glibc nothing changes.
+    glibc serves every array above 32 MiB with a fresh ``mmap`` and unmaps it when freed, so an
+    array made after another is freed faults in fresh pages (zeroed by the kernel: 1-2 s of
+    system time per GB on some virtual machines). Served from the heap and never trimmed, a
+    freed array's pages serve the next one; but the heap then only grows, and where a freed
+    hole is too small for the next array the process's peak memory rises (two ranks of 62.5M
+    samples: 2.1 GB on one rank instead of 1.6), so it is off unless asked for.
     """
-    if env_text("SORTPACK_KEEP_MEMORY") == "0" or not sys.platform.startswith("linux"):
+    if env_text("SORTPACK_KEEP_MEMORY") != "1" or not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on

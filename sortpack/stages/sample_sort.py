@@ -111,18 +111,30 @@ def exact_cuts(comm: Comm, hi: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return np.concatenate(([0], cuts, [len(hi)]))
 
 
-def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict[str, np.ndarray],
-                ids_from: tuple[int, KeyLayout] | None = None, targets: np.ndarray | None = None) -> SortedRecords:
-    """Return the records globally sorted by (hi, lo): rank r holds the r-th range.
+@dataclass(frozen=True)
+class SortHints:
+    """What the caller knows of the records that makes the sort cheaper or exact.
 
-    ``lo`` is None when ``hi`` alone is unique (keys packed with ids). For the packed
-    form, ``ids_from = (first, layout)`` says the codes' ``id`` field holds the ids
-    ``first + arange(n)``: the local sort is then a radix sort on the fields above the ids
+    ``ids_from = (first, layout)`` (packed codes): the codes' ``id`` field holds the ids
+    ``first + arange(n)``, so the local sort is a radix sort on the fields above the ids
     (``kernels.sort_id_ordered``) and the payload follows by the positions read back from
     the ids (no argsort). ``targets`` (P + 1 rising global positions, ending at the total),
-    with unique ``hi``, makes rank r hold
-    exactly positions ``[targets[r], targets[r+1])``; otherwise ranges are near-even.
+    with unique ``hi``, makes rank r hold exactly positions ``[targets[r], targets[r+1])``;
+    otherwise ranges are near-even.
     """
+
+    ids_from: tuple[int, KeyLayout] | None = None
+    targets: np.ndarray | None = None
+
+
+def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict[str, np.ndarray],
+                hints: SortHints | None = None) -> SortedRecords:
+    """Return the records globally sorted by (hi, lo): rank r holds the r-th range.
+
+    ``lo`` is None when ``hi`` alone is unique (keys packed with ids); ``hints`` (``SortHints``)
+    what the caller knows of them.
+    """
+    ids_from, targets = (hints.ids_from, hints.targets) if hints is not None else (None, None)
     if lo is None and ids_from is not None:
         first, layout = ids_from
         # the ids rise in input order: a stable radix sort on the fields above them is the full sort

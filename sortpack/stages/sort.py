@@ -17,7 +17,7 @@ from ..parallel import Comm
 from ..partition import owner_starts
 from ..progress import Display, Progress, phase
 from .key_codes import KeyCodec, KeyLayout, encode_keys
-from .sample_sort import sample_sort
+from .sample_sort import SortHints, sample_sort
 from .samples import SampleColumns
 from .sort_plan import curriculum_stages, group_width, id_width, stage_width
 
@@ -102,7 +102,8 @@ def _sort_by(comm: Comm, keys: _Keys, rows: _Rows, contiguous: bool, targets: np
         codes = packed.pack_into(keys.codes, stage=keys.stage, group=keys.group, ids=ids,
                                  first_id=start if ids is None else None)
         phase("keys")
-        out = sample_sort(comm, codes, None, rows.payload, (start, packed) if contiguous else None, targets)
+        hints = SortHints((start, packed) if contiguous else None, targets)
+        out = sample_sort(comm, codes, None, rows.payload, hints)
         out_ids, _ = packed.strip_ids(out.hi)
         return SortedKeys(out_ids, out.hi, out.payload)
     codes = layout.pack_into(keys.codes, stage=keys.stage, group=keys.group)

@@ -40,7 +40,7 @@ def test_distributed_sort(n, keyspace, key, descending):
 
 @pytest.mark.parametrize("n,keyspace", [(3000, 5), (2500, 10**9), (3, 2), (0, 2)])
 def test_exact_splitters_land_each_rank_on_its_targets(n, keyspace):
-    from sortpack.stages.sample_sort import sample_sort
+    from sortpack.stages.sample_sort import SortHints, sample_sort
 
     comm = get_comm()
     rng = np.random.default_rng(5)
@@ -53,7 +53,7 @@ def test_exact_splitters_land_each_rank_on_its_targets(n, keyspace):
     # uneven targets, some ranks empty
     inner = np.sort(rng.integers(0, n + 1, size=comm.size - 1))
     targets = np.concatenate(([0], inner, [n])).astype(np.int64)
-    out = sample_sort(comm, packed[a:b].copy(), None, {}, None, targets)
+    out = sample_sort(comm, packed[a:b].copy(), None, {}, SortHints(targets=targets))
     assert len(out.hi) == targets[comm.rank + 1] - targets[comm.rank]
     np.testing.assert_array_equal(np.concatenate(comm.allgather_obj(out.hi)), np.sort(packed))
 

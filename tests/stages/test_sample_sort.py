@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sortpack.parallel import SerialComm
-from sortpack.stages.sample_sort import exact_cuts, narrow, probe_values, sample_sort
+from sortpack.stages.sample_sort import SortHints, exact_cuts, narrow, probe_values, sample_sort
 
 
 @settings(max_examples=150, deadline=None)
@@ -47,5 +47,5 @@ def test_probe_search_finds_the_least_value_reaching_each_target(step, n, probes
 def test_one_rank_sample_sort_with_targets_sorts():
     rng = np.random.default_rng(3)
     hi = rng.permutation(1000).astype(np.uint64) << np.uint64(20)
-    out = sample_sort(SerialComm(), hi.copy(), None, {}, None, np.array([0, 1000]))
+    out = sample_sort(SerialComm(), hi.copy(), None, {}, SortHints(targets=np.array([0, 1000])))
     np.testing.assert_array_equal(out.hi, np.sort(hi))
