@@ -559,12 +559,12 @@ def read_labels(shape: FineTuneShape, files: list[dict], ids: np.ndarray, sizes:
     Only the input units that hold one of ``ids`` are read. Raises one line where a sample no
     longer measures its recorded ``sizes`` (the input changed since analyze).
     """
-    from .pieces import read_rows
+    from .pieces import read_sample_rows
 
     ids = np.asarray(ids, dtype=np.int64)
     sizes = np.asarray(sizes, dtype=np.int64)
     at, parts = [], []
-    for pos, table, path in read_rows(files, ids, shape.columns(), shape.text_columns() or None):
+    for pos, table, path in read_sample_rows(files, ids, shape.columns(), shape.text_columns() or None):
         enc = shape.encode(table, path)
         bad = np.flatnonzero(np.asarray(enc.sizes, dtype=np.int64) != sizes[pos])
         if len(bad):

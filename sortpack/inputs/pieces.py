@@ -142,13 +142,13 @@ def read_values(files: list[dict], ids: np.ndarray, column: str):
     ``files`` are the plan's ``source.files`` entries (with ``path``); each input unit (row
     group, record batch, whole text file) that holds one of ``ids`` is read once.
     """
-    for at, table, path in read_rows(files, ids, [column], [column]):
+    for at, table, path in read_sample_rows(files, ids, [column], [column]):
         if column not in table.column_names:
             raise SortpackError(f"{path}: no column {column!r} to cut into pieces")
         yield at, table.column(column), path
 
 
-def read_rows(files: list[dict], ids: np.ndarray, columns: list[str], text_columns: list[str] | None = None):
+def read_sample_rows(files: list[dict], ids: np.ndarray, columns: list[str], text_columns: list[str] | None = None):
     """Yield (positions in ``ids``, a table of those sample ids' ``columns``, the file's path), a unit at a time.
 
     Each input unit that holds one of ``ids`` is read once (``text_columns`` read as strings
