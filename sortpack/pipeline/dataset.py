@@ -107,6 +107,18 @@ def _truncated_targets(job: PlanJob, samples: SampleColumns, shape: FineTuneShap
     return samples, {"truncated_targets": comm.allreduce(lost, "sum")}
 
 
+def _recorded_plan(comm: Comm, sorted_dir: str, popts: PackOptions) -> PlanOptions:
+    """Return the options a sorted directory records, packed with ``popts`` (a split plan: naming the column it
+    cuts, found through the directory's source fingerprint; collective)."""
+    sorted_manifest = comm.collectively(read_manifest, sorted_dir, "sorted")
+    recorded = PlanOptions.from_manifest(sorted_manifest["options"]).with_pack(popts)
+    measured = recorded.analyze
+    request = ColumnRequest(measured.column, splitting=popts.oversize == "split" and measured.size in SPLIT_KINDS)
+    column = read_columns(comm, request, [[f["path"] for f in with_locations(sorted_manifest) if "path" in f]],
+                          measured.input_format, measured.split).column
+    return recorded.with_analyze(column=column) if column != measured.column else recorded
+
+
 def run_pack(comm: Comm, sorted_dir: str, popts: PackOptions, output: JobOutput) -> dict | None:
     """Pack a sorted directory into an index directory; return its manifest on rank 0.
 
@@ -114,15 +126,8 @@ def run_pack(comm: Comm, sorted_dir: str, popts: PackOptions, output: JobOutput)
     ``OUTPUT/holdout``, the same as ``run --holdout`` writes.
     """
     check_options(comm, popts.validate)
-    sorted_manifest = comm.collectively(read_manifest, sorted_dir, "sorted")
-    recorded = PlanOptions.from_manifest(sorted_manifest["options"]).with_pack(popts)
+    recorded = _recorded_plan(comm, sorted_dir, popts)
     measured = recorded.analyze
-    request = ColumnRequest(measured.column, splitting=popts.oversize == "split" and measured.size in SPLIT_KINDS)
-    # the inputs are found through the sorted (or metrics) manifest's source fingerprint
-    column = read_columns(comm, request, [[f["path"] for f in with_locations(sorted_manifest) if "path" in f]],
-                          measured.input_format, measured.split).column
-    if column != measured.column:
-        recorded = recorded.with_analyze(column=column)
     # fine-tuning data cut by --oversize split|truncate: the labels of the samples cut are read back and
     # encoded again, so each piece (or truncated sample) counts its own targets, as in run
     labels_read = measured.fine_tune() is not None and popts.oversize in ("split", "truncate")
