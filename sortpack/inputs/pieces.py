@@ -20,7 +20,7 @@ from ..errors import SortpackError
 from .formats import open_source, read_units
 
 
-def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def run_indices(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Return the indices of the runs ``[starts[i], starts[i] + lengths[i])``, concatenated."""
     total = int(lengths.sum())
     if total == 0:
@@ -69,7 +69,7 @@ def cut_array(arr: pa.Array, begin: np.ndarray, end: np.ndarray, unit: str = "le
         values = arr.values
         lo = np.minimum(offsets[:-1] + begin, offsets[1:])
         hi = np.minimum(offsets[:-1] + np.maximum(end, begin), offsets[1:])
-        kept = values.take(pa.array(_runs(lo, hi - lo)))
+        kept = values.take(pa.array(run_indices(lo, hi - lo)))
         new = np.concatenate(([0], np.cumsum(hi - lo))).astype(np.int64 if pa.types.is_large_list(t) else np.int32)
         return type(arr).from_arrays(pa.array(new), kept, type=t)
     if is_offset_bytes(t):
@@ -80,7 +80,7 @@ def cut_array(arr: pa.Array, begin: np.ndarray, end: np.ndarray, unit: str = "le
         else:
             lo = np.minimum(offsets[:-1] + begin, offsets[1:])
             hi = np.minimum(offsets[:-1] + np.maximum(end, begin), offsets[1:])
-        kept = data[_runs(lo, hi - lo)]
+        kept = data[run_indices(lo, hi - lo)]
         new = np.concatenate(([0], np.cumsum(hi - lo))).astype(width)
         return pa.Array.from_buffers(t, n, [None, pa.py_buffer(new), pa.py_buffer(kept)])
     raise TypeError(f"cannot cut values of type {t} into pieces")

@@ -49,8 +49,8 @@ class PlanOptions:
         """
         sort = None
         if "key" in recorded:
-            sort = SortOptions(key=recorded["key"], descending=bool(recorded["descending"]),
-                               stages=int(recorded["stages"]))
+            sort = SortOptions(key=recorded["key"], descending=bool(recorded.get("descending", False)),
+                               stages=int(recorded.get("stages", 1)))
         pack = _pack_options(recorded) if "max_tokens" in recorded else None
         return cls(_analyze_options(recorded), sort, pack, int(recorded.get("empty_size", 0)))
 

@@ -125,3 +125,16 @@ def sample_stats(comm: Comm, s: SampleColumns) -> dict:
         counts = comm.allreduce(np.pad(counts, (0, width - len(counts))).astype(np.int64), "sum")
         stats["stage_counts"] = [int(c) for c in counts]
     return stats
+
+
+MEASURE_PREFIX = "measure:"  # a measure's column among others while it travels: its name cannot meet theirs
+
+
+def with_measures(columns: dict[str, np.ndarray], measures: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Return ``columns`` with each measure added under its travelling name (``MEASURE_PREFIX`` + name)."""
+    return {**columns, **{MEASURE_PREFIX + k: v for k, v in measures.items()}}
+
+
+def measures_in(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Return the measures among ``columns`` (those ``with_measures`` added), by their own names."""
+    return {k[len(MEASURE_PREFIX):]: v for k, v in columns.items() if k.startswith(MEASURE_PREFIX)}

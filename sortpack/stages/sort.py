@@ -18,7 +18,7 @@ from ..partition import owner_starts
 from ..progress import Display, Progress, phase
 from .key_codes import KeyCodec, KeyLayout, encode_keys
 from .sample_sort import SortHints, sample_sort
-from .samples import SampleColumns
+from .samples import SampleColumns, measures_in, with_measures
 from .sort_plan import curriculum_stages, group_width, id_width, stage_width
 
 
@@ -140,19 +140,6 @@ class _Sorted:
     measures: dict[str, np.ndarray]
 
 
-_MEASURE = "measure:"  # the payload prefix of a measure: its name cannot meet ``size`` or ``difficulty``
-
-
-def _with_measures(payload: dict[str, np.ndarray], samples: SampleColumns) -> dict[str, np.ndarray]:
-    """Return ``payload`` with the samples' measures added (each travels with its sample through the sort)."""
-    return {**payload, **{_MEASURE + k: v for k, v in samples.measures.items()}}
-
-
-def _measures_in(payload: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Return the measures a sort's payload carried back, by name."""
-    return {k[len(_MEASURE):]: v for k, v in payload.items() if k.startswith(_MEASURE)}
-
-
 def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per_shard: int,
                  consume: bool = False, groups: np.ndarray | None = None) -> SampleColumns:
     """Return the samples globally sorted by (key, sample_id), ranks holding whole output shards.
@@ -209,14 +196,14 @@ def _sort_staged(comm: Comm, samples: SampleColumns, groups: np.ndarray | None, 
     # order inside a stage by size: the stage is the most significant part of the key below the group
     codes, codec = encode_keys(comm, samples.size, opts.descending)
     layout = KeyLayout(codec.bits, stage_width(opts.stages), facts.group_bits)
-    payload = _with_measures({} if facts.same else {"difficulty": samples.difficulty}, samples)
+    payload = with_measures({} if facts.same else {"difficulty": samples.difficulty}, samples.measures)
     out = _sort_by(comm, _Keys(codes, layout, samples.stage_or_zero(), groups),
                    _Rows(samples.start, samples.total, samples.sample_id, payload), False, facts.targets)
     stage = layout.field(out.codes, "stage").astype(np.int16)
     if facts.group_bits:
         stage += layout.field(out.codes, "group").astype(np.int16) * np.int16(opts.stages)
     size = codec.decode(layout.field(out.codes, "key"))
-    return _Sorted(out.ids, size, out.payload.get("difficulty", size), stage, _measures_in(out.payload))
+    return _Sorted(out.ids, size, out.payload.get("difficulty", size), stage, measures_in(out.payload))
 
 
 def _sort_plain(comm: Comm, samples: SampleColumns, groups: np.ndarray | None, facts: _Facts) -> _Sorted:
@@ -228,7 +215,7 @@ def _sort_plain(comm: Comm, samples: SampleColumns, groups: np.ndarray | None, f
         payload["size"] = samples.size
     elif not same:
         payload["difficulty"] = samples.difficulty
-    payload = _with_measures(payload, samples)
+    payload = with_measures(payload, samples.measures)
     ids_in: np.ndarray | None = samples.sample_id
     free_input = facts.consume and not payload and facts.contiguous
     if free_input:
@@ -253,7 +240,7 @@ def _sort_plain(comm: Comm, samples: SampleColumns, groups: np.ndarray | None, f
     del codes
     size = keys if by_size else payload["size"]
     difficulty = keys if not by_size else (size if same else payload["difficulty"])
-    return _Sorted(ids, size, difficulty, stage, _measures_in(payload))
+    return _Sorted(ids, size, difficulty, stage, measures_in(payload))
 
 
 def _piece_positions(samples: SampleColumns, consume: bool) -> tuple[SampleColumns, dict[str, np.ndarray]]:
@@ -295,7 +282,7 @@ def _assign_stages(comm: Comm, samples: SampleColumns, groups: np.ndarray | None
     opts, same, group_bits = facts.opts, facts.same, facts.group_bits
     codes, codec = encode_keys(comm, samples.difficulty, opts.descending)
     layout = _group_layout(codec, group_bits)
-    payload = _with_measures({} if same else {"size": samples.size}, samples)
+    payload = with_measures({} if same else {"size": samples.size}, samples.measures)
     out = _sort_by(comm, _Keys(codes, layout, group=groups),
                    _Rows(samples.start, samples.total, samples.sample_id, payload), facts.contiguous)
     ids, codes, payload = out.ids, out.codes, out.payload
@@ -311,4 +298,4 @@ def _assign_stages(comm: Comm, samples: SampleColumns, groups: np.ndarray | None
         stage = curriculum_stages(pos, opts.stages, total, groups, counts)
     size = difficulty if same else payload["size"]
     return SampleColumns(start, total, ids, size, difficulty, stage, samples.files, samples.empty_size,
-                         measures=_measures_in(payload)), groups
+                         measures=measures_in(payload)), groups

@@ -23,9 +23,10 @@ import numpy as np
 
 from ...distribute import fetch_rows
 from ...errors import SortpackError
+from ...inputs.pieces import run_indices
 from ...parallel import Comm
 from ..sample_sort import sample_sort
-from ..samples import exact_sum
+from ..samples import exact_sum, measures_in, with_measures
 from .packed import BatchArrays, Packed, segment_reduce
 
 
@@ -222,12 +223,6 @@ def compose_rows(sizes: np.ndarray, targets: np.ndarray, order: np.ndarray, spli
     return slot[np.lexsort((slot, row))]
 
 
-def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Return ``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])`` (int64)."""
-    before = np.concatenate(([0], np.cumsum(lengths)))[:-1]
-    return (np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)).astype(np.int64)
-
-
 def fetch_microbatches(comm: Comm, packed: Packed, first: int, wanted: np.ndarray) -> Packed:
     """Return the micro-batches of global numbers ``wanted`` (this rank packed ``[first, first + M)``), collective."""
     mb = packed.batches
@@ -247,17 +242,16 @@ def fetch_microbatches(comm: Comm, packed: Packed, first: int, wanted: np.ndarra
         per_sample["sizes"] = packed.sizes
     if packed.begin is not None and packed.end is not None:
         per_sample["begin"], per_sample["end"] = packed.begin, packed.end
-    per_sample.update({_MEASURE + k: v for k, v in packed.measures.items()})
-    flat = fetch_rows(comm, per_sample, flat_first, _ragged(got["flat"], count))
+    per_sample = with_measures(per_sample, packed.measures)
+    flat = fetch_rows(comm, per_sample, flat_first, run_indices(got["flat"], count))
     row_sizes = None
     if rows:
         assert packed.row_sizes is not None
-        row_sizes = fetch_rows(comm, {"r": packed.row_sizes}, row_first, _ragged(got["row"], got["batch_size"]))["r"]
+        wanted_rows = run_indices(got["row"], got["batch_size"])
+        row_sizes = fetch_rows(comm, {"r": packed.row_sizes}, row_first, wanted_rows)["r"]
     offsets = np.concatenate(([0], np.cumsum(count))).astype(np.int64)
     batches = BatchArrays(offsets, count, got["batch_size"], got["max_size"], got["padded_size"], got["tokens"])
     return Packed(flat["sample_ids"], flat["keys"], flat["stage"], batches, packed.info, row_sizes,
                   flat.get("begin"), flat.get("end"), packed.shapes, flat.get("sizes"),
-                  {k[len(_MEASURE):]: v for k, v in flat.items() if k.startswith(_MEASURE)})
+                  measures_in(flat))
 
-
-_MEASURE = "measure:"  # a measure's column while it travels: its name cannot meet the others

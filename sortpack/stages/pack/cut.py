@@ -17,7 +17,7 @@ from ...distribute import global_start, redistribute
 from ...parallel import Comm
 from ...partition import deal_windows, owner_starts
 from ...progress import Display, Progress
-from ..samples import SampleColumns
+from ..samples import SampleColumns, measures_in, with_measures
 from ..shapes import choose_shapes
 from .balance import compose_rows, targets_spread
 from .fits import apply_oversize, budget_of, oversize_mask
@@ -187,18 +187,16 @@ def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: 
             "stage": stage_of[order], "window": window[order], "pos": pos[order]}
     if samples.begin is not None:
         cols["begin"] = samples.begin[order]
-    cols.update({_MEASURE + k: v[order] for k, v in samples.measures.items()})
+    cols = with_measures(cols, {k: v[order] for k, v in samples.measures.items()})
     cols = comm.alltoallv_many(cols, np.bincount(dest, minlength=comm.size))
     order = np.lexsort((cols["pos"], cols["window"]))
     cols = {k: v[order] for k, v in cols.items()}
     w = cols["window"]
     starts = np.flatnonzero(np.concatenate(([True], w[1:] != w[:-1]))) if len(w) else np.zeros(0, np.int64)
     ends = np.concatenate((starts[1:], [len(w)])) if len(w) else np.zeros(0, np.int64)
-    measures = {k[len(_MEASURE):]: v for k, v in cols.items() if k.startswith(_MEASURE)}
-    return Windows(cols["id"], cols["size"], cols["key"], cols["stage"], starts, ends, cols.get("begin"), measures)
+    return Windows(cols["id"], cols["size"], cols["key"], cols["stage"], starts, ends, cols.get("begin"),
+                   measures_in(cols))
 
-
-_MEASURE = "measure:"  # a measure's column while it travels: its name cannot meet the window's own
 
 
 def window_rows(room: np.ndarray, size2: np.ndarray | None, opts: PackOptions) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,7 @@ class PackOptions:
     """How to cut micro-batches: budget, shape rules, oversize policy (read-only: ``with_shapes`` makes a copy)."""
 
     max_tokens: int | None = None
-    budget: str = "padded"  # --budget NAME (budget.BUDGETS)
+    budget: str = "padded"  # --budget NAME (fits.BUDGETS)
     max_samples: int = 0
     batch_multiple: int = 1
     quadratic_scale: float | None = None
