@@ -26,7 +26,7 @@ print(kept, rss() - before)
 def _probe(**env: str) -> tuple[str, int]:
     out = subprocess.run([sys.executable, "-c", _PROBE], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**{k: v for k, v in os.environ.items() if k != "SORTPACK_KEEP_MEMORY"},
-                              "PYTHONPATH": str(ROOT), **env}).stdout.split()
+                              "PYTHONPATH": str(ROOT), **env}, timeout=60).stdout.split()
     return out[0], int(out[1])
 
 
