@@ -48,11 +48,22 @@ def make_inputs(d: Path, n: int = 400) -> Path:
 RUN = ["--column", "text", "--max-tokens", "400"]
 
 
+def as_at_a_terminal() -> None:
+    """Give a started job Ctrl-C as a terminal's foreground job has it (``preexec_fn``).
+
+    A test run launched in the background of a shell without job control inherits SIGINT
+    ignored, and an ignored signal stays ignored across exec: the job would never see the Ctrl-C
+    a test sends it.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args, cwd: Path, ranks: int, env: dict) -> subprocess.Popen:
-    """Start ``sortpack ARGS`` in the background in its own process group."""
+    """Start ``sortpack ARGS`` in the background in its own process group, Ctrl-C as at a terminal."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
     return subprocess.Popen(sortpack_cmd(list(args), ranks if ranks > 1 else None), cwd=str(cwd), env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_at_a_terminal)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reliability_support import RUN, debris, error_line, kill_group, make_inputs, run, start
+from reliability_support import RUN, as_at_a_terminal, debris, error_line, kill_group, make_inputs, run, start
 
 pytestmark = pytest.mark.mpi
 
@@ -310,7 +310,8 @@ def test_ctrl_c_during_the_start_up_is_one_sortpack_line(tmp_path, ranks):
             pytest.skip("mpiexec not found")
         cmd = [MPIEXEC, "-n", str(ranks), *cmd]
     proc = subprocess.Popen(cmd, cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=as_at_a_terminal)
     try:
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("up-*"))) < ranks:
