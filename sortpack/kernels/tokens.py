@@ -120,10 +120,13 @@ def batch_kernels() -> BatchKernels | None:
 _BATCH: dict = {}  # the compiled library's path -> its BatchKernels
 
 
-def _ids_arg(ids) -> tuple[int, int, int]:
-    """Return (address, width, count) of sample ids for the kernels (0, 8, 0 when unknown)."""
+NO_IDS = (0, 8, 0)  # ``ids_arg`` of unknown sample ids: -1 for every row
+
+
+def ids_arg(ids) -> tuple[int, int, int]:
+    """Return (address, width, count) of sample ids for the kernels (``NO_IDS`` when ``ids`` is None)."""
     if ids is None:
-        return 0, 8, 0
+        return NO_IDS
     if ids.dtype not in _WIDTHS or ids.ndim != 1 or not ids.flags.c_contiguous:
         raise TypeError("token kernels: sample ids must be a 1-D contiguous int32 or int64 array")
     return _address(ids), ids.itemsize, len(ids)
@@ -147,14 +150,22 @@ class BatchKernels:
         sample ids (int64, ``rows``: ``marks.ids`` then -1) and real (bool, ``rows``:
         ``marks.real`` for the samples' rows, False after).
         """
+        self.pad_batch(view, shape, (int(fill.pad_id), int(fill.ignore)), ids_arg(marks.ids), bool(marks.real), out)
+
+    def pad_batch(self, view: TokenView, shape: tuple[int, int], fill: tuple[int, int], ids: tuple[int, int, int],
+                  real: bool, out: tuple[int, ...]) -> None:
+        """``pad_into`` with its arguments as the kernel takes them (no record built per call).
+
+        ``fill`` is (pad_id, ignore), ``ids`` the sample ids' (address, width, count) as
+        ``ids_arg`` gives them (an address the caller keeps saves the lookup), ``real`` the flag.
+        """
         values, offsets = view.values, view.offsets
         n, (rows, width) = len(offsets) - 1, shape
         if not 0 <= n <= rows or width < 0 or len(out) != 6:
             raise ValueError(f"pad_into: {n} samples, {rows} rows, width {width}, {len(out)} buffers")
-        at, ibytes, nids = _ids_arg(marks.ids)
+        at, ibytes, nids = ids
         args = array("q", (view.values_at, values.itemsize, len(values), view.offsets_at, offsets.itemsize, n,
-                           rows, width, int(fill.pad_id), int(fill.ignore), at, ibytes, min(nids, rows),
-                           1 if marks.real else 0, *out))
+                           rows, width, fill[0], fill[1], at, ibytes, min(nids, rows), 1 if real else 0, *out))
         if self._lib.sp_pad_batch(args.buffer_info()[0]) < 0:
             raise ValueError("pad_tokens: the offsets reach outside the token values")
 
@@ -173,7 +184,7 @@ class BatchKernels:
         n = len(offsets) - 1
         if n < 0 or len(out) != 10:
             raise ValueError(f"varlen_into: {len(offsets)} offsets, {len(out)} buffers")
-        at, ibytes, nids = _ids_arg(marks.ids)
+        at, ibytes, nids = ids_arg(marks.ids)
         args = array("q", (view.values_at, values.itemsize, len(values), view.offsets_at, offsets.itemsize, n,
                            -1 if cap is None else cap, int(fill.ignore), int(fill.pos_start), at, ibytes,
                            min(nids, n), int(marks.real), *out, 0, 0, 0))

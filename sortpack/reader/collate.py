@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernels import pad_tokens, varlen_tokens
-from ..kernels.tokens import BatchKernels, Fill, RowMarks, TokenView, batch_kernels, token_view
+from ..kernels.tokens import NO_IDS, BatchKernels, Fill, RowMarks, TokenView, batch_kernels, ids_arg, token_view
 from .microbatch import MicroBatch, Samples
 from .tokens import check_planned, ragged_labeled, stored_token_view
 
@@ -71,6 +71,34 @@ def _known_ids(mb, n: int, items=None) -> np.ndarray | None:
     if len(ids) != n:
         raise ValueError(f"collate: {n} items, but the micro-batch has {len(ids)} sample ids")
     return ids
+
+
+def _ids_of(mb, n: int, items) -> tuple[int, int, int]:
+    """Return the kernels' (address, width, count) of the n items' sample ids (``_known_ids``; kept address reused)."""
+    at = getattr(items, "sample_ids_at", 0)
+    if at:  # a whole stored micro-batch: its ids' address came with them
+        known = items.sample_ids
+        if len(known) == n:
+            return at, known.itemsize, n
+    ids = _known_ids(mb, n, items)
+    return NO_IDS if ids is None else ids_arg(ids)
+
+
+_TENSORS: list = []  # (torch.LongTensor, torch.BoolTensor, torch.IntTensor) once a collate has imported torch
+
+
+def _tensor_types() -> tuple:
+    """Return torch's (LongTensor, BoolTensor, IntTensor): uninitialised CPU tensors of given sizes, cheapest to make.
+
+    ``torch.LongTensor(rows, width)`` costs half of ``torch.empty((rows, width), dtype=torch.int64)``
+    (no keyword parsing), and is a CPU tensor whatever ``torch.set_default_device`` says, which
+    the kernels that write into it need.
+    """
+    if not _TENSORS:
+        import torch
+
+        _TENSORS[:] = (torch.LongTensor, torch.BoolTensor, torch.IntTensor)
+    return tuple(_TENSORS)
 
 
 def _has_column(items, key) -> bool:
@@ -140,8 +168,6 @@ class PadCollate:
 
     def __call__(self, items) -> dict:
         """Return input_ids, labels, lengths, key_padding_mask, real, sample_ids (and attn_mask) tensors."""
-        import torch
-
         view, given = _token_arrays(items, self.key, self.tokenize, self.labels)
         n = len(view.offsets) - 1
         mb = getattr(items, "microbatch", None)
@@ -170,6 +196,8 @@ class PadCollate:
                 allowed &= np.tril(np.ones((width, width), dtype=bool))[None]
             # padding queries attend to themselves only, so no softmax row is empty (no NaN)
             allowed |= np.eye(width, dtype=bool)[None] & ~valid[:, :, None]
+            import torch
+
             out["attn_mask"] = torch.from_numpy(allowed)
         return out
 
@@ -180,17 +208,14 @@ class PadCollate:
         torch's own tensors, not numpy arrays: freeing a tensor made by ``torch.from_numpy``
         lets go of the GIL, and beside ``PlanLoader``'s thread that costs a thread switch.
         """
-        import torch
-
         mb, n, (rows, width) = getattr(items, "microbatch", None), len(view.offsets) - 1, shape
-        empty, i64 = torch.empty, torch.int64
-        ids, labels = empty((rows, width), dtype=i64), empty((rows, width), dtype=i64)
-        lengths, sample_ids = empty(rows, dtype=i64), empty(rows, dtype=i64)
-        padding, real = empty((rows, width), dtype=torch.bool), empty(rows, dtype=torch.bool)
-        kernels.pad_into(view, shape, Fill(self.pad_id, IGNORE_INDEX),
-                         RowMarks(_known_ids(mb, n, items), not getattr(mb, "repeat", False)),
-                         (ids.data_ptr(), labels.data_ptr(), lengths.data_ptr(), padding.data_ptr(),
-                          sample_ids.data_ptr(), real.data_ptr()))
+        long, flag, _ = _TENSORS or _tensor_types()
+        ids, labels, lengths = long(rows, width), long(rows, width), long(rows)
+        padding, sample_ids, real = flag(rows, width), long(rows), flag(rows)
+        kernels.pad_batch(view, shape, (int(self.pad_id), IGNORE_INDEX), _ids_of(mb, n, items),
+                          not getattr(mb, "repeat", False),
+                          (ids.data_ptr(), labels.data_ptr(), lengths.data_ptr(), padding.data_ptr(),
+                           sample_ids.data_ptr(), real.data_ptr()))
         out = {"input_ids": ids, "labels": labels, "lengths": lengths, "key_padding_mask": padding, "real": real,
                "sample_ids": sample_ids}
         return out, (padding.numpy() if self.attn_mask is not None else None)
@@ -344,7 +369,7 @@ class VarlenCollate:
         kernels = batch_kernels()
         rows = getattr(mb, "row_splits", None) is not None and getattr(mb, "padded_size", None) is not None
         if kernels is not None and not rows and not (self.pad_to_multiple and self.pad_to_multiple > 1):
-            out = self._compiled(torch, kernels, view, mb, items)  # one segment per sample: the usual layout
+            out = self._compiled(kernels, view, mb, items)  # one segment per sample: the usual layout
             if given is not None:
                 kept = out["lengths"].numpy()
                 cu = np.concatenate(([0], np.cumsum(kept)))
@@ -404,7 +429,7 @@ class VarlenCollate:
         return out
 
 
-    def _compiled(self, torch, kernels, view, mb, items) -> dict:
+    def _compiled(self, kernels, view, mb, items) -> dict:
         """Return the batch of one segment per sample, written by one compiled call into tensors torch allocated.
 
         The same batch as ``_segments``' layout without rows or ``pad_to_multiple`` (each sample
@@ -412,12 +437,10 @@ class VarlenCollate:
         """
         n = len(view.offsets) - 1
         room = int(view.offsets[n]) - int(view.offsets[0]) if n > 0 else 0  # tokens before any cut
-        empty, i64, i32, b8 = torch.empty, torch.int64, torch.int32, torch.bool
-        ids, labels, positions, seq_idx = (empty(room, dtype=i64), empty(room, dtype=i64), empty(room, dtype=i64),
-                                           empty(room, dtype=i32))
-        mask, cu, lengths, seq_index = empty(room, dtype=b8), empty(n + 1, dtype=i32), empty(n, dtype=i64), \
-            empty(n, dtype=i64)
-        sample_ids, real = empty(n, dtype=i64), empty(n, dtype=b8)
+        long, flag, int32 = _TENSORS or _tensor_types()
+        ids, labels, positions, seq_idx = long(room), long(room), long(room), int32(room)
+        mask, cu, lengths, seq_index = flag(room), int32(n + 1), long(n), long(n)
+        sample_ids, real = long(n), flag(n)
         cap = None if mb is None or mb.padded_size is None else int(mb.padded_size)
         total, longest = kernels.varlen_into(
             view, cap, Fill(self.pad_id, IGNORE_INDEX, self.position_ids_start),

@@ -212,12 +212,12 @@ class SourceDataset:
         if i >= 0:
             # the rows become Python objects only if something asks for them, and the Arrow slice
             # only if something needs it: the collate helpers read stored token ids from the shard
-            assert self.index is not None
+            assert self.index is not None and known is not None
             # checked now, where the fetch runs: a shard that changed is an error here, in a DataLoader
             # worker's fetch too, not when the rows are built (pickled, in a thread that cannot raise)
             stored.check_microbatch(i)
-            samples = TableSamples(None, mb, self.transform, sample_ids=known,
-                                   stored=(stored, i, self.columns))
+            samples = TableSamples(None, mb, self.transform, sample_ids=known[0],
+                                   stored=(stored, i, self.columns), sample_ids_at=known[1])
         else:
             table = stored.take(np.asarray(list(ids), dtype=np.int64))
             if self.columns is not None:
@@ -230,8 +230,9 @@ class SourceDataset:
             samples.token_cache = self._token_cache
         return samples
 
-    def _whole_microbatch(self, mb: MicroBatch) -> tuple[int, np.ndarray | None]:
-        """Return ``(mb.microbatch, its stored ids)`` if ``mb`` holds its micro-batch's ids unchanged, else (-1, None).
+    def _whole_microbatch(self, mb: MicroBatch) -> tuple[int, tuple[np.ndarray, int] | None]:
+        """Return ``(mb.microbatch, (its stored ids, their address))`` if ``mb`` holds its micro-batch's ids unchanged,
+        else (-1, None).
 
         A whole micro-batch is one contiguous slice of the stored data. The ids are compared as
         Python ints, no array built; a micro-batch that lost skipped samples is not whole.
@@ -241,8 +242,9 @@ class SourceDataset:
         i = mb.microbatch
         if not 0 <= i < index.num_microbatches:
             return -1, None
-        known = index.stored_ids(i)
-        return (i, known) if len(known) == len(mb) and known.tolist() == mb else (-1, None)
+        known = index.stored_ids_at(i)
+        ids = known[0]
+        return (i, known) if len(ids) == len(mb) and ids.tolist() == mb else (-1, None)
 
     def _ranges(self, ids) -> tuple[np.ndarray, np.ndarray] | None:
         """Return ``(begin, end)`` of a sampler's micro-batch's samples in a split plan (None: whole samples)."""

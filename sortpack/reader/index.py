@@ -111,6 +111,7 @@ class PackedIndex:
         self._starts = np.array(firsts + [self.num_microbatches], dtype=np.int64)
         self._views: dict = {}
         self._records: dict = {}  # shard -> (id offsets, ids, batch_size, padded_size) views, for record()
+        self._id_views: dict = {}  # shard -> (id offsets, ids, the ids' data address), for stored_ids_at()
         self._columns: dict = {}
         schema = self.manifest.get("schema")
         schema = schema if isinstance(schema, dict) else {}
@@ -227,6 +228,23 @@ class PackedIndex:
     def stored_ids(self, i: int) -> np.ndarray:
         """Return the sample ids of micro-batch ``i`` as the shard stores them (int32 or int64, a read-only view)."""
         return self._list_item("sample_ids", i)
+
+    def stored_ids_at(self, i: int) -> tuple[np.ndarray, int]:
+        """Return ``stored_ids(i)`` and the data address of that view (what the collate kernels read, looked up once).
+
+        The shard's ids lie in one mapped array whose address is found once; a micro-batch's
+        address is an offset into it, so no array interface is built per micro-batch.
+        """
+        k, j = self._locate(int(i))
+        got = self._id_views.get(k)
+        if got is None:
+            offsets, values = self._view(k, "sample_ids")
+            got = self._id_views[k] = (offsets, values, values.__array_interface__["data"][0])
+        else:
+            self._watch.fresh(k)
+        offsets, values, at = got
+        start = offsets.item(j)
+        return values[start:offsets.item(j + 1)], at + start * values.itemsize
 
     def all_sample_ids(self) -> np.ndarray:
         """Return every micro-batch's sample ids one after another, in plan order (int64, a new array)."""

@@ -36,15 +36,20 @@ class TableSamples(Samples):
         ``(StoredData, i, columns)``: the rows are micro-batch ``i`` of the stored data (its
         ``columns``, None: all); ``table`` is then sliced on first use, and ``token_view``
         reads a token column straight from the shard.
+    sample_ids_at : int
+        The data address of ``sample_ids`` when the caller knows it (0: unknown), for the
+        collate kernels.
     """
 
     _table: Any = None
 
-    def __init__(self, table=None, microbatch=None, transform=None, sample_ids=None, stored=None):
+    def __init__(self, table=None, microbatch=None, transform=None, sample_ids=None, stored=None,
+                 sample_ids_at: int = 0):
         super().__init__((), microbatch, table)
         self._transform = transform
         self._pending = True
         self.sample_ids = sample_ids
+        self.sample_ids_at = sample_ids_at
         self._stored = stored
 
     @property

@@ -138,3 +138,19 @@ def test_the_compiled_collate_gives_the_numpy_fallbacks_batches(plan, order, mon
             for k, v in fast.items():
                 if isinstance(v, torch.Tensor):
                     assert v.is_contiguous(), k
+
+
+def test_collates_make_cpu_tensors_whatever_torch_s_default_device(plan):
+    """The kernels write into the batch's memory: a default device other than the CPU must not reach them."""
+    ds = SourceDataset(plan)
+    mb = next(iter(PackedBatchSampler(PackedIndex(plan), rank=0, world_size=1)))
+    items = ds.__getitems__(mb)
+    want = {c: c(items) for c in (pad_collate(key="input_ids"), varlen_collate(key="input_ids"))}
+    torch.set_default_device("meta")  # a tensor without memory: what torch.empty would now make
+    try:
+        got = {c: c(items) for c in want}
+    finally:
+        torch.set_default_device("cpu")
+    for c, batch in got.items():
+        _same_batch(batch, want[c])
+        assert all(v.device.type == "cpu" for v in batch.values() if isinstance(v, torch.Tensor))
