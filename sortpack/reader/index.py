@@ -34,6 +34,16 @@ class Record(NamedTuple):
 _new_record = cast(Callable[[type[Record], tuple], Record], tuple.__new__)
 
 
+def _ragged_lists(offsets: np.ndarray, values: np.ndarray, rows: np.ndarray) -> list[list[int]]:
+    """Return ``values[offsets[r]:offsets[r + 1]].tolist()`` for each r of ``rows``, from one gather and one tolist."""
+    lo, hi = offsets[rows].astype(np.int64), offsets[rows + 1].astype(np.int64)
+    counts = hi - lo
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    flat = values[np.repeat(lo - starts, counts) + np.arange(int(ends[-1]) if len(ends) else 0)].tolist()
+    return [flat[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+
+
 class SampleHits(NamedTuple):
     """Where sample ids occur in a plan: one entry per occurrence, in plan order (int64 arrays)."""
 
@@ -307,6 +317,42 @@ class PackedIndex:
         # tuple.__new__ skips the NamedTuple's Python-level __new__ (a third of record's cost:
         # the sampler calls it for every micro-batch it hands out)
         return _new_record(Record, (values[offsets[j]:offsets[j + 1]].tolist(), int(bs[j]), int(ps[j]), splits))
+
+    def records(self, mbs) -> list[Record]:
+        """Return the ``Record`` of each micro-batch in ``mbs`` (as ``record`` gives it), read in one vectorised pass.
+
+        One lookup and one check per shard the micro-batches lie in, one ``tolist`` of all their
+        ids: the sampler reads a chunk of steps' micro-batches at a time.
+        """
+        mbs = np.asarray(mbs, dtype=np.int64).reshape(-1)
+        n = len(mbs)
+        if n and (int(mbs.min()) < 0 or int(mbs.max()) >= self.num_microbatches):
+            bad = int(mbs[(mbs < 0) | (mbs >= self.num_microbatches)][0])
+            raise IndexError(f"micro-batch {bad} out of range [0, {self.num_microbatches})")
+        shard = np.searchsorted(self._starts, mbs, side="right") - 1
+        ids: list = [None] * n
+        bs = np.zeros(n, dtype=np.int64)
+        ps = np.zeros(n, dtype=np.int64)
+        splits: list = [None] * n
+        for k in np.unique(shard).tolist():
+            sel = np.flatnonzero(shard == k) if len(shard) > 1 else np.zeros(1, dtype=np.int64)
+            j = mbs[sel] - self._firsts[k]
+            views = self._records.get(k)
+            if views is None:
+                views = self._records[k] = (*self._view(k, "sample_ids"), self._view(k, "batch_size"),
+                                            self._view(k, "padded_size"))
+            else:
+                self._watch.fresh(k)
+            offsets, values, bsv, psv = views
+            bs[sel], ps[sel] = bsv[j], psv[j]
+            slots = sel.tolist()
+            for slot, part in zip(slots, _ragged_lists(offsets, values, j)):
+                ids[slot] = part
+            if self.has_rows:
+                so, sv = self._view(k, "row_splits")
+                for slot, part in zip(slots, _ragged_lists(so, sv, j)):
+                    splits[slot] = part
+        return [_new_record(Record, r) for r in zip(ids, bs.tolist(), ps.tolist(), splits)]
 
     def shape(self, i: int) -> tuple[int, int]:
         """Return ``(batch_size, padded_size)`` of micro-batch ``i``."""

@@ -73,7 +73,9 @@ class _Pass:
         self.wanted = False
         self.cost = float("inf")  # seconds the latest batch took to prepare (unknown before the first)
         self.back = time.perf_counter()  # when the loop last received a batch
-        self.usage = _usage()  # the loop thread's (waits, CPU seconds) by then
+        # the loop thread's (waits, CPU seconds) by then; taken only after an absence long enough to want the
+        # thread (a loop that comes straight back pays no getrusage per batch), None: not taken
+        self.usage: tuple[int, float] | None = None
         self.done = False  # the sampler's epoch is over (or failed): nothing more to prepare
         self.stop = False
         self.cap = loader.prefetch
@@ -130,12 +132,17 @@ class _Pass:
         """Return the next item for the loop: a prepared one, or one prepared here when none is."""
         ready = self.ready
         away = time.perf_counter() - self.back
-        wanted = away > min(self.cost, _AWAY) and self.cost != float("inf")  # not before the first batch
+        long = wanted = away > min(self.cost, _AWAY) and self.cost != float("inf")  # not before the first batch
         if wanted and _RUSAGE_THREAD is not None:
             # a loop that was only preempted (a busy machine: it neither waited nor ran) gains nothing from
-            # a second thread that needs the same cores and the GIL: it keeps preparing its own batches
-            waits, cpu = _usage()
-            wanted = waits != self.usage[0] or cpu - self.usage[1] > away / 2
+            # a second thread that needs the same cores and the GIL: it keeps preparing its own batches.
+            # The first long absence after short ones has no usage to compare with: the loop prepares that one
+            usage = self.usage
+            if usage is None:
+                wanted = False
+            else:
+                waits, cpu = _usage()
+                wanted = waits != usage[0] or cpu - usage[1] > away / 2
         self.wanted = wanted
         if wanted and not self.started and not self.done:
             self.started = True
@@ -152,7 +159,7 @@ class _Pass:
             with self.room:
                 self.room.notify()
         self.back = time.perf_counter()
-        self.usage = _usage()
+        self.usage = _usage() if long else None
         return item
 
     def halt(self) -> None:

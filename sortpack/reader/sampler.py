@@ -312,15 +312,11 @@ class PackedSampler:
         length = plan.length
         base = epoch * plan.num_blocks  # run step of the epoch's step 0
         skips = self.skips
-        names = self.index.source_names or []
-        sources = self.index["source"] if names else None
-        mb_sizes = self.index["tokens"]  # one read of the column, then a lookup per micro-batch
         sums = self.index.sum_columns  # the plan's per-micro-batch sums, where it records them
-        attention, targets, size2 = (self.index[n] if n in sums else None for n in ("attention", "targets", "size2"))
-        record = self.index.record
-        ahead = _StepsAhead(plan, self.rank)
-        for name, col in (("attention", attention), ("targets", targets)):
-            if col is not None:
+        attention, targets = ("attention" in sums), ("targets" in sums)
+        ahead = _StepsAhead(plan, self.rank, _Facts(self.index))
+        for name, has in (("attention", attention), ("targets", targets)):
+            if has:
                 plan.running(name)  # each step's sum over all ranks is then two lookups
         while True:
             w, a = self.world_size, self.grad_accum  # read per step: set_grad_accum applies at once
@@ -332,7 +328,7 @@ class PackedSampler:
                 if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
                     self._set_state(epoch, pos, step)
                 continue
-            packed, repeat, batch, tokens = ahead.parts(pos, w, a)
+            packed, repeat, batch, tokens, facts_of = ahead.parts(pos, w, a)
             if skips.sizes:
                 lost = skips.lost(plan.packed_array((pos + np.arange(w * a)) % length))
                 batch, tokens = batch - lost.samples, tokens - lost.tokens
@@ -341,20 +337,17 @@ class PackedSampler:
                 # without reported consumption the state follows what was handed out
                 self._set_state(epoch, pos, step + 1)
             flat = start % length
-            step_attention = plan.span_sum("attention", flat, w * a) if attention is not None else 0
-            step_targets = plan.span_sum("targets", flat, w * a) if targets is not None else tokens - batch
+            step_attention = plan.span_sum("attention", flat, w * a) if attention else 0
+            step_targets = plan.span_sum("targets", flat, w * a) if targets else tokens - batch
             facts = StepFacts(epoch, step, start, pos, base + step, batch, tokens, w, step_attention, step_targets)
             for k, p in enumerate(packed):
-                ids, bs, ps, splits = record(p)
-                mb_tokens = int(mb_sizes[p])
+                ids, bs, ps, splits, mb_tokens, mb_attention, mb_targets, size2, source = facts_of[k]
                 if skips.sizes:
                     ids, splits = skips.kept(p, ids, splits)
                     mb_tokens -= skips.lost([p]).tokens
                 yield MicroBatch(ids, p, bs, ps, splits, facts=facts, last=k == a - 1, tokens=mb_tokens,
-                                 repeat=repeat[k], source=None if sources is None else names[int(sources[p])],
-                                 attention=0 if attention is None else int(attention[p]),
-                                 targets=mb_tokens - len(ids) if targets is None else int(targets[p]),
-                                 size2=None if size2 is None else int(size2[p]))
+                                 repeat=repeat[k], source=source, attention=mb_attention,
+                                 targets=mb_tokens - len(ids) if mb_targets is None else mb_targets, size2=size2)
             step += 1
 
     # --- resume ---------------------------------------------------------------------------
@@ -403,24 +396,58 @@ class PackedSampler:
 PackedBatchSampler = PackedSampler
 
 
+class _Facts:
+    """What the sampler hands out of each micro-batch, read for many micro-batches in one vectorised pass.
+
+    ``of(packed)`` gives per micro-batch (sample ids, batch_size, padded_size, row_splits,
+    tokens, attention, targets or None, size2 or None, source name or None).
+    """
+
+    def __init__(self, index: PackedIndex):
+        self.index = index
+        self.names = index.source_names or []
+        self.sources = index["source"] if self.names else None
+        self.tokens = index["tokens"]  # one read of each column, then a gather per chunk
+        sums = index.sum_columns
+        self.attention, self.targets, self.size2 = (index[n] if n in sums else None
+                                                     for n in ("attention", "targets", "size2"))
+
+    def of(self, packed) -> list[tuple]:
+        """Return the facts of each micro-batch number in ``packed``."""
+        at = np.asarray(packed, dtype=np.int64)
+        n = len(at)
+
+        def column(col, default) -> list:
+            return [default] * n if col is None else col[at].tolist()
+
+        names = self.names
+        sources = [None] * n if self.sources is None else [names[s] for s in self.sources[at].tolist()]
+        return [(*rec, *rest) for rec, rest in zip(self.index.records(at), zip(
+            self.tokens[at].tolist(), column(self.attention, 0), column(self.targets, None),
+            column(self.size2, None), sources))]
+
+
 class _StepsAhead:
     """A rank's parts of the next steps of an epoch (``EpochPlan.step_parts``), computed ``CHUNK`` steps at a time.
 
-    One vectorised pass per chunk instead of a table lookup per step; a change of width
-    (``set_grad_accum``) or a position off the chunk computes a new one, and a step that
-    straddles the epoch's end is asked of the plan on its own.
+    One vectorised pass per chunk instead of a table lookup per step, and per micro-batch
+    (``_Facts``) instead of a record per micro-batch; a change of width (``set_grad_accum``)
+    or a position off the chunk computes a new one, and a step that straddles the epoch's
+    end is asked of the plan on its own.
     """
 
     CHUNK = 64
 
-    def __init__(self, plan: EpochPlan, rank: int):
-        self.plan, self.rank = plan, rank
+    def __init__(self, plan: EpochPlan, rank: int, facts: _Facts):
+        self.plan, self.rank, self.facts = plan, rank, facts
         self._key: tuple = ()
         self._first, self._steps, self._width = 0, 0, 1
         self._parts: tuple = ([], [], [], [])
+        self._facts: list = []
 
     def parts(self, pos: int, world: int, accum: int) -> tuple:
-        """Return (micro-batch numbers, repeat flags, step samples, step tokens) of the step at ``pos``."""
+        """Return (micro-batch numbers, repeat flags, step samples, step tokens, each micro-batch's facts) of the step
+        at ``pos``."""
         width = world * accum
         i, off = divmod(pos - self._first, width)
         if self._key != (world, accum) or off or not 0 <= i < self._steps:
@@ -428,6 +455,9 @@ class _StepsAhead:
             self._key, self._first, self._width = (world, accum), pos, width
             self._steps, i = len(self._parts[2]), 0
             if not self._steps:  # the step straddles the epoch's end
-                return self.plan.step_parts(pos, world, accum, self.rank)
+                got = self.plan.step_parts(pos, world, accum, self.rank)
+                return (*got, self.facts.of(got[0]))
+            self._facts = self.facts.of(self._parts[0])
         ids, repeat, samples, tokens = self._parts
-        return ids[i * accum:(i + 1) * accum], repeat[i * accum:(i + 1) * accum], samples[i], tokens[i]
+        cut = slice(i * accum, (i + 1) * accum)
+        return ids[cut], repeat[cut], samples[i], tokens[i], self._facts[cut]

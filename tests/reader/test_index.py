@@ -208,6 +208,11 @@ def test_every_packing_mode_reads_back_whole(tmp_path, mode):
     lengths = np.random.default_rng(len(mode)).integers(1, 200, size=300)
     ix = PackedIndex(pipeline_index(tmp_path / "ix", lengths, stages=stages, rows_per_shard=7, **opts))
     seen = []
+    # many micro-batches read at once (shuffled, repeated, across shards) give each one's record
+    picks = np.random.default_rng(1).integers(0, len(ix), size=2 * len(ix))
+    assert ix.records(picks) == [ix.record(int(i)) for i in picks] and ix.records([]) == []
+    with pytest.raises(IndexError, match="out of range"):
+        ix.records([0, len(ix)])
     for i in range(len(ix)):
         ids, bs, ps, splits = ix.record(i)
         assert (bs, ps) == ix.shape(i) and ids == ix.microbatch(i).tolist()
