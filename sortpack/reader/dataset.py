@@ -215,9 +215,11 @@ class SourceDataset:
             assert self.index is not None and known is not None
             # checked now, where the fetch runs: a shard that changed is an error here, in a DataLoader
             # worker's fetch too, not when the rows are built (pickled, in a thread that cannot raise)
-            stored.check_microbatch(i)
-            samples = TableSamples(None, mb, self.transform, sample_ids=known[0],
-                                   stored=(stored, i, self.columns), sample_ids_at=known[1])
+            where = stored.check_microbatch(i)
+            samples = TableSamples.of_stored(mb, self.transform, known[0], known[1], (stored, i, self.columns), where,
+                                             self.size_unit)
+            if self.pieces is None:  # no split samples: no ranges to cut
+                return samples
         else:
             table = stored.take(np.asarray(list(ids), dtype=np.int64))
             if self.columns is not None:

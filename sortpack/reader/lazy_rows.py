@@ -42,6 +42,7 @@ class TableSamples(Samples):
     """
 
     _table: Any = None
+    _where: tuple[int, int, int] | None = None  # the stored rows' (shard, first row, end row), when in one shard
 
     def __init__(self, table=None, microbatch=None, transform=None, sample_ids=None, stored=None,
                  sample_ids_at: int = 0):
@@ -51,6 +52,20 @@ class TableSamples(Samples):
         self.sample_ids = sample_ids
         self.sample_ids_at = sample_ids_at
         self._stored = stored
+
+    @classmethod
+    def of_stored(cls, microbatch, transform, sample_ids, sample_ids_at: int, stored: tuple, where,
+                  size_unit: str | None) -> TableSamples:
+        """Return ``TableSamples(None, microbatch, transform, sample_ids, stored, sample_ids_at)`` of a whole stored
+        micro-batch whose rows lie ``where`` (``StoredData.check_microbatch``), with ``size_unit``.
+
+        Built as one dict (the fetch of every micro-batch makes one): the attributes ``__init__`` sets.
+        """
+        made = list.__new__(cls)
+        made.__dict__ = {"microbatch": microbatch, "token_ranges": None, "size_unit": size_unit,
+                         "_transform": transform, "_pending": True, "sample_ids": sample_ids,
+                         "sample_ids_at": sample_ids_at, "_stored": stored, "_where": where}
+        return made
 
     @property
     def table(self):
@@ -74,7 +89,8 @@ class TableSamples(Samples):
         if self._stored is not None and self._table is None:
             stored, i, columns = self._stored
             if columns is None or key in columns:
-                view = stored.token_view(key, i)
+                where = self._where
+                view = stored.token_view(key, i) if where is None else stored.token_view_in(key, where)
                 if view is not None:
                     return view
         table = self.table

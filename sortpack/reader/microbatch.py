@@ -110,6 +110,8 @@ class MicroBatch(list):
     (4, 2, 2)
     """
 
+    _plain = False  # made by ``made``: every fact a plain int or bool already
+
     def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,
                  padded_size: int | None = None, row_splits=None, *, facts: StepFacts = _NO_STEP,
                  last: bool = True, tokens: int = 0, repeat: bool = False, source: str | None = None,
@@ -127,6 +129,23 @@ class MicroBatch(list):
         self.attention = attention
         self.targets = targets
         self.size2 = size2
+
+    @classmethod
+    def made(cls, ids: list, microbatch: int, batch_size: int, padded_size: int, row_splits, facts: StepFacts,
+             last: bool, tokens: int, repeat: bool, source: str | None, attention: int, targets: int,
+             size2: int | None) -> MicroBatch:
+        """Return ``MicroBatch(ids, microbatch, batch_size, padded_size, row_splits, facts=facts, ...)`` from plain
+        ints, built as one dict (the sampler makes one per micro-batch it hands out).
+
+        The attributes ``__init__`` sets; ``info()`` of a micro-batch made here needs no conversion.
+        """
+        made = list.__new__(cls)
+        list.__init__(made, ids)
+        made.__dict__ = {"microbatch": microbatch, "batch_size": batch_size, "padded_size": padded_size,
+                         "row_splits": row_splits, "facts": facts, "last": last, "tokens": tokens, "repeat": repeat,
+                         "source": source, "attention": attention, "targets": targets, "size2": size2,
+                         "_plain": True}
+        return made
 
     epoch = property(lambda self: self.facts.epoch, doc="The epoch of the micro-batch's step.")
     step = property(lambda self: self.facts.step, doc="The step's number in the epoch.")
@@ -150,8 +169,20 @@ class MicroBatch(list):
         """
         (epoch, step, position, end, run_step, step_batch, step_tokens, world_size, step_attention,
          step_targets) = self.facts
+        out: dict
+        if self._plain:  # made by the sampler from plain ints and bools: the literal without a conversion
+            out = {"epoch": epoch, "step": step, "position": position, "end": end, "run_step": run_step,
+                   "step_batch": step_batch, "step_tokens": step_tokens, "world_size": world_size,
+                   "microbatch": self.microbatch, "last": self.last, "tokens": self.tokens, "num_samples": len(self),
+                   "repeat": self.repeat, "step_attention": step_attention, "step_targets": step_targets,
+                   "attention": self.attention, "targets": self.targets}
+            if self.size2 is not None:
+                out["size2"] = self.size2
+            if self.source is not None:
+                out["source"] = self.source
+            return out
         # one literal (the collate helpers call this for every micro-batch), in the order StepFacts.info gives
-        out: dict = {"epoch": int(epoch), "step": int(step), "position": int(position), "end": int(end),
+        out = {"epoch": int(epoch), "step": int(step), "position": int(position), "end": int(end),
                "run_step": int(run_step), "step_batch": int(step_batch), "step_tokens": int(step_tokens),
                "world_size": int(world_size), "microbatch": int(self.microbatch), "last": bool(self.last),
                "tokens": int(self.tokens), "num_samples": len(self), "repeat": bool(self.repeat),

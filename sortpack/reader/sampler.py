@@ -315,6 +315,7 @@ class PackedSampler:
         sums = self.index.sum_columns  # the plan's per-micro-batch sums, where it records them
         attention, targets = ("attention" in sums), ("targets" in sums)
         ahead = _StepsAhead(plan, self.rank, _Facts(self.index))
+        made = MicroBatch.made
         for name, has in (("attention", attention), ("targets", targets)):
             if has:
                 plan.running(name)  # each step's sum over all ranks is then two lookups
@@ -345,9 +346,9 @@ class PackedSampler:
                 if skips.sizes:
                     ids, splits = skips.kept(p, ids, splits)
                     mb_tokens -= skips.lost([p]).tokens
-                yield MicroBatch(ids, p, bs, ps, splits, facts=facts, last=k == a - 1, tokens=mb_tokens,
-                                 repeat=repeat[k], source=source, attention=mb_attention,
-                                 targets=mb_tokens - len(ids) if mb_targets is None else mb_targets, size2=size2)
+                # plain ints and bools throughout (tolist, int sums): made without a conversion
+                yield made(ids, p, bs, ps, splits, facts, k == a - 1, mb_tokens, repeat[k], source, mb_attention,
+                           mb_tokens - len(ids) if mb_targets is None else mb_targets, size2)
             step += 1
 
     # --- resume ---------------------------------------------------------------------------

@@ -67,15 +67,23 @@ class StoredData:
             self._watch.fresh(k)
         return batch
 
-    def check_microbatch(self, i: int) -> None:
-        """Map micro-batch ``i``'s data shards now, or check them unchanged (``SortpackError`` names a changed one)."""
+    def check_microbatch(self, i: int) -> tuple[int, int, int] | None:
+        """Map micro-batch ``i``'s data shards now, or check them unchanged (``SortpackError`` names a changed one).
+
+        Return where its rows lie, ``(shard, first row, end row)`` in that shard's rows, when
+        they lie in one shard (``token_view_in`` reads them from there), else None.
+        """
         if not self._entries:
-            return
-        start, stop = int(self.row_start[i]), int(self.row_start[i + 1])
+            return None
+        start, stop = self.row_start.item(i), self.row_start.item(i + 1)
         first = max(0, bisect.bisect_right(self._firsts, start) - 1)
         last = max(0, bisect.bisect_right(self._firsts, max(start, stop - 1)) - 1)
         for k in range(first, last + 1):
             self._shard(k)
+        if first != last:
+            return None
+        base = self._firsts[first]
+        return first, start - base, stop - base
 
     def verify_all(self) -> None:
         """Re-hash every data shard against the manifest and check its structure (``PackedIndex(verify="full")``)."""
@@ -119,6 +127,12 @@ class StoredData:
         k = max(0, bisect.bisect_right(self._firsts, start) - 1)
         if not self._entries or stop - self._firsts[k] > int(self._entries[k]["rows"]):
             return None
+        first = self._firsts[k]
+        return self.token_view_in(column, (k, start - first, stop - first))
+
+    def token_view_in(self, column: str, where: tuple[int, int, int]) -> TokenView | None:
+        """Return ``token_view`` of the rows ``where`` names (as ``check_microbatch`` gives it), without a search."""
+        k, lo, hi = where
         key = (k, column)
         view = self._token_views.get(key, False)
         if view is False:
@@ -129,8 +143,7 @@ class StoredData:
             self._shard(k)  # the check: the view's memory is the mapped shard's
         if view is None:
             return None
-        first = self._firsts[k]
-        return view.sliced(start - first, stop - first)
+        return view.sliced(lo, hi)
 
     def positions(self, sample_ids) -> np.ndarray:
         """Return the stored row of each sample id (KeyError for ids not in the plan)."""

@@ -23,13 +23,20 @@ def test_the_micro_batches_of_a_step_share_one_facts_record(small):
     assert [mb.facts for mb in a[::3]] == [mb.facts for mb in b[::3]]
 
 
-def test_info_is_the_attributes_with_one_name_per_fact(small):
-    for mb in PackedSampler(small, rank=1, world_size=2, grad_accum=2, order="shuffle", seed=3):
+@pytest.mark.parametrize("skip", [False, True])
+def test_info_is_the_attributes_with_one_name_per_fact(small, skip):
+    skips = {"skip_samples": dict.fromkeys(range(0, 40, 3), 1), "skip_steps": [1]} if skip else {}
+    for mb in PackedSampler(small, rank=1, world_size=2, grad_accum=2, order="shuffle", seed=3, **skips):
         info = mb.info()
         assert set(info) == STEP_KEYS | OWN_KEYS  # no second name (the old step_samples) for step_batch
         assert info == {**{k: getattr(mb, k) for k in STEP_KEYS | OWN_KEYS - {"num_samples"}}, "num_samples": len(mb)}
         assert all(type(v) is (bool if k in ("last", "repeat") else int) for k, v in info.items())
         assert info is not mb.info() and mb.info() == info  # a new dict each time: a loop may change its copy
+        # the sampler's quick construction makes what the constructor makes
+        same = MicroBatch(list(mb), mb.microbatch, mb.batch_size, mb.padded_size, mb.row_splits, facts=mb.facts,
+                          last=mb.last, tokens=mb.tokens, repeat=mb.repeat, source=mb.source,
+                          attention=mb.attention, targets=mb.targets, size2=mb.size2)
+        assert same == mb and same.info() == info and vars(same) == {k: v for k, v in vars(mb).items() if k != "_plain"}
     assert not hasattr(mb, "step_samples")
 
 
