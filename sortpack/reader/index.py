@@ -41,7 +41,7 @@ def _ragged_lists(offsets: np.ndarray, values: np.ndarray, rows: np.ndarray) -> 
     ends = np.cumsum(counts)
     starts = ends - counts
     flat = values[np.repeat(lo - starts, counts) + np.arange(int(ends[-1]) if len(ends) else 0)].tolist()
-    return [flat[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+    return list(map(flat.__getitem__, map(slice, starts.tolist(), ends.tolist())))
 
 
 class SampleHits(NamedTuple):
@@ -324,18 +324,23 @@ class PackedIndex:
         One lookup and one check per shard the micro-batches lie in, one ``tolist`` of all their
         ids: the sampler reads a chunk of steps' micro-batches at a time.
         """
+        return [_new_record(Record, r) for r in zip(*self.record_lists(mbs))]
+
+    def record_lists(self, mbs) -> tuple[list, list, list, list]:
+        """Return ``records(mbs)`` as four lists: sample ids, batch sizes, padded sizes, row splits (or Nones)."""
         mbs = np.asarray(mbs, dtype=np.int64).reshape(-1)
         n = len(mbs)
         if n and (int(mbs.min()) < 0 or int(mbs.max()) >= self.num_microbatches):
             bad = int(mbs[(mbs < 0) | (mbs >= self.num_microbatches)][0])
             raise IndexError(f"micro-batch {bad} out of range [0, {self.num_microbatches})")
-        shard = np.searchsorted(self._starts, mbs, side="right") - 1
         ids: list = [None] * n
         bs = np.zeros(n, dtype=np.int64)
         ps = np.zeros(n, dtype=np.int64)
         splits: list = [None] * n
-        for k in np.unique(shard).tolist():
-            sel = np.flatnonzero(shard == k) if len(shard) > 1 else np.zeros(1, dtype=np.int64)
+        whole = len(self._firsts) == 1  # one shard: every micro-batch, no grouping
+        shard = np.zeros(0, dtype=np.int64) if whole else np.searchsorted(self._starts, mbs, side="right") - 1
+        for k in [0] if whole else np.unique(shard).tolist():
+            sel = np.arange(n) if whole else np.flatnonzero(shard == k)
             j = mbs[sel] - self._firsts[k]
             views = self._records.get(k)
             if views is None:
@@ -345,6 +350,12 @@ class PackedIndex:
                 self._watch.fresh(k)
             offsets, values, bsv, psv = views
             bs[sel], ps[sel] = bsv[j], psv[j]
+            if whole:
+                ids = _ragged_lists(offsets, values, j)
+                if self.has_rows:
+                    so, sv = self._view(k, "row_splits")
+                    splits = _ragged_lists(so, sv, j)
+                continue
             slots = sel.tolist()
             for slot, part in zip(slots, _ragged_lists(offsets, values, j)):
                 ids[slot] = part
@@ -352,7 +363,7 @@ class PackedIndex:
                 so, sv = self._view(k, "row_splits")
                 for slot, part in zip(slots, _ragged_lists(so, sv, j)):
                     splits[slot] = part
-        return [_new_record(Record, r) for r in zip(ids, bs.tolist(), ps.tolist(), splits)]
+        return ids, bs.tolist(), ps.tolist(), splits
 
     def shape(self, i: int) -> tuple[int, int]:
         """Return ``(batch_size, padded_size)`` of micro-batch ``i``."""

@@ -423,9 +423,8 @@ class _Facts:
 
         names = self.names
         sources = [None] * n if self.sources is None else [names[s] for s in self.sources[at].tolist()]
-        return [(*rec, *rest) for rec, rest in zip(self.index.records(at), zip(
-            self.tokens[at].tolist(), column(self.attention, 0), column(self.targets, None),
-            column(self.size2, None), sources))]
+        return list(zip(*self.index.record_lists(at), self.tokens[at].tolist(), column(self.attention, 0),
+                        column(self.targets, None), column(self.size2, None), sources))
 
 
 class _StepsAhead:
@@ -437,7 +436,7 @@ class _StepsAhead:
     end is asked of the plan on its own.
     """
 
-    CHUNK = 64
+    CHUNK = 256
 
     def __init__(self, plan: EpochPlan, rank: int, facts: _Facts):
         self.plan, self.rank, self.facts = plan, rank, facts

@@ -242,6 +242,17 @@ def test_every_packing_mode_reads_back_whole(tmp_path, mode):
     assert set(np.concatenate([s.schedule().ravel() for s in ranks]).tolist()) == set(range(len(ix)))
 
 
+@pytest.mark.parametrize("shard_rows", [None, 4])
+def test_records_of_one_shard_and_of_many_are_each_micro_batch_s_record(tmp_path, shard_rows):
+    lengths = np.random.default_rng(5).integers(1, 200, size=120)
+    ix = PackedIndex(pipeline_index(tmp_path / "ix", lengths, max_tokens=512, rows=256, rows_per_microbatch=2,
+                                    rows_per_shard=shard_rows))
+    assert (len(ix._shards) == 1) == (shard_rows is None)
+    picks = np.random.default_rng(2).permutation(np.repeat(np.arange(len(ix)), 2))
+    assert ix.records(picks) == [ix.record(int(i)) for i in picks]
+    assert ix.records(picks[:1]) == [ix.record(int(picks[0]))]
+
+
 @pytest.mark.parametrize("fixture", ["small", "small64"])
 def test_all_sample_ids_is_every_microbatch_in_plan_order(fixture, request):
     # one concatenation of the shards' values, for the stored data's id -> row map
