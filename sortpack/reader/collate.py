@@ -172,7 +172,9 @@ class PadCollate:
         n = len(view.offsets) - 1
         mb = getattr(items, "microbatch", None)
         if mb is not None and mb.padded_size is not None:
-            rows, width = max(int(mb.batch_size), n), int(mb.padded_size)
+            rows, width = int(mb.batch_size), int(mb.padded_size)
+            if rows < n:
+                rows = n
         else:
             longest = int(np.diff(view.offsets).max(initial=0))
             rows, width = n, _round_up(longest, self.pad_to_multiple)
@@ -180,7 +182,7 @@ class PadCollate:
         # labels aligned to input_ids (the model shifts): no target at a sample's first token or at padding
         kernels = batch_kernels()
         if kernels is not None:
-            out, padding = self._compiled(kernels, view, (rows, width), items)
+            out, padding = self._compiled(kernels, view, (rows, width), mb, items)
         else:
             out, padding = self._numpy(view, (rows, width), items)
         if given is not None:
@@ -201,18 +203,18 @@ class PadCollate:
             out["attn_mask"] = torch.from_numpy(allowed)
         return out
 
-    def _compiled(self, kernels: BatchKernels, view: TokenView, shape: tuple[int, int],
+    def _compiled(self, kernels: BatchKernels, view: TokenView, shape: tuple[int, int], mb,
                   items) -> tuple[dict, np.ndarray | None]:
         """Return the batch of ``shape`` written by the compiled kernel into tensors torch allocated, and its mask.
 
         torch's own tensors, not numpy arrays: freeing a tensor made by ``torch.from_numpy``
         lets go of the GIL, and beside ``PlanLoader``'s thread that costs a thread switch.
         """
-        mb, n, (rows, width) = getattr(items, "microbatch", None), len(view.offsets) - 1, shape
+        rows, width = shape
         long, flag, _ = _TENSORS or _tensor_types()
         ids, labels, lengths = long(rows, width), long(rows, width), long(rows)
         padding, sample_ids, real = flag(rows, width), long(rows), flag(rows)
-        kernels.pad_batch(view, shape, (int(self.pad_id), IGNORE_INDEX), _ids_of(mb, n, items),
+        kernels.pad_batch(view, shape, (int(self.pad_id), IGNORE_INDEX), _ids_of(mb, len(view.offsets) - 1, items),
                           not getattr(mb, "repeat", False),
                           (ids.data_ptr(), labels.data_ptr(), lengths.data_ptr(), padding.data_ptr(),
                            sample_ids.data_ptr(), real.data_ptr()))
