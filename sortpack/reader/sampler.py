@@ -9,6 +9,9 @@ nothing of the LR: each ``MicroBatch`` carries its step's batch size, and
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 import numpy as np
 
 from .index import PackedIndex
@@ -312,13 +315,8 @@ class PackedSampler:
         length = plan.length
         base = epoch * plan.num_blocks  # run step of the epoch's step 0
         skips = self.skips
-        sums = self.index.sum_columns  # the plan's per-micro-batch sums, where it records them
-        attention, targets = ("attention" in sums), ("targets" in sums)
         ahead = _StepsAhead(plan, self.rank, _Facts(self.index))
-        made = MicroBatch.made
-        for name, has in (("attention", attention), ("targets", targets)):
-            if has:
-                plan.running(name)  # each step's sum over all ranks is then two lookups
+        made, new_facts = MicroBatch.made, _new_facts
         while True:
             w, a = self.world_size, self.grad_accum  # read per step: set_grad_accum applies at once
             if self._steps_left(plan, pos, w * a) == 0:
@@ -329,7 +327,7 @@ class PackedSampler:
                 if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
                     self._set_state(epoch, pos, step)
                 continue
-            packed, repeat, batch, tokens, facts_of = ahead.parts(pos, w, a)
+            packed, repeat, batch, tokens, step_attention, step_targets, facts_of = ahead.parts(pos, w, a)
             if skips.sizes:
                 lost = skips.lost(plan.packed_array((pos + np.arange(w * a)) % length))
                 batch, tokens = batch - lost.samples, tokens - lost.tokens
@@ -337,10 +335,10 @@ class PackedSampler:
             if not self._explicit and (self.epoch, self._layout) == (epoch, layout):
                 # without reported consumption the state follows what was handed out
                 self._set_state(epoch, pos, step + 1)
-            flat = start % length
-            step_attention = plan.span_sum("attention", flat, w * a) if attention else 0
-            step_targets = plan.span_sum("targets", flat, w * a) if targets else tokens - batch
-            facts = StepFacts(epoch, step, start, pos, base + step, batch, tokens, w, step_attention, step_targets)
+            if step_targets is None:  # a plan without targets: every token but each document's first
+                step_targets = tokens - batch
+            facts = new_facts(StepFacts, (epoch, step, start, pos, base + step, batch, tokens, w, step_attention,
+                                          step_targets))
             for k, p in enumerate(packed):
                 ids, bs, ps, splits, mb_tokens, mb_attention, mb_targets, size2, source = facts_of[k]
                 if skips.sizes:
@@ -397,6 +395,9 @@ class PackedSampler:
 PackedBatchSampler = PackedSampler
 
 
+_new_facts = cast(Callable[[type[StepFacts], tuple], StepFacts], tuple.__new__)  # no NamedTuple checks per step
+
+
 class _Facts:
     """What the sampler hands out of each micro-batch, read for many micro-batches in one vectorised pass.
 
@@ -444,20 +445,33 @@ class _StepsAhead:
         self._first, self._steps, self._width = 0, 0, 1
         self._parts: tuple = ([], [], [], [])
         self._facts: list = []
+        sums = facts.index.sum_columns  # the plan's per-micro-batch sums, where it records them
+        self._sums = [name if name in sums else None for name in ("attention", "targets")]
+        self._step_sums: list = [None, None]
 
     def parts(self, pos: int, world: int, accum: int) -> tuple:
-        """Return (micro-batch numbers, repeat flags, step samples, step tokens, each micro-batch's facts) of the step
-        at ``pos``."""
+        """Return (micro-batch numbers, repeat flags, step samples, step tokens, step attention, step targets or None,
+        each micro-batch's facts) of the step at ``pos``."""
         width = world * accum
         i, off = divmod(pos - self._first, width)
         if self._key != (world, accum) or off or not 0 <= i < self._steps:
-            self._parts = self.plan.steps_ahead(pos, world, accum, self.rank, self.CHUNK)
+            plan = self.plan
+            self._parts = plan.steps_ahead(pos, world, accum, self.rank, self.CHUNK)
             self._key, self._first, self._width = (world, accum), pos, width
             self._steps, i = len(self._parts[2]), 0
             if not self._steps:  # the step straddles the epoch's end
-                got = self.plan.step_parts(pos, world, accum, self.rank)
-                return (*got, self.facts.of(got[0]))
+                got = plan.step_parts(pos, world, accum, self.rank)
+                attention, targets = (None if name is None else plan.span_sum(name, pos % plan.length, width)
+                                      for name in self._sums)
+                return (*got, attention or 0, targets, self.facts.of(got[0]))
             self._facts = self.facts.of(self._parts[0])
+            # each step's sums over all ranks: two lookups per step in the epoch's running sums
+            starts = pos + np.arange(self._steps, dtype=np.int64) * width
+            self._step_sums = [None if name is None else (plan.running(name)[starts + width]
+                                                          - plan.running(name)[starts]).tolist()
+                               for name in self._sums]
         ids, repeat, samples, tokens = self._parts
         cut = slice(i * accum, (i + 1) * accum)
-        return ids[cut], repeat[cut], samples[i], tokens[i], self._facts[cut]
+        attention, targets = self._step_sums
+        return (ids[cut], repeat[cut], samples[i], tokens[i], 0 if attention is None else attention[i],
+                None if targets is None else targets[i], self._facts[cut])
