@@ -148,6 +148,8 @@ class _Pass:
             self.started = True
             self.thread.start()
         item = None
+        if not self.started:  # no thread yet: nobody else prepares, no lock to take
+            item = self.prepare()
         while item is None:
             if ready:
                 item = ready.popleft()
