@@ -216,7 +216,7 @@ class SourceDataset:
             # checked now, where the fetch runs: a shard that changed is an error here, in a DataLoader
             # worker's fetch too, not when the rows are built (pickled, in a thread that cannot raise)
             where = stored.check_microbatch(i)
-            samples = TableSamples.of_stored(mb, self.transform, known[0], known[1], (stored, i, self.columns), where,
+            samples = TableSamples.of_stored(mb, self.transform, known, (stored, i, self.columns, where),
                                              self.size_unit)
             if self.pieces is None:  # no split samples: no ranges to cut
                 return samples

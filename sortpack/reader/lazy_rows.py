@@ -36,35 +36,37 @@ class TableSamples(Samples):
         ``(StoredData, i, columns)``: the rows are micro-batch ``i`` of the stored data (its
         ``columns``, None: all); ``table`` is then sliced on first use, and ``token_view``
         reads a token column straight from the shard.
-    sample_ids_at : int
-        The data address of ``sample_ids`` when the caller knows it (0: unknown), for the
-        collate kernels.
+
+    ``sample_ids_at`` is the data address of ``sample_ids`` where ``of_stored`` knew it (0:
+    unknown), for the collate kernels.
     """
 
     _table: Any = None
     _where: tuple[int, int, int] | None = None  # the stored rows' (shard, first row, end row), when in one shard
+    sample_ids_at = 0
 
-    def __init__(self, table=None, microbatch=None, transform=None, sample_ids=None, stored=None,
-                 sample_ids_at: int = 0):
+    def __init__(self, table=None, microbatch=None, transform=None, sample_ids=None, stored=None):
         super().__init__((), microbatch, table)
         self._transform = transform
         self._pending = True
         self.sample_ids = sample_ids
-        self.sample_ids_at = sample_ids_at
         self._stored = stored
 
     @classmethod
-    def of_stored(cls, microbatch, transform, sample_ids, sample_ids_at: int, stored: tuple, where,
-                  size_unit: str | None) -> TableSamples:
-        """Return ``TableSamples(None, microbatch, transform, sample_ids, stored, sample_ids_at)`` of a whole stored
-        micro-batch whose rows lie ``where`` (``StoredData.check_microbatch``), with ``size_unit``.
+    def of_stored(cls, microbatch, transform, ids: tuple, stored: tuple, size_unit: str | None) -> TableSamples:
+        """Return ``TableSamples(None, microbatch, transform, sample_ids, (StoredData, i, columns))`` of a whole stored
+        micro-batch, with ``size_unit``.
 
-        Built as one dict (the fetch of every micro-batch makes one): the attributes ``__init__`` sets.
+        ``ids`` is (its stored sample ids, their data address) as ``PackedIndex.stored_ids_at``
+        gives them; ``stored`` is ``(StoredData, i, columns, where)``, ``where`` its rows' place
+        as ``StoredData.check_microbatch`` gives it. Built as one dict (the fetch of every
+        micro-batch makes one): the attributes ``__init__`` sets.
         """
+        data, i, columns, where = stored
         made = list.__new__(cls)
         made.__dict__ = {"microbatch": microbatch, "token_ranges": None, "size_unit": size_unit,
-                         "_transform": transform, "_pending": True, "sample_ids": sample_ids,
-                         "sample_ids_at": sample_ids_at, "_stored": stored, "_where": where}
+                         "_transform": transform, "_pending": True, "sample_ids": ids[0], "sample_ids_at": ids[1],
+                         "_stored": (data, i, columns), "_where": where}
         return made
 
     @property

@@ -131,14 +131,16 @@ class MicroBatch(list):
         self.size2 = size2
 
     @classmethod
-    def made(cls, ids: list, microbatch: int, batch_size: int, padded_size: int, row_splits, facts: StepFacts,
-             last: bool, tokens: int, repeat: bool, source: str | None, attention: int, targets: int,
-             size2: int | None) -> MicroBatch:
-        """Return ``MicroBatch(ids, microbatch, batch_size, padded_size, row_splits, facts=facts, ...)`` from plain
-        ints, built as one dict (the sampler makes one per micro-batch it hands out).
+    def made(cls, ids: list, fields: tuple) -> MicroBatch:
+        """Return ``MicroBatch(ids, ...)`` of ``fields``, plain ints, built as one dict (the sampler makes one per
+        micro-batch it hands out).
 
-        The attributes ``__init__`` sets; ``info()`` of a micro-batch made here needs no conversion.
+        ``fields`` holds the attributes ``__init__`` sets, in its order: microbatch, batch_size,
+        padded_size, row_splits, facts, last, tokens, repeat, source, attention, targets, size2.
+        ``info()`` of a micro-batch made here needs no conversion.
         """
+        (microbatch, batch_size, padded_size, row_splits, facts, last, tokens, repeat, source, attention, targets,
+         size2) = fields
         made = list.__new__(cls)
         list.__init__(made, ids)
         made.__dict__ = {"microbatch": microbatch, "batch_size": batch_size, "padded_size": padded_size,

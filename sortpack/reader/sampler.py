@@ -345,8 +345,8 @@ class PackedSampler:
                     ids, splits = skips.kept(p, ids, splits)
                     mb_tokens -= skips.lost([p]).tokens
                 # plain ints and bools throughout (tolist, int sums): made without a conversion
-                yield made(ids, p, bs, ps, splits, facts, k == a - 1, mb_tokens, repeat[k], source, mb_attention,
-                           mb_tokens - len(ids) if mb_targets is None else mb_targets, size2)
+                yield made(ids, (p, bs, ps, splits, facts, k == a - 1, mb_tokens, repeat[k], source, mb_attention,
+                                 mb_tokens - len(ids) if mb_targets is None else mb_targets, size2))
             step += 1
 
     # --- resume ---------------------------------------------------------------------------
