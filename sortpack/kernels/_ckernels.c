@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 15
+#define SP_ABI_VERSION 16
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -1161,6 +1161,32 @@ SP_API int64_t sp_merge_two_in_place(uint64_t *buf, int64_t na, int64_t nb, cons
     while (i >= 0 && j >= 0) buf[w--] = (b[j] < a[i]) ? a[i--] : b[j--];
     while (j >= 0) buf[w--] = b[j--];
     return 0; /* what is left of a is in place */
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The fewest targets of a subset of each row's samples whose rooms sum to exactly s, for  */
+/* s in [0, top]: a 0/1 knapsack per row. rooms, targets: (n, k) row-major, room 0 = no    */
+/* sample; out: (n, top + 1), none where no subset has that room.                          */
+SP_API int64_t sp_min_subsets(const int64_t *rooms, const int64_t *targets, int64_t n, int64_t k, int64_t top,
+                              int64_t none, int64_t *out) {
+    if (n < 0 || k < 0 || top < 0) return -3;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t *f = out + i * (top + 1);
+        f[0] = 0;
+        for (int64_t s = 1; s <= top; s++) f[s] = none;
+        int64_t reach = 0; /* the largest room any subset so far has */
+        for (int64_t j = 0; j < k; j++) {
+            int64_t r = rooms[i * k + j], t = targets[i * k + j];
+            if (r <= 0 || r > top) continue;
+            int64_t hi = reach + r < top ? reach + r : top;
+            for (int64_t s = hi; s >= r; s--) { /* downwards: each sample once */
+                int64_t c = f[s - r];
+                if (c != none && c + t < f[s]) f[s] = c + t;
+            }
+            reach = hi;
+        }
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------ */
