@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...inputs.pieces import run_indices
-from ...kernels.knapsack import NONE, min_subsets, subset_of
+from ...kernels.compose import NONE, compose_groups, min_subsets, subset_of
 
 _REVERSED_BYTES = np.array([int(f"{i:08b}"[::-1], 2) for i in range(256)], dtype=np.uint32)
 
@@ -64,8 +64,8 @@ def compose_rows(sizes: np.ndarray, targets: np.ndarray, order: np.ndarray, spli
     of that size its row already has before it); each group holds a row at most once, so giving
     the group's samples, most targets first, to its rows, fewest targets elsewhere first, is the
     best exchange for that group given the rest (the sum of squares of the rows' targets never
-    grows). ``sweeps`` passes over the groups, largest sizes first; each group is one vectorised
-    step. Samples in each row end in their window order.
+    grows). ``sweeps`` passes over the groups, largest sizes first (``kernels.compose_groups``).
+    Samples in each row end in their window order.
     """
     n_rows = len(splits) - 1
     row = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(splits))
@@ -78,18 +78,7 @@ def compose_rows(sizes: np.ndarray, targets: np.ndarray, order: np.ndarray, spli
     key[by_row] = nth
     g = size[grouped] * (len(slot) + 1) + key[grouped]
     bounds = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1], [True]))) if len(g) else np.zeros(1, np.int64)
-    groups = [(a, b) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()) if b - a > 1]
-    total = np.bincount(row, targets[slot], minlength=n_rows).astype(np.int64) if len(slot) else np.zeros(0, np.int64)
-    for _ in range(sweeps if targets.any() else 0):
-        for a, b in groups:
-            at = grouped[a:b]
-            r = row[at]
-            held = slot[at]
-            rest = total[r] - targets[held]
-            samples = held[np.lexsort((held, -targets[held]))]
-            to = np.lexsort((at, rest))
-            slot[at[to]] = samples
-            total[r[to]] = rest[to] + targets[samples]
+    compose_groups(slot, row, targets, (grouped, bounds), sweeps if targets.any() else 0)
     return slot[np.lexsort((slot, row))]
 
 
@@ -356,7 +345,7 @@ def _subset_rounds(st: _Rows, fit: tuple[int, int], limit: float, take: bool = F
 
     What pairs cannot reach (a row of two long, mostly-answer samples: no one or two samples of
     any row sum to their rooms): the partners (``_offer``) offer every subset room through one
-    knapsack of fewest targets per round (``kernels.knapsack``). Each heavy row, heaviest first,
+    knapsack of fewest targets per round (``kernels.compose``). Each heavy row, heaviest first,
     makes its best exchange with a partner no other row took this round: one vectorised step
     per heavy row.
     """

@@ -1,10 +1,46 @@
-"""The fewest targets of a subset of each row's samples with a given total room (a 0/1 knapsack per row):
-the compiled kernel, a numpy fallback over all rows at once (the same result), and one subset back."""
+"""The kernels of rows composed by their targets (``stages/pack/compose.py``), each compiled with a numpy
+fallback that gives the same result: equal-size samples given to rows group after group (``compose_groups``),
+and the fewest targets of a subset of each row's samples of every room, a 0/1 knapsack per row
+(``min_subsets``; ``subset_of`` gives one such subset back)."""
 from __future__ import annotations
 
 import numpy as np
 
 from ._loader import _c, _i64, _ptr
+
+
+def compose_groups(slot: np.ndarray, row: np.ndarray, targets: np.ndarray, groups: tuple[np.ndarray, np.ndarray],
+                   sweeps: int) -> None:
+    """Give each group of slots its samples, most targets first, to its rows, fewest targets elsewhere first
+    (ties: the lower sample, the earlier position), group after group, ``sweeps`` times; ``slot`` (int64, the
+    sample at each position) is updated in place.
+
+    ``groups`` is (the positions group by group, where each group starts and the end); ``row`` each position's
+    row, a group holding a row at most once; ``targets`` each sample's, non-negative.
+    """
+    grouped, bounds = _i64(groups[0]), _i64(groups[1])
+    row, targets = _i64(row), _i64(targets)
+    n_rows = int(row.max()) + 1 if len(row) else 0
+    total = np.bincount(row, targets[slot], minlength=n_rows).astype(np.int64)
+    lib = _c()
+    if lib is not None and slot.dtype == np.int64 and slot.flags.c_contiguous:
+        scratch = np.empty(7 * max(int(np.diff(bounds).max()) if len(bounds) > 1 else 0, 1), np.int64)
+        if lib.sp_compose_groups(_ptr(slot), _ptr(row), _ptr(targets), _ptr(total), _ptr(grouped), _ptr(bounds),
+                                 len(bounds) - 1, sweeps, _ptr(scratch)) == 0:
+            return
+    for _ in range(sweeps):
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            if b - a < 2:
+                continue
+            at = grouped[a:b]
+            r = row[at]
+            held = slot[at]
+            rest = total[r] - targets[held]
+            samples = held[np.lexsort((held, -targets[held]))]
+            to = np.lexsort((at, rest))
+            slot[at[to]] = samples
+            total[r[to]] = rest[to] + targets[samples]
+
 
 NONE = np.iinfo(np.int64).max // 4  # no subset of that room: far above any sum of targets, and safe to add to
 

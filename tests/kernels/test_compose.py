@@ -1,13 +1,16 @@
-"""min_subsets (the fewest targets of a subset of each row's samples of every room) against every subset."""
+"""The kernels of rows composed by their targets: min_subsets against every subset, compose_groups with and
+without the compiled kernel."""
 from __future__ import annotations
 
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sortpack.kernels import knapsack
+from sortpack.kernels import _loader
+from sortpack.kernels import compose as knapsack
 
 rows = st.lists(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 40)), min_size=0, max_size=7), min_size=1,
                 max_size=4)
@@ -69,3 +72,21 @@ def test_negated_targets_give_the_most_targets(data, top):
     rooms, targets = _arrays(data)
     _check(rooms, -targets, top, knapsack.min_subsets(rooms, -targets, top))
     _check(rooms, -targets, top, knapsack._min_subsets_numpy(rooms, -targets, top))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 64), st.integers(0, 64)), min_size=0, max_size=300), st.integers(0, 3))
+def test_equal_size_groups_compose_the_same_without_the_compiled_kernel(pairs, sweeps):
+    from sortpack import kernels
+    from sortpack.stages.pack.compose import compose_rows
+
+    sizes = np.array([p[0] for p in pairs], np.int64)
+    targets = np.array([min(p[0], p[1]) for p in pairs], np.int64)
+    order, splits = kernels.pack_rows(sizes, 64)
+    compiled = compose_rows(sizes, targets, order, splits, sweeps)
+    with pytest.MonkeyPatch.context() as mp:  # the numpy fallback, as on a machine without a compiler
+        mp.setattr(_loader, "_clib", None)
+        mp.setattr(_loader, "_fallback_reason", "hidden by the test")
+        mp.setattr(_loader, "_warned", True)
+        assert kernels.backend() == "numpy"
+        assert np.array_equal(compose_rows(sizes, targets, order, splits, sweeps), compiled)
