@@ -96,7 +96,7 @@ SUBSET_HEAVY = HEAVY * HEAVY  # what the pairs leave above this, subsets take on
 SUBSET_LIGHT = 1 / SUBSET_HEAVY  # and rows below this take subsets of most targets
 SUBSET_PARTNERS = 256
 SUBSET_PLACES = 16
-SUBSET_ROUNDS = 16
+SUBSET_ROUNDS = 8
 
 
 @dataclass
