@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     termination.install()
     if argv is None:  # this process's own command line (not a call from Python): before numpy's first array
         startup.keep_freed_memory()
+        startup.skip_memory_hooks()  # before MPI loads
     startup.skip_pandas(argv)
     try:
         cli.main(args=argv, prog_name="sortpack", standalone_mode=False)

@@ -1,4 +1,5 @@
-"""What the CLI sets up before a job: memory a job frees stays with it for its next arrays where asked (glibc)."""
+"""What the CLI sets up before a job: memory a job frees stays with it for its next arrays where asked (glibc), and
+MPI starts without UCX's memory hooks on one node."""
 from __future__ import annotations
 
 import os
@@ -63,3 +64,58 @@ def test_only_the_command_line_process_changes_malloc(monkeypatch):
     except SystemExit:
         pass
     assert calls == [1]
+
+
+@pytest.mark.parametrize("env, expect", [
+    ({}, "no"),  # one process
+    ({"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "2"}, "no"),  # every rank on this node
+    ({"PMI_RANK": "0", "PMI_SIZE": "4", "MPI_LOCALNRANKS": "2"}, None),  # several nodes: UCX as it was
+    ({"PMI_RANK": "0", "PMI_SIZE": "2"}, None),  # the launcher does not say
+    ({"UCX_MEM_EVENTS": "yes"}, "yes"),  # the user's choice
+    ({"UCX_MEM_EVENTS": " "}, "no"),  # set empty: unset
+])
+def test_ucx_memory_hooks_are_off_where_every_rank_is_on_this_node(monkeypatch, env, expect):
+    from sortpack.cli.startup import skip_memory_hooks
+
+    for var in ("UCX_MEM_EVENTS", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_RANK",
+                "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMIX_SIZE", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+                "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert skip_memory_hooks() is (expect == "no")
+    assert os.environ.get("UCX_MEM_EVENTS") == expect
+
+
+def test_only_the_command_line_process_starts_mpi_without_memory_hooks(monkeypatch):
+    # main(argv) called from Python leaves the caller's environment as it is
+    from sortpack import cli
+    from sortpack.cli import startup
+
+    calls = []
+    monkeypatch.setattr(startup, "skip_memory_hooks", lambda: calls.append(1) or True)
+    for argv in (["--version"], None):
+        monkeypatch.setattr(sys, "argv", ["sortpack", "--version"])
+        try:
+            cli.main(argv)
+        except SystemExit:
+            pass
+    assert calls == [1]
+
+
+# a python: SPEC that measures every sample as 1 where this rank's MPI started without UCX's memory hooks
+_HOOKS_SPEC = ("import os\n\ndef hooks_off(batch):\n"
+               "    return [int(os.environ.get('UCX_MEM_EVENTS') == 'no')] * batch.num_rows\n")
+
+
+@pytest.mark.parametrize("ranks", [None, pytest.param(2, marks=pytest.mark.mpi)])
+def test_a_job_on_one_node_starts_mpi_without_memory_hooks(tmp_path, text_dataset, ranks):
+    from support import read_manifest, run_sortpack
+
+    files, _ = text_dataset
+    (tmp_path / "sp_hooks_spec.py").write_text(_HOOKS_SPEC)
+    env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", "UCX_MEM_EVENTS": ""}
+    run_sortpack(["analyze", *files, "-o", tmp_path / "m", "--column", "text", "--size",
+                  "python:sp_hooks_spec:hooks_off", "--quiet"], ranks=ranks, env=env)
+    stats = read_manifest(tmp_path / "m")["stats"]
+    assert stats["size_min"] == stats["size_max"] == 1
