@@ -95,34 +95,39 @@ def set_tokenizer_threads(ranks_on_node: int) -> None:
 
 
 def skip_pandas(argv: list[str] | None) -> None:
-    """Keep pyarrow from importing pandas in this process, unless a python: SPEC may want it.
+    """Keep pyarrow from importing pandas and cloudpickle in this process, unless a python: SPEC may want them.
 
     pyarrow imports pandas, when it is installed, on its first ``pa.array`` (to recognise
-    pandas objects): about 0.2 s per rank, a third of a small job's fixed cost. The CLI
-    never hands pyarrow pandas objects, so pyarrow's first check runs while pandas cannot
-    be imported. pyarrow 26 still converts to and from pandas once the user imports it;
-    a ``python:MODULE:FUNC`` job is left alone all the same, in case another version does not.
+    pandas objects): about 0.2 s per rank, a third of a small job's fixed cost; and
+    ``cloudpickle`` at ``import pyarrow`` (to pickle Python objects it serialises, stdlib
+    ``pickle`` without it): about 8 ms of CPU. The CLI never hands pyarrow such objects, so
+    pyarrow loads and makes its first array while they cannot be imported. pyarrow 26 still
+    converts to and from pandas once the user imports it; a ``python:MODULE:FUNC`` job is
+    left alone all the same, in case another version does not.
     """
     args = sys.argv[1:] if argv is None else list(argv)
     if "pandas" in sys.modules or any("python:" in str(a) for a in args):
         return
     if not args or {"--help", "-h", "--version"} & set(map(str, args)):  # no job: do not load pyarrow for it
         return
-    blocker = _NoPandas()
+    blocker = _Unimportable(("pandas", "cloudpickle"))
     sys.meta_path.insert(0, blocker)
     try:
         import pyarrow as pa
 
-        pa.array([0])  # pyarrow's pandas shim tries the import now and remembers the answer
+        pa.array([0])  # pyarrow's pandas shim tries pandas now and remembers the answer
     finally:
-        sys.meta_path.remove(blocker)  # the user's own code can still import pandas
+        sys.meta_path.remove(blocker)  # the user's own code can still import them
 
 
-class _NoPandas:
-    """A meta path finder under which ``import pandas`` fails, as if it were not installed."""
+class _Unimportable:
+    """A meta path finder under which ``import NAME`` of the given packages fails, as if they were not installed."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = frozenset(names)
 
     def find_spec(self, name, path=None, target=None):
-        """Raise ModuleNotFoundError for pandas; return None (not found here) for anything else."""
-        if name == "pandas" or name.startswith("pandas."):
+        """Raise ModuleNotFoundError for the packages (and their modules); return None (not found here) otherwise."""
+        if name.partition(".")[0] in self.names:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
