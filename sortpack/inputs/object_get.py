@@ -153,8 +153,11 @@ def get_small(setup: Setup, bucket: str, key: str, limit: int, timeout: float) -
         try:
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
+            if int(resp.getheader("Content-Length") or 0) > limit:  # a server that ignored the Range
+                _drop(setup.scheme, host)
+                return None
             body = resp.read()
-        except (OSError, http.client.HTTPException):
+        except (OSError, ValueError, http.client.HTTPException):
             _drop(setup.scheme, host)
             if attempt:
                 _off.add(setup)
