@@ -53,13 +53,14 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 def url_scheme(path: str) -> str | None:
     """Return the scheme of ``path`` when it is a URL (``s3``, ``gs``...), else None."""
-    m = _URL.match(str(path))
+    m = _URL.match(path if isinstance(path, str) else str(path))
     return m.group(1).lower() if m else None
 
 
 def is_url(path: str) -> bool:
     """Return whether ``path`` names an object in an object store (``s3://`` or ``gs://``)."""
-    return url_scheme(path) in SCHEMES
+    # asked about every object at every step: a listed one answers without a regex
+    return isinstance(path, Listed) or url_scheme(path) in SCHEMES
 
 
 def check_scheme(path: str) -> None:

@@ -436,3 +436,21 @@ def test_without_keys_in_the_environment_a_small_object_costs_one_head_and_one_g
     assert a["content_hash"] == b["content_hash"]
     assert a["provenance"]["source_etags"] == b["provenance"]["source_etags"]
     assert a["provenance"]["source_mtime_ns"] == b["provenance"]["source_mtime_ns"]
+
+
+def test_an_object_named_by_its_url_costs_the_head_that_finds_it_and_one_get(s3_env, tmp_path):
+    import pickle
+
+    from sortpack.inputs import objects
+
+    server = s3_env
+    _tiny_objects(server, tmp_path, "tiny3", 2)
+    mark = server.log_mark()
+    (found,) = expand_inputs(["s3://tiny3/p/001.jsonl"])
+    assert isinstance(found.path, objects.Listed) and found.path.size == (tmp_path / "in" / "001.jsonl").stat().st_size
+    again = pickle.loads(pickle.dumps(found.path))  # as the paths travel to the other ranks
+    assert (again, again.size, again.mtime_ns) == (found.path, found.path.size, found.path.mtime_ns)
+    info = objects.head(again)
+    assert objects.read_all(again).to_pybytes() == (tmp_path / "in" / "001.jsonl").read_bytes()
+    assert [m for m, p in server.requests_since(mark) if p.startswith("/tiny3/p/001")] == ["HEAD", "GET"]
+    assert info.etag == server.client().head_object(Bucket="tiny3", Key="p/001.jsonl")["ETag"].strip('"')
