@@ -15,7 +15,7 @@ manifest. Timeouts and retries are bounded so that an unreachable endpoint fails
 seconds, not minutes: ``SORTPACK_OBJECT_TIMEOUT`` (seconds per connect and request,
 default 30) and ``SORTPACK_OBJECT_RETRIES`` (attempts per request, default 3).
 
-Requests: an object found by a listing carries the listing's size and time (``Listed``). A
+Requests: an object found by a listing carries the listing's size (``Listed``). A
 listed S3 object below ``WHOLE_BYTES`` is read whole with one signed GET whose headers give
 its ETag (``object_get``: static keys in the environment); any other object is opened with
 one HEAD (its size, ETag and Last-Modified) and, when small, read whole with one GET. A small
@@ -154,22 +154,21 @@ def is_request_error(exc: BaseException) -> bool:
 
 
 class Listed(str):
-    """An object's URL that remembers what its listing said: its size and last-modified time.
+    """An object's URL that remembers the size its listing (or the HEAD that found it) gave.
 
-    Discovery returns these; they travel with the paths to every rank (pickled with both
-    fields), so opening a small one needs no HEAD. Everywhere else it is the URL string.
+    Discovery returns these; they travel with the paths to every rank (pickled with the
+    size), so opening a small one needs no HEAD. Everywhere else it is the URL string.
     """
 
     size: int
-    mtime_ns: int | None
 
-    def __new__(cls, url: str, size: int, mtime_ns: int | None) -> Listed:
+    def __new__(cls, url: str, size: int) -> Listed:
         self = super().__new__(cls, url)
-        self.size, self.mtime_ns = int(size), mtime_ns
+        self.size = int(size)
         return self
 
     def __reduce__(self) -> tuple:
-        return Listed, (str(self), self.size, self.mtime_ns)
+        return Listed, (str(self), self.size)
 
 
 class ObjectInfo(NamedTuple):
@@ -328,14 +327,14 @@ def lookup(url: str) -> tuple[str, str]:
     except (OSError, pa.ArrowException) as exc:
         raise object_error(url, exc) from None
     if info.type == pafs.FileType.File:
-        return "file", Listed(url, info.size or 0, info.mtime_ns)
+        return "file", Listed(url, info.size or 0)
     if info.type == pafs.FileType.Directory:
         return "prefix", url
     return "missing", url
 
 
 def list_objects(url: str) -> list[tuple[Listed, int]]:
-    """Return the URL (with its listed size and time) and size of every object below prefix ``url``, in key order."""
+    """Return the URL (with its listed size) and size of every object below prefix ``url``, in sorted key order."""
     import pyarrow.fs as pafs
 
     fs, path = filesystem(url)
@@ -344,8 +343,8 @@ def list_objects(url: str) -> list[tuple[Listed, int]]:
         infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     except (OSError, pa.ArrowException) as exc:
         raise object_error(url, exc) from None
-    found = sorted((i.path, int(i.size or 0), i.mtime_ns) for i in infos if i.type == pafs.FileType.File)
-    return [(Listed(join_url(scheme, p), n, t), n) for p, n, t in found]
+    found = sorted((i.path, int(i.size or 0)) for i in infos if i.type == pafs.FileType.File)
+    return [(Listed(join_url(scheme, p), n), n) for p, n in found]
 
 
 def open_input(path: str) -> pa.NativeFile:
