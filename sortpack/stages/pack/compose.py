@@ -138,8 +138,10 @@ def exchange_heavy(rooms: np.ndarray, targets: np.ndarray, order: np.ndarray, sp
     heavy row (above ``HEAVY`` times the mean) swap with one or two of one lighter row of
     about their room (``_pair_rounds``); then what is still above ``SUBSET_HEAVY`` swaps one
     sample for any subset of a light row's samples of its room, or moves it to a row with room
-    to spare (``_subset_rounds``). Each exchange is the one that brings the larger of its two
-    rows' targets lowest; each round is vectorised over all heavy rows or their partners.
+    to spare (``_subset_rounds``); last, the rows below ``SUBSET_LIGHT`` times the mean take the
+    subsets of most targets the same way. Each exchange is the one that brings the larger of its
+    two rows' targets lowest (the smaller highest, for the light rows); each round is vectorised
+    over all heavy rows or their partners.
     """
     n_rows = len(splits) - 1
     if n_rows < 2 or not targets.any():
