@@ -186,7 +186,7 @@ def _megatron(plan: str, budget: int, values: np.ndarray, offsets: np.ndarray, s
 BLOCK = 32  # micro-batches per timed block: about a millisecond of PlanLoader's (a preemption-free stretch)
 
 
-def _blocks(blocks) -> list[tuple[float, float]]:
+def _timed_blocks(blocks) -> list[tuple[float, float]]:
     """Return (wall, CPU) seconds of each call of ``blocks`` (callables, run one after another)."""
     out = []
     clock, cpu = time.perf_counter, time.process_time
@@ -205,7 +205,7 @@ def _iterated(it, n: int) -> list[tuple[float, float]]:
     def block(k: int):
         return lambda: deque(islice(it, k), maxlen=0)  # no Python per item: each batch dropped as it comes
 
-    got = _blocks(block(min(BLOCK, n - k)) for k in range(0, n, BLOCK))
+    got = _timed_blocks(block(min(BLOCK, n - k)) for k in range(0, n, BLOCK))
     deque(it, maxlen=0)  # the iterator's end (a loader's clean-up) outside the timing
     return got
 
@@ -242,7 +242,7 @@ def measure(plan: str, budget: int, rounds: int) -> dict:
     numpy_blocks = [plain[k:k + BLOCK] for k in range(0, n, BLOCK)]
 
     def numpy_loop() -> list:
-        return _blocks((lambda b=b: numpy_block(b)) for b in numpy_blocks)
+        return _timed_blocks((lambda b=b: numpy_block(b)) for b in numpy_blocks)
 
     # dataset, sampler and loader are built once, as a training job does: the loops time the epoch alone
     def inline(collate):
