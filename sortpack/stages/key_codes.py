@@ -35,15 +35,29 @@ class KeyCodec:
         return np.where(top, raw ^ np.uint64(1 << 63), ~raw).view(np.float64)
 
 
-def encode_keys(comm: Comm, values: np.ndarray, descending: bool) -> tuple[np.ndarray, KeyCodec]:
-    """Return (fresh uint64 codes whose order is the values' order, their codec)."""
+def encode_keys(comm: Comm, values: np.ndarray, descending: bool, out: np.ndarray | None = None
+                ) -> tuple[np.ndarray, KeyCodec]:
+    """Return (uint64 codes whose order is the values' order, their codec).
+
+    The codes are fresh, or the first ``len(values)`` of ``out`` (uint64, C-contiguous, at least
+    that long): a buffer the caller sized for what follows (the sort receives into it).
+    """
+    n = len(values)
+    if out is None:
+        codes = np.empty(n, np.uint64)
+    elif out.dtype != np.uint64 or out.ndim != 1 or len(out) < n or not out.flags.c_contiguous:
+        raise ValueError("encode_keys: out must be C-contiguous uint64 of at least len(values)")
+    else:
+        codes = out[:n]
     is_float = values.dtype.kind == "f"
     if is_float:
         # IEEE order: flip every bit of negatives, only the sign bit of the rest
-        bits = values.astype(np.float64, copy=False).view(np.uint64)
-        codes = np.where((bits >> np.uint64(63)).astype(bool), ~bits, bits | np.uint64(1 << 63))
+        floats = values.astype(np.float64, copy=False)
+        bits = floats.view(np.uint64)
+        np.bitwise_or(bits, np.uint64(1 << 63), out=codes)
+        np.invert(bits, out=codes, where=np.signbit(floats))
     else:
-        codes = values.astype(np.uint64)
+        np.copyto(codes, values, casting="unsafe")  # as values.astype(np.uint64), into the codes' memory
     if descending:
         np.invert(codes, out=codes)
     lo = comm.allreduce(np.array([codes.min() if codes.size else np.iinfo(np.uint64).max], np.uint64), "min")[0]
@@ -53,6 +67,7 @@ def encode_keys(comm: Comm, values: np.ndarray, descending: bool) -> tuple[np.nd
 
 
 FIELDS = ("id", "key", "stage", "group")  # from the low bits up
+_ID_BLOCK = 1 << 19  # ids packed per block (4 MiB of arange)
 
 
 @dataclass(frozen=True)
@@ -118,7 +133,10 @@ class KeyLayout:
         if group is not None:
             _or_groups(codes, group, self.shift("group"))
         if first_id is not None:
-            codes |= np.arange(first_id, first_id + len(codes), dtype=np.uint64)
+            # the ids in blocks: a few MB of arange at a time instead of a fresh array as large as the codes
+            for a in range(0, len(codes), _ID_BLOCK):
+                block = codes[a:a + _ID_BLOCK]
+                block |= np.arange(first_id + a, first_id + a + len(block), dtype=np.uint64)
         elif ids is not None:
             codes |= ids.astype(np.int64, copy=False).view(np.uint64)
         return codes
@@ -140,9 +158,17 @@ class KeyLayout:
             out["id"] = out["id"].view(np.int64)
         return out
 
-    def strip_ids(self, codes: np.ndarray) -> tuple[np.ndarray, KeyLayout]:
-        """Return (the ids, the layout without them), shifting the ids out of ``codes`` in place."""
-        ids = self.field(codes, "id").view(np.int64)
+    def strip_ids(self, codes: np.ndarray, into: np.ndarray | None = None) -> tuple[np.ndarray, KeyLayout]:
+        """Return (the ids, the layout without them), shifting the ids out of ``codes`` in place.
+
+        ``into`` (uint64, C-contiguous, not overlapping ``codes``): memory the caller is done with
+        that the ids are written to when it is long enough (else they are a new array).
+        """
+        n = len(codes)
+        if into is not None and into.dtype == np.uint64 and len(into) >= n and into.flags.c_contiguous:
+            ids = np.bitwise_and(codes, self.mask("id"), out=into[:n]).view(np.int64)
+        else:
+            ids = self.field(codes, "id").view(np.int64)
         codes >>= np.uint64(self.id_bits)
         return ids, self.with_ids(0)
 

@@ -60,6 +60,7 @@ class _Keys:
     layout: KeyLayout
     stage: np.ndarray | None = None
     group: np.ndarray | None = None
+    room: np.ndarray | None = None  # the buffer the codes are the start of (``SortHints.room``)
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,9 @@ def _sort_by(comm: Comm, keys: _Keys, rows: _Rows, contiguous: bool, targets: np
         codes = packed.pack_into(keys.codes, stage=keys.stage, group=keys.group, ids=ids,
                                  first_id=start if ids is None else None)
         phase("keys")
-        hints = SortHints((start, packed) if contiguous else None, targets)
+        hints = SortHints((start, packed) if contiguous else None, targets, keys.room)
         out = sample_sort(comm, codes, None, rows.payload, hints)
-        out_ids, _ = packed.strip_ids(out.hi)
+        out_ids, _ = packed.strip_ids(out.hi, into=out.spare)
         return SortedKeys(out_ids, out.hi, out.payload)
     codes = layout.pack_into(keys.codes, stage=keys.stage, group=keys.group)
     ids = np.arange(start, start + len(codes), dtype=np.int64) if ids is None else ids.astype(np.int64, copy=False)
@@ -221,13 +222,17 @@ def _sort_plain(comm: Comm, samples: SampleColumns, groups: np.ndarray | None, f
     if free_input:
         # the ids are start + arange(n): free them before the codes are made, which then take their memory
         samples.sample_id, ids_in = np.zeros(0, np.int64), None
-    codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending)
+    # the codes' buffer holds this rank's whole target range: the sort receives into it (no fresh array)
+    mine = int(facts.targets[comm.rank + 1] - facts.targets[comm.rank])
+    room = np.empty(max(len(samples.size), mine), np.uint64)
+    codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending, out=room)
     layout = _group_layout(codec, facts.group_bits)
     if free_input:
         # the keys are in the codes: free the input now
         samples.clear()
-    out = _sort_by(comm, _Keys(codes, layout, group=groups), _Rows(samples.start, samples.total, ids_in, payload),
-                   facts.contiguous, facts.targets)
+    out = _sort_by(comm, _Keys(codes, layout, group=groups, room=room),
+                   _Rows(samples.start, samples.total, ids_in, payload), facts.contiguous, facts.targets)
+    del room
     del ids_in
     ids, codes, payload = out.ids, out.codes, out.payload
     del out

@@ -33,6 +33,22 @@ def test_alltoallv_delivers_in_rank_order(comm, max_count):
             comm.max_count = 2**31 - 1
 
 
+@pytest.mark.parametrize("skip_self", [False, True])
+def test_alltoallv_receives_into_the_callers_memory(comm, skip_self):
+    p, r = comm.size, comm.rank
+    counts = np.array([(r + d) % 3 + 1 for d in range(p)], dtype=np.int64)
+    send = np.concatenate([np.full(c, r * 1000 + d, np.int64) for d, c in enumerate(counts)])
+    blocks = [np.full((s + r) % 3 + 1, s * 1000 + r, np.int64) for s in range(p)]
+    out = np.full(sum(len(b) for b in blocks), -1, np.int64)
+    got = comm.alltoallv(send, counts, out=out, skip_self=skip_self)
+    assert got is out  # no new array
+    if skip_self:  # this rank's own block is left as it was: the caller reads it where it lies
+        blocks[r] = np.full(len(blocks[r]), -1, np.int64)
+    assert np.array_equal(got, np.concatenate(blocks))
+    with pytest.raises(ValueError, match="out must be"):
+        comm.alltoallv(send, counts, out=np.zeros(len(out) + 1, np.int64))
+
+
 def test_scans_and_gathers(comm):
     p, r = comm.size, comm.rank
     assert comm.exscan(r + 1) == sum(range(1, r + 1))
