@@ -118,9 +118,15 @@ def _sort_by(comm: Comm, keys: _Keys, rows: _Rows, contiguous: bool, targets: np
 def _is_contiguous(comm: Comm, samples: SampleColumns) -> bool:
     """Return whether every rank's ids are ``start + arange(n)`` (then positions come from ids)."""
     ids, n = samples.sample_id, len(samples.sample_id)
-    ok = n == 0 or (int(ids[0]) == samples.start and int(ids[-1]) == samples.start + n - 1
-                    and bool(np.all(ids[1:] > ids[:-1])))
+    ok = n == 0 or (int(ids[0]) == samples.start and int(ids[-1]) == samples.start + n - 1 and _rising(ids))
     return bool(comm.allreduce(int(ok), "min"))
+
+
+def _rising(ids: np.ndarray, block: int = 1 << 20) -> bool:
+    """Return whether ``ids`` strictly rise, a block at a time (no mask as long as the ids)."""
+    last = len(ids) - 1  # pairs (i, i + 1) for i below it
+    return all(bool(np.all(ids[a + 1:min(a + block, last) + 1] > ids[a:min(a + block, last)]))
+               for a in range(0, last, block))
 
 
 def _is_same(comm: Comm, samples: SampleColumns) -> bool:
