@@ -56,18 +56,29 @@ def encode_keys(comm: Comm, values: np.ndarray, descending: bool, out: np.ndarra
         bits = floats.view(np.uint64)
         np.bitwise_or(bits, np.uint64(1 << 63), out=codes)
         np.invert(bits, out=codes, where=np.signbit(floats))
+        if descending:
+            np.invert(codes, out=codes)
+        low, high = (int(codes.min()), int(codes.max())) if n else (_U64_MAX, 0)
     else:
-        np.copyto(codes, values, casting="unsafe")  # as values.astype(np.uint64), into the codes' memory
-    if descending:
-        np.invert(codes, out=codes)
-    lo = comm.allreduce(np.array([codes.min() if codes.size else np.iinfo(np.uint64).max], np.uint64), "min")[0]
-    codes -= lo
-    hi = comm.allreduce(np.array([codes.max() if codes.size else 0], np.uint64), "max")[0]
-    return codes, KeyCodec(int(lo), descending, is_float, int(hi).bit_length())
+        low, high = _U64_MAX, 0
+        # a block at a time: the copy (as values.astype(np.uint64)), the flip and the extremes in one sweep
+        for a in range(0, n, _ID_BLOCK):
+            block = codes[a:a + _ID_BLOCK]
+            np.copyto(block, values[a:a + _ID_BLOCK], casting="unsafe")
+            if descending:
+                np.invert(block, out=block)
+            low, high = min(low, int(block.min())), max(high, int(block.max()))
+    # one reduction for both extremes: the least code and the complement of the largest
+    lo, top = (int(v) for v in comm.allreduce(np.array([low, _U64_MAX - high], np.uint64), "min"))
+    codes -= np.uint64(lo)
+    span = max(_U64_MAX - top - lo, 0)  # the largest code less the least (0 when no rank has one)
+    return codes, KeyCodec(lo, descending, is_float, span.bit_length())
+
 
 
 FIELDS = ("id", "key", "stage", "group")  # from the low bits up
-_ID_BLOCK = 1 << 19  # ids packed per block (4 MiB of arange)
+_ID_BLOCK = 1 << 19  # codes made and ids packed per block (4 MiB, in cache)
+_U64_MAX = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -126,18 +137,21 @@ class KeyLayout:
 
         Packing in place bounds memory on large ranks: no second array of codes.
         """
-        if self.id_bits:
-            codes <<= np.uint64(self.id_bits)
+        shift = np.uint64(self.id_bits)
+        if first_id is not None:
+            # a block at a time: the shift and the ids in one sweep, a few MB of arange at a time
+            for a in range(0, len(codes), _ID_BLOCK):
+                block = codes[a:a + _ID_BLOCK]
+                if self.id_bits:
+                    block <<= shift
+                block |= np.arange(first_id + a, first_id + a + len(block), dtype=np.uint64)
+        elif self.id_bits:
+            codes <<= shift
         if stage is not None:
             codes |= stage.astype(np.uint64) << np.uint64(self.shift("stage"))
         if group is not None:
             _or_groups(codes, group, self.shift("group"))
-        if first_id is not None:
-            # the ids in blocks: a few MB of arange at a time instead of a fresh array as large as the codes
-            for a in range(0, len(codes), _ID_BLOCK):
-                block = codes[a:a + _ID_BLOCK]
-                block |= np.arange(first_id + a, first_id + a + len(block), dtype=np.uint64)
-        elif ids is not None:
+        if first_id is None and ids is not None:
             codes |= ids.astype(np.int64, copy=False).view(np.uint64)
         return codes
 

@@ -115,8 +115,8 @@ def test_ids_packed_in_blocks_are_the_ids(monkeypatch):
     assert np.array_equal(got, (key << np.uint64(5)) | np.arange(7, 17, dtype=np.uint64))
 
 
-def _codes_as_before(values: np.ndarray, descending: bool) -> np.ndarray:
-    """Return the uint64 codes as encode_keys made them in new arrays (the reference for ``out=``)."""
+def _codes_as_before(values: np.ndarray, descending: bool) -> tuple[np.ndarray, int, int]:
+    """Return (the uint64 codes, their offset, their bits) as encode_keys made them in whole-array steps."""
     if values.dtype.kind == "f":
         bits = values.astype(np.float64, copy=False).view(np.uint64)
         codes = np.where((bits >> np.uint64(63)).astype(bool), ~bits, bits | np.uint64(1 << 63))
@@ -124,7 +124,10 @@ def _codes_as_before(values: np.ndarray, descending: bool) -> np.ndarray:
         codes = values.astype(np.uint64)
     if descending:
         codes = ~codes
-    return codes - codes.min() if len(codes) else codes
+    if not len(codes):
+        return codes, 2**64 - 1, 0
+    lo = int(codes.min())
+    return codes - np.uint64(lo), lo, int((codes - np.uint64(lo)).max()).bit_length()
 
 
 @settings(max_examples=150, deadline=None)
@@ -139,12 +142,27 @@ def test_codes_in_the_callers_buffer_are_the_codes(ints, floats, kind, descendin
     else:
         with np.errstate(over="ignore"):
             values = np.array(floats, dtype=kind)
-    want = _codes_as_before(values, descending)
+    want, offset, bits = _codes_as_before(values, descending)
     out = np.full(len(values) + extra, 5, np.uint64)
     got, codec = encode_keys(SerialComm(), values, descending, out=out)
     assert np.array_equal(got, want) and (np.shares_memory(got, out) or len(values) == 0)
+    assert (codec.offset, codec.bits, codec.descending) == (offset, bits, descending)
     assert np.all(out[len(values):] == 5)
     fresh, same = encode_keys(SerialComm(), values, descending)
     assert np.array_equal(fresh, want) and same == codec
     if len(values) and kind.startswith("int"):
         assert np.array_equal(codec.decode(got.copy()), values.astype(np.int64))
+
+
+def test_codes_made_in_blocks_are_the_codes(monkeypatch):
+    monkeypatch.setattr(key_codes, "_ID_BLOCK", 4)  # several blocks, a short last one
+    values = np.array([7, 3, 9, 3, 12, 5, 8, 1, 4, 11], np.int64)
+    for descending in (False, True):
+        want, offset, bits = _codes_as_before(values, descending)
+        got, codec = encode_keys(SerialComm(), values.copy(), descending)
+        assert np.array_equal(got, want) and (codec.offset, codec.bits) == (offset, bits)
+    layout = KeyLayout(4, stage_bits=2, id_bits=4)
+    stage = np.arange(10) % 3
+    packed = layout.pack(np.arange(10, dtype=np.uint64) % 16, stage=stage, first_id=3)
+    assert np.array_equal(layout.unpack(packed)["id"], np.arange(3, 13))
+    assert np.array_equal(layout.unpack(packed)["stage"], stage)
