@@ -179,12 +179,15 @@ class KeyLayout:
         that the ids are written to when it is long enough (else they are a new array).
         """
         n = len(codes)
-        if into is not None and into.dtype == np.uint64 and len(into) >= n and into.flags.c_contiguous:
-            ids = np.bitwise_and(codes, self.mask("id"), out=into[:n]).view(np.int64)
-        else:
-            ids = self.field(codes, "id").view(np.int64)
-        codes >>= np.uint64(self.id_bits)
-        return ids, self.with_ids(0)
+        fits = into is not None and into.dtype == np.uint64 and len(into) >= n and into.flags.c_contiguous
+        ids = into[:n] if fits and into is not None else np.empty(n, np.uint64)
+        mask, shift = self.mask("id"), np.uint64(self.id_bits)
+        # a block at a time: the ids out and the shift in one sweep over the codes
+        for a in range(0, n, _ID_BLOCK):
+            block = codes[a:a + _ID_BLOCK]
+            np.bitwise_and(block, mask, out=ids[a:a + _ID_BLOCK])
+            block >>= shift
+        return ids.view(np.int64), self.with_ids(0)
 
     def sorted_groups(self, codes: np.ndarray) -> np.ndarray:
         """Return the group of each of ``codes`` sorted ascending, as int16 (groups are runs: no shift per code)."""

@@ -166,3 +166,6 @@ def test_codes_made_in_blocks_are_the_codes(monkeypatch):
     packed = layout.pack(np.arange(10, dtype=np.uint64) % 16, stage=stage, first_id=3)
     assert np.array_equal(layout.unpack(packed)["id"], np.arange(3, 13))
     assert np.array_equal(layout.unpack(packed)["stage"], stage)
+    ids, keyed = layout.strip_ids(packed)  # in blocks too, the ids out and the shift in one sweep
+    assert ids.tolist() == list(range(3, 13)) and keyed == KeyLayout(4, stage_bits=2)
+    assert np.array_equal(keyed.unpack(packed)["stage"], stage)
