@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 15
+#define SP_ABI_VERSION 17
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -1161,6 +1161,84 @@ SP_API int64_t sp_merge_two_in_place(uint64_t *buf, int64_t na, int64_t nb, cons
     while (i >= 0 && j >= 0) buf[w--] = (b[j] < a[i]) ? a[i--] : b[j--];
     while (j >= 0) buf[w--] = b[j--];
     return 0; /* what is left of a is in place */
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Rows composed by their targets: groups of equal-size slots (one per row at most) take   */
+/* their samples, most targets first, in the order of their rows' targets elsewhere,       */
+/* fewest first (ties: fewer sample index, earlier position), group after group, sweeps    */
+/* times. grouped: positions by group; bounds: n_bounds + 1 group starts; scratch: 7 * the */
+/* largest group. The same as compose.compose_rows' numpy loop.                             */
+static void sp_sort_by2(int64_t *idx, int64_t m, const int64_t *k1, const int64_t *k2, int64_t *tmp) {
+    for (int64_t i = 0; i < m; i++) idx[i] = i;
+    for (int64_t width = 1; width < m; width *= 2) { /* bottom-up merge sort: stable */
+        for (int64_t lo = 0; lo < m; lo += 2 * width) {
+            int64_t mid = lo + width < m ? lo + width : m, hi = lo + 2 * width < m ? lo + 2 * width : m;
+            int64_t i = lo, j = mid, w = lo;
+            while (i < mid && j < hi) {
+                int64_t a = idx[i], b = idx[j];
+                int take_b = k1[b] < k1[a] || (k1[b] == k1[a] && k2[b] < k2[a]);
+                tmp[w++] = take_b ? idx[j++] : idx[i++];
+            }
+            while (i < mid) tmp[w++] = idx[i++];
+            while (j < hi) tmp[w++] = idx[j++];
+        }
+        memcpy(idx, tmp, (size_t)m * sizeof(int64_t));
+    }
+}
+
+SP_API int64_t sp_compose_groups(int64_t *slot, const int64_t *row, const int64_t *targets, int64_t *total,
+                                 const int64_t *grouped, const int64_t *bounds, int64_t n_bounds, int64_t sweeps,
+                                 int64_t *scratch) {
+    if (n_bounds < 0 || sweeps < 0) return -3;
+    for (int64_t sweep = 0; sweep < sweeps; sweep++) {
+        for (int64_t g = 0; g < n_bounds; g++) {
+            int64_t a = bounds[g], m = bounds[g + 1] - a;
+            if (m < 2) continue;
+            int64_t *negt = scratch, *held = scratch + m, *rest = scratch + 2 * m, *at = scratch + 3 * m;
+            int64_t *by_s = scratch + 4 * m, *by_p = scratch + 5 * m, *tmp = scratch + 6 * m;
+            for (int64_t i = 0; i < m; i++) {
+                at[i] = grouped[a + i];
+                held[i] = slot[at[i]];
+                negt[i] = -targets[held[i]];
+                rest[i] = total[row[at[i]]] - targets[held[i]];
+            }
+            sp_sort_by2(by_s, m, negt, held, tmp);
+            sp_sort_by2(by_p, m, rest, at, tmp);
+            for (int64_t k = 0; k < m; k++) {
+                int64_t p = by_p[k], s = held[by_s[k]];
+                slot[at[p]] = s;
+                total[row[at[p]]] = rest[p] + targets[s];
+            }
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* The fewest targets of a subset of each row's samples whose rooms sum to exactly s, for  */
+/* s in [0, top]: a 0/1 knapsack per row. rooms, targets: (n, k) row-major, room 0 = no    */
+/* sample; out: (n, top + 1), none where no subset has that room.                          */
+SP_API int64_t sp_min_subsets(const int64_t *rooms, const int64_t *targets, int64_t n, int64_t k, int64_t top,
+                              int64_t none, int64_t *out) {
+    if (n < 0 || k < 0 || top < 0) return -3;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t *f = out + i * (top + 1);
+        f[0] = 0;
+        for (int64_t s = 1; s <= top; s++) f[s] = none;
+        int64_t reach = 0; /* the largest room any subset so far has */
+        for (int64_t j = 0; j < k; j++) {
+            int64_t r = rooms[i * k + j], t = targets[i * k + j];
+            if (r <= 0 || r > top) continue;
+            int64_t hi = reach + r < top ? reach + r : top;
+            for (int64_t s = hi; s >= r; s--) { /* downwards: each sample once */
+                int64_t c = f[s - r];
+                if (c != none && c + t < f[s]) f[s] = c + t;
+            }
+            reach = hi;
+        }
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------ */

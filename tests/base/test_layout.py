@@ -141,8 +141,9 @@ def test_a_mixture_is_one_stage_package():
     assert "analyze" not in _calls(PKG / "pipeline" / "mixture.py"), "pipeline/mixture.py analyzes: stages/mixture's"
 
 
-# the pack stage: what fits, how to cut, the entry; the arrays the cut builds and balance reorders; balance
-PACK_MODULES = {"__init__", "fits", "cut", "microbatches", "packed", "balance"}
+# the pack stage: what fits, how to cut, the entry; the arrays the cut builds and balance reorders; balance;
+# the rows composed by their targets (compose)
+PACK_MODULES = {"__init__", "fits", "cut", "microbatches", "packed", "balance", "compose"}
 
 
 def test_the_pack_stage_is_what_fits_how_to_cut_and_the_entry():

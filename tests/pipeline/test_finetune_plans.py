@@ -215,25 +215,25 @@ def test_a_labels_column_is_cut_with_its_ids(tmp_path):
 
 @pytest.mark.slow
 def test_balance_targets_evens_what_trains_in_every_step_at_64_ranks(tmp_path):
-    """Chats whose prompts and answers vary apart: rows of 1024 tokens hold 1-3 of them, so the rows' targets vary."""
+    """100k chats whose prompts and answers vary apart, in rows of 4096: measured and sorted once, packed twice."""
     from benchmarks.bench_sft import make_chats, make_tokenizer
 
     tokenizer, config = make_tokenizer(tmp_path / "tok")
-    chats = make_chats(tmp_path / "chats", 20_000, seed=1, files=2)
+    chats = make_chats(tmp_path / "chats", 100_000, seed=1, files=4)
+    run_sortpack(["run", *chats, "-o", tmp_path / "first", "--chat-template", config, "--tokenizer", tokenizer,
+                  "--rows", "4096", "--oversize", "skip", "--keep-intermediate", "--quiet"], ranks=2, timeout=600)
     reports = {}
     for balance in ("none", "targets"):
         out = tmp_path / balance
-        run_sortpack(["run", *chats, "-o", out, "--chat-template", config, "--tokenizer", tokenizer, "--rows", "1024",
-                      "--oversize", "skip", "--balance", balance, "--quiet"], timeout=600)
+        run_sortpack(["pack", tmp_path / "first.sorted", "-o", out, "--rows", "4096", "--oversize", "skip",
+                      "--balance", balance, "--quiet"], timeout=600)
         reports[balance] = json.loads(run_sortpack(["inspect", out, "--json", "--world-size", "64"]).stdout)
     default, balanced = reports["none"]["targets_imbalance"], reports["targets"]["targets_imbalance"]
-    assert default["max"] >= 2.0 and default["weighted"] >= 1.3
-    # any 64 consecutive rows carry nearly the same targets: the steps' sum of maxima is within 10% of their mean's
-    assert balanced["weighted"] <= 1.10 and balanced["p50"] <= 1.05
-    # rows composed by their targets and a circular order: no step far off, the short last one included (sorted
-    # alone: p99 1.63, max 2.38; the highest row alone carries 2.35x the mean, 1.44x the mean of the highest 64)
-    assert balanced["p99"] <= 1.3 and balanced["max"] <= 1.6
-    # the same rows, in another order: padding and fill unchanged
+    assert default["p99"] >= 2.0 and default["weighted"] >= 1.3
+    # rows composed by their targets (equal sizes swapped, then samples of other sizes exchanged within the room
+    # rows have free) and a circular order: the issue's 1.10 with room to spare (measured 1.040, max 1.066)
+    assert balanced["p99"] <= 1.08 and balanced["max"] <= 1.15 and balanced["weighted"] <= 1.01
+    # the same number of rows of 4096, the same tokens and targets: padding and fill unchanged
     assert reports["targets"]["fill"] == reports["none"]["fill"]
     assert reports["targets"]["targets"] == reports["none"]["targets"]
 

@@ -147,82 +147,6 @@ def targets_order(comm: Comm, packed: Packed, targets: np.ndarray) -> Packed:
     return _order_by(comm, ordered, np.floor(where * float(1 << 47)).astype(np.uint64))
 
 
-_REVERSED_BYTES = np.array([int(f"{i:08b}"[::-1], 2) for i in range(256)], dtype=np.uint32)
-
-
-def _bit_reversed(i: np.ndarray) -> np.ndarray:
-    """Return each non-negative integer under 2^32 with its 32 bits reversed (the van der Corput order)."""
-    u = i.astype(np.uint32)
-    b = _REVERSED_BYTES
-    return (b[u & 255] << 24) | (b[(u >> 8) & 255] << 16) | (b[(u >> 16) & 255] << 8) | b[u >> 24]
-
-
-def _classes(values: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return (each element's rank in its run of equal ``values`` along ``order``, where each run starts)."""
-    v = values[order]
-    n = len(v)
-    starts = np.flatnonzero(np.concatenate(([True], v[1:] != v[:-1]))) if n else np.zeros(0, np.int64)
-    lengths = np.diff(np.concatenate((starts, [n])))
-    return np.arange(n, dtype=np.int64) - np.repeat(starts, lengths), starts
-
-
-def targets_spread(sizes: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """Return a permutation of one row window's samples that spreads each size's targets along it.
-
-    The samples of one size keep the positions that size had, and take them in the van der
-    Corput order of their targets (the most, then the median, the quartiles, ...): best fit,
-    which sees only sizes, packs the same rows, and a row that takes several samples of one
-    size (consecutive there) gets a spread of their targets rather than the extremes.
-    """
-    n = len(sizes)
-    at = np.lexsort((np.arange(n), sizes))  # the positions of each size, in order
-    by_targets = np.lexsort((np.arange(n), -targets, sizes))  # each size's samples, most targets first
-    rank, _ = _classes(sizes, by_targets)
-    spread = by_targets[np.lexsort((_bit_reversed(rank), sizes[by_targets]))]
-    perm = np.empty(n, dtype=np.int64)
-    perm[at] = spread
-    return perm
-
-
-def compose_rows(sizes: np.ndarray, targets: np.ndarray, order: np.ndarray, splits: np.ndarray,
-                 sweeps: int = 2) -> np.ndarray:
-    """Return ``order`` (rows ``order[splits[r]:splits[r+1]]`` of one window) with samples of equal size
-    exchanged between rows so that every row's targets come near the window's mean.
-
-    Rows keep their sizes exactly (the same fill, padding and shapes): only which sample of a
-    size sits in which of that size's slots changes. Slots are grouped by (size, how many slots
-    of that size its row already has before it); each group holds a row at most once, so giving
-    the group's samples, most targets first, to its rows, fewest targets elsewhere first, is the
-    best exchange for that group given the rest (the sum of squares of the rows' targets never
-    grows). ``sweeps`` passes over the groups, largest sizes first; each group is one vectorised
-    step. Samples in each row end in their window order.
-    """
-    n_rows = len(splits) - 1
-    row = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(splits))
-    slot = order.astype(np.int64, copy=True)
-    size = sizes[slot]
-    by_row = np.lexsort((np.arange(len(slot)), row, -size))  # slots by size (largest first), row, position
-    nth, _ = _classes(size[by_row] * (n_rows + 1) + row[by_row], np.arange(len(slot)))
-    grouped = by_row[np.lexsort((nth, -size[by_row]))]  # by (size, nth), rows ascending inside each group
-    key = np.empty(len(slot), np.int64)
-    key[by_row] = nth
-    g = size[grouped] * (len(slot) + 1) + key[grouped]
-    bounds = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1], [True]))) if len(g) else np.zeros(1, np.int64)
-    groups = [(a, b) for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()) if b - a > 1]
-    total = np.bincount(row, targets[slot], minlength=n_rows).astype(np.int64) if len(slot) else np.zeros(0, np.int64)
-    for _ in range(sweeps if targets.any() else 0):
-        for a, b in groups:
-            at = grouped[a:b]
-            r = row[at]
-            held = slot[at]
-            rest = total[r] - targets[held]
-            samples = held[np.lexsort((held, -targets[held]))]
-            to = np.lexsort((at, rest))
-            slot[at[to]] = samples
-            total[r[to]] = rest[to] + targets[samples]
-    return slot[np.lexsort((slot, row))]
-
-
 def fetch_microbatches(comm: Comm, packed: Packed, first: int, wanted: np.ndarray) -> Packed:
     """Return the micro-batches of global numbers ``wanted`` (this rank packed ``[first, first + M)``), collective."""
     mb = packed.batches
@@ -254,4 +178,3 @@ def fetch_microbatches(comm: Comm, packed: Packed, first: int, wanted: np.ndarra
     return Packed(flat["sample_ids"], flat["keys"], flat["stage"], batches, packed.info, row_sizes,
                   flat.get("begin"), flat.get("end"), packed.shapes, flat.get("sizes"),
                   measures_in(flat))
-

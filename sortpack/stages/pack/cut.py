@@ -19,7 +19,7 @@ from ...partition import deal_windows, owner_starts
 from ...progress import Display, Progress
 from ..samples import SampleColumns, measures_in, with_measures
 from ..shapes import choose_shapes
-from .balance import compose_rows, targets_spread
+from .compose import compose_rows, exchange_heavy, targets_spread
 from .fits import apply_oversize, budget_of, oversize_mask
 from .packed import BatchArrays, Packed, key_values, plain_batches, same_shape_groups, segment_reduce, static_batches
 
@@ -220,12 +220,15 @@ def composed_rows(sizes: np.ndarray, room: np.ndarray, targets: np.ndarray, opts
     """Return (order, row_splits) of one window's rows composed by their targets (``--balance targets``).
 
     The rows best fit packs (the same sizes in each), with the samples of each size placed so
-    that every row's targets come near the window's mean (``balance.targets_spread`` and
-    ``balance.compose_rows``); the samples of a row in window order.
+    that every row's targets come near the window's mean (``compose``); the samples of a row in
+    window order.
     """
     spread = targets_spread(sizes, targets)
     order, row_splits = window_rows(room[spread], None, opts)
-    order = spread[compose_rows(sizes[spread], targets[spread], order, row_splits)]
+    order = compose_rows(sizes[spread], targets[spread], order, row_splits)
+    order, row_splits = exchange_heavy(room[spread], targets[spread], order, row_splits,
+                                       (opts.rows, opts.max_segments))
+    order = spread[order]
     row = np.repeat(np.arange(len(row_splits) - 1, dtype=np.int64), np.diff(row_splits))
     return order[np.lexsort((order, row))], row_splits
 
@@ -250,7 +253,7 @@ def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -
     rows_done = 0
     prog = Progress("pack", len(sizes), "rows")
     size2 = win.measures.get("size2") if opts.max_size2 else None
-    # --balance targets: rows composed so that each carries about the same targets (balance.compose_rows)
+    # --balance targets: rows composed so that each carries about the same targets (compose.py)
     targets = win.measures.get("targets") if opts.balance == "targets" and size2 is None else None
     for a, b in zip(win.starts, win.ends):
         if targets is None:
