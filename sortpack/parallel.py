@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -90,6 +91,7 @@ class Comm:
         Call it after local work that may fail on some ranks only: all ranks then
         leave together with the same message instead of hanging in the next collective.
         """
+        self.barrier()  # after local work ranks arrive apart: the first ones wait without spinning
         messages = self.allgather_obj(None if error is None else one_line(error))
         for msg in messages:
             if msg is not None:
@@ -184,7 +186,7 @@ class MPIComm(Comm):
         return 0 if self.rank == 0 or out is None else int(out)
 
     def barrier(self):
-        self._c.Barrier()
+        _wait_sleeping(self._c.Ibarrier())
 
     def node_size(self):
         node = self._c.Split_type(self._MPI.COMM_TYPE_SHARED)
@@ -268,6 +270,19 @@ class MPIComm(Comm):
         finally:
             etype.Free()
         return out
+
+
+def _wait_sleeping(request) -> None:
+    """Wait for a non-blocking MPI request, sleeping between tests (10 us, doubling up to 1 ms).
+
+    A rank that reaches a collective first gives its core away instead of spinning in MPI's
+    progress loop: on a node shared with other jobs (or more ranks than cores) the ranks still
+    working get it. The cost is at most a millisecond after the last rank arrives.
+    """
+    delay = 1e-5
+    while not request.Test():
+        time.sleep(delay)
+        delay = min(delay * 2, 1e-3)
 
 
 def _receive_buffer(out: np.ndarray, dtype: np.dtype, n: int) -> np.ndarray:

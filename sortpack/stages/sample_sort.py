@@ -212,6 +212,7 @@ def _sort_id_ordered_keys(comm: Comm, hi: np.ndarray, layout: KeyLayout, hints: 
     phase("local sort")
     if comm.size == 1:
         return SortedRecords(hi, None, {}, spare=free)
+    comm.barrier()  # ranks finish their local sort apart: the first ones wait without spinning
     cuts = exact_cuts(comm, hi, targets) if targets is not None else _sample_cuts(comm, hi, None)
     send = np.diff(cuts)
     recv = comm.exchange_counts(send)

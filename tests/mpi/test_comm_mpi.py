@@ -1,9 +1,12 @@
 """Collectives of the job's communicator; runs at 1 rank in-process and at 2-4 under mpiexec."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
+from sortpack import parallel
 from sortpack.errors import SortpackError
 from sortpack.parallel import get_comm
 
@@ -64,3 +67,29 @@ def test_check_raises_the_same_error_everywhere(comm):
         comm.check(err)
     assert info.value.collective
     comm.check(None)
+
+
+def test_a_rank_that_arrives_first_waits_asleep(comm, monkeypatch):
+    # the first ranks at a barrier sleep between tests of the request (growing naps, at most 1 ms)
+    if comm.size > 1:
+        late = 0.2 if comm.rank == 0 else 0.0
+        time.sleep(late)  # rank 0 comes late: the others wait for it
+        started = time.process_time()
+        t0 = time.perf_counter()
+        comm.barrier()
+        waited, cpu = time.perf_counter() - t0, time.process_time() - started
+        if comm.rank != 0 and waited > 0.1:
+            assert cpu < 0.5 * waited  # asleep, not spinning in MPI's progress loop
+    naps = []
+
+    class Request:
+        def __init__(self):
+            self.tests = 0
+
+        def Test(self):
+            self.tests += 1
+            return self.tests > 12
+
+    monkeypatch.setattr(parallel.time, "sleep", naps.append)
+    parallel._wait_sleeping(Request())
+    assert len(naps) == 12 and naps[0] == 1e-5 and max(naps) == 1e-3 and naps == sorted(naps)
