@@ -13,10 +13,14 @@ uploads). Interleaved over rounds, best of each kept, measured in the same run:
   sampler's ``shuffle`` order, rank 0 of 2, rows as Python objects, ``cache_units=4``), reading
   the local files, the objects, and the objects with ``Prefetched(sampler, dataset=ds)``;
 - ``tiny`` (``--only tiny``): a prefix of tiny JSONL objects (1,000 at small scale, 10,000 at
-  full) analyzed at 2 ranks: the whole command's wall time and the requests per object counted
-  in the server's log, against the server's floor in the same run (one HEAD and one GET of
-  every object from 16 threads of one process, what any pyarrow client pays). Goal: two
-  requests per object, 10,000 objects under 30 s.
+  full) analyzed at 2 ranks: the whole command's wall and CPU time, the server's CPU during it
+  and the requests per object counted in the server's log, against the server's floors in the
+  same run (one process reading every object from 16 threads: a HEAD and a GET each, what a
+  pyarrow client pays, and one signed GET each, what sortpack pays for a listed small object).
+  ``--code OLD --code NEW --rounds 2`` times checkouts alternated. Goal: one request per
+  object, 10,000 objects under 30 s.
+
+    PYTHONPATH=$PWD python -m benchmarks.bench_objects --only tiny --scale full --code /old/checkout --code .
 
 A local server has no network latency: the figures are the cost of going through HTTP, the
 S3 client and pyarrow's ranged reads, a lower bound of what a remote store costs.
@@ -126,17 +130,32 @@ class Server:
         self.log.unlink(missing_ok=True)
 
 
-def _cli(args: list[str], ranks: int, env: dict, timeout: float = 1200) -> float:
-    """Run ``sortpack ARGS`` under ``mpiexec -n ranks``; return its wall seconds."""
+def _cli(args: list[str], ranks: int, env: dict, timeout: float = 1200, code: Path = ROOT) -> float:
+    """Run ``sortpack ARGS`` of checkout ``code`` under ``mpiexec -n ranks``; return its wall seconds."""
+    return _cli_timed(args, ranks, env, timeout, code)[0]
+
+
+def _cli_timed(args: list[str], ranks: int, env: dict, timeout: float = 1200, code: Path = ROOT) -> tuple[float, float]:
+    """Run ``sortpack ARGS`` of checkout ``code`` under ``mpiexec -n ranks``; return its wall and CPU seconds.
+
+    The CPU is user + system of every process the command started (the ranks), from the
+    children's resource usage.
+    """
+    import resource
+
     from .runner import bench_env, mpiexec
 
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "sortpack", *args]
+    base = bench_env()
+    base["PYTHONPATH"] = os.pathsep.join([str(code), base["PYTHONPATH"]])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env={**bench_env(), **env}, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(cmd, cwd=code, env={**base, **env}, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
-    return time.perf_counter() - t0
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def _read_worker(args: dict) -> dict:
@@ -212,31 +231,64 @@ def measure(scale: str, ranks: list[int], workdir: Path) -> list[dict]:
     return rows
 
 
-def _floor(prefix: str, urls_n: int, env: dict) -> float:
-    """Return the seconds one process takes to HEAD and GET every object below ``prefix`` from 16 threads."""
+_FLOOR = """
+import os, sys, time
+from concurrent.futures import ThreadPoolExecutor
+import pyarrow.fs as fs
+from sortpack.inputs import object_get
+e = os.environ["AWS_ENDPOINT_URL"]
+s3 = fs.S3FileSystem(endpoint_override=e, scheme="http", region="us-east-1")
+p = sys.argv[1][len("s3://"):]
+infos = s3.get_file_info(fs.FileSelector(p, recursive=True))
+setup = object_get.setup_from_env("us-east-1")
+if sys.argv[2] == "2":  # what pyarrow's filesystem costs: a HEAD and a GET
+    one = lambda i: s3.open_input_file(i.path).read_buffer().size
+else:  # one signed GET, as sortpack reads a listed small object
+    one = lambda i: object_get.get_small(setup, *i.path.split("/", 1), 1 << 20, 30.0).size
+cpu, t = time.process_time(), time.perf_counter()
+with ThreadPoolExecutor(16) as pool:
+    n = sum(pool.map(one, infos))
+print(time.perf_counter() - t, time.process_time() - cpu, len(infos))
+"""
+
+
+def _floor(prefix: str, urls_n: int, env: dict, requests: int) -> tuple[float, float]:
+    """Return the wall and CPU seconds one process takes to read every object below ``prefix`` from 16 threads.
+
+    ``requests`` 2: pyarrow's HEAD and GET of each; 1: one signed GET of each (``inputs.object_get``).
+    """
     from .runner import bench_env
 
-    code = ("import os, sys, time; from concurrent.futures import ThreadPoolExecutor; import pyarrow.fs as fs; "
-            "e = os.environ['AWS_ENDPOINT_URL']; s3 = fs.S3FileSystem(endpoint_override=e, scheme='http', "
-            "region='us-east-1'); p = sys.argv[1][len('s3://'):]; "
-            "keys = [i.path for i in s3.get_file_info(fs.FileSelector(p, recursive=True))]; t = time.perf_counter(); "
-            "one = lambda k: s3.open_input_file(k).read_buffer().size; "
-            "n = sum(ThreadPoolExecutor(16).map(one, keys)); print(time.perf_counter() - t, len(keys))")
-    proc = subprocess.run([sys.executable, "-c", code, prefix], env={**bench_env(), **env}, capture_output=True,
-                          text=True, timeout=1200)
+    proc = subprocess.run([sys.executable, "-c", _FLOOR, prefix, str(requests)], env={**bench_env(), **env},
+                          capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         raise RuntimeError(f"floor worker failed\n{proc.stderr[-2000:]}")
-    secs_, n = proc.stdout.split()
+    wall, cpu, n = proc.stdout.split()
     assert int(n) == urls_n, (n, urls_n)
-    return float(secs_)
+    return float(wall), float(cpu)
 
 
-def measure_tiny(scale: str, workdir: Path, ranks: int = 2) -> dict:
-    """Return the tiny-objects figure: sortpack's whole analyze at ``ranks``, requests per object, the floor."""
+def _cpu_of(pid: int) -> float:
+    """Return the user + system CPU seconds process ``pid`` used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_tiny(scale: str, workdir: Path, ranks: int = 2, codes: list[Path] | None = None,
+                 rounds: int = 1) -> dict:
+    """Return the tiny-objects figures: each checkout's whole analyze at ``ranks`` and the server's floors.
+
+    Per checkout (``codes``, alternated over ``rounds``, best wall kept): the wall and CPU of
+    the whole command, the server's CPU during it, the requests per object in the server's log.
+    The floors, measured in the same run: one process reading every object from 16 threads,
+    with two requests each (pyarrow: HEAD, GET) and with one (a signed GET).
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     n = SCALES[scale]["tiny"]
+    codes = codes or [ROOT]
     server = Server()
+    out: dict = {"objects": n, "ranks": ranks, "runs": {}}
     try:
         client = server.client()
         client.create_bucket(Bucket="tiny")
@@ -247,17 +299,28 @@ def measure_tiny(scale: str, workdir: Path, ranks: int = 2) -> dict:
 
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(put, range(n)))
-        load = os.getloadavg()[0]
-        floor = _floor("s3://tiny/p/", n, server.env)
-        mark = server.log.stat().st_size
-        wall = _cli(["analyze", "s3://tiny/p/", "-o", str(workdir / "tiny"), "--overwrite", "--quiet"], ranks,
-                    server.env)
-        reqs = [r for r in server.requests_since(mark) if r[1].startswith("/tiny/p/")]
+        out["load"] = os.getloadavg()[0]
+        for requests in (2, 1):
+            cpu0 = _cpu_of(server.proc.pid)
+            wall, cpu = _floor("s3://tiny/p/", n, server.env, requests)
+            out[f"floor{requests}"] = {"wall": wall, "cpu": cpu, "server_cpu": _cpu_of(server.proc.pid) - cpu0}
+        for _ in range(rounds):
+            for code in codes:
+                mark = server.log.stat().st_size
+                cpu0 = _cpu_of(server.proc.pid)
+                wall, cpu = _cli_timed(["analyze", "s3://tiny/p/", "-o", str(workdir / "tiny"), "--overwrite",
+                                        "--quiet"], ranks, server.env, code=code)
+                server_cpu = _cpu_of(server.proc.pid) - cpu0
+                reqs = [r for r in server.requests_since(mark) if r[1].startswith("/tiny/p/")]
+                run = {"wall": wall, "cpu": cpu, "server_cpu": server_cpu, "per_object": len(reqs) / n,
+                       "heads": sum(m == "HEAD" for m, _ in reqs) / n, "gets": sum(m == "GET" for m, _ in reqs) / n,
+                       "load": os.getloadavg()[0]}
+                best = out["runs"].get(str(code))
+                if best is None or run["wall"] < best["wall"]:
+                    out["runs"][str(code)] = run
     finally:
         server.stop()
-    return {"objects": n, "ranks": ranks, "wall": wall, "floor": floor, "per_object": len(reqs) / n,
-            "heads": sum(m == "HEAD" for m, _ in reqs) / n, "gets": sum(m == "GET" for m, _ in reqs) / n,
-            "load": load}
+    return out
 
 
 def bench(ctx) -> list:
@@ -267,12 +330,13 @@ def bench(ctx) -> list:
     ctx.log("objects: writing Parquet files, starting moto's S3 server, uploading")
     rows = []
     t = measure_tiny(ctx.scale_name, ROOT / "benchmarks" / "_work" / "objects")
+    run, f1 = t["runs"][str(ROOT)], t["floor1"]
     rows.append(Row("objects", f"analyze a prefix of {t['objects']:,} tiny JSONL objects (whole command)", t["ranks"],
-                    secs(t["wall"]), f"server floor (HEAD+GET each, 16 threads): {secs(t['floor'])}",
-                    f"{t['wall'] / t['floor']:.2f}× floor", f"< {TINY_GOAL_S:g} s at 10,000",
-                    t["wall"] < TINY_GOAL_S if t["objects"] >= 10_000 else None,
-                    f"{t['per_object']:.2f} requests per object ({t['heads']:.2f} HEAD, {t['gets']:.2f} GET); "
-                    f"load {t['load']:.1f}"))
+                    secs(run["wall"]), f"server floor (one GET each, 16 threads): {secs(f1['wall'])}",
+                    f"{run['wall'] / f1['wall']:.2f}× floor", f"< {TINY_GOAL_S:g} s at 10,000",
+                    run["wall"] < TINY_GOAL_S if t["objects"] >= 10_000 else None,
+                    f"{run['per_object']:.2f} requests per object ({run['heads']:.2f} HEAD, {run['gets']:.2f} GET); "
+                    f"CPU {run['cpu']:.1f} s, server {run['server_cpu']:.1f} s; load {t['load']:.1f}"))
     for r in measure(ctx.scale_name, list(ctx.ranks), ROOT / "benchmarks" / "_work" / "objects"):
         if r["unit"] == "s":
             rows.append(Row("objects", r["what"] + ": s3:// vs local", r["ranks"], secs(r["s3"]),
@@ -291,15 +355,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", default="1,2")
     ap.add_argument("--workdir", default=str(ROOT / "benchmarks" / "_work" / "objects"))
     ap.add_argument("--only", choices=["tiny", "files"], help="one part only")
+    ap.add_argument("--code", action="append", type=Path,
+                    help="tiny: a checkout to time (repeatable, alternated over --rounds; default: this one)")
+    ap.add_argument("--rounds", type=int, default=1, help="tiny: rounds over the checkouts (best wall kept)")
     args = ap.parse_args(argv)
     ranks = [int(x) for x in args.ranks.split(",") if x]
     os.environ.setdefault("PYTHONPATH", str(ROOT))
     if args.only in (None, "tiny"):
-        t = measure_tiny(args.scale, Path(args.workdir))
-        print(f"analyze of {t['objects']:,} tiny JSONL objects at {t['ranks']} ranks: {t['wall']:.2f} s whole command "
-              f"(goal < {TINY_GOAL_S:g} s at 10,000); server floor, one HEAD and one GET of each from 16 threads: "
-              f"{t['floor']:.2f} s ({t['wall'] / t['floor']:.2f}x); {t['per_object']:.2f} requests per object "
-              f"({t['heads']:.2f} HEAD, {t['gets']:.2f} GET); load {t['load']:.1f} on {os.cpu_count()} cores")
+        codes = [c.resolve() for c in args.code or [ROOT]]
+        t = measure_tiny(args.scale, Path(args.workdir), codes=codes, rounds=args.rounds)
+        print(f"{t['objects']:,} tiny JSONL objects below one prefix, moto on 127.0.0.1, {os.cpu_count()} cores, "
+              f"load {t['load']:.1f} at the start; goal < {TINY_GOAL_S:g} s at 10,000 and 2 ranks")
+        for k, what in ((2, "HEAD + GET of each (pyarrow)"), (1, "one signed GET of each")):
+            f = t[f"floor{k}"]
+            print(f"  server floor, {what}, 16 threads of one process: {f['wall']:.2f} s wall "
+                  f"(client CPU {f['cpu']:.2f} s, server CPU {f['server_cpu']:.2f} s)")
+        for code, run in t["runs"].items():
+            print(f"  sortpack analyze at {t['ranks']} ranks, {code}: {run['wall']:.2f} s wall "
+                  f"({run['wall'] / t['floor1']['wall']:.2f}x the one-GET floor), CPU of the ranks {run['cpu']:.2f} s, "
+                  f"server CPU {run['server_cpu']:.2f} s; {run['per_object']:.2f} requests per object "
+                  f"({run['heads']:.2f} HEAD, {run['gets']:.2f} GET); load {run['load']:.1f}")
         if args.only == "tiny":
             return 0
     rows = measure(args.scale, ranks, Path(args.workdir))

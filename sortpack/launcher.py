@@ -89,6 +89,31 @@ def launcher_size() -> tuple[int, str | None]:
     return (1, None) if launch is None else (launch.size, launch.size_var)
 
 
+# (size variable, the variable giving how many of those ranks share this node) per launcher that sets both
+_ON_NODE = {"PMI_SIZE": "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_SIZE": "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "MV2_COMM_WORLD_SIZE": "MV2_COMM_WORLD_LOCAL_SIZE"}
+
+
+def on_one_node() -> bool:
+    """Return whether the launcher's environment says every rank of the job runs on this node (True without one).
+
+    False where it does not say (a launcher without a per-node count, Slurm over several nodes)
+    or a variable does not parse (``launcher`` reports that later, where the job starts).
+    """
+    try:
+        launch = launcher()
+        if launch is None:
+            return True  # a plain process: a job of one rank
+        if launch.size == 1:
+            return True
+        if launch.size_var.startswith("SLURM"):
+            return env_count("SLURM_STEP_NUM_NODES", 1) == 1
+        local_var = _ON_NODE.get(launch.size_var)
+        return local_var is not None and env_count(local_var, 1) == launch.size
+    except LauncherError:
+        return False
+
+
 def printing_rank() -> int:
     """Return the rank that the launcher's first well-formed pair of variables gives (0 when none does).
 

@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> None:
     # before the imports of a job's start-up: a Ctrl-C there is one line too, not a traceback per rank
     termination.install()
     if argv is None:  # this process's own command line (not a call from Python): before numpy's first array
+        startup.pause_gc()  # until the job starts (cli.job)
         startup.keep_freed_memory()
+        startup.skip_memory_hooks()  # before MPI loads
     startup.skip_pandas(argv)
     try:
         cli.main(args=argv, prog_name="sortpack", standalone_mode=False)

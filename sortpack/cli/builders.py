@@ -65,7 +65,6 @@ def make_holdout(kw: dict, mixture: bool = False) -> HoldoutRequest | None:
     """
     from ..permutation import check_seed
     from ..pipeline.dataset import HoldoutRequest
-    from ..stages.holdout import parse_holdout
 
     value, seed = kw.pop("holdout"), kw.pop("holdout_seed")
     try:
@@ -75,6 +74,8 @@ def make_holdout(kw: dict, mixture: bool = False) -> HoldoutRequest | None:
             if seed is not None and not mixture:
                 raise SortpackError("--holdout-seed applies to a held-out plan (--holdout N|FRACTION)")
             return None if seed is None else HoldoutRequest(None, seed)
+        from ..stages.holdout import parse_holdout  # with --holdout only
+
         return HoldoutRequest(parse_holdout(value), seed)
     except SortpackError as exc:
         raise SortpackError(str(exc), collective=True) from None

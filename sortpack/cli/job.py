@@ -13,7 +13,7 @@ import click
 from ..errors import SortpackError, one_line
 from ..launcher import printing_rank
 from .printing import echo_err, fail, holdout_note, oversize_note, profile_table, summary_line
-from .startup import set_threads, set_tokenizer_threads
+from .startup import resume_gc, set_threads, set_tokenizer_threads
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ def on_one_rank(fn: Callable[[], Any]) -> tuple[Any, bool]:
     failure aborts the job.
     """
     comm = _job_comm()
+    resume_gc()  # what loaded the libraries is frozen: the command's own objects are collected
     outcome: tuple[str, Any] = ("ok", None)
     if comm.is_root():
         try:
@@ -122,6 +123,7 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
         def body():
             result["manifest"] = fn(comm, job, out, **kw)
 
+        resume_gc()  # what loaded the libraries is frozen: the job's own objects are collected
         code = run_guarded(comm, body, echo_err)
         if code:
             sys.exit(code)

@@ -1,12 +1,14 @@
-"""What the CLI sets up before a job: one thread per rank, Arrow's pools, no pandas behind pyarrow, and the memory
-a job frees kept for its next arrays."""
+"""What the CLI sets up before a job: one thread per rank, Arrow's pools, no pandas behind pyarrow, no UCX memory
+hooks on one node, no garbage collection while it loads, and the memory a job frees kept for its next arrays."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import sys
 
 from ..env import env_text
+from ..launcher import on_one_node
 
 # One thread per rank is the HPC norm (ranks = cores); set before numpy loads BLAS.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -39,6 +41,49 @@ def keep_freed_memory() -> bool:
         return False
     mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)  # the largest the int allows: the heap's top is never returned
     return True
+
+
+def skip_memory_hooks() -> bool:
+    """Start MPI without UCX's memory hooks (``UCX_MEM_EVENTS=no``) where the job runs on one node, unless
+    ``UCX_MEM_EVENTS`` is set; return whether this call set it.
+
+    An MPI built on UCX (the pip ``mpich`` wheel, Open MPI's UCX layer) patches the process's
+    memory functions when it starts: about 40 ms of CPU per rank here, a sixth of start-up. The
+    hooks tell UCX's caches of registered memory (network RDMA) that memory was freed; without
+    them UCX keeps no such cache and registers a buffer per transfer. Ranks on one node talk
+    through MPI's shared memory, so only jobs over several nodes (or whose launcher does not
+    say) keep the hooks.
+    """
+    if os.environ.get("UCX_MEM_EVENTS", "").strip() or not on_one_node():  # set empty: unset, as a shell clears it
+        return False
+    os.environ["UCX_MEM_EVENTS"] = "no"
+    return True
+
+
+_gc_paused = False  # pause_gc switched the collector off: resume_gc switches it back on
+
+
+def pause_gc() -> None:
+    """Switch Python's cyclic garbage collector off while the command line loads its libraries (if it is on).
+
+    Loading numpy, pyarrow, MPI and sortpack makes a few hundred thousand objects that live as
+    long as the process; the collector walks them again and again while they are made, and
+    every full collection of the job walks them all: about 4% of a small run's instructions.
+    """
+    global _gc_paused
+    if gc.isenabled():
+        gc.disable()
+        _gc_paused = True
+
+
+def resume_gc() -> None:
+    """Move every object made so far out of the collector's reach (``gc.freeze``) and switch it back on, where
+    ``pause_gc`` switched it off: the job's own objects are collected as usual."""
+    global _gc_paused
+    if _gc_paused:
+        gc.freeze()
+        gc.enable()
+        _gc_paused = False
 
 
 def set_threads(threads: int) -> None:
@@ -77,34 +122,39 @@ def set_tokenizer_threads(ranks_on_node: int) -> None:
 
 
 def skip_pandas(argv: list[str] | None) -> None:
-    """Keep pyarrow from importing pandas in this process, unless a python: SPEC may want it.
+    """Keep pyarrow from importing pandas and cloudpickle in this process, unless a python: SPEC may want them.
 
     pyarrow imports pandas, when it is installed, on its first ``pa.array`` (to recognise
-    pandas objects): about 0.2 s per rank, a third of a small job's fixed cost. The CLI
-    never hands pyarrow pandas objects, so pyarrow's first check runs while pandas cannot
-    be imported. pyarrow 26 still converts to and from pandas once the user imports it;
-    a ``python:MODULE:FUNC`` job is left alone all the same, in case another version does not.
+    pandas objects): about 0.2 s per rank, a third of a small job's fixed cost; and
+    ``cloudpickle`` at ``import pyarrow`` (to pickle Python objects it serialises, stdlib
+    ``pickle`` without it): about 8 ms of CPU. The CLI never hands pyarrow such objects, so
+    pyarrow loads and makes its first array while they cannot be imported. pyarrow 26 still
+    converts to and from pandas once the user imports it; a ``python:MODULE:FUNC`` job is
+    left alone all the same, in case another version does not.
     """
     args = sys.argv[1:] if argv is None else list(argv)
     if "pandas" in sys.modules or any("python:" in str(a) for a in args):
         return
     if not args or {"--help", "-h", "--version"} & set(map(str, args)):  # no job: do not load pyarrow for it
         return
-    blocker = _NoPandas()
+    blocker = _Unimportable(("pandas", "cloudpickle"))
     sys.meta_path.insert(0, blocker)
     try:
         import pyarrow as pa
 
-        pa.array([0])  # pyarrow's pandas shim tries the import now and remembers the answer
+        pa.array([0])  # pyarrow's pandas shim tries pandas now and remembers the answer
     finally:
-        sys.meta_path.remove(blocker)  # the user's own code can still import pandas
+        sys.meta_path.remove(blocker)  # the user's own code can still import them
 
 
-class _NoPandas:
-    """A meta path finder under which ``import pandas`` fails, as if it were not installed."""
+class _Unimportable:
+    """A meta path finder under which ``import NAME`` of the given packages fails, as if they were not installed."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = frozenset(names)
 
     def find_spec(self, name, path=None, target=None):
-        """Raise ModuleNotFoundError for pandas; return None (not found here) for anything else."""
-        if name == "pandas" or name.startswith("pandas."):
+        """Raise ModuleNotFoundError for the packages (and their modules); return None (not found here) otherwise."""
+        if name.partition(".")[0] in self.names:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None

@@ -114,19 +114,19 @@ def _expand_url(url: str, input_format: str) -> list[tuple[str, str]]:
         matches = objects.glob_objects(url)
         if not matches:
             raise SortpackError(f"{url}: no object matches this pattern")
-        found = []
+        found: list[tuple[str, str]] = []
         for u, _ in matches:
             fmt = format_of(u, input_format)
             if fmt is None:
                 raise SortpackError(f"{u}: cannot tell the format from the extension (use --input-format)")
             found.append((u, fmt))
         return found
-    what = objects.kind(url)
+    what, found_url = objects.lookup(url)
     if what == "file":
         fmt = format_of(url, input_format)
         if fmt is None:
             raise SortpackError(f"{url}: cannot tell the format from the extension (use --input-format)")
-        return [(url, fmt)]
+        return [(found_url, fmt)]
     if what == "missing":
         raise SortpackError(f"{url}: no such object or prefix")
     base = url.rstrip("/")

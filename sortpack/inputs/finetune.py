@@ -529,27 +529,46 @@ def recorded_shape(options: dict, tokenizer: str | None, chat_template: str | No
 
     fine_tune = options.get("fine_tune") or {}
     if fine_tune.get("shape") == "labels":
-        return FineTuneShape("labels", column=options.get("column") or "input_ids",
-                             labels_column=fine_tune["labels_column"])
+        return shape_of_record(options, None, None, why)
     recorded = options.get("tokenizer")
     if not tokenizer:
         raise SortpackError(f"{why} needs --tokenizer (the tokenizer.json the plan was measured with"
                             f"{f': {recorded}' if recorded else ''})")
-    if recorded and Path(tokenizer).name != recorded:
-        raise SortpackError(f"--tokenizer {tokenizer}: the plan was measured with {recorded!r}")
-    loaded = load_tokenizer(tokenizer, "--tokenizer")
-    if fine_tune.get("shape") == "chat":
-        if not chat_template:
+    check_recorded_file("--tokenizer", tokenizer, recorded, "the plan was measured with")
+    return shape_of_record(options, load_tokenizer(tokenizer, "--tokenizer"), chat_template, why)
+
+
+def check_recorded_file(option: str, given: str, recorded: str | None, what: str) -> None:
+    """Raise SortpackError unless ``given`` has the file name a manifest recorded (``recorded``; None: anything)."""
+    if recorded and Path(given).name != Path(recorded).name:
+        raise SortpackError(f"{option} {given}: {what} {Path(recorded).name!r}")
+
+
+def shape_of_record(options: dict, tokenizer: Any, chat_template: str | None, why: str | None) -> FineTuneShape:
+    """Return the ``FineTuneShape`` of a plan's recorded analyze options with ``tokenizer`` (loaded) and the chat
+    template at ``chat_template`` (checked by name against the plan's).
+
+    ``why`` names what needs the chat template when a job renders the chats again (None: it may
+    be missing, as in ``run``, whose ids come from analyze's own rendering).
+    """
+    fine_tune = options.get("fine_tune") or {}
+    shape = fine_tune.get("shape")
+    if shape == "labels":
+        return FineTuneShape("labels", column=options.get("column") or "input_ids",
+                             labels_column=fine_tune["labels_column"])
+    if shape == "chat":
+        template = None
+        if chat_template:
+            check_recorded_file("--chat-template", chat_template, fine_tune.get("chat_template"),
+                                "the plan's chats were rendered with")
+            template = load_chat_template(chat_template)
+        elif why is not None:
             raise SortpackError(f"{why} needs --chat-template (the template the chats were rendered with: "
                                 f"{fine_tune.get('chat_template')})")
-        if Path(chat_template).name != fine_tune.get("chat_template"):
-            raise SortpackError(f"--chat-template {chat_template}: the plan's chats were rendered with "
-                                f"{fine_tune.get('chat_template')!r}")
-        return FineTuneShape("chat", column=options.get("column") or "messages", tokenizer=loaded,
-                             template=load_chat_template(chat_template),
-                             train_on=tuple(fine_tune.get("train_on") or DEFAULT_TRAIN_ON))
-    return FineTuneShape("prompt_completion", prompt_column=fine_tune["prompt_column"],
-                         completion_column=fine_tune["completion_column"], tokenizer=loaded)
+        return FineTuneShape("chat", column=options.get("column") or "messages", tokenizer=tokenizer,
+                             template=template, train_on=tuple(fine_tune.get("train_on") or DEFAULT_TRAIN_ON))
+    return FineTuneShape("prompt_completion", prompt_column=fine_tune.get("prompt_column") or "prompt",
+                         completion_column=fine_tune.get("completion_column") or "completion", tokenizer=tokenizer)
 
 
 def read_labels(shape: FineTuneShape, files: list[dict], ids: np.ndarray, sizes: np.ndarray) -> pa.Array:

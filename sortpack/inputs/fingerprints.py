@@ -18,7 +18,7 @@ of ``content_hash``, so the same data gives the same plan wherever it was read f
 local copy, another directory, an ``s3://`` or ``gs://`` object): ``provenance`` holds,
 one per file in ``source.files`` order, ``source_paths`` (the path or URL),
 ``source_mtime_ns`` (the file's mtime, the object's Last-Modified) and, for objects,
-``source_etags`` (S3's ETag or GCS's generation, from one HEAD request). In memory the
+``source_etags`` (S3's ETag or GCS's generation, from the request that opens it). In memory the
 entries carry them as ``path``, ``mtime_ns`` and ``etag``; ``locations.split_locations`` and
 ``locations.with_locations`` move them to and from the provenance when a manifest is written and
 read (a manifest written before keeps ``path`` in its entries, and reads the same).

@@ -375,8 +375,11 @@ def _json_call(fn: Callable[..., Any], src: SourceFile) -> Any:
     """
     block = JSON_BLOCK
     while True:
+        # pyarrow parses blocks in parallel: a file of one block gains nothing from its thread
+        # pool and pays a hand-off per file (milliseconds each on loaded cores, per tiny object)
+        opts = pjson.ReadOptions(block_size=block, use_threads=src.bytes > block)
         try:
-            return fn(_input(src.path), read_options=pjson.ReadOptions(block_size=block))
+            return fn(_input(src.path), read_options=opts)
         except pa.ArrowInvalid as exc:
             if "straddl" not in str(exc) or block > src.bytes:
                 raise
@@ -428,8 +431,9 @@ class CsvFormat(TextFormat):
         if columns is not None:
             _check_columns(src, file_columns(src), columns)
         text = {c: pa.string() for c in text_columns or []}
-        return pcsv.read_csv(_input(src.path), convert_options=pcsv.ConvertOptions(include_columns=columns,
-                                                                            column_types=text))
+        one_block = src.bytes <= pcsv.ReadOptions().block_size  # as JSON: no thread pool for one block
+        return pcsv.read_csv(_input(src.path), read_options=pcsv.ReadOptions(use_threads=not one_block),
+                             convert_options=pcsv.ConvertOptions(include_columns=columns, column_types=text))
 
     def read_error(self, src: SourceFile, exc: Exception) -> str:
         """Return the message for a failed read, naming the first line that is not UTF-8 where that is why."""

@@ -15,11 +15,14 @@ manifest. Timeouts and retries are bounded so that an unreachable endpoint fails
 seconds, not minutes: ``SORTPACK_OBJECT_TIMEOUT`` (seconds per connect and request,
 default 30) and ``SORTPACK_OBJECT_RETRIES`` (attempts per request, default 3).
 
-Requests: opening an object is one HEAD (its size, ETag and Last-Modified). An object below
-``WHOLE_BYTES`` is then read whole with one GET and kept (``_Small``, least recently used
-first out past ``CACHE_BYTES``), so describing, hashing and reading it again cost no
-request: two requests per small object, ``prefetch`` fetching many at once from threads.
-A larger object is read by ranged GETs of what is asked.
+Requests: an object found by a listing carries the listing's size (``Listed``). A
+listed S3 object below ``WHOLE_BYTES`` is read whole with one signed GET whose headers give
+its ETag (``object_get``: static keys in the environment); any other object is opened with
+one HEAD (its size, ETag and Last-Modified) and, when small, read whole with one GET. A small
+object is then kept (``_Small``, least recently used first out past ``CACHE_BYTES``), so
+describing, hashing and reading it again cost no request: one request per listed small
+object, two otherwise, ``prefetch`` fetching many at once from threads. A larger object is
+read by ranged GETs of what is asked.
 
 Every failure becomes one ``SortpackError`` line naming the URL and what went wrong.
 """
@@ -50,13 +53,14 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 def url_scheme(path: str) -> str | None:
     """Return the scheme of ``path`` when it is a URL (``s3``, ``gs``...), else None."""
-    m = _URL.match(str(path))
+    m = _URL.match(path if isinstance(path, str) else str(path))
     return m.group(1).lower() if m else None
 
 
 def is_url(path: str) -> bool:
     """Return whether ``path`` names an object in an object store (``s3://`` or ``gs://``)."""
-    return url_scheme(path) in SCHEMES
+    # asked about every object at every step: a listed one answers without a regex
+    return isinstance(path, Listed) or url_scheme(path) in SCHEMES
 
 
 def check_scheme(path: str) -> None:
@@ -149,8 +153,26 @@ def is_request_error(exc: BaseException) -> bool:
     return isinstance(exc, FileNotFoundError) or any(w in text for w in ("AWS Error", "curl", "GCS", "google"))
 
 
+class Listed(str):
+    """An object's URL that remembers the size its listing (or the HEAD that found it) gave.
+
+    Discovery returns these; they travel with the paths to every rank (pickled with the
+    size), so opening a small one needs no HEAD. Everywhere else it is the URL string.
+    """
+
+    size: int
+
+    def __new__(cls, url: str, size: int) -> Listed:
+        self = super().__new__(cls, url)
+        self.size = int(size)
+        return self
+
+    def __reduce__(self) -> tuple:
+        return Listed, (str(self), self.size)
+
+
 class ObjectInfo(NamedTuple):
-    """What one HEAD of an object says: its size, last-modified time and version tag."""
+    """What opening an object says (its HEAD, or the one GET of a small listed one): size, time, version tag."""
 
     size: int
     mtime_ns: int | None
@@ -207,16 +229,38 @@ class _Small:
 _SMALL = _Small(CACHE_BYTES)
 
 
+def _get_listed(url: Listed, fs: pafs.FileSystem, path: str) -> tuple[ObjectInfo, pa.Buffer] | None:
+    """Return a small listed S3 object's ObjectInfo and bytes from one signed GET, or None (pyarrow's turn)."""
+    if not 0 < url.size <= WHOLE_BYTES or url_scheme(url) != "s3":
+        return None
+    from . import object_get
+
+    setup = object_get.setup_from_env(getattr(fs, "region", None) or "us-east-1")
+    if setup is None:
+        return None
+    bucket, _, key = path.partition("/")
+    got = object_get.get_small(setup, bucket, key, WHOLE_BYTES, float(env_int("SORTPACK_OBJECT_TIMEOUT") or 30))
+    if got is None:
+        return None
+    return ObjectInfo(got.size, _parse_time(got.last_modified), got.etag.strip('"') if got.etag else None), \
+        pa.py_buffer(got.body)
+
+
 def _open(url: str) -> tuple[ObjectInfo, pa.NativeFile]:
     """Return the HEAD of ``url`` and a random-access file over it: its kept bytes, or the store's file.
 
-    An object below WHOLE_BYTES not kept yet costs one HEAD and one GET (the whole object, then
-    kept); a larger one one HEAD, and ranged GETs as it is read.
+    A listed S3 object below WHOLE_BYTES not kept yet costs one GET (``_get_listed``); any other
+    small one one HEAD and one GET (the whole object), then kept; a larger one one HEAD, and
+    ranged GETs as it is read.
     """
     kept = _SMALL.get(url)
     if kept is not None:
         return kept[0], pa.BufferReader(kept[1])
     fs, path = filesystem(url)
+    got = _get_listed(url, fs, path) if isinstance(url, Listed) else None
+    if got is not None:
+        _SMALL.put(url, *got)
+        return got[0], pa.BufferReader(got[1])
     try:
         fh = fs.open_input_file(path)
         info = _info(_meta(fh.metadata()), fh.size())
@@ -231,7 +275,7 @@ def _open(url: str) -> tuple[ObjectInfo, pa.NativeFile]:
 
 
 def head(url: str) -> ObjectInfo:
-    """Return the size, mtime and ETag (or generation) of object ``url`` (one HEAD, none when it is kept)."""
+    """Return the size, mtime and ETag (or generation) of object ``url`` (``_open``'s requests, none when kept)."""
     info, fh = _open(url)
     fh.close()
     return info
@@ -273,8 +317,8 @@ def _parse_time(text: str | None) -> int | None:
     return None
 
 
-def kind(url: str) -> str:
-    """Return ``"file"``, ``"prefix"`` (objects below it) or ``"missing"`` for ``url``."""
+def lookup(url: str) -> tuple[str, str]:
+    """Return ``("file", the URL as Listed)``, ``("prefix", url)`` (objects below it) or ``("missing", url)``."""
     import pyarrow.fs as pafs
 
     fs, path = filesystem(url)
@@ -283,14 +327,14 @@ def kind(url: str) -> str:
     except (OSError, pa.ArrowException) as exc:
         raise object_error(url, exc) from None
     if info.type == pafs.FileType.File:
-        return "file"
+        return "file", Listed(url, info.size or 0)
     if info.type == pafs.FileType.Directory:
-        return "prefix"
-    return "missing"
+        return "prefix", url
+    return "missing", url
 
 
-def list_objects(url: str) -> list[tuple[str, int]]:
-    """Return the URL and size of every object below prefix ``url``, in sorted key order."""
+def list_objects(url: str) -> list[tuple[Listed, int]]:
+    """Return the URL (with its listed size) and size of every object below prefix ``url``, in sorted key order."""
     import pyarrow.fs as pafs
 
     fs, path = filesystem(url)
@@ -299,7 +343,8 @@ def list_objects(url: str) -> list[tuple[str, int]]:
         infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     except (OSError, pa.ArrowException) as exc:
         raise object_error(url, exc) from None
-    return sorted((join_url(scheme, i.path), int(i.size or 0)) for i in infos if i.type == pafs.FileType.File)
+    found = sorted((i.path, int(i.size or 0)) for i in infos if i.type == pafs.FileType.File)
+    return [(Listed(join_url(scheme, p), n), n) for p, n in found]
 
 
 def open_input(path: str) -> pa.NativeFile:
@@ -361,7 +406,7 @@ def glob_regex(pattern: str) -> re.Pattern:
     return re.compile("".join(out) + r"\Z")
 
 
-def glob_objects(url: str) -> list[tuple[str, int]]:
+def glob_objects(url: str) -> list[tuple[Listed, int]]:
     """Return the URL and size of every object whose URL matches glob ``url``, in sorted order (as ``glob.glob``)."""
     scheme, path = split_url(url)
     names = path.split("/")

@@ -11,14 +11,13 @@ stages are ``stages/``, the directories are written by ``write/``.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
-from ..inputs.finetune import FineTuneShape
 from ..inputs.locations import with_locations
 from ..parallel import Comm, fault_point
 from ..stages.analyze import AnalyzeOptions, Keepers, analyze
-from ..stages.holdout import DEFAULT_SEED, Holdout
 from ..stages.pack import PackOptions, refuse_oversize, truncate_length
 from ..stages.plan_options import PlanOptions, measured_options
 from ..stages.samples import SampleColumns
@@ -26,13 +25,19 @@ from ..stages.sort import SortOptions, sort_samples
 from ..stages.split import SPLIT_KINDS, TargetPieces, byte_cuts, split_oversize
 from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo
-from ..write.sample_dirs import read_samples, write_samples
 from ..write.store import StoreOptions
 from .columns import ColumnRequest, read_columns
 from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, split_check, store_for
 from .kept import Measurements
 from .tail import Tail, training_split
 
+if TYPE_CHECKING:
+    from ..inputs.finetune import FineTuneShape
+    from ..stages.holdout import Holdout
+
+# Loaded where used, not with the module: the metrics and sorted directories (``write.sample_dirs``: the
+# analyze, sort and pack commands), a held-out plan (``stages.holdout``), fine-tuning data (``inputs.finetune``).
+# A plain ``run`` uses none of them, and every rank pays for a module before its first stage.
 __all__ = ["HoldoutRequest", "JobInfo", "JobOutput", "run_all", "run_analyze", "run_pack", "run_sort"]
 
 
@@ -40,12 +45,16 @@ def _plain_holdout(request: HoldoutRequest | None, files: list[dict]) -> Holdout
     """Return the holdout of a plan over one input (its rows from the fingerprint), or None."""
     if request is None or request.value is None:
         return None
+    from ..stages.holdout import DEFAULT_SEED, Holdout
+
     rows = int(sum(int(f["rows"]) for f in files))
     return Holdout.plan([request.value], [0, rows], [None], DEFAULT_SEED if request.seed is None else request.seed)
 
 
 def run_analyze(comm: Comm, inputs: list[str], aopts: AnalyzeOptions, output: JobOutput) -> dict | None:
     """Measure the inputs and write a metrics directory; return its manifest on rank 0."""
+    from ..write.sample_dirs import write_samples
+
     with job_scope(comm, output.path, output.overwrite, inputs) as scope:
         out, prof = scope.out, scope.prof
         with prof.stage("analyze"):
@@ -57,6 +66,8 @@ def run_analyze(comm: Comm, inputs: list[str], aopts: AnalyzeOptions, output: Jo
 
 def run_sort(comm: Comm, metrics: str, sopts: SortOptions, output: JobOutput) -> dict | None:
     """Sort a metrics directory into a sorted directory; return its manifest on rank 0."""
+    from ..write.sample_dirs import read_samples, write_samples
+
     check_options(comm, sopts.validate)
     with job_scope(comm, output.path, output.overwrite, [metrics]) as scope:
         out, prof = scope.out, scope.prof
@@ -125,6 +136,8 @@ def run_pack(comm: Comm, sorted_dir: str, popts: PackOptions, output: JobOutput)
     ``output.store``: and its data shards; ``output.holdout``: and the held-out plan in
     ``OUTPUT/holdout``, the same as ``run --holdout`` writes.
     """
+    from ..write.sample_dirs import read_samples
+
     check_options(comm, popts.validate)
     recorded = _recorded_plan(comm, sorted_dir, popts)
     measured = recorded.analyze

@@ -16,7 +16,6 @@ from ..write.kept import Dumped, dump_samples, keep_alone, keep_together
 from ..write.output import OutputDir
 from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo, Profile
-from ..write.sample_dirs import write_samples
 from .job import JobScope
 
 __all__ = ["Measurements"]
@@ -72,6 +71,8 @@ class Measurements:
     def write_metrics(self, samples: SampleColumns, measured: PlanOptions, prof: Profile, job: JobInfo) -> None:
         """Write the metrics directory (--keep-intermediate: committed at once), or dump what a failure keeps."""
         if self.keep_intermediate:
+            from ..write.sample_dirs import write_samples  # --keep-intermediate only
+
             write_samples(self.comm, self.extra[0], "metrics", samples, PlanRecord(measured, samples.files, prof, job))
             self.written = True
         elif self.kept is not None:
@@ -83,6 +84,8 @@ class Measurements:
     def write_sorted(self, ordered: SampleColumns, options: PlanOptions, prof: Profile, job: JobInfo) -> None:
         """Write the sorted directory with --keep-intermediate (else nothing)."""
         if self.keep_intermediate:
+            from ..write.sample_dirs import write_samples  # --keep-intermediate only
+
             write_samples(self.comm, self.extra[1], "sorted", ordered, PlanRecord(options, ordered.files, prof, job))
 
     def done(self) -> None:

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ..stages.holdout import DIRECTORY, Holdout, holdout_lengths, split_holdout
 from ..stages.pack import Microbatches, pack_samples
 from ..stages.plan_options import PlanOptions
 from ..stages.samples import SampleColumns
 from ..write.index_writer import write_index
 from ..write.plan_record import PlanRecord
 from .job import PlanJob, nested_plan
+
+if TYPE_CHECKING:
+    from ..stages.holdout import Holdout
 
 __all__ = ["Tail", "training_split"]
 
@@ -47,6 +50,8 @@ class Tail:
         """
         if self.holdout is None:
             return ordered
+        from ..stages.holdout import split_holdout  # with --holdout only: a plain run loads none of it
+
         with self.job.prof.stage("holdout_choice"):
             ordered, self.held = split_holdout(self.job.comm, ordered, self.holdout)
         return ordered
@@ -84,6 +89,8 @@ class Tail:
         shapes (``stages.holdout.holdout_lengths``: plus one when a held-out sample is longer
         than all). The record (every rank) carries the held-out plan's content hash.
         """
+        from ..stages.holdout import DIRECTORY, holdout_lengths
+
         job, held, holdout = self.job, self.held, self.holdout
         assert held is not None and holdout is not None
         comm, popts = job.comm, job.popts

@@ -23,7 +23,6 @@ from ..stages.samples import SampleColumns
 from .output import OutputDir
 from .plan_record import PlanRecord
 from .provenance import JobInfo, Profile
-from .sample_dirs import write_sample_shards
 
 DUMP = "dump"  # inside the kept directory's temporary; removed before it is committed
 _KEEPER = ".keeper"  # made by the one rank that assembles the dump alone
@@ -125,6 +124,8 @@ def keep_together(comm: Comm, out: OutputDir, dumped: Dumped, prof: Profile, job
     For an error raised on every rank together: each rank writes its share, as analyze's
     write would have; the caller commits the manifest from one rank.
     """
+    from .sample_dirs import write_sample_shards  # loaded by a failure only: a job that succeeds writes none
+
     start, _, names = dumped.parts[comm.rank]
     cols = {name: dumped.load(comm.rank, name) for name in names}
     samples = SampleColumns.from_columns(start, dumped.total, cols, dumped.files, dumped.empty_size)
@@ -148,6 +149,8 @@ def keep_alone(out: OutputDir, dumped: Dumped, job: JobInfo) -> dict | None:
     When several ranks fail at once, the first to claim the dump writes it; the others wait
     for it (a bounded wait), so that their abort does not cut it short.
     """
+    from .sample_dirs import write_sample_shards  # loaded by a failure only: a job that succeeds writes none
+
     keeper = out.tmp / _KEEPER
     try:
         keeper.mkdir()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sortpack.errors import SortpackError
-from sortpack.launcher import launcher_rank, launcher_size
+from sortpack.launcher import launcher_rank, launcher_size, on_one_node
 from sortpack.parallel import SerialComm
 from sortpack.write.output import OutputDir
 
@@ -17,7 +17,8 @@ from support import ROOT, run_sortpack
 
 LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMIX_SIZE",
                  "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
-                 "SLURM_STEP_NUM_TASKS")
+                 "SLURM_STEP_NUM_TASKS", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE",
+                 "SLURM_STEP_NUM_NODES")
 
 
 @pytest.fixture
@@ -44,6 +45,28 @@ def test_launcher_rank_and_size(clean_env, env, rank, size):
         clean_env.setenv(k, v)
     assert launcher_rank() == rank
     assert launcher_size()[0] == size
+
+
+@pytest.mark.parametrize("env, one_node", [
+    ({}, True),  # a plain process
+    ({"PMI_RANK": "0", "PMI_SIZE": "1"}, True),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "2"}, True),  # Hydra on one node
+    ({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALNRANKS": "2"}, False),  # two nodes
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, False),  # the launcher does not say
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, True),
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, False),
+    ({"MV2_COMM_WORLD_RANK": "0", "MV2_COMM_WORLD_SIZE": "2", "MV2_COMM_WORLD_LOCAL_SIZE": "2"}, True),
+    ({"PMIX_RANK": "0", "PMIX_SIZE": "2"}, False),
+    ({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1"}, True),
+    ({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2"}, False),
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, False),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "two"}, False),  # does not parse: not known
+    ({"PMI_RANK": "x", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "2"}, False),  # an error the job reports later
+])
+def test_whether_every_rank_is_on_this_node(clean_env, env, one_node):
+    for k, v in env.items():
+        clean_env.setenv(k, v)
+    assert on_one_node() is one_node
 
 
 BAD_LAUNCHES = [

@@ -267,14 +267,17 @@ def test_tokenizer_threads_share_the_cores_between_ranks(tmp_path, text_dataset,
 
 def test_a_run_of_local_parquet_imports_only_what_it_uses(tmp_path):
     # every rank pays for each import before its first stage: no tokenizer, training, report, mixture or
-    # progress-bar module for a --size column: run of local files with --quiet
+    # progress-bar module for a --size column: run of local files with --quiet; nor what only --store, --holdout,
+    # --keep-intermediate, a failure's kept measurements or the separate stage commands use
     import subprocess
     import sys
 
     pq.write_table(pa.table({"n": np.arange(1, 1001, dtype=np.int32)}), tmp_path / "x.parquet")
-    unused = ("tokenizers", "torch", "tqdm", "pandas", "matplotlib", "transformers", "datasets", "pyarrow.dataset",
-              "pyarrow.compute", "sortpack.reader", "sortpack.report", "sortpack.train", "sortpack.torch",
-              "sortpack.stages.mixture", "sortpack.pipeline.mixture")
+    unused = ("tokenizers", "torch", "tqdm", "pandas", "cloudpickle", "matplotlib", "transformers", "datasets",
+              "pyarrow.dataset", "pyarrow.compute", "sortpack.reader", "sortpack.report", "sortpack.train",
+              "sortpack.torch", "sortpack.stages.mixture", "sortpack.pipeline.mixture", "sortpack.stages.holdout",
+              "sortpack.write.sample_dirs", *(f"sortpack.write.store.{m}" for m in (
+                  "exchange", "layout", "plan", "rows", "shard_writer", "sources", "spill", "token_cache")))
     code = ("import sys; from sortpack.cli import main\n"
             f"try: main(['run', {str(tmp_path / 'x.parquet')!r}, '-o', {str(tmp_path / 'plan')!r}, '--size', "
             "'column:n', '--max-tokens', '5000', '--quiet'])\nexcept SystemExit as e: assert not e.code, e.code\n"

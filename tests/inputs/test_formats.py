@@ -267,3 +267,17 @@ def test_a_format_names_a_row_its_own_way(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(bad)
     assert formats.READERS["jsonl"].row_position(open_source(str(tmp_path / "a.jsonl"), "jsonl"), 1) == "line 3"
     assert formats.READERS["parquet"].row_position(None, 1) == "row 1"
+
+
+@pytest.mark.parametrize("block", [64, 1 << 20])
+def test_jsonl_and_csv_of_one_or_many_blocks_read_the_same_rows(tmp_path, monkeypatch, block):
+    # one block is parsed in the calling thread, many by pyarrow's pool; a line longer than the
+    # block is read again with a larger one
+    monkeypatch.setattr(formats, "JSON_BLOCK", block)
+    texts = ["w" * n for n in (3, 200, 7, 1, 90)] * 4
+    (tmp_path / "x.jsonl").write_text("".join(json.dumps({"text": t, "n": len(t)}) + "\n" for t in texts))
+    (tmp_path / "x.csv").write_text("text,n\n" + "".join(f"{t},{len(t)}\n" for t in texts))
+    for name in ("x.jsonl", "x.csv"):
+        src = open_source(str(tmp_path / name), format_of(name))
+        got = read_units(src, 0, 1, ["text", "n"])
+        assert got.column("text").to_pylist() == texts and got.column("n").to_pylist() == [len(t) for t in texts]

@@ -371,12 +371,9 @@ def test_a_rank_fetches_only_the_byte_ranges_of_its_own_rows(s3_env, tmp_path, m
         assert sum(counted) < size // 4, (name, sum(counted), size)  # one unit's bytes, not the file's
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_a_small_object_costs_one_head_and_one_get(s3_server, tmp_path, ranks):
-    # every object is described, hashed and read from the bytes of its one GET
-    s3_server.bucket("tiny")
-    n = 24
+def _tiny_objects(s3_server, tmp_path, bucket: str, n: int) -> None:
+    """Put ``n`` tiny objects (JSONL, and every third a Parquet file of two rows) under ``s3://bucket/p/``."""
+    s3_server.bucket(bucket)
     for i in range(n):
         path = tmp_path / "in" / f"{i:03d}.{'jsonl' if i % 3 else 'parquet'}"
         path.parent.mkdir(exist_ok=True)
@@ -384,20 +381,76 @@ def test_a_small_object_costs_one_head_and_one_get(s3_server, tmp_path, ranks):
             path.write_text(json.dumps({"text": "w" * (i + 1)}) + "\n")
         else:
             pq.write_table(pa.table({"text": ["v" * (i + 1), "u"]}), path)
-        s3_server.upload(path, f"s3://tiny/p/{path.name}")
+        s3_server.upload(path, f"s3://{bucket}/p/{path.name}")
+
+
+def _requests_per_object(s3_server, mark: int, prefix: str) -> dict[str, list[str]]:
+    per: dict[str, list[str]] = {}
+    for method, path in s3_server.requests_since(mark):
+        if path.startswith(prefix):
+            per.setdefault(path.split("?")[0], []).append(method)
+    return per
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_listed_small_object_costs_one_get(s3_server, tmp_path, ranks):
+    # the listing gives the size, one signed GET the bytes, ETag and Last-Modified: described, hashed and
+    # read from those bytes
+    n = 24
+    _tiny_objects(s3_server, tmp_path, "tiny", n)
     mark = s3_server.log_mark()
     _run(s3_server, ["run", "s3://tiny/p/", "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "400",
                      "--quiet"], ranks=ranks)
-    per: dict[str, list[str]] = {}
-    for method, path in s3_server.requests_since(mark):
-        if path.startswith("/tiny/p/"):
-            per.setdefault(path.split("?")[0], []).append(method)
+    per = _requests_per_object(s3_server, mark, "/tiny/p/")
     assert len(per) == n
     if ranks == 1:
-        assert all(sorted(m) == ["GET", "HEAD"] for m in per.values()), per
+        assert all(m == ["GET"] for m in per.values()), per
     else:  # the object at the ranks' boundary may be fetched by both
-        assert all(sorted(m) in (["GET", "HEAD"], ["GET", "GET", "HEAD", "HEAD"]) for m in per.values()), per
-        assert sum(len(m) for m in per.values()) <= 2 * n + 4, per
+        assert all(m in (["GET"], ["GET", "GET"]) for m in per.values()), per
+        assert sum(len(m) for m in per.values()) <= n + 2, per
     manifest = json.loads((tmp_path / "plan" / "manifest.json").read_text())
     assert manifest["num_samples"] == sum(1 if i % 3 else 2 for i in range(n))
-    assert all(e for e in manifest["provenance"]["source_etags"])
+    # the version is what a HEAD says: the ETag and Last-Modified of each object
+    client = s3_server.client()
+    heads = [client.head_object(Bucket="tiny", Key=url[len("s3://tiny/"):])
+             for url in manifest["provenance"]["source_paths"]]
+    assert manifest["provenance"]["source_etags"] == [h["ETag"].strip('"') for h in heads]
+    assert manifest["provenance"]["source_mtime_ns"] == [int(h["LastModified"].timestamp()) * 10**9 for h in heads]
+
+
+def test_without_keys_in_the_environment_a_small_object_costs_one_head_and_one_get(s3_server, tmp_path):
+    # credentials from a credentials file: pyarrow's requests, the same plan and versions
+    n = 6
+    _tiny_objects(s3_server, tmp_path, "tiny2", n)
+    creds = tmp_path / "credentials"
+    creds.write_text(f"[default]\naws_access_key_id = {s3_server.key}\naws_secret_access_key = {s3_server.secret}\n")
+    mark = s3_server.log_mark()
+    _run(s3_server, ["run", "s3://tiny2/p/", "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "400",
+                     "--quiet"], AWS_ACCESS_KEY_ID="", AWS_SECRET_ACCESS_KEY="", AWS_SHARED_CREDENTIALS_FILE=str(creds))
+    per = _requests_per_object(s3_server, mark, "/tiny2/p/")
+    assert len(per) == n and all(sorted(m) == ["GET", "HEAD"] for m in per.values()), per
+    _run(s3_server, ["run", "s3://tiny2/p/", "-o", tmp_path / "plan2", "--column", "text", "--max-tokens", "400",
+                     "--quiet"])
+    a, b = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("plan", "plan2"))
+    assert a["content_hash"] == b["content_hash"]
+    assert a["provenance"]["source_etags"] == b["provenance"]["source_etags"]
+    assert a["provenance"]["source_mtime_ns"] == b["provenance"]["source_mtime_ns"]
+
+
+def test_an_object_named_by_its_url_costs_the_head_that_finds_it_and_one_get(s3_env, tmp_path):
+    import pickle
+
+    from sortpack.inputs import objects
+
+    server = s3_env
+    _tiny_objects(server, tmp_path, "tiny3", 2)
+    mark = server.log_mark()
+    (found,) = expand_inputs(["s3://tiny3/p/001.jsonl"])
+    assert isinstance(found.path, objects.Listed) and found.path.size == (tmp_path / "in" / "001.jsonl").stat().st_size
+    again = pickle.loads(pickle.dumps(found.path))  # as the paths travel to the other ranks
+    assert (type(again), again, again.size) == (objects.Listed, found.path, found.path.size)
+    info = objects.head(again)
+    assert objects.read_all(again).to_pybytes() == (tmp_path / "in" / "001.jsonl").read_bytes()
+    assert [m for m, p in server.requests_since(mark) if p.startswith("/tiny3/p/001")] == ["HEAD", "GET"]
+    assert info.etag == server.client().head_object(Bucket="tiny3", Key="p/001.jsonl")["ETag"].strip('"')

@@ -21,12 +21,8 @@ import pyarrow as pa
 from ...errors import SortpackError
 from ...format.data_shards import data_rows_per_shard
 from ...inputs.size_kinds import size_kind
-from ...inputs.source_file import SourceFile
 from ...parallel import Comm
-from ...row_store import piece_bytes
 from ..output import OutputDir, PlanDir
-from .exchange import exchange
-from .layout import data_layout
 from .options import (
     LABELS_COLUMN,
     TOKENS_COLUMN,
@@ -37,30 +33,21 @@ from .options import (
     parse_store,
     token_ids_options,
 )
-from .plan import (
-    MemoryBudget,
-    ReadPlan,
-    StorePlan,
-    StoreSetup,
-    file_units,
-    memory_budget,
-    position_requests,
-    read_plan,
-    row_uses,
-)
 from .result import SECONDS, ExchangeStats, StoreResult
-from .rows import InputRows, RowPositions
-from .shard_writer import write_data_shards
-from .sources import describe_files, output_schema
-from .spill import ReceivedRows
-from .token_cache import TokenCache
 
 if TYPE_CHECKING:
+    from ...inputs.source_file import SourceFile
     from ...stages.plan_options import PlanOptions
     from ..index_writer import OwnedMicrobatches
+    from .plan import MemoryBudget, ReadPlan, StorePlan, StoreSetup
+    from .rows import InputRows, RowPositions
+    from .spill import ReceivedRows
+    from .token_cache import TokenCache
 
-__all__ = ["ExchangeStats", "Store", "StoreOptions", "StorePlan", "StoreResult", "StoreSetup", "materialize",
-           "parse_memory", "parse_store", "prepare"]
+# The options and results load with the package; what moves and writes the rows (exchange, plan, rows, spill,
+# shard_writer, sources, token_cache) loads where a job stores columns: every job parses --store, few use it.
+__all__ = ["ExchangeStats", "Store", "StoreOptions", "StoreResult", "materialize", "parse_memory", "parse_store",
+           "prepare"]
 
 
 def materialize(comm: Comm, out: PlanDir, owned: OwnedMicrobatches, plan: StorePlan) -> StoreResult:
@@ -70,6 +57,15 @@ def materialize(comm: Comm, out: PlanDir, owned: OwnedMicrobatches, plan: StoreP
     with ``--oversize split`` each sample's range: the columns in ``plan.setup.cut_columns`` and
     the token ids are stored cut to it, others whole); ``plan``: what is stored, from which files.
     """
+    from ...row_store import piece_bytes
+    from .exchange import exchange
+    from .layout import data_layout
+    from .plan import file_units, memory_budget, read_plan
+    from .rows import InputRows
+    from .shard_writer import write_data_shards
+    from .sources import describe_files
+    from .spill import ReceivedRows
+
     setup, opts = plan.setup, plan.setup.options
     directory = out.ensure()
     budget = memory_budget(opts.memory_limit or default_memory_limit(comm), piece_bytes())
@@ -113,6 +109,8 @@ def _source_columns(tokens: TokenIds | None) -> set[str]:
 
 def _stored_schema(comm: Comm, srcs: list[SourceFile], plan: StorePlan) -> pa.Schema:
     """Return the data shards' schema: the stored columns unified over the files, then the token ids (collective)."""
+    from .sources import output_schema
+
     columns, setup = list(plan.setup.options.columns), plan.setup
     schema = output_schema(comm, srcs, plan.files, columns, setup.renames) if columns else pa.schema([])
     for name in _token_columns(setup.tokens):
@@ -125,6 +123,8 @@ def _stored_schema(comm: Comm, srcs: list[SourceFile], plan: StorePlan) -> pa.Sc
 def _ask_readers(comm: Comm, owned: OwnedMicrobatches, pos0: int, reads: ReadPlan,
                  cut: tuple[str, ...] | None) -> RowPositions:
     """Return every use of this rank's input rows: the plan's owners tell each reader where its rows go (collective)."""
+    from .plan import position_requests, row_uses
+
     asked, counts = position_requests(owned.sample_ids, pos0, reads.reader_starts, owned.ranges, comm.size)
     return row_uses(comm.alltoallv_many(asked, counts), reads.first_row, cut)
 
@@ -165,6 +165,8 @@ class Store:
 
     def token_cache(self, out: OutputDir) -> TokenCache | None:
         """Return the ``keep_tokens`` for ``analyze``: the cache that keeps its ids (None without --store-tokens)."""
+        from .token_cache import TokenCache
+
         if self.setup.tokens is None:
             return None
         self.caches.append(TokenCache(out, self.comm, self.setup.special_tokens))
@@ -173,6 +175,8 @@ class Store:
     def __call__(self, out: PlanDir, files: list[dict], owned: OwnedMicrobatches,
                  index_starts: np.ndarray) -> StoreResult:
         """Return what was stored, after writing the data shards of ``owned`` (collective)."""
+        from .plan import StorePlan
+
         cache = self.caches[-1] if self.caches else None
         if cache is not None:
             cache.share()
@@ -206,6 +210,8 @@ def prepare(comm: Comm, opts: StoreOptions, plan: PlanOptions, tokenizer_path: s
     truncate`` cuts stored ids to the truncated size); ``renames`` per input file ``{plan
     column: input column}`` (a mixture source's own ``column``).
     """
+    from .plan import StoreSetup
+
     tokens = comm.collectively(token_ids_options, opts, plan, tokenizer_path)
     # a split plan's pieces are ranges of what the size counted: where that is the column's own values
     # (characters, elements, bytes), a stored copy of that column is cut to them

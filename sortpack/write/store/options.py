@@ -154,44 +154,23 @@ def _truncated_to(plan: PlanOptions) -> int:
 
 def _recorded_tokenizer(opts: StoreOptions, measured: AnalyzeOptions, tokenizer_path: str | None) -> tuple[str, Any]:
     """Return (path, loaded tokenizer) of ``--store-tokens``: the file the plan's sizes were counted with."""
+    from ...inputs.finetune import check_recorded_file
     from ...inputs.specs import load_tokenizer
 
     path = opts.tokenizer or tokenizer_path
     if not path:
         raise SortpackError("--store-tokens needs --tokenizer (the tokenizer.json the sizes were counted with)")
-    recorded = _file_name(measured.tokenizer)
-    if recorded and Path(path).name != recorded:
-        raise SortpackError(f"--tokenizer {path}: the plan's sizes were counted with {recorded!r}")
+    check_recorded_file("--tokenizer", path, measured.tokenizer, "the plan's sizes were counted with")
     return path, load_tokenizer(path, "--store-tokens")
-
-
-def _file_name(path: str | None) -> str | None:
-    """Return the file name a manifest records for ``path`` (None stays None)."""
-    return None if not path else str(path).rsplit("/", 1)[-1]
 
 
 def _fine_tune_ids(opts: StoreOptions, plan: PlanOptions, tokenizer_path: str | None) -> TokenIds:
     """Return how ``--store-tokens`` gets the ids and labels of prompt/completion texts or chats."""
-    from ...inputs.finetune import FineTuneShape, load_chat_template
+    from ...inputs.finetune import shape_of_record
 
-    measured = plan.analyze
-    path, tokenizer = _recorded_tokenizer(opts, measured, tokenizer_path)
-    if measured.chat_template:
-        # run takes the ids from analyze's cache; pack renders the chats again with the same template
-        template = None
-        if tokenizer_path is None and not opts.chat_template:  # pack: no ids kept by analyze in this job
-            raise SortpackError("--store-tokens of chats: pack needs --chat-template (the template the chats were "
-                                "rendered with) to render them again")
-        recorded = _file_name(measured.chat_template)
-        if opts.chat_template:
-            if Path(opts.chat_template).name != recorded:
-                raise SortpackError(f"--chat-template {opts.chat_template}: the plan's chats were rendered with "
-                                    f"{recorded!r}")
-            template = load_chat_template(opts.chat_template)
-        shape = FineTuneShape("chat", column=measured.column or "messages", tokenizer=tokenizer,
-                              template=template, train_on=tuple(measured.train_on or ("assistant",)))
-    else:
-        shape = FineTuneShape("prompt_completion", prompt_column=measured.prompt_column or "prompt",
-                              completion_column=measured.completion_column or "completion", tokenizer=tokenizer)
+    path, tokenizer = _recorded_tokenizer(opts, plan.analyze, tokenizer_path)
+    # run takes the ids from analyze's own rendering; pack renders the chats again with the same template
+    why = "--store-tokens of chats: pack" if tokenizer_path is None else None
+    shape = shape_of_record(plan.analyze.as_dict(), tokenizer, opts.chat_template, why)
     column = shape.column or shape.prompt_column
     return TokenIds(column, tokenizer, Path(path).name, True, _truncated_to(plan), shape)

@@ -1,0 +1,149 @@
+"""Start-up: the CPU each rank spends from its process's start to the first stage, per checkout, alternated.
+
+    PYTHONPATH=$PWD python benchmarks/bench_startup.py --code /work/main --code . [--ranks 2] [--rounds 10]
+
+Each round runs ``sortpack run IN -o OUT --column text --max-tokens 4096 --quiet`` (under
+``mpiexec -n RANKS`` when ``--ranks`` is over 1) once per ``--code`` checkout (a repository root
+first on ``PYTHONPATH``), the checkouts in turn, on 200,000 short texts in one Parquet file.
+Every checkout's modules are compiled once first (``compileall``), as an installed package's are:
+without it, this environment's ``PYTHONDONTWRITEBYTECODE=1`` makes every process compile each
+module from source. Figures from each run's manifest (``provenance.profile``):
+``startup_cpu_s`` (the most CPU of any rank to the first stage: other load does not inflate it
+the way it inflates wall time), ``startup_s`` (that span's wall) and the whole process's CPU to
+the manifest (``cpu_s_per_rank``, the most of any rank): what a lazy import only moves into a
+stage shows there. Each line gives the median and the range over the rounds, with the 1-minute
+load average around the runs. Goal: a median of at most 0.2 s CPU per rank to the first stage.
+
+CPU time on a loaded machine moves by tens of milliseconds from run to run. ``--instructions``
+also counts, once per checkout, the instructions one process executes to the first stage
+(valgrind's ``callgrind``, where installed; the process ends where the first stage would
+begin): the same from run to run, so two checkouts' imports compare at any load. It does not
+see time spent waiting in the kernel (an MPI library spinning on ``sched_yield`` while it
+starts), which the CPU figure does.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GOAL_S = 0.2
+SAMPLES = 200_000
+
+
+def make_input(directory: Path) -> Path:
+    """Return a Parquet file of ``SAMPLES`` short texts of random length (seed 0)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lengths = np.random.default_rng(0).integers(1, 200, SAMPLES)
+    chars = np.frombuffer(b"abcdefghij klmnopqrstuvwxyz" * (int(lengths.sum()) // 27 + 1), dtype=np.uint8)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    text = pa.StringArray.from_buffers(SAMPLES, pa.py_buffer(offsets), pa.py_buffer(chars[:offsets[-1]].copy()))
+    path = directory / "texts.parquet"
+    pq.write_table(pa.table({"text": text}), path)
+    return path
+
+
+def one_run(code: str, data: Path, out: Path, ranks: int) -> dict:
+    """Return one run's start-up figures for checkout ``code`` and the load average just before it."""
+    cmd = [sys.executable, "-m", "sortpack", "run", str(data), "-o", str(out), "--column", "text",
+           "--max-tokens", "4096", "--overwrite", "--quiet"]
+    if ranks > 1:
+        cmd = ["mpiexec", "-n", str(ranks), *cmd]
+    load = os.getloadavg()[0]
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(code)}
+    # run from the output's directory: a checkout as the working directory would come first on sys.path
+    subprocess.run(cmd, env=env, check=True, timeout=300, capture_output=True, cwd=out.parent)
+    prof = json.loads((out / "manifest.json").read_text())["provenance"]["profile"]
+    return {"cpu": prof["startup_cpu_s"], "wall": prof["startup_s"], "process_cpu": max(prof["cpu_s_per_rank"]),
+            "load": load}
+
+
+# the command line's own start (``python -m sortpack``), ended where the first stage would begin
+_TO_FIRST_STAGE = """
+import importlib.abc, importlib.machinery, os, sys
+
+class StopAtFirstStage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != "sortpack.write.provenance":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            run(module)
+            module.Profile.stage = lambda self, name: os._exit(0)
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, StopAtFirstStage())
+sys.argv = ["sortpack", *sys.argv[1:]]
+import runpy
+runpy.run_module("sortpack", run_name="__main__")
+"""
+
+
+def instructions(code: str, data: Path, out: Path) -> int | None:
+    """Return the instructions one process of checkout ``code`` executes to the first stage (None: no valgrind)."""
+    if shutil.which("valgrind") is None:
+        return None
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", _TO_FIRST_STAGE,
+           "run", str(data), "-o", str(out), "--column", "text", "--max-tokens", "4096", "--overwrite", "--quiet"]
+    got = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": os.path.abspath(code)}, capture_output=True,
+                         text=True, timeout=600, check=True, cwd=out.parent)
+    found = re.search(r"I\s+refs:\s+([\d,]+)", got.stderr)
+    return int(found.group(1).replace(",", "")) if found else None
+
+
+def spread(values: list[float]) -> str:
+    """Return the median of ``values`` and their range, in seconds."""
+    return f"{statistics.median(values):.3f} s ({min(values):.3f}-{max(values):.3f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the rounds and print, per checkout, the start-up CPU, its wall, the whole CPU per rank and the load."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--code", action="append", help="a checkout to time (repeatable; default: this one)")
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--instructions", action="store_true", help="also count instructions to the first stage")
+    args = ap.parse_args(argv)
+    codes = args.code or [str(ROOT)]
+    for code in codes:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(code) / "sortpack")], check=True,
+                       capture_output=True)
+    runs: dict[str, list[dict]] = {code: [] for code in codes}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = make_input(Path(tmp))
+        for code in codes:  # a warm-up run each: the page cache, not the first run, pays for reading the libraries
+            one_run(code, data, Path(tmp) / "plan", args.ranks)
+        for _ in range(args.rounds):
+            for code in codes:
+                runs[code].append(one_run(code, data, Path(tmp) / "plan", args.ranks))
+        counts = {code: instructions(code, data, Path(tmp) / "plan") for code in codes} if args.instructions else {}
+    print(f"sortpack run, {SAMPLES:,} texts, {args.ranks} rank(s), {args.rounds} alternated rounds; "
+          f"load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for code, got in runs.items():
+        cpu = [r["cpu"] for r in got]
+        loads = [r["load"] for r in got]
+        print(f"{code}: start-up CPU {spread(cpu)}, wall {spread([r['wall'] for r in got])}, whole process CPU "
+              f"{spread([r['process_cpu'] for r in got])} per rank, load {min(loads):.1f}-{max(loads):.1f}")
+        if counts.get(code) is not None:
+            print(f"{code}: {counts[code] / 1e6:,.1f} M instructions to the first stage (one process, callgrind)")
+        median = statistics.median(cpu)
+        print(f"goal {code}: start-up CPU per rank {median:.3f} s (median), goal <= {GOAL_S} s: "
+              f"{'met' if median <= GOAL_S else 'missed'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
