@@ -25,8 +25,8 @@ Two more tables, each alternated in one run (``--only keep``, ``--only weak``):
 - ``weak``: weak scaling, 62.5M samples per rank (small: 1M): one rank on N against two ranks
   on 2N, with every second of the wall accounted for: start-up, each stage, the time between
   stages (``outside_stages_s``), and the launch plus the exit (the launcher's wall minus the
-  profile's ``process_s``), with the CPU time of all ranks. Goals: 2 ranks on 2N within 1.25x
-  one rank on N, and the 62.5M-per-rank run at most 7 s.
+  profile's ``process_s``), with the CPU time of all ranks and each P's peak memory per rank.
+  Goals: 2 ranks on 2N within 1.25x one rank on N, and the 62.5M-per-rank run at most 7 s.
 
 The checkout's modules are compiled to bytecode first (``compileall``), as an installed
 package's are: where ``PYTHONDONTWRITEBYTECODE`` is set, a checkout run from source would
@@ -174,11 +174,17 @@ def bench_weak(scale: str, log) -> tuple[list[Section], list[Row]]:
     row("whole command (mpiexec launch to exit)", best[1]["wall"], best[2]["wall"])
     row("CPU, all ranks (user)", best[1]["user"], best[2]["user"])
     row("CPU, all ranks (sys)", best[1]["sys"], best[2]["sys"])
+    # the largest over the rounds: a rank's peak does not depend on the load
+    peak = {p: max(x["profile"]["peak_rss_bytes_max"] for x in runs[p]) for p in (1, 2)}
+    sec.rows.append(["peak memory per rank (max over ranks and rounds)", f"{peak[1] / 2**30:.2f} GiB",
+                     f"{peak[2] / 2**30:.2f} GiB", f"{peak[2] / peak[1]:.2f}"])
     sec.rows.append(["load at start", f"{best[1]['load']:.1f}", f"{best[2]['load']:.1f}", ""])
     ratio = best[2]["wall"] / best[1]["wall"]
     load = f"load {best[1]['load']:.1f} / {best[2]['load']:.1f}"
+    memory = f"peak per rank {peak[1] / 2**30:.2f} / {peak[2] / 2**30:.2f} GiB"
     rows = [Row("scaling", f"weak scaling: P=2 on {2 * n / 1e6:g}M / P=1 on {n / 1e6:g}M", 2, secs(best[2]["wall"]),
-                f"P=1: {secs(best[1]['wall'])}", f"{ratio:.2f}×", f"≤ {WEAK_TARGET}×", ratio <= WEAK_TARGET, load),
+                f"P=1: {secs(best[1]['wall'])}", f"{ratio:.2f}×", f"≤ {WEAK_TARGET}×", ratio <= WEAK_TARGET,
+                f"{load}; {memory}"),
             Row("scaling", f"whole run, {n / 1e6:g}M samples per rank", 1, secs(best[1]["wall"]), "",
                 "", f"≤ {WEAK_SECONDS:g} s", best[1]["wall"] <= WEAK_SECONDS if scale == "full" else None, load)]
     return [sec], rows

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -53,11 +54,16 @@ class Comm:
         """Return, per source rank, how many elements it sends here (an Alltoall of counts)."""
         raise NotImplementedError
 
-    def alltoallv(self, arr: np.ndarray, sendcounts, recvcounts=None) -> np.ndarray:
+    def alltoallv(self, arr: np.ndarray, sendcounts, recvcounts=None, out: np.ndarray | None = None,
+                  skip_self: bool = False) -> np.ndarray:
         """Return what every rank sent here, concatenated in rank order.
 
         ``arr`` is ordered by destination; ``sendcounts[p]`` elements go to rank p.
         Pass ``recvcounts`` from ``exchange_counts`` to skip exchanging the counts again.
+        ``out`` (1-D, ``arr``'s dtype, C-contiguous, as long as what arrives, not overlapping
+        ``arr``) receives in place of a new array: memory the caller already holds, not fresh
+        pages. ``skip_self`` leaves this rank's own block of the result unwritten (the caller
+        reads it where it already lies): no copy of it is made.
         """
         raise NotImplementedError
 
@@ -85,6 +91,7 @@ class Comm:
         Call it after local work that may fail on some ranks only: all ranks then
         leave together with the same message instead of hanging in the next collective.
         """
+        self.barrier()  # after local work ranks arrive apart: the first ones wait without spinning
         messages = self.allgather_obj(None if error is None else one_line(error))
         for msg in messages:
             if msg is not None:
@@ -132,12 +139,17 @@ class SerialComm(Comm):
     def exchange_counts(self, sendcounts):
         return np.asarray(sendcounts, dtype=np.int64).copy()
 
-    def alltoallv(self, arr, sendcounts, recvcounts=None):
-        # one rank keeps its data: returned as is, not copied
+    def alltoallv(self, arr, sendcounts, recvcounts=None, out=None, skip_self=False):
+        # one rank keeps its data: returned as is, not copied (unless asked to land in ``out``)
         counts = np.asarray(sendcounts, dtype=np.int64)
         if counts.shape != (1,) or counts[0] != len(arr):
             raise ValueError("sendcounts must hold len(arr) for the one rank")
-        return arr
+        if out is None:
+            return arr
+        out = _receive_buffer(out, arr.dtype, len(arr))
+        if not skip_self:
+            out[...] = arr
+        return out
 
     def allgatherv(self, arr):
         return np.asarray(arr)
@@ -174,7 +186,7 @@ class MPIComm(Comm):
         return 0 if self.rank == 0 or out is None else int(out)
 
     def barrier(self):
-        self._c.Barrier()
+        _wait_sleeping(self._c.Ibarrier())
 
     def node_size(self):
         node = self._c.Split_type(self._MPI.COMM_TYPE_SHARED)
@@ -203,9 +215,9 @@ class MPIComm(Comm):
         self._c.Alltoall(send, recv)
         return recv
 
-    def alltoallv(self, arr, sendcounts, recvcounts=None):
+    def alltoallv(self, arr, sendcounts, recvcounts=None, out=None, skip_self=False):
         if self.size == 1:
-            return SerialComm().alltoallv(arr, sendcounts)
+            return SerialComm().alltoallv(arr, sendcounts, out=out, skip_self=skip_self)
         arr = np.ascontiguousarray(arr)
         if arr.ndim != 1:
             raise ValueError("alltoallv takes 1-D arrays")
@@ -214,7 +226,8 @@ class MPIComm(Comm):
             raise ValueError("sendcounts must have one entry per rank and sum to len(arr)")
         recv = self.exchange_counts(send) if recvcounts is None else np.asarray(recvcounts, np.int64)
         self.bytes_sent += int(send.sum() - send[self.rank]) * arr.dtype.itemsize
-        out = np.empty(int(recv.sum()), dtype=arr.dtype)
+        out = np.empty(int(recv.sum()), dtype=arr.dtype) if out is None else \
+            _receive_buffer(out, arr.dtype, int(recv.sum()))
         if arr.dtype.itemsize == 0:
             return out
         sdispl = np.concatenate(([0], np.cumsum(send)[:-1]))
@@ -229,6 +242,8 @@ class MPIComm(Comm):
                 off = k * self.max_count
                 sc = np.clip(send - off, 0, self.max_count)
                 rc = np.clip(recv - off, 0, self.max_count)
+                if skip_self:
+                    sc[self.rank] = rc[self.rank] = 0
                 # Displacements past 2**31 elements need MPI-4 large-count routines,
                 # which mpi4py picks when the values do not fit a C int.
                 self._c.Alltoallv(
@@ -255,6 +270,26 @@ class MPIComm(Comm):
         finally:
             etype.Free()
         return out
+
+
+def _wait_sleeping(request) -> None:
+    """Wait for a non-blocking MPI request, sleeping between tests (10 us, doubling up to 1 ms).
+
+    A rank that reaches a collective first gives its core away instead of spinning in MPI's
+    progress loop: on a node shared with other jobs (or more ranks than cores) the ranks still
+    working get it. The cost is at most a millisecond after the last rank arrives.
+    """
+    delay = 1e-5
+    while not request.Test():
+        time.sleep(delay)
+        delay = min(delay * 2, 1e-3)
+
+
+def _receive_buffer(out: np.ndarray, dtype: np.dtype, n: int) -> np.ndarray:
+    """Return ``out`` checked to receive ``n`` elements of ``dtype`` in place (ValueError if it cannot)."""
+    if out.ndim != 1 or out.dtype != dtype or len(out) != n or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"alltoallv: out must be a writeable C-contiguous 1-D {dtype} array of {n} elements")
+    return out
 
 
 _WORLD: Comm | None = None

@@ -20,15 +20,15 @@ from .greedy import greedy_pack, greedy_pack_reference
 from .interleave import wf2q_interleave, wf2q_reference
 from .lengths import optimal_lengths
 from .merge import merge_sorted_keys, merge_sorted_runs, merge_sorted_runs2
-from .radix import merge_sorted_keys_into, merge_with_own_run, sort_id_ordered
+from .radix import merge_runs_between, merge_sorted_keys_into, merge_with_own_run, sort_id_ordered
 from .rows import DEFAULT_ROW_WINDOW, pack_rows, pack_rows_reference, pack_rows_windows
 from .tokens import pad_tokens, varlen_tokens
 from .utf8 import utf8_cuts
 
 __all__ = [
     "BUDGETS", "DEFAULT_ROW_WINDOW", "backend", "batch_capacity", "gather_bytes", "greedy_pack",
-    "greedy_pack_reference", "merge_sorted_keys", "merge_sorted_keys_into", "merge_sorted_runs", "merge_sorted_runs2",
-    "merge_with_own_run", "optimal_lengths", "pack_rows", "pack_rows_reference", "pack_rows_windows", "pad_tokens",
-    "round_lengths", "sample_cost", "sort_id_ordered", "utf8_cuts", "varlen_tokens", "wf2q_interleave",
-    "wf2q_reference",
+    "greedy_pack_reference", "merge_runs_between", "merge_sorted_keys", "merge_sorted_keys_into",
+    "merge_sorted_runs", "merge_sorted_runs2", "merge_with_own_run", "optimal_lengths", "pack_rows",
+    "pack_rows_reference", "pack_rows_windows", "pad_tokens", "round_lengths", "sample_cost", "sort_id_ordered",
+    "utf8_cuts", "varlen_tokens", "wf2q_interleave", "wf2q_reference",
 ]

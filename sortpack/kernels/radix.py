@@ -10,27 +10,40 @@ from ._loader import _c, _ptr, _scratch
 from .merge import _runs
 
 
-def sort_id_ordered(codes: np.ndarray, low_bits: int, high_bits: int) -> np.ndarray:
+def sort_id_ordered(codes: np.ndarray, low_bits: int, high_bits: int, scratch: np.ndarray | None = None
+                    ) -> np.ndarray:
     """Return ``codes`` sorted ascending, given that their low ``low_bits`` bits rise in input order.
 
     The codes of one rank's samples packed as ``key << low_bits | id``, ids numbered in input
     order, are sorted by their key alone with a stable radix sort (a few linear passes over
     ``high_bits``, the width of ``codes >> low_bits``) instead of a comparison sort: the ties'
-    input order is their id order, so the result is ``np.sort(codes)``. ``codes`` (uint64,
-    C-contiguous) is sorted in place and returned, as ``ndarray.sort`` would: the radix
-    passes scatter through a scratch array of the same size that is freed on return, so the
-    caller's next array of that size reuses its memory instead of new pages. Codes wider
-    than ``low_bits + high_bits``, and the numpy fallback, sort with ``np.sort``.
+    input order is their id order, so the result is ``np.sort(codes)``. Codes wider than
+    ``low_bits + high_bits``, and the numpy fallback, sort with ``np.sort``.
+
+    Without ``scratch``, ``codes`` (uint64, C-contiguous) is sorted in place and returned, as
+    ``ndarray.sort`` would: the radix passes scatter through a scratch array of the same size
+    that is freed on return. With ``scratch`` (uint64, C-contiguous, at least ``len(codes)``,
+    not overlapping them) the passes scatter there and nothing is copied back: the result is
+    either ``codes`` itself or ``scratch[:len(codes)]``, and the other one is free memory the
+    caller may reuse (``codes`` is consumed either way).
     """
     codes = np.ascontiguousarray(codes, dtype=np.uint64).ravel()
     lib = _c()
     if lib is None or not 0 <= low_bits <= 64 or not 0 <= high_bits <= 64 - low_bits:
         codes.sort()
         return codes
-    out = np.empty_like(codes)
+    given = scratch is not None
+    if scratch is None:
+        out = np.empty_like(codes)
+    elif len(scratch) < len(codes) or scratch.dtype != np.uint64 or not scratch.flags.c_contiguous:
+        raise ValueError("sort_id_ordered: scratch must be C-contiguous uint64 of at least len(codes)")
+    else:
+        out = scratch[:len(codes)]
     counts = np.empty(max(int(lib.sp_radix_words(high_bits)), 1), np.int64)
     rc = lib.sp_radix_sort_high(_ptr(codes), len(codes), low_bits, high_bits, _ptr(out), _ptr(counts))
     if rc == 0:
+        if given:
+            return out
         codes[...] = out  # one copy back: the caller's array holds the result, the scratch goes
         return codes
     del out
@@ -91,3 +104,34 @@ def merge_with_own_run(received: np.ndarray, first_run: int, own: np.ndarray, ow
     if rc != 0:
         raise ValueError("merge_with_own_run: bad run lengths")
     return received
+
+
+def merge_runs_between(keys: np.ndarray, offsets: np.ndarray, other: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return (the sorted uint64 runs ``keys[offsets[i]:offsets[i+1]]`` merged, the buffer left free).
+
+    The k-way merge as ceil(log2 k) passes of two-way merges of neighbouring runs that
+    ping-pong between ``keys`` and ``other`` (uint64, C-contiguous, at least ``len(keys)``, not
+    overlapping them), the two buffers the caller already holds: no scratch memory, where
+    ``merge_sorted_keys`` needs two words per key for k >= 3. The merged codes are the first
+    ``len(keys)`` of one buffer; the other (whole) is returned as free. Both are consumed.
+    Always equals ``np.sort(keys)``.
+    """
+    keys, offsets, _ = _runs(keys, offsets)
+    n = len(keys)
+    if len(other) < n or other.dtype != np.uint64 or not other.flags.c_contiguous:
+        raise ValueError("merge_runs_between: other must be C-contiguous uint64 of at least len(keys)")
+    src, dst = keys, other[:n]
+    bounds = [int(b) for b in offsets]
+    while len(bounds) > 2:
+        for i in range(0, len(bounds) - 1, 2):
+            a, b = bounds[i], bounds[i + 1]
+            if i + 2 < len(bounds):
+                c = bounds[i + 2]
+                merge_sorted_keys_into(src[a:c], np.array([0, b - a, c - a], np.int64), dst[a:c])
+            else:  # the odd run out moves as it is
+                dst[a:b] = src[a:b]
+        bounds = bounds[::2] if (len(bounds) - 1) % 2 == 0 else bounds[::2] + [bounds[-1]]
+        src, dst = dst, src
+    if src.ctypes.data == keys.ctypes.data:
+        return src, other
+    return src, keys

@@ -157,6 +157,7 @@ class Measured:
     diffs: list[np.ndarray]
     unknown_rows: list[int]
     measures: dict[str, list[np.ndarray]] = field(default_factory=dict)  # per measure name, read by read
+    whole: np.ndarray | None = None  # every read's sizes, already in one array (``sizes`` are views of it)
 
 
 def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str | None = None) -> list[SourceFile]:
@@ -284,6 +285,11 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keeper
     counter = "tokens" if specs.size.kind == "tokens" else "summed size"  # the progress line's running sum
     out = Measured([], [], [])
     keep_pieces = keep.pieces
+    # where every unit's rows are known, the sizes land in one array as they are read: no pieces held
+    # until a concatenation, which would be a second copy as large in fresh memory
+    known = plan.rows > 0 and not plan.units.unknown[plan.lo:plan.hi + 1].any()
+    whole = np.empty(plan.rows, np.int64) if known else None
+    filled = 0
     for read in plan.reads:
         src = files[read.file]
         table = _read(src, read, columns, text_columns)
@@ -300,14 +306,22 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keeper
                 keep_labels(encoded.labels, size)
         if keep_pieces is not None:
             keep_pieces(table, size, src.path)
-        out.sizes.append(size)
-        out.diffs.append(diff)
+        kept = size
+        if whole is not None and size.dtype == whole.dtype and filled + len(size) <= len(whole):
+            kept = whole[filled:filled + len(size)]
+            kept[...] = size
+            filled += len(size)
+        else:
+            whole = None  # a read the rows did not foresee: the pieces are concatenated
+        out.sizes.append(kept)
+        out.diffs.append(kept if diff is size else diff)
         for name, spec in specs.measures.items():
             values = evaluate(spec, table, src.path, specs.tokenizer, specs.funcs.get(spec.text), specs.special_tokens)
             out.measures.setdefault(name, []).append(
                 as_size(values, src.path, f"--{name} {spec.text}").astype(np.int64, copy=False))
         prog.update(table.num_rows, None, **{counter: int(size.sum())})
     prog.close()
+    out.whole = None if whole is None else whole[:filled]
     return out
 
 
@@ -373,7 +387,10 @@ def _share_unit_rows(comm: Comm, plan: ReadPlan, found_rows: list[int]) -> np.nd
 
 def _columns(comm: Comm, measured: Measured, specs: Specs) -> tuple[np.ndarray, np.ndarray]:
     """Return this rank's size and difficulty columns, the difficulty in the dtype every rank uses."""
-    size = np.concatenate(measured.sizes) if measured.sizes else np.empty(0, np.int64)
+    if measured.whole is not None:
+        size = measured.whole
+    else:
+        size = np.concatenate(measured.sizes) if measured.sizes else np.empty(0, np.int64)
     diff_dtype = _common_dtype(comm, measured.diffs)
     if specs.difficulty is None:
         return size, size  # the same array: later stages see it and move nothing twice

@@ -35,24 +35,50 @@ class KeyCodec:
         return np.where(top, raw ^ np.uint64(1 << 63), ~raw).view(np.float64)
 
 
-def encode_keys(comm: Comm, values: np.ndarray, descending: bool) -> tuple[np.ndarray, KeyCodec]:
-    """Return (fresh uint64 codes whose order is the values' order, their codec)."""
+def encode_keys(comm: Comm, values: np.ndarray, descending: bool, out: np.ndarray | None = None
+                ) -> tuple[np.ndarray, KeyCodec]:
+    """Return (uint64 codes whose order is the values' order, their codec).
+
+    The codes are fresh, or the first ``len(values)`` of ``out`` (uint64, C-contiguous, at least
+    that long): a buffer the caller sized for what follows (the sort receives into it).
+    """
+    n = len(values)
+    if out is None:
+        codes = np.empty(n, np.uint64)
+    elif out.dtype != np.uint64 or out.ndim != 1 or len(out) < n or not out.flags.c_contiguous:
+        raise ValueError("encode_keys: out must be C-contiguous uint64 of at least len(values)")
+    else:
+        codes = out[:n]
     is_float = values.dtype.kind == "f"
     if is_float:
         # IEEE order: flip every bit of negatives, only the sign bit of the rest
-        bits = values.astype(np.float64, copy=False).view(np.uint64)
-        codes = np.where((bits >> np.uint64(63)).astype(bool), ~bits, bits | np.uint64(1 << 63))
+        floats = values.astype(np.float64, copy=False)
+        bits = floats.view(np.uint64)
+        np.bitwise_or(bits, np.uint64(1 << 63), out=codes)
+        np.invert(bits, out=codes, where=np.signbit(floats))
+        if descending:
+            np.invert(codes, out=codes)
+        low, high = (int(codes.min()), int(codes.max())) if n else (_U64_MAX, 0)
     else:
-        codes = values.astype(np.uint64)
-    if descending:
-        np.invert(codes, out=codes)
-    lo = comm.allreduce(np.array([codes.min() if codes.size else np.iinfo(np.uint64).max], np.uint64), "min")[0]
-    codes -= lo
-    hi = comm.allreduce(np.array([codes.max() if codes.size else 0], np.uint64), "max")[0]
-    return codes, KeyCodec(int(lo), descending, is_float, int(hi).bit_length())
+        low, high = _U64_MAX, 0
+        # a block at a time: the copy (as values.astype(np.uint64)), the flip and the extremes in one sweep
+        for a in range(0, n, _ID_BLOCK):
+            block = codes[a:a + _ID_BLOCK]
+            np.copyto(block, values[a:a + _ID_BLOCK], casting="unsafe")
+            if descending:
+                np.invert(block, out=block)
+            low, high = min(low, int(block.min())), max(high, int(block.max()))
+    # one reduction for both extremes: the least code and the complement of the largest
+    lo, top = (int(v) for v in comm.allreduce(np.array([low, _U64_MAX - high], np.uint64), "min"))
+    codes -= np.uint64(lo)
+    span = max(_U64_MAX - top - lo, 0)  # the largest code less the least (0 when no rank has one)
+    return codes, KeyCodec(lo, descending, is_float, span.bit_length())
+
 
 
 FIELDS = ("id", "key", "stage", "group")  # from the low bits up
+_ID_BLOCK = 1 << 19  # codes made and ids packed per block (4 MiB, in cache)
+_U64_MAX = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -111,15 +137,21 @@ class KeyLayout:
 
         Packing in place bounds memory on large ranks: no second array of codes.
         """
-        if self.id_bits:
-            codes <<= np.uint64(self.id_bits)
+        shift = np.uint64(self.id_bits)
+        if first_id is not None:
+            # a block at a time: the shift and the ids in one sweep, a few MB of arange at a time
+            for a in range(0, len(codes), _ID_BLOCK):
+                block = codes[a:a + _ID_BLOCK]
+                if self.id_bits:
+                    block <<= shift
+                block |= np.arange(first_id + a, first_id + a + len(block), dtype=np.uint64)
+        elif self.id_bits:
+            codes <<= shift
         if stage is not None:
             codes |= stage.astype(np.uint64) << np.uint64(self.shift("stage"))
         if group is not None:
             _or_groups(codes, group, self.shift("group"))
-        if first_id is not None:
-            codes |= np.arange(first_id, first_id + len(codes), dtype=np.uint64)
-        elif ids is not None:
+        if first_id is None and ids is not None:
             codes |= ids.astype(np.int64, copy=False).view(np.uint64)
         return codes
 
@@ -140,11 +172,22 @@ class KeyLayout:
             out["id"] = out["id"].view(np.int64)
         return out
 
-    def strip_ids(self, codes: np.ndarray) -> tuple[np.ndarray, KeyLayout]:
-        """Return (the ids, the layout without them), shifting the ids out of ``codes`` in place."""
-        ids = self.field(codes, "id").view(np.int64)
-        codes >>= np.uint64(self.id_bits)
-        return ids, self.with_ids(0)
+    def strip_ids(self, codes: np.ndarray, into: np.ndarray | None = None) -> tuple[np.ndarray, KeyLayout]:
+        """Return (the ids, the layout without them), shifting the ids out of ``codes`` in place.
+
+        ``into`` (uint64, C-contiguous, not overlapping ``codes``): memory the caller is done with
+        that the ids are written to when it is long enough (else they are a new array).
+        """
+        n = len(codes)
+        fits = into is not None and into.dtype == np.uint64 and len(into) >= n and into.flags.c_contiguous
+        ids = into[:n] if fits and into is not None else np.empty(n, np.uint64)
+        mask, shift = self.mask("id"), np.uint64(self.id_bits)
+        # a block at a time: the ids out and the shift in one sweep over the codes
+        for a in range(0, n, _ID_BLOCK):
+            block = codes[a:a + _ID_BLOCK]
+            np.bitwise_and(block, mask, out=ids[a:a + _ID_BLOCK])
+            block >>= shift
+        return ids.view(np.int64), self.with_ids(0)
 
     def sorted_groups(self, codes: np.ndarray) -> np.ndarray:
         """Return the group of each of ``codes`` sorted ascending, as int16 (groups are runs: no shift per code)."""

@@ -28,6 +28,8 @@ class SortedRecords:
     hi: np.ndarray
     lo: np.ndarray | None  # None when hi alone is unique (keys packed with ids)
     payload: dict[str, np.ndarray]
+    # uint64 memory the sort is done with (at least len(hi) when given): the caller's next array, not fresh pages
+    spare: np.ndarray | None = None
 
 
 def _sample_cuts(comm: Comm, hi: np.ndarray, lo: np.ndarray | None) -> np.ndarray:
@@ -120,11 +122,14 @@ class SortHints:
     (``kernels.sort_id_ordered``) and the payload follows by the positions read back from
     the ids (no argsort). ``targets`` (P + 1 rising global positions, ending at the total),
     with unique ``hi``, makes rank r hold exactly positions ``[targets[r], targets[r+1])``;
-    otherwise ranges are near-even.
+    otherwise ranges are near-even. ``room`` (with ``ids_from``): the uint64 buffer whose first
+    ``len(hi)`` elements are ``hi``, consumed with it; sized for this rank's target range, the
+    sort receives and merges within it and its own scratch instead of fresh arrays.
     """
 
     ids_from: tuple[int, KeyLayout] | None = None
     targets: np.ndarray | None = None
+    room: np.ndarray | None = None
 
 
 def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict[str, np.ndarray],
@@ -134,14 +139,16 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     ``lo`` is None when ``hi`` alone is unique (keys packed with ids); ``hints`` (``SortHints``)
     what the caller knows of them.
     """
-    ids_from, targets = (hints.ids_from, hints.targets) if hints is not None else (None, None)
+    hints = hints or SortHints()
+    ids_from, targets = hints.ids_from, hints.targets
     if lo is None and ids_from is not None:
         first, layout = ids_from
+        if not payload:
+            return _sort_id_ordered_keys(comm, hi, layout, hints)
         # the ids rise in input order: a stable radix sort on the fields above them is the full sort
         hi = kernels.sort_id_ordered(hi, layout.id_bits, layout.bits - layout.id_bits)
-        if payload:
-            pos = layout.field(hi, "id").astype(np.int64) - first
-            payload = {k: v[pos] for k, v in payload.items()}
+        pos = layout.field(hi, "id").astype(np.int64) - first
+        payload = {k: v[pos] for k, v in payload.items()}
     else:
         order = np.argsort(hi, kind="stable") if lo is None else np.lexsort((lo, hi))
         hi = hi[order]
@@ -159,18 +166,15 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     send = np.diff(cuts)
     recv = comm.exchange_counts(send)
     phase("splitters")
-    r_hi = comm.alltoallv(hi, send, recv)
+    keys_alone = lo is None and not payload
+    # two ranks' keys alone: the own run is merged from where it lies, not copied into the received codes
+    r_hi = comm.alltoallv(hi, send, recv, skip_self=keys_alone and comm.size == 2)
     r_lo = comm.alltoallv(lo, send, recv) if lo is not None else None
     r_payload = {k: comm.alltoallv(v, send, recv) for k, v in payload.items()}
     phase("exchange")
     offsets = np.concatenate(([0], np.cumsum(recv))).astype(np.int64)
-    if r_lo is None and not r_payload:
-        # nothing rides along: merge the keys alone (no permutation to write), into the sent codes'
-        # memory when they were sorted here in place (consumed) and it is large enough
-        if ids_from is not None and len(r_hi) <= len(hi):
-            r_hi = kernels.merge_sorted_keys_into(r_hi, offsets, hi)
-        elif comm.size == 2:
-            # two runs, one of them this rank's own (still in hi): merged within the received codes
+    if keys_alone:
+        if comm.size == 2:
             own = hi[cuts[comm.rank]:cuts[comm.rank + 1]]
             r_hi = kernels.merge_with_own_run(r_hi, int(recv[0]), own, own_first=comm.rank == 0)
         else:
@@ -185,3 +189,51 @@ def sample_sort(comm: Comm, hi: np.ndarray, lo: np.ndarray | None, payload: dict
     out = SortedRecords(r_hi, r_lo, {k: v[perm] for k, v in r_payload.items()})
     phase("merge")
     return out
+
+
+def _sort_id_ordered_keys(comm: Comm, hi: np.ndarray, layout: KeyLayout, hints: SortHints) -> SortedRecords:
+    """Return packed codes whose ids rise in input order sorted over all ranks, nothing riding along.
+
+    Two buffers do all the work: the codes' own (``hints.room``, else ``hi``) and one scratch
+    array, both sized for this rank's target range. The radix sort scatters into the scratch
+    (nothing copied back), the exchange receives into the buffer the sort left free, the runs
+    merge there or into the other one, and the one left over comes back as ``spare``: no
+    other array as large as the codes is made, so every rank touches the same fresh memory
+    as one rank alone.
+    """
+    n, rank = len(hi), comm.rank
+    targets = hints.targets
+    final = n if targets is None or comm.size == 1 else int(targets[rank + 1] - targets[rank])
+    own_buf = hints.room if hints.room is not None and len(hints.room) >= n else hi
+    scratch = np.empty(max(n, final), np.uint64)  # pages it never uses are never touched
+    hi = kernels.sort_id_ordered(hi, layout.id_bits, layout.bits - layout.id_bits, scratch=scratch)
+    held, free = (own_buf, scratch) if hi.ctypes.data == own_buf.ctypes.data else (scratch, own_buf)
+    fault_point(comm, "sort")
+    phase("local sort")
+    if comm.size == 1:
+        return SortedRecords(hi, None, {}, spare=free)
+    comm.barrier()  # ranks finish their local sort apart: the first ones wait without spinning
+    cuts = exact_cuts(comm, hi, targets) if targets is not None else _sample_cuts(comm, hi, None)
+    send = np.diff(cuts)
+    recv = comm.exchange_counts(send)
+    phase("splitters")
+    total = int(recv.sum())
+    into = free[:total] if len(free) >= total else np.empty(total, np.uint64)
+    if comm.size == 2:
+        # two runs, one of them this rank's own (still in hi): it is not copied, the merge reads it there
+        r_hi = comm.alltoallv(hi, send, recv, out=into, skip_self=True)
+        phase("exchange")
+        own = hi[cuts[rank]:cuts[rank + 1]]
+        r_hi = kernels.merge_with_own_run(r_hi, int(recv[0]), own, own_first=rank == 0)
+        spare: np.ndarray | None = held
+    else:
+        r_hi = comm.alltoallv(hi, send, recv, out=into)
+        phase("exchange")
+        offsets = np.concatenate(([0], np.cumsum(recv))).astype(np.int64)
+        if len(held) >= total:
+            # the passes ping-pong between the received runs and the sent codes' memory: no scratch
+            r_hi, spare = kernels.merge_runs_between(r_hi, offsets, held)
+        else:
+            r_hi, spare = kernels.merge_sorted_keys(r_hi, offsets), into
+    phase("merge")
+    return SortedRecords(r_hi, None, {}, spare=spare)

@@ -60,6 +60,7 @@ class _Keys:
     layout: KeyLayout
     stage: np.ndarray | None = None
     group: np.ndarray | None = None
+    room: np.ndarray | None = None  # the buffer the codes are the start of (``SortHints.room``)
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,9 @@ def _sort_by(comm: Comm, keys: _Keys, rows: _Rows, contiguous: bool, targets: np
         codes = packed.pack_into(keys.codes, stage=keys.stage, group=keys.group, ids=ids,
                                  first_id=start if ids is None else None)
         phase("keys")
-        hints = SortHints((start, packed) if contiguous else None, targets)
+        hints = SortHints((start, packed) if contiguous else None, targets, keys.room)
         out = sample_sort(comm, codes, None, rows.payload, hints)
-        out_ids, _ = packed.strip_ids(out.hi)
+        out_ids, _ = packed.strip_ids(out.hi, into=out.spare)
         return SortedKeys(out_ids, out.hi, out.payload)
     codes = layout.pack_into(keys.codes, stage=keys.stage, group=keys.group)
     ids = np.arange(start, start + len(codes), dtype=np.int64) if ids is None else ids.astype(np.int64, copy=False)
@@ -117,9 +118,15 @@ def _sort_by(comm: Comm, keys: _Keys, rows: _Rows, contiguous: bool, targets: np
 def _is_contiguous(comm: Comm, samples: SampleColumns) -> bool:
     """Return whether every rank's ids are ``start + arange(n)`` (then positions come from ids)."""
     ids, n = samples.sample_id, len(samples.sample_id)
-    ok = n == 0 or (int(ids[0]) == samples.start and int(ids[-1]) == samples.start + n - 1
-                    and bool(np.all(ids[1:] > ids[:-1])))
+    ok = n == 0 or (int(ids[0]) == samples.start and int(ids[-1]) == samples.start + n - 1 and _rising(ids))
     return bool(comm.allreduce(int(ok), "min"))
+
+
+def _rising(ids: np.ndarray, block: int = 1 << 20) -> bool:
+    """Return whether ``ids`` strictly rise, a block at a time (no mask as long as the ids)."""
+    last = len(ids) - 1  # pairs (i, i + 1) for i below it
+    return all(bool(np.all(ids[a + 1:min(a + block, last) + 1] > ids[a:min(a + block, last)]))
+               for a in range(0, last, block))
 
 
 def _is_same(comm: Comm, samples: SampleColumns) -> bool:
@@ -221,13 +228,17 @@ def _sort_plain(comm: Comm, samples: SampleColumns, groups: np.ndarray | None, f
     if free_input:
         # the ids are start + arange(n): free them before the codes are made, which then take their memory
         samples.sample_id, ids_in = np.zeros(0, np.int64), None
-    codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending)
+    # the codes' buffer holds this rank's whole target range: the sort receives into it (no fresh array)
+    mine = int(facts.targets[comm.rank + 1] - facts.targets[comm.rank])
+    room = np.empty(max(len(samples.size), mine), np.uint64)
+    codes, codec = encode_keys(comm, samples.size if by_size else samples.difficulty, opts.descending, out=room)
     layout = _group_layout(codec, facts.group_bits)
     if free_input:
         # the keys are in the codes: free the input now
         samples.clear()
-    out = _sort_by(comm, _Keys(codes, layout, group=groups), _Rows(samples.start, samples.total, ids_in, payload),
-                   facts.contiguous, facts.targets)
+    out = _sort_by(comm, _Keys(codes, layout, group=groups, room=room),
+                   _Rows(samples.start, samples.total, ids_in, payload), facts.contiguous, facts.targets)
+    del room
     del ids_in
     ids, codes, payload = out.ids, out.codes, out.payload
     del out

@@ -1,4 +1,5 @@
-"""sort_id_ordered (a radix sort on the bits above ids that rise in input order) against np.sort."""
+"""sort_id_ordered (a radix sort on the bits above ids that rise in input order) against np.sort, and the merges
+into memory the caller holds."""
 from __future__ import annotations
 
 import numpy as np
@@ -51,6 +52,51 @@ def test_the_fallback_gives_the_same_codes(fallback):
     rng = np.random.default_rng(3)
     codes = packed(rng.integers(0, 4096, 5000, dtype=np.uint64), 13)
     assert np.array_equal(fallback.sort_id_ordered(codes.copy(), 13, 12), np.sort(codes))
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(0, 2000), key_bits=st.sampled_from([0, 3, 12, 13, 14, 27, 40]), extra=st.integers(0, 3),
+       seed=st.integers(0, 2**32 - 1))
+def test_with_scratch_nothing_is_copied_back_and_the_other_buffer_is_free(n, key_bits, extra, seed):
+    rng = np.random.default_rng(seed)
+    id_bits = max(1, int(n).bit_length())
+    codes = packed(rng.integers(0, 1 << key_bits, n, dtype=np.uint64), id_bits)
+    want = np.sort(codes)
+    mine, scratch = codes.copy(), np.full(n + extra, 7, np.uint64)
+    got = K.sort_id_ordered(mine, id_bits, key_bits, scratch=scratch)
+    assert np.array_equal(got, want)
+    # the result lies at the start of one of the two buffers (no third array)
+    assert got.ctypes.data in (mine.ctypes.data, scratch.ctypes.data) or n == 0
+    assert np.all(scratch[n:] == 7)
+
+
+def test_a_too_small_scratch_is_refused():
+    with pytest.raises(ValueError, match="scratch"):
+        K.sort_id_ordered(packed(np.array([2, 1], np.uint64), 1), 1, 2, scratch=np.zeros(1, np.uint64))
+
+
+@settings(max_examples=80, deadline=None)
+@given(runs=st.lists(st.lists(st.integers(0, 2**64 - 1), max_size=25), min_size=1, max_size=9),
+       spare=st.integers(0, 3))
+def test_merge_between_two_buffers_needs_no_third(runs, spare):
+    keys = np.concatenate([np.sort(np.asarray(r, np.uint64)) for r in runs]).astype(np.uint64)
+    offsets = np.concatenate(([0], np.cumsum([len(r) for r in runs]))).astype(np.int64)
+    want = np.sort(keys)
+    other = np.full(len(keys) + spare, 7, np.uint64)
+    merged, free = K.merge_runs_between(keys, offsets, other)
+    assert np.array_equal(merged, want)
+    starts = {keys.ctypes.data, other.ctypes.data}
+    assert len(keys) == 0 or (merged.ctypes.data in starts and free.ctypes.data in starts
+                              and not np.shares_memory(merged, free))
+    assert len(free) >= len(keys)
+
+
+def test_merge_between_refuses_too_little_memory(fallback):
+    keys = np.array([3, 5, 1, 2], np.uint64)
+    with pytest.raises(ValueError, match="other"):
+        K.merge_runs_between(keys, [0, 2, 4], np.zeros(3, np.uint64))
+    merged, _ = fallback.merge_runs_between(keys, [0, 2, 3, 4], np.zeros(4, np.uint64))
+    assert np.array_equal(merged, [1, 2, 3, 5])
 
 
 def test_bad_widths_are_refused_or_sorted():

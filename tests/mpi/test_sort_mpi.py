@@ -1,6 +1,8 @@
 """The distributed sort over real ranks: a permutation, in total order, balanced by shards."""
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -91,8 +93,8 @@ def test_sort_lands_on_output_shards_without_a_second_exchange(stages, monkeypat
 
 @pytest.mark.parametrize("first_share", [0.3, 0.7])
 def test_a_consumed_sort_of_uneven_ranks_is_the_total_order(first_share):
-    # the consumed path merges the received codes into the rank's own memory: into its sent codes
-    # where they fit, else (two ranks) within the received codes, the own run read where it was sent from
+    # the consumed path receives into the codes' own buffer and merges there or into the radix scratch
+    # (two ranks: within the received codes, the own run read where it was sent from)
     comm = get_comm()
     n = 60_000
     size = np.random.default_rng(5).integers(0, 4000, n)
@@ -104,3 +106,30 @@ def test_a_consumed_sort_of_uneven_ranks_is_the_total_order(first_share):
     ref = np.lexsort((np.arange(n), size))
     assert np.array_equal(np.concatenate(comm.allgather_obj(out.sample_id)), ref)
     assert np.array_equal(np.concatenate(comm.allgather_obj(out.size)), size[ref])
+
+
+@pytest.mark.parametrize("first_share", [0.5, 0.3])
+def test_a_consumed_sort_holds_no_array_beyond_its_two_buffers(first_share):
+    # numpy's allocations are traced: at its peak a rank holds the codes' buffer and the radix scratch (each
+    # 8 bytes a sample of the larger of its input and its target range), which end as the sorted sizes and
+    # ids, and the stage column; the exchange and the merge land in them (a third array was 1.4-2.3x more)
+    comm = get_comm()
+    per_rank = 1 << 17
+    n = per_rank * comm.size
+    size = np.random.default_rng(9).integers(1, 4000, n).astype(np.int32)
+    bounds = np.linspace(0, n, comm.size + 1).astype(np.int64)
+    bounds[1] = int(bounds[1] * first_share * 2) if comm.size > 1 else n
+    a, b = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
+    mine = SampleColumns(a, n, np.arange(a, b), size[a:b].copy(), None)
+    mine.difficulty = mine.size
+    rows = 3 << 12  # shards that do not split evenly: a rank may receive more than it sent
+    tracemalloc.start()
+    try:
+        out = sort_samples(comm, mine, SortOptions(), rows, consume=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    room = max(b - a, len(out.sample_id))
+    assert peak <= 16 * room + 2 * len(out.sample_id) + (1 << 16), (peak, room)
+    ref = np.lexsort((np.arange(n), size))
+    assert np.array_equal(np.concatenate(comm.allgather_obj(out.sample_id)), ref)

@@ -144,6 +144,31 @@ def test_many_reads_per_file(tmp_path, monkeypatch):
     assert s.size.tolist() == [len(t) for t in tx]
 
 
+@pytest.mark.parametrize("with_jsonl", [False, True])
+def test_the_reads_land_in_one_sizes_array_where_the_rows_are_known(tmp_path, monkeypatch, with_jsonl):
+    # no concatenation of per-read pieces (a second copy as large) when every unit's rows are known
+    monkeypatch.setattr(read_plan, "READ_ROWS", 4)
+    tx = texts("w", 23)
+    paths = [write_parquet(tmp_path / "a.parquet", tx, row_group_size=3)]
+    if with_jsonl:  # whole jsonl files' rows are known only once read: the pieces are concatenated
+        paths.append(write_jsonl(tmp_path / "b.jsonl", tx[:5]))
+    joined = []
+    real = np.concatenate
+
+    def spy(parts, *a, **kw):
+        joined.append(sum(len(p) for p in parts))
+        return real(parts, *a, **kw)
+
+    monkeypatch.setattr(np, "concatenate", spy)
+    s = run(paths, difficulty="words")
+    monkeypatch.setattr(np, "concatenate", real)
+    every = tx + (tx[:5] if with_jsonl else [])
+    assert s.size.tolist() == [len(t) for t in every] and s.sample_id.tolist() == list(range(len(every)))
+    assert s.difficulty.tolist() == [len(t.split()) for t in every]
+    # the difficulty's pieces are joined either way; the sizes' only when a jsonl file's rows were unknown
+    assert joined.count(len(every)) == (2 if with_jsonl else 1)
+
+
 # --- SPECs end to end ---------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sortpack import kernels
@@ -74,3 +74,62 @@ def test_a_new_budget_is_one_class_in_the_registry(monkeypatch):
     assert mbs.stats["skipped"] == 2  # over half the budget alone: 51 and 90
     kept = [mbs.sample_ids[a:b].tolist() for a, b in zip(mbs.offsets[:-1], mbs.offsets[1:])]
     assert kept == [[0, 1, 2], [3]]  # the tokens kernel packs the rest: 70 tokens, then 50
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.sampled_from(list(BUDGETS)), max_tokens=st.integers(260, 600),
+       rounding=st.sampled_from(["", "pad", "shapes"]), sizes=st.lists(st.integers(0, 700), max_size=40),
+       sizes2=st.lists(st.integers(0, 50), max_size=40),
+       policy=st.sampled_from(["error", "skip", "truncate"]), cap2=st.integers(0, 40))
+def test_oversize_checks_look_at_the_largest_sample_first_and_agree_with_the_mask(
+        name, max_tokens, rounding, sizes, sizes2, policy, cap2):
+    kw = {"pad_to_multiple": 8} if rounding == "pad" else {"shapes": (16, 64, 256)} if rounding == "shapes" else {}
+    opts = _opts(name, max_tokens, oversize=policy, max_size2=cap2, **kw)
+    sizes = np.asarray(sizes, np.int64)
+    size2 = np.resize(np.asarray(sizes2 or [0], np.int64), len(sizes))
+    samples = SampleColumns(0, len(sizes), np.arange(len(sizes), dtype=np.int64), sizes, sizes, None, [],
+                            measures={"size2": size2})
+    mask = oversize_mask(opts, sizes, size2)
+    maybe = budgets._oversize(opts, sizes, size2)
+    assert (maybe is None and not mask.any()) or np.array_equal(maybe, mask)
+    if policy == "error":
+        if mask.any():
+            with pytest.raises(budgets.OversizeError):
+                budgets.apply_oversize(SerialComm(), samples, opts)
+            return
+        budgets.refuse_oversize(SerialComm(), samples, opts)
+    out, info = budgets.apply_oversize(SerialComm(), samples, opts)
+    assert info["oversize"] == int(mask.sum())
+    if policy == "skip":
+        assert np.array_equal(out.size, sizes[~mask])
+
+
+def test_no_oversize_mask_is_made_when_the_largest_sample_fits(monkeypatch):
+    made = []
+    real = budgets.oversize_mask
+
+    def spy(opts, sizes, sizes2=None):
+        made.append(len(sizes))
+        return real(opts, sizes, sizes2)
+
+    monkeypatch.setattr(budgets, "oversize_mask", spy)
+    sizes = np.arange(1, 1001, dtype=np.int64)
+    samples = SampleColumns(0, len(sizes), np.arange(len(sizes), dtype=np.int64), sizes, sizes, None, [])
+    opts = PackOptions(max_tokens=1000)
+    budgets.refuse_oversize(SerialComm(), samples, opts)
+    assert budgets.apply_oversize(SerialComm(), samples, opts)[1]["oversize"] == 0
+    assert budgets.drop_empty(SerialComm(), samples, opts) == (samples, 0)
+    assert made and max(made) == 1  # the largest alone, never a mask as long as the column
+    over = PackOptions(max_tokens=999, oversize="skip")
+    assert budgets.apply_oversize(SerialComm(), samples, over)[1]["oversize"] == 1 and max(made) == 1000
+
+
+@given(sizes=st.lists(st.integers(0, 5), max_size=30), empty_size=st.integers(0, 3), keep=st.booleans())
+def test_dropping_empty_samples_agrees_with_their_mask(sizes, empty_size, keep):
+    sizes = np.asarray(sizes, np.int64)
+    samples = SampleColumns(0, len(sizes), np.arange(len(sizes), dtype=np.int64), sizes, sizes, None, [],
+                            empty_size)
+    empty = budgets.content_empty(samples)
+    out, count = budgets.drop_empty(SerialComm(), samples, PackOptions(max_tokens=10, keep_empty=keep))
+    assert count == int(empty.sum())
+    assert np.array_equal(out.sample_id, samples.sample_id if keep else samples.sample_id[~empty])

@@ -1,4 +1,5 @@
-"""The 64-bit sort key ``[group | stage | key | id]`` (stages.key_codes.KeyLayout): round trip and order."""
+"""The 64-bit sort key ``[group | stage | key | id]`` (stages.key_codes.KeyLayout): round trip and order; the
+key codes (encode_keys) in a buffer the caller gives."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sortpack.stages.key_codes import KeyLayout
+from sortpack.parallel import SerialComm
+from sortpack.stages import key_codes
+from sortpack.stages.key_codes import KeyLayout, encode_keys
 
 
 @st.composite
@@ -90,3 +93,79 @@ def test_strip_ids_and_sorted_groups_read_sorted_codes():
     assert ids.tolist() == [4, 6, 5, 7] and keyed == KeyLayout(4, group_bits=2)
     assert keyed.sorted_groups(codes).tolist() == [0, 2, 2, 3]
     assert keyed.field(codes, "key", in_place=True).tolist() == [1, 0, 15, 7]
+
+
+def test_strip_ids_writes_into_memory_the_caller_is_done_with():
+    layout = KeyLayout(4, id_bits=3)
+    codes = np.sort(layout.pack(np.array([3, 1, 2], np.uint64), first_id=2))
+    spare = np.full(5, 99, np.uint64)
+    ids, _ = layout.strip_ids(codes, into=spare)
+    assert ids.tolist() == [3, 4, 2] and np.shares_memory(ids, spare) and spare[3:].tolist() == [99, 99]
+    assert codes.tolist() == [1, 2, 3]
+    short = layout.pack(np.array([1, 2], np.uint64), first_id=0)
+    ids, _ = layout.strip_ids(short, into=np.zeros(1, np.uint64))  # too short: a new array
+    assert ids.tolist() == [0, 1]
+
+
+def test_ids_packed_in_blocks_are_the_ids(monkeypatch):
+    monkeypatch.setattr(key_codes, "_ID_BLOCK", 3)  # several blocks and a short last one
+    layout = KeyLayout(8, id_bits=5)
+    key = np.arange(10, dtype=np.uint64)
+    got = layout.pack(key, first_id=7)
+    assert np.array_equal(got, (key << np.uint64(5)) | np.arange(7, 17, dtype=np.uint64))
+
+
+def _codes_as_before(values: np.ndarray, descending: bool) -> tuple[np.ndarray, int, int]:
+    """Return (the uint64 codes, their offset, their bits) as encode_keys made them in whole-array steps."""
+    if values.dtype.kind == "f":
+        bits = values.astype(np.float64, copy=False).view(np.uint64)
+        codes = np.where((bits >> np.uint64(63)).astype(bool), ~bits, bits | np.uint64(1 << 63))
+    else:
+        codes = values.astype(np.uint64)
+    if descending:
+        codes = ~codes
+    if not len(codes):
+        return codes, 2**64 - 1, 0
+    lo = int(codes.min())
+    return codes - np.uint64(lo), lo, int((codes - np.uint64(lo)).max()).bit_length()
+
+
+@settings(max_examples=150, deadline=None)
+@given(ints=st.lists(st.integers(-2**63, 2**63 - 1), max_size=30),
+       floats=st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=30),
+       kind=st.sampled_from(["int64", "int32", "float64", "float32"]), descending=st.booleans(),
+       extra=st.integers(0, 3))
+def test_codes_in_the_callers_buffer_are_the_codes(ints, floats, kind, descending, extra):
+    if kind.startswith("int"):
+        info = np.iinfo(kind)
+        values = np.array([min(max(v, info.min), info.max) for v in ints], dtype=kind)
+    else:
+        with np.errstate(over="ignore"):
+            values = np.array(floats, dtype=kind)
+    want, offset, bits = _codes_as_before(values, descending)
+    out = np.full(len(values) + extra, 5, np.uint64)
+    got, codec = encode_keys(SerialComm(), values, descending, out=out)
+    assert np.array_equal(got, want) and (np.shares_memory(got, out) or len(values) == 0)
+    assert (codec.offset, codec.bits, codec.descending) == (offset, bits, descending)
+    assert np.all(out[len(values):] == 5)
+    fresh, same = encode_keys(SerialComm(), values, descending)
+    assert np.array_equal(fresh, want) and same == codec
+    if len(values) and kind.startswith("int"):
+        assert np.array_equal(codec.decode(got.copy()), values.astype(np.int64))
+
+
+def test_codes_made_in_blocks_are_the_codes(monkeypatch):
+    monkeypatch.setattr(key_codes, "_ID_BLOCK", 4)  # several blocks, a short last one
+    values = np.array([7, 3, 9, 3, 12, 5, 8, 1, 4, 11], np.int64)
+    for descending in (False, True):
+        want, offset, bits = _codes_as_before(values, descending)
+        got, codec = encode_keys(SerialComm(), values.copy(), descending)
+        assert np.array_equal(got, want) and (codec.offset, codec.bits) == (offset, bits)
+    layout = KeyLayout(4, stage_bits=2, id_bits=4)
+    stage = np.arange(10) % 3
+    packed = layout.pack(np.arange(10, dtype=np.uint64) % 16, stage=stage, first_id=3)
+    assert np.array_equal(layout.unpack(packed)["id"], np.arange(3, 13))
+    assert np.array_equal(layout.unpack(packed)["stage"], stage)
+    ids, keyed = layout.strip_ids(packed)  # in blocks too, the ids out and the shift in one sweep
+    assert ids.tolist() == list(range(3, 13)) and keyed == KeyLayout(4, stage_bits=2)
+    assert np.array_equal(keyed.unpack(packed)["stage"], stage)

@@ -7,7 +7,7 @@ import pytest
 from sortpack.errors import SortpackError
 from sortpack.parallel import SerialComm
 from sortpack.stages.samples import SampleColumns
-from sortpack.stages.sort import SortOptions, sort_samples
+from sortpack.stages.sort import SortOptions, _rising, sort_samples
 
 
 def samples_of(size, difficulty=None, start=0, total=None):
@@ -66,3 +66,14 @@ def test_bad_sort_options():
         SortOptions(key="nope").validate()
     with pytest.raises(SortpackError):
         SortOptions(stages=0).validate()
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 8, 9])
+def test_rising_ids_are_checked_a_block_at_a_time(n):
+    ids = np.arange(10, 10 + n, dtype=np.int64)
+    for block in (1, 2, 3, 8, 100):
+        assert _rising(ids, block)
+        for i in range(n - 1):  # a tie anywhere, a block's edge included
+            tied = ids.copy()
+            tied[i + 1] = tied[i]
+            assert not _rising(tied, block)

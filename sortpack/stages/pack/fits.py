@@ -46,7 +46,8 @@ class Budget:
         return not self.opts.rounding
 
     def cost_alone(self, lengths: np.ndarray) -> np.ndarray:
-        """Return each (padded) length's cost alone in a micro-batch."""
+        """Return each (padded) length's cost alone in a micro-batch (never less for a longer one: the largest
+        sample decides whether any is oversize, as ``longest_alone`` says)."""
         return kernels.sample_cost(lengths, self.kernel, self.opts.scale)
 
     def longest_alone(self) -> int:
@@ -152,6 +153,22 @@ def oversize_mask(opts: PackOptions, sizes: np.ndarray, sizes2: np.ndarray | Non
     return over
 
 
+def _oversize(opts: PackOptions, sizes: np.ndarray, sizes2: np.ndarray | None = None) -> np.ndarray | None:
+    """Return ``oversize_mask(opts, sizes, sizes2)``, or None when no sample is oversize.
+
+    A sample's cost alone only grows with its size (rounding up to shapes or multiples, the
+    budgets' costs) and the second size's cap is a plain bound: when the largest of each fits,
+    every sample does, and no mask as long as the column is made.
+    """
+    sizes = np.asarray(sizes)
+    if not len(sizes):
+        return None
+    top2 = None if sizes2 is None or not len(sizes2) else np.asarray(sizes2).max(keepdims=True)
+    if not oversize_mask(opts, sizes.max(keepdims=True), top2)[0]:
+        return None
+    return oversize_mask(opts, sizes, sizes2)
+
+
 def oversize_reason(opts: PackOptions, largest: int) -> str:
     """Return why samples up to ``largest`` do not fit alone, naming the option to change.
 
@@ -237,11 +254,15 @@ def drop_empty(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[S
     and sample ids; positions close up globally, so the packing does not depend on the
     rank count.
     """
-    empty = content_empty(samples)
-    count = comm.allreduce(int(empty.sum()), "sum")
+    size = samples.size
+    # sizes alone decide (no pieces, no targets): when the smallest has content, every sample has (no mask)
+    none_empty = samples.begin is None and "targets" not in samples.measures and (
+        not len(size) or int(size.min()) > samples.empty_size)
+    empty = None if none_empty else content_empty(samples)
+    count = comm.allreduce(0 if empty is None else int(empty.sum()), "sum")
     if count == 0 or opts.keep_empty:
         return samples, count
-    keep = ~empty
+    keep = ~(content_empty(samples) if empty is None else empty)  # another rank's samples are empty
     start, total = global_start(comm, int(keep.sum()))
     return samples.select(keep, start, total), count
 
@@ -265,10 +286,10 @@ def refuse_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> No
             largest = comm.allreduce(int(size2[over2].max()) if over2.any() else 0, "max")
             raise OversizeError(f"{count} samples have a second size over --max-size2 {opts.max_size2} alone "
                                 f"(largest {largest}); raise --max-size2 or use --oversize skip", collective=True)
-    over = oversize_mask(opts, samples.size)
-    count = comm.allreduce(int(over.sum()), "sum")
+    over = _oversize(opts, samples.size)
+    count = comm.allreduce(0 if over is None else int(over.sum()), "sum")
     if count:
-        largest = comm.allreduce(int(samples.size[over].max()) if over.any() else 0, "max")
+        largest = comm.allreduce(int(samples.size[over].max()) if over is not None and over.any() else 0, "max")
         ways = ("--oversize skip (a second size cannot be cut)" if "size2" in samples.measures else
                 "--oversize split (cut them into pieces that fit, no token lost), skip or truncate")
         raise OversizeError(f"{count} samples {oversize_reason(opts, largest)}, or use {ways}", collective=True)
@@ -277,11 +298,12 @@ def refuse_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> No
 def apply_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, dict]:
     """Return the samples after the ``--oversize`` policy, and counts of what it did (over all ranks)."""
     refuse_oversize(comm, samples, opts)
-    over = oversize_mask(opts, samples.size, samples.measures.get("size2"))
-    count = comm.allreduce(int(over.sum()), "sum")
+    maybe = _oversize(opts, samples.size, samples.measures.get("size2"))
+    count = comm.allreduce(0 if maybe is None else int(maybe.sum()), "sum")
     info = {"oversize": count, "skipped": 0, "truncated": 0}
     if count == 0:
         return samples, info
+    over = np.zeros(len(samples.size), bool) if maybe is None else maybe  # another rank's samples are over
     if opts.oversize == "split":
         # split happens before the sort (stages.split): nothing here may still be too large
         raise SortpackError(f"{count} samples are still larger than the budget after --oversize split",
