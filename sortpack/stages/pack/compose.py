@@ -157,7 +157,6 @@ def exchange_heavy(rooms: np.ndarray, targets: np.ndarray, order: np.ndarray, sp
     # the lightest rows, the same way with the targets negated: they take the subsets of most targets
     light = _Rows(st.rooms, -st.targets, st.slot, st.row, -st.total, st.used, st.count, np.zeros(n_rows, bool))
     _subset_rounds(light, fit, -mean * SUBSET_LIGHT, take=True)
-    st.total = -light.total
     new_splits = np.concatenate(([0], np.cumsum(np.bincount(st.row, minlength=n_rows)))).astype(splits.dtype)
     return st.slot[np.lexsort((st.slot, st.row))], new_splits
 

@@ -224,10 +224,10 @@ def composed_rows(sizes: np.ndarray, room: np.ndarray, targets: np.ndarray, opts
     window order.
     """
     spread = targets_spread(sizes, targets)
-    order, row_splits = window_rows(room[spread], None, opts)
-    order = compose_rows(sizes[spread], targets[spread], order, row_splits)
-    order, row_splits = exchange_heavy(room[spread], targets[spread], order, row_splits,
-                                       (opts.rows, opts.max_segments))
+    room, targets = room[spread], targets[spread]
+    order, row_splits = window_rows(room, None, opts)
+    order = compose_rows(sizes[spread], targets, order, row_splits)
+    order, row_splits = exchange_heavy(room, targets, order, row_splits, (opts.rows, opts.max_segments))
     order = spread[order]
     row = np.repeat(np.arange(len(row_splits) - 1, dtype=np.int64), np.diff(row_splits))
     return order[np.lexsort((order, row))], row_splits
