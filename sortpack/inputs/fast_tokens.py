@@ -27,7 +27,10 @@ the first that fails is the recorded reason for ``tokenizers``):
 - the added tokens split first (tiktoken's special tokens): none strips, matches single
   words only, or overlaps another (so either library finds the same occurrences).
 
-Either way the ids are the same, so plans do not record which encoder ran in anything that
+With GPT-2's pattern, texts that are all ASCII go through ``kernels.bpe`` instead (no regex engine:
+the pattern's pieces are found by hand, each merged as tiktoken merges it), read from the Arrow
+buffers (``TokenEncoder.encode_column``); the others, and those holding an added token's text, through
+tiktoken. Either way the ids are the same, so plans do not record which encoder ran in anything that
 ``content_hash`` covers; the manifest's ``provenance.tokenizers`` says which did and why.
 """
 from __future__ import annotations
@@ -58,7 +61,7 @@ VERIFIED_PATTERNS = {
 }
 _PROCESSORS = ("ByteLevel", "TemplateProcessing", "RobertaProcessing", "BertProcessing")
 _PROBES = ("", "a", "hello world", " \n\t x1 ")
-_OFF = "SORTPACK_FAST_TOKENIZER"  # "0": always Hugging Face tokenizers
+_OFF = "SORTPACK_FAST_TOKENIZER"  # "0": always Hugging Face tokenizers; "tiktoken": tiktoken for every text
 
 
 def byte_chars() -> dict[str, int]:
@@ -322,6 +325,7 @@ class TokenEncoder:
         self._pool: Any = None  # threads for encode_texts (made on first use)
         self._prefix: tuple[int, ...] = ()
         self._suffix: tuple[int, ...] = ()
+        self._ascii: Any = None  # the compiled table of GPT-2-pattern ranks for ASCII texts (kernels.bpe), if any
         name = os.path.basename(path)
         if env_text(_OFF) == "0":
             self.reason = f"{_OFF}=0"
@@ -336,6 +340,7 @@ class TokenEncoder:
                 self._allowed = frozenset(conv.special)
                 self._prefix, self._suffix = conv.prefix, conv.suffix
                 self.engine = "tiktoken"
+                self._ascii = _ascii_table(conv)
         _CHOSEN[name] = self.record()
 
     def __getattr__(self, name: str):
@@ -353,6 +358,8 @@ class TokenEncoder:
         out: dict[str, Any] = {"encoder": self.engine}
         if self.engine == "tiktoken":
             out["tiktoken"] = _tiktoken_version()
+            if self._ascii is not None:
+                out["ascii"] = "compiled"  # ASCII texts through kernels.bpe, the same ids
         else:
             import tokenizers
 
@@ -370,17 +377,72 @@ class TokenEncoder:
             ends = np.searchsorted(np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts))),
                                    np.arange(1, threads) * (sum(map(len, texts)) / threads))
             runs = [texts[a:b] for a, b in zip([0, *ends.tolist()], [*ends.tolist(), len(texts)])]
-            if self._pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="sortpack-tiktoken")
-            done = list(self._pool.map(self._encode_run, runs))
+            done = list(self._threads_pool(threads).map(self._encode_run, runs))
             ids = np.concatenate([d[0] for d in done])
             counts = np.concatenate([d[1] for d in done])
         else:
             ids, counts = self._encode_run(texts)
         if special_tokens and (self._prefix or self._suffix):
             ids, counts = _surround(ids, counts, self._prefix, self._suffix)
+        return ids, counts
+
+    def _threads_pool(self, threads: int) -> Any:
+        """Return this encoder's pool of ``threads`` threads (made on first use)."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="sortpack-tiktoken")
+        return self._pool
+
+    def encode_column(self, col: Any, special_tokens: bool = True, keep: bool = True
+                      ) -> tuple[np.ndarray | None, np.ndarray] | None:
+        """Return (the ids of a string array's texts as one int32 array, None when not ``keep``; their counts)
+        through the compiled ASCII path (``kernels.bpe``), its other texts through ``encode_texts``; None where
+        that path does not apply (no compiled table, nulls, not a plain string array)."""
+        import pyarrow as pa
+
+        if self._ascii is None or col.null_count or not (pa.types.is_string(col.type)
+                                                        or pa.types.is_large_string(col.type)):
+            return None
+        from ..kernels import bpe
+
+        wide = pa.types.is_large_string(col.type)
+        bufs = col.buffers()
+        offsets = np.frombuffer(bufs[1], np.int64 if wide else np.int32, len(col) + 1, col.offset * (8 if wide else 4))
+        data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and bufs[2].size else np.zeros(1, np.uint8)
+        # a text holding a special token's text goes to tiktoken, which finds it; any other is plain text
+        skip = _holding(col, self._allowed) if self._allowed else None
+        offsets = offsets.astype(np.int64)
+        threads, n = _threads(), len(col)
+        # the kernel lets go of the GIL (ctypes): contiguous runs of about equal bytes, one per thread
+        cuts = [0, *np.searchsorted(offsets, np.linspace(offsets[0], offsets[-1], threads + 1)[1:-1]).tolist(), n] \
+            if threads > 1 and n >= 2 * threads else [0, n]
+        runs = list(zip(cuts[:-1], cuts[1:]))
+
+        def run(ab: tuple[int, int]) -> Any:
+            a, b = ab
+            return bpe.encode_gpt2_ascii(self._ascii, data, offsets[a:b + 1], None if skip is None else skip[a:b], keep)
+
+        done = list(self._threads_pool(threads).map(run, runs)) if len(runs) > 1 else [run(runs[0])]
+        if any(d is None for d in done):
+            self._ascii = None  # not byte-level after all, or no memory: tiktoken from here on
+            return None
+        counts = np.concatenate([d[1] for d in done])
+        ids = np.concatenate([d[0] for d in done]) if keep else None
+        left = np.flatnonzero(counts < 0)
+        if len(left):
+            more, more_counts = self.encode_texts(col.take(pa.array(left)).to_pylist(), special_tokens=False)
+            counts[left] = more_counts
+            if ids is not None:
+                theirs = np.repeat(np.isin(np.arange(len(counts)), left), counts)
+                merged = np.empty(len(theirs), np.int32)
+                merged[theirs], merged[~theirs] = more, ids
+                ids = merged
+        if special_tokens and (self._prefix or self._suffix):
+            if ids is None:
+                counts = counts + len(self._prefix) + len(self._suffix)
+            else:
+                ids, counts = _surround(ids, counts, self._prefix, self._suffix)
         return ids, counts
 
     def _encode_run(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -395,6 +457,30 @@ class TokenEncoder:
         parts = [encode(t, allowed_special=allowed, disallowed_special=()) for t in texts]
         counts = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
         return (np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)), counts
+
+
+_TABLES: dict[int, Any] = {}  # id of a memoised Conversion -> its compiled table (one per process)
+
+
+def _ascii_table(conv: Conversion) -> Any:
+    """Return the compiled table of ``conv``'s ranks where its pattern is GPT-2's (None: tiktoken alone)."""
+    if conv.pattern != GPT2_PATTERN or env_text(_OFF) == "tiktoken":
+        return None
+    if id(conv) not in _TABLES:
+        from ..kernels import bpe
+
+        _TABLES[id(conv)] = bpe.table(conv.ranks)
+    return _TABLES[id(conv)]
+
+
+def _holding(col: Any, texts: frozenset[str]) -> np.ndarray:
+    """Return, per string of ``col``, whether it holds any of ``texts`` (uint8)."""
+    import pyarrow.compute as pc
+
+    found = np.zeros(len(col), bool)
+    for t in sorted(texts):
+        found |= pc.match_substring(col, t).to_numpy(zero_copy_only=False)
+    return found.astype(np.uint8)
 
 
 def _threads() -> int:
@@ -449,7 +535,9 @@ def token_ids(tokenizer, col: Any, special_tokens: bool = True, keep: bool = Tru
 
     The ids are exactly what ``tokens`` counts (the same encode, with or without the special
     tokens as ``--special-tokens`` says), so ``len(ids) == size``. ``keep=False``: the counts
-    only (the list is empty). Texts go to the encoder 4096 at a time; ids stay in numpy arrays.
+    only (the list is empty). An encoder with a compiled path (``TokenEncoder.encode_column``) reads
+    the texts from the Arrow buffers 64k at a time; otherwise texts go to the encoder as Python
+    strings 4096 at a time. Ids stay in numpy arrays.
     """
     import pyarrow as pa
 
@@ -459,11 +547,21 @@ def token_ids(tokenizer, col: Any, special_tokens: bool = True, keep: bool = Tru
     if encode is None:  # a bare tokenizers.Tokenizer
         def encode(texts, special):
             return hf_ids(tokenizer, texts, special)
+    whole = getattr(tokenizer, "encode_column", None)
     counts, values = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)]
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
     for chunk in chunks:
         chunk = plain_column(chunk)
-        for a in range(0, len(chunk), 4096):
+        done = 0  # the chunk's texts encoded from its Arrow buffers (the compiled path), 64k at a time
+        while whole is not None and done < len(chunk):
+            got = whole(chunk.slice(done, 1 << 16), special_tokens, keep)
+            if got is None:  # not this encoder's compiled path: the rest as Python strings below
+                break
+            counts.append(got[1])
+            if keep:
+                values.append(got[0])
+            done = min(done + (1 << 16), len(chunk))
+        for a in range(done, len(chunk), 4096):
             ids, n = encode(chunk.slice(a, 4096).to_pylist(), special_tokens)
             counts.append(n)
             if keep:

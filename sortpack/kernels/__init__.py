@@ -9,7 +9,8 @@ Set ``SORTPACK_NO_CKERNELS=1`` to force the fallback; ``backend()`` says which i
 
 ``_loader`` loads the library and holds the backend state; ``budget`` the packing-budget
 policy; ``greedy``, ``merge``, ``radix``, ``rows``, ``lengths``, ``gather``, ``interleave``, ``tokens`` and
-``utf8`` one kernel family each; ``compose`` (rows composed by their targets) is imported by its module path.
+``utf8`` one kernel family each; ``compose`` (rows composed by their targets) and ``bpe`` (the GPT-2-pattern
+BPE of ASCII text, whose fallback is tiktoken itself) are imported by their module paths.
 """
 from __future__ import annotations
 

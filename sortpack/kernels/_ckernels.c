@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 17
+#define SP_ABI_VERSION 18
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -1239,6 +1239,180 @@ SP_API int64_t sp_min_subsets(const int64_t *rooms, const int64_t *targets, int6
         }
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Byte-level BPE of ASCII text split by GPT-2's pattern (kernels/bpe.py).               */
+/* A table of token bytes -> rank (open addressing, FNV-1a), then per text: the pattern's */
+/* pieces found by hand (ASCII: letters, digits, the six whitespace bytes, the rest), each */
+/* piece a token when it is one, else merged as tiktoken does: the adjacent pair whose   */
+/* concatenation has the lowest rank, the leftmost of equals, until no pair is a token.  */
+
+typedef struct {
+    int64_t slots;      /* a power of two */
+    int64_t *key;       /* offset of the key in arena; -1: empty */
+    int32_t *len;
+    int64_t *rank;
+    uint8_t *arena;
+    int64_t longest;
+} bpe_table;
+
+static inline uint64_t bpe_hash(const uint8_t *p, int64_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int64_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h ^ (h >> 29);
+}
+
+static int64_t bpe_find(const bpe_table *t, const uint8_t *p, int64_t n) {
+    if (n > t->longest) return -1;
+    uint64_t m = (uint64_t)t->slots - 1, at = bpe_hash(p, n) & m;
+    for (;;) {
+        int64_t k = t->key[at];
+        if (k < 0) return -1;
+        if (t->len[at] == n && memcmp(t->arena + k, p, (size_t)n) == 0) return t->rank[at];
+        at = (at + 1) & m;
+    }
+}
+
+SP_API void sp_bpe_free(void *table) {
+    bpe_table *t = (bpe_table *)table;
+    if (!t) return;
+    free(t->key); free(t->len); free(t->rank); free(t->arena); free(t);
+}
+
+/* keys: the tokens' bytes one after another, offsets[n + 1] where each starts; NULL when out of memory or a
+ * token repeats */
+SP_API void *sp_bpe_new(const uint8_t *keys, const int64_t *offsets, const int64_t *ranks, int64_t n) {
+    if (n < 0) return NULL;
+    bpe_table *t = (bpe_table *)calloc(1, sizeof(bpe_table));
+    if (!t) return NULL;
+    int64_t slots = 16;
+    while (slots < 2 * n) slots <<= 1;
+    t->slots = slots;
+    t->key = (int64_t *)malloc((size_t)slots * sizeof(int64_t));
+    t->len = (int32_t *)malloc((size_t)slots * sizeof(int32_t));
+    t->rank = (int64_t *)malloc((size_t)slots * sizeof(int64_t));
+    t->arena = (uint8_t *)malloc((size_t)(offsets[n] > 0 ? offsets[n] : 1));
+    if (!t->key || !t->len || !t->rank || !t->arena) { sp_bpe_free(t); return NULL; }
+    memcpy(t->arena, keys, (size_t)offsets[n]);
+    for (int64_t i = 0; i < slots; i++) t->key[i] = -1;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t a = offsets[i], len = offsets[i + 1] - a;
+        if (len <= 0 || len > INT32_MAX || bpe_find(t, t->arena + a, len) >= 0) { sp_bpe_free(t); return NULL; }
+        uint64_t at = bpe_hash(t->arena + a, len) & (uint64_t)(slots - 1);
+        while (t->key[at] >= 0) at = (at + 1) & (uint64_t)(slots - 1);
+        t->key[at] = a; t->len[at] = (int32_t)len; t->rank[at] = ranks[i];
+        if (len > t->longest) t->longest = len;
+    }
+    return t;
+}
+
+enum { BPE_OTHER = 0, BPE_LETTER = 1, BPE_DIGIT = 2, BPE_SPACE = 3 };
+
+static inline int bpe_class(uint8_t c) {
+    if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return BPE_LETTER;
+    if (c >= '0' && c <= '9') return BPE_DIGIT;
+    if (c == ' ' || (c >= 9 && c <= 13)) return BPE_SPACE; /* \t \n \v \f \r: Unicode White_Space in ASCII */
+    return BPE_OTHER;
+}
+
+typedef struct { int64_t *pos; int64_t *rk; int64_t cap; } bpe_scratch;
+
+/* the tokens of one piece appended at out[*o] (out NULL: counted only); 0, or -1 (no memory), -2 (a byte is no token) */
+static int bpe_piece(const bpe_table *t, const uint8_t *p, int64_t n, bpe_scratch *s, int32_t *out, int64_t *o) {
+    int64_t whole = bpe_find(t, p, n);
+    if (whole >= 0) {
+        if (out) out[*o] = (int32_t)whole;
+        (*o)++;
+        return 0;
+    }
+    if (n + 1 > s->cap) {
+        int64_t cap = 2 * (n + 1);
+        int64_t *pos = (int64_t *)realloc(s->pos, (size_t)cap * sizeof(int64_t));
+        if (!pos) return -1;
+        s->pos = pos;
+        int64_t *rk = (int64_t *)realloc(s->rk, (size_t)cap * sizeof(int64_t));
+        if (!rk) return -1;
+        s->rk = rk; s->cap = cap;
+    }
+    int64_t *pos = s->pos, *rk = s->rk, m = n; /* m parts; part k is p[pos[k] .. pos[k + 1]) */
+    for (int64_t k = 0; k <= n; k++) pos[k] = k;
+    for (int64_t k = 0; k + 1 < m; k++) {
+        int64_t r = bpe_find(t, p + k, 2);
+        rk[k] = r < 0 ? INT64_MAX : r;
+    }
+    for (;;) {
+        int64_t best = INT64_MAX, k = -1;
+        for (int64_t j = 0; j + 1 < m; j++)
+            if (rk[j] < best) { best = rk[j]; k = j; }
+        if (k < 0) break;
+        /* parts k and k + 1 become one: its boundary goes, and the pairs on either side are looked up again */
+        memmove(pos + k + 1, pos + k + 2, (size_t)(m - k - 1) * sizeof(int64_t));
+        if (k + 2 < m) memmove(rk + k + 1, rk + k + 2, (size_t)(m - k - 2) * sizeof(int64_t));
+        m--;
+        if (k + 1 < m) {
+            int64_t r = bpe_find(t, p + pos[k], pos[k + 2] - pos[k]);
+            rk[k] = r < 0 ? INT64_MAX : r;
+        }
+        if (k > 0) {
+            int64_t r = bpe_find(t, p + pos[k - 1], pos[k + 1] - pos[k - 1]);
+            rk[k - 1] = r < 0 ? INT64_MAX : r;
+        }
+    }
+    for (int64_t k = 0; k < m; k++) {
+        int64_t r = bpe_find(t, p + pos[k], pos[k + 1] - pos[k]);
+        if (r < 0) return -2;
+        if (out) out[*o] = (int32_t)r;
+        (*o)++;
+    }
+    return 0;
+}
+
+/* Texts i in [0, n_texts): data[offsets[i] .. offsets[i + 1]). A text that holds a byte above 127, or whose skip[i]
+ * is set (skip may be NULL), is left out: counts[i] = -1, no ids. Each other text's ids are appended to out
+ * (NULL: counted only; room for one id per byte suffices) and counts[i] is their number. Returns the ids written,
+ * or -1 (out of memory), -2 (a byte that is no token: not a byte-level vocabulary). */
+SP_API int64_t sp_bpe_encode_gpt2_ascii(const void *table, const uint8_t *data, const int64_t *offsets, int64_t n_texts,
+                                        const uint8_t *skip, int32_t *out, int64_t *counts) {
+    const bpe_table *t = (const bpe_table *)table;
+    bpe_scratch s = {NULL, NULL, 0};
+    int64_t o = 0, status = 0;
+    for (int64_t i = 0; i < n_texts && status == 0; i++) {
+        const uint8_t *p = data + offsets[i];
+        int64_t n = offsets[i + 1] - offsets[i], ascii = 1;
+        for (int64_t j = 0; j < n; j++) ascii &= p[j] < 128;
+        if (!ascii || (skip && skip[i])) { counts[i] = -1; continue; }
+        int64_t first = o, a = 0;
+        while (a < n && status == 0) {
+            uint8_t c = p[a];
+            int64_t b;
+            if (c == '\'' && a + 1 < n && (p[a + 1] == 's' || p[a + 1] == 't' || p[a + 1] == 'm' || p[a + 1] == 'd')) {
+                b = a + 2; /* 's 't 'm 'd */
+            } else if (c == '\'' && a + 2 < n && ((p[a + 1] == 'r' && p[a + 2] == 'e') || (p[a + 1] == 'v' && p[a + 2] == 'e')
+                                                  || (p[a + 1] == 'l' && p[a + 2] == 'l'))) {
+                b = a + 3; /* 're 've 'll */
+            } else {
+                /* " ?X+" for X letters, digits or the rest: one space may lead a run of one class */
+                int64_t run = (c == ' ' && a + 1 < n && bpe_class(p[a + 1]) != BPE_SPACE) ? a + 1 : a;
+                int k = bpe_class(p[run]);
+                if (k != BPE_SPACE) {
+                    b = run + 1;
+                    while (b < n && bpe_class(p[b]) == k) b++;
+                } else {
+                    /* "\s+(?!\S)|\s+": a whitespace run, less its last byte when a non-space follows it */
+                    b = a + 1;
+                    while (b < n && bpe_class(p[b]) == BPE_SPACE) b++;
+                    if (b < n && b - a >= 2) b--;
+                }
+            }
+            int r = bpe_piece(t, p + a, b - a, &s, out, &o);
+            if (r < 0) status = r;
+            a = b;
+        }
+        counts[i] = o - first;
+    }
+    free(s.pos); free(s.rk);
+    return status < 0 ? status : o;
 }
 
 /* ------------------------------------------------------------------------------------ */

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from sortpack.inputs.fast_tokens import VERIFIED_PATTERNS, Refused, TokenEncoder, exact_conversion, load_spec, token_ids
 from sortpack.inputs.specs import evaluate, load_tokenizer, parse_spec
+from sortpack.kernels import backend
 
 from support import output_files, read_manifest, run_sortpack
 
@@ -240,6 +241,73 @@ def test_counts_and_ids_of_a_column_match_the_reference(tokenizers_by_style, sou
     assert bare_ids.to_pylist() == want
 
 
+def _column_lists(enc, texts: list[str], special: bool, chunks: int = 3) -> tuple[list[list[int]], list[int]]:
+    """Return ``token_ids``' ids (as lists) and its counts-only sizes, the texts in ``chunks`` string chunks."""
+    cut = [len(texts) * k // chunks for k in range(chunks + 1)]
+    col = pa.chunked_array([texts[a:b] for a, b in zip(cut[:-1], cut[1:])], pa.string())
+    ids, counts = token_ids(enc, col, special)
+    _, only = token_ids(enc, col, special, keep=False)
+    assert only.tolist() == counts.tolist()
+    return ids.to_pylist(), counts.tolist()
+
+
+@pytest.mark.parametrize("added", [True, False])
+def test_ascii_texts_take_the_compiled_path_with_the_same_ids(tmp_path, sources, added):
+    """GPT-2's pattern: ASCII texts through kernels.bpe, the others (non-ASCII, holding an added token's text)
+    through tiktoken, spliced back in order: the ids of ``Tokenizer.encode`` either way."""
+    path = train(tmp_path / "gpt2.json", "gpt2", sources, added=added)
+    enc = load_tokenizer(path)
+    if backend() == "c":
+        assert enc.record()["ascii"] == "compiled"
+    texts = sources[:25] + EDGE + ["plain ascii again", "x<tool>y", "<|im_start|> a", ""]
+    for special in (True, False):
+        ids, counts = _column_lists(enc, texts, special)
+        want = hf_reference(path, texts, special)
+        assert ids == want and counts == [len(w) for w in want]
+
+
+def test_random_ascii_columns_property(tokenizers_by_style):
+    """Hypothesis' ASCII strings (every byte class, contractions, whitespace runs, added tokens) as columns."""
+    from tokenizers import Tokenizer
+
+    path = tokenizers_by_style["gpt2"]
+    enc, hf = load_tokenizer(path), Tokenizer.from_file(path)
+    ascii_text = st.lists(st.one_of(st.text(st.characters(max_codepoint=127), max_size=12),
+                                    st.text(st.sampled_from(list(" \t\n\r\v\f'sdlmtrev09x_")), max_size=10),
+                                    st.sampled_from(SPECIALS)), max_size=6).map("".join)
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(ascii_text, min_size=1, max_size=8), st.booleans())
+    def check(texts, special):
+        want = [e.ids for e in hf.encode_batch(texts, add_special_tokens=special)]
+        assert _column_lists(enc, texts, special, chunks=1)[0] == want
+
+    check()
+
+
+def test_the_compiled_path_in_threads_gives_the_same_ids(tokenizers_by_style, sources, monkeypatch):
+    path = tokenizers_by_style["gpt2"]
+    texts = sources + EDGE
+    monkeypatch.setenv("RAYON_NUM_THREADS", "1")
+    one = _column_lists(load_tokenizer(path), texts, True, chunks=2)
+    monkeypatch.setenv("RAYON_NUM_THREADS", "3")
+    assert _column_lists(load_tokenizer(path), texts, True, chunks=2) == one
+    assert one[0] == hf_reference(path, texts, True)
+
+
+def test_tiktoken_alone_is_a_switch_and_gives_the_same_ids(tokenizers_by_style, sources, monkeypatch):
+    path = tokenizers_by_style["gpt2"]
+    texts = sources[:10] + EDGE
+    default = _column_lists(load_tokenizer(path), texts, True)
+    monkeypatch.setenv("SORTPACK_FAST_TOKENIZER", "tiktoken")
+    enc = load_tokenizer(path)
+    assert enc.engine == "tiktoken" and "ascii" not in enc.record()
+    assert _column_lists(enc, texts, True) == default
+    llama = load_tokenizer(tokenizers_by_style["llama3"])  # another pattern: never the compiled path
+    monkeypatch.delenv("SORTPACK_FAST_TOKENIZER")
+    assert "ascii" not in load_tokenizer(tokenizers_by_style["llama3"]).record() and llama.engine == "tiktoken"
+
+
 # --- when the conversion is refused --------------------------------------------------------------------------
 def _edited(path: str, tmp_path: Path, edit) -> str:
     spec = json.loads(Path(path).read_text())
@@ -312,9 +380,11 @@ def test_the_switch_and_a_missing_tiktoken_fall_back(tokenizers_by_style, monkey
 
 
 @pytest.mark.slow
-def test_plans_are_byte_identical_whichever_encoder_ran(tokenizers_by_style, sources, tmp_path):
-    """Same data files and content_hash with tiktoken and with tokenizers; provenance says which ran."""
-    path = tokenizers_by_style["llama3"]
+@pytest.mark.parametrize("style", ["llama3", "gpt2"])
+def test_plans_are_byte_identical_whichever_encoder_ran(tokenizers_by_style, sources, tmp_path, style):
+    """Same data files and content_hash with tiktoken (gpt2: with its compiled ASCII path) and with tokenizers;
+    provenance says which ran."""
+    path = tokenizers_by_style[style]
     data = tmp_path / "code.parquet"
     pq.write_table(pa.table({"text": sources + EDGE}), data, row_group_size=20)
     plans = {}
@@ -327,8 +397,10 @@ def test_plans_are_byte_identical_whichever_encoder_ran(tokenizers_by_style, sou
     one, off = read_manifest(plans["1"]), read_manifest(plans["0"])
     assert one["content_hash"] == off["content_hash"]
     assert output_files(plans["1"]) == output_files(plans["0"])
-    assert one["provenance"]["tokenizers"]["llama3.json"]["encoder"] == "tiktoken"
-    assert off["provenance"]["tokenizers"]["llama3.json"]["encoder"] == "tokenizers"
+    assert one["provenance"]["tokenizers"][f"{style}.json"]["encoder"] == "tiktoken"
+    assert off["provenance"]["tokenizers"][f"{style}.json"]["encoder"] == "tokenizers"
+    if style == "gpt2" and backend() == "c":
+        assert one["provenance"]["tokenizers"]["gpt2.json"]["ascii"] == "compiled"
 
 
 def test_a_loaded_encoder_pickles_for_worker_processes(tokenizers_by_style, sources):
