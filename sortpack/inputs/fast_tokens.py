@@ -27,10 +27,11 @@ the first that fails is the recorded reason for ``tokenizers``):
 - the added tokens split first (tiktoken's special tokens): none strips, matches single
   words only, or overlaps another (so either library finds the same occurrences).
 
-With GPT-2's pattern, texts that are all ASCII go through ``kernels.bpe`` instead (no regex engine:
-the pattern's pieces are found by hand, each merged as tiktoken merges it), read from the Arrow
-buffers (``TokenEncoder.encode_column``); the others, and those holding an added token's text, through
-tiktoken. Either way the ids are the same, so plans do not record which encoder ran in anything that
+With GPT-2's, Llama 3's or Qwen 2's pattern, texts that are all ASCII go through ``kernels.bpe``
+instead (no regex engine: the pattern's pieces are found by hand, each merged as tiktoken merges
+it), read from the Arrow buffers (``TokenEncoder.encode_column``); the others, and those holding an
+added token's text, through tiktoken. Either way the ids are the same, so plans do not record which
+encoder ran in anything that
 ``content_hash`` covers; the manifest's ``provenance.tokenizers`` says which did and why.
 """
 from __future__ import annotations
@@ -325,7 +326,7 @@ class TokenEncoder:
         self._pool: Any = None  # threads for encode_texts (made on first use)
         self._prefix: tuple[int, ...] = ()
         self._suffix: tuple[int, ...] = ()
-        self._ascii: Any = None  # the compiled table of GPT-2-pattern ranks for ASCII texts (kernels.bpe), if any
+        self._ascii: Any = None  # (the compiled table of the ranks, the pattern's style) for ASCII texts, if any
         name = os.path.basename(path)
         if env_text(_OFF) == "0":
             self.reason = f"{_OFF}=0"
@@ -421,7 +422,7 @@ class TokenEncoder:
 
         def run(ab: tuple[int, int]) -> Any:
             a, b = ab
-            return bpe.encode_gpt2_ascii(self._ascii, data, offsets[a:b + 1], None if skip is None else skip[a:b], keep)
+            return bpe.encode_ascii(*self._ascii, data, offsets[a:b + 1], None if skip is None else skip[a:b], keep)
 
         done = list(self._threads_pool(threads).map(run, runs)) if len(runs) > 1 else [run(runs[0])]
         if any(d is None for d in done):
@@ -463,14 +464,16 @@ _TABLES: dict[int, Any] = {}  # id of a memoised Conversion -> its compiled tabl
 
 
 def _ascii_table(conv: Conversion) -> Any:
-    """Return the compiled table of ``conv``'s ranks where its pattern is GPT-2's (None: tiktoken alone)."""
-    if conv.pattern != GPT2_PATTERN or env_text(_OFF) == "tiktoken":
+    """Return (the compiled table of ``conv``'s ranks, its pattern's style) where the kernel splits by that pattern
+    (None: tiktoken alone)."""
+    style = next((name for name, pattern in VERIFIED_PATTERNS.items() if pattern == conv.pattern), None)
+    if style not in ("gpt2", "llama3", "qwen2") or env_text(_OFF) == "tiktoken":
         return None
     if id(conv) not in _TABLES:
         from ..kernels import bpe
 
         _TABLES[id(conv)] = bpe.table(conv.ranks)
-    return _TABLES[id(conv)]
+    return None if _TABLES[id(conv)] is None else (_TABLES[id(conv)], style)
 
 
 def _holding(col: Any, texts: frozenset[str]) -> np.ndarray:

@@ -1242,7 +1242,7 @@ SP_API int64_t sp_min_subsets(const int64_t *rooms, const int64_t *targets, int6
 }
 
 /* ------------------------------------------------------------------------------------ */
-/* Byte-level BPE of ASCII text split by GPT-2's pattern (kernels/bpe.py).               */
+/* Byte-level BPE of ASCII text split by GPT-2's, Llama 3's or Qwen 2's pattern (kernels/bpe.py). */
 /* A table of token bytes -> rank (open addressing, FNV-1a), then per text: the pattern's */
 /* pieces found by hand (ASCII: letters, digits, the six whitespace bytes, the rest), each */
 /* piece a token when it is one, else merged as tiktoken does: the adjacent pair whose   */
@@ -1368,12 +1368,83 @@ static int bpe_piece(const bpe_table *t, const uint8_t *p, int64_t n, bpe_scratc
     return 0;
 }
 
-/* Texts i in [0, n_texts): data[offsets[i] .. offsets[i + 1]). A text that holds a byte above 127, or whose skip[i]
- * is set (skip may be NULL), is left out: counts[i] = -1, no ids. Each other text's ids are appended to out
- * (NULL: counted only; room for one id per byte suffices) and counts[i] is their number. Returns the ids written,
- * or -1 (out of memory), -2 (a byte that is no token: not a byte-level vocabulary). */
-SP_API int64_t sp_bpe_encode_gpt2_ascii(const void *table, const uint8_t *data, const int64_t *offsets, int64_t n_texts,
-                                        const uint8_t *skip, int32_t *out, int64_t *counts) {
+static inline int bpe_crlf(uint8_t c) { return c == '\r' || c == '\n'; }
+
+/* the end of the piece at p[a] (a < n) under GPT-2's pattern:
+ * 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+static int64_t bpe_piece_gpt2(const uint8_t *p, int64_t a, int64_t n) {
+    uint8_t c = p[a];
+    if (c == '\'' && a + 1 < n && (p[a + 1] == 's' || p[a + 1] == 't' || p[a + 1] == 'm' || p[a + 1] == 'd'))
+        return a + 2;
+    if (c == '\'' && a + 2 < n && ((p[a + 1] == 'r' && p[a + 2] == 'e') || (p[a + 1] == 'v' && p[a + 2] == 'e')
+                                   || (p[a + 1] == 'l' && p[a + 2] == 'l')))
+        return a + 3;
+    /* " ?X+" for X letters, digits or the rest: one space may lead a run of one class */
+    int64_t run = (c == ' ' && a + 1 < n && bpe_class(p[a + 1]) != BPE_SPACE) ? a + 1 : a;
+    int k = bpe_class(p[run]);
+    int64_t b = run + 1;
+    if (k != BPE_SPACE) {
+        while (b < n && bpe_class(p[b]) == k) b++;
+        return b;
+    }
+    /* "\s+(?!\S)|\s+": a whitespace run, less its last byte when a non-space follows it */
+    while (b < n && bpe_class(p[b]) == BPE_SPACE) b++;
+    return (b < n && b - a >= 2) ? b - 1 : b;
+}
+
+/* the end of the piece at p[a] (a < n) under Llama 3's pattern (digits = 3) or Qwen 2's (digits = 1):
+ * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+
+ * |\s+(?!\S)|\s+ */
+static int64_t bpe_piece_llama3(const uint8_t *p, int64_t a, int64_t n, int64_t digits) {
+    uint8_t c = p[a];
+    if (c == '\'' && a + 1 < n && bpe_class(p[a + 1]) == BPE_LETTER) {
+        uint8_t d = p[a + 1] | 0x20; /* lower case: a letter's */
+        if (d == 's' || d == 't' || d == 'm' || d == 'd') return a + 2;
+        if (a + 2 < n && bpe_class(p[a + 2]) == BPE_LETTER) {
+            uint8_t e = p[a + 2] | 0x20;
+            if ((d == 'r' && e == 'e') || (d == 'v' && e == 'e') || (d == 'l' && e == 'l')) return a + 3;
+        }
+    }
+    int k = bpe_class(c);
+    int64_t b;
+    /* letters, led by at most one byte that is no letter, digit, \r or \n */
+    if (k == BPE_LETTER || (k != BPE_DIGIT && !bpe_crlf(c) && a + 1 < n && bpe_class(p[a + 1]) == BPE_LETTER)) {
+        b = a + 1;
+        while (b < n && bpe_class(p[b]) == BPE_LETTER) b++;
+        return b;
+    }
+    if (k == BPE_DIGIT) {
+        b = a + 1;
+        while (b < n && b - a < digits && bpe_class(p[b]) == BPE_DIGIT) b++;
+        return b;
+    }
+    /* " ?[^\s\p{L}\p{N}]+[\r\n]*" */
+    int64_t run = (c == ' ' && a + 1 < n && bpe_class(p[a + 1]) == BPE_OTHER) ? a + 1 : a;
+    if (bpe_class(p[run]) == BPE_OTHER) {
+        b = run + 1;
+        while (b < n && bpe_class(p[b]) == BPE_OTHER) b++;
+        while (b < n && bpe_crlf(p[b])) b++;
+        return b;
+    }
+    /* "\s*[\r\n]+": the whitespace run up to its last \r or \n; else GPT-2's two whitespace rules */
+    int64_t last = -1;
+    b = a;
+    while (b < n && bpe_class(p[b]) == BPE_SPACE) {
+        if (bpe_crlf(p[b])) last = b;
+        b++;
+    }
+    if (last >= 0) return last + 1;
+    return (b < n && b - a >= 2) ? b - 1 : b;
+}
+
+/* Texts i in [0, n_texts): data[offsets[i] .. offsets[i + 1]), split by the pattern ``style`` names (0 GPT-2,
+ * 1 Llama 3, 2 Qwen 2). A text that holds a byte above 127, or whose skip[i] is set (skip may be NULL), is left
+ * out: counts[i] = -1, no ids. Each other text's ids are appended to out (NULL: counted only; room for one id
+ * per byte suffices) and counts[i] is their number. Returns the ids written, or -1 (out of memory), -2 (a byte
+ * that is no token: not a byte-level vocabulary), -3 (no such style). */
+SP_API int64_t sp_bpe_encode_ascii(const void *table, int64_t style, const uint8_t *data, const int64_t *offsets,
+                                   int64_t n_texts, const uint8_t *skip, int32_t *out, int64_t *counts) {
+    if (style < 0 || style > 2) return -3;
     const bpe_table *t = (const bpe_table *)table;
     bpe_scratch s = {NULL, NULL, 0};
     int64_t o = 0, status = 0;
@@ -1384,27 +1455,7 @@ SP_API int64_t sp_bpe_encode_gpt2_ascii(const void *table, const uint8_t *data, 
         if (!ascii || (skip && skip[i])) { counts[i] = -1; continue; }
         int64_t first = o, a = 0;
         while (a < n && status == 0) {
-            uint8_t c = p[a];
-            int64_t b;
-            if (c == '\'' && a + 1 < n && (p[a + 1] == 's' || p[a + 1] == 't' || p[a + 1] == 'm' || p[a + 1] == 'd')) {
-                b = a + 2; /* 's 't 'm 'd */
-            } else if (c == '\'' && a + 2 < n && ((p[a + 1] == 'r' && p[a + 2] == 'e') || (p[a + 1] == 'v' && p[a + 2] == 'e')
-                                                  || (p[a + 1] == 'l' && p[a + 2] == 'l'))) {
-                b = a + 3; /* 're 've 'll */
-            } else {
-                /* " ?X+" for X letters, digits or the rest: one space may lead a run of one class */
-                int64_t run = (c == ' ' && a + 1 < n && bpe_class(p[a + 1]) != BPE_SPACE) ? a + 1 : a;
-                int k = bpe_class(p[run]);
-                if (k != BPE_SPACE) {
-                    b = run + 1;
-                    while (b < n && bpe_class(p[b]) == k) b++;
-                } else {
-                    /* "\s+(?!\S)|\s+": a whitespace run, less its last byte when a non-space follows it */
-                    b = a + 1;
-                    while (b < n && bpe_class(p[b]) == BPE_SPACE) b++;
-                    if (b < n && b - a >= 2) b--;
-                }
-            }
+            int64_t b = style == 0 ? bpe_piece_gpt2(p, a, n) : bpe_piece_llama3(p, a, n, style == 1 ? 3 : 1);
             int r = bpe_piece(t, p + a, b - a, &s, out, &o);
             if (r < 0) status = r;
             a = b;

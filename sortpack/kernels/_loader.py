@@ -53,7 +53,7 @@ _SIGNATURES = {
     "sp_compose_groups": ([_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR], _I64),
     "sp_bpe_new": ([_PTR, _PTR, _PTR, _I64], _PTR),
     "sp_bpe_free": ([_PTR], None),
-    "sp_bpe_encode_gpt2_ascii": ([_PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
+    "sp_bpe_encode_ascii": ([_PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
 }
 
 

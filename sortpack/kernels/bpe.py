@@ -1,9 +1,10 @@
-"""The compiled byte-level BPE of ASCII text split by GPT-2's pattern (``inputs/fast_tokens.py``'s fast path).
+"""The compiled byte-level BPE of ASCII text split by GPT-2's, Llama 3's or Qwen 2's pattern
+(``inputs/fast_tokens.py``'s fast path).
 
-tiktoken runs GPT-2's pattern through a backtracking regex engine (the pattern's ``\\s+(?!\\S)``
-needs one): about half its time on source code. On ASCII text the pattern's pieces need no
-regex (letters, digits, the six whitespace bytes and the rest are the only classes), so the
-kernel finds them by hand and merges each piece exactly as tiktoken does: the adjacent pair
+tiktoken runs these patterns through a backtracking regex engine (their ``\\s+(?!\\S)`` needs
+one): about half its time on source code. On ASCII text the patterns' pieces need no regex
+(letters, digits, the six whitespace bytes and the rest are the only classes), so the kernel
+finds them by hand and merges each piece exactly as tiktoken does: the adjacent pair
 whose concatenation has the lowest rank, the leftmost of equals, until no pair is a token.
 A text with any byte above 127 is left to the caller (``counts`` -1), and so is one the
 caller marks; the caller's own encoder (tiktoken) is this kernel's fallback, so there is no
@@ -14,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._loader import _c, _ptr
+
+STYLES = ("gpt2", "llama3", "qwen2")  # the patterns the kernel splits by, by their names in VERIFIED_PATTERNS
 
 
 class BPETable:
@@ -51,11 +54,11 @@ def table(ranks: dict[bytes, int]) -> BPETable | None:
     return BPETable(handle, lib) if handle else None
 
 
-def encode_gpt2_ascii(tab: BPETable, data: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None,
-                      keep: bool = True) -> tuple[np.ndarray | None, np.ndarray] | None:
+def encode_ascii(tab: BPETable, style: str, data: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None,
+                 keep: bool = True) -> tuple[np.ndarray | None, np.ndarray] | None:
     """Return (the ids of every encoded text in order as one int32 array, or None when not ``keep``; each text's
-    count, -1 for a text left out) of the texts ``data[offsets[i]:offsets[i + 1]]``; None when the vocabulary
-    lacks a byte (not byte-level) or memory ran out.
+    count, -1 for a text left out) of the texts ``data[offsets[i]:offsets[i + 1]]`` split by the pattern ``style``
+    names (one of ``STYLES``); None when the vocabulary lacks a byte (not byte-level) or memory ran out.
 
     A text is left out when it holds a byte above 127 or ``skip[i]`` is set; its ids are the caller's to make.
 
@@ -64,7 +67,7 @@ def encode_gpt2_ascii(tab: BPETable, data: np.ndarray, offsets: np.ndarray, skip
     >>> ranks = {bytes([b]): b for b in range(256)} | {b"ab": 256}
     >>> t = table(ranks)
     >>> if t is not None:
-    ...     ids, counts = encode_gpt2_ascii(t, np.frombuffer(b"ab ab\\xff", np.uint8), np.array([0, 5, 6]))
+    ...     ids, counts = encode_ascii(t, "gpt2", np.frombuffer(b"ab ab\\xff", np.uint8), np.array([0, 5, 6]))
     ...     assert ids.tolist() == [256, 32, 256] and counts.tolist() == [3, -1]
     """
     lib = tab._lib
@@ -77,9 +80,9 @@ def encode_gpt2_ascii(tab: BPETable, data: np.ndarray, offsets: np.ndarray, skip
     mask = None if skip is None else np.ascontiguousarray(skip, dtype=np.uint8)
     if n <= 0:
         return (np.zeros(0, np.int32) if keep else None), counts
-    got = lib.sp_bpe_encode_gpt2_ascii(tab.handle, _ptr(data) if len(data) else None, _ptr(offsets),
-                                       n, None if mask is None else _ptr(mask), None if out is None else _ptr(out),
-                                       _ptr(counts))
+    got = lib.sp_bpe_encode_ascii(tab.handle, STYLES.index(style), _ptr(data) if len(data) else None, _ptr(offsets),
+                                  n, None if mask is None else _ptr(mask), None if out is None else _ptr(out),
+                                  _ptr(counts))
     if got < 0:
         return None
     return (out[:got] if out is not None else None), counts

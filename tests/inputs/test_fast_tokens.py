@@ -251,11 +251,11 @@ def _column_lists(enc, texts: list[str], special: bool, chunks: int = 3) -> tupl
     return ids.to_pylist(), counts.tolist()
 
 
-@pytest.mark.parametrize("added", [True, False])
-def test_ascii_texts_take_the_compiled_path_with_the_same_ids(tmp_path, sources, added):
-    """GPT-2's pattern: ASCII texts through kernels.bpe, the others (non-ASCII, holding an added token's text)
-    through tiktoken, spliced back in order: the ids of ``Tokenizer.encode`` either way."""
-    path = train(tmp_path / "gpt2.json", "gpt2", sources, added=added)
+@pytest.mark.parametrize("style,added", [("gpt2", True), ("gpt2", False), ("llama3", True), ("qwen2", True)])
+def test_ascii_texts_take_the_compiled_path_with_the_same_ids(tmp_path, sources, style, added):
+    """GPT-2's, Llama 3's and Qwen 2's patterns: ASCII texts through kernels.bpe, the others (non-ASCII, holding
+    an added token's text) through tiktoken, spliced back in order: the ids of ``Tokenizer.encode`` either way."""
+    path = train(tmp_path / f"{style}.json", style, sources, added=added)
     enc = load_tokenizer(path)
     if backend() == "c":
         assert enc.record()["ascii"] == "compiled"
@@ -266,14 +266,15 @@ def test_ascii_texts_take_the_compiled_path_with_the_same_ids(tmp_path, sources,
         assert ids == want and counts == [len(w) for w in want]
 
 
-def test_random_ascii_columns_property(tokenizers_by_style):
+@pytest.mark.parametrize("style", ["gpt2", "llama3", "qwen2"])
+def test_random_ascii_columns_property(tokenizers_by_style, style):
     """Hypothesis' ASCII strings (every byte class, contractions, whitespace runs, added tokens) as columns."""
     from tokenizers import Tokenizer
 
-    path = tokenizers_by_style["gpt2"]
+    path = tokenizers_by_style[style]
     enc, hf = load_tokenizer(path), Tokenizer.from_file(path)
     ascii_text = st.lists(st.one_of(st.text(st.characters(max_codepoint=127), max_size=12),
-                                    st.text(st.sampled_from(list(" \t\n\r\v\f'sdlmtrev09x_")), max_size=10),
+                                    st.text(st.sampled_from(list(" \t\n\r\v\f'sSdlLmtrReEv09x_(.")), max_size=10),
                                     st.sampled_from(SPECIALS)), max_size=6).map("".join)
 
     @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -303,9 +304,9 @@ def test_tiktoken_alone_is_a_switch_and_gives_the_same_ids(tokenizers_by_style, 
     enc = load_tokenizer(path)
     assert enc.engine == "tiktoken" and "ascii" not in enc.record()
     assert _column_lists(enc, texts, True) == default
-    llama = load_tokenizer(tokenizers_by_style["llama3"])  # another pattern: never the compiled path
     monkeypatch.delenv("SORTPACK_FAST_TOKENIZER")
-    assert "ascii" not in load_tokenizer(tokenizers_by_style["llama3"]).record() and llama.engine == "tiktoken"
+    tekken = load_tokenizer(tokenizers_by_style["tekken"])  # a pattern the kernel does not split by: tiktoken alone
+    assert tekken.engine == "tiktoken" and "ascii" not in tekken.record()
 
 
 # --- when the conversion is refused --------------------------------------------------------------------------
@@ -382,7 +383,7 @@ def test_the_switch_and_a_missing_tiktoken_fall_back(tokenizers_by_style, monkey
 @pytest.mark.slow
 @pytest.mark.parametrize("style", ["llama3", "gpt2"])
 def test_plans_are_byte_identical_whichever_encoder_ran(tokenizers_by_style, sources, tmp_path, style):
-    """Same data files and content_hash with tiktoken (gpt2: with its compiled ASCII path) and with tokenizers;
+    """Same data files and content_hash with tiktoken (and its compiled ASCII path) and with tokenizers;
     provenance says which ran."""
     path = tokenizers_by_style[style]
     data = tmp_path / "code.parquet"
@@ -399,8 +400,8 @@ def test_plans_are_byte_identical_whichever_encoder_ran(tokenizers_by_style, sou
     assert output_files(plans["1"]) == output_files(plans["0"])
     assert one["provenance"]["tokenizers"][f"{style}.json"]["encoder"] == "tiktoken"
     assert off["provenance"]["tokenizers"][f"{style}.json"]["encoder"] == "tokenizers"
-    if style == "gpt2" and backend() == "c":
-        assert one["provenance"]["tokenizers"]["gpt2.json"]["ascii"] == "compiled"
+    if backend() == "c":
+        assert one["provenance"]["tokenizers"][f"{style}.json"]["ascii"] == "compiled"
 
 
 def test_a_loaded_encoder_pickles_for_worker_processes(tokenizers_by_style, sources):
