@@ -420,9 +420,11 @@ class TokenEncoder:
             if threads > 1 and n >= 2 * threads else [0, n]
         runs = list(zip(cuts[:-1], cuts[1:]))
 
+        tab, style = self._ascii
+
         def run(ab: tuple[int, int]) -> Any:
             a, b = ab
-            return bpe.encode_ascii(*self._ascii, data, offsets[a:b + 1], None if skip is None else skip[a:b], keep)
+            return bpe.encode_ascii(tab, style, data, offsets[a:b + 1], None if skip is None else skip[a:b], keep)
 
         done = list(self._threads_pool(threads).map(run, runs)) if len(runs) > 1 else [run(runs[0])]
         if any(d is None for d in done):
