@@ -9,9 +9,10 @@ alternately in each round, each keeping its fastest:
 
 - sortpack: ``sortpack run TEXTS --column text --size tokens --tokenizer T --store-tokens
   --oversize split --rows 4096`` under ``mpiexec -n 2`` (read, tokenize, sort, pack, store the ids:
-  a packed plan a trainer reads), through tiktoken (the fast exact path, the goal's run) and with
-  ``SORTPACK_FAST_TOKENIZER=0`` (Hugging Face ``tokenizers``, the path before); both plans'
-  ``content_hash`` must be equal;
+  a packed plan a trainer reads), as a user runs it (the fast exact path: ASCII texts through the
+  compiled BPE, the others through tiktoken; the goal's run), with ``SORTPACK_FAST_TOKENIZER=tiktoken``
+  (tiktoken for every text) and with ``=0`` (Hugging Face ``tokenizers``, the path before); the
+  plans' ``content_hash`` must be equal;
 - LitData: ``optimize(fn=tokenize, inputs=<row groups>, num_workers=2, chunk_bytes="64MB",
   item_loader=TokensLoader())`` in one subprocess, ``fn`` reading one Parquet row group, encoding
   its texts with the same ``tokenizer.json`` (Hugging Face ``tokenizers``, ``encode_batch``) and
@@ -44,7 +45,7 @@ RANKS = 2
 ROW_LEN = 4096
 GOAL = 1.5  # LitData's wall over sortpack's
 TIMEOUT = 1800
-ENCODERS = ("tiktoken", "tokenizers")  # sortpack's fast exact path (the goal's), the path before it
+ENCODERS = ("default", "tiktoken", "tokenizers")  # sortpack as a user runs it (the goal's), tiktoken alone, before
 
 LITDATA_SCRIPT = """
 import json, sys, time
@@ -131,7 +132,8 @@ def measure(scale: str, log, texts_n: int | None = None) -> tuple[list[Section],
                                  pin_rayon=False)
             cpu = _children_cpu() - cpu
             man = json.loads((target / "manifest.json").read_text())
-            used = man["provenance"].get("tokenizers", {}).get(tok.name, {}).get("encoder", "?")
+            rec = man["provenance"].get("tokenizers", {}).get(tok.name, {})
+            used = rec.get("encoder", "?") + (" + compiled ASCII" if rec.get("ascii") == "compiled" else "")
             log(f"round {r + 1}: sortpack run P={RANKS} ({used}) {wall:.2f} s, CPU {cpu:.2f} s (load {load:.1f})")
             if name not in best or wall < best[name]["wall"]:
                 best[name] = {"wall": wall, "cpu": cpu, "load": load, "tokens": man["stats"]["tokens"],
@@ -149,7 +151,7 @@ def measure(scale: str, log, texts_n: int | None = None) -> tuple[list[Section],
 
 def _tables(best: dict, n_texts: int) -> tuple[list[Section], list[Row]]:
     ld = best["litdata"]
-    same_hash = best["tiktoken"]["hash"] == best["tokenizers"]["hash"]
+    same_hash = len({best[name]["hash"] for name in ENCODERS}) == 1
     sec = Section(f"raw text to stored token ids, {n_texts} stdlib texts, BPE 8k, {RANKS} ranks / workers, "
                   "alternated in one run",
                   ["system", "whole process", "CPU (user+sys)", "tokens", "LitData / it (wall)", "(CPU)",
@@ -164,7 +166,7 @@ def _tables(best: dict, n_texts: int) -> tuple[list[Section], list[Row]]:
         goal = name == ENCODERS[0]
         note = (f"CPU {secs(sp['cpu'])} vs {secs(ld['cpu'])} ({ld['cpu'] / sp['cpu']:.2f}×); "
                 f"load {sp['load']:.1f} / {ld['load']:.1f}; " + ("same token totals" if same else "TOKEN TOTALS DIFFER")
-                + ("; content_hash equal to the other encoder's" if same_hash else "; CONTENT HASH DIFFERS"))
+                + ("; content_hash equal to the other encoders'" if same_hash else "; CONTENT HASH DIFFERS"))
         what = f"raw text to a stored packed plan ({sp['used']}) vs LitData optimize ({n_texts} texts)"
         rows.append(Row("litdata", what, RANKS, secs(sp["wall"]), f"LitData optimize: {secs(ld['wall'])}",
                         f"{ratio:.2f}× faster", f"≥ {GOAL:g}×" if goal else "",
