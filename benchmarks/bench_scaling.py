@@ -212,7 +212,7 @@ def bench_weak(scale: str, log) -> tuple[list[Section], list[Row]]:
     data_for = {1: data.size_parquet(n), 2: data.size_parquet(2 * n)}
     out = data.work_dir("scaling-weak")
     runs: dict = {1: [], 2: []}
-    for r in range(max(ROUNDS[scale] - 1, 2) if scale == "full" else 1):
+    for r in range(ROUNDS[scale]):
         for p in (1, 2):
             warmed = warm_memory(WEAK_WARM_BYTES * p * n)
             res = _timed_run(data_for[p], out / f"P{p}", p)
