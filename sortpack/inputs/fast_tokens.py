@@ -478,14 +478,16 @@ def _ascii_table(conv: Conversion) -> Any:
     return None if _TABLES[id(conv)] is None else (_TABLES[id(conv)], style)
 
 
+_RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
+
+
 def _holding(col: Any, texts: frozenset[str]) -> np.ndarray:
-    """Return, per string of ``col``, whether it holds any of ``texts`` (uint8)."""
+    """Return, per string of ``col``, whether it holds any of ``texts`` (uint8): one pass of an alternation of
+    them (a tokenizer may have hundreds of added tokens)."""
     import pyarrow.compute as pc
 
-    found = np.zeros(len(col), bool)
-    for t in sorted(texts):
-        found |= pc.match_substring(col, t).to_numpy(zero_copy_only=False)
-    return found.astype(np.uint8)
+    pattern = "|".join("".join("\\" + c if c in _RE2_SPECIAL else c for c in t) for t in sorted(texts))
+    return pc.match_substring_regex(col, pattern).to_numpy(zero_copy_only=False).astype(np.uint8)
 
 
 def _threads() -> int:

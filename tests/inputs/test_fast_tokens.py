@@ -286,6 +286,17 @@ def test_random_ascii_columns_property(tokenizers_by_style, style):
     check()
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=5), min_size=1,
+                max_size=6, unique=True),
+       st.lists(st.text(st.sampled_from(list("<|>[]().*+?^$\\{}ab x")), max_size=12), max_size=8))
+def test_texts_holding_an_added_tokens_text_are_found_in_one_pass(added, texts):
+    from sortpack.inputs.fast_tokens import _holding
+
+    got = _holding(pa.array(texts, pa.string()), frozenset(added)).tolist()
+    assert got == [int(any(a in t for a in added)) for t in texts]
+
+
 def test_the_compiled_path_in_threads_gives_the_same_ids(tokenizers_by_style, sources, monkeypatch):
     path = tokenizers_by_style["gpt2"]
     texts = sources + EDGE
