@@ -405,6 +405,8 @@ class TokenEncoder:
         if self._ascii is None or col.null_count or not (pa.types.is_string(col.type)
                                                         or pa.types.is_large_string(col.type)):
             return None
+        if not len(col):
+            return (np.zeros(0, np.int32) if keep else None), np.zeros(0, np.int64)
         from ..kernels import bpe
 
         wide = pa.types.is_large_string(col.type)
@@ -415,10 +417,13 @@ class TokenEncoder:
         skip = _holding(col, self._allowed) if self._allowed else None
         offsets = offsets.astype(np.int64)
         threads, n = _threads(), len(col)
-        # the kernel lets go of the GIL (ctypes): contiguous runs of about equal bytes, one per thread
-        cuts = [0, *np.searchsorted(offsets, np.linspace(offsets[0], offsets[-1], threads + 1)[1:-1]).tolist(), n] \
-            if threads > 1 and n >= 2 * threads else [0, n]
-        runs = list(zip(cuts[:-1], cuts[1:]))
+        # contiguous runs of about equal bytes: at most _RUN_BYTES each (a run's id buffer is 4 bytes per byte),
+        # and one per thread at least, as the kernel lets go of the GIL (ctypes)
+        size = int(offsets[-1] - offsets[0])
+        runs_n = max(threads if threads > 1 and n >= 2 * threads else 1, -(-size // _RUN_BYTES))
+        inner = np.searchsorted(offsets, np.linspace(offsets[0], offsets[-1], runs_n + 1)[1:-1])
+        cuts = np.unique(np.concatenate(([0], inner, [n])))
+        runs = list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
 
         tab, style = self._ascii
 
@@ -434,8 +439,9 @@ class TokenEncoder:
         ids = np.concatenate([d[0] for d in done]) if keep else None
         left = np.flatnonzero(counts < 0)
         if len(left):
-            more, more_counts = self.encode_texts(col.take(pa.array(left)).to_pylist(), special_tokens=False)
-            counts[left] = more_counts
+            got = [self.encode_texts(col.take(pa.array(left[a:a + 4096])).to_pylist(), special_tokens=False)
+                   for a in range(0, len(left), 4096)]
+            more, counts[left] = np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
             if ids is not None:
                 theirs = np.repeat(np.isin(np.arange(len(counts)), left), counts)
                 merged = np.empty(len(theirs), np.int32)
@@ -462,6 +468,7 @@ class TokenEncoder:
         return (np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)), counts
 
 
+_RUN_BYTES = 1 << 24  # text bytes the compiled path encodes per call
 _TABLES: dict[int, Any] = {}  # id of a memoised Conversion -> its compiled table (one per process)
 
 
@@ -543,8 +550,8 @@ def token_ids(tokenizer, col: Any, special_tokens: bool = True, keep: bool = Tru
     The ids are exactly what ``tokens`` counts (the same encode, with or without the special
     tokens as ``--special-tokens`` says), so ``len(ids) == size``. ``keep=False``: the counts
     only (the list is empty). An encoder with a compiled path (``TokenEncoder.encode_column``) reads
-    the texts from the Arrow buffers 64k at a time; otherwise texts go to the encoder as Python
-    strings 4096 at a time. Ids stay in numpy arrays.
+    each chunk's texts from its Arrow buffers; otherwise texts go to the encoder as Python strings
+    4096 at a time. Ids stay in numpy arrays.
     """
     import pyarrow as pa
 
@@ -559,16 +566,13 @@ def token_ids(tokenizer, col: Any, special_tokens: bool = True, keep: bool = Tru
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
     for chunk in chunks:
         chunk = plain_column(chunk)
-        done = 0  # the chunk's texts encoded from its Arrow buffers (the compiled path), 64k at a time
-        while whole is not None and done < len(chunk):
-            got = whole(chunk.slice(done, 1 << 16), special_tokens, keep)
-            if got is None:  # not this encoder's compiled path: the rest as Python strings below
-                break
+        got = whole(chunk, special_tokens, keep) if whole is not None else None
+        if got is not None:  # encoded from its Arrow buffers (the compiled path)
             counts.append(got[1])
             if keep:
                 values.append(got[0])
-            done = min(done + (1 << 16), len(chunk))
-        for a in range(done, len(chunk), 4096):
+            continue
+        for a in range(0, len(chunk), 4096):
             ids, n = encode(chunk.slice(a, 4096).to_pylist(), special_tokens)
             counts.append(n)
             if keep:

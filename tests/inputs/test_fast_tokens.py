@@ -305,6 +305,8 @@ def test_the_compiled_path_in_threads_gives_the_same_ids(tokenizers_by_style, so
     monkeypatch.setenv("RAYON_NUM_THREADS", "3")
     assert _column_lists(load_tokenizer(path), texts, True, chunks=2) == one
     assert one[0] == hf_reference(path, texts, True)
+    monkeypatch.setattr("sortpack.inputs.fast_tokens._RUN_BYTES", 997)  # many runs per chunk, some of one text
+    assert _column_lists(load_tokenizer(path), texts, True, chunks=2) == one
 
 
 def test_tiktoken_alone_is_a_switch_and_gives_the_same_ids(tokenizers_by_style, sources, monkeypatch):
