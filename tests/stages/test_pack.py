@@ -222,3 +222,15 @@ def test_same_shape_groups_respect_every_budget_per_microbatch(budget, q):
     per_mb = b * length if budget == "tokens" else b * (length + length * length / q)
     assert np.all(per_mb <= 6000)
     assert np.all(c["batch_size"].reshape(-1, 3) == c["batch_size"].reshape(-1, 3)[:, :1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 5000), st.integers(1, 30)), max_size=40))
+def test_distinct_shapes_are_numpys_unique_pairs(runs):
+    """Runs of one shape (as micro-batches of sorted sizes come) and shapes in any order: the pairs np.unique finds."""
+    from sortpack.stages.pack.packed import distinct_shapes
+
+    b = np.array([x for x, _, k in runs for _ in range(k)], np.int64)
+    p = np.array([y for _, y, k in runs for _ in range(k)], np.int64)
+    want = np.unique(np.stack([b, p]), axis=1) if len(b) else np.zeros((2, 0), np.int64)
+    assert np.array_equal(distinct_shapes(b.astype(np.int32), p), want)
