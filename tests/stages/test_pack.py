@@ -234,3 +234,17 @@ def test_distinct_shapes_are_numpys_unique_pairs(runs):
     p = np.array([y for _, y, k in runs for _ in range(k)], np.int64)
     want = np.unique(np.stack([b, p]), axis=1) if len(b) else np.zeros((2, 0), np.int64)
     assert np.array_equal(distinct_shapes(b.astype(np.int32), p), want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-50, 50), max_size=30), st.lists(st.integers(0, 30), max_size=8),
+       st.sampled_from([np.add, np.maximum, np.minimum]))
+def test_segment_reduce_is_each_segments_reduce(values, cuts, ufunc):
+    """With and without empty segments (0 there), the one-call path and the scattered one alike."""
+    from sortpack.stages.pack.packed import segment_reduce
+
+    vals = np.array(values, np.int64)
+    offsets = np.concatenate(([0], np.sort([c for c in cuts if c <= len(vals)]), [len(vals)])).astype(np.int64)
+    want = [int(ufunc.reduce(vals[a:b])) if b > a else 0 for a, b in zip(offsets[:-1], offsets[1:])]
+    got = segment_reduce(ufunc, vals, offsets)
+    assert got.tolist() == want and got.dtype == vals.dtype

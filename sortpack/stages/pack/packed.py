@@ -58,6 +58,8 @@ def key_values(samples: SampleColumns, key: str) -> np.ndarray:
 
 def segment_reduce(ufunc: np.ufunc, values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Return ``ufunc.reduce`` of ``values[offsets[i]:offsets[i+1]]`` per segment (0 when empty)."""
+    if len(offsets) > 1 and bool((offsets[1:] > offsets[:-1]).all()):
+        return ufunc.reduceat(values, offsets[:-1])  # no empty segment (the usual case): no scatter
     out = np.zeros(len(offsets) - 1, dtype=values.dtype)
     nonempty = np.flatnonzero(offsets[1:] > offsets[:-1])
     if len(nonempty):
