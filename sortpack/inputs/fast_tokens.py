@@ -31,8 +31,8 @@ With GPT-2's, Llama 3's or Qwen 2's pattern, texts that are all ASCII go through
 instead (no regex engine: the pattern's pieces are found by hand, each merged as tiktoken merges
 it), read from the Arrow buffers (``TokenEncoder.encode_column``); the others, and those holding an
 added token's text, through tiktoken. Either way the ids are the same, so plans do not record which
-encoder ran in anything that
-``content_hash`` covers; the manifest's ``provenance.tokenizers`` says which did and why.
+encoder ran in anything that ``content_hash`` covers; the manifest's ``provenance.tokenizers`` says
+which did and why.
 """
 from __future__ import annotations
 
@@ -437,13 +437,14 @@ class TokenEncoder:
             return None
         counts = np.concatenate([d[1] for d in done])
         ids = np.concatenate([d[0] for d in done]) if keep else None
-        left = np.flatnonzero(counts < 0)
+        tiktokens = counts < 0
+        left = np.flatnonzero(tiktokens)
         if len(left):
             got = [self.encode_texts(col.take(pa.array(left[a:a + 4096])).to_pylist(), special_tokens=False)
                    for a in range(0, len(left), 4096)]
             more, counts[left] = np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
             if ids is not None:
-                theirs = np.repeat(np.isin(np.arange(len(counts)), left), counts)
+                theirs = np.repeat(tiktokens, counts)
                 merged = np.empty(len(theirs), np.int32)
                 merged[theirs], merged[~theirs] = more, ids
                 ids = merged
@@ -475,12 +476,12 @@ _TABLES: dict[int, Any] = {}  # id of a memoised Conversion -> its compiled tabl
 def _ascii_table(conv: Conversion) -> Any:
     """Return (the compiled table of ``conv``'s ranks, its pattern's style) where the kernel splits by that pattern
     (None: tiktoken alone)."""
+    from ..kernels import bpe
+
     style = next((name for name, pattern in VERIFIED_PATTERNS.items() if pattern == conv.pattern), None)
-    if style not in ("gpt2", "llama3", "qwen2") or env_text(_OFF) == "tiktoken":
+    if style not in bpe.STYLES or env_text(_OFF) == "tiktoken":
         return None
     if id(conv) not in _TABLES:
-        from ..kernels import bpe
-
         _TABLES[id(conv)] = bpe.table(conv.ranks)
     return None if _TABLES[id(conv)] is None else (_TABLES[id(conv)], style)
 

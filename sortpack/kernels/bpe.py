@@ -70,16 +70,16 @@ def encode_ascii(tab: BPETable, style: str, data: np.ndarray, offsets: np.ndarra
     ...     ids, counts = encode_ascii(t, "gpt2", np.frombuffer(b"ab ab\\xff", np.uint8), np.array([0, 5, 6]))
     ...     assert ids.tolist() == [256, 32, 256] and counts.tolist() == [3, -1]
     """
-    lib = tab._lib
     n = len(offsets) - 1
+    if n <= 0:
+        return (np.zeros(0, np.int32) if keep else None), np.zeros(0, np.int64)
+    lib = tab._lib
     data = np.ascontiguousarray(data, dtype=np.uint8)
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-    counts = np.empty(max(n, 0), np.int64)
+    counts = np.empty(n, np.int64)
     # one id per byte at most: every token holds at least one
-    out = np.empty(max(int(offsets[-1] - offsets[0]) if n > 0 else 0, 1), np.int32) if keep else None
+    out = np.empty(max(int(offsets[-1] - offsets[0]), 1), np.int32) if keep else None
     mask = None if skip is None else np.ascontiguousarray(skip, dtype=np.uint8)
-    if n <= 0:
-        return (np.zeros(0, np.int32) if keep else None), counts
     got = lib.sp_bpe_encode_ascii(tab.handle, STYLES.index(style), _ptr(data) if len(data) else None, _ptr(offsets),
                                   n, None if mask is None else _ptr(mask), None if out is None else _ptr(out),
                                   _ptr(counts))

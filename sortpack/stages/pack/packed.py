@@ -123,6 +123,11 @@ def same_shape_groups(bounds: np.ndarray, sizes: np.ndarray, opts: PackOptions) 
                        np.repeat(padded, g), tokens.astype(np.int64))
 
 
+def _run_heads(key: np.ndarray) -> np.ndarray:
+    """Return the first value of each run of equal values in ``key``."""
+    return key[np.concatenate(([True], key[1:] != key[:-1]))]
+
+
 def distinct_shapes(batch_size: np.ndarray, padded_size: np.ndarray) -> np.ndarray:
     """Return the distinct (batch size, padded length) pairs, a (2, K) int64 array in ascending order."""
     b, p = batch_size.astype(np.int64), np.asarray(padded_size).astype(np.int64)
@@ -131,9 +136,9 @@ def distinct_shapes(batch_size: np.ndarray, padded_size: np.ndarray) -> np.ndarr
     if int(b.min()) >= 0 and int(p.min()) >= 0 and int(b.max()) < 1 << 31 and int(p.max()) < 1 << 32:
         # one int64 key per pair and a plain sort: unique(axis=1) sorts a void view, ten times slower;
         # micro-batches cut from sorted sizes repeat their shape in runs, so runs collapse before the sort
-        key = (b << 32) | p
-        key = np.sort(key[np.concatenate(([True], key[1:] != key[:-1]))])
-        key = key[np.concatenate(([True], key[1:] != key[:-1]))]
+        # one int64 key per pair and a plain sort: unique(axis=1) sorts a void view, ten times slower;
+        # micro-batches cut from sorted sizes repeat their shape in runs, so runs collapse before the sort
+        key = _run_heads(np.sort(_run_heads((b << 32) | p)))
         return np.stack([key >> 32, key & ((1 << 32) - 1)])
     return np.unique(np.stack([b, p]), axis=1)
 
