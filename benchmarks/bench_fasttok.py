@@ -33,7 +33,7 @@ from contextlib import contextmanager
 
 from . import data
 from .bench_scaling import bpe_tokenizer, stdlib_texts
-from .report import Row, Section, print_script_results, secs
+from .report import Row, Section, print_script_results, script_log, secs
 from .runner import launch, missing_modules, timed_worker
 
 TEXTS = {"small": 1500, "full": 0}  # rows of the stdlib dataset (0: all of them)
@@ -144,11 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--texts", type=int, help="stdlib texts to tokenize (0: all; default: the scale's)")
     ap.add_argument("--ranks", type=int, default=2, help="the ranks of the goal's run (default 2)")
     args = ap.parse_args(argv)
-    print(f"bench_fasttok, scale {args.scale}, load average {'/'.join(f'{x:.1f}' for x in os.getloadavg())}, "
-          f"{os.cpu_count()} cores", flush=True)
-
-    def log(msg: str) -> None:
-        print(f"  .. {msg}", flush=True)
+    log = script_log("bench_fasttok", args.scale)
 
     sections, rows = measure(args.scale, log, args.texts, args.ranks)
     print_script_results(sections, rows)

@@ -36,7 +36,7 @@ from pathlib import Path
 from . import data
 from .bench_fasttok import _encoder
 from .bench_scaling import bpe_tokenizer, stdlib_texts
-from .report import Row, Section, print_script_results, secs
+from .report import Row, Section, print_script_results, script_log, secs
 from .runner import launch, missing_modules
 
 TEXTS = {"small": 1500, "full": 0}  # rows of the stdlib dataset (0: all of them)
@@ -189,11 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", choices=sorted(TEXTS), default="small")
     ap.add_argument("--texts", type=int, help="stdlib texts to tokenize (0: all; default: the scale's)")
     args = ap.parse_args(argv)
-    print(f"bench_litdata, scale {args.scale}, load average {'/'.join(f'{x:.1f}' for x in os.getloadavg())}, "
-          f"{os.cpu_count()} cores", flush=True)
-
-    def log(msg: str) -> None:
-        print(f"  .. {msg}", flush=True)
+    log = script_log("bench_litdata", args.scale)
 
     sections, rows = measure(args.scale, log, args.texts)
     print_script_results(sections, rows)

@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 from . import data
-from .report import Row, Section, print_script_results, secs
+from .report import Row, Section, print_script_results, script_log, secs
 from .runner import ROOT, BenchError, bench_env, launch, mpiexec, timed_worker
 
 MAX_TOKENS = 500_000
@@ -457,11 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=["sort", "tokens", "keep", "weak"], help="one part only")
     ap.add_argument("--texts", type=int, help="stdlib texts to tokenize (0: all; default: the scale's)")
     args = ap.parse_args(argv)
-    print(f"bench_scaling, scale {args.scale}, load average {'/'.join(f'{x:.1f}' for x in os.getloadavg())}, "
-          f"{os.cpu_count()} cores", flush=True)
-
-    def log(msg: str) -> None:
-        print(f"  .. {msg}", flush=True)
+    log = script_log("bench_scaling", args.scale)
 
     compile_checkout()
     sections, rows = [], []

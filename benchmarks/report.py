@@ -83,6 +83,17 @@ def plain(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def script_log(name: str, scale: str):
+    """Print a benchmark script's header line (its scale, the load average, the cores); return its log function."""
+    print(f"{name}, scale {scale}, load average {'/'.join(f'{x:.1f}' for x in os.getloadavg())}, "
+          f"{os.cpu_count()} cores", flush=True)
+
+    def log(msg: str) -> None:
+        print(f"  .. {msg}", flush=True)
+
+    return log
+
+
 def print_script_results(sections: list, rows: list[Row]) -> None:
     """Print a script-run benchmark's sections, its figures table and the load average (returns nothing)."""
     for sec in sections:
