@@ -287,24 +287,72 @@ def split_samples(comm: Comm, samples: SampleColumns, over: np.ndarray, cut: Pie
     count = comm.allreduce(int(over.sum()), "sum")
     held = None if held_out is None else held_out(samples.sample_id)
     row = None
+    if count and column is not None and samples.begin is not None:  # every rank sees the same count
+        raise SortpackError(f"{count} pieces of a sorted directory are over the budget: pieces cut at character "
+                            "boundaries (--size bytes) are not cut again; pack with the budget they were cut for, "
+                            "or sort and pack the metrics", collective=True)
     if count:
         if column is None:
             row, begin, size = piece_table(samples.size, cap)
         else:
             row, begin, size = comm.collectively(byte_piece_table, samples, cap, over, column, known)
+    if samples.begin is not None:  # pieces already (a sorted directory run wrote): counted by their ids
+        return _cut_again(comm, samples, (row, begin, size) if row is not None else None, held)
     info = _split_counts(comm, samples, over, row, None if held is None else ~held)
     if held is not None:
         info["held"] = _split_counts(comm, samples, over, row, held)
     if row is None:
         return samples, info
+    return _pieces(comm, samples, row, begin, size), info
+
+
+def _cut_again(comm: Comm, samples: SampleColumns, table: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+               held: np.ndarray | None) -> tuple[SampleColumns, dict]:
+    """Return pieces cut again by ``table`` (None: none was over) and the split's counts of the documents they hold.
+
+    The counts are those ``run`` gives: a document counts as cut when it has more than one piece
+    (``piece_counts``), whether this split or the one that wrote the sorted directory cut it.
+    """
+    out = samples if table is None else _pieces(comm, samples, *table)
+    kept = None if held is None else (held if table is None else held[table[0]])
+    info = piece_counts(comm, out.sample_id, out.size, None if kept is None else ~kept)
+    if kept is not None:
+        info["held"] = piece_counts(comm, out.sample_id, out.size, kept)
+    return out, info
+
+
+def piece_counts(comm: Comm, sample_id: np.ndarray, size: np.ndarray, mine: np.ndarray | None = None) -> dict:
+    """Return the split's counts (over all ranks) of pieces ``mine`` (None: all): documents with more than one
+    piece, their pieces and the units those hold.
+
+    The pieces of one document may lie on any rank (a sorted directory orders them by size), so
+    each is sent to the rank that owns its id's range first: one Alltoallv of two int64 per piece.
+    """
+    if mine is not None:
+        sample_id, size = sample_id[mine], size[mine]
+    top = comm.allreduce(int(sample_id.max()) + 1 if len(sample_id) else 0, "max")
+    owner = (np.asarray(sample_id, dtype=np.int64) // -(-max(top, 1) // comm.size)).astype(np.int64)
+    order = np.argsort(owner, kind="stable")
+    got = comm.alltoallv_many({"id": np.asarray(sample_id, np.int64)[order], "size": np.asarray(size, np.int64)[order]},
+                              np.bincount(owner, minlength=comm.size))
+    _, inverse, count = np.unique(got["id"], return_inverse=True, return_counts=True)
+    cut = count > 1
+    of_cut = cut[inverse]
+    return {"split": comm.allreduce(int(cut.sum()), "sum"), "split_pieces": comm.allreduce(int(of_cut.sum()), "sum"),
+            "split_tokens": comm.allreduce(exact_sum(got["size"][of_cut]), "sum")}
+
+
+def _pieces(comm: Comm, samples: SampleColumns, row: np.ndarray, begin: np.ndarray, size: np.ndarray) -> SampleColumns:
+    """Return the pieces ``(row, begin, size)`` of ``samples`` (``piece_table``'s), numbered globally."""
     start, total = global_start(comm, len(row))
+    if samples.begin is not None:  # a piece cut again: its begin counts in its document
+        begin = samples.begin[row] + begin
     difficulty = size if samples.difficulty is samples.size else samples.difficulty[row]
     stage = None if samples.stage is None else samples.stage[row]
     measures = {name: PIECE_MEASURES.get(name, apportion)(values, samples, row, begin, size)
                 for name, values in samples.measures.items()}
-    out = SampleColumns(start, total, samples.sample_id[row], size, difficulty, stage, samples.files,
-                        samples.empty_size, begin, measures)
-    return out, info
+    return SampleColumns(start, total, samples.sample_id[row], size, difficulty, stage, samples.files,
+                         samples.empty_size, begin, measures)
 
 
 def apportion(values: np.ndarray, samples: SampleColumns, row: np.ndarray, begin: np.ndarray,
