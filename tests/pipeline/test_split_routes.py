@@ -12,7 +12,6 @@ import pytest
 from sortpack.parallel import SerialComm
 from sortpack.stages.samples import SampleColumns
 from sortpack.stages.sort import SortOptions, sort_samples
-from sortpack.stages.split import piece_counts
 
 from support import conversations, make_chat_tokenizer, make_special_tokenizer, read_manifest, run_sortpack
 
@@ -31,6 +30,8 @@ def test_pieces_sort_by_key_then_sample_then_begin_whatever_their_order():
 
 
 def test_piece_counts_group_a_documents_pieces_wherever_they_lie():
+    from sortpack.stages.split import piece_counts
+
     sid = np.array([7, 3, 7, 5, 7, 3], np.int64)
     size = np.array([4, 8, 8, 2, 8, 1], np.int64)
     assert piece_counts(SerialComm(), sid, size) == {"split": 2, "split_pieces": 5, "split_tokens": 29}
