@@ -487,6 +487,26 @@ class FineTuneShape:
         return ids, labels
 
 
+def check_shape_options(labels_column: str | None, pair_columns: str | None, chat_template: str | None,
+                        train_on: Sequence[str] | None, has_tokenizer: bool) -> str | None:
+    """Return the option that names the fine-tuning shape (None: no shape), raising SortpackError (one line) where
+    the options cannot work together: two shapes, ``--train-on`` without chats or naming no role, a text shape
+    without a tokenizer. Decided from the options alone, before any file is read."""
+    chosen = [o for o, v in (("--labels-column", labels_column), ("--prompt-column/--completion-column", pair_columns),
+                             ("--chat-template", chat_template)) if v]
+    if len(chosen) > 1:
+        raise SortpackError(f"{' and '.join(chosen)} name different dataset shapes: give one")
+    if train_on is not None and not chat_template:
+        raise SortpackError("--train-on chooses the roles of a chat: it needs --chat-template")
+    if train_on is not None and (not train_on or any(not r for r in train_on)):
+        raise SortpackError("--train-on: expected role names such as assistant or user,assistant")
+    if not chosen:
+        return None
+    if not labels_column and not has_tokenizer:
+        raise SortpackError(f"{chosen[0]} needs --tokenizer tokenizer.json (the model's tokenizer)")
+    return chosen[0]
+
+
 def fine_tune_shape(column: str | None, labels_column: str | None = None, prompt_column: str | None = None,
                     completion_column: str | None = None, chat_template: str | None = None,
                     train_on: Sequence[str] | None = None, tokenizer=None) -> FineTuneShape | None:
@@ -496,23 +516,14 @@ def fine_tune_shape(column: str | None, labels_column: str | None = None, prompt
     ``--prompt-column``/``--completion-column``: prompt/completion texts; ``--chat-template``:
     conversations (``column``, default ``messages``). ``tokenizer`` is a loaded tokenizer.
     """
-    chosen = [o for o, v in (("--labels-column", labels_column),
-                             ("--prompt-column/--completion-column", prompt_column or completion_column),
-                             ("--chat-template", chat_template)) if v]
-    if len(chosen) > 1:
-        raise SortpackError(f"{' and '.join(chosen)} name different dataset shapes: give one")
-    if train_on is not None and not chat_template:
-        raise SortpackError("--train-on chooses the roles of a chat: it needs --chat-template")
-    if not chosen:
+    chosen = check_shape_options(labels_column, prompt_column or completion_column, chat_template, train_on,
+                                 tokenizer is not None)
+    if chosen is None:
         return None
     if labels_column:
         return FineTuneShape("labels", column=column or "input_ids", labels_column=labels_column)
-    if tokenizer is None:
-        raise SortpackError(f"{chosen[0]} needs --tokenizer tokenizer.json (the model's tokenizer)")
     if chat_template:
         roles = tuple(train_on) if train_on else DEFAULT_TRAIN_ON
-        if not roles or any(not r for r in roles):
-            raise SortpackError("--train-on: expected role names such as assistant or user,assistant")
         return FineTuneShape("chat", column=column or "messages", train_on=roles, tokenizer=tokenizer,
                              template=load_chat_template(chat_template))
     return FineTuneShape("prompt_completion", prompt_column=prompt_column or "prompt",

@@ -27,7 +27,7 @@ from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo
 from ..write.store import StoreOptions
 from .columns import ColumnRequest, read_columns
-from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, split_check, store_for
+from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, pack_check, split_check, store_for
 from .kept import Measurements
 from .tail import Tail, training_split
 
@@ -55,6 +55,7 @@ def run_analyze(comm: Comm, inputs: list[str], aopts: AnalyzeOptions, output: Jo
     """Measure the inputs and write a metrics directory; return its manifest on rank 0."""
     from ..write.sample_dirs import write_samples
 
+    check_options(comm, aopts.validate)
     with job_scope(comm, output.path, output.overwrite, inputs) as scope:
         out, prof = scope.out, scope.prof
         with prof.stage("analyze"):
@@ -144,7 +145,7 @@ def run_pack(comm: Comm, sorted_dir: str, popts: PackOptions, output: JobOutput)
     # fine-tuning data cut by --oversize split|truncate: the labels of the samples cut are read back and
     # encoded again, so each piece (or truncated sample) counts its own targets, as in run
     labels_read = measured.fine_tune() is not None and popts.oversize in ("split", "truncate")
-    check_options(comm, split_check(recorded, labels_read=labels_read))
+    check_options(comm, pack_check(recorded), split_check(recorded, labels_read=labels_read))
     shape = _recorded_shape(comm, recorded, output.store) if labels_read else None
     store_fn = store_for(comm, output.store, recorded, None)
     sopts = recorded.sort or SortOptions()
@@ -231,7 +232,7 @@ def run_all(comm: Comm, inputs: list[str], plan: PlanOptions, output: JobOutput)
     """
     aopts, sopts, popts = plan.analyze, plan.sort or SortOptions(), plan.pack or PackOptions()
     store = output.store
-    check_options(comm, sopts.validate, popts.validate)
+    check_options(comm, sopts.validate, popts.validate, aopts.validate, pack_check(PlanOptions(aopts, sopts, popts)))
     columns = read_columns(comm, ColumnRequest.of(aopts, popts.oversize, store), [inputs], aopts.input_format,
                            aopts.split)
     if columns.column != aopts.column:  # a split plan names the column it cuts

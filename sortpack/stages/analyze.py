@@ -43,6 +43,29 @@ class AnalyzeOptions:
     chat_template: str | None = None
     train_on: tuple[str, ...] | None = None
 
+    def validate(self) -> None:
+        """Raise SortpackError (one line) for options that cannot work, decided before any file is read: a SPEC
+        that does not parse, an empty ``--size2``, fine-tuning options that do not go together."""
+        from ..inputs.finetune import check_shape_options
+
+        if self.size2 is not None and not self.size2.strip():
+            raise SortpackError("--size2 '': expected a SPEC (the second size of each sample), or leave it out")
+        column = self.column or "text"  # only the SPECs' syntax: the column may be found in the files later
+        specs = [parse_spec(text, column, option) for option, text in
+                 (("--size", self.size), ("--difficulty", self.difficulty), ("--size2", self.size2)) if text]
+        check_shape_options(self.labels_column, self.prompt_column or self.completion_column, self.chat_template,
+                            self.train_on, bool(self.tokenizer))
+        if self.text_shape and self.size != "tokens":
+            raise SortpackError(f"--size {self.size}: a prompt/completion or chat sample's size is its tokens "
+                                "(leave --size out)")
+        if self.text_shape and self.difficulty and reads_text(specs[1].kind):
+            raise SortpackError(f"--difficulty {self.difficulty}: of fine-tuning texts, give a column: or python: "
+                                "SPEC")
+
+    def measured(self) -> tuple[str, ...]:
+        """Return the names of the per-sample measures a plan of these options carries beside its size."""
+        return (*self.measure_specs(), *(("targets",) if self.fine_tune() is not None else ()))
+
     def measure_specs(self) -> dict[str, str]:
         """Return the SPEC of each per-sample measure to evaluate like a size, by measure name."""
         return {"size2": self.size2} if self.size2 else {}
@@ -193,7 +216,8 @@ def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None
 
 def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     """Return the parsed SPECs, the tokenizer they need, their python functions and the fine-tuning shape."""
-    if opts.fine_tune() is not None or opts.train_on:
+    opts.validate()
+    if opts.fine_tune() is not None:
         return _fine_tune_specs(opts)
     needs_column = reads_text(opts.size, opts.difficulty or opts.size)
     column = _resolve_column(opts, files) if needs_column else opts.column
@@ -217,15 +241,10 @@ def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
     tokenizer = load_tokenizer(opts.tokenizer, "--size") if opts.text_shape else None
     shape = fine_tune_shape(opts.column, opts.labels_column, opts.prompt_column, opts.completion_column,
                             opts.chat_template, opts.train_on, tokenizer)
-    assert shape is not None  # fine_tune_shape raises on --train-on alone
-    if opts.text_shape and opts.size != "tokens":
-        raise SortpackError(f"--size {opts.size}: a prompt/completion or chat sample's size is its tokens "
-                            "(leave --size out)")
+    assert shape is not None  # validate() refused the options that name no shape
     column = shape.column or shape.prompt_column
     size_spec = parse_spec(opts.size, column, "--size")
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
-    if diff_spec is not None and reads_text(diff_spec.kind) and opts.text_shape:
-        raise SortpackError(f"--difficulty {opts.difficulty}: of fine-tuning texts, give a column: or python: SPEC")
     measures = {name: parse_spec(text, column, f"--{name}") for name, text in opts.measure_specs().items()}
     kinds = [size_spec, diff_spec, *measures.values()]
     if tokenizer is None and any(s is not None and s.kind == "tokens" for s in kinds):
