@@ -139,6 +139,16 @@ def _mask_labels(labels: np.ndarray, laid: np.ndarray) -> None:
     np.copyto(labels, laid, where=labels != IGNORE_INDEX)
 
 
+def _refuse_rows(mb) -> None:
+    """Raise ValueError (one line) for a micro-batch of a ``--rows`` plan: pad_collate would pad each of its documents
+    to the row length, not lay its rows out (a likely out-of-memory on a device, silently)."""
+    splits = getattr(mb, "row_splits", None)
+    if splits is not None and getattr(mb, "padded_size", None) is not None:
+        raise ValueError(f"pad_collate: micro-batch {getattr(mb, 'microbatch', '?')} is {len(splits) - 1} packed rows of "
+                         f"{mb.padded_size} positions (a --rows plan), which pad_collate would pad document by "
+                         "document; use varlen_collate (its rows: hf_inputs(batch, rows=True))")
+
+
 class PadCollate:
     """Collate a micro-batch into a padded ``(batch_size, padded_size)`` batch (see ``pad_collate``).
 
@@ -168,9 +178,10 @@ class PadCollate:
 
     def __call__(self, items) -> dict:
         """Return input_ids, labels, lengths, key_padding_mask, real, sample_ids (and attn_mask) tensors."""
+        mb = getattr(items, "microbatch", None)
+        _refuse_rows(mb)
         view, given = _token_arrays(items, self.key, self.tokenize, self.labels)
         n = len(view.offsets) - 1
-        mb = getattr(items, "microbatch", None)
         if mb is not None and mb.padded_size is not None:
             rows, width = int(mb.batch_size), int(mb.padded_size)
             if rows < n:
