@@ -144,8 +144,8 @@ def _refuse_rows(mb) -> None:
     to the row length, not lay its rows out (a likely out-of-memory on a device, silently)."""
     splits = getattr(mb, "row_splits", None)
     if splits is not None and getattr(mb, "padded_size", None) is not None:
-        raise ValueError(f"pad_collate: micro-batch {getattr(mb, 'microbatch', '?')} is {len(splits) - 1} packed rows of "
-                         f"{mb.padded_size} positions (a --rows plan), which pad_collate would pad document by "
+        raise ValueError(f"pad_collate: micro-batch {getattr(mb, 'microbatch', '?')} is {len(splits) - 1} packed rows "
+                         f"of {mb.padded_size} positions (a --rows plan), which pad_collate would pad document by "
                          "document; use varlen_collate (its rows: hf_inputs(batch, rows=True))")
 
 
