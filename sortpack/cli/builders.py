@@ -23,7 +23,8 @@ def make_analyze(kw: dict) -> AnalyzeOptions:
                           special_tokens=kw["special_tokens"], split=kw["split"], size2=kw.get("size2_spec"),
                           labels_column=kw.get("labels_column"), prompt_column=kw.get("prompt_column"),
                           completion_column=kw.get("completion_column"), chat_template=kw.get("chat_template"),
-                          train_on=tuple(r.strip() for r in kw["train_on"].split(",")) if kw.get("train_on") else None)
+                          train_on=tuple(r.strip() for r in kw["train_on"].split(",")) if kw.get("train_on") else None,
+                          pair_encoding=kw.get("pair_encoding"), eos_token=kw.get("eos_token"))
 
 
 def make_sort(kw: dict) -> SortOptions:

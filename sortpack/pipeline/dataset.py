@@ -56,6 +56,7 @@ def run_analyze(comm: Comm, inputs: list[str], aopts: AnalyzeOptions, output: Jo
     from ..write.sample_dirs import write_samples
 
     check_options(comm, aopts.validate)
+    aopts = comm.collectively(aopts.resolved)
     with job_scope(comm, output.path, output.overwrite, inputs) as scope:
         out, prof = scope.out, scope.prof
         with prof.stage("analyze"):
@@ -233,6 +234,7 @@ def run_all(comm: Comm, inputs: list[str], plan: PlanOptions, output: JobOutput)
     aopts, sopts, popts = plan.analyze, plan.sort or SortOptions(), plan.pack or PackOptions()
     store = output.store
     check_options(comm, sopts.validate, popts.validate, aopts.validate, pack_check(PlanOptions(aopts, sopts, popts)))
+    aopts = comm.collectively(aopts.resolved)
     columns = read_columns(comm, ColumnRequest.of(aopts, popts.oversize, store), [inputs], aopts.input_format,
                            aopts.split)
     if columns.column != aopts.column:  # a split plan names the column it cuts

@@ -134,6 +134,7 @@ def run_mixture(comm: Comm, mix: Mixture, plan: PlanOptions, output: JobOutput) 
     aopts, sopts, popts = plan.analyze, plan.sort or SortOptions(), plan.pack or PackOptions()
     store = output.store
     check_options(comm, sopts.validate, popts.validate, aopts.validate, pack_check(PlanOptions(aopts, sopts, popts)))
+    aopts = comm.collectively(aopts.resolved)
     _check_stages(mix, sopts)
     if popts.balance != "none":  # every rank parses the same options: all raise together
         raise SortpackError(f"--balance {popts.balance} does not apply to a mixture: its schedule orders the "

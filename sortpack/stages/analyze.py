@@ -1,6 +1,7 @@
 """Stage 1: read the inputs in parallel and measure every sample's size and difficulty."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -11,7 +12,8 @@ import pyarrow as pa
 from ..errors import SortpackError
 from ..inputs import objects
 from ..inputs.discover import expand_inputs
-from ..inputs.finetune import Encoded, FineTuneShape, fine_tune_shape
+from ..inputs.finetune import Encoded, FineTuneShape, Rows, end_token, fine_tune_shape
+from ..inputs.finetune.pairs import check_end_token
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units
 from ..inputs.size_kinds import reads_text
@@ -42,6 +44,11 @@ class AnalyzeOptions:
     completion_column: str | None = None
     chat_template: str | None = None
     train_on: tuple[str, ...] | None = None
+    pair_encoding: str | None = None  # --pair-encoding of prompt/completion pairs: trl (the default) or pair
+    eos_token: str | None = None  # --eos-token: appended to each completion (trl), else the tokenizer config's
+    # what a fine-tuning plan was measured with, filled by ``resolved`` and recorded, so a later encode checks it
+    tokenizer_sha256: str | None = None
+    template_sha256: str | None = None
 
     def validate(self) -> None:
         """Raise SortpackError (one line) for options that cannot work, decided before any file is read: a SPEC
@@ -61,6 +68,46 @@ class AnalyzeOptions:
         if self.text_shape and self.difficulty and reads_text(specs[1].kind):
             raise SortpackError(f"--difficulty {self.difficulty}: of fine-tuning texts, give a column: or python: "
                                 "SPEC")
+        self._validate_pairs()
+
+    def _validate_pairs(self) -> None:
+        """Refuse ``--pair-encoding`` and ``--eos-token`` where they do not apply."""
+        from ..inputs.finetune import PAIR_ENCODINGS
+
+        pairs = bool(self.prompt_column or self.completion_column)
+        if self.pair_encoding is not None and self.pair_encoding not in PAIR_ENCODINGS:
+            raise SortpackError(f"--pair-encoding {self.pair_encoding!r}: expected {' or '.join(PAIR_ENCODINGS)}")
+        for option, value in (("--pair-encoding", self.pair_encoding), ("--eos-token", self.eos_token)):
+            if value is not None and not pairs:
+                raise SortpackError(f"{option} applies to prompt/completion pairs (--prompt-column, "
+                                    "--completion-column)")
+        if self.pair_encoding == "pair" and self.eos_token is not None:
+            raise SortpackError("--eos-token with --pair-encoding pair: the pair template places the special tokens "
+                                "(leave --eos-token out, or use --pair-encoding trl)")
+        if self.eos_token is not None and not self.eos_token:
+            raise SortpackError("--eos-token '': expected the end-of-sequence token (e.g. </s>)")
+
+    @property
+    def trl_pairs(self) -> bool:
+        """Return whether the samples are prompt/completion pairs encoded as TRL encodes them (eos appended)."""
+        return bool(self.prompt_column or self.completion_column) and self.pair_encoding != "pair"
+
+    def resolved(self) -> AnalyzeOptions:
+        """Return these options with what the files they name decide: the end token of TRL pairs (``--eos-token``,
+        else the tokenizer config's) and the digests of a fine-tuning plan's tokenizer and chat template.
+
+        Raises SortpackError (one line) when pairs have no end token to append.
+        """
+        from ..inputs.finetune import end_token, file_digest, load_chat_template
+
+        if not self.text_shape:
+            return self
+        out = {"tokenizer_sha256": file_digest(self.tokenizer) if self.tokenizer else None}
+        if self.trl_pairs:
+            out["eos_token"] = end_token(self.tokenizer, self.eos_token)
+        if self.chat_template:
+            out["template_sha256"] = load_chat_template(self.chat_template).digest
+        return dataclasses.replace(self, **out)
 
     def measured(self) -> tuple[str, ...]:
         """Return the names of the per-sample measures a plan of these options carries beside its size."""
@@ -88,12 +135,15 @@ class AnalyzeOptions:
         """Return the fine-tuning shape's options as manifests record them (None: not a fine-tuning shape)."""
         if self.labels_column:
             return {"shape": "labels", "labels_column": self.labels_column}
+        digests = {k: v for k, v in (("tokenizer_sha256", self.tokenizer_sha256),
+                                     ("template_sha256", self.template_sha256)) if v}
         if self.chat_template:
             return {"shape": "chat", "chat_template": str(self.chat_template).rsplit("/", 1)[-1],
-                    "train_on": list(self.train_on or ("assistant",))}
+                    "train_on": list(self.train_on or ("assistant",)), **digests}
         if self.text_shape:
+            encoding = {"encoding": "trl", "eos_token": self.eos_token} if self.trl_pairs else {"encoding": "pair"}
             return {"shape": "prompt_completion", "prompt_column": self.prompt_column or "prompt",
-                    "completion_column": self.completion_column or "completion"}
+                    "completion_column": self.completion_column or "completion", **encoding, **digests}
         return None
 
     def as_dict(self) -> dict:
@@ -181,6 +231,7 @@ class Measured:
     unknown_rows: list[int]
     measures: dict[str, list[np.ndarray]] = field(default_factory=dict)  # per measure name, read by read
     whole: np.ndarray | None = None  # every read's sizes, already in one array (``sizes`` are views of it)
+    roles: frozenset[str] = frozenset()  # the roles of the chats' messages (chats only)
 
 
 def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str | None = None) -> list[SourceFile]:
@@ -238,9 +289,13 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
 
 def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
     """Return the SPECs of fine-tuning data: the size is the ids' length (labels column) or the encoded tokens."""
-    tokenizer = load_tokenizer(opts.tokenizer, "--size") if opts.text_shape else None
+    tokenizer = load_tokenizer(opts.tokenizer, "--size") if opts.text_shape or opts.tokenizer else None
+    eos = None
+    if opts.trl_pairs:
+        eos = end_token(opts.tokenizer, opts.eos_token)
+        check_end_token(getattr(tokenizer, "hf", tokenizer), eos)
     shape = fine_tune_shape(opts.column, opts.labels_column, opts.prompt_column, opts.completion_column,
-                            opts.chat_template, opts.train_on, tokenizer)
+                            opts.chat_template, opts.train_on, tokenizer, eos)
     assert shape is not None  # validate() refused the options that name no shape
     column = shape.column or shape.prompt_column
     size_spec = parse_spec(opts.size, column, "--size")
@@ -276,6 +331,8 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     show = Display(show_progress and comm.is_root(), comm.size)
     prog = Progress("analyze", plan.rows, "rows", plan.total_rows, show)
     measured: Measured = comm.collectively(_measure, files, plan, specs, keep or Keepers(), prog)
+    if specs.shape is not None:  # chats: --train-on a role no message has would train nothing
+        specs.shape.check_roles(frozenset().union(*comm.allgather_obj(measured.roles)))
     unit_rows = _share_unit_rows(comm, plan, measured.unknown_rows)
     start = int(unit_rows[:plan.lo].sum()) + plan.head
     total = int(unit_rows.sum())
@@ -317,9 +374,10 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keeper
         if table.num_rows == 0:
             # an empty file or row group: its columns may not even exist (empty jsonl)
             continue
-        size, diff, encoded = _measure_table(table, src.path, specs, keep.tokens)
+        size, diff, encoded = _measure_table(table, _rows_of(src, read), specs, keep.tokens)
         if encoded is not None:
             out.measures.setdefault("targets", []).append(encoded.targets)
+            out.roles |= encoded.roles or frozenset()
             keep_labels = getattr(keep_pieces, "keep_labels", None)  # split.TargetPieces: pieces' own targets
             if keep_labels is not None:
                 keep_labels(encoded.labels, size)
@@ -357,9 +415,19 @@ def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: 
     return table
 
 
-def _measure_table(table: pa.Table, where: str, specs: Specs,
+def _rows_of(src: SourceFile, read: Read) -> Rows:
+    """Return how error lines name the rows of one read: its file, its first row there, the format's words for a row
+    (a JSONL file's line)."""
+    from ..inputs.formats import reader_for
+
+    first = int(sum(src.unit_rows[:read.first])) if src.unit_rows is not None else 0
+    fmt = reader_for(src.format)
+    return Rows(src.path, first + (read.row_lo or 0), lambda row: fmt.row_position(src, row))
+
+
+def _measure_table(table: pa.Table, rows: Rows, specs: Specs,
                    keep_tokens: TokenKeeper | None) -> tuple[np.ndarray, np.ndarray, Encoded | None]:
-    """Return the (size, difficulty, encoded ids and labels) of every row of ``table``.
+    """Return the (size, difficulty, encoded ids and labels) of every row of ``table`` (``rows``: where they are).
 
     The difficulty is the same array as the size when it is the size; the encoding is None
     unless the rows are fine-tuning data (its ``targets`` are their measure).
@@ -367,8 +435,9 @@ def _measure_table(table: pa.Table, where: str, specs: Specs,
     size_spec, diff_spec = specs.size, specs.difficulty
     encoded = None
     shape = specs.shape
+    where = rows.path
     if shape is not None:
-        encoded = shape.encode(table, where)  # checks a labels column against its ids too
+        encoded = shape.encode(table, rows)  # checks a labels column against its ids too
         if shape.kind != "labels":
             if keep_tokens is not None:
                 keep_tokens.keep_encoded(encoded)

@@ -97,8 +97,9 @@ def test_bad_templates_are_one_line_errors(tmp_path):
     with pytest.raises(SortpackError, match="no chat_template"):
         load_chat_template(cfg)
     raising = tmp_path / "raise.jinja"
-    raising.write_text("{{ raise_exception('roles must alternate') }}")
-    with pytest.raises(SortpackError, match="roles must alternate"):
+    raising.write_text("{% for m in messages %}{{ raise_exception('roles must alternate') }}{% endfor %}")
+    with pytest.raises(SortpackError, match=r"^messages: row 0: message 0 \(user\): the chat template raise.jinja "
+                                            r"cannot render it \(TemplateError: roles must alternate\)$"):
         render_chats(load_chat_template(raising), [[{"role": "user", "content": "x"}]])
 
 
@@ -170,7 +171,7 @@ def test_a_wrong_column_type_or_a_null_is_one_line_naming_the_column(chatml):
     pairs = fine_tune_shape(None, prompt_column="q", tokenizer=tok)
     with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'q' is int64, not text$"):
         pairs.encode(pa.table({"q": [1, 2], "completion": ["a", "b"]}), "f.jsonl")
-    with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'completion' has 1 null values$"):
+    with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'completion' has 1 null values \(the first in row 1\)$"):
         pairs.encode(pa.table({"q": ["x", "y"], "completion": ["a", None]}), "f.jsonl")
     chat = fine_tune_shape(None, chat_template=config, tokenizer=tok)
     with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'messages' is string, not a list of \{role, content"):

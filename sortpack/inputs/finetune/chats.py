@@ -1,0 +1,197 @@
+"""The chat shape: a ``messages`` column rendered with the model's chat template, the ``--train-on`` roles' turns
+the targets.
+
+Messages are taken as ``transformers``' ``apply_chat_template`` takes them: keys whose value is
+null are dropped (an assistant's tool call has no content), reasoning is passed under all its
+names; a message that is not an object, or has no role, is one error line naming the file, the
+row and the message. So is a conversation the template fails on, whatever it raises.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+
+import numpy as np
+
+from ...arrow_types import is_list, plain_column
+from ...errors import SortpackError, one_line
+from .encoded import Encoded, Rows, encoded, flat_ids, rows_of
+from .families import TurnRule, turn_rule
+from .template import ChatTemplate
+
+DEFAULT_TRAIN_ON = ("assistant",)
+BATCH = 4096  # conversations per encode_batch call
+_MARKER = "\ue000sortpack-content\ue001"  # private-use characters: never in a template's own text
+_REASONING = ("reasoning_content", "thinking", "reasoning")  # the names transformers passes reasoning under
+
+
+def conversations(col, rows: Rows, name: str) -> list:
+    """Return a messages column's conversations (lists of messages); one line naming the column when its type or a
+    null is wrong."""
+    import pyarrow as pa
+
+    col = plain_column(col) if isinstance(col, pa.ChunkedArray) else col
+    if not is_list(col.type):
+        raise SortpackError(f"{rows.path}: column {name!r} is {col.type}, not a list of {{role, content}} messages")
+    if col.null_count:
+        first = int(np.flatnonzero(np.asarray(col.is_null()))[0])
+        raise SortpackError(f"{rows.path}: column {name!r} has {col.null_count} null values (the first in "
+                            f"{rows.row(first)})")
+    return col.to_pylist()
+
+
+def _message(value, at: str, k: int) -> dict:
+    """Return message ``k`` as ``apply_chat_template`` passes it to the template (null keys dropped, reasoning
+    aliased); one line where it is no object or has no role."""
+    if not isinstance(value, dict):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise SortpackError(f"{at}: message {k} is {shown}, not a {{role, content}} object")
+    message = {key: v for key, v in value.items() if v is not None}
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        what = "has no role" if role is None else f"has role {role!r}, not a name"
+        raise SortpackError(f"{at}: message {k} {what} (its keys: {', '.join(sorted(message)) or 'none'})")
+    reasoning = next((message[key] for key in _REASONING if key in message), None)
+    if reasoning is not None:
+        message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    return message
+
+
+def messages_of(conversation, at: str) -> list[dict]:
+    """Return a conversation's messages as the template receives them (``_message``)."""
+    return [_message(m, at, k) for k, m in enumerate(conversation or [])]
+
+
+def _render(template: ChatTemplate, messages: list, at: str, k: int) -> tuple[str, list]:
+    """Return ``template.render(messages)``; whatever the template raises is one line naming message ``k``."""
+    try:
+        return template.render(messages)
+    except SortpackError:
+        raise
+    except Exception as exc:  # a template is code: TemplateError, TypeError, ZeroDivisionError, ...
+        role = messages[k].get("role") if 0 <= k < len(messages) else None
+        raise SortpackError(f"{at}: message {k}{f' ({role})' if role else ''}: the chat template {template.name} "
+                            f"cannot render it ({type(exc).__name__}: {one_line(exc)})") from None
+
+
+def _render_whole(template: ChatTemplate, messages: list, at: str) -> tuple[str, list]:
+    """Return the whole conversation rendered; on a failure, the first message whose prefix fails is named."""
+    try:
+        return _render(template, messages, at, len(messages) - 1)
+    except SortpackError:
+        for k in range(len(messages) - 1):  # the error path only: which message does the template fail on
+            _render(template, messages[:k + 1], at, k)
+        raise
+
+
+def _content_start(template: ChatTemplate, messages: list, k: int, text: str, turn: int) -> int:
+    """Return where message ``k``'s content starts in ``text`` (the rendering of ``messages[:k + 1]``): where it and
+    the rendering with a marker in place of the content part (a search for the text could find it in the turn's
+    header; a turn without text content, a tool call, starts where the marker would have)."""
+    try:
+        marked, _ = template.render([*messages[:k], {**messages[k], "content": _MARKER}])
+    except Exception:  # a template that cannot take text content there: the whole turn
+        return turn
+    n = min(len(text), len(marked))
+    if n <= turn:
+        return turn
+    ours, theirs = (np.frombuffer(t[turn:n].encode("utf-32-le"), np.uint32) for t in (text, marked))
+    differ = np.flatnonzero(ours != theirs)
+    return turn + (int(differ[0]) if len(differ) else n - turn)
+
+
+def _turn_spans(template: ChatTemplate, messages: list, roles: frozenset, at: str, rule: TurnRule
+                ) -> tuple[str, list]:
+    """Return the rendered conversation and the character spans of the ``roles``' turns, rendered prefix by prefix.
+
+    Turn k is what rendering ``messages[:k + 1]`` adds to rendering ``messages[:k]``; its target
+    runs from its content to the end of the turn as ``rule`` cuts it. A chosen turn must render
+    the same once later messages follow (its span is then where it is in the whole conversation).
+    """
+    spans, before, chosen = [], "", []
+    for k, message in enumerate(messages):
+        text, _ = _render(template, messages[:k + 1], at, k)
+        if message["role"] in roles:
+            if not text.startswith(before):
+                raise _not_turn_by_turn(template, at, k)
+            start, end = rule.span(text, len(before), _content_start(template, messages, k, text, len(before)))
+            if end > start:
+                spans.append((start, end))
+                chosen.append((k, text[:end]))
+        before = text
+    for k, head in chosen:
+        if not before.startswith(head):
+            raise _not_turn_by_turn(template, at, k)
+    return before, spans
+
+
+def _not_turn_by_turn(template: ChatTemplate, at: str, k: int) -> SortpackError:
+    return SortpackError(f"{at}: message {k}: the chat template {template.name} renders this turn differently once "
+                         "other messages follow, so its targets cannot be found turn by turn; use a template with "
+                         "{% generation %} blocks and --train-on assistant")
+
+
+def render_chats(template: ChatTemplate, chats: Sequence[list], train_on: Sequence[str] = DEFAULT_TRAIN_ON,
+                 where: str | Rows = "messages") -> tuple[list[str], list[list[tuple[int, int]]]]:
+    """Return each conversation rendered and the character spans of its targets.
+
+    With ``train_on`` the assistant alone and a template with ``{% generation %}`` blocks,
+    the targets are those blocks (transformers' ``assistant_masks``); otherwise the turns of
+    the ``train_on`` roles, found by rendering each conversation prefix by prefix and cut by
+    the template family's rule (``families.turn_rule``). ``where`` names the rows in errors.
+    """
+    rows = rows_of(where)
+    roles = frozenset(train_on)
+    generation = template.has_generation and roles == frozenset(DEFAULT_TRAIN_ON)
+    rule = turn_rule(template.source)[1]
+    texts, spans = [], []
+    for i, conversation in enumerate(chats):
+        at = rows.at(i)
+        messages = messages_of(conversation, at)
+        text, found = _render_whole(template, messages, at) if generation else \
+            _turn_spans(template, messages, roles, at, rule)
+        texts.append(text)
+        spans.append(found)
+    return texts, spans
+
+
+def _target_flags(texts: list[str], spans: list, encs, counts: np.ndarray) -> np.ndarray:
+    """Return, per token, whether one of its characters lies in a target span of its text."""
+    n = int(counts.sum())
+    offsets = np.fromiter(chain.from_iterable(chain.from_iterable(e.offsets for e in encs)), dtype=np.int64,
+                          count=2 * n).reshape(-1, 2)
+    # every text's characters on one axis: a token is a target when one of its characters is
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    base = np.cumsum(lengths) - lengths
+    n_spans = np.fromiter(map(len, spans), dtype=np.int64, count=len(spans))
+    flat = np.array(list(chain.from_iterable(spans)), dtype=np.int64).reshape(-1, 2)
+    flat += np.repeat(base, n_spans)[:, None]
+    marks = np.zeros(int(lengths.sum()) + 1, dtype=np.int64)
+    np.add.at(marks, flat[:, 0], 1)
+    np.add.at(marks, flat[:, 1], -1)
+    inside = np.concatenate(([0], np.cumsum(np.cumsum(marks)[:-1] > 0)))
+    tok_base = np.repeat(base, counts)
+    return inside[tok_base + offsets[:, 1]] > inside[tok_base + offsets[:, 0]]
+
+
+def roles_in(chats: Sequence[list]) -> frozenset[str]:
+    """Return the roles the conversations' messages name (``--train-on`` must name one of them)."""
+    return frozenset(m["role"] for chat in chats for m in chat or () if isinstance(m, dict)
+                     and isinstance(m.get("role"), str))
+
+
+def encode_chats(tokenizer, template: ChatTemplate, chats: Sequence[list], train_on: Sequence[str] = DEFAULT_TRAIN_ON,
+                 where: str | Rows = "messages") -> Encoded:
+    """Return the ``Encoded`` of conversations: ids as ``apply_chat_template(..., tokenize=True)``, targets the
+    tokens whose characters overlap the ``train_on`` roles' turns (``render_chats``), and the roles they hold."""
+    rows = rows_of(where)
+    parts: tuple[list, list, list] = ([], [], [])
+    encode = tokenizer.encode_batch  # not encode_batch_fast: it leaves the character offsets out
+    for a in range(0, len(chats), BATCH):
+        texts, spans = render_chats(template, chats[a:a + BATCH], train_on, Rows(rows.path, rows.first + a,
+                                                                                  rows.position))
+        encs = encode(texts, add_special_tokens=False)  # the template wrote the special tokens
+        ids, counts = flat_ids(encs)
+        for part, value in zip(parts, (ids, _target_flags(texts, spans, encs, counts), counts)):
+            part.append(value)
+    return encoded(*parts, roles=roles_in(chats))

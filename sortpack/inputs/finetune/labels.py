@@ -1,0 +1,65 @@
+"""The pre-tokenized shape: a token-id list column with a ``labels`` list column aligned to it, checked."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from ...arrow_types import is_list, plain_column
+from ...errors import SortpackError
+from .encoded import IGNORE_INDEX, Encoded, Rows, rows_of, targets_of
+
+_INT32_MAX = 2**31 - 1  # labels and ids are stored as int32
+
+
+def _list_column(col, rows: Rows, name: str) -> pa.Array:
+    """Return a list-of-integers column as one array; one line naming the column when its type or a null is wrong."""
+    col = plain_column(col) if isinstance(col, pa.ChunkedArray) else col
+    if not is_list(col.type) or not pa.types.is_integer(col.type.value_type):
+        raise SortpackError(f"{rows.path}: column {name!r} is {col.type}, not a list of token ids")
+    if col.null_count:
+        first = int(np.flatnonzero(np.asarray(col.is_null()))[0])
+        raise SortpackError(f"{rows.path}: column {name!r} has {col.null_count} null values (the first in "
+                            f"{rows.row(first)})")
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _check_labels(values: np.ndarray, sizes: np.ndarray, rows: Rows, name: str, vocab_size: int | None) -> None:
+    """Raise one line naming the row and position of the first label that is neither -100 nor a token id."""
+    top = _INT32_MAX if vocab_size is None else vocab_size - 1
+    bad = np.flatnonzero((values != IGNORE_INDEX) & ((values < 0) | (values > top)))
+    if not len(bad):
+        return
+    at = int(bad[0])
+    row = int(np.searchsorted(np.cumsum(sizes), at, side="right"))
+    pos = at - int(np.sum(sizes[:row]))
+    ids = f"a token id of the tokenizer (0..{top})" if vocab_size is not None else "a token id (0..2^31-1)"
+    raise SortpackError(f"{rows.at(row)}: column {name!r} holds {int(values[at])} at position {pos}: a label is "
+                        f"{IGNORE_INDEX} (no target) or {ids} ({len(bad)} such labels)")
+
+
+def pretokenized(ids_col, labels_col, where: str | Rows, ids_name: str = "input_ids", labels_name: str = "labels",
+                 vocab_size: int | None = None) -> Encoded:
+    """Return the ``Encoded`` of a token-id list column and its aligned labels list column, checked.
+
+    Raises SortpackError (naming the file, the column and the row) when a column is not a list
+    of integers, holds nulls, a sample's labels differ in length from its ids, or a label is
+    neither -100 nor a token id (below ``vocab_size`` when a tokenizer is known).
+    """
+    import pyarrow.compute as pc
+
+    rows = rows_of(where)
+    ids = _list_column(ids_col, rows, ids_name)
+    labels = _list_column(labels_col, rows, labels_name)
+    sizes = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = pc.list_value_length(labels).to_numpy(zero_copy_only=False).astype(np.int64)
+    bad = np.flatnonzero(sizes != lengths)
+    if len(bad):
+        i = int(bad[0])
+        raise SortpackError(f"{rows.path}: column {labels_name!r} has {lengths[i]} labels in {rows.row(i)}, "
+                            f"column {ids_name!r} {sizes[i]} token ids ({len(bad)} rows differ)")
+    flat = pc.list_flatten(labels)
+    if flat.null_count:
+        raise SortpackError(f"{rows.path}: column {labels_name!r} holds null labels")
+    values = flat.to_numpy(zero_copy_only=False)
+    _check_labels(values, sizes, rows, labels_name, vocab_size)
+    return Encoded(ids, labels, sizes, targets_of(values != IGNORE_INDEX, sizes))
