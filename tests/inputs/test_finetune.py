@@ -171,7 +171,8 @@ def test_a_wrong_column_type_or_a_null_is_one_line_naming_the_column(chatml):
     pairs = fine_tune_shape(None, prompt_column="q", tokenizer=tok)
     with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'q' is int64, not text$"):
         pairs.encode(pa.table({"q": [1, 2], "completion": ["a", "b"]}), "f.jsonl")
-    with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'completion' has 1 null values \(the first in row 1\)$"):
+    with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'completion' has 1 null values \(the first in row "
+                                            r"1\)$"):
         pairs.encode(pa.table({"q": ["x", "y"], "completion": ["a", None]}), "f.jsonl")
     chat = fine_tune_shape(None, chat_template=config, tokenizer=tok)
     with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'messages' is string, not a list of \{role, content"):
