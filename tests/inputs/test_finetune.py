@@ -177,3 +177,28 @@ def test_a_wrong_column_type_or_a_null_is_one_line_naming_the_column(chatml):
     chat = fine_tune_shape(None, chat_template=config, tokenizer=tok)
     with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'messages' is string, not a list of \{role, content"):
         chat.encode(pa.table({"messages": ["hi"]}), "f.jsonl")
+
+
+@pytest.mark.parametrize("bad", [-5, 2**40, -101])
+def test_a_label_neither_minus_100_nor_a_token_id_is_one_line(bad):
+    # it would count as a target and fail only in cross_entropy (or wrap in the int32 store)
+    from sortpack.inputs.finetune import Rows
+
+    shape = fine_tune_shape(None, labels_column="labels")
+    table = pa.table({"input_ids": [[1, 2, 3], [4, 5, 6]], "labels": [[-100, 2, 3], [-100, bad, 6]]})
+    rows = Rows("f.jsonl", 7, lambda row: f"line {row + 1}")
+    with pytest.raises(SortpackError, match=rf"^f\.jsonl: line 9: column 'labels' holds {bad} at position 1: a label "
+                                            r"is -100 \(no target\) or a token id \(0\.\.2\^31-1\) \(1 such labels\)$"):
+        shape.encode(table, rows)
+
+
+def test_with_a_tokenizer_a_label_past_its_vocabulary_is_refused(chatml):
+    tokenizer_file, _ = chatml
+    tok = load_tokenizer(tokenizer_file)
+    vocab = tok.hf.get_vocab_size(with_added_tokens=True)
+    shape = fine_tune_shape(None, labels_column="labels", tokenizer=tok)
+    ok = pa.table({"input_ids": [[1, 2]], "labels": [[-100, vocab - 1]]})
+    assert shape.encode(ok, "f.parquet").targets.tolist() == [1]
+    with pytest.raises(SortpackError, match=rf"holds {vocab} at position 1: a label is -100 \(no target\) or a token "
+                                            rf"id of the tokenizer \(0\.\.{vocab - 1}\)"):
+        shape.encode(pa.table({"input_ids": [[1, 2]], "labels": [[-100, vocab]]}), "f.parquet")
