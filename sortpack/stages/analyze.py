@@ -102,12 +102,10 @@ class AnalyzeOptions:
 
         if not self.text_shape:
             return self
-        out = {"tokenizer_sha256": file_digest(self.tokenizer) if self.tokenizer else None}
-        if self.trl_pairs:
-            out["eos_token"] = end_token(self.tokenizer, self.eos_token)
-        if self.chat_template:
-            out["template_sha256"] = load_chat_template(self.chat_template).digest
-        return dataclasses.replace(self, **out)
+        return dataclasses.replace(
+            self, tokenizer_sha256=file_digest(self.tokenizer) if self.tokenizer else None,
+            eos_token=end_token(self.tokenizer, self.eos_token) if self.trl_pairs else self.eos_token,
+            template_sha256=load_chat_template(self.chat_template).digest if self.chat_template else None)
 
     def measured(self) -> tuple[str, ...]:
         """Return the names of the per-sample measures a plan of these options carries beside its size."""
