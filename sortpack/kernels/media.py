@@ -48,30 +48,29 @@ def _numpy_sizes(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tupl
     def byte(at: np.ndarray) -> np.ndarray:
         return data[np.minimum(at, last)].astype(np.int64) if last >= 0 else np.zeros(len(at), np.int64)
 
+    def finish(live: np.ndarray, mask: np.ndarray, code: int, want: np.ndarray | None = None) -> None:
+        status[live[mask]] = code
+        if want is not None:
+            need[live[mask]] = want[mask] - starts[live[mask]]
+
     while live.size:
         p, end = pos[live], ends[live]
-
-        def finish(mask: np.ndarray, code: int, want: np.ndarray | None = None) -> None:
-            status[live[mask]] = code
-            if want is not None:
-                need[live[mask]] = want[mask] - starts[live[mask]]
-
         short = p + 2 > end
-        finish(short, TRUNCATED, p + 2)
+        finish(live, short, TRUNCATED, p + 2)
         b0, m = byte(p), byte(p + 1)
-        finish(~short & (b0 != 0xFF), CORRUPT)
+        finish(live, ~short & (b0 != 0xFF), CORRUPT)
         going = ~short & (b0 == 0xFF)
         fill = going & (m == 0xFF)
         bare = going & _NO_LENGTH[m]
-        finish(going & _BEFORE_FRAME[m], CORRUPT)
+        finish(live, going & _BEFORE_FRAME[m], CORRUPT)
         seg_at = going & ~fill & ~bare & ~_BEFORE_FRAME[m]
-        finish(seg_at & (p + 4 > end), TRUNCATED, p + 4)
+        finish(live, seg_at & (p + 4 > end), TRUNCATED, p + 4)
         seg_at &= p + 4 <= end
         seg = (byte(p + 2) << 8) | byte(p + 3)
-        finish(seg_at & (seg < 2), CORRUPT)
+        finish(live, seg_at & (seg < 2), CORRUPT)
         seg_at &= seg >= 2
         frame = seg_at & _FRAME[m]
-        finish(frame & (p + 9 > end), TRUNCATED, p + 9)
+        finish(live, frame & (p + 9 > end), TRUNCATED, p + 9)
         frame &= p + 9 <= end
         idx = live[frame]
         height[idx] = (byte(p[frame] + 5) << 8) | byte(p[frame] + 6)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -16,8 +17,7 @@ from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units, reader_for
 from ..inputs.size_kinds import reads_text
 from ..inputs.source_file import SourceFile
-from ..inputs.specs import (RowError, Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer,
-                            parse_spec)
+from ..inputs.specs import RowError, Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
 from ..partition import even_range
 from ..progress import Display, Progress
@@ -305,7 +305,7 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keeper
                                             specs.special_tokens), src.path, f"--{name} {spec.text}")
                      for name, spec in specs.measures.items()}
         except RowError as exc:  # a media header: named by its row of the file
-            raise exc.at(_first_row(src, read), lambda row: reader_for(src.format).row_position(src, row)) from None
+            raise exc.at(_first_row(src, read), partial(reader_for(src.format).row_position, src)) from None
         if encoded is not None:
             out.measures.setdefault("targets", []).append(encoded.targets)
             keep_labels = getattr(keep_pieces, "keep_labels", None)  # split.TargetPieces: pieces' own targets

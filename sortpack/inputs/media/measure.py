@@ -77,8 +77,8 @@ def _dimensions(values: Values, settings: ImageSettings, source: str, base: int)
     if files.size:
         paths = [resolve(str(values.paths[int(i)]), settings.root, source) for i in files]
         values.paths = list(values.paths)
-        for k, i in enumerate(files):
-            values.paths[int(i)] = paths[k]
+        for k, at in enumerate(files):
+            values.paths[int(at)] = paths[k]
         got, failed = _file_sizes(paths)
         width[files], height[files], status[files] = got.width, got.height, got.status
         problems = {int(files[k]): failed.get(int(k)) or got.problem(int(k)) for k in np.flatnonzero(got.status != OK)}
@@ -97,7 +97,8 @@ def _file_sizes(paths: list[str]) -> tuple[ImageSizes, dict[int, str]]:
     heads = read_heads(paths, asked)
     for _ in range(READ_ROUNDS):
         sizes = _sizes_of(heads)
-        again = [k for k in np.flatnonzero(sizes.status == TRUNCATED) if len(heads[k]) == asked[k]]
+        again = [int(k) for k in np.flatnonzero(sizes.status == TRUNCATED)
+                 if isinstance(head := heads[k], bytes) and len(head) == asked[k]]
         if not again:
             break
         for k in again:
