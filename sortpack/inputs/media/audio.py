@@ -1,8 +1,9 @@
 """Audio lengths from their headers, without decoding a sample: WAV (and RF64), FLAC, MP3, Ogg Vorbis and Ogg Opus.
 
 Each reader returns the file's (samples, rate): the length a decoder returns, exactly where the
-header says it. WAV: the data chunk's bytes over the block size (the ``fact`` chunk's count
-for compressed formats). FLAC: STREAMINFO's total samples. Ogg: the last page's granule
+header says it. WAV: the data chunk's bytes over the block size (PCM, float, A-law and mu-law;
+a compressed WAV, such as ADPCM, is refused: a decoder returns whole blocks, which its header
+does not say). FLAC: STREAMINFO's total samples. Ogg: the last page's granule
 position of the first stream (less Opus's pre-skip; Opus counts at 48 kHz). MP3: the Xing/Info
 (or VBRI) frame count times the samples per frame, less the LAME tag's encoder delay and
 padding (what a gapless decoder such as mpg123 removes); an MP3 without such a header is walked
@@ -65,8 +66,8 @@ def _id3_end(head: bytes) -> int:
 
 
 def _wav(at: Reader, size: int) -> tuple[int, int]:
-    """Return a WAV's (samples, rate) from its fmt, fact and data chunks (RF64: the ds64 sizes)."""
-    pos, fmt, fact, data, big = 12, None, None, None, None
+    """Return a WAV's (samples, rate) from its fmt and data chunks (RF64: the ds64 sizes)."""
+    pos, fmt, data, big = 12, None, None, None
     while data is None:
         chunk = at(pos, 8)
         if len(chunk) < 8:
@@ -76,8 +77,6 @@ def _wav(at: Reader, size: int) -> tuple[int, int]:
             big = struct.unpack("<QQQ", _need(at(pos + 8, 24), 24, "RF64 ds64"))
         elif cid == b"fmt ":
             fmt = struct.unpack("<HHIIH", _need(at(pos + 8, 14), 14, "WAV fmt"))
-        elif cid == b"fact":
-            fact = struct.unpack("<I", _need(at(pos + 8, 4), 4, "WAV fact"))[0]
         elif cid == b"data":
             data = big[1] if big is not None and n == 0xFFFFFFFF else n
             if pos + 8 + data > size:
@@ -89,13 +88,12 @@ def _wav(at: Reader, size: int) -> tuple[int, int]:
     tag, _, rate, _, block = fmt
     if rate == 0:
         raise ValueError("corrupt WAV header (a sample rate of 0)")
-    if tag in _PCM_TAGS:
-        if block == 0:
-            raise ValueError("corrupt WAV header (a block size of 0)")
-        return data // block, rate
-    if fact is None:
-        raise ValueError(f"WAV of format tag {tag:#x} without a fact chunk: its length is not in its header")
-    return (big[2] if big is not None and fact == 0xFFFFFFFF else fact), rate
+    if tag not in _PCM_TAGS:
+        # ADPCM and the like: decoders return whole blocks, which the fact chunk (when written right) does not say
+        raise ValueError(f"compressed WAV (format tag {tag:#x}): its decoded length is not in its header")
+    if block == 0:
+        raise ValueError("corrupt WAV header (a block size of 0)")
+    return data // block, rate
 
 
 def _flac(at: Reader, start: int) -> tuple[int, int]:
