@@ -182,11 +182,11 @@ def test_the_cli_plans_by_image_tokens_and_names_a_corrupt_row(tmp_path, picture
     each = _want(sizes, Qwen2VL(max_pixels=1003520))
     assert manifest["stats"]["tokens"] == sum(int(each[:i % 4].sum()) for i in range(40))
     assert manifest["stats"]["size2"] == sum(i % 4 for i in range(40))
-    rows[37]["images"][2] = blobs[2][:25]
+    rows[39]["images"][2] = blobs[2][:25]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet", row_group_size=16)
     proc = run_sortpack(["run", tmp_path / "bad.parquet", "-o", tmp_path / "bad", "--size",
                          "image_tokens:images:qwen2_vl", "--max-tokens", "20000"], check=False)
     assert proc.returncode == 2 and not (tmp_path / "bad").exists()
     assert proc.stderr.strip().splitlines() == [
-        f"Error: {tmp_path / 'bad.parquet'}: row 37: column 'images': value 2 of the row: truncated WebP header "
+        f"Error: {tmp_path / 'bad.parquet'}: row 39: column 'images': value 2 of the row: truncated WebP header "
         "(25 bytes; its size is within the first 30)"]
