@@ -1,4 +1,4 @@
-"""Generated media for the media tests: images of many sizes, formats and modes (Pillow), audio clips (wave, soundfile)."""
+"""Generated media for the media tests: images of many sizes, formats and modes (Pillow), audio (wave, soundfile)."""
 from __future__ import annotations
 
 import io
@@ -21,7 +21,8 @@ def _size(rng: np.random.Generator) -> tuple[int, int]:
         return int(rng.integers(8, 49)) * 28, int(rng.integers(8, 49)) * 28
     if pick == 2:
         side = int(rng.integers(2, 30))
-        return (side * int(rng.integers(20, 150)), side) if rng.integers(0, 2) else (side, side * int(rng.integers(20, 150)))
+        long = side * int(rng.integers(20, 150))
+        return (long, side) if rng.integers(0, 2) else (side, long)
     return int(np.exp(rng.uniform(np.log(16), np.log(2200)))), int(np.exp(rng.uniform(np.log(16), np.log(2200))))
 
 

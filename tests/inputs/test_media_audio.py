@@ -5,10 +5,9 @@ import io
 import struct
 
 import pytest
+from media_samples import sf_bytes, wav_bytes
 
 from sortpack.inputs.media.audio import audio_length
-
-from media_samples import sf_bytes, wav_bytes
 
 
 def _length(raw: bytes) -> tuple[int, int]:

@@ -8,13 +8,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from media_samples import encode, sf_bytes, wav_bytes
 
 from sortpack.errors import SortpackError
 from sortpack.inputs.media.settings import AudioSettings, ImageSettings
 from sortpack.inputs.media.vision import LlavaNext, Patches, Qwen2VL
 from sortpack.inputs.specs import RowError, evaluate, parse_spec
 
-from media_samples import encode, sf_bytes, wav_bytes
 from support import read_manifest, run_sortpack
 
 pytest.importorskip("PIL")
@@ -24,7 +24,8 @@ def test_specs_name_their_column_scheme_and_settings():
     spec = parse_spec("image_tokens:images:qwen2_vl:min_pixels=3136,max_pixels=1003520", "text", "--size")
     assert (spec.kind, spec.column) == ("image_tokens", "images")
     assert spec.settings == ImageSettings("tokens", Qwen2VL(min_pixels=3136, max_pixels=1003520))
-    spec = parse_spec("image_patches:img:llava_next:pinpoints=336x336+336x672,select=full,root=s3://b/x", None, "--size2")
+    spec = parse_spec("image_patches:img:llava_next:pinpoints=336x336+336x672,select=full,root=s3://b/x", None,
+                      "--size2")
     assert spec.settings == ImageSettings("patches", LlavaNext(pinpoints=((336, 336), (336, 672)), select="full"),
                                           "s3://b/x")
     assert parse_spec("image_count:img", None, "--size").settings == ImageSettings("count")
