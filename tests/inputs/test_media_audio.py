@@ -5,8 +5,8 @@ import io
 import struct
 
 import pytest
-from media_samples import sf_bytes, wav_bytes
 
+from benchmarks.media_data import sf_bytes, wav_bytes
 from sortpack.inputs.media.audio import audio_length
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from media_samples import KINDS, encode, make_images
 
+from benchmarks.media_data import KINDS, encode, make_images
 from sortpack.inputs.media import images as im
 from sortpack.inputs.media.vision import LlavaNext, Patches, Qwen2VL
 from sortpack.kernels import _loader, media

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from media_samples import encode, sf_bytes, wav_bytes
 
+from benchmarks.media_data import encode, sf_bytes, wav_bytes
 from sortpack.errors import SortpackError
 from sortpack.inputs.media.settings import AudioSettings, ImageSettings
 from sortpack.inputs.media.vision import LlavaNext, Patches, Qwen2VL

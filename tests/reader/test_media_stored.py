@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from media_samples import encode, wav_bytes
 
+from benchmarks.media_data import encode, wav_bytes
 from sortpack.reader import PackedIndex, PackedSampler, SourceDataset
 
 from support import assert_same_at_ranks, run_sortpack

@@ -9,15 +9,13 @@ in the row and its file.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import pyarrow as pa
 
 from .audio import audio_length
 from .images import OK, TRUNCATED, ImageSizes, image_sizes
 from .settings import AudioSettings, ImageSettings
-from .values import READ_THREADS, MediaError, Values, column_values, read_at, read_heads, resolve, size_of, takes
+from .values import MediaError, Values, column_values, in_threads, read_at, read_heads, resolve, size_of, takes
 
 FIRST_READ = 4096  # the bytes of a file read first: every fixed-offset header, and most JPEGs' frame header
 MORE_READ = 1 << 16  # a JPEG whose frame header lies further (EXIF thumbnails, ICC profiles) is read again
@@ -150,11 +148,7 @@ def _lengths(values: Values, settings: AudioSettings, source: str, base: int) ->
             return str(exc) if isinstance(exc, ValueError) else f"cannot read it ({type(exc).__name__}: {exc})"
 
     n = len(values.rows)
-    if any(p is not None for p in values.paths) and n >= 8:
-        with ThreadPoolExecutor(min(READ_THREADS, n)) as pool:
-            got = list(pool.map(one, range(n)))
-    else:
-        got = [one(i) for i in range(n)]
+    got = in_threads(one, n) if any(p is not None for p in values.paths) else [one(i) for i in range(n)]
     for i, g in enumerate(got):
         if isinstance(g, str):
             raise MediaError(base + int(values.rows[i]), _named(values, i, g))

@@ -145,6 +145,11 @@ def _directory(source: str) -> str:
 
 def read_at(path: str, offset: int, n: int) -> bytes:
     """Return up to ``n`` bytes of the file or object ``path`` from ``offset``."""
+    if "://" not in path:  # a local file: no URL to parse (this is per image)
+        with open(path, "rb", buffering=0) as fh:
+            if offset:
+                fh.seek(offset)
+            return fh.read(n)
     objects.check_scheme(path)
     if objects.is_url(path):
         with objects.open_input(path) as fh:
@@ -171,7 +176,17 @@ def read_heads(paths: list[str], n: int | list[int]) -> list[bytes | BaseExcepti
         except Exception as exc:  # noqa: BLE001 - the caller names the row and the file with it
             return exc
 
-    if len(paths) < 8:
-        return [one(k) for k in range(len(paths))]
-    with ThreadPoolExecutor(min(READ_THREADS, len(paths))) as pool:
-        return list(pool.map(one, range(len(paths))))
+    return in_threads(one, len(paths))
+
+
+def in_threads(one, n: int) -> list:
+    """Return ``[one(k) for k in range(n)]``, computed by up to READ_THREADS threads over contiguous runs of ``k``
+    (a network filesystem or an object store answers many requests at once; a run per thread, not a task per
+    value, keeps the pool's own cost off the per-value path)."""
+    threads = min(READ_THREADS, n // 64)
+    if threads < 2:
+        return [one(k) for k in range(n)]
+    bounds = np.linspace(0, n, threads + 1).astype(int)
+    with ThreadPoolExecutor(threads) as pool:
+        runs = pool.map(lambda t: [one(k) for k in range(bounds[t], bounds[t + 1])], range(threads))
+        return [x for run in runs for x in run]

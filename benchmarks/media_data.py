@@ -1,4 +1,5 @@
-"""Generated media for the media tests: images of many sizes, formats and modes (Pillow), audio (wave, soundfile)."""
+"""Generated media for bench_media and the media tests: images of many sizes, formats and modes (Pillow), audio
+(wave, soundfile)."""
 from __future__ import annotations
 
 import io
