@@ -89,6 +89,9 @@ def test_bytes_lists_structs_and_nulls(pictures):
     # a sliced, chunked column: each chunk's offsets and values taken where they begin
     chunked = pa.table({"one": pa.chunked_array([table["one"].chunk(0).slice(1, 3), table["one"].chunk(0).slice(4)])})
     assert evaluate(tokens, chunked, "t").tolist() == [*each[1:4], *each[4:], 0]
+    lists = pa.table({"many": pa.chunked_array([table["many"].chunk(0).slice(3, 2), table["many"].chunk(0).slice(6)])})
+    assert evaluate(parse_spec("image_tokens:many:qwen2_vl", None, "--size"), lists, "t").tolist() == \
+        [many[3], many[4], many[6]]
     with pytest.raises(SortpackError, match=r"t: column 'x' is int64; image_tokens needs a binary, path"):
         evaluate(parse_spec("image_tokens:x:qwen2_vl", None, "--size"), pa.table({"x": [1]}), "t")
 
