@@ -92,6 +92,9 @@ def test_bytes_lists_structs_and_nulls(pictures):
     lists = pa.table({"many": pa.chunked_array([table["many"].chunk(0).slice(3, 2), table["many"].chunk(0).slice(6)])})
     assert evaluate(parse_spec("image_tokens:many:qwen2_vl", None, "--size"), lists, "t").tolist() == \
         [many[3], many[4], many[6]]
+    # Hugging Face's rows as from_pylist types them: a list of structs whose path is all null (a null type)
+    pylist = pa.Table.from_pylist([{"im": [{"bytes": blobs[0], "path": None}]}, {"im": []}])
+    assert evaluate(parse_spec("image_tokens:im:qwen2_vl", None, "--size"), pylist, "t").tolist() == [each[0], 0]
     with pytest.raises(SortpackError, match=r"t: column 'x' is int64; image_tokens needs a binary, path"):
         evaluate(parse_spec("image_tokens:x:qwen2_vl", None, "--size"), pa.table({"x": [1]}), "t")
 

@@ -39,13 +39,13 @@ class Values:
     data: np.ndarray  # uint8: the buffer the in-column values are ranges of
     starts: np.ndarray  # int64 per value (in-column values)
     ends: np.ndarray
-    paths: list[str | None]  # per value: the path of a value in a file, None for bytes in the column
+    paths: list[str | None]  # per value: its file's path, None for bytes in the column (empty: all in the column)
     listed: bool  # the column holds lists (a message names the value's place in its row)
 
     def where(self, i: int) -> str:
         """Return how a message names value ``i`` (beside its row)."""
         place = f"value {i - int(np.searchsorted(self.rows, self.rows[i]))} of the row" if self.listed else ""
-        path = self.paths[i]
+        path = self.paths[i] if self.paths else None
         return ", ".join(p for p in (place, path and f"file {path}") if p)
 
 
@@ -86,7 +86,7 @@ def _values(arr: pa.Array, index: np.ndarray, rows: np.ndarray, listed: bool) ->
     """Return the ``Values`` of entries ``index`` of ``arr`` (rows ``rows``), its null entries left out."""
     t = arr.type
     if _is_media_struct(t):
-        names = {t.field(i).name for i in range(t.num_fields)}
+        names = {t.field(i).name for i in range(t.num_fields) if not pa.types.is_null(t.field(i).type)}
         data = arr.field("bytes") if "bytes" in names else pa.nulls(len(arr), pa.binary())
         path = arr.field("path") if "path" in names else pa.nulls(len(arr), pa.string())
         keep = _valid(arr)[index] & (_valid(data)[index] | _valid(path)[index])
@@ -96,8 +96,9 @@ def _values(arr: pa.Array, index: np.ndarray, rows: np.ndarray, listed: bool) ->
         paths = path.take(pa.array(index[~in_column])).to_pylist() if (~in_column).any() else []
         out.starts[~in_column] = 0
         out.ends[~in_column] = 0
-        it = iter(paths)
-        out.paths = [None if b else next(it) for b in in_column]
+        if paths:  # else every value is in the column: no paths
+            it = iter(paths)
+            out.paths = [None if b else next(it) for b in in_column]
         return out
     keep = _valid(arr)[index]
     index, rows = index[keep], rows[keep]
@@ -116,11 +117,11 @@ def _bytes_of(arr: pa.Array, index: np.ndarray, rows: np.ndarray, listed: bool) 
     if pa.types.is_fixed_size_binary(arr.type):
         width = arr.type.byte_width
         starts = (arr.offset + index) * width
-        return Values(rows, data, starts, starts + width, [None] * len(index), listed)
+        return Values(rows, data, starts, starts + width, [], listed)
     dtype = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
     offsets = np.frombuffer(bufs[1], dtype)[arr.offset:arr.offset + len(arr) + 1].astype(np.int64) \
         if bufs[1] is not None else np.zeros(len(arr) + 1, np.int64)
-    return Values(rows, data, offsets[index], offsets[index + 1], [None] * len(index), listed)
+    return Values(rows, data, offsets[index], offsets[index + 1], [], listed)
 
 
 def resolve(path: str, root: str | None, source: str) -> str:
