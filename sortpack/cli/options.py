@@ -34,6 +34,16 @@ def _shapes(ctx, param, value):
         raise click.BadParameter(str(exc).split(": ", 1)[-1]) from None
 
 
+def _measures(ctx, param, value):
+    """Return the (name, SPEC) of each --measure NAME=SPEC (one line naming the option for a bad one)."""
+    from ..inputs.measures import parse_measure
+
+    try:
+        return tuple(parse_measure(text) for text in value or ())
+    except SortpackError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[-1]) from None
+
+
 def analyze_options(f):
     """Add the analyze options to a command."""
     opts = [
@@ -47,6 +57,9 @@ def analyze_options(f):
                      help="A second size per sample (any SPEC, e.g. column:num_patches or column:duration*100: "
                           "encoder patches or frames), summed per micro-batch as the index column size2; "
                           "with --max-size2 N a second cap."),
+        click.option("--measure", "measures", multiple=True, callback=_measures, metavar="NAME=SPEC",
+                     help="Another per-sample measure (repeatable; any SPEC), summed per micro-batch as the index "
+                          "column NAME and handed out by the reader (docs/step-costs.md)."),
         click.option("--tokenizer", type=click.Path(dir_okay=False),
                      help="HF tokenizers JSON file for SPEC tokens (its truncation and padding are ignored)."),
         click.option("--special-tokens/--no-special-tokens", default=True, show_default=True,
