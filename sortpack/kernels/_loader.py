@@ -16,7 +16,7 @@ import numpy as np
 
 from ..env import env_flag
 
-_ABI_VERSION = 18  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 19  # must equal SP_ABI_VERSION in _ckernels.c
 _EXTENSION = __name__.rpartition(".")[0] + "._ckernels"
 _UNLOADED: Any = object()
 _clib: Any = _UNLOADED
@@ -54,6 +54,8 @@ _SIGNATURES = {
     "sp_bpe_new": ([_PTR, _PTR, _PTR, _I64], _PTR),
     "sp_bpe_free": ([_PTR], None),
     "sp_bpe_encode_ascii": ([_PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
+    # _media.c (a second source of the library: new symbols, no change to the ones above)
+    "sp_jpeg_sizes": ([_PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR], _I64),
 }
 
 
