@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 
-from .errors import SortpackError
-
 # the integer variables sortpack reads, with the least value each takes (``check_integers``)
 INTEGERS = {"SORTPACK_TEST_SHARD_ROWS": 1, "SORTPACK_TEST_SHARD_SAMPLES": 1, "SORTPACK_TEST_DATA_ROWS": 1,
             "SORTPACK_TEST_PIECE_BYTES": 1, "SORTPACK_TEST_ID_BITS": 32, "SORTPACK_OBJECT_TIMEOUT": 1,
@@ -18,8 +16,8 @@ INTEGERS = {"SORTPACK_TEST_SHARD_ROWS": 1, "SORTPACK_TEST_SHARD_SAMPLES": 1, "SO
 def env_int(name: str) -> int | None:
     """Return the integer value of environment variable ``name``, or None when it is unset or empty.
 
-    Raises SortpackError (one line naming the variable) when it is set to something else, or
-    below the least value ``INTEGERS`` gives it.
+    Raises ValueError (one line naming the variable) when it is set to something else, or
+    below the least value ``INTEGERS`` gives it (a job checks them all first: ``check_integers``).
     """
     value = os.environ.get(name, "").strip()
     if not value:
@@ -31,12 +29,12 @@ def env_int(name: str) -> int | None:
     lowest = INTEGERS.get(name)
     if number is None or (lowest is not None and number < lowest):
         least = f" >= {lowest}" if lowest is not None else ""
-        raise SortpackError(f"the environment variable {name}={value!r} is not an integer{least}; fix or unset it")
+        raise ValueError(f"the environment variable {name}={value!r} is not an integer{least}; fix or unset it")
     return number
 
 
 def check_integers() -> None:
-    """Raise SortpackError (one line) for the first integer variable sortpack reads that is set but not one.
+    """Raise ValueError (one line) for the first integer variable sortpack reads that is set but not one.
 
     A job checks them all before any work, on every rank alike: one read at a later stage would
     fail on one rank only and leave the job's temporary behind.

@@ -310,7 +310,10 @@ def get_comm() -> Comm:
     from .launcher import launcher
 
     launcher()  # a launcher variable that is set but wrong is an error even when MPI knows better
-    check_integers()  # so is a SORTPACK_* integer that is not one: before any work, on every rank alike
+    try:  # so is a SORTPACK_* integer that is not one: before any work, on every rank alike
+        check_integers()
+    except ValueError as exc:
+        raise SortpackError(str(exc)) from None
     if env_flag("SORTPACK_NO_MPI"):
         _WORLD = SerialComm()
         return _WORLD

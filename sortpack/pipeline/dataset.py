@@ -27,9 +27,9 @@ from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo
 from ..write.store import StoreOptions
 from .columns import ColumnRequest, read_columns
-from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, pack_check, split_check, store_for
+from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, split_check, store_for
 from .kept import Measurements
-from .tail import Tail, training_split
+from .tail import Tail, pack_check, training_split
 
 if TYPE_CHECKING:
     from ..inputs.finetune import FineTuneShape

@@ -25,7 +25,7 @@ from ..write.provenance import JobInfo, Profile
 from ..write.store import Store, StoreOptions, prepare
 
 __all__ = ["HoldoutRequest", "JobOutput", "JobScope", "PlanJob", "check_options", "job_scope", "nested_plan",
-           "pack_check", "split_check", "store_for"]
+           "split_check", "store_for"]
 
 
 @dataclass(frozen=True)
@@ -75,30 +75,6 @@ def split_check(recorded: PlanOptions, own_column: str | None = None,
     if popts.oversize != "split":
         return None
     return lambda: check_split(recorded, own_column, tokenizer)
-
-
-def pack_check(plan: PlanOptions) -> Callable[[], None]:
-    """Return the check that packs no samples with ``plan``'s pack options and the measures it carries.
-
-    Every refusal the pack stage decides from its options and the names of the per-sample measures
-    (``--max-size2`` without ``--size2``, ``--balance targets`` of data that counts no targets)
-    then comes before any work, in the pack stage's own words, not after a whole analyze.
-    """
-    def dry_pack() -> None:
-        import numpy as np
-
-        from ..parallel import SerialComm
-        from ..progress import silenced
-        from ..stages.pack import pack_samples
-        from ..stages.samples import SampleColumns
-
-        none = np.zeros(0, np.int64)
-        measures = {name: none for name in plan.analyze.measured()}
-        with silenced():
-            pack_samples(SerialComm(), SampleColumns(0, 0, none, none, none, None, [], 0, measures=measures),
-                         plan.pack or PackOptions(), (plan.sort or SortOptions()).key, None)
-
-    return dry_pack
 
 
 def _refuse_cut_labels(oversize: str) -> None:

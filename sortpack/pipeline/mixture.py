@@ -56,8 +56,8 @@ from ..stages.sort import SortOptions, sort_samples
 from ..stages.split import byte_cuts
 from ..write.store import StoreOptions
 from .columns import ColumnRequest, read_columns
-from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, pack_check, split_check, store_for
-from .tail import Tail, training_split
+from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, split_check, store_for
+from .tail import Tail, pack_check, training_split
 
 __all__ = ["run_mixture"]
 
