@@ -104,11 +104,10 @@ def _split_sorted(job: PlanJob, samples: SampleColumns, recorded: PlanOptions, s
 def _recorded_shape(comm: Comm, recorded: PlanOptions, store: StoreOptions | None) -> FineTuneShape:
     """Return the fine-tuning shape a sorted directory was measured with, loaded again with ``pack``'s
     ``--tokenizer`` and ``--chat-template`` (collective: a missing or different file is one line)."""
-    from ..inputs.finetune import recorded_shape
-
-    opts = store or StoreOptions()
-    return comm.collectively(recorded_shape, recorded.analyze.as_dict(), opts.tokenizer, opts.chat_template,
-                             f"pack --oversize {recorded.pack.oversize if recorded.pack else ''} of fine-tuning data")
+    opts, measured = store or StoreOptions(), recorded.analyze
+    assert measured.shape is not None
+    why = f"pack --oversize {recorded.pack.oversize if recorded.pack else ''} of fine-tuning data"
+    return comm.collectively(measured.shape.loaded_from, opts.tokenizer, measured.tokenizer, opts.chat_template, why)
 
 
 def _truncated_targets(job: PlanJob, samples: SampleColumns, shape: FineTuneShape) -> tuple[SampleColumns, dict]:
@@ -145,7 +144,7 @@ def run_pack(comm: Comm, sorted_dir: str, popts: PackOptions, output: JobOutput)
     measured = recorded.analyze
     # fine-tuning data cut by --oversize split|truncate: the labels of the samples cut are read back and
     # encoded again, so each piece (or truncated sample) counts its own targets, as in run
-    labels_read = measured.fine_tune() is not None and popts.oversize in ("split", "truncate")
+    labels_read = measured.shape is not None and popts.oversize in ("split", "truncate")
     check_options(comm, pack_check(recorded), split_check(recorded, labels_read=labels_read))
     shape = _recorded_shape(comm, recorded, output.store) if labels_read else None
     store_fn = store_for(comm, output.store, recorded, None)
@@ -181,7 +180,7 @@ def _measure(job: PlanJob, keep: Measurements, inputs: list[str], aopts: Analyze
     with prof.stage("analyze"):
         cuts = byte_cuts(aopts, popts)  # --size bytes --oversize split: cut while the text is read
         pieces = None
-        if popts.oversize in ("split", "truncate") and aopts.fine_tune() is not None:
+        if popts.oversize in ("split", "truncate") and aopts.shape is not None:
             pieces = TargetPieces(truncate_length(popts))  # each piece's targets, counted while the labels are read
         samples = analyze(comm, inputs, aopts, job.progress, Keepers(sink, cuts or pieces))
     prof.counts["analyze_rows"] = len(samples)

@@ -13,8 +13,7 @@ import pyarrow as pa
 from ..errors import SortpackError
 from ..inputs import objects
 from ..inputs.discover import expand_inputs
-from ..inputs.finetune import Encoded, FineTuneShape, Rows, end_token, fine_tune_shape
-from ..inputs.finetune.pairs import check_end_token
+from ..inputs.finetune import Encoded, FineTuneShape, Rows
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units, reader_for
 from ..inputs.measures import measure_of, parse_measure
@@ -41,23 +40,12 @@ class AnalyzeOptions:
     split: str | None = None  # the split of a Hugging Face DatasetDict directory
     size2: str | None = None  # --size2 SPEC: a second size per sample, the measure ``size2``
     measures: tuple[tuple[str, str], ...] = ()  # --measure NAME=SPEC: other measures (inputs/measures.py), by name
-    # fine-tuning shapes (inputs/finetune.py): a labels column, prompt/completion texts, or chats
-    labels_column: str | None = None
-    prompt_column: str | None = None
-    completion_column: str | None = None
-    chat_template: str | None = None
-    train_on: tuple[str, ...] | None = None
-    pair_encoding: str | None = None  # --pair-encoding of prompt/completion pairs: trl (the default) or pair
-    eos_token: str | None = None  # --eos-token: appended to each completion (trl), else the tokenizer config's
-    # what a fine-tuning plan was measured with, filled by ``resolved`` and recorded, so a later encode checks it
-    tokenizer_sha256: str | None = None
-    template_sha256: str | None = None
+    # fine-tuning data (inputs/finetune/): a labels column, prompt/completion texts or chats, and how to encode them
+    shape: FineTuneShape | None = None
 
     def validate(self) -> None:
         """Raise SortpackError (one line) for options that cannot work, decided before any file is read: a SPEC
-        that does not parse, an empty ``--size2``, fine-tuning options that do not go together."""
-        from ..inputs.finetune import check_shape_options
-
+        that does not parse, an empty ``--size2``, a fine-tuning shape's options."""
         if self.size2 is not None and not self.size2.strip():
             raise SortpackError("--size2 '': expected a SPEC (the second size of each sample), or leave it out")
         column = self.column or "text"  # only the SPECs' syntax: the column may be found in the files later
@@ -65,56 +53,29 @@ class AnalyzeOptions:
                  (("--size", self.size), ("--difficulty", self.difficulty)) if text]
         for name, text in self.measure_specs().items():  # --size2 and every --measure
             parse_spec(text, column, measure_of(name).option)
-        check_shape_options(self.labels_column, self.prompt_column or self.completion_column, self.chat_template,
-                            self.train_on, bool(self.tokenizer))
+        if self.shape is None:
+            return
+        self.shape.validate(bool(self.tokenizer))
         if self.text_shape and self.size != "tokens":
             raise SortpackError(f"--size {self.size}: a prompt/completion or chat sample's size is its tokens "
                                 "(leave --size out)")
         if self.text_shape and self.difficulty and reads_text(specs[1].kind):
             raise SortpackError(f"--difficulty {self.difficulty}: of fine-tuning texts, give a column: or python: "
                                 "SPEC")
-        self._validate_pairs()
-
-    def _validate_pairs(self) -> None:
-        """Refuse ``--pair-encoding`` and ``--eos-token`` where they do not apply."""
-        from ..inputs.finetune import PAIR_ENCODINGS
-
-        pairs = bool(self.prompt_column or self.completion_column)
-        if self.pair_encoding is not None and self.pair_encoding not in PAIR_ENCODINGS:
-            raise SortpackError(f"--pair-encoding {self.pair_encoding!r}: expected {' or '.join(PAIR_ENCODINGS)}")
-        for option, value in (("--pair-encoding", self.pair_encoding), ("--eos-token", self.eos_token)):
-            if value is not None and not pairs:
-                raise SortpackError(f"{option} applies to prompt/completion pairs (--prompt-column, "
-                                    "--completion-column)")
-        if self.pair_encoding == "pair" and self.eos_token is not None:
-            raise SortpackError("--eos-token with --pair-encoding pair: the pair template places the special tokens "
-                                "(leave --eos-token out, or use --pair-encoding trl)")
-        if self.eos_token is not None and not self.eos_token:
-            raise SortpackError("--eos-token '': expected the end-of-sequence token (e.g. </s>)")
-
-    @property
-    def trl_pairs(self) -> bool:
-        """Return whether the samples are prompt/completion pairs encoded as TRL encodes them (eos appended)."""
-        return bool(self.prompt_column or self.completion_column) and self.pair_encoding != "pair"
 
     def resolved(self) -> AnalyzeOptions:
-        """Return these options with what the files they name decide: the end token of TRL pairs (``--eos-token``,
-        else the tokenizer config's) and the digests of a fine-tuning plan's tokenizer and chat template.
+        """Return these options with what the files they name decide, for the plan to record: a fine-tuning shape's
+        (the digests of its tokenizer and chat template, the end token of TRL pairs).
 
         Raises SortpackError (one line) when pairs have no end token to append.
         """
-        from ..inputs.finetune import end_token, file_digest, load_chat_template
-
-        if not self.text_shape:
+        if self.shape is None:
             return self
-        return dataclasses.replace(
-            self, tokenizer_sha256=file_digest(self.tokenizer) if self.tokenizer else None,
-            eos_token=end_token(self.tokenizer, self.eos_token) if self.trl_pairs else self.eos_token,
-            template_sha256=load_chat_template(self.chat_template).digest if self.chat_template else None)
+        return dataclasses.replace(self, shape=self.shape.resolved(self.tokenizer))
 
     def measured(self) -> tuple[str, ...]:
         """Return the names of the per-sample measures a plan of these options carries beside its size."""
-        return (*self.measure_specs(), *(("targets",) if self.fine_tune() is not None else ()))
+        return (*self.measure_specs(), *(("targets",) if self.shape is not None else ()))
 
     def measure_specs(self) -> dict[str, str]:
         """Return the SPEC of each per-sample measure to evaluate like a size, by measure name (SortpackError, one
@@ -127,29 +88,17 @@ class AnalyzeOptions:
         # a prompt/completion or chat sample's size is its tokens (length is only the default)
         if self.text_shape and self.size == "length":
             object.__setattr__(self, "size", "tokens")
-        if self.labels_column and not self.column:
-            # the token ids a labels column labels (the store cuts both at a split)
-            object.__setattr__(self, "column", "input_ids")
+        if self.shape is not None:  # a labels column's ids (the store cuts both at a split)
+            object.__setattr__(self, "column", self.shape.plan_column(self.column))
 
     @property
     def text_shape(self) -> bool:
-        """Return whether the samples are prompt/completion texts or chats (tokenized as one sequence each)."""
-        return bool(self.prompt_column or self.completion_column or self.chat_template)
+        """Return whether the samples are texts a tokenizer encodes (prompt/completion pairs, chats)."""
+        return self.shape is not None and self.shape.encodes_text
 
     def fine_tune(self) -> dict | None:
         """Return the fine-tuning shape's options as manifests record them (None: not a fine-tuning shape)."""
-        if self.labels_column:
-            return {"shape": "labels", "labels_column": self.labels_column}
-        digests = {k: v for k, v in (("tokenizer_sha256", self.tokenizer_sha256),
-                                     ("template_sha256", self.template_sha256)) if v}
-        if self.chat_template:
-            return {"shape": "chat", "chat_template": str(self.chat_template).rsplit("/", 1)[-1],
-                    "train_on": list(self.train_on or ("assistant",)), **digests}
-        if self.text_shape:
-            encoding = {"encoding": "trl", "eos_token": self.eos_token} if self.trl_pairs else {"encoding": "pair"}
-            return {"shape": "prompt_completion", "prompt_column": self.prompt_column or "prompt",
-                    "completion_column": self.completion_column or "completion", **encoding, **digests}
-        return None
+        return self.shape.record() if self.shape is not None else None
 
     def as_dict(self) -> dict:
         """Return the options as recorded in manifests (tokenizer by file name only).
@@ -189,7 +138,7 @@ class Specs:
     def read_columns(self) -> tuple[list[str] | None, list[str]]:
         """Return (the columns a read needs, None for all; the text columns among them)."""
         specs = [s for s in (self.size, self.difficulty, *self.measures.values()) if s]
-        if self.shape is not None and self.shape.kind != "labels":  # the shape measures the size itself
+        if self.shape is not None and self.shape.encodes_text:  # the shape measures the size itself
             specs = [s for s in specs if s is not self.size]
         shaped = self.shape.columns() if self.shape is not None else []
         columns = sorted({c for s in specs for c in (s.columns() or []) if c} | set(shaped)) or None
@@ -275,7 +224,7 @@ def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None
 def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     """Return the parsed SPECs, the tokenizer they need, their python functions and the fine-tuning shape."""
     opts.validate()
-    if opts.fine_tune() is not None:
+    if opts.shape is not None:
         return _fine_tune_specs(opts)
     needs_column = reads_text(opts.size, opts.difficulty or opts.size)
     column = _resolve_column(opts, files) if needs_column else opts.column
@@ -297,15 +246,11 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
 
 def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
     """Return the SPECs of fine-tuning data: the size is the ids' length (labels column) or the encoded tokens."""
+    assert opts.shape is not None
     tokenizer = load_tokenizer(opts.tokenizer, "--size") if opts.text_shape or opts.tokenizer else None
-    eos = None
-    if opts.trl_pairs:
-        eos = end_token(opts.tokenizer, opts.eos_token)
-        check_end_token(getattr(tokenizer, "hf", tokenizer), eos)
-    shape = fine_tune_shape(opts.column, opts.labels_column, opts.prompt_column, opts.completion_column,
-                            opts.chat_template, opts.train_on, tokenizer, eos)
-    assert shape is not None  # validate() refused the options that name no shape
-    column = shape.column or shape.prompt_column
+    # what the files decide (the end token of TRL pairs) may not be resolved yet: analyze called as a library
+    shape = opts.shape.resolved(opts.tokenizer).loaded(tokenizer)
+    column = shape.columns()[0]
     size_spec = parse_spec(opts.size, column, "--size")
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
     measures = {name: parse_spec(text, column, measure_of(name).option)
@@ -453,7 +398,7 @@ def _measure_table(table: pa.Table, rows: Rows, specs: Specs,
     where = rows.path
     if shape is not None:
         encoded = shape.encode(table, rows)  # checks a labels column against its ids too
-        if shape.kind != "labels":
+        if shape.encodes_text:
             if keep_tokens is not None:
                 keep_tokens.keep_encoded(encoded)
             size = encoded.sizes

@@ -147,11 +147,13 @@ def test_options_choose_one_shape(chatml):
     assert fine_tune_shape(None) is None
     assert fine_tune_shape(None, prompt_column="q", tokenizer=tok).columns() == ["q", "completion"]
     chat = fine_tune_shape(None, chat_template=config, train_on=["user", "assistant"], tokenizer=tok)
-    assert chat.kind == "chat" and chat.column == "messages" and chat.train_on == ("user", "assistant")
+    assert chat.name == "chat" and chat.column == "messages" and chat.train_on == ("user", "assistant")
     with pytest.raises(SortpackError, match="name different dataset shapes"):
         fine_tune_shape(None, labels_column="labels", chat_template=config)
+    unloaded = fine_tune_shape(None, chat_template=config)  # the options alone: a job loads what they name
+    assert unloaded.template is None and unloaded.tokenizer is None
     with pytest.raises(SortpackError, match="needs --tokenizer"):
-        fine_tune_shape(None, chat_template=config)
+        unloaded.validate(has_tokenizer=False)
     with pytest.raises(SortpackError, match="--train-on .* needs --chat-template"):
         fine_tune_shape(None, train_on=["assistant"], tokenizer=tok)
 

@@ -6,6 +6,7 @@ import ast
 import pytest
 
 from sortpack.errors import SortpackError
+from sortpack.inputs.finetune import ChatShape, PairsShape
 from sortpack.parallel import SerialComm
 from sortpack.pipeline.job import check_options, job_scope, split_check, store_for
 from sortpack.stages.analyze import AnalyzeOptions
@@ -68,10 +69,13 @@ USAGE_ERRORS = [
     (dict(size2=""), dict(max_size2=10), r"--size2 '': expected a SPEC"),
     (dict(), dict(balance="targets"), r"--balance targets balances the loss targets of fine-tuning data"),
     (dict(), dict(rows=64, balance="targets"), r"--balance targets balances the loss targets"),
-    (dict(train_on=("assistant",)), {}, r"--train-on chooses the roles of a chat: it needs --chat-template"),
-    (dict(chat_template="t.json", train_on=("assistant", "")), {}, r"--train-on: expected role names"),
-    (dict(prompt_column="q"), {}, r"--prompt-column/--completion-column needs --tokenizer"),
-    (dict(prompt_column="q", tokenizer="tok.json", size="bytes"), {}, r"--size bytes: a prompt/completion"),
+    (dict(shape=ChatShape(chat_template="t.json", train_on=("assistant", "")), tokenizer="tok.json"), {},
+     r"--train-on: expected role names"),
+    (dict(shape=PairsShape(prompt_column="q")), {}, r"--prompt-column/--completion-column needs --tokenizer"),
+    (dict(shape=PairsShape(prompt_column="q"), tokenizer="tok.json", size="bytes"), {},
+     r"--size bytes: a prompt/completion"),
+    (dict(shape=PairsShape(encoding="pair", eos_token="</s>"), tokenizer="tok.json", size="tokens"), {},
+     r"--eos-token with --pair-encoding pair"),
     (dict(size="tokens:x"), {}, r"--size 'tokens:x': expected"),
 ]
 

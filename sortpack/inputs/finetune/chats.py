@@ -8,16 +8,21 @@ row and the message. So is a conversation the template fails on, whatever it rai
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from itertools import chain
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ...arrow_types import is_list, plain_column
 from ...errors import SortpackError, one_line
+from .base import FineTuneShape, check_recorded_file
 from .encoded import Encoded, Rows, encoded, flat_ids, rows_of
 from .families import TurnRule, turn_rule
-from .template import ChatTemplate
+from .template import ChatTemplate, load_chat_template
 
 DEFAULT_TRAIN_ON = ("assistant",)
 BATCH = 4096  # conversations per encode_batch call
@@ -195,3 +200,82 @@ def encode_chats(tokenizer, template: ChatTemplate, chats: Sequence[list], train
         for part, value in zip(parts, (ids, _target_flags(texts, spans, encs, counts), counts)):
             part.append(value)
     return encoded(*parts, roles=roles_in(chats))
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ChatShape(FineTuneShape):
+    """``--chat-template``: conversations (``column``, default ``messages``) rendered with the template at
+    ``chat_template`` (a path; in a plan's record, the file's name), the ``train_on`` roles' turns the targets."""
+
+    name: ClassVar[str] = "chat"
+    option: ClassVar[str] = "--chat-template"
+
+    chat_template: str = ""
+    column: str = "messages"
+    train_on: tuple[str, ...] = DEFAULT_TRAIN_ON
+    template_sha256: str | None = None  # what the plan's chats were rendered with (its text and special tokens)
+    template: Any = field(default=None, repr=False)  # loaded: the ChatTemplate
+
+    def columns(self) -> list[str]:
+        """Return the messages column."""
+        return [self.column]
+
+    def encode_rows(self, table, rows: Rows) -> Encoded:
+        """Return the conversations rendered and encoded (``encode_chats``), with the roles they hold."""
+        if self.template is None:
+            raise SortpackError(f"{self.option}: the chats' template is not loaded")
+        return encode_chats(self.tokenizer, self.template, conversations(table.column(self.column), rows, self.column),
+                            self.train_on, rows)
+
+    def record(self) -> dict:
+        """Return the template's file name, the roles that train and the digests of the template and tokenizer."""
+        digests = {k: v for k, v in (("tokenizer_sha256", self.tokenizer_sha256),
+                                     ("template_sha256", self.template_sha256)) if v}
+        return {"shape": self.name, "chat_template": Path(self.chat_template).name, "train_on": list(self.train_on),
+                **digests}
+
+    @classmethod
+    def from_record(cls, record: dict, column: str | None) -> ChatShape:
+        """Return the shape of a plan's record."""
+        return cls(chat_template=record.get("chat_template") or "", column=column or "messages",
+                   train_on=tuple(record.get("train_on") or DEFAULT_TRAIN_ON),
+                   template_sha256=record.get("template_sha256"), tokenizer_sha256=record.get("tokenizer_sha256"))
+
+    def validate(self, has_tokenizer: bool) -> None:
+        """Refuse ``--train-on`` without role names."""
+        super().validate(has_tokenizer)
+        if not self.train_on or any(not r for r in self.train_on):
+            raise SortpackError("--train-on: expected role names such as assistant or user,assistant")
+
+    def resolved(self, tokenizer_path: str | None) -> ChatShape:
+        """Return the shape with the digests of the tokenizer and of the template (text and special tokens)."""
+        out = super().resolved(tokenizer_path)
+        assert isinstance(out, ChatShape)
+        return dataclasses.replace(out, template_sha256=load_chat_template(self.chat_template).digest)
+
+    def loaded(self, tokenizer, chat_template: str | None = None, why: str | None = None) -> ChatShape:
+        """Return the shape with ``tokenizer`` and its template loaded: from ``chat_template`` (a job's
+        ``--chat-template``, checked by name and digest against the plan's), else the shape's own path; ``why``
+        (what renders the chats again) refuses a missing ``chat_template``."""
+        out = super().loaded(tokenizer)
+        assert isinstance(out, ChatShape)
+        if chat_template is None and why is not None:
+            raise SortpackError(f"{why} needs --chat-template (the template the chats were rendered with: "
+                                f"{Path(self.chat_template).name})")
+        path = chat_template or self.chat_template
+        if chat_template:
+            check_recorded_file("--chat-template", chat_template, self.chat_template,
+                                "the plan's chats were rendered with")
+        template = load_chat_template(path)
+        if self.template_sha256 and template.digest != self.template_sha256:
+            raise SortpackError(f"--chat-template {path}: not the template the plan's chats were rendered with (its "
+                                f"text or special tokens changed since: sha256 {template.digest[:12]}..., the plan's "
+                                f"{self.template_sha256[:12]}...)")
+        return dataclasses.replace(out, template=template)
+
+    def check_roles(self, seen: frozenset[str]) -> None:
+        """Raise SortpackError (one line, every rank) when no message has a ``--train-on`` role: nothing trains."""
+        if not set(self.train_on) & set(seen):
+            shown = ", ".join(sorted(seen)) or "none"
+            raise SortpackError(f"--train-on {','.join(self.train_on)}: no message has that role (the roles the "
+                                f"messages hold: {shown})", collective=True)

@@ -1,11 +1,15 @@
 """The pre-tokenized shape: a token-id list column with a ``labels`` list column aligned to it, checked."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 import pyarrow as pa
 
 from ...arrow_types import is_list, plain_column
 from ...errors import SortpackError
+from .base import FineTuneShape
 from .encoded import IGNORE_INDEX, Encoded, Rows, rows_of, targets_of
 
 _INT32_MAX = 2**31 - 1  # labels and ids are stored as int32
@@ -63,3 +67,43 @@ def pretokenized(ids_col, labels_col, where: str | Rows, ids_name: str = "input_
     values = flat.to_numpy(zero_copy_only=False)
     _check_labels(values, sizes, rows, labels_name, vocab_size)
     return Encoded(ids, labels, sizes, targets_of(values != IGNORE_INDEX, sizes))
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class LabelsShape(FineTuneShape):
+    """``--labels-column``: token ids (``column``, default ``input_ids``) with their labels (``labels_column``); a
+    loaded tokenizer, when there is one, bounds the labels by its vocabulary."""
+
+    name: ClassVar[str] = "labels"
+    option: ClassVar[str] = "--labels-column"
+    encodes_text: ClassVar[bool] = False
+
+    labels_column: str = "labels"
+    column: str = "input_ids"
+
+    def columns(self) -> list[str]:
+        """Return the ids and labels columns."""
+        return [self.column, self.labels_column]
+
+    def encode_rows(self, table: pa.Table, rows: Rows) -> Encoded:
+        """Return the ids and labels as they are, checked (``pretokenized``)."""
+        vocab = self.tokenizer.get_vocab_size(with_added_tokens=True) if self.tokenizer is not None else None
+        return pretokenized(table.column(self.column), table.column(self.labels_column), rows, self.column,
+                            self.labels_column, vocab)
+
+    def record(self) -> dict:
+        """Return the labels column (the ids column is the plan's ``--column``)."""
+        return {"shape": self.name, "labels_column": self.labels_column}
+
+    @classmethod
+    def from_record(cls, record: dict, column: str | None) -> LabelsShape:
+        """Return the shape of a plan's record."""
+        return cls(labels_column=record["labels_column"], column=column or "input_ids")
+
+    def plan_column(self, given: str | None) -> str | None:
+        """Return the ids column: the store cuts it with the labels at a split."""
+        return given or self.column
+
+    def stored_columns(self) -> tuple[str, ...]:
+        """Return the ids and labels columns: ``--store`` takes them as they are."""
+        return self.column, self.labels_column

@@ -10,14 +10,18 @@ end token added (the convention of sentence-pair classifiers, kept for plans mea
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ...arrow_types import is_text, plain_column
 from ...errors import SortpackError
+from .base import FineTuneShape
 from .encoded import Encoded, Rows, common_prefix, encoded, flat_ids, positions
 
 PAIR_ENCODINGS = ("trl", "pair")
@@ -117,3 +121,85 @@ def prompt_completion(tokenizer, prompts: Sequence[str], completions: Sequence[s
                                else _pair_batch(tokenizer, p, c)):
             part.append(value)
     return encoded(*parts)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PairsShape(FineTuneShape):
+    """``--prompt-column``/``--completion-column``: prompt and completion texts, encoded as ``encoding`` says
+    (``trl``: one text, ``eos_token`` appended; ``pair``: the pair template)."""
+
+    name: ClassVar[str] = "prompt_completion"
+    option: ClassVar[str] = "--prompt-column/--completion-column"
+
+    prompt_column: str = "prompt"
+    completion_column: str = "completion"
+    encoding: str = "trl"
+    eos_token: str | None = None  # trl: the end token appended to each completion (the tokenizer config's if None)
+
+    def columns(self) -> list[str]:
+        """Return the prompt and completion columns."""
+        return [self.prompt_column, self.completion_column]
+
+    def text_columns(self) -> list[str]:
+        """Return both columns: they are texts."""
+        return self.columns()
+
+    def encode_rows(self, table, rows: Rows) -> Encoded:
+        """Return the pairs encoded (``prompt_completion``)."""
+        prompts = texts(table.column(self.prompt_column), rows, self.prompt_column)
+        completions = texts(table.column(self.completion_column), rows, self.completion_column)
+        return prompt_completion(self.tokenizer, prompts, completions, self._end())
+
+    def _end(self) -> str | None:
+        """Return the end token appended to each completion (None: the pair template's encoding)."""
+        if self.encoding != "trl":
+            return None
+        if self.eos_token is None:
+            raise SortpackError(f"{self.option}: the end-of-sequence token appended to each completion is unknown; "
+                                "give eos_token (--eos-token)")
+        return self.eos_token
+
+    def record(self) -> dict:
+        """Return the columns, the encoding (and the end token it appends) and the tokenizer's digest."""
+        out: dict[str, Any] = {"shape": self.name, "prompt_column": self.prompt_column,
+                               "completion_column": self.completion_column}
+        out.update({"encoding": "trl", "eos_token": self.eos_token} if self.encoding == "trl" else {"encoding": "pair"})
+        if self.tokenizer_sha256:
+            out["tokenizer_sha256"] = self.tokenizer_sha256
+        return out
+
+    @classmethod
+    def from_record(cls, record: dict, column: str | None) -> PairsShape:
+        """Return the shape of a plan's record (recorded before the TRL encoding, without one: the pair template)."""
+        encoding = record.get("encoding", "pair")
+        return cls(prompt_column=record.get("prompt_column") or "prompt",
+                   completion_column=record.get("completion_column") or "completion", encoding=encoding,
+                   eos_token=record.get("eos_token") if encoding == "trl" else None,
+                   tokenizer_sha256=record.get("tokenizer_sha256"))
+
+    def validate(self, has_tokenizer: bool) -> None:
+        """Refuse an unknown encoding, and an end token with the pair template (which places the special tokens)."""
+        super().validate(has_tokenizer)
+        if self.encoding not in PAIR_ENCODINGS:
+            raise SortpackError(f"--pair-encoding {self.encoding!r}: expected {' or '.join(PAIR_ENCODINGS)}")
+        if self.encoding == "pair" and self.eos_token is not None:
+            raise SortpackError("--eos-token with --pair-encoding pair: the pair template places the special tokens "
+                                "(leave --eos-token out, or use --pair-encoding trl)")
+        if self.eos_token is not None and not self.eos_token:
+            raise SortpackError("--eos-token '': expected the end-of-sequence token (e.g. </s>)")
+
+    def resolved(self, tokenizer_path: str | None) -> PairsShape:
+        """Return the shape with the tokenizer's digest and (trl) its end token: ``--eos-token``, else its config's."""
+        out = super().resolved(tokenizer_path)
+        assert isinstance(out, PairsShape)
+        if self.encoding == "trl":
+            out = dataclasses.replace(out, eos_token=end_token(tokenizer_path, self.eos_token))
+        return out
+
+    def loaded(self, tokenizer, chat_template: str | None = None, why: str | None = None) -> PairsShape:
+        """Return the shape with ``tokenizer``, its end token checked to be one of its tokens."""
+        out = super().loaded(tokenizer)
+        assert isinstance(out, PairsShape)
+        if self.encoding == "trl" and self.eos_token is not None and out.tokenizer is not None:
+            check_end_token(out.tokenizer, self.eos_token)
+        return out
