@@ -22,7 +22,8 @@ from ..stages.pack import PackOptions, refuse_oversize, truncate_length
 from ..stages.plan_options import PlanOptions, measured_options
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
-from ..stages.split import SPLIT_KINDS, TargetPieces, byte_cuts, split_oversize
+from ..stages.split import SPLIT_KINDS, byte_cuts, split_oversize
+from ..stages.split_targets import TargetPieces
 from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo
 from ..write.store import StoreOptions

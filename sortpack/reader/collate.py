@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..inputs.finetune.encoded import IGNORE_INDEX  # the one definition: fine-tuning labels' home
 from ..kernels import pad_tokens, varlen_tokens
 from ..kernels.tokens import NO_IDS, BatchKernels, Fill, RowMarks, TokenView, batch_kernels, ids_arg, token_view
 from .microbatch import MicroBatch, Samples
@@ -43,7 +44,6 @@ class PackedDataset:
 
 
 # --- collate helpers ---------------------------------------------------------------------
-IGNORE_INDEX = -100  # the label of a position without a target (PyTorch's and Hugging Face's default)
 _LABELS_ONLY = Fill(IGNORE_INDEX, IGNORE_INDEX)  # given labels laid out as ids are: -100 wherever no token is
 
 

@@ -130,47 +130,62 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         raise SortpackError(f"--world-size {world_size} --grad-accum {grad_accum}: {world_size * grad_accum} "
                             f"micro-batches per step, more than inspect reports on ({MAX_STEP_MICROBATCHES})")
     cols = IndexColumns.read(directory, m)
-    ns, bs, ps, tok = cols.num_samples, cols.batch_size, cols.padded_size, cols.tokens
-    padded = cols.padded
+    bs, ps = cols.batch_size, cols.padded_size
     shapes = np.unique(np.stack([bs, ps]), axis=1) if len(bs) else np.zeros((2, 0))
     report.update(_microbatch_report(m, cols, shapes))
     report.update(_shape_lines(m, shapes))
+    report.update(_plan_sections(directory, m, cols))
+    warnings = lr_warnings({"samples": cols.num_samples, "tokens": cols.tokens}, lr, world_size or 1,
+                           grad_accum) if lr else []
+    if warnings:
+        report["warnings"] = warnings
+    if world_size is not None and len(cols.padded):
+        report.update(_step_report(directory, m, cols, (world_size, grad_accum), cost_coeff))
+    return report
+
+
+def _plan_sections(directory: str, m: dict, cols: IndexColumns) -> dict:
+    """Return the report's sections of what an index holds beside its micro-batches: a mixture's sources, the
+    held-out plan, the stored data, the fills of a second cap."""
+    out: dict = {}
     if m.get("mixture"):
         from .mixture import mixture_report
 
-        mix_cols = {"tokens": tok, "source": _column(directory, m, "source"), "num_samples": ns, "batch_size": bs,
-                    "padded_size": ps}
+        mix_cols = {"tokens": cols.tokens, "source": _column(directory, m, "source"), "num_samples": cols.num_samples,
+                    "batch_size": cols.batch_size, "padded_size": cols.padded_size}
         if "targets" in (m.get("schema") or {}):  # fine-tuning data: each source's loss targets too
             mix_cols["targets"] = _column(directory, m, "targets").astype(np.int64)
-        report["mixture"] = mixture_report(m, mix_cols)
+        out["mixture"] = mixture_report(m, mix_cols)
     if m.get("holdout") or m.get("held_out"):
-        report.update(_holdout_report(m))
+        out.update(_holdout_report(m))
     if m.get("data"):
         from ..format.data_shards import describe_data
 
-        report["data"] = describe_data(m["data"])
-    schema = m.get("schema") or {}
+        out["data"] = describe_data(m["data"])
     if m["options"].get("max_size2") and cols.size2 is not None:
-        report["cap_fills"] = cap_fills(m, cols, cols.size2)
-    warnings = lr_warnings({"samples": ns, "tokens": tok}, lr, world_size or 1, grad_accum) if lr else []
-    if warnings:
-        report["warnings"] = warnings
-    if world_size is not None and len(padded):
-        costs = step_costs(padded, world_size, grad_accum)
-        mean = costs.mean(axis=1)
-        ratio = np.where(mean > 0, costs.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
-        report.update({"world_size": world_size, "grad_accum": grad_accum, "steps": int(costs.shape[0]),
-                       "step_imbalance": float(ratio.max()), "step_imbalance_mean": float(ratio.mean())})
-        compute = compute_cost(m, cols, cost_coeff)
-        if compute is not None:
-            report["cost_coeff"] = _num(cost_coeff)
-            report["compute_imbalance"] = imbalance(step_costs(compute, world_size, grad_accum))
-        if cols.size2 is not None:
-            report["size2_imbalance"] = imbalance(step_costs(cols.size2.astype(np.float64), world_size, grad_accum))
-        if "targets" in schema:  # fine-tuning data: what trains per rank and step (the loss's share of work)
-            targets = _column(directory, m, "targets").astype(np.int64)
-            report["targets_imbalance"] = imbalance(step_costs(targets, world_size, grad_accum))
-    return report
+        out["cap_fills"] = cap_fills(m, cols, cols.size2)
+    return out
+
+
+def _step_report(directory: str, m: dict, cols: IndexColumns, layout: tuple[int, int], cost_coeff: float) -> dict:
+    """Return the steps' figures at ``layout`` (W, A): their count and imbalance of padded tokens, of compute, of the
+    second size and of the loss targets."""
+    world_size, grad_accum = layout
+    costs = step_costs(cols.padded, world_size, grad_accum)
+    mean = costs.mean(axis=1)
+    ratio = np.where(mean > 0, costs.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
+    out: dict[str, object] = {"world_size": world_size, "grad_accum": grad_accum, "steps": int(costs.shape[0]),
+                              "step_imbalance": float(ratio.max()), "step_imbalance_mean": float(ratio.mean())}
+    compute = compute_cost(m, cols, cost_coeff)
+    if compute is not None:
+        out["cost_coeff"] = _num(cost_coeff)
+        out["compute_imbalance"] = imbalance(step_costs(compute, world_size, grad_accum))
+    if cols.size2 is not None:
+        out["size2_imbalance"] = imbalance(step_costs(cols.size2.astype(np.float64), world_size, grad_accum))
+    if "targets" in (m.get("schema") or {}):  # fine-tuning data: what trains per rank and step (the loss's share)
+        targets = _column(directory, m, "targets").astype(np.int64)
+        out["targets_imbalance"] = imbalance(step_costs(targets, world_size, grad_accum))
+    return out
 
 
 def _samples_report(directory: str, m: dict) -> dict:

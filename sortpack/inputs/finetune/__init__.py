@@ -21,16 +21,40 @@ encodes a plan's samples again from its inputs.
 """
 from __future__ import annotations
 
-from .base import FineTuneShape, check_recorded_file, file_digest
-from .chats import DEFAULT_TRAIN_ON, ChatShape, encode_chats, render_chats
-from .encoded import IGNORE_INDEX, Encoded, Rows
-from .labels import LabelsShape, pretokenized
-from .pairs import PAIR_ENCODINGS, PairsShape, end_token, prompt_completion
-from .read_back import read_labels
-from .registry import SHAPES, fine_tune_shape, shape_from_record
-from .template import ChatTemplate, load_chat_template
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["DEFAULT_TRAIN_ON", "IGNORE_INDEX", "PAIR_ENCODINGS", "SHAPES", "ChatShape", "ChatTemplate", "Encoded",
-           "FineTuneShape", "LabelsShape", "PairsShape", "Rows", "check_recorded_file", "encode_chats", "end_token",
-           "file_digest", "fine_tune_shape", "load_chat_template", "pretokenized", "prompt_completion", "read_labels",
-           "render_chats", "shape_from_record"]
+# public name -> the module that holds it, imported when first asked for: the reader takes IGNORE_INDEX from
+# here without loading the shapes, their templates or their registry
+_WHERE = {
+    "FineTuneShape": "base", "check_recorded_file": "base", "file_digest": "base",
+    "DEFAULT_TRAIN_ON": "chats", "ChatShape": "chats", "encode_chats": "chats", "render_chats": "chats",
+    "IGNORE_INDEX": "encoded", "Encoded": "encoded", "Rows": "encoded",
+    "LabelsShape": "labels", "pretokenized": "labels",
+    "PAIR_ENCODINGS": "pairs", "PairsShape": "pairs", "end_token": "pairs", "prompt_completion": "pairs",
+    "read_labels": "read_back", "SHAPES": "registry", "fine_tune_shape": "registry", "shape_from_record": "registry",
+    "ChatTemplate": "template", "load_chat_template": "template",
+}
+__all__ = ["ChatShape", "ChatTemplate", "DEFAULT_TRAIN_ON", "Encoded", "FineTuneShape", "IGNORE_INDEX",
+           "LabelsShape", "PAIR_ENCODINGS", "PairsShape", "Rows", "SHAPES", "check_recorded_file", "encode_chats",
+           "end_token", "file_digest", "fine_tune_shape", "load_chat_template", "pretokenized", "prompt_completion",
+           "read_labels", "render_chats", "shape_from_record"]
+
+if TYPE_CHECKING:
+    from .base import FineTuneShape, check_recorded_file, file_digest
+    from .chats import DEFAULT_TRAIN_ON, ChatShape, encode_chats, render_chats
+    from .encoded import IGNORE_INDEX, Encoded, Rows
+    from .labels import LabelsShape, pretokenized
+    from .pairs import PAIR_ENCODINGS, PairsShape, end_token, prompt_completion
+    from .read_back import read_labels
+    from .registry import SHAPES, fine_tune_shape, shape_from_record
+    from .template import ChatTemplate, load_chat_template
+
+
+def __getattr__(name: str) -> Any:
+    """Return public name ``name``, its module imported on first use (PEP 562)."""
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -41,17 +41,19 @@ def _check_labels(values: np.ndarray, sizes: np.ndarray, rows: Rows, name: str, 
                         f"{IGNORE_INDEX} (no target) or {ids} ({len(bad)} such labels)")
 
 
-def pretokenized(ids_col, labels_col, where: str | Rows, ids_name: str = "input_ids", labels_name: str = "labels",
+def pretokenized(ids_col, labels_col, where: str | Rows, names: tuple[str, str] = ("input_ids", "labels"),
                  vocab_size: int | None = None) -> Encoded:
     """Return the ``Encoded`` of a token-id list column and its aligned labels list column, checked.
 
-    Raises SortpackError (naming the file, the column and the row) when a column is not a list
-    of integers, holds nulls, a sample's labels differ in length from its ids, or a label is
-    neither -100 nor a token id (below ``vocab_size`` when a tokenizer is known).
+    ``names``: the two columns' names (in messages). Raises SortpackError (naming the file, the
+    column and the row) when a column is not a list of integers, holds nulls, a sample's labels
+    differ in length from its ids, or a label is neither -100 nor a token id (below
+    ``vocab_size`` when a tokenizer is known).
     """
     import pyarrow.compute as pc
 
     rows = rows_of(where)
+    ids_name, labels_name = names
     ids = _list_column(ids_col, rows, ids_name)
     labels = _list_column(labels_col, rows, labels_name)
     sizes = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -88,8 +90,8 @@ class LabelsShape(FineTuneShape):
     def encode_rows(self, table: pa.Table, rows: Rows) -> Encoded:
         """Return the ids and labels as they are, checked (``pretokenized``)."""
         vocab = self.tokenizer.get_vocab_size(with_added_tokens=True) if self.tokenizer is not None else None
-        return pretokenized(table.column(self.column), table.column(self.labels_column), rows, self.column,
-                            self.labels_column, vocab)
+        return pretokenized(table.column(self.column), table.column(self.labels_column), rows,
+                            (self.column, self.labels_column), vocab)
 
     def record(self) -> dict:
         """Return the labels column (the ids column is the plan's ``--column``)."""
