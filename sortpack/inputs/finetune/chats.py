@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ...arrow_types import is_list, plain_column
+from ...arrow_types import is_list
 from ...errors import SortpackError, one_line
 from .base import FineTuneShape, check_recorded_file
-from .encoded import Encoded, Rows, encoded, flat_ids, rows_of
+from .encoded import Encoded, Rows, checked_column, encoded, flat_ids, rows_of
 from .families import TurnRule, turn_rule
 from .template import ChatTemplate, load_chat_template
 
@@ -33,16 +33,7 @@ _REASONING = ("reasoning_content", "thinking", "reasoning")  # the names transfo
 def conversations(col, rows: Rows, name: str) -> list:
     """Return a messages column's conversations (lists of messages); one line naming the column when its type or a
     null is wrong."""
-    import pyarrow as pa
-
-    col = plain_column(col) if isinstance(col, pa.ChunkedArray) else col
-    if not is_list(col.type):
-        raise SortpackError(f"{rows.path}: column {name!r} is {col.type}, not a list of {{role, content}} messages")
-    if col.null_count:
-        first = int(np.flatnonzero(np.asarray(col.is_null()))[0])
-        raise SortpackError(f"{rows.path}: column {name!r} has {col.null_count} null values (the first in "
-                            f"{rows.row(first)})")
-    return col.to_pylist()
+    return checked_column(col, rows, name, is_list, "a list of {role, content} messages").to_pylist()
 
 
 def _message(value, at: str, k: int) -> dict:

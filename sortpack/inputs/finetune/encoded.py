@@ -9,6 +9,8 @@ from itertools import chain
 import numpy as np
 import pyarrow as pa
 
+from ...errors import SortpackError
+
 IGNORE_INDEX = -100  # the label of a position without a target (PyTorch's and Hugging Face's default)
 
 
@@ -46,6 +48,21 @@ class Rows:
     def at(self, i: int) -> str:
         """Return the file and row ``i`` of the table as an error line begins (``chats.jsonl: line 8``)."""
         return f"{self.path}: {self.row(i)}"
+
+
+def checked_column(col, rows: Rows, name: str, fits: Callable[[pa.DataType], bool], what: str):
+    """Return a column as one array (a plain column of a chunked one), one line naming it when its type does not
+    ``fits`` (is not ``what``) or it holds a null (naming the first's row)."""
+    from ...arrow_types import plain_column
+
+    col = plain_column(col) if isinstance(col, pa.ChunkedArray) else col
+    if not fits(col.type):
+        raise SortpackError(f"{rows.path}: column {name!r} is {col.type}, not {what}")
+    if col.null_count:
+        first = int(np.flatnonzero(np.asarray(col.is_null()))[0])
+        raise SortpackError(f"{rows.path}: column {name!r} has {col.null_count} null values (the first in "
+                            f"{rows.row(first)})")
+    return col
 
 
 def rows_of(where: str | Rows) -> Rows:

@@ -7,23 +7,18 @@ from typing import ClassVar
 import numpy as np
 import pyarrow as pa
 
-from ...arrow_types import is_list, plain_column
+from ...arrow_types import is_list
 from ...errors import SortpackError
 from .base import FineTuneShape
-from .encoded import IGNORE_INDEX, Encoded, Rows, rows_of, targets_of
+from .encoded import IGNORE_INDEX, Encoded, Rows, checked_column, rows_of, targets_of
 
 _INT32_MAX = 2**31 - 1  # labels and ids are stored as int32
 
 
 def _list_column(col, rows: Rows, name: str) -> pa.Array:
     """Return a list-of-integers column as one array; one line naming the column when its type or a null is wrong."""
-    col = plain_column(col) if isinstance(col, pa.ChunkedArray) else col
-    if not is_list(col.type) or not pa.types.is_integer(col.type.value_type):
-        raise SortpackError(f"{rows.path}: column {name!r} is {col.type}, not a list of token ids")
-    if col.null_count:
-        first = int(np.flatnonzero(np.asarray(col.is_null()))[0])
-        raise SortpackError(f"{rows.path}: column {name!r} has {col.null_count} null values (the first in "
-                            f"{rows.row(first)})")
+    col = checked_column(col, rows, name, lambda t: is_list(t) and pa.types.is_integer(t.value_type),
+                         "a list of token ids")
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 

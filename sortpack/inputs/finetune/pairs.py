@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ...arrow_types import is_text, plain_column
+from ...arrow_types import is_text
 from ...errors import SortpackError
 from .base import FineTuneShape
-from .encoded import Encoded, Rows, common_prefix, encoded, flat_ids, positions
+from .encoded import Encoded, Rows, checked_column, common_prefix, encoded, flat_ids, positions
 
 PAIR_ENCODINGS = ("trl", "pair")
 BATCH = 4096  # texts per encode_batch call
@@ -30,16 +30,7 @@ BATCH = 4096  # texts per encode_batch call
 
 def texts(col, rows: Rows, name: str) -> list:
     """Return a text column's strings; one line naming the column (and the first null's row) when one is wrong."""
-    import pyarrow as pa
-
-    col = plain_column(col) if isinstance(col, pa.ChunkedArray) else col
-    if not is_text(col.type):
-        raise SortpackError(f"{rows.path}: column {name!r} is {col.type}, not text")
-    if col.null_count:
-        first = int(np.flatnonzero(np.asarray(col.is_null()))[0])
-        raise SortpackError(f"{rows.path}: column {name!r} has {col.null_count} null values (the first in "
-                            f"{rows.row(first)})")
-    return col.to_pylist()
+    return checked_column(col, rows, name, is_text, "text").to_pylist()
 
 
 def config_token(tokenizer_path: str, key: str) -> str | None:
