@@ -247,3 +247,16 @@ def test_a_template_changed_under_its_name_is_blamed_not_the_input(tmp_path):
     assert proc.returncode == 2 and "--chat-template" in proc.stderr and "not the template the plan's chats were " \
         "rendered with (its text or special tokens changed since" in proc.stderr, proc.stderr
     assert "the input changed" not in proc.stderr
+
+
+def test_a_row_is_named_only_in_an_error_line(tmp_path):
+    # naming a JSONL row reads the file to its line: done for every chat it made analyze quadratic
+    tokenizer, config = make_chat_tokenizer(tmp_path)
+    shape = fine_tune_shape(None, chat_template=config, tokenizer=load_tokenizer(tokenizer))
+    named = []
+    rows = Rows("c.jsonl", 0, lambda row: named.append(row) or f"line {row + 1}")
+    shape.encode(pa.table({"messages": conversations(50)}), rows)
+    assert named == []
+    with pytest.raises(SortpackError, match=r"^c\.jsonl: line 51: message 0 has no role"):
+        shape.encode(pa.Table.from_pylist([{"messages": c} for c in [*conversations(50), [{"content": "x"}]]]), rows)
+    assert named == [50]

@@ -20,7 +20,7 @@ import numpy as np
 from ...arrow_types import is_list
 from ...errors import SortpackError, one_line
 from .base import FineTuneShape, check_recorded_file
-from .encoded import Encoded, Rows, checked_column, encoded, flat_ids, rows_of
+from .encoded import Encoded, RowName, Rows, checked_column, encoded, flat_ids, rows_of
 from .families import TurnRule, turn_rule
 from .template import ChatTemplate, load_chat_template
 
@@ -36,7 +36,7 @@ def conversations(col, rows: Rows, name: str) -> list:
     return checked_column(col, rows, name, is_list, "a list of {role, content} messages").to_pylist()
 
 
-def _message(value, at: str, k: int) -> dict:
+def _message(value, at: str | RowName, k: int) -> dict:
     """Return message ``k`` as ``apply_chat_template`` passes it to the template (null keys dropped, reasoning
     aliased); one line where it is no object or has no role."""
     if not isinstance(value, dict):
@@ -53,12 +53,12 @@ def _message(value, at: str, k: int) -> dict:
     return message
 
 
-def messages_of(conversation, at: str) -> list[dict]:
+def messages_of(conversation, at: str | RowName) -> list[dict]:
     """Return a conversation's messages as the template receives them (``_message``)."""
     return [_message(m, at, k) for k, m in enumerate(conversation or [])]
 
 
-def _render(template: ChatTemplate, messages: list, at: str, k: int) -> tuple[str, list]:
+def _render(template: ChatTemplate, messages: list, at: str | RowName, k: int) -> tuple[str, list]:
     """Return ``template.render(messages)``; whatever the template raises is one line naming message ``k``."""
     try:
         return template.render(messages)
@@ -70,7 +70,7 @@ def _render(template: ChatTemplate, messages: list, at: str, k: int) -> tuple[st
                             f"cannot render it ({type(exc).__name__}: {one_line(exc)})") from None
 
 
-def _render_whole(template: ChatTemplate, messages: list, at: str) -> tuple[str, list]:
+def _render_whole(template: ChatTemplate, messages: list, at: str | RowName) -> tuple[str, list]:
     """Return the whole conversation rendered; on a failure, the first message whose prefix fails is named."""
     try:
         return _render(template, messages, at, len(messages) - 1)
@@ -96,7 +96,7 @@ def _content_start(template: ChatTemplate, messages: list, k: int, text: str, tu
     return turn + (int(differ[0]) if len(differ) else n - turn)
 
 
-def _turn_spans(template: ChatTemplate, messages: list, roles: frozenset, at: str, rule: TurnRule
+def _turn_spans(template: ChatTemplate, messages: list, roles: frozenset, at: str | RowName, rule: TurnRule
                 ) -> tuple[str, list]:
     """Return the rendered conversation and the character spans of the ``roles``' turns, rendered prefix by prefix.
 
@@ -121,7 +121,7 @@ def _turn_spans(template: ChatTemplate, messages: list, roles: frozenset, at: st
     return before, spans
 
 
-def _not_turn_by_turn(template: ChatTemplate, at: str, k: int) -> SortpackError:
+def _not_turn_by_turn(template: ChatTemplate, at: str | RowName, k: int) -> SortpackError:
     return SortpackError(f"{at}: message {k}: the chat template {template.name} renders this turn differently once "
                          "other messages follow, so its targets cannot be found turn by turn; use a template with "
                          "{% generation %} blocks and --train-on assistant")
@@ -142,7 +142,7 @@ def render_chats(template: ChatTemplate, chats: Sequence[list], train_on: Sequen
     rule = turn_rule(template.source)[1]
     texts, spans = [], []
     for i, conversation in enumerate(chats):
-        at = rows.at(i)
+        at = rows.named(i)  # named only in an error line (counting a JSONL file's lines costs a read of it)
         messages = messages_of(conversation, at)
         text, found = _render_whole(template, messages, at) if generation else \
             _turn_spans(template, messages, roles, at, rule)

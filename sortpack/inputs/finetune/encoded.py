@@ -49,6 +49,22 @@ class Rows:
         """Return the file and row ``i`` of the table as an error line begins (``chats.jsonl: line 8``)."""
         return f"{self.path}: {self.row(i)}"
 
+    def named(self, i: int) -> RowName:
+        """Return row ``i``'s name, worked out only when a message shows it (a JSONL line is counted in the file)."""
+        return RowName(self, int(i))
+
+
+@dataclass(frozen=True)
+class RowName:
+    """A row's ``Rows.at`` name, put together when formatted: error lines only."""
+
+    rows: Rows
+    i: int
+
+    def __str__(self) -> str:
+        """Return ``file: line N`` (``Rows.at``)."""
+        return self.rows.at(self.i)
+
 
 def checked_column(col, rows: Rows, name: str, fits: Callable[[pa.DataType], bool], what: str):
     """Return a column as one array (a plain column of a chunked one), one line naming it when its type does not
