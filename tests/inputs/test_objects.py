@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
+from sortpack.inputs.columnar_formats import arrow_file_batches
 from sortpack.inputs.discover import expand_inputs
-from sortpack.inputs.formats import arrow_file_batches
 from sortpack.inputs.objects import glob_regex
 from sortpack.reader import PackedIndex, SourceDataset
 
