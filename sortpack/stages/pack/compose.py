@@ -316,14 +316,15 @@ def _offer(st: _Rows, cap: int, reach: int) -> _Offer | None:
                   np.ones(len(use), bool))
 
 
-def _best_exchange(st: _Rows, offer: _Offer, h: int, mine: np.ndarray, free: np.ndarray, take: bool
+def _best_exchange(st: _Rows, offer: _Offer, heavy: tuple[int, np.ndarray], free: np.ndarray, take: bool
                    ) -> tuple[int, int, np.ndarray] | None:
     """Return (partner, subset room, positions out of ``h``) of the exchange that brings the larger of row ``h``
-    and its partner lowest, below ``h``'s targets now (None: there is none).
+    and its partner lowest, below ``h``'s targets now (None: there is none; ``heavy``: ``h`` and ``mine``).
 
     One of ``h``'s samples (``mine``) for a partner's subset of about its room; or the sample alone into a
     partner with room for it (never emptying ``h``); or, with ``take``, a partner's subset into ``h``'s free room.
     """
+    h, mine = heavy
     top = offer.fewest.shape[1] - 1
     rows = offer.rows
     xr, xt = st.rooms[st.slot[mine]], st.targets[st.slot[mine]]
@@ -381,7 +382,7 @@ def _subset_rounds(st: _Rows, fit: tuple[int, int], limit: float, take: bool = F
         free = cap - st.used
         at, ends = np.searchsorted(st.row[xs], heavy), np.searchsorted(st.row[xs], heavy, "right")
         for h, a, b in zip(heavy.tolist(), at.tolist(), ends.tolist()):  # the few rows still heavy
-            found = _best_exchange(st, offer, h, xs[a:b], free, take)
+            found = _best_exchange(st, offer, (h, xs[a:b]), free, take)
             if found is None:
                 stuck[h] = True
                 continue

@@ -27,9 +27,10 @@ from .options import PackOptions
 from .packed import BatchArrays, Packed, key_values, segment_reduce
 
 
-def two_cap_order(size: np.ndarray, size2: np.ndarray, cap1: int, cap2: int, starts: np.ndarray,
+def two_cap_order(size: np.ndarray, size2: np.ndarray, caps: tuple[int, int], starts: np.ndarray,
                   ends: np.ndarray) -> np.ndarray:
-    """Return the local order (int64 indices) of the samples, each piece ``[starts[i], ends[i])`` reordered in place.
+    """Return the local order (int64 indices) of the samples, each piece ``[starts[i], ends[i])`` reordered in place
+    (``caps``: the caps of ``size`` and ``size2``).
 
     Pieces keep their places and their samples; inside one, samples are merged by the normalised
     position of their cumulative lean within their side (see the module's text). Ties keep position.
@@ -42,6 +43,7 @@ def two_cap_order(size: np.ndarray, size2: np.ndarray, cap1: int, cap2: int, sta
     if len(starts) > 1:
         piece[np.asarray(starts[1:], np.int64)] = 1
         piece = np.cumsum(piece)
+    cap1, cap2 = caps
     lean = np.asarray(size2, np.int64) * int(cap1) - np.asarray(size, np.int64) * int(cap2)
     side = (lean > 0).astype(np.int64)
     mass = np.abs(lean)
@@ -122,7 +124,7 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
     ends = np.concatenate((starts[1:], [n])) if len(starts) else np.zeros(0, np.int64)
     if n and balanced_caps(opts, samples):
         # varlen under two caps: an order whose every run holds both kinds of sample (two_caps)
-        perm = two_cap_order(sizes, samples.measures["size2"], opts.limit, opts.max_size2, starts, ends)
+        perm = two_cap_order(sizes, samples.measures["size2"], (opts.limit, opts.max_size2), starts, ends)
         samples = samples.select(perm, samples.start, samples.total)
         sizes = samples.size
     if opts.auto_shapes is not None:
@@ -209,7 +211,7 @@ def window_rows(room: np.ndarray, size2: np.ndarray | None, opts: PackOptions) -
     if size2 is None:
         return kernels.pack_rows(room, opts.rows, opts.max_segments)
     n = len(room)
-    order = two_cap_order(room, size2, opts.rows, opts.max_size2, np.zeros(1, np.int64), np.array([n]))
+    order = two_cap_order(room, size2, (opts.rows, opts.max_size2), np.zeros(1, np.int64), np.array([n]))
     splits = kernels.greedy_pack(room[order], opts.rows, "tokens", opts.max_segments, sizes2=size2[order],
                                  max2=opts.max_size2)
     return order, splits
