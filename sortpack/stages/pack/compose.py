@@ -83,17 +83,17 @@ def compose_rows(sizes: np.ndarray, targets: np.ndarray, order: np.ndarray, spli
 
 
 # Exchanges between rows of different sizes (``exchange_heavy``). Each constant is the value that
-# ``python -m benchmarks --only compose --scale full`` (``benchmarks/bench_compose.py``) shows against a
-# smaller and a larger one on 100k generated chats in rows of 4096, the others at theirs: its row in
-# ``benchmarks/RESULTS-compose.md`` says what it gains and what the next value would cost.
-HEAVY = 1.1  # rows above 1.1x the window's mean targets are heavy (row "HEAVY")
-PAIR_PLACES = 24  # pairs are formed among each row's 24 largest samples (row "PAIR_PLACES")
-PAIR_WIDTH = 64  # a heavy sample or pair looks at the 64 lightest candidates of each room (row "PAIR_WIDTH")
-PAIR_SLACK = 4  # full rows absorb a room difference of at most 4 (row "PAIR_SLACK")
-PAIR_ROUNDS = 64  # rounds of pair swaps at most (row "PAIR_ROUNDS")
-SUBSET_PARTNERS = 256  # the subset knapsack runs over the 256 lightest partner rows (row "SUBSET_PARTNERS")
-SUBSET_PLACES = 16  # and their 16 largest samples (row "SUBSET_PLACES")
-SUBSET_ROUNDS = 8  # rounds of subset exchanges at most (row "SUBSET_ROUNDS")
+# ``python -m benchmarks --only compose --scale full`` (``benchmarks/bench_compose.py``) measures against a
+# smaller and a larger one on 100k generated chats in rows of 4096, the others at theirs; its row in
+# ``benchmarks/RESULTS-compose.md`` (W = 64 p99 / max targets imbalance; shipped: 1.040 / 1.066) is why.
+HEAVY = 1.1  # rows above 1.1x the window's mean are heavy: 1.05 1.048 / 1.114 and three times the time, 1.2 1.068
+PAIR_PLACES = 24  # pairs among each row's 24 largest samples: 12 and 48 the same on these chats (a bound, not a knob)
+PAIR_WIDTH = 64  # the 64 lightest candidates of each room: 16 1.048 / 1.114, 256 no better (1.041 / 1.073)
+PAIR_SLACK = 4  # full rows absorb a room difference of 4: 0 1.091 / 1.398, 16 no better (1.040 / 1.076)
+PAIR_ROUNDS = 64  # rounds of pair swaps at most: 16 and 256 the same (the rounds end before; a bound)
+SUBSET_PARTNERS = 256  # knapsack over the 256 lightest partners: 64 1.064 / 1.168; 1024 1.027 / 1.028 at 8x the time
+SUBSET_PLACES = 16  # and their 16 largest samples: 8 1.084 / 1.271; 24 1.029 / 1.034 at about twice the time
+SUBSET_ROUNDS = 8  # rounds of subset exchanges at most: 2 1.052 / 1.143, 32 the same as 8
 # derived, where used: what the pairs leave above HEAVY^2 the subsets take on, and rows below 1 / HEAVY^2 take
 # subsets of most targets; a subset's room is tried within PAIR_SLACK of the sample's
 
