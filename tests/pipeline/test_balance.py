@@ -92,6 +92,7 @@ def test_balance_orders_micro_batches_by_cost_within_a_stage(tmp_path):
     assert options["balance"] == "compute" and options["cost_coeff"] == 1024
 
 
+@pytest.mark.slow
 def test_balance_applies_to_greedy_plans_too(tmp_path):
     sizes = write(tmp_path / "chat.parquet", 20000, seed=2)
     out = tmp_path / "plan"

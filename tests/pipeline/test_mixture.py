@@ -83,6 +83,7 @@ def test_plan_follows_the_schedule_and_records_each_source(data):
     assert tokens[~late & (source == 2)].sum() / tokens[~late].sum() == pytest.approx(0.1, abs=0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_a_mixture_reports_the_empty_samples_it_drops(tmp_path):
     # the rows were dropped, but neither the run's lines nor inspect said so
@@ -272,6 +273,7 @@ def test_cli_errors_are_one_line_exit_2_and_write_nothing(data, case):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [None, 2])
 def test_an_oversize_mixture_is_refused_before_its_sort(data, ranks):
     # the sort would crash on rank 0: the oversize refusal must come before it, on every rank
@@ -284,6 +286,7 @@ def test_an_oversize_mixture_is_refused_before_its_sort(data, ranks):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["skip", "truncate"])
 def test_a_mixture_records_the_tokens_skip_and_truncate_lose(data, policy):
     # one source and every sample once: the blend loses exactly what a plain run of it loses
@@ -359,6 +362,7 @@ def _run_tokens(root: Path, out: str, ranks=None, *extra):
                          "--store", "text", "--overwrite", *extra], ranks=ranks)
 
 
+@pytest.mark.slow
 def test_a_mixture_stores_token_ids_and_reads_each_source_column_as_the_plan_column(wordy):
     from tokenizers import Tokenizer
 

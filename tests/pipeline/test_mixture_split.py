@@ -161,6 +161,7 @@ def test_character_pieces_of_a_mixture_with_a_renamed_column(tmp_path, corpus, s
     assert ("data" in m) == store
 
 
+@pytest.mark.slow
 def test_list_pieces_of_a_mixture(tmp_path, corpus):
     plan = _run(corpus, "repeat_ids", tmp_path / "plan", "--max-tokens", "60", "--store", "ids")
     m = _check_pieces(plan, _read(plan, pad_collate(key="ids"), "input_ids"), corpus["ids"])
@@ -209,6 +210,7 @@ def test_a_mixtures_split_line_and_stats_count_what_each_plan_holds(tmp_path, co
 BYTES = ("--size", "bytes", "--max-tokens", "100")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", [True, False])
 def test_byte_pieces_of_a_blend_are_whole_characters(tmp_path, corpus, store):
     """Sources reading one column (``--blend``): texts cut between UTF-8 characters, read back exactly."""

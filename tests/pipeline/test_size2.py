@@ -79,6 +79,7 @@ def test_size_order_alone_leaves_the_second_measure_unbalanced(vl, tmp_path):
     assert imbalance(step_costs(t.column("size2").to_numpy().astype(np.float64), 8, 1))["weighted"] > 1.1
 
 
+@pytest.mark.slow
 def test_a_sample_over_the_second_cap_alone_follows_oversize(tmp_path):
     text, patches = vision_language(300)
     patches[[5, 77]] = N + 1
