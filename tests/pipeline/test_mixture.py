@@ -436,6 +436,7 @@ def test_a_missing_column_is_refused_before_analyze(wordy, case, ranks):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [None, 2])
 @pytest.mark.parametrize("total", [str(10**30), str(10**13)])
 def test_an_absurd_total_is_refused_at_once_on_every_rank(data, ranks, total):
@@ -468,6 +469,7 @@ def test_extreme_weights_are_exact_shares_without_warnings(weights):
     assert shares.sum() == pytest.approx(1.0) and (shares > 0).all()
 
 
+@pytest.mark.slow
 def test_two_weights_of_1e308_run_without_noise(data):
     out = data / "huge-weights"
     proc = run_sortpack(["run", "--blend", f"1e308 {data / 'web'} 1e308 {data / 'books'}", "-o", out,

@@ -130,6 +130,7 @@ def test_token_pieces_read_back_as_the_documents_tokens(tmp_path, corpus, store)
             assert flat.count(cls) == 1 and flat.count(sep) == 1 and flat[0] == cls and flat[-1] == sep
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", [False, True])
 def test_list_column_pieces_read_back_as_the_lists(tmp_path, corpus, store):
     plan = tmp_path / "plan"

@@ -71,6 +71,7 @@ def test_lr_worked_example(tmp_path, method, want):
     assert followed == pytest.approx(want, rel=1e-15)
 
 
+@pytest.mark.slow
 def test_lr_follows_base_schedules_without_compounding(tmp_path):
     path = exact_index(tmp_path / "ix", 4, per=3)
     counts = PackedIndex(path)["num_samples"].tolist()
