@@ -54,6 +54,7 @@ else:
         "PackedIndex",
         "PadCollate",
         "PlanLoader",
+        "PlanNode",  # noqa: F822 - the module's __getattr__ imports it on first use
         "SourceDataset",
         "VariableBatchSizeLR",
         "VarlenCollate",
@@ -64,3 +65,13 @@ else:
         "step_targets",
         "varlen_collate",
     ]
+
+
+def __getattr__(name: str):
+    """Return ``PlanNode``, imported on first use (it imports torchdata, and torchdata imports torch)."""
+    if name == "PlanNode":
+        from .plan_node import PlanNode
+
+        globals()["PlanNode"] = PlanNode
+        return PlanNode
+    raise AttributeError(f"module 'sortpack.torch' has no attribute {name!r}")

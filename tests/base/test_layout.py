@@ -19,7 +19,8 @@ BASE = {"errors", "env", "parallel", "partition", "distribute", "progress", "lau
 SIDES = {
     **{b: "base" for b in BASE},
     "inputs": "inputs", "format": "format", "stages": "stages", "write": "write",
-    "reader": "reader", "dataset": "reader", "train": "train", "torch": "train",
+    "reader": "reader", "dataset": "reader", "train": "train", "torch": "train", "plan_node": "train",
+    "lightning": "train",
     "report": "report", "pipeline": "pipeline", "cli": "cli", "__main__": "cli", "__init__": "base",
 }
 # side -> the sides it may import (besides itself)
@@ -217,8 +218,8 @@ def test_nothing_imports_the_cli():
 FEW_PARAMETERS = ("reader", "report", "cli", "train", "progress.py", "distribute.py")
 MAX_PARAMETERS = 5
 PUBLIC_KEYWORDS = {
-    "reader/collate.py:PadCollate.__init__", "reader/collate.py:pad_collate",
-    "reader/collate.py:VarlenCollate.__init__", "reader/collate.py:varlen_collate",
+    "reader/collate_pad.py:PadCollate.__init__", "reader/collate_pad.py:pad_collate",
+    "reader/collate_varlen.py:VarlenCollate.__init__", "reader/collate_varlen.py:varlen_collate",
     "reader/dataset.py:SourceDataset.__init__", "reader/microbatch.py:MicroBatch.__init__",
     "reader/plan.py:EpochPlan.__init__", "reader/sampler.py:PackedSampler.__init__",
     "train/goodput_controller.py:GoodputController.__init__",
