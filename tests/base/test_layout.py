@@ -15,7 +15,7 @@ PKG = ROOT / "sortpack"
 
 # the sides of the package, by top-level name (a module or a subpackage of sortpack)
 BASE = {"errors", "env", "parallel", "partition", "distribute", "progress", "launcher", "kernels", "permutation",
-        "row_store", "arrow_types"}
+        "row_store", "arrow_types", "shadowing"}
 SIDES = {
     **{b: "base" for b in BASE},
     "inputs": "inputs", "format": "format", "stages": "stages", "write": "write",
@@ -43,6 +43,7 @@ BASE_MAY_IMPORT = {
     "errors": set(), "env": set(), "kernels": {"env"}, "launcher": {"errors"}, "progress": set(),
     "permutation": set(), "row_store": {"kernels", "arrow_types", "env"}, "arrow_types": set(),
     "parallel": {"errors", "env", "launcher"}, "partition": {"parallel"}, "distribute": {"parallel", "partition"},
+    "shadowing": set(),
 }
 
 
