@@ -170,14 +170,14 @@ def tables(res: dict) -> tuple[list[str], list[list[str]], list[list[str]]]:
 
 def render(res: dict) -> str:
     """Return the result as plain text."""
+    from benchmarks.report import plain
+
     header, rows, block_rows = tables(res)
-    all_rows = [header] + rows + [["", "", "", ""]] + block_rows
-    widths = [max(len(r[i]) for r in all_rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in all_rows]
     load = "/".join(f"{x:.1f}" for x in res["load"])
-    return "\n".join(lines + [f"{res['doors']['steps']} steps per epoch; block metadata equal to "
-                              f"create_block_mask's: {res['blocks']['same']}; load average at the end {load} on "
-                              f"{res['cores']} cores; {res['versions']}"])
+    return "\n".join([plain(header, rows + block_rows),
+                      f"{res['doors']['steps']} steps per epoch; block metadata equal to create_block_mask's: "
+                      f"{res['blocks']['same']}; load average at the end {load} on {res['cores']} cores; "
+                      f"{res['versions']}"])
 
 
 def bench(ctx) -> list:

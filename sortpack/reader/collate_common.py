@@ -6,11 +6,14 @@ only when a collate first needs a tensor.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..kernels.tokens import NO_IDS, Fill, TokenView, ids_arg, token_view
+from .flex_blocks import BLOCK_KEYS, document_blocks
 from .microbatch import MicroBatch
-from .samples_contract import SamplesContract
+from .samples_contract import SamplesContract, as_samples
 from .tokens import check_planned, ragged_labeled, stored_token_view
 
 IGNORE_INDEX = -100  # the label of a position without a target (PyTorch's and Hugging Face's default)
@@ -130,3 +133,44 @@ def source_of(mb: MicroBatch | None) -> int:
 def source_tokens(mb: MicroBatch | None, real) -> np.ndarray:
     """Return the per-token source ids of ``mb`` over a mask of real tokens: its source id, -1 at padding (int64)."""
     return np.where(np.asarray(real, dtype=bool), np.int64(source_of(mb)), np.int64(-1))
+
+
+class CollateBase:
+    """What ``PadCollate`` and ``VarlenCollate`` share: their items' token arrays, and the extras asked for.
+
+    ``key``, ``tokenize`` and ``labels`` say where the ids and labels come from;
+    ``source_ids`` and ``flex_block_size`` ask for per-token source ids and flex block metadata.
+    """
+
+    key: object = None
+    tokenize: Callable | None = None
+    labels: str | None = "labels"
+    source_ids: bool = False
+    flex_block_size: int | None = None
+
+    def _asked(self, source_ids: bool, flex_block_size: int | None) -> None:
+        """Keep the extras asked for (ValueError for a block size that is no positive integer)."""
+        check_block_size(flex_block_size)
+        self.source_ids, self.flex_block_size = bool(source_ids), flex_block_size
+
+    def _read(self, items) -> tuple[SamplesContract, TokenView, TokenView | None]:
+        """Return the items as the ``Samples`` contract and the ``TokenView`` of their ids and labels (or None)."""
+        items = as_samples(items)
+        view, given = token_arrays(items, self.key, self.tokenize, self.labels)
+        return items, view, given
+
+    def _extras(self, out: dict, mb: MicroBatch | None, real: np.ndarray,
+                bounds: Callable[[], tuple[np.ndarray, int, int]]) -> None:
+        """Add the source ids (over the ``real`` token mask) and the block metadata of ``bounds()`` when asked for.
+
+        ``bounds`` returns (document boundaries, rows, row length) of the batch's layout.
+        """
+        import torch
+
+        if self.source_ids:
+            out["source_ids"] = torch.from_numpy(source_tokens(mb, real))
+        if self.flex_block_size is not None:
+            cu, rows, width = bounds()
+            out.update(zip(BLOCK_KEYS, map(torch.from_numpy, document_blocks(cu, rows, width, self.flex_block_size))))
+            out["block_size"] = int(self.flex_block_size)
+

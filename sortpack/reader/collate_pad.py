@@ -9,22 +9,20 @@ from .collate_common import (
     _TENSORS,
     IGNORE_INDEX,
     LABELS_ONLY,
-    check_block_size,
+    CollateBase,
     ids_arg_of,
     is_repeat,
     mask_labels,
     round_up,
     sample_ids,
-    source_tokens,
     tensor_types,
-    token_arrays,
 )
-from .flex_blocks import BLOCK_KEYS, document_blocks, row_cu
+from .flex_blocks import row_cu
 from .microbatch import MicroBatch
-from .samples_contract import SamplesContract, as_samples
+from .samples_contract import SamplesContract
 
 
-class PadCollate:
+class PadCollate(CollateBase):
     """Collate a micro-batch into a padded ``(batch_size, padded_size)`` batch (see ``pad_collate``).
 
     Parameters
@@ -52,16 +50,14 @@ class PadCollate:
                  flex_block_size: int | None = None):
         if attn_mask not in (None, "causal", "full"):
             raise ValueError(f"attn_mask must be None, 'causal' or 'full', not {attn_mask!r}")
-        check_block_size(flex_block_size)
+        self._asked(source_ids, flex_block_size)
         self.pad_id, self.key, self.tokenize = pad_id, key, tokenize
         self.attn_mask, self.pad_to_multiple = attn_mask, pad_to_multiple
         self.labels = labels
-        self.source_ids, self.flex_block_size = bool(source_ids), flex_block_size
 
     def __call__(self, items) -> dict:
         """Return input_ids, labels, lengths, key_padding_mask, real, sample_ids (and attn_mask) tensors."""
-        items = as_samples(items)
-        view, given = token_arrays(items, self.key, self.tokenize, self.labels)
+        items, view, given = self._read(items)
         mb = items.microbatch
         shape = self._shape(view, mb)
         # one pass (compiled): a tokenizer longer than the index's size is cut to the shape;
@@ -79,7 +75,9 @@ class PadCollate:
         if self.attn_mask is not None:
             assert padding is not None  # the compiled path hands it over when there is a mask to build
             out["attn_mask"] = self._dense_mask(padding)
-        self._extras(out, mb)
+        rows, width = shape
+        self._extras(out, mb, ~out["key_padding_mask"].numpy(),
+                     lambda: (row_cu(out["lengths"].numpy(), width), rows, width))
         return out
 
     def _shape(self, view: TokenView, mb: MicroBatch | None) -> tuple[int, int]:
@@ -102,18 +100,6 @@ class PadCollate:
         # padding queries attend to themselves only, so no softmax row is empty (no NaN)
         allowed |= np.eye(width, dtype=bool)[None] & ~valid[:, :, None]
         return torch.from_numpy(allowed)
-
-    def _extras(self, out: dict, mb: MicroBatch | None) -> None:
-        """Add the per-token source ids and the flex block metadata to ``out`` when asked for."""
-        import torch
-
-        if self.source_ids:
-            out["source_ids"] = torch.from_numpy(source_tokens(mb, ~out["key_padding_mask"].numpy()))
-        if self.flex_block_size is not None:
-            rows, width = out["input_ids"].shape
-            blocks = document_blocks(row_cu(out["lengths"].numpy(), width), rows, width, self.flex_block_size)
-            out.update(zip(BLOCK_KEYS, map(torch.from_numpy, blocks)))
-            out["block_size"] = int(self.flex_block_size)
 
     def _compiled(self, kernels: BatchKernels, view: TokenView, shape: tuple[int, int],
                   items: SamplesContract) -> tuple[dict, np.ndarray | None]:

@@ -13,22 +13,18 @@ from .collate_common import (
     _TENSORS,
     IGNORE_INDEX,
     LABELS_ONLY,
-    check_block_size,
+    CollateBase,
     is_repeat,
     known_ids,
     mask_labels,
     sample_ids,
-    source_tokens,
     tensor_types,
-    token_arrays,
 )
-from .flex_blocks import BLOCK_KEYS, document_blocks
-from .microbatch import MicroBatch
-from .samples_contract import SamplesContract, as_samples
+from .samples_contract import SamplesContract
 from .segments import Segments, segments
 
 
-class VarlenCollate:
+class VarlenCollate(CollateBase):
     """Collate a micro-batch into concatenated tokens with ``cu_seqlens`` (see ``varlen_collate``).
 
     Parameters
@@ -57,17 +53,15 @@ class VarlenCollate:
                  flex_block_size: int | None = None):
         if pad_to_multiple is not None and int(pad_to_multiple) < 1:
             raise ValueError(f"pad_to_multiple must be a positive integer, not {pad_to_multiple!r}")
-        check_block_size(flex_block_size)
+        self._asked(source_ids, flex_block_size)
         self.key, self.tokenize, self.pad_id = key, tokenize, pad_id
         self.position_ids_start = int(position_ids_start)
         self.pad_to_multiple = int(pad_to_multiple) if pad_to_multiple else None
         self.labels = labels
-        self.source_ids, self.flex_block_size = bool(source_ids), flex_block_size
 
     def __call__(self, items) -> dict:
         """Return input_ids, labels, position_ids, cu_seqlens, seq_idx, the Hugging Face keys, lengths and masks."""
-        items = as_samples(items)
-        view, given = token_arrays(items, self.key, self.tokenize, self.labels)
+        items, view, given = self._read(items)
         mb = items.microbatch
         kernels = batch_kernels()
         rows = mb is not None and mb.row_splits is not None and mb.padded_size is not None
@@ -82,7 +76,7 @@ class VarlenCollate:
             out = self._laid_out(view, given, items)
         if mb is not None:
             out["microbatch"] = mb.info()
-        self._extras(out, mb)
+        self._extras(out, mb, out["token_mask"].numpy(), lambda: _bounds(out))
         return out
 
     def _laid_out(self, view: TokenView, given: TokenView | None, items: SamplesContract) -> dict:
@@ -119,19 +113,6 @@ class VarlenCollate:
             out["row_shape"] = (int(cu[-1]) // layout.width, layout.width)
         return out
 
-    def _extras(self, out: dict, mb: MicroBatch | None) -> None:
-        """Add the per-token source ids and the flex block metadata to ``out`` when asked for."""
-        import torch
-
-        if self.source_ids:
-            out["source_ids"] = torch.from_numpy(source_tokens(mb, out["token_mask"].numpy()))
-        if self.flex_block_size is not None:
-            bounds = out.get("cu_seqlens_padded", out["cu_seqlens"]).numpy()
-            rows, width = out.get("row_shape", (1, len(out["input_ids"])))
-            blocks = document_blocks(bounds, rows, width, self.flex_block_size)
-            out.update(zip(BLOCK_KEYS, map(torch.from_numpy, blocks)))
-            out["block_size"] = int(self.flex_block_size)
-
     def _compiled(self, kernels: BatchKernels, view: TokenView, items: SamplesContract) -> dict:
         """Return the batch of one segment per sample, written by one compiled call into tensors torch allocated.
 
@@ -157,6 +138,12 @@ class VarlenCollate:
                 "seq_index": seq_index, "seq_idx": seq_idx, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
                 "max_length_q": longest, "max_length_k": longest, "lengths": lengths, "token_mask": mask,
                 "sample_ids": sample_id, "real": real}
+
+
+def _bounds(out: dict) -> tuple[np.ndarray, int, int]:
+    """Return (document boundaries, rows, row length) of a varlen batch: its rows, else one row of every token."""
+    rows, width = out.get("row_shape", (1, len(out["input_ids"])))
+    return out.get("cu_seqlens_padded", out["cu_seqlens"]).numpy(), rows, width
 
 
 def _kept(layout: Segments, n: int) -> np.ndarray:
