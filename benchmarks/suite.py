@@ -15,6 +15,7 @@ from pathlib import Path
 from . import (
     bench_balance,
     bench_compose,
+    bench_doors,
     bench_fasttok,
     bench_litdata,
     bench_loader,
@@ -363,7 +364,7 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "balance": bench_balance.bench,
               "balance_targets": bench_balance.bench_targets, "compose": bench_compose.bench,
               "fasttok": bench_fasttok.bench, "sft": bench_sft.bench, "litdata": bench_litdata.bench,
-              "media": bench_media.bench}
+              "media": bench_media.bench, "doors": bench_doors.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

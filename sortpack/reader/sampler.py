@@ -338,13 +338,13 @@ class PackedSampler:
             facts = new_facts(StepFacts, (epoch, step, start, pos, base + step, batch, tokens, w, step_attention,
                                           step_targets))
             for k, p in enumerate(packed):
-                ids, bs, ps, splits, mb_tokens, mb_attention, mb_targets, measures, source = facts_of[k]
+                ids, bs, ps, splits, mb_tokens, mb_attention, mb_targets, measures, (source, source_id) = facts_of[k]
                 if skips.sizes:
                     ids, splits = skips.kept(p, ids, splits)
                     mb_tokens -= skips.lost([p]).tokens
                 # plain ints and bools throughout (tolist, int sums): made without a conversion
                 yield made(ids, (p, bs, ps, splits, facts, k == a - 1, mb_tokens, repeat[k], source, mb_attention,
-                                 mb_tokens - len(ids) if mb_targets is None else mb_targets, measures))
+                                 mb_tokens - len(ids) if mb_targets is None else mb_targets, measures, source_id))
             step += 1
 
     # --- resume ---------------------------------------------------------------------------

@@ -20,7 +20,8 @@ class MicrobatchFacts:
     """What the sampler hands out of each micro-batch, read for many micro-batches in one vectorised pass.
 
     ``of(packed)`` gives per micro-batch (sample ids, batch_size, padded_size, row_splits,
-    tokens, attention, targets or None, the other measures' sums by name or None, source name or None).
+    tokens, attention, targets or None, the other measures' sums by name or None, (source name or None, source id
+    or -1)).
     """
 
     def __init__(self, index: PackedIndex):
@@ -42,7 +43,7 @@ class MicrobatchFacts:
             return [default] * n if col is None else col[at].tolist()
 
         names = self.names
-        sources = [None] * n if self.sources is None else [names[s] for s in self.sources[at].tolist()]
+        sources = [(None, -1)] * n if self.sources is None else [(names[s], s) for s in self.sources[at].tolist()]
         measures: list = [None] * n
         if self.measures:
             keys = [name for name, _ in self.measures]
