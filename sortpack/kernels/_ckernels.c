@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 18
+#define SP_ABI_VERSION 19
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -1239,6 +1239,103 @@ SP_API int64_t sp_min_subsets(const int64_t *rooms, const int64_t *targets, int6
         }
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Items dealt to k parts of equal count and balanced cost (kernels/deal.py): the largest   */
+/* differencing method over groups of k items. Items sorted by (cost desc, index asc); each  */
+/* run of k is a state of k parts, one item each. The state of largest spread (ties: lowest */
+/* id) is merged with the next: its i-th heaviest part takes the other's i-th lightest, and  */
+/* the parts are re-sorted (sum desc, ties by place). A part's items are found through the  */
+/* part each merged part joined (parent), resolved at the end. part[item] = the final rank   */
+/* of its part (0: the heaviest). m % k == 0; returns 0, -1 (bad sizes), -2 (no memory).     */
+
+typedef struct { double c; int64_t i; } dl_item;
+
+static int dl_item_cmp(const void *pa, const void *pb) {
+    const dl_item *a = (const dl_item *)pa, *b = (const dl_item *)pb;
+    if (a->c != b->c) return a->c > b->c ? -1 : 1;
+    return a->i < b->i ? -1 : (a->i > b->i);
+}
+
+typedef struct { double spread; int64_t id; } dl_key;
+
+static inline int dl_before(dl_key a, dl_key b) { /* a pops first */
+    return a.spread > b.spread || (a.spread == b.spread && a.id < b.id);
+}
+
+static void dl_push(dl_key *h, int64_t *n, dl_key x) {
+    int64_t j = (*n)++;
+    while (j > 0) {
+        int64_t p = (j - 1) / 2;
+        if (!dl_before(x, h[p])) break;
+        h[j] = h[p]; j = p;
+    }
+    h[j] = x;
+}
+
+static dl_key dl_pop(dl_key *h, int64_t *n) {
+    dl_key top = h[0], x = h[--(*n)];
+    int64_t j = 0;
+    for (;;) {
+        int64_t a = 2 * j + 1, b = a + 1, c = j;
+        dl_key best = x;
+        if (a < *n && dl_before(h[a], best)) { c = a; best = h[a]; }
+        if (b < *n && dl_before(h[b], best)) { c = b; }
+        if (c == j) break;
+        h[j] = h[c]; j = c;
+    }
+    if (*n > 0) h[j] = x;
+    return top;
+}
+
+SP_API int64_t sp_deal_equal(const double *cost, int64_t m, int64_t k, int64_t *part) {
+    if (k < 1 || m < 0 || m % k) return -1;
+    if (m == 0) return 0;
+    int64_t g = m / k;
+    dl_item *items = malloc(sizeof(dl_item) * (size_t)m);
+    dl_item *merged = malloc(sizeof(dl_item) * (size_t)k);
+    int64_t *set = malloc(sizeof(int64_t) * (size_t)m);     /* state s, place j: its part (a sorted position) */
+    double *sum = malloc(sizeof(double) * (size_t)m);       /* and the part's sum */
+    int64_t *parent = malloc(sizeof(int64_t) * (size_t)m);  /* a part merged into another: that one */
+    int64_t *rank = malloc(sizeof(int64_t) * (size_t)m);    /* a final part: its rank */
+    int64_t *tmp = malloc(sizeof(int64_t) * (size_t)k);
+    dl_key *heap = malloc(sizeof(dl_key) * (size_t)g);
+    int64_t status = 0, nh = 0;
+    if (!items || !merged || !set || !sum || !parent || !rank || !tmp || !heap) { status = -2; goto done; }
+    for (int64_t i = 0; i < m; i++) { items[i].c = cost[i]; items[i].i = i; }
+    qsort(items, (size_t)m, sizeof(dl_item), dl_item_cmp);
+    for (int64_t i = 0; i < m; i++) { set[i] = i; sum[i] = items[i].c; parent[i] = i; }
+    for (int64_t s = 0; s < g; s++) {
+        dl_key key = {sum[s * k] - sum[s * k + k - 1], s};
+        dl_push(heap, &nh, key);
+    }
+    while (nh > 1) {
+        int64_t a = dl_pop(heap, &nh).id, b = dl_pop(heap, &nh).id;
+        int64_t *sa = set + a * k, *sb = set + b * k;
+        double *ua = sum + a * k, *ub = sum + b * k;
+        for (int64_t i = 0; i < k; i++) {
+            parent[sb[k - 1 - i]] = sa[i];
+            merged[i].c = ua[i] + ub[k - 1 - i];
+            merged[i].i = i;
+        }
+        qsort(merged, (size_t)k, sizeof(dl_item), dl_item_cmp); /* sum desc, ties by place: stable */
+        for (int64_t i = 0; i < k; i++) tmp[i] = sa[merged[i].i];
+        for (int64_t i = 0; i < k; i++) { sa[i] = tmp[i]; ua[i] = merged[i].c; }
+        dl_key key = {ua[0] - ua[k - 1], a};
+        dl_push(heap, &nh, key);
+    }
+    int64_t last = heap[0].id;
+    for (int64_t j = 0; j < k; j++) rank[set[last * k + j]] = j;
+    for (int64_t i = 0; i < m; i++) {
+        int64_t r = i;
+        while (parent[r] != r) r = parent[r];
+        for (int64_t x = i; parent[x] != r;) { int64_t nx = parent[x]; parent[x] = r; x = nx; }
+        part[items[i].i] = rank[r];
+    }
+done:
+    free(items); free(merged); free(set); free(sum); free(parent); free(rank); free(tmp); free(heap);
+    return status;
 }
 
 /* ------------------------------------------------------------------------------------ */
