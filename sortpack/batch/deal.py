@@ -48,11 +48,11 @@ def split_rows(row_of: np.ndarray, weight: np.ndarray, size: np.ndarray, target:
     return row_of
 
 
-def check_enough(items: int, per_rank: int, opts: BatchOptions) -> None:
-    """Raise SortpackError when ``items`` cannot fill every rank's ``per_rank`` micro-batches, none empty."""
+def check_enough(items: int, what: str, per_rank: int, opts: BatchOptions) -> None:
+    """Raise SortpackError when ``items`` (``what``: sequences or groups) cannot fill every rank's ``per_rank``
+    micro-batches, none empty."""
     need = per_rank * opts.world_size
     if items < need:
-        what = "groups" if items else "sequences"
         raise SortpackError(f"plan_batch: {items} {what} cannot give world_size={opts.world_size} ranks "
                             f"{per_rank} micro-batch(es) each (count_multiple={opts.count_multiple}, "
                             f"min_microbatches={opts.min_microbatches}) without an empty one; pass "

@@ -42,14 +42,14 @@ def plan_batch(lengths, *, world_size: int, max_tokens: int, cost_coeff: float |
 
     Examples
     --------
-    Eight rollouts for two ranks, at most 1,000 tokens a micro-batch:
+    Ten rollouts for two ranks, at most 1,000 tokens a micro-batch: four full micro-batches, two a rank:
 
     >>> from sortpack import plan_batch
-    >>> plan = plan_batch([900, 100, 500, 480, 20, 300, 700, 60], world_size=2, max_tokens=1000)
+    >>> plan = plan_batch([900, 100, 500, 480, 20, 300, 700, 60, 400, 540], world_size=2, max_tokens=1000)
     >>> [mb.tolist() for mb in plan.rank(0)], [mb.tolist() for mb in plan.rank(1)]
-    ([[0, 1], [3, 7, 5, 4]], [[6, 5], [2, 3]])
-    >>> plan.stats["microbatches"], plan.stats["lower_bound"]
-    (4, 4)
+    ([[2, 3, 4], [0, 1]], [[7, 8, 9], [5, 6]])
+    >>> plan.stats["microbatches"], plan.stats["lower_bound"], plan.stats["imbalance"]["tokens"]
+    (4, 4, 1.0)
     """
     opts = BatchOptions(world_size, max_tokens, cost_coeff, balance, pad_to_multiple, bool(equal_counts),
                         count_multiple, min_microbatches, max_samples, oversize)
@@ -67,7 +67,7 @@ def plan_batch(lengths, *, world_size: int, max_tokens: int, cost_coeff: float |
     weight = items.weight
     if opts.equal_counts:
         per_rank = per_rank_count(packed_rows + len(alone), opts)
-        check_enough(len(rows_items), per_rank, opts)
+        check_enough(len(rows_items), "sequences" if items.count is None else "groups", per_rank, opts)
         row_of = split_rows(row_of, weight[rows_items], items.room[rows_items], per_rank * opts.world_size)
     rows = int(row_of.max()) + 1 if len(row_of) else 0
     cost = np.bincount(row_of, weight[rows_items], minlength=rows)
