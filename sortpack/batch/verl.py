@@ -89,8 +89,9 @@ def rearrange_micro_batches(batch, max_token_len: int, dp_group=None, num_batche
         raise SortpackError(f"rearrange_micro_batches: batch size {n} must divide by force_group_size "
                             f"{force_group_size}")
     groups = np.arange(n) // force_group_size if force_group_size > 1 else None
-    kw: dict[str, Any] = {"world_size": 1, "max_tokens": int(max_token_len), "cost_coeff": VERL_COST_COEFF, "groups": groups,
-          "count_multiple": int(num_batches_divided_by or 1), "min_microbatches": int(min_num_micro_batch or 0)}
+    kw: dict[str, Any] = {"world_size": 1, "max_tokens": int(max_token_len), "cost_coeff": VERL_COST_COEFF,
+                          "groups": groups, "count_multiple": int(num_batches_divided_by or 1),
+                          "min_microbatches": int(min_num_micro_batch or 0)}
     plan = plan_batch(lengths, **kw)
     if same_micro_num_in_dp:
         most = _agreed_count(plan.num_microbatches, dp_group)
