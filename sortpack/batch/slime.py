@@ -24,17 +24,21 @@ def _cost_coeff(args) -> float:
     return 6.0 * float(hidden) if hidden else DEFAULT_COST_COEFF
 
 
-def _steps(rollout_indices: list[int], global_batch_size: int) -> list[list[int]]:
-    """Return the samples of each step: ``global_batch_size`` rollouts a step, a rollout's samples together."""
-    by_rollout: dict[int, list[int]] = {}
-    for pos, rid in enumerate(rollout_indices):
-        by_rollout.setdefault(rid, []).append(pos)
-    rollouts = list(by_rollout.values())
-    steps = len(rollouts) // global_batch_size
+def _steps(rollout_indices: list[int], global_batch_size: int) -> list[np.ndarray]:
+    """Return the samples of each step: ``global_batch_size`` rollouts a step (in order of first appearance), a
+    rollout's samples together in their order; the rollouts of a last partial step wait."""
+    rid = np.asarray(rollout_indices)
+    _, first, inverse = np.unique(rid, return_index=True, return_inverse=True)
+    place = np.empty(len(first), np.int64)
+    place[np.argsort(first, kind="stable")] = np.arange(len(first))
+    rollout = place[inverse.reshape(-1)]  # each sample's rollout, numbered by first appearance
+    steps = len(first) // global_batch_size
     if steps < 1:
-        raise SortpackError(f"build_dp_schedule: {len(rollouts)} rollouts < global_batch_size {global_batch_size}")
-    return [[pos for r in rollouts[s * global_batch_size:(s + 1) * global_batch_size] for pos in r]
-            for s in range(steps)]
+        raise SortpackError(f"build_dp_schedule: {len(first)} rollouts < global_batch_size {global_batch_size}")
+    order = np.argsort(rollout, kind="stable")
+    step = rollout[order] // global_batch_size
+    order = order[step < steps]
+    return np.split(order, np.searchsorted(step[step < steps], np.arange(1, steps)))
 
 
 def build_dp_schedule(args, train_parallel_config: dict, total_lengths: list[int], *, global_batch_size: int,
@@ -59,15 +63,15 @@ def build_dp_schedule(args, train_parallel_config: dict, total_lengths: list[int
     partitions: list[list[int]] = [[] for _ in range(dp)]
     micro: list[list[list[int]]] = [[] for _ in range(dp)]
     counts, sizes = [], []
-    for samples in _steps(list(rollout_indices), int(global_batch_size)):
-        ids = np.asarray(samples, dtype=np.int64)
+    for ids in _steps(list(rollout_indices), int(global_batch_size)):
         plan = plan_batch(lengths[ids], world_size=dp, max_tokens=cap, count_multiple=group,
                           cost_coeff=_cost_coeff(args), oversize="alone")
         counts.append(plan.counts()[0])
         sizes.append(int(global_batch_size))
         for r in range(dp):
-            for mb in plan.rank(r):
-                start = len(partitions[r])
-                partitions[r].extend(ids[mb].tolist())
-                micro[r].append(list(range(start, start + len(mb))))
+            a, b = plan.offsets[plan.firsts[r]], plan.offsets[plan.firsts[r + 1]]
+            start = len(partitions[r])
+            partitions[r].extend(ids[plan.indices[a:b]].tolist())
+            bounds = (plan.offsets[plan.firsts[r]:plan.firsts[r + 1] + 1] - a + start).tolist()
+            micro[r].extend(list(range(x, y)) for x, y in zip(bounds[:-1], bounds[1:]))
     return partitions, micro, counts, sizes
