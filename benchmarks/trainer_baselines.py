@@ -21,30 +21,46 @@ import heapq
 VERL_C = 24576  # verl's calculate_workload: 24576 * s + s^2
 
 
+def _part_key(part: list) -> tuple:
+    """Return the order of a part as verl's ``Set`` orders them: its sum, its count, its (index, value) items."""
+    return part[0], len(part[1]), part[1]
+
+
+class _State:
+    """k parts, heaviest first, as verl's ``State``: popped first when its spread is larger (ties: its heaviest part
+    is the larger)."""
+
+    def __init__(self, parts: list):
+        self.parts = sorted(parts, key=_part_key, reverse=True)
+
+    def spread(self) -> float:
+        return self.parts[0][0] - self.parts[-1][0]
+
+    def __lt__(self, other: _State) -> bool:
+        if self.spread() != other.spread():
+            return self.spread() > other.spread()
+        return _part_key(self.parts[0]) > _part_key(other.parts[0])
+
+
 def verl_karmarkar_karp(values: list[float], k: int, equal_size: bool) -> list[list[int]]:
     """Return k parts (lists of indices) of ``values`` by the largest differencing method, as verl's.
 
     Items by (value, index) ascending; with ``equal_size`` each run of k is a state of one item per
     part, else each item a state of its own. The state of largest spread (heaviest part minus
     lightest) is merged with the next: part i of the first with part k-1-i of the second, parts
-    kept heaviest first.
+    kept heaviest first (by sum, then count, then items).
     """
     items = sorted((v, i) for i, v in enumerate(values))
-    states: list = []
     runs = [items[a:a + k] for a in range(0, len(items), k)] if equal_size else [[x] for x in items]
-    for n, run in enumerate(runs):
-        parts = [[float(v), [i]] for v, i in run] + [[0.0, []] for _ in range(k - len(run))]
-        parts.sort(key=lambda p: (p[0], len(p[1]), p[1]), reverse=True)
-        heapq.heappush(states, (-(parts[0][0] - parts[-1][0]), n, parts))
-    while len(states) > 1:
-        _, n, a = heapq.heappop(states)
-        _, _, b = heapq.heappop(states)
-        for i in range(k):
-            a[i][0] += b[k - 1 - i][0]
-            a[i][1] += b[k - 1 - i][1]
-        a.sort(key=lambda p: (p[0], len(p[1]), p[1]), reverse=True)
-        heapq.heappush(states, (-(a[0][0] - a[-1][0]), n, a))
-    return [p[1] for p in states[0][2]] if states else [[] for _ in range(k)]
+    heap: list[_State] = []
+    for run in runs:
+        parts = [[v, [(i, v)]] for v, i in run] + [[0, []] for _ in range(k - len(run))]
+        heapq.heappush(heap, _State(parts))
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap), heapq.heappop(heap)
+        merged = [[x[0] + y[0], x[1] + y[1]] for x, y in zip(a.parts, reversed(b.parts))]
+        heapq.heappush(heap, _State(merged))
+    return [[i for i, _ in p[1]] for p in heap[0].parts] if heap else [[] for _ in range(k)]
 
 
 def verl_micro_batches(lengths: list[int], max_token_len: int, repartition: bool = True) -> list[list[int]]:
