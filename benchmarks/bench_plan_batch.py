@@ -145,10 +145,12 @@ def _trl(lengths: np.ndarray, repeats: int) -> dict:
     seconds, rows = best_time(lambda: PackingCollator(CAP).rows(lengths), repeats)
     out["sortpack PackingCollator"] = (seconds, len(rows), sum(int(lengths[r].sum()) > CAP for r in rows))
     try:
-        from datasets import Dataset
+        import datasets
         from trl import pack_dataset
     except ImportError:
         return out
+    datasets.disable_progress_bars()
+    Dataset = datasets.Dataset
     data = Dataset.from_dict({"input_ids": [[1] * int(n) for n in lengths]})
     seconds, packed = best_time(lambda: pack_dataset(data, CAP, strategy="bfd"), 1)
     sizes = [len(x) for x in packed["input_ids"]]
