@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import DEFAULT_ROW_WINDOW
-from ..stages.pack import PackOptions
+from ..stages.pack.balance import balance_of
 from ..stages.pack.cut import window_plan
+from ..stages.pack.options import PackOptions
 from .items import Items
 from .options import BatchOptions
 
@@ -47,15 +48,19 @@ def pack_items(items: Items, keep: np.ndarray, opts: BatchOptions) -> tuple[np.n
     n = len(order)
     windows = -(-n // DEFAULT_ROW_WINDOW)
     popts = pack_options(items, opts)
-    # as pack_rows: targets compose the rows unless a second cap orders them
-    targets = items.targets if opts.balanced == "targets" and items.size2 is None else None
+    # as pack_rows: a balance that composes rows (targets) weighs each item; a second cap keeps best fit's rows
+    # (the offline plan refuses the two together; here the deal still balances the targets)
+    balance = balance_of(popts)
+    weights = None
+    if balance.composes_rows and items.size2 is None and items.targets is not None:
+        weights = balance.weight(items.size, {"targets": items.targets})
     parts, splits = [], [np.zeros(1, np.int64)]
     done = 0
     for w in range(windows):
         at = order[w::windows]  # the k-th sorted item goes to window k mod windows, sorted order kept
         local, row_splits = window_plan(items.size[at], items.room[at],
                                         None if items.size2 is None else items.size2[at],
-                                        None if targets is None else targets[at], popts)
+                                        None if weights is None else weights[at], popts)
         parts.append(at[local])
         splits.append(row_splits[1:] + done)
         done += len(at)
