@@ -29,7 +29,7 @@ def batches(draw):
         kw["groups"] = draw(st.lists(st.integers(0, 12), min_size=n, max_size=n))
         if kw["max_samples"]:
             kw["max_samples"] = max(kw["max_samples"], 3)
-    if draw(st.booleans()) and not (kw.get("groups") and kw["max_samples"]):
+    if draw(st.booleans()) and not ("groups" in kw and kw["max_samples"]):
         values = draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))
         kw["caps"] = {"patches": (values, draw(st.sampled_from([20, 45])))}
     if draw(st.booleans()):
