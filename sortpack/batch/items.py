@@ -47,15 +47,21 @@ class Items:
         return i if self.members is None or self.offsets is None else int(self.members[self.offsets[i]])
 
 
+def _integers(arr: np.ndarray, name: str) -> None:
+    """Raise SortpackError unless ``arr`` holds integers (an integer or boolean dtype, or whole finite floats)."""
+    if not len(arr) or np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.bool_):
+        return
+    if not np.issubdtype(arr.dtype, np.floating) or not np.all(np.isfinite(arr)) or np.any(arr != np.rint(arr)):
+        raise SortpackError(f"plan_batch: {name} must hold integers, got dtype {arr.dtype}")
+
+
 def _column(values, name: str, n: int | None) -> np.ndarray:
     """Return ``values`` as a 1-d int64 array of non-negative integers (SortpackError naming ``name``)."""
     arr = np.asarray(values)
     if arr.ndim != 1 or (n is not None and len(arr) != n):
         shape = "1-d" if n is None else f"1-d of {n} values (one per length)"
         raise SortpackError(f"plan_batch: {name} must be {shape}, got shape {arr.shape}")
-    if len(arr) and not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.bool_)):
-        if not np.issubdtype(arr.dtype, np.floating) or not np.all(np.isfinite(arr)) or np.any(arr != np.rint(arr)):
-            raise SortpackError(f"plan_batch: {name} must hold integers, got dtype {arr.dtype}")
+    _integers(arr, name)
     out = np.ascontiguousarray(arr, dtype=np.int64)
     bad = np.flatnonzero(out < 0)
     if len(bad):
@@ -63,30 +69,35 @@ def _column(values, name: str, n: int | None) -> np.ndarray:
     return out
 
 
+def _second_cap(caps: dict | None, n: int) -> tuple[np.ndarray | None, int, str]:
+    """Return (values, limit, name) of the one second cap in ``caps`` (None, 0, "" without one)."""
+    if not caps:
+        return None, 0, ""
+    if len(caps) > 1:
+        raise SortpackError(f"plan_batch: caps holds {len(caps)} caps ({', '.join(map(str, caps))}); one second "
+                            "cap beside max_tokens is supported")
+    (name, spec), = caps.items()
+    if not (isinstance(spec, tuple) and len(spec) == 2):
+        raise SortpackError(f"plan_batch: caps[{name!r}] must be (values, limit)")
+    limit = spec[1]
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+        raise SortpackError(f"plan_batch: caps[{name!r}] limit {limit!r}: expected an integer >= 1")
+    return _column(spec[0], f"caps[{name!r}] values", n), int(limit), str(name)
+
+
 def measures_of(lengths, targets, caps: dict | None, groups) -> Measures:
     """Return the checked per-sequence inputs of ``plan_batch`` (SortpackError, one line, on the first bad one)."""
     lengths = _column(lengths, "lengths", None)
     n = len(lengths)
     t = None if targets is None else _column(targets, "targets", n)
-    size2, cap2, name2 = None, 0, ""
-    if caps:
-        if len(caps) > 1:
-            raise SortpackError(f"plan_batch: caps holds {len(caps)} caps ({', '.join(map(str, caps))}); one second "
-                                "cap beside max_tokens is supported")
-        (name2, spec), = caps.items()
-        if not (isinstance(spec, tuple) and len(spec) == 2):
-            raise SortpackError(f"plan_batch: caps[{name2!r}] must be (values, limit)")
-        size2 = _column(spec[0], f"caps[{name2!r}] values", n)
-        cap2 = spec[1]
-        if isinstance(cap2, bool) or not isinstance(cap2, (int, np.integer)) or cap2 < 1:
-            raise SortpackError(f"plan_batch: caps[{name2!r}] limit {cap2!r}: expected an integer >= 1")
+    size2, cap2, name2 = _second_cap(caps, n)
     group_of = None
     if groups is not None:
         ids = np.asarray(groups)
         if ids.ndim != 1 or len(ids) != n:
             raise SortpackError(f"plan_batch: groups must be 1-d of {n} ids (one per length), got shape {ids.shape}")
         group_of = np.unique(ids, return_inverse=True)[1].astype(np.int64).reshape(-1)
-    return Measures(lengths, t, size2, int(cap2), str(name2), group_of)
+    return Measures(lengths, t, size2, cap2, name2, group_of)
 
 
 def items_of(m: Measures, opts: BatchOptions) -> Items:

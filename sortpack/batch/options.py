@@ -47,13 +47,7 @@ class BatchOptions:
 
     def check(self) -> None:
         """Raise SortpackError (one line, naming the keyword) for the first option out of range."""
-        for name, value, least in (("world_size", self.world_size, 1), ("max_tokens", self.max_tokens, 1),
-                                   ("count_multiple", self.count_multiple, 1),
-                                   ("pad_to_multiple", self.pad_to_multiple, 0),
-                                   ("min_microbatches", self.min_microbatches, 0),
-                                   ("max_samples", self.max_samples, 0)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-                raise SortpackError(f"plan_batch: {name}={value!r}: expected an integer >= {least}")
+        self._check_counts()
         if self.cost_coeff is not None and not (math.isfinite(self.cost_coeff) and self.cost_coeff >= 0):
             raise SortpackError(f"plan_batch: cost_coeff={self.cost_coeff!r}: expected a finite number >= 0")
         if self.balance is not None and self.balance not in BALANCE:
@@ -61,9 +55,23 @@ class BatchOptions:
         if self.oversize not in OVERSIZE:
             raise SortpackError(f"plan_batch: oversize={self.oversize!r}: expected 'error' (refuse a sequence over "
                                 f"the cap) or 'alone' (a micro-batch of its own)")
+        self._check_together()
+
+    def _check_together(self) -> None:
+        """Raise SortpackError for two options that do not go together."""
         k = self.pad_to_multiple
         if k > 1 and self.max_tokens < k:
             raise SortpackError(f"plan_batch: pad_to_multiple={k} is more than max_tokens={self.max_tokens}")
         if self.min_microbatches and not self.equal_counts:
             raise SortpackError("plan_batch: min_microbatches counts every rank's micro-batches: it needs "
                                 "equal_counts=True")
+
+    def _check_counts(self) -> None:
+        """Raise SortpackError for the first integer option that is not an integer in its range."""
+        for name, value, least in (("world_size", self.world_size, 1), ("max_tokens", self.max_tokens, 1),
+                                   ("count_multiple", self.count_multiple, 1),
+                                   ("pad_to_multiple", self.pad_to_multiple, 0),
+                                   ("min_microbatches", self.min_microbatches, 0),
+                                   ("max_samples", self.max_samples, 0)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+                raise SortpackError(f"plan_batch: {name}={value!r}: expected an integer >= {least}")

@@ -42,13 +42,18 @@ class PackingCollator:
             lengths = np.minimum(lengths, self.seq_length)
         return plan_batch(lengths, world_size=1, max_tokens=self.seq_length).rank(0)
 
+    def _cut(self, example: dict) -> dict:
+        """Return ``example`` with its ids and labels cut to ``seq_length`` under ``on_overflow="truncate"``."""
+        if self.on_overflow != "truncate":
+            return example
+        return {k: v[:self.seq_length] if k in (self.key, "labels") else v for k, v in example.items()}
+
     def __call__(self, examples: list[dict]) -> dict:
         """Return the padding-free batch of ``examples`` packed into rows."""
         from ..reader.collate import varlen_collate
         from ..reader.microbatch import MicroBatch, Samples
 
-        cut = self.seq_length if self.on_overflow == "truncate" else None
-        items = [{k: v[:cut] if k in (self.key, "labels") else v for k, v in ex.items()} for ex in examples]
+        items = [self._cut(ex) for ex in examples]
         rows = self.rows([len(ex[self.key]) for ex in items])
         order = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         splits = np.concatenate(([0], np.cumsum([len(r) for r in rows]))).tolist()

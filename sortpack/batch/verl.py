@@ -57,6 +57,13 @@ def _select(batch, idx: list[int]):
     return batch[idx]
 
 
+def _forced_groups(n: int, size: int) -> np.ndarray | None:
+    """Return each sample's group of ``size`` consecutive samples (None for 1), verl's ``force_group_size``."""
+    if size < 1 or n % size:
+        raise SortpackError(f"rearrange_micro_batches: batch size {n} must divide by force_group_size {size}")
+    return np.arange(n) // size if size > 1 else None
+
+
 def _agreed_count(count: int, dp_group) -> int:
     """Return the most micro-batches any data-parallel rank needs (an all-reduce MAX; ``count`` without a group)."""
     import torch.distributed as dist
@@ -84,19 +91,14 @@ def rearrange_micro_batches(batch, max_token_len: int, dp_group=None, num_batche
     lightest at both ends, as verl orders them for pipeline warm-up and cool-down.
     """
     lengths = _seq_lengths(batch)
-    n = len(lengths)
-    if force_group_size < 1 or n % force_group_size:
-        raise SortpackError(f"rearrange_micro_batches: batch size {n} must divide by force_group_size "
-                            f"{force_group_size}")
-    groups = np.arange(n) // force_group_size if force_group_size > 1 else None
     kw: dict[str, Any] = {"world_size": 1, "max_tokens": int(max_token_len), "cost_coeff": VERL_COST_COEFF,
-                          "groups": groups, "count_multiple": int(num_batches_divided_by or 1),
+                          "groups": _forced_groups(len(lengths), force_group_size),
+                          "count_multiple": int(num_batches_divided_by or 1),
                           "min_microbatches": int(min_num_micro_batch or 0)}
     plan = plan_batch(lengths, **kw)
-    if same_micro_num_in_dp:
-        most = _agreed_count(plan.num_microbatches, dp_group)
-        if most > plan.num_microbatches:
-            plan = plan_batch(lengths, **{**kw, "min_microbatches": most})
+    most = _agreed_count(plan.num_microbatches, dp_group if same_micro_num_in_dp else None)
+    if most > plan.num_microbatches:
+        plan = plan_batch(lengths, **{**kw, "min_microbatches": most})
     parts = [mb.tolist() for mb in plan.rank(0)]  # costliest first
     if use_dynamic_bsz_balance:
         parts = parts[::2][::-1] + parts[1::2]  # the lightest at both ends
