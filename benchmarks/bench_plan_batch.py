@@ -2,7 +2,7 @@
 across ranks, and the trainers' own batching on the same data (verl, slime, TRL).
 
 Lengths: a log-normal prompt (median 400, sigma 0.6) plus a log-normal response (median 1,500,
-sigma 1.0), clipped to 16..32768: 10k and 100k of them (the originals at 2k and 10k at
+sigma 1.0), clipped to 16..32768: 10k and 100k of them (the originals at 2k and 4k at
 ``--scale small``, 10k and 100k at ``full``); the cap is 32,768 tokens a micro-batch, W = 8 and 64
 ranks, the cost of a sequence of s tokens ``6144*s + s^2``. Per method: the time of one call (best
 of a few), micro-batches against the bound ``ceil(sum / cap)``, how many are over the cap, whether
@@ -40,7 +40,7 @@ from .report import Row, Section, print_script_results, script_log, secs
 CAP = 32768
 C = 6144.0
 WORLDS = (8, 64)
-SIZES = {"small": ((10_000, 2_000), (100_000, 10_000)), "full": ((10_000, 10_000), (100_000, 100_000))}
+SIZES = {"small": ((10_000, 2_000), (100_000, 4_000)), "full": ((10_000, 10_000), (100_000, 100_000))}
 
 
 def rollout_lengths(n: int, seed: int = 0) -> np.ndarray:
