@@ -64,8 +64,12 @@ def _forced_groups(n: int, size: int) -> np.ndarray | None:
     return np.arange(n) // size if size > 1 else None
 
 
-def _agreed_count(count: int, dp_group) -> int:
-    """Return the most micro-batches any data-parallel rank needs (an all-reduce MAX; ``count`` without a group)."""
+def _agreed_count(count: int, units: int, dp_group) -> int:
+    """Return the most micro-batches any data-parallel rank needs (one all-reduce; ``count`` without a group).
+
+    Every rank raises together when one has fewer samples (groups) than that count: a rank that
+    raised alone would leave the others waiting in their next collective.
+    """
     import torch.distributed as dist
 
     if dp_group is None or not dist.is_initialized():
@@ -73,9 +77,13 @@ def _agreed_count(count: int, dp_group) -> int:
     import torch
 
     device = "cuda" if dist.get_backend(dp_group) == "nccl" else "cpu"
-    most = torch.tensor([count], dtype=torch.int64, device=device)
-    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=dp_group)
-    return int(most.item())
+    agreed = torch.tensor([count, -units], dtype=torch.int64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=dp_group)
+    most, fewest = int(agreed[0].item()), -int(agreed[1].item())
+    if most > fewest:
+        raise SortpackError(f"rearrange_micro_batches: a data-parallel rank has {fewest} samples (or forced groups), "
+                            f"fewer than the {most} micro-batches another rank needs: none may be empty")
+    return most
 
 
 def rearrange_micro_batches(batch, max_token_len: int, dp_group=None, num_batches_divided_by: int | None = None,
@@ -96,7 +104,8 @@ def rearrange_micro_batches(batch, max_token_len: int, dp_group=None, num_batche
                           "count_multiple": int(num_batches_divided_by or 1),
                           "min_microbatches": int(min_num_micro_batch or 0)}
     plan = plan_batch(lengths, **kw)
-    most = _agreed_count(plan.num_microbatches, dp_group if same_micro_num_in_dp else None)
+    units = len(lengths) // force_group_size
+    most = _agreed_count(plan.num_microbatches, units, dp_group if same_micro_num_in_dp else None)
     if most > plan.num_microbatches:
         plan = plan_batch(lengths, **{**kw, "min_microbatches": most})
     parts = [mb.tolist() for mb in plan.rank(0)]  # costliest first

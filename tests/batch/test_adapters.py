@@ -186,3 +186,38 @@ def test_the_packing_collator_lays_out_rows_with_labels():
         PackingCollator(12)([{"input_ids": [1] * 20}])
     cut = PackingCollator(12, on_overflow="truncate")([{"input_ids": [1] * 20}])
     assert cut["row_shape"] == (1, 12)
+
+
+VERL_RANK = """
+import os, sys
+import numpy as np
+import torch.distributed as dist
+from sortpack.batch.verl import rearrange_micro_batches
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+lengths = np.full(40 if rank == 0 else 12, 1000)  # rank 0 needs 10 micro-batches of 4000, rank 1 three
+batch = {"input_ids": lengths, "attention_mask": lengths[:, None]}
+_, parts = rearrange_micro_batches(batch, 4000, dp_group=dist.group.WORLD)
+print("count", len(parts), "largest", max(int(lengths[p].sum()) for p in parts), "samples", sum(map(len, parts)))
+short = np.full(4 if rank == 1 else 40, 1000)  # rank 1 cannot fill 10 micro-batches: both ranks refuse together
+try:
+    rearrange_micro_batches({"input_ids": short, "attention_mask": short[:, None]}, 4000, dp_group=dist.group.WORLD)
+except Exception as exc:
+    print("refused", type(exc).__name__, str(exc).split(":")[1].strip()[:30])
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_verl_data_parallel_ranks_agree_on_the_count(tmp_path):
+    pytest.importorskip("torch")
+    from support import run_gloo_ranks
+
+    script = tmp_path / "verl_rank.py"
+    script.write_text(VERL_RANK)
+    outs = run_gloo_ranks([script], timeout=120)
+    lines = [[line for line in out.splitlines() if line.startswith(("count", "refused"))] for out in outs]
+    assert lines[0][0] == "count 10 largest 4000 samples 40" and lines[1][0] == "count 10 largest 2000 samples 12"
+    assert lines[0][1] == lines[1][1] == "refused SortpackError a data-parallel rank has 4 sam"
