@@ -70,11 +70,13 @@ def _agreed_count(count: int, units: int, dp_group) -> int:
     Every rank raises together when one has fewer samples (groups) than that count: a rank that
     raised alone would leave the others waiting in their next collective.
     """
+    if dp_group is None:
+        return count  # one rank's plan: torch is not even imported
+    import torch
     import torch.distributed as dist
 
-    if dp_group is None or not dist.is_initialized():
+    if not dist.is_initialized():
         return count
-    import torch
 
     device = "cuda" if dist.get_backend(dp_group) == "nccl" else "cpu"
     agreed = torch.tensor([count, -units], dtype=torch.int64, device=device)
