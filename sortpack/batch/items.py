@@ -12,6 +12,8 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..kernels import round_lengths
+from ..stages.pack.balance import balance_of
+from ..stages.pack.options import PackOptions
 from .options import BatchOptions
 
 
@@ -127,13 +129,15 @@ def items_of(m: Measures, opts: BatchOptions) -> Items:
 
 
 def weight_of(room: np.ndarray, targets: np.ndarray | None, opts: BatchOptions) -> np.ndarray:
-    """Return what each sequence weighs in the deal (float64): its room, its compute ``C*s + s^2`` or its targets."""
-    if opts.balanced == "targets":
-        if targets is None:
-            raise SortpackError("plan_batch: balance='targets' balances the loss targets: pass targets=")
-        return targets.astype(np.float64)
-    s = room.astype(np.float64)
-    return opts.coeff * s + s * s if opts.balanced == "compute" else s
+    """Return what each sequence weighs in the deal (float64): the weight of the pack stage's ``--balance`` mode
+    (``C*s + s^2`` of its room, or its targets), or its room where plan_batch balances tokens."""
+    mode = balance_of(PackOptions(max_tokens=opts.max_tokens, balance=opts.stage_mode, cost_coeff=opts.coeff))
+    if not mode.orders:  # balance="tokens"
+        return room.astype(np.float64)
+    if mode.composes_rows and targets is None:
+        raise SortpackError("plan_batch: balance='targets' balances the loss targets: pass targets=")
+    measures = {} if targets is None else {"targets": targets}
+    return np.asarray(mode.weight(room, measures), dtype=np.float64)
 
 
 def oversize_of(items: Items, opts: BatchOptions) -> np.ndarray:

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 from ..errors import SortpackError
 
-# what the deal balances between ranks: the cost of a sequence of s tokens under each name
-BALANCE = ("tokens", "compute", "targets")
+# plan_batch's balance= -> the pack stage's --balance mode that weighs a sequence so (stages/pack/balance.py's
+# table: compute C*s + s^2, targets its loss targets, which also compose the rows); "tokens" weighs its tokens, a
+# weight the stage's table has no mode for (its "none" weighs nothing)
+BALANCE = {"tokens": "none", "compute": "compute", "targets": "targets"}
 OVERSIZE = ("error", "alone")
 DEFAULT_COST_COEFF = 6144.0  # C of C*s + s^2 when the caller gives none (d_model 1024; docs/step-costs.md)
 
@@ -20,7 +22,7 @@ class BatchOptions:
     world_size: int
     max_tokens: int
     cost_coeff: float | None = None
-    balance: str | None = None  # None: "compute" when cost_coeff is given, else "tokens"
+    balance_by: str | None = None  # plan_batch's balance=; None: "compute" when cost_coeff is given, else "tokens"
     pad_to_multiple: int = 0
     equal_counts: bool = True
     count_multiple: int = 1
@@ -30,10 +32,15 @@ class BatchOptions:
 
     @property
     def balanced(self) -> str:
-        """Return what the deal balances: ``balance``, or ``compute`` with a ``cost_coeff``, else ``tokens``."""
-        if self.balance is not None:
-            return self.balance
+        """Return what the deal balances: ``balance=``, or ``compute`` with a ``cost_coeff``, else ``tokens``."""
+        if self.balance_by is not None:
+            return self.balance_by
         return "compute" if self.cost_coeff is not None else "tokens"
+
+    @property
+    def stage_mode(self) -> str:
+        """Return the pack stage's ``--balance`` mode that weighs sequences as ``balanced`` says (``BALANCE``)."""
+        return BALANCE[self.balanced]
 
     @property
     def coeff(self) -> float:
@@ -50,8 +57,8 @@ class BatchOptions:
         self._check_counts()
         if self.cost_coeff is not None and not (math.isfinite(self.cost_coeff) and self.cost_coeff >= 0):
             raise SortpackError(f"plan_batch: cost_coeff={self.cost_coeff!r}: expected a finite number >= 0")
-        if self.balance is not None and self.balance not in BALANCE:
-            raise SortpackError(f"plan_batch: balance={self.balance!r}: expected one of {', '.join(BALANCE)}")
+        if self.balance_by is not None and self.balance_by not in BALANCE:
+            raise SortpackError(f"plan_batch: balance={self.balance_by!r}: expected one of {', '.join(BALANCE)}")
         if self.oversize not in OVERSIZE:
             raise SortpackError(f"plan_batch: oversize={self.oversize!r}: expected 'error' (refuse a sequence over "
                                 f"the cap) or 'alone' (a micro-batch of its own)")

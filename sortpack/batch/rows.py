@@ -39,7 +39,7 @@ def pack_options(items: Items, opts: BatchOptions) -> PackOptions:
     """Return the pack stage's options of these rows: ``--rows MAX_TOKENS`` with the batch's caps."""
     return PackOptions(rows=opts.max_tokens, max_segments=opts.max_samples if items.count is None else 0,
                        max_size2=items.cap2, pad_to_multiple=opts.pad_to_multiple,
-                       balance="targets" if opts.balanced == "targets" else "none")
+                       balance=opts.stage_mode, cost_coeff=opts.coeff)
 
 
 def pack_items(items: Items, keep: np.ndarray, opts: BatchOptions) -> tuple[np.ndarray, np.ndarray]:
