@@ -17,6 +17,7 @@ from . import (
     bench_fasttok,
     bench_litdata,
     bench_loader,
+    bench_media,
     bench_mixture,
     bench_objects,
     bench_plan_batch,
@@ -361,7 +362,7 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "objects": bench_objects.bench, "scaling": bench_scaling.bench, "tokens_loop": bench_tokens_loop.bench,
               "balance": bench_balance.bench,
               "balance_targets": bench_balance.bench_targets, "fasttok": bench_fasttok.bench, "sft": bench_sft.bench,
-              "litdata": bench_litdata.bench, "plan_batch": bench_plan_batch.bench}
+              "litdata": bench_litdata.bench, "media": bench_media.bench, "plan_batch": bench_plan_batch.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:
