@@ -231,7 +231,7 @@ def test_the_batch_door_loads_no_mpi_no_arrow_no_torch_and_no_writer(module):
     # a trainer under torchrun calls plan_batch on every step: it must not start MPI, and it stays cheap to import
     loaded = _loaded_after_import(module)
     forbidden = [m for m in loaded if m.split(".")[0] in ("mpi4py", "torch", "pyarrow")
-                 or m.startswith(("sortpack.write", "sortpack.pipeline", "sortpack.cli", "sortpack.inputs"))]
+                 or m.startswith(("sortpack.write", "sortpack.pipeline", "sortpack.cli"))]
     assert not forbidden, f"import {module} loads {forbidden}"
 
 
