@@ -22,6 +22,7 @@ from . import (
     bench_media,
     bench_mixture,
     bench_objects,
+    bench_plan_batch,
     bench_scaling,
     bench_sft,
     bench_stored,
@@ -364,7 +365,8 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "balance": bench_balance.bench,
               "balance_targets": bench_balance.bench_targets, "compose": bench_compose.bench,
               "fasttok": bench_fasttok.bench, "sft": bench_sft.bench, "litdata": bench_litdata.bench,
-              "media": bench_media.bench, "doors": bench_doors.bench}
+              "media": bench_media.bench, "doors": bench_doors.bench,
+              "plan_batch": bench_plan_batch.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

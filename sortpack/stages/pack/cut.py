@@ -236,6 +236,17 @@ def composed_rows(sizes: np.ndarray, room: np.ndarray, targets: np.ndarray, opts
     return order[np.lexsort((order, row))], row_splits
 
 
+def window_plan(sizes: np.ndarray, room: np.ndarray, size2: np.ndarray | None, weights: np.ndarray | None,
+                opts: PackOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Return (order, row_splits) of one window's samples in rows: best fit (``window_rows``, two caps with
+    ``size2``), or rows composed by the ``weights`` of a balance that composes them (``composed_rows``).
+    Pure: ``sortpack.batch`` packs with it too.
+    """
+    if weights is None:
+        return window_rows(room, size2, opts)
+    return composed_rows(sizes, room, weights, opts)
+
+
 def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:
     """Return this rank's row-packed micro-batches of globally sorted samples, after the ``--oversize`` policy.
 
@@ -261,10 +272,8 @@ def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -
     balance = balance_of(opts)
     weights = balance.weight(sizes, win.measures) if balance.composes_rows else None
     for a, b in zip(win.starts, win.ends):
-        if weights is None:
-            order, row_splits = window_rows(room[a:b], None if size2 is None else size2[a:b], opts)
-        else:
-            order, row_splits = composed_rows(sizes[a:b], room[a:b], weights[a:b], opts)
+        order, row_splits = window_plan(sizes[a:b], room[a:b], None if size2 is None else size2[a:b],
+                                        None if weights is None else weights[a:b], opts)
         prog.update(b - a)
         perms.append(order + a)
         splits.append(row_splits[1:] + a)
