@@ -120,21 +120,13 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
     if kind != "index":
         report.update(_samples_report(directory, m))
         return report
-    if world_size is not None and world_size < 1:
-        raise SortpackError(f"--world-size {world_size}: must be >= 1")
-    if grad_accum < 1:
-        raise SortpackError(f"--grad-accum {grad_accum}: must be >= 1")
-    from ..reader.trace import MAX_STEP_MICROBATCHES
-
-    if world_size is not None and world_size * grad_accum > MAX_STEP_MICROBATCHES:
-        raise SortpackError(f"--world-size {world_size} --grad-accum {grad_accum}: {world_size * grad_accum} "
-                            f"micro-batches per step, more than inspect reports on ({MAX_STEP_MICROBATCHES})")
+    _check_layout(world_size, grad_accum)
     cols = IndexColumns.read(directory, m)
-    bs, ps = cols.batch_size, cols.padded_size
-    shapes = np.unique(np.stack([bs, ps]), axis=1) if len(bs) else np.zeros((2, 0))
+    shapes = np.unique(np.stack([cols.batch_size, cols.padded_size]), axis=1) if len(cols.batch_size) \
+        else np.zeros((2, 0))
     report.update(_microbatch_report(m, cols, shapes))
     report.update(_shape_lines(m, shapes))
-    report.update(_plan_sections(directory, m, cols))
+    report.update(_sections(directory, m, cols))
     warnings = lr_warnings({"samples": cols.num_samples, "tokens": cols.tokens}, lr, world_size or 1,
                            grad_accum) if lr else []
     if warnings:
@@ -144,9 +136,22 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
     return report
 
 
-def _plan_sections(directory: str, m: dict, cols: IndexColumns) -> dict:
+def _check_layout(world_size: int | None, grad_accum: int) -> None:
+    """Raise SortpackError (one line) for a ``--world-size``/``--grad-accum`` inspect cannot report on."""
+    from ..reader.trace import MAX_STEP_MICROBATCHES
+
+    if world_size is not None and world_size < 1:
+        raise SortpackError(f"--world-size {world_size}: must be >= 1")
+    if grad_accum < 1:
+        raise SortpackError(f"--grad-accum {grad_accum}: must be >= 1")
+    if world_size is not None and world_size * grad_accum > MAX_STEP_MICROBATCHES:
+        raise SortpackError(f"--world-size {world_size} --grad-accum {grad_accum}: {world_size * grad_accum} "
+                            f"micro-batches per step, more than inspect reports on ({MAX_STEP_MICROBATCHES})")
+
+
+def _sections(directory: str, m: dict, cols: IndexColumns) -> dict:
     """Return the report's sections of what an index holds beside its micro-batches: a mixture's sources, the
-    held-out plan, the stored data, the fills of a second cap."""
+    held-out plan, the stored data, the two caps' fills."""
     out: dict = {}
     if m.get("mixture"):
         from .mixture import mixture_report
@@ -168,14 +173,13 @@ def _plan_sections(directory: str, m: dict, cols: IndexColumns) -> dict:
 
 
 def _step_report(directory: str, m: dict, cols: IndexColumns, layout: tuple[int, int], cost_coeff: float) -> dict:
-    """Return the steps' figures at ``layout`` (W, A): their count and imbalance of padded tokens, of compute, of the
-    second size and of the loss targets."""
+    """Return the steps of ``layout`` (W, A): their padded-token, compute, second-size and targets imbalance."""
     world_size, grad_accum = layout
     costs = step_costs(cols.padded, world_size, grad_accum)
     mean = costs.mean(axis=1)
     ratio = np.where(mean > 0, costs.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
-    out: dict[str, object] = {"world_size": world_size, "grad_accum": grad_accum, "steps": int(costs.shape[0]),
-                              "step_imbalance": float(ratio.max()), "step_imbalance_mean": float(ratio.mean())}
+    out: dict = {"world_size": world_size, "grad_accum": grad_accum, "steps": int(costs.shape[0]),
+           "step_imbalance": float(ratio.max()), "step_imbalance_mean": float(ratio.mean())}
     compute = compute_cost(m, cols, cost_coeff)
     if compute is not None:
         out["cost_coeff"] = _num(cost_coeff)
