@@ -21,9 +21,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import SortpackError, one_line
+from .megatron import MegatronFormat  # has InputFormat's methods: it cannot import this module
 from .source_file import SourceFile
 
 
@@ -446,7 +447,8 @@ class CsvFormat(TextFormat):
 
 
 # the registry: every input format by name, in the order --input-format lists them
-READERS: dict[str, InputFormat] = {r.name: r for r in (ParquetFormat(), ArrowFormat(), JsonlFormat(), CsvFormat())}
+READERS: dict[str, InputFormat] = {r.name: r for r in (ParquetFormat(), ArrowFormat(), JsonlFormat(), CsvFormat(),
+                                                        cast(InputFormat, MegatronFormat()))}
 
 
 def format_names() -> tuple[str, ...]:

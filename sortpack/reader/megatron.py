@@ -1,0 +1,155 @@
+"""A plan over Megatron datasets, read at train time: each micro-batch's ids gathered from the mapped ``.bin``.
+
+The plan holds sample ids only (``inputs.megatron``: sample id = sequence index, datasets in
+input order). ``SourceDataset`` hands a micro-batch to ``MegatronRows.samples``, which copies
+its sequences out of the mapped ``.bin`` files (one compiled byte gather per dataset, cut to
+the pieces of a split plan) into one contiguous ``input_ids`` list column, with the labels
+of a fine-tuning plan beside it (``labels``, from the companion dataset its
+``--labels-column`` named). The collate helpers read that column as a zero-copy view
+(``tokens.list_token_view``): no Python object per token, as from stored data.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import SortpackError
+from ..format import read_manifest
+from ..format.mapped import guard
+from ..inputs.megatron import TOKENS, MegatronFormat
+from ..inputs.megatron_data import MegatronData, companion, open_data
+from ..inputs.objects import is_url, size_of
+from .lazy_rows import TableSamples
+
+LABELS = "labels"  # the key the labels of a fine-tuning plan come under, as stored labels do
+
+
+class MegatronRows:
+    """The Megatron datasets of a plan's input files, read a micro-batch at a time.
+
+    ``files`` are the plan's ``source.files`` entries (every one a Megatron dataset);
+    ``labels`` the ``--labels-column`` SPEC of a fine-tuning plan (None: no labels);
+    ``columns`` what the dataset was asked for (``input_ids`` and ``labels`` at most).
+    Datasets are opened (and checked) on first use in each process.
+    """
+
+    def __init__(self, files: list[dict], labels: str | None, columns: list[str] | None):
+        self.paths = [str(f["path"]) for f in files]
+        self.sizes = [int(f["bytes"]) if "bytes" in f else None for f in files]
+        rows = np.array([int(f["rows"]) for f in files], dtype=np.int64)
+        self.starts = np.concatenate(([0], np.cumsum(rows)))
+        self.labels = labels
+        self.columns = [c for c in (TOKENS, LABELS) if (columns is None or c in columns)
+                        and (c == TOKENS or labels is not None)]
+        self._opened: dict[int, tuple[MegatronData, MegatronData | None]] = {}
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_opened"] = {}  # mapped files stay with the process that mapped them
+        return state
+
+    def _data(self, k: int) -> tuple[MegatronData, MegatronData | None]:
+        got = self._opened.get(k)
+        if got is None:
+            data = open_data(self.paths[k])
+            rows, size = int(self.starts[k + 1] - self.starts[k]), self.sizes[k]
+            if data.num_sequences != rows or (size is not None and size_of(data.path) != size):
+                raise SortpackError(f"{data.path}: {data.num_sequences} sequences in {size_of(data.path)} bytes, "
+                                    f"the plan was built from {rows} in {size} (the dataset changed)")
+            if not data.url:  # a .bin that shrinks under its mapping is one line, not a bus error
+                guard(data.bin_path)
+            got = (data, companion(data, self.labels) if self.labels is not None else None)
+            self._opened[k] = got
+        return got
+
+    def gather(self, ids: np.ndarray, ranges: tuple[np.ndarray, np.ndarray] | None = None
+               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """Return (token ids, labels or None, offsets) of sample ids ``ids`` in order, each cut to its range.
+
+        Ids and labels come widened to int32 (int64 for an int64 dataset): what the collate
+        kernels read.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        files = np.searchsorted(self.starts, ids, side="right") - 1
+        begin, end = ranges if ranges is not None else (None, None)
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]] = []
+        for k in np.unique(files).tolist():
+            sel = np.flatnonzero(files == k)
+            local = ids[sel] - self.starts[k]
+            cut = (begin[sel], end[sel]) if begin is not None and end is not None else (None, None)
+            data, labels = self._data(k)
+            values, offsets = data.gather(local, *cut)
+            lab = labels.gather(local, *cut)[0] if labels is not None else None
+            parts.append((sel, values, lab, offsets))
+        return _in_order(parts, len(ids))
+
+    def samples(self, ids, microbatch, ranges, transform) -> TableSamples:
+        """Return the ``TableSamples`` of sample ids ``ids`` (``microbatch``: the ``MicroBatch`` or None)."""
+        values, labels, offsets = self.gather(np.asarray(list(ids), dtype=np.int64), ranges)
+        cols = {TOKENS: _lists(values, offsets)}
+        if labels is not None:
+            cols[LABELS] = _lists(labels, offsets)
+        table = pa.table({c: cols[c] for c in self.columns})
+        return TableSamples(table, microbatch, transform, np.asarray(list(ids), dtype=np.int64))
+
+
+def _wide(values: np.ndarray) -> np.ndarray:
+    """Return ``values`` as int32 (int64 kept): the widths the collate kernels read."""
+    return values if values.dtype in (np.int32, np.int64) else values.astype(np.int32)
+
+
+def _in_order(parts, n: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """Return (values, labels, offsets) of ``n`` items put back in their order from per-dataset gathers."""
+    if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(n)):
+        _, values, labels, offsets = parts[0]
+        return _wide(values), None if labels is None else _wide(labels), offsets
+    dtype = np.int64 if any(p[1].dtype == np.int64 for p in parts) else np.int32
+    counts = np.zeros(n, dtype=np.int64)
+    for sel, _, _, offsets in parts:
+        counts[sel] = np.diff(offsets)
+    out_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=out_off[1:])
+    values = np.empty(int(out_off[-1]), dtype=dtype)
+    labels = np.empty(int(out_off[-1]), dtype=dtype) if parts[0][2] is not None else None
+    for sel, vals, labs, offsets in parts:
+        at = np.repeat(out_off[sel] - offsets[:-1], np.diff(offsets)) + np.arange(int(offsets[-1]))
+        values[at] = vals
+        if labels is not None and labs is not None:
+            labels[at] = labs
+    return values, labels, out_off
+
+
+def _lists(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
+    """Return the list array of ``values`` at ``offsets`` (zero-copy; large_list past 2**31 ids)."""
+    if len(values) < 2**31:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def megatron_rows(source, files: list[dict], columns: list[str] | None) -> MegatronRows | None:
+    """Return the ``MegatronRows`` of a plan whose every input file is a Megatron dataset, else None.
+
+    None too when ``columns`` asks for anything but ``input_ids`` and ``labels``. ``source`` is
+    what ``SourceDataset`` was given: a plan (its manifest says the labels SPEC) or input paths.
+    """
+    if not files or any(f.get("format") != MegatronFormat.name for f in files):
+        return None
+    if columns is not None and not set(columns) <= {TOKENS, LABELS}:
+        return None
+    for f in files:
+        path = str(f["path"])
+        if not is_url(path) and not os.path.isfile(path):
+            raise SortpackError(f"{path}: input file of the index is missing")
+    return MegatronRows(files, _labels_spec(source), columns)
+
+
+def _labels_spec(source) -> str | None:
+    """Return the ``--labels-column`` SPEC a plan was measured with (None: not a fine-tuning plan, or no plan)."""
+    manifest = getattr(source, "manifest", None)
+    if manifest is None and isinstance(source, (str, os.PathLike)) and (Path(source) / "manifest.json").is_file():
+        manifest = read_manifest(source)
+    fine_tune = ((manifest or {}).get("options") or {}).get("fine_tune") or {}
+    return fine_tune.get("labels_column") if fine_tune.get("shape") == "labels" else None
