@@ -181,3 +181,24 @@ def smallest_dtype(low: int, high: int) -> np.dtype:
         if info.min <= low and high <= info.max:
             return dtype
     raise SortpackError(f"token values [{low}, {high}] do not fit in 64 bits")
+
+
+def index_arrays(lengths: np.ndarray, num_samples: np.ndarray, seq0: int, tok0: int,
+                 itemsize: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return (lengths int32, pointers int64, document indices int64) of a run of sequences of an ``.idx``.
+
+    The run's sequences are ``lengths`` long, the first is sequence ``seq0`` and starts at token
+    ``tok0`` of ``.bin`` (sequences one after another, as Megatron writes them); its documents
+    hold ``num_samples`` sequences each. The document indices are those that end the run's
+    documents (the index's ``[first document + 1, last document + 1]``; the leading 0 is the
+    first document's start).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size and int(lengths.max()) > np.iinfo(np.int32).max:
+        raise SortpackError(f"a sequence of {int(lengths.max())} tokens: Megatron's lengths are int32")
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    if len(lengths) > 1:
+        np.cumsum(lengths[:-1], out=starts[1:])
+    pointers = (starts + tok0) * itemsize
+    documents = seq0 + np.cumsum(np.asarray(num_samples, dtype=np.int64))
+    return lengths.astype("<i4"), pointers.astype("<i8"), documents.astype("<i8")

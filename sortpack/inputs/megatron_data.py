@@ -181,3 +181,50 @@ def companion(data: MegatronData, spec: str) -> MegatronData:
     return other
 
 
+
+
+Pair = tuple[MegatronData, "MegatronData | None"]  # a dataset and its labels companion (None: no labels)
+
+
+Gathered = tuple[np.ndarray, "np.ndarray | None", np.ndarray]  # values, labels or None, offsets from 0
+
+
+def gather_many(pairs: dict[int, Pair], starts: np.ndarray, ids: np.ndarray,
+                ranges: tuple[np.ndarray, np.ndarray] | None = None) -> Gathered:
+    """Return (values, labels or None, offsets) of global sample ids ``ids`` over several datasets, in order.
+
+    Dataset ``k`` (``pairs[k]``: its data and labels companion or None) holds sample ids
+    ``[starts[k], starts[k + 1])``; each sample is cut to ``ranges`` (``(begin, end)``) when
+    given. One gather per dataset; the values take the datasets' common dtype.
+    """
+    files = np.searchsorted(starts, ids, side="right") - 1
+    parts = []
+    for k in np.unique(files).tolist():
+        sel = np.flatnonzero(files == k)
+        cut = (ranges[0][sel], ranges[1][sel]) if ranges is not None else (None, None)
+        local = ids[sel] - starts[k]
+        data, labels = pairs[k]
+        values, offsets = data.gather(local, *cut)
+        parts.append((sel, values, labels.gather(local, *cut)[0] if labels is not None else None, offsets))
+    if len(parts) == 1 and len(parts[0][0]) == len(ids):
+        return parts[0][1], parts[0][2], parts[0][3]
+    return _in_order(parts, len(ids))
+
+
+def _in_order(parts: list, n: int) -> Gathered:
+    """Return (values, labels, offsets) of ``n`` items put back in their order from per-dataset gathers."""
+    counts = np.zeros(n, dtype=np.int64)
+    for sel, _, _, offsets in parts:
+        counts[sel] = np.diff(offsets)
+    out_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=out_off[1:])
+    dtype = np.result_type(*[p[1].dtype for p in parts]) if parts else np.dtype(np.int32)
+    values = np.empty(int(out_off[-1]), dtype=dtype)
+    with_labels = bool(parts) and parts[0][2] is not None
+    labels = np.empty(int(out_off[-1]), dtype=np.result_type(*[p[2].dtype for p in parts])) if with_labels else None
+    for sel, vals, labs, offsets in parts:
+        at = np.repeat(out_off[sel] - offsets[:-1], np.diff(offsets)) + np.arange(int(offsets[-1]))
+        values[at] = vals
+        if labels is not None:
+            labels[at] = labs
+    return values, labels, out_off

@@ -20,7 +20,7 @@ from ..errors import SortpackError
 from ..format import read_manifest
 from ..format.mapped import guard
 from ..inputs.megatron import TOKENS, MegatronFormat
-from ..inputs.megatron_data import MegatronData, companion, open_data
+from ..inputs.megatron_data import MegatronData, companion, gather_many, open_data
 from ..inputs.objects import is_url, size_of
 from .lazy_rows import TableSamples
 
@@ -74,17 +74,9 @@ class MegatronRows:
         """
         ids = np.asarray(ids, dtype=np.int64)
         files = np.searchsorted(self.starts, ids, side="right") - 1
-        begin, end = ranges if ranges is not None else (None, None)
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]] = []
-        for k in np.unique(files).tolist():
-            sel = np.flatnonzero(files == k)
-            local = ids[sel] - self.starts[k]
-            cut = (begin[sel], end[sel]) if begin is not None and end is not None else (None, None)
-            data, labels = self._data(k)
-            values, offsets = data.gather(local, *cut)
-            lab = labels.gather(local, *cut)[0] if labels is not None else None
-            parts.append((sel, values, lab, offsets))
-        return _in_order(parts, len(ids))
+        pairs = {k: self._data(k) for k in np.unique(files).tolist()}
+        values, labels, offsets = gather_many(pairs, self.starts, ids, ranges)
+        return _wide(values), None if labels is None else _wide(labels), offsets
 
     def samples(self, ids, microbatch, ranges, transform) -> TableSamples:
         """Return the ``TableSamples`` of sample ids ``ids`` (``microbatch``: the ``MicroBatch`` or None)."""
@@ -99,27 +91,6 @@ class MegatronRows:
 def _wide(values: np.ndarray) -> np.ndarray:
     """Return ``values`` as int32 (int64 kept): the widths the collate kernels read."""
     return values if values.dtype in (np.int32, np.int64) else values.astype(np.int32)
-
-
-def _in_order(parts, n: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    """Return (values, labels, offsets) of ``n`` items put back in their order from per-dataset gathers."""
-    if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(n)):
-        _, values, labels, offsets = parts[0]
-        return _wide(values), None if labels is None else _wide(labels), offsets
-    dtype = np.int64 if any(p[1].dtype == np.int64 for p in parts) else np.int32
-    counts = np.zeros(n, dtype=np.int64)
-    for sel, _, _, offsets in parts:
-        counts[sel] = np.diff(offsets)
-    out_off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=out_off[1:])
-    values = np.empty(int(out_off[-1]), dtype=dtype)
-    labels = np.empty(int(out_off[-1]), dtype=dtype) if parts[0][2] is not None else None
-    for sel, vals, labs, offsets in parts:
-        at = np.repeat(out_off[sel] - offsets[:-1], np.diff(offsets)) + np.arange(int(offsets[-1]))
-        values[at] = vals
-        if labels is not None and labs is not None:
-            labels[at] = labs
-    return values, labels, out_off
 
 
 def _lists(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
