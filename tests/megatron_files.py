@@ -62,3 +62,24 @@ def megatron_core():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return pytest.importorskip("megatron.core.datasets.indexed_dataset")
+
+
+def plan_in_process(path, inputs, analyze: dict | None = None, store: tuple[str, ...] = (), **pack) -> Path:
+    """Run the real pipeline in process on one rank over ``inputs``; return the plan ``path``.
+
+    ``analyze``: ``AnalyzeOptions`` fields (``size``, ``labels_column``...); ``store``: the
+    ``--store`` columns; ``pack``: ``PackOptions`` fields (``max_tokens``, ``rows``, ``oversize``...).
+    """
+    from sortpack.parallel import SerialComm
+    from sortpack.pipeline.dataset import JobInfo, JobOutput, run_all
+    from sortpack.stages.analyze import AnalyzeOptions
+    from sortpack.stages.pack import PackOptions
+    from sortpack.stages.plan_options import PlanOptions
+    from sortpack.stages.sort import SortOptions
+    from sortpack.write.store import StoreOptions
+
+    run_all(SerialComm(), [str(i) for i in inputs],
+            PlanOptions(AnalyzeOptions(**(analyze or {})), SortOptions(), PackOptions(**pack)),
+            JobOutput(str(path), JobInfo(argv=["tests"]), overwrite=True,
+                      store=StoreOptions(columns=tuple(store)) if store else None))
+    return Path(path)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from megatron_files import labels_for, random_sequences, write_dataset
+from megatron_files import labels_for, plan_in_process, random_sequences, write_dataset
 
 from sortpack.errors import SortpackError
 from sortpack.reader import PackedIndex, PackedSampler, SourceDataset
@@ -21,17 +21,8 @@ LABELS = labels_for(ALL)
 
 def _plan(path: Path, inputs: list[str], **opts) -> Path:
     """Run the real pipeline in process over Megatron ``inputs``; return the plan."""
-    from sortpack.parallel import SerialComm
-    from sortpack.pipeline.dataset import JobInfo, JobOutput, run_all
-    from sortpack.stages.analyze import AnalyzeOptions
-    from sortpack.stages.pack import PackOptions
-    from sortpack.stages.plan_options import PlanOptions
-    from sortpack.stages.sort import SortOptions
-
     analyze = {k: opts.pop(k) for k in ("size", "labels_column") if k in opts}
-    run_all(SerialComm(), inputs, PlanOptions(AnalyzeOptions(**analyze), SortOptions(), PackOptions(**opts)),
-            JobOutput(str(path), JobInfo(argv=["tests"]), overwrite=True))
-    return path
+    return plan_in_process(path, inputs, analyze, **opts)
 
 
 @pytest.fixture(scope="module")

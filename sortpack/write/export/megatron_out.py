@@ -22,7 +22,7 @@ import numpy as np
 
 from ...errors import SortpackError
 from ...format.megatron import IndexLayout, header, index_arrays, smallest_dtype
-from ...parallel import Comm
+from ...parallel import Comm, fault_point
 from ...partition import even_range
 from ..file_outputs import FileOutputs
 from .plan_tokens import PlanTokens
@@ -208,5 +208,6 @@ def write_megatron(comm: Comm, plan: PlanTokens, out: FileOutputs, vocab: int | 
     else:
         comm.collectively(lambda: None)
     comm.collectively(_written, lambda: _write_share(plan, share, targets, vocab), out.paths[0])
+    fault_point(comm, "exported")
     return {"sequences": int(n), "documents": int(d - 1), "tokens": int(total), "dtype": str(dtypes[0]),
             "labels_dtype": str(dtypes[1]) if len(dtypes) > 1 else None}

@@ -9,6 +9,7 @@ is refused in one line. No MPI here: ``megatron_out`` and ``packed_parquet`` dea
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -24,7 +25,6 @@ from ...inputs.fingerprints import check_unchanged
 from ...inputs.locations import with_locations
 from ...inputs.megatron import TOKENS, MegatronFormat
 from ...inputs.megatron_data import Gathered, MegatronData, Pair, companion, gather_many, open_data
-from ...inputs.size_kinds import is_list_of_ids
 from ...stages.pack import truncate_length
 from ...stages.plan_options import PlanOptions
 
@@ -238,11 +238,5 @@ def _stored_tokens(data: dict, column: str | None) -> str | None:
 
 
 def _ids_type(text: str | None) -> bool:
-    """Return whether a manifest's type string names a list of integers."""
-    if not text:
-        return False
-    try:
-        return is_list_of_ids(pa.type_for_alias(text)) if "<" not in text else \
-            text.replace("large_", "").startswith("list<item: ") and "int" in text
-    except (ValueError, KeyError):
-        return False
+    """Return whether a manifest's type string names a list of integers (``list<item: int32>``, ``large_list<...>``)."""
+    return bool(text) and re.fullmatch(r"(large_)?list<\w+: u?int(8|16|32|64)>", str(text)) is not None
