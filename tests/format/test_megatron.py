@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from megatron_files import megatron_core, write_dataset
 
 from sortpack.errors import SortpackError
 from sortpack.format.megatron import (
@@ -19,6 +18,8 @@ from sortpack.format.megatron import (
     read_index,
     smallest_dtype,
 )
+
+from megatron_files import megatron_core, write_dataset
 
 INT_DTYPES = [d for d in DTYPES.values() if d.kind in "iu"]
 

@@ -9,7 +9,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from megatron_files import labels_for, random_sequences, write_dataset
 
 from sortpack.errors import SortpackError
 from sortpack.inputs import megatron
@@ -17,6 +16,7 @@ from sortpack.inputs.discover import expand_inputs
 from sortpack.inputs.formats import file_columns, format_of, open_source, read_unit_rows, read_units
 from sortpack.inputs.megatron_data import companion, companion_path, open_data
 
+from megatron_files import labels_for, random_sequences, write_dataset
 from support import assert_same_at_ranks, read_manifest, run_sortpack
 
 SEQS = random_sequences(500, seed=3)

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from megatron_files import labels_for, plan_in_process, random_sequences, write_dataset
 
 from sortpack.errors import SortpackError
 from sortpack.reader import PackedIndex, PackedSampler, SourceDataset
 from sortpack.reader.megatron import MegatronRows
+
+from megatron_files import labels_for, plan_in_process, random_sequences, write_dataset
 
 WEB = random_sequences(300, seed=11, vocab=60_000)
 CODE = random_sequences(200, seed=12, vocab=1000)

@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 import pytest
-from megatron_files import random_sequences, write_dataset
 
+from megatron_files import random_sequences, write_dataset
 from reliability_support import debris, kill_group, run, start
 
 

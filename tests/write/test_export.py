@@ -9,7 +9,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from megatron_files import labels_for, megatron_core, plan_in_process, random_sequences, write_dataset
 
 from sortpack.errors import SortpackError
 from sortpack.format.megatron import read_index
@@ -18,6 +17,7 @@ from sortpack.reader import PackedIndex
 from sortpack.write.export import export_plan
 from sortpack.write.export.packed_parquet import loss_mask
 
+from megatron_files import labels_for, megatron_core, plan_in_process, random_sequences, write_dataset
 from support import MPIEXEC, run_sortpack
 
 SEQS = random_sequences(400, seed=21, vocab=70_000)
