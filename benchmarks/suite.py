@@ -15,6 +15,7 @@ from pathlib import Path
 from . import (
     bench_balance,
     bench_fasttok,
+    bench_interop,
     bench_litdata,
     bench_loader,
     bench_mixture,
@@ -360,7 +361,7 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "objects": bench_objects.bench, "scaling": bench_scaling.bench, "tokens_loop": bench_tokens_loop.bench,
               "balance": bench_balance.bench,
               "balance_targets": bench_balance.bench_targets, "fasttok": bench_fasttok.bench, "sft": bench_sft.bench,
-              "litdata": bench_litdata.bench}
+              "litdata": bench_litdata.bench, "interop": bench_interop.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

@@ -244,3 +244,10 @@ def test_the_export_is_the_same_at_1_to_4_ranks(plans, tmp_path, name):
     run_sortpack(["export", p[name], "--to", "packed-parquet", "-o", tmp_path / "a.parquet", "--quiet"], ranks=3)
     run_sortpack(["export", p[name], "--to", "packed-parquet", "-o", tmp_path / "b.parquet", "--quiet"])
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+
+
+def test_the_cli_lists_every_export_format():
+    from sortpack.cli.export import _TARGETS
+    from sortpack.write.export import TARGETS
+
+    assert _TARGETS == tuple(TARGETS)

@@ -156,28 +156,38 @@ def _check_vocab(values: np.ndarray, vocab: int | None, where: str) -> None:
         raise SortpackError(f"--vocab-size {vocab}: {where} hold the token id {high if high >= vocab else low}")
 
 
+def _mapped(path: Path, dtype: np.dtype, at: int, n: int) -> np.ndarray:
+    """Return tokens ``[at, at + n)`` of the ``.bin`` at ``path`` as a writable mapped array of ``dtype``."""
+    if n == 0:
+        return np.zeros(0, dtype)
+    return np.memmap(path, dtype=dtype, mode="r+", offset=at * dtype.itemsize, shape=(n,))
+
+
 def _write_share(plan: PlanTokens, share: Share, targets: list[_Target], vocab: int | None) -> None:
-    """Write this rank's lengths, pointers, document indices and tokens into every target (ids, then labels)."""
-    fds = [(os.open(t.bin, os.O_WRONLY), os.open(t.idx, os.O_WRONLY)) for t in targets]
-    try:
-        for (_, fi), t in zip(fds, targets):
-            lengths, pointers, documents = index_arrays(share.lengths, share.num_samples, share.first_row,
-                                                        share.first_token, t.dtype.itemsize)
-            _write_at(fi, t.layout.lengths + 4 * share.first_row, lengths)
-            _write_at(fi, t.layout.pointers + 8 * share.first_row, pointers)
-            _write_at(fi, t.layout.documents + 8 * (share.lo + 1), documents)
-        at = share.first_token
-        for a, b in share.chunks:
-            chunk = plan.read(a, b, share.row_of(a))
-            _check_vocab(chunk.values, vocab, f"micro-batches {a}-{b - 1}")
-            for (fb, _), t, arr in zip(fds, targets, (chunk.values, chunk.labels)):
-                assert arr is not None
-                _write_at(fb, at * t.dtype.itemsize, arr.astype(t.dtype, copy=False))
-            at += len(chunk.values)
-    finally:
-        for fb, fi in fds:
-            os.close(fb)
-            os.close(fi)
+    """Write this rank's lengths, pointers, document indices and tokens into every target (ids, then labels).
+
+    The tokens go straight into the mapped ``.bin`` (gathered or converted there: no copy
+    between), a run of micro-batches at a time; the index arrays are written at their offsets.
+    """
+    for t in targets:
+        lengths, pointers, documents = index_arrays(share.lengths, share.num_samples, share.first_row,
+                                                    share.first_token, t.dtype.itemsize)
+        fd = os.open(t.idx, os.O_WRONLY)
+        try:
+            _write_at(fd, t.layout.lengths + 4 * share.first_row, lengths)
+            _write_at(fd, t.layout.pointers + 8 * share.first_row, pointers)
+            _write_at(fd, t.layout.documents + 8 * (share.lo + 1), documents)
+        finally:
+            os.close(fd)
+    at = share.first_token
+    for a, b in share.chunks:
+        def into(n: int, at: int = at) -> tuple[np.ndarray, np.ndarray | None]:
+            maps = [_mapped(t.bin, t.dtype, at, n) for t in targets]
+            return maps[0], maps[1] if len(maps) > 1 else None
+
+        chunk = plan.read(a, b, share.row_of(a), into=into)
+        _check_vocab(chunk.values, vocab, f"micro-batches {a}-{b - 1}")
+        at += len(chunk.values)  # the mappings close with the chunk: the page cache holds what they wrote
 
 
 def _written(fn, where: Path) -> None:

@@ -24,7 +24,7 @@ from ...format.shards import check_shards, read_rows
 from ...inputs.fingerprints import check_unchanged
 from ...inputs.locations import with_locations
 from ...inputs.megatron import TOKENS, MegatronFormat
-from ...inputs.megatron_data import Gathered, MegatronData, Pair, companion, gather_many, open_data
+from ...inputs.megatron_data import Gathered, Into, MegatronData, Pair, companion, gather_many, open_data
 from ...stages.pack import truncate_length
 from ...stages.plan_options import PlanOptions
 
@@ -88,11 +88,13 @@ class PlanTokens:
             if first < first_row + rows and first + n > first_row:
                 check_sha256(member_path(self.path, entry["file"]), entry)
 
-    def read(self, lo: int, hi: int, first_row: int, values: bool = True) -> Chunk:
+    def read(self, lo: int, hi: int, first_row: int, values: bool = True, into: Into | None = None) -> Chunk:
         """Return the ``Chunk`` of micro-batches ``[lo, hi)``, whose first sample is stored row ``first_row``.
 
         ``values=False``: the lengths only (``offsets``; ``values`` and ``labels`` empty), read
-        from the offsets and the ``.idx`` without touching a token.
+        from the offsets and the ``.idx`` without touching a token. ``into(n)``: the arrays
+        the ``n`` ids and labels are written into (an export's mapped output, in its dtypes),
+        with no copy between (then the chunk's ``values`` and ``labels``).
         """
         index = self._index(lo, hi)
         num_samples = index.column("num_samples").to_numpy().astype(np.int64)
@@ -101,8 +103,10 @@ class PlanTokens:
             else None
         if self.column is not None:
             ids, labels, offsets = self._stored(first_row, int(num_samples.sum()), pieces, values)
+            if into is not None and values:
+                ids, labels = _copied(into, ids, labels)
         else:
-            ids, labels, offsets = self._megatron(_flat(index, "sample_ids"), pieces, values)
+            ids, labels, offsets = self._megatron(_flat(index, "sample_ids"), pieces, values, into)
         return Chunk(ids, labels, offsets, num_samples, row_sizes)
 
     def _stored(self, first_row: int, rows: int, pieces, values: bool) -> Gathered:
@@ -124,7 +128,7 @@ class PlanTokens:
             end = np.minimum(end, begin + self.cap)
         return _cut(flat, lab, offsets, begin, end, values)
 
-    def _megatron(self, ids: np.ndarray, pieces, values: bool) -> Gathered:
+    def _megatron(self, ids: np.ndarray, pieces, values: bool, into: Into | None = None) -> Gathered:
         """Return (values, labels, offsets) of sample ids ``ids`` from the plan's Megatron datasets."""
         files = with_locations(self.manifest)
         starts = np.concatenate(([0], np.cumsum([int(f["rows"]) for f in files]))).astype(np.int64)
@@ -141,7 +145,7 @@ class PlanTokens:
             offsets = np.zeros(len(ids) + 1, np.int64)
             np.cumsum(np.maximum(end - begin, 0), out=offsets[1:])
             return np.zeros(0, np.int32), None, offsets
-        return gather_many(pairs, starts, ids, (begin, end))
+        return gather_many(pairs, starts, ids, (begin, end), into)
 
     def _pair(self, k: int, entry: dict) -> Pair:
         """Return Megatron dataset ``k`` of the plan and its labels companion, checked unchanged since the plan."""
@@ -157,6 +161,15 @@ class PlanTokens:
         if self.column is not None:
             return None
         return [open_data(str(f["path"])).index.dtype for f in with_locations(self.manifest)]
+
+
+def _copied(into: Into, values: np.ndarray, labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Return ``values`` and ``labels`` converted into the arrays ``into`` gives (one pass each)."""
+    dst, lab_dst = into(len(values))
+    np.copyto(dst, values, casting="unsafe")
+    if lab_dst is not None and labels is not None:
+        np.copyto(lab_dst, labels, casting="unsafe")
+    return dst, lab_dst
 
 
 def _idx_bytes(data: MegatronData) -> int:
