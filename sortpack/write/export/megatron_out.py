@@ -27,7 +27,7 @@ from ...partition import even_range
 from ..file_outputs import FileOutputs
 from .plan_tokens import PlanTokens
 
-CHUNK_TOKENS = 1 << 25  # tokens read, converted and written at once per rank
+CHUNK_TOKENS = 1 << 22  # tokens read, converted and written at once per rank (the buffer's size)
 LABELS_SUFFIX = "_labels"
 
 
@@ -60,7 +60,8 @@ def _share(comm: Comm, plan: PlanTokens) -> Share:
     lo, hi = even_range(plan.num_microbatches, rank=comm.rank, size=comm.size)
     num_samples = comm.collectively(plan.sizes, lo, hi)
     first_row = comm.exscan(int(num_samples.sum()))
-    comm.collectively(plan.check, lo, hi, first_row)  # the shards read: their hashes, before any write
+    comm.collectively(plan.check, lo, hi)  # the index shards read: their hashes, before any write
+    comm.collectively(plan.hold, lo, hi, first_row, int(num_samples.sum()))
     lengths = comm.collectively(lambda: np.diff(plan.read(lo, hi, first_row, values=False).offsets))
     first_token = comm.exscan(int(lengths.sum()))
     return Share(lo, hi, num_samples, lengths, first_row, first_token, _chunks(lo, num_samples, lengths))
@@ -156,38 +157,48 @@ def _check_vocab(values: np.ndarray, vocab: int | None, where: str) -> None:
         raise SortpackError(f"--vocab-size {vocab}: {where} hold the token id {high if high >= vocab else low}")
 
 
-def _mapped(path: Path, dtype: np.dtype, at: int, n: int) -> np.ndarray:
-    """Return tokens ``[at, at + n)`` of the ``.bin`` at ``path`` as a writable mapped array of ``dtype``."""
-    if n == 0:
-        return np.zeros(0, dtype)
-    return np.memmap(path, dtype=dtype, mode="r+", offset=at * dtype.itemsize, shape=(n,))
+class _Buffers:
+    """The arrays a chunk's ids and labels are written into before they go to the files: reused, grown as needed."""
+
+    def __init__(self, dtypes: list[np.dtype]):
+        self.arrays = [np.empty(0, dt) for dt in dtypes]
+
+    def __call__(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Return arrays of ``n`` ids (and labels) of the targets' dtypes."""
+        if len(self.arrays[0]) < n:
+            self.arrays = [np.empty(n, a.dtype) for a in self.arrays]
+        got = [a[:n] for a in self.arrays]
+        return got[0], got[1] if len(got) > 1 else None
 
 
 def _write_share(plan: PlanTokens, share: Share, targets: list[_Target], vocab: int | None) -> None:
     """Write this rank's lengths, pointers, document indices and tokens into every target (ids, then labels).
 
-    The tokens go straight into the mapped ``.bin`` (gathered or converted there: no copy
-    between), a run of micro-batches at a time; the index arrays are written at their offsets.
+    A run of micro-batches at a time, its tokens gathered (or converted) into one reused
+    buffer per target and written with one ``pwrite`` each: the kernel's copy into the page
+    cache is the only other copy (a mapped output would fault and zero every page first).
     """
-    for t in targets:
-        lengths, pointers, documents = index_arrays(share.lengths, share.num_samples, share.first_row,
-                                                    share.first_token, t.dtype.itemsize)
-        fd = os.open(t.idx, os.O_WRONLY)
-        try:
-            _write_at(fd, t.layout.lengths + 4 * share.first_row, lengths)
-            _write_at(fd, t.layout.pointers + 8 * share.first_row, pointers)
-            _write_at(fd, t.layout.documents + 8 * (share.lo + 1), documents)
-        finally:
-            os.close(fd)
-    at = share.first_token
-    for a, b in share.chunks:
-        def into(n: int, at: int = at) -> tuple[np.ndarray, np.ndarray | None]:
-            maps = [_mapped(t.bin, t.dtype, at, n) for t in targets]
-            return maps[0], maps[1] if len(maps) > 1 else None
-
-        chunk = plan.read(a, b, share.row_of(a), into=into)
-        _check_vocab(chunk.values, vocab, f"micro-batches {a}-{b - 1}")
-        at += len(chunk.values)  # the mappings close with the chunk: the page cache holds what they wrote
+    fds = [(os.open(t.bin, os.O_WRONLY), os.open(t.idx, os.O_WRONLY)) for t in targets]
+    try:
+        for (_, fi), t in zip(fds, targets):
+            lengths, pointers, documents = index_arrays(share.lengths, share.num_samples, share.first_row,
+                                                        share.first_token, t.dtype.itemsize)
+            _write_at(fi, t.layout.lengths + 4 * share.first_row, lengths)
+            _write_at(fi, t.layout.pointers + 8 * share.first_row, pointers)
+            _write_at(fi, t.layout.documents + 8 * (share.lo + 1), documents)
+        buffers = _Buffers([t.dtype for t in targets])
+        at = share.first_token
+        for a, b in share.chunks:
+            chunk = plan.read(a, b, share.row_of(a), into=buffers)
+            _check_vocab(chunk.values, vocab, f"micro-batches {a}-{b - 1}")
+            for (fb, _), t, arr in zip(fds, targets, (chunk.values, chunk.labels)):
+                assert arr is not None
+                _write_at(fb, at * t.dtype.itemsize, arr)
+            at += len(chunk.values)
+    finally:
+        for fb, fi in fds:
+            os.close(fb)
+            os.close(fi)
 
 
 def _written(fn, where: Path) -> None:

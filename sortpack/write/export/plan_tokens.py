@@ -19,7 +19,6 @@ import pyarrow as pa
 
 from ...errors import SortpackError
 from ...format import read_manifest
-from ...format.integrity import check_sha256, member_path
 from ...format.shards import check_shards, read_rows
 from ...inputs.fingerprints import check_unchanged
 from ...inputs.locations import with_locations
@@ -57,6 +56,7 @@ class PlanTokens:
     labels: str | None  # the stored labels column, or the Megatron labels SPEC; None without labels
     cap: int  # --oversize truncate: the length a sample is cut to (0: none)
     _pairs: dict[int, Pair] = field(default_factory=dict)
+    _held: dict[str, tuple[int, int, pa.Table]] = field(default_factory=dict)  # rows read once, sliced per chunk
 
     @property
     def num_microbatches(self) -> int:
@@ -68,25 +68,50 @@ class PlanTokens:
         """Return whether the plan packs rows (``--rows``)."""
         return "row_splits" in (self.manifest.get("schema") or {})
 
+    def hold(self, lo: int, hi: int, first_row: int, rows: int) -> None:
+        """Open micro-batches ``[lo, hi)`` and their stored rows from ``first_row`` once (mapped, not read): a
+        chunk's read is then a slice, not an open of every shard it touches."""
+        self._held["index"] = (lo, hi, read_rows(self.path, self.manifest, lo, hi, self._index_columns()))
+        if self.column is not None:
+            self._held["data"] = (first_row, first_row + rows, read_rows(self.path, self._data_manifest(), first_row,
+                                                                         first_row + rows, self._data_columns()))
+
+    def _index_columns(self) -> list[str]:
+        return ["sample_ids", "num_samples"] + [c for c in ("row_splits", "piece_begin", "piece_end")
+                                                if c in (self.manifest.get("schema") or {})]
+
+    def _data_columns(self) -> list[str]:
+        assert self.column is not None
+        return [self.column] + ([self.labels] if self.labels is not None else [])
+
+    def _data_manifest(self) -> dict:
+        data = self.manifest["data"]
+        return {**self.manifest, "shards": data["shards"], "schema": data.get("schema")}
+
+    def _rows(self, what: str, lo: int, hi: int) -> pa.Table:
+        """Return rows ``[lo, hi)`` of the index (``what`` "index") or the stored data ("data"): held, or read now."""
+        held = self._held.get(what)
+        if held is not None and held[0] <= lo and hi <= held[1]:
+            return held[2].slice(lo - held[0], hi - lo)
+        if what == "index":
+            return read_rows(self.path, self.manifest, lo, hi, self._index_columns())
+        return read_rows(self.path, self._data_manifest(), lo, hi, self._data_columns())
+
     def _index(self, lo: int, hi: int) -> pa.Table:
-        columns = ["sample_ids", "num_samples"] + [c for c in ("row_splits", "piece_begin", "piece_end")
-                                                   if c in (self.manifest.get("schema") or {})]
-        return read_rows(self.path, self.manifest, lo, hi, columns)
+        return self._rows("index", lo, hi)
 
     def sizes(self, lo: int, hi: int) -> np.ndarray:
         """Return the samples of each micro-batch of ``[lo, hi)`` (int64)."""
         return read_rows(self.path, self.manifest, lo, hi, ["num_samples"]).column(0).to_numpy().astype(np.int64)
 
-    def check(self, lo: int, hi: int, first_row: int) -> None:
-        """Raise unless the shards (index and stored data) holding micro-batches ``[lo, hi)`` hash as recorded."""
+    def check(self, lo: int, hi: int) -> None:
+        """Raise unless the index shards holding micro-batches ``[lo, hi)`` hash as the manifest records.
+
+        As the reader's default level (``PackedIndex(verify="index")``): the ids decide what is
+        written, so their shards are hashed; stored data shards are checked for their structure
+        and rows when opened, not hashed (``sortpack verify`` hashes everything).
+        """
         check_shards(self.path, self.manifest, lo, hi)
-        if self.column is None:
-            return
-        rows = int(self.sizes(lo, hi).sum())
-        for entry in self.manifest["data"]["shards"]:
-            first, n = int(entry["first"]), int(entry["rows"])
-            if first < first_row + rows and first + n > first_row:
-                check_sha256(member_path(self.path, entry["file"]), entry)
 
     def read(self, lo: int, hi: int, first_row: int, values: bool = True, into: Into | None = None) -> Chunk:
         """Return the ``Chunk`` of micro-batches ``[lo, hi)``, whose first sample is stored row ``first_row``.
@@ -113,13 +138,11 @@ class PlanTokens:
         """Return (values, labels, offsets) of stored rows ``[first_row, first_row + rows)``, cut as planned."""
         assert self.column is not None
         data = self.manifest["data"]
-        names = [self.column] + ([self.labels] if self.labels is not None and values else [])
-        table = read_rows(self.path, {**self.manifest, "shards": data["shards"], "schema": data.get("schema")},
-                          first_row, first_row + rows, names)
+        table = self._rows("data", first_row, first_row + rows)
         col = table.column(self.column).combine_chunks()
         offsets = col.offsets.to_numpy().astype(np.int64)
         flat = col.values.to_numpy() if values else np.zeros(0, np.int32)
-        lab = table.column(self.labels).combine_chunks().values.to_numpy() if len(names) > 1 else None
+        lab = table.column(self.labels).combine_chunks().values.to_numpy() if self.labels and values else None
         begin = np.zeros(rows, np.int64)
         end = np.diff(offsets)
         if pieces is not None and self.column not in (data.get("pieces") or []):  # stored whole: cut here
