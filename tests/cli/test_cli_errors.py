@@ -139,6 +139,8 @@ BAD_RUN = {
     "bad column": (["--max-tokens", "10", "--column", "body"], "no column 'body'"),
     "bad key": (["--max-tokens", "10", "--key", "length"], "--key"),
     "oversize": (["--max-tokens", "2"], "max"),
+    "rows by targets and a second cap": (["--rows", "64", "--size2", "length", "--max-size2", "20", "--balance",
+                                          "targets"], "--balance targets composes rows"),
 }
 
 

@@ -13,7 +13,8 @@ from sortpack.parallel import SerialComm
 from sortpack.reader import PackedIndex, PackedSampler
 from sortpack.stages.samples import SampleColumns
 from sortpack.stages.split import PieceCut, split_samples
-from tests.support import assert_same_at_ranks, lognormal, read_manifest, run_sortpack, write_text_parquet
+
+from support import assert_same_at_ranks, lognormal, read_manifest, run_sortpack, write_text_parquet
 
 N = 1500
 
