@@ -1,5 +1,5 @@
 """Megatron ``PREFIX.bin``/``PREFIX.idx`` datasets for the tests, written byte by byte as megatron-core's
-``IndexedDatasetBuilder`` writes them (``tests/format/test_megatron.py`` checks they are the same bytes), and
+``IndexedDatasetBuilder`` writes them (``tests/format/test_megatron_layout.py`` checks they are the same bytes), and
 megatron-core's own reader where a test needs it."""
 from __future__ import annotations
 
