@@ -129,7 +129,7 @@ SIZE_KINDS: dict[str, SizeKind] = {
     "length": SizeKind(_length, "a string, binary or list column", ranges="values"),
     "bytes": SizeKind(_bytes, "a string or binary column", ranges="bytes"),
     "words": SizeKind(_words, "a string column"),
-    "tokens": SizeKind(_tokens, "a string column (a list of token ids without --tokenizer)", ranges="tokens"),
+    "tokens": SizeKind(_tokens, "a string column, or a list of token ids without --tokenizer", ranges="tokens"),
 }
 
 
