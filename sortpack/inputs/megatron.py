@@ -44,7 +44,7 @@ def _unit_rows(n: int) -> list[int]:
     return [UNIT_SEQUENCES] * full + ([rest] if rest or not full else [])
 
 
-def _list_array(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
+def list_array(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
     """Return the Arrow list array of ``values`` cut at ``offsets`` (large_list past 2**31 values), zero-copy."""
     import numpy as np
     import pyarrow as pa
@@ -114,7 +114,7 @@ class MegatronFormat:
         out = {}
         for name in columns if columns is not None else [TOKENS]:
             source = data if name == TOKENS else companion(data, name)
-            out[name] = _list_array(*source.tokens(lo, hi))
+            out[name] = list_array(*source.tokens(lo, hi))
         return pa.table(out)
 
     def read_error(self, src: SourceFile, exc: Exception) -> str:

@@ -19,7 +19,7 @@ import pyarrow as pa
 from ..errors import SortpackError
 from ..format import read_manifest
 from ..format.mapped import guard
-from ..inputs.megatron import TOKENS, MegatronFormat
+from ..inputs.megatron import TOKENS, MegatronFormat, list_array
 from ..inputs.megatron_data import MegatronData, companion, gather_many, open_data
 from ..inputs.objects import is_url, size_of
 from .lazy_rows import TableSamples
@@ -81,9 +81,9 @@ class MegatronRows:
     def samples(self, ids, microbatch, ranges, transform) -> TableSamples:
         """Return the ``TableSamples`` of sample ids ``ids`` (``microbatch``: the ``MicroBatch`` or None)."""
         values, labels, offsets = self.gather(np.asarray(list(ids), dtype=np.int64), ranges)
-        cols = {TOKENS: _lists(values, offsets)}
+        cols = {TOKENS: list_array(values, offsets)}
         if labels is not None:
-            cols[LABELS] = _lists(labels, offsets)
+            cols[LABELS] = list_array(labels, offsets)
         table = pa.table({c: cols[c] for c in self.columns})
         return TableSamples(table, microbatch, transform, np.asarray(list(ids), dtype=np.int64))
 
@@ -91,13 +91,6 @@ class MegatronRows:
 def _wide(values: np.ndarray) -> np.ndarray:
     """Return ``values`` as int32 (int64 kept): the widths the collate kernels read."""
     return values if values.dtype in (np.int32, np.int64) else values.astype(np.int32)
-
-
-def _lists(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
-    """Return the list array of ``values`` at ``offsets`` (zero-copy; large_list past 2**31 ids)."""
-    if len(values) < 2**31:
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
-    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
 def megatron_rows(source, files: list[dict], columns: list[str] | None) -> MegatronRows | None:
