@@ -5,7 +5,7 @@ import click
 
 from ..errors import SortpackError
 from ..inputs.formats import format_names
-from ..inputs.size_kinds import SIZE_KINDS, split_kinds
+from ..inputs.size_kinds import spec_forms, split_kinds
 from ..stages.pack.balance import BALANCE, balance_help
 from ..stages.pack.budgets import BUDGETS, budget_help
 
@@ -34,19 +34,32 @@ def _shapes(ctx, param, value):
         raise click.BadParameter(str(exc).split(": ", 1)[-1]) from None
 
 
+def _measures(ctx, param, value):
+    """Return the (name, SPEC) of each --measure NAME=SPEC (one line naming the option for a bad one)."""
+    from ..inputs.measures import parse_measure
+
+    try:
+        return tuple(parse_measure(text) for text in value or ())
+    except SortpackError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[-1]) from None
+
+
 def analyze_options(f):
     """Add the analyze options to a command."""
     opts = [
         click.option("--column", help="Column holding the samples (text, list or binary)."),
         click.option("--size", "size_spec", default="length", show_default=True,
-                     help=f"Size SPEC (the budget unit): {', '.join(SIZE_KINDS)}, column:NAME[*SCALE], "
-                          "python:MODULE:FUNC."),
+                     help=f"Size SPEC (the budget unit): {', '.join(spec_forms())}, column:NAME[*SCALE], "
+                          "python:MODULE:FUNC (media kinds: docs/multimodal.md)."),
         click.option("--difficulty", "difficulty_spec", default=None,
                      help="Difficulty SPEC (curriculum key); defaults to the size."),
         click.option("--size2", "size2_spec", default=None, metavar="SPEC",
                      help="A second size per sample (any SPEC, e.g. column:num_patches or column:duration*100: "
                           "encoder patches or frames), summed per micro-batch as the index column size2; "
                           "with --max-size2 N a second cap."),
+        click.option("--measure", "measures", multiple=True, callback=_measures, metavar="NAME=SPEC",
+                     help="Another per-sample measure (repeatable; any SPEC), summed per micro-batch as the index "
+                          "column NAME and handed out by the reader (docs/step-costs.md)."),
         click.option("--tokenizer", type=click.Path(dir_okay=False),
                      help="HF tokenizers JSON file for SPEC tokens (its truncation and padding are ignored)."),
         click.option("--special-tokens/--no-special-tokens", default=True, show_default=True,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -13,11 +14,12 @@ from ..inputs import objects
 from ..inputs.discover import expand_inputs
 from ..inputs.finetune import Encoded, FineTuneShape, fine_tune_shape
 from ..inputs.fingerprints import record
-from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units
+from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units, reader_for
+from ..inputs.measures import measure_of, parse_measure
 from ..inputs.megatron import holds_token_ids
 from ..inputs.size_kinds import reads_text
 from ..inputs.source_file import SourceFile
-from ..inputs.specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
+from ..inputs.specs import RowError, Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
 from ..partition import even_range
 from ..progress import Display, Progress
@@ -37,6 +39,7 @@ class AnalyzeOptions:
     special_tokens: bool = True  # tokens: count the ones the post-processor adds
     split: str | None = None  # the split of a Hugging Face DatasetDict directory
     size2: str | None = None  # --size2 SPEC: a second size per sample, the measure ``size2``
+    measures: tuple[tuple[str, str], ...] = ()  # --measure NAME=SPEC: other measures (inputs/measures.py), by name
     # fine-tuning shapes (inputs/finetune.py): a labels column, prompt/completion texts, or chats
     labels_column: str | None = None
     prompt_column: str | None = None
@@ -45,8 +48,10 @@ class AnalyzeOptions:
     train_on: tuple[str, ...] | None = None
 
     def measure_specs(self) -> dict[str, str]:
-        """Return the SPEC of each per-sample measure to evaluate like a size, by measure name."""
-        return {"size2": self.size2} if self.size2 else {}
+        """Return the SPEC of each per-sample measure to evaluate like a size, by measure name (SortpackError, one
+        line: a ``--measure`` name it cannot take)."""
+        given = dict(parse_measure(f"{name}={spec}") for name, spec in self.measures)
+        return {**({"size2": self.size2} if self.size2 else {}), **given}
 
     def __post_init__(self) -> None:
         """Give fine-tuning shapes their defaults: texts count tokens, a labels column labels ``input_ids``."""
@@ -83,12 +88,14 @@ class AnalyzeOptions:
         out: dict[str, Any] = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
                "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
                "input_format": self.input_format}
-        if "tokens" in (self.size, self.difficulty, self.size2):
+        if "tokens" in (self.size, self.difficulty, self.size2, *dict(self.measures).values()):
             out["special_tokens"] = self.special_tokens
         if self.split is not None:
             out["split"] = self.split
         if self.size2:
             out["size2"] = self.size2
+        if self.measures:  # recorded only when given: other plans keep their content hash
+            out["measures"] = dict(self.measures)
         fine_tune = self.fine_tune()
         if fine_tune is not None:  # recorded only for fine-tuning data: other plans keep their content hash
             out["fine_tune"] = fine_tune
@@ -203,9 +210,10 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     extra = opts.measure_specs()
     if reads_text(*extra.values()):
         column = column or _resolve_column(opts, files)
-    measures = {name: parse_spec(text, column, f"--{name}") for name, text in extra.items()}
+    measures = {name: parse_spec(text, column, measure_of(name).option) for name, text in extra.items()}
     tokenizer = None
-    kinds = [("--size", size_spec), ("--difficulty", diff_spec)] + [(f"--{n}", m) for n, m in measures.items()]
+    kinds = [("--size", size_spec), ("--difficulty", diff_spec)] + [(measure_of(n).option, m)
+                                                                    for n, m in measures.items()]
     wants = [option for option, spec in kinds if spec is not None and spec.kind == "tokens"]
     if wants and not (opts.tokenizer is None and holds_token_ids(files)):
         tokenizer = load_tokenizer(opts.tokenizer, wants[0])
@@ -227,7 +235,8 @@ def _fine_tune_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
     if diff_spec is not None and reads_text(diff_spec.kind) and opts.text_shape:
         raise SortpackError(f"--difficulty {opts.difficulty}: of fine-tuning texts, give a column: or python: SPEC")
-    measures = {name: parse_spec(text, column, f"--{name}") for name, text in opts.measure_specs().items()}
+    measures = {name: parse_spec(text, column, measure_of(name).option)
+                for name, text in opts.measure_specs().items()}
     kinds = [size_spec, diff_spec, *measures.values()]
     if tokenizer is None and any(s is not None and s.kind == "tokens" for s in kinds) and \
             not (opts.tokenizer is None and holds_token_ids(files)):
@@ -300,7 +309,13 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keeper
         if table.num_rows == 0:
             # an empty file or row group: its columns may not even exist (empty jsonl)
             continue
-        size, diff, encoded = _measure_table(table, src.path, specs, keep.tokens)
+        try:
+            size, diff, encoded = _measure_table(table, src.path, specs, keep.tokens)
+            extra = {name: as_size(evaluate(spec, table, src.path, specs.tokenizer, specs.funcs.get(spec.text),
+                                            specs.special_tokens), src.path, f"{measure_of(name).option} {spec.text}")
+                     for name, spec in specs.measures.items()}
+        except RowError as exc:  # a media header: named by its row of the file
+            raise exc.at(_first_row(src, read), partial(reader_for(src.format).row_position, src)) from None
         if encoded is not None:
             out.measures.setdefault("targets", []).append(encoded.targets)
             keep_labels = getattr(keep_pieces, "keep_labels", None)  # split.TargetPieces: pieces' own targets
@@ -317,14 +332,18 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keeper
             whole = None  # a read the rows did not foresee: the pieces are concatenated
         out.sizes.append(kept)
         out.diffs.append(kept if diff is size else diff)
-        for name, spec in specs.measures.items():
-            values = evaluate(spec, table, src.path, specs.tokenizer, specs.funcs.get(spec.text), specs.special_tokens)
-            out.measures.setdefault(name, []).append(
-                as_size(values, src.path, f"--{name} {spec.text}").astype(np.int64, copy=False))
+        for name, values in extra.items():
+            out.measures.setdefault(name, []).append(values.astype(np.int64, copy=False))
         prog.update(table.num_rows, None, **{counter: int(size.sum())})
     prog.close()
     out.whole = None if whole is None else whole[:filled]
     return out
+
+
+def _first_row(src: SourceFile, read: Read) -> int:
+    """Return the row of its file at which a read begins."""
+    before = sum(src.unit_rows[:read.first]) if src.unit_rows is not None else 0
+    return int(before) + (read.row_lo or 0)
 
 
 def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: list[str]) -> pa.Table:

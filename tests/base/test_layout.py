@@ -157,12 +157,12 @@ def test_the_pack_stage_is_layered_from_its_registries_and_options_up():
         assert not up, f"stages/pack/{name}.py imports {up}, above it in the room; see docs/architecture.md"
 
 
-# what --help lists loads no numpy: the registries of the pack stage, as those of inputs/
-LIGHT_REGISTRIES = ("sortpack.stages.pack.budgets", "sortpack.stages.pack.balance")
+# what --help lists loads no numpy: the registries of the pack stage and the measures, as the formats and size kinds
+LIGHT_REGISTRIES = ("sortpack.stages.pack.budgets", "sortpack.stages.pack.balance", "sortpack.inputs.measures")
 
 
 @pytest.mark.parametrize("module", LIGHT_REGISTRIES)
-def test_the_pack_registries_load_no_numpy(module):
+def test_the_registries_load_no_numpy(module):
     loaded = _loaded_after_import(module)
     assert not [m for m in loaded if m.split(".")[0] in ("numpy", "pyarrow", "mpi4py")], loaded
 
