@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import (
     bench_balance,
+    bench_doors,
     bench_fasttok,
     bench_interop,
     bench_litdata,
@@ -362,7 +363,8 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "objects": bench_objects.bench, "scaling": bench_scaling.bench, "tokens_loop": bench_tokens_loop.bench,
               "balance": bench_balance.bench,
               "balance_targets": bench_balance.bench_targets, "fasttok": bench_fasttok.bench, "sft": bench_sft.bench,
-              "litdata": bench_litdata.bench, "media": bench_media.bench, "interop": bench_interop.bench}
+              "litdata": bench_litdata.bench, "media": bench_media.bench, "doors": bench_doors.bench,
+              "interop": bench_interop.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

@@ -27,7 +27,7 @@ def _section() -> str:
 
 
 def test_interop_keeps_the_sections_of_the_doors():
-    # helper `doors` fills these: the page keeps their headings
+    # the loader doors and the attention metadata are documented on this page too
     doc = (ROOT / "docs" / "interop.md").read_text()
     assert "\n## Loader doors\n" in doc and "\n## Attention metadata\n" in doc
 
