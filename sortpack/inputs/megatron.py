@@ -13,15 +13,13 @@ relative to each input's directory (or absolute), ``{}`` standing for the input'
 name (``'{}_labels'`` gives ``corpus_labels.idx`` beside ``corpus.idx``). Any column other
 than ``input_ids`` a read asks for is such a companion (``megatron_data.companion``).
 
-The class has the methods of ``formats.InputFormat`` without subclassing it: ``formats``
-registers it, and importing that module here would make the two import each other. Like the
-registry, importing this module loads neither numpy nor pyarrow (``sortpack --help``).
+Like the registry, importing this module loads neither numpy nor pyarrow (``sortpack --help``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..errors import one_line
+from .input_format import InputFormat
 from .source_file import SourceFile
 
 if TYPE_CHECKING:
@@ -54,7 +52,7 @@ def list_array(values: np.ndarray, offsets: np.ndarray) -> pa.Array:
     return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
-class MegatronFormat:
+class MegatronFormat(InputFormat):
     """Megatron-LM's ``.idx``/``.bin`` datasets: units of ``UNIT_SEQUENCES`` sequences, one ``input_ids`` column."""
 
     name = "megatron"
@@ -117,18 +115,6 @@ class MegatronFormat:
             out[name] = list_array(*source.tokens(lo, hi))
         return pa.table(out)
 
-    def read_error(self, src: SourceFile, exc: Exception) -> str:
-        """Return the one-line message for a failed read of the dataset."""
-        from . import objects
-
-        if objects.is_url(src.path) and objects.is_request_error(exc):
-            return str(objects.object_error(src.path, exc))
-        return f"{src.path}: cannot read as megatron ({one_line(exc)})"
-
     def row_position(self, src: SourceFile, row: int) -> str:
         """Return how a message names row ``row``: its sequence."""
         return f"sequence {row}"
-
-    def footer_length(self, fh: Any, size: int) -> int | None:
-        """Return None: the fingerprint hashes the whole ``.idx`` (``digest``)."""
-        return None
