@@ -139,12 +139,13 @@ def export_rates(work: Path, plan: Path, rounds: int, idx: Path | None = None) -
     """
     from sortpack.format.megatron import read_index
     from sortpack.parallel import SerialComm
-    from sortpack.write.export import export_plan
+    from sortpack.write.export import ExportRequest, export_plan
 
-    export_plan(SerialComm(), str(plan), "megatron", str(work / "first"), overwrite=True)  # the first use
+    export_plan(SerialComm(), ExportRequest(str(plan), "megatron", str(work / "first"), True))  # the first use
     index = read_index((work / "first.idx").read_bytes(), "first")
     ids = np.fromfile(work / "first.bin", dtype=index.dtype)  # the same ids, in plan order, in memory
-    jobs = {"export": lambda r: export_plan(SerialComm(), str(plan), "megatron", str(work / f"export-{r}")),
+    jobs = {"export": lambda r: export_plan(SerialComm(), ExportRequest(str(plan), "megatron",
+                                                                        str(work / f"export-{r}"))),
             "tofile": lambda r: ids.tofile(work / f"export-{r}.bin")}
     if idx is not None:
         jobs["by hand"] = lambda r: by_hand(plan, idx, work / f"export-{r}.bin")

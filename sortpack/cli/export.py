@@ -34,9 +34,9 @@ def export(comm, job, out: CommandOutput, plan, **kw):
     column) or, for a plan over Megatron datasets, from their .bin. Runs under mpiexec:
     every rank writes its part (megatron); the bytes never depend on the rank count.
     """
-    from ..write.export import export_plan
+    from ..write.export import ExportRequest, export_plan
 
-    summary = export_plan(comm, plan, kw["to"], out.path, out.overwrite, kw["vocab_size"])
+    summary = export_plan(comm, ExportRequest(plan, kw["to"], out.path, out.overwrite, kw["vocab_size"]))
     if comm.is_root() and not out.quiet:
         what = (f"{summary['sequences']} sequences in {summary['documents']} documents, {summary['tokens']} tokens "
                 f"as {summary['dtype']}" if kw["to"] == "megatron" else f"{summary['rows']} packed rows")

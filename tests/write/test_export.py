@@ -14,7 +14,7 @@ from sortpack.errors import SortpackError
 from sortpack.format.megatron import read_index
 from sortpack.parallel import SerialComm
 from sortpack.reader import PackedIndex
-from sortpack.write.export import export_plan
+from sortpack.write.export import ExportRequest, export_plan
 from sortpack.write.export.packed_parquet import loss_mask
 
 from megatron_files import labels_for, megatron_core, plan_in_process, random_sequences, write_dataset
@@ -70,7 +70,7 @@ def _read(prefix: Path) -> tuple[list[list[int]], np.ndarray, np.dtype]:
 @pytest.mark.parametrize("name, source", [("megatron", SEQS), ("rows", SEQS), ("stored", SEQS)])
 def test_one_sequence_per_planned_sample_in_plan_order(plans, tmp_path, name, source):
     _, p = plans
-    summary = export_plan(SerialComm(), str(p[name]), "megatron", str(tmp_path / "out"))
+    summary = export_plan(SerialComm(), ExportRequest(str(p[name]), "megatron", str(tmp_path / "out")))
     seqs, docs, dtype = _read(tmp_path / "out")
     assert seqs == [source[s][b:e].tolist() for s, b, e in _planned(p[name])]
     index = PackedIndex(p[name])
@@ -81,7 +81,7 @@ def test_one_sequence_per_planned_sample_in_plan_order(plans, tmp_path, name, so
 
 def test_labels_go_to_a_second_prefix(plans, tmp_path):
     _, p = plans
-    summary = export_plan(SerialComm(), str(p["rows"]), "megatron", str(tmp_path / "sft"))
+    summary = export_plan(SerialComm(), ExportRequest(str(p["rows"]), "megatron", str(tmp_path / "sft")))
     assert summary["files"] == [str(tmp_path / n) for n in ("sft_labels.bin", "sft_labels.idx", "sft.bin", "sft.idx")]
     labels, docs, dtype = _read(tmp_path / "sft_labels")
     assert labels == [LABELS[s][b:e].tolist() for s, b, e in _planned(p["rows"])]
@@ -91,43 +91,45 @@ def test_labels_go_to_a_second_prefix(plans, tmp_path):
 def test_the_smallest_dtype_holds_the_vocabulary(tmp_path):
     small = random_sequences(50, seed=3, vocab=1000)
     plan = plan_in_process(tmp_path / "p", [write_dataset(tmp_path / "d", small, np.int64)], max_tokens=400)
-    export_plan(SerialComm(), str(plan), "megatron", str(tmp_path / "a"))
+    export_plan(SerialComm(), ExportRequest(str(plan), "megatron", str(tmp_path / "a")))
     assert _read(tmp_path / "a")[2] == np.uint16  # int64 source, ids below 1000: Megatron's uint16
-    export_plan(SerialComm(), str(plan), "megatron", str(tmp_path / "b"), vocab_size=100_000)
+    export_plan(SerialComm(), ExportRequest(str(plan), "megatron", str(tmp_path / "b"), False, 100_000))
     assert _read(tmp_path / "b")[2] == np.int32 and _read(tmp_path / "b")[0] == _read(tmp_path / "a")[0]
     with pytest.raises(SortpackError, match="--vocab-size 500: micro-batches .* hold the token id 9"):
-        export_plan(SerialComm(), str(plan), "megatron", str(tmp_path / "c"), vocab_size=500)
+        export_plan(SerialComm(), ExportRequest(str(plan), "megatron", str(tmp_path / "c"), False, 500))
     assert not any(n.startswith(("c.", ".c.")) for n in os.listdir(tmp_path))
 
 
 def test_refusals_write_nothing(plans, tmp_path):
     root, p = plans
     with pytest.raises(SortpackError, match="stores no token ids and its inputs are not Megatron datasets"):
-        export_plan(SerialComm(), str(p["text"]), "megatron", str(tmp_path / "t"))
+        export_plan(SerialComm(), ExportRequest(str(p["text"]), "megatron", str(tmp_path / "t")))
     with pytest.raises(SortpackError, match="not a --rows plan"):
-        export_plan(SerialComm(), str(p["megatron"]), "packed-parquet", str(tmp_path / "t.parquet"))
+        export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "packed-parquet", str(tmp_path / "t.parquet")))
     with pytest.raises(SortpackError, match="inside the plan"):
-        export_plan(SerialComm(), str(p["megatron"]), "megatron", str(p["megatron"] / "x"))
+        export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(p["megatron"] / "x")))
     (tmp_path / "mine.bin").write_bytes(b"a user's file")
     with pytest.raises(SortpackError, match=r"mine.bin: output exists \(use --overwrite"):
-        export_plan(SerialComm(), str(p["megatron"]), "megatron", str(tmp_path / "mine"))
+        export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(tmp_path / "mine")))
     with pytest.raises(SortpackError, match="not part of a Megatron dataset"):
-        export_plan(SerialComm(), str(p["megatron"]), "megatron", str(tmp_path / "mine"), overwrite=True)
+        export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(tmp_path / "mine"), True))
     assert (tmp_path / "mine.bin").read_bytes() == b"a user's file"
     assert sorted(os.listdir(tmp_path)) == ["mine.bin"]
 
 
 def test_overwrite_replaces_an_export(plans, tmp_path):
     _, p = plans
-    export_plan(SerialComm(), str(p["megatron"]), "megatron", str(tmp_path / "o"))
+    export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(tmp_path / "o")))
     first = (tmp_path / "o.bin").read_bytes()
-    export_plan(SerialComm(), str(p["rows"]), "megatron", str(tmp_path / "o.idx"), overwrite=True)  # .idx: the prefix
+    # -o PREFIX.idx names the prefix too
+    export_plan(SerialComm(), ExportRequest(str(p["rows"]), "megatron", str(tmp_path / "o.idx"), True))
     assert (tmp_path / "o.bin").read_bytes() != first and (tmp_path / "o_labels.idx").exists()
-    export_plan(SerialComm(), str(p["rows"]), "packed-parquet", str(tmp_path / "r.idx.parquet"))
-    export_plan(SerialComm(), str(p["rows"]), "packed-parquet", str(tmp_path / "r.idx.parquet"), overwrite=True)
+    export_plan(SerialComm(), ExportRequest(str(p["rows"]), "packed-parquet", str(tmp_path / "r.idx.parquet")))
+    export_plan(SerialComm(), ExportRequest(str(p["rows"]), "packed-parquet", str(tmp_path / "r.idx.parquet"), True))
     pq.write_table(pa.table({"x": [1]}), tmp_path / "other.parquet")
     with pytest.raises(SortpackError, match="a Parquet file sortpack did not write"):
-        export_plan(SerialComm(), str(p["rows"]), "packed-parquet", str(tmp_path / "other.parquet"), overwrite=True)
+        export_plan(SerialComm(), ExportRequest(str(p["rows"]), "packed-parquet", str(tmp_path / "other.parquet"),
+                                                True))
 
 
 def test_loss_mask_marks_the_next_tokens_target():
@@ -173,7 +175,7 @@ def _bridge_targets(item: dict) -> list[tuple[int, int]]:
 def test_packed_parquet_is_what_bridge_reads(plans, tmp_path, name):
     _, p = plans
     out = tmp_path / "train.idx.parquet"
-    summary = export_plan(SerialComm(), str(p[name]), "packed-parquet", str(out))
+    summary = export_plan(SerialComm(), ExportRequest(str(p[name]), "packed-parquet", str(out)))
     schema = pq.read_schema(out)
     assert schema.remove_metadata() == pa.schema([("input_ids", pa.list_(pa.int64())),
                                                   ("loss_mask", pa.list_(pa.int8())),
@@ -203,7 +205,7 @@ def test_packed_parquet_is_what_bridge_reads(plans, tmp_path, name):
 def test_megatron_core_reads_the_export_in_plan_order(plans, tmp_path):
     mc = megatron_core()
     _, p = plans
-    export_plan(SerialComm(), str(p["rows"]), "megatron", str(tmp_path / "sft"))
+    export_plan(SerialComm(), ExportRequest(str(p["rows"]), "megatron", str(tmp_path / "sft")))
     ids, labels = mc.IndexedDataset(str(tmp_path / "sft")), mc.IndexedDataset(str(tmp_path / "sft_labels"))
     planned = _planned(p["rows"])
     assert len(ids) == len(labels) == len(planned)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from ...errors import SortpackError
 from ...parallel import Comm
 
-__all__ = ["TARGETS", "export_plan"]
+__all__ = ["TARGETS", "ExportRequest", "export_plan"]
 
 
 class Target(NamedTuple):
@@ -57,9 +57,19 @@ TARGETS: dict[str, Target] = {
 }
 
 
-def export_plan(comm: Comm, plan: str, to: str, output: str, overwrite: bool = False,
-                vocab_size: int | None = None) -> dict:
-    """Write index directory ``plan`` as ``to`` at ``output`` (collective); return what was written.
+class ExportRequest(NamedTuple):
+    """What ``sortpack export`` asks: the plan, the format, the output, ``--overwrite`` and ``--vocab-size``."""
+
+    plan: str
+    to: str
+    output: str
+    overwrite: bool = False
+    vocab_size: int | None = None
+
+
+def export_plan(comm: Comm, request: ExportRequest) -> dict:
+    """Write the index directory ``request.plan`` as ``request.to`` at ``request.output`` (collective); return what
+    was written.
 
     One line (exit status 2) and nothing written for a plan whose token ids cannot be read,
     an existing output without ``overwrite`` (or one this export did not write), a token id
@@ -68,6 +78,7 @@ def export_plan(comm: Comm, plan: str, to: str, output: str, overwrite: bool = F
     from ..file_outputs import FileOutputs
     from .plan_tokens import open_plan
 
+    plan, to, output, overwrite, vocab_size = request
     target = TARGETS.get(to)
     if target is None:
         raise SortpackError(f"--to {to}: unknown export format (formats: {', '.join(TARGETS)})", collective=True)

@@ -149,7 +149,7 @@ class PlanTokens:
             begin, end = pieces
         if self.cap:
             end = np.minimum(end, begin + self.cap)
-        return _cut(flat, lab, offsets, begin, end, values)
+        return _cut(flat, lab, offsets, (begin, end), values)
 
     def _megatron(self, ids: np.ndarray, pieces, values: bool, into: Into | None = None) -> Gathered:
         """Return (values, labels, offsets) of sample ids ``ids`` from the plan's Megatron datasets."""
@@ -218,9 +218,11 @@ def _row_sizes(index: pa.Table) -> np.ndarray:
     return sizes[keep]
 
 
-def _cut(values: np.ndarray, labels: np.ndarray | None, offsets: np.ndarray, begin: np.ndarray, end: np.ndarray,
+def _cut(values: np.ndarray, labels: np.ndarray | None, offsets: np.ndarray, ranges: tuple[np.ndarray, np.ndarray],
          read: bool) -> Gathered:
-    """Return (values, labels, offsets) of each list ``values[offsets[i]:offsets[i + 1]]`` cut to ``[begin, end)``."""
+    """Return (values, labels, offsets) of each list ``values[offsets[i]:offsets[i + 1]]`` cut to ``ranges`` (its
+    ``[begin, end)``)."""
+    begin, end = ranges
     lengths = np.diff(offsets)
     lo = np.minimum(begin, lengths)
     hi = np.clip(end, lo, lengths)
