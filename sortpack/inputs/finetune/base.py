@@ -99,6 +99,11 @@ class FineTuneShape:
         made by a tokenizer, and ``--store-tokens`` stores them)."""
         return ()
 
+    @property
+    def stored_labels(self) -> str | None:
+        """Return the column that holds the samples' labels as they are (None: a tokenizer's encoding makes them)."""
+        return None
+
     def validate(self, has_tokenizer: bool) -> None:
         """Raise SortpackError (one line) for options of this shape that cannot work, before any file is read."""
         if self.encodes_text and not has_tokenizer:

@@ -101,6 +101,11 @@ class LabelsShape(FineTuneShape):
         """Return the ids column: the store cuts it with the labels at a split."""
         return given or self.column
 
+    @property
+    def stored_labels(self) -> str | None:
+        """Return the labels column."""
+        return self.labels_column
+
     def stored_columns(self) -> tuple[str, ...]:
         """Return the ids and labels columns: ``--store`` takes them as they are."""
         return self.column, self.labels_column
