@@ -16,7 +16,7 @@ import numpy as np
 
 from ..env import env_flag
 
-_ABI_VERSION = 19  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 20  # must equal SP_ABI_VERSION in _ckernels.c
 _EXTENSION = __name__.rpartition(".")[0] + "._ckernels"
 _UNLOADED: Any = object()
 _clib: Any = _UNLOADED
@@ -29,8 +29,11 @@ _SIGNATURES = {
     "sp_abi_version": ([], _I64),
     "sp_greedy_pack": ([_PTR, _I64, _I64, _I64, ctypes.c_double, _I64, _I64,
                         ctypes.c_double, _I64, _PTR, _I64, _PTR], _I64),
-    "sp_greedy_pack2": ([_PTR, _I64, _I64, _I64, ctypes.c_double, _I64, _I64,
-                         ctypes.c_double, _I64, _PTR, _I64, _PTR, _I64, _PTR], _I64),
+    "sp_greedy_pack_caps": ([_PTR, _I64, _I64, _I64, ctypes.c_double, _I64, _I64,
+                             ctypes.c_double, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR], _I64),
+    "sp_fit_pack_scratch_words": ([_I64, _I64], _I64),
+    "sp_fit_pack": ([_PTR, _I64, _I64, _I64, ctypes.c_double, _I64, _I64, ctypes.c_double, _I64, _PTR, _I64,
+                     _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
     "sp_merge_scratch_words": ([_I64, _I64, _I64], _I64),
     "sp_merge_runs_u64": ([_PTR, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
     "sp_merge_keys_u64": ([_PTR, _PTR, _I64, _PTR, _PTR], _I64),

@@ -20,6 +20,7 @@ from ..inputs.specs import Spec, as_difficulty, as_size, evaluate, load_function
 from ..parallel import Comm
 from ..partition import even_range
 from ..progress import Display, Progress
+from .measures import size_option
 from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
 
@@ -36,6 +37,8 @@ class AnalyzeOptions:
     special_tokens: bool = True  # tokens: count the ones the post-processor adds
     split: str | None = None  # the split of a Hugging Face DatasetDict directory
     size2: str | None = None  # --size2 SPEC: a second size per sample, the measure ``size2``
+    # more measures, (name, SPEC) each: the 2nd, 3rd.. --size2 (size3, size4, ..), --measure NAME=SPEC, --cap NAME=SPEC:N
+    measures: tuple[tuple[str, str], ...] = ()
     # fine-tuning shapes (inputs/finetune.py): a labels column, prompt/completion texts, or chats
     labels_column: str | None = None
     prompt_column: str | None = None
@@ -45,10 +48,13 @@ class AnalyzeOptions:
 
     def measure_specs(self) -> dict[str, str]:
         """Return the SPEC of each per-sample measure to evaluate like a size, by measure name."""
-        return {"size2": self.size2} if self.size2 else {}
+        return {**({"size2": self.size2} if self.size2 else {}), **dict(self.measures)}
 
     def __post_init__(self) -> None:
-        """Give fine-tuning shapes their defaults: texts count tokens, a labels column labels ``input_ids``."""
+        """Give fine-tuning shapes their defaults: texts count tokens, a labels column labels ``input_ids``; take
+        measures as a mapping or pairs (a manifest's record)."""
+        measures = self.measures.items() if isinstance(self.measures, dict) else self.measures
+        object.__setattr__(self, "measures", tuple((str(name), str(spec)) for name, spec in measures))
         # a prompt/completion or chat sample's size is its tokens (length is only the default)
         if self.text_shape and self.size == "length":
             object.__setattr__(self, "size", "tokens")
@@ -82,12 +88,14 @@ class AnalyzeOptions:
         out: dict[str, Any] = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
                "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
                "input_format": self.input_format}
-        if "tokens" in (self.size, self.difficulty, self.size2):
+        if "tokens" in (self.size, self.difficulty, *self.measure_specs().values()):
             out["special_tokens"] = self.special_tokens
         if self.split is not None:
             out["split"] = self.split
         if self.size2:
             out["size2"] = self.size2
+        if self.measures:  # recorded only when given: other plans keep their content hash
+            out["measures"] = [[name, spec] for name, spec in self.measures]
         fine_tune = self.fine_tune()
         if fine_tune is not None:  # recorded only for fine-tuning data: other plans keep their content hash
             out["fine_tune"] = fine_tune
@@ -202,9 +210,9 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     extra = opts.measure_specs()
     if reads_text(*extra.values()):
         column = column or _resolve_column(opts, files)
-    measures = {name: parse_spec(text, column, f"--{name}") for name, text in extra.items()}
+    measures = {name: parse_spec(text, column, size_option(name)) for name, text in extra.items()}
     tokenizer = None
-    kinds = [("--size", size_spec), ("--difficulty", diff_spec)] + [(f"--{n}", m) for n, m in measures.items()]
+    kinds = [("--size", size_spec), ("--difficulty", diff_spec)] + [(size_option(n), m) for n, m in measures.items()]
     wants = [option for option, spec in kinds if spec is not None and spec.kind == "tokens"]
     if wants:
         tokenizer = load_tokenizer(opts.tokenizer, wants[0])
@@ -226,7 +234,7 @@ def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
     if diff_spec is not None and reads_text(diff_spec.kind) and opts.text_shape:
         raise SortpackError(f"--difficulty {opts.difficulty}: of fine-tuning texts, give a column: or python: SPEC")
-    measures = {name: parse_spec(text, column, f"--{name}") for name, text in opts.measure_specs().items()}
+    measures = {name: parse_spec(text, column, size_option(name)) for name, text in opts.measure_specs().items()}
     kinds = [size_spec, diff_spec, *measures.values()]
     if tokenizer is None and any(s is not None and s.kind == "tokens" for s in kinds):
         tokenizer = load_tokenizer(opts.tokenizer, "--size")

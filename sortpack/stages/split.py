@@ -33,6 +33,7 @@ from ..errors import SortpackError
 from ..inputs.pieces import byte_pieces, longest_char, read_values
 from ..inputs.size_kinds import split_kinds
 from ..parallel import Comm
+from .measures import is_size_name
 from .samples import SampleColumns, exact_sum
 
 if TYPE_CHECKING:
@@ -56,9 +57,10 @@ def check_split(plan: PlanOptions, own_column: str | None = None, tokenizer: str
     """
     measured, popts = plan.analyze, plan.pack
     size = measured.size
-    if measured.size2:
+    second = measured.size2 or next((spec for name, spec in measured.measures if is_size_name(name)), None)
+    if second:
         # a piece's second size is not the same fraction of its sample's (an image's patches stay whole)
-        raise SortpackError(f"--oversize split cuts a sample's size, not its --size2 {measured.size2}: use "
+        raise SortpackError(f"--oversize split cuts a sample's size, not its --size2 {second}: use "
                             "--oversize skip or error with --size2")
     if popts is not None and size == "tokens":
         empty = plan.empty_size

@@ -14,9 +14,13 @@ What a micro-batch's cost is, and which order a ``--balance`` mode takes, is the
 (``balance.BALANCE``); the orders are here: ``circle_order`` (sorted by cost, laid out as a
 circle, so a short last step filled from the plan's start costs as its neighbours do) and
 ``global_order`` (sorted by a key: two caps (``--max-size2`` under ``--budget tokens``) order
-their micro-batches by both fills, ``two_cap_key``).
+their micro-batches by both fills, ``two_cap_key``; several caps by the two fills that vary most,
+``fills_order``; ``--balance compute`` with a vision encoder by both costs along a Hilbert curve,
+``two_cost_key``).
 """
 from __future__ import annotations
+
+from fractions import Fraction
 
 import numpy as np
 
@@ -58,8 +62,72 @@ def two_cap_key(comm: Comm, tokens: np.ndarray, size2: np.ndarray, cap1: int, ca
     f2 = np.minimum(size2.astype(np.float64) / cap2, 1.0)
     # compare var(tokens)/cap1^2 with var(size2)/cap2^2 exactly
     first, second = (f2, f1) if var2 * cap1 * cap1 >= var1 * cap2 * cap2 else (f1, f2)
+    return _serpentine(first, second, bins)
+
+
+def _serpentine(first: np.ndarray, second: np.ndarray, bins: int) -> np.ndarray:
+    """Return a key of ``first`` in ``bins`` bins of equal width, inside each by ``second``, up and down in turn."""
     b = np.floor(first * bins)
     return b + np.where(b % 2 == 1, 1.0 - second, second) * 0.5
+
+
+def fills_order(comm: Comm, packed: Packed, limit: int, caps: tuple[tuple[str, int], ...]) -> Packed:
+    """Return this rank's part of all micro-batches ordered by the two fills (tokens and each cap's) that vary most.
+
+    As ``two_cap_key`` for two: the fill that varies more over the plan in 40 bins, the other
+    inside each, serpentine; which vary most is decided on exact integer sums (any rank count).
+    """
+    offsets = packed.batches.offsets
+    sums = [packed.batches.tokens] + [segment_reduce(np.add, packed.measures[name], offsets) for name, _ in caps]
+    limits = [limit] + [n for _, n in caps]
+    # var_k / cap_k^2, exactly: the spreads are exact integers over the same count of micro-batches
+    spread = [Fraction(_spread(comm, v)[0], int(c) * int(c)) for v, c in zip(sums, limits)]
+    ranked = sorted(range(len(sums)), key=lambda k: (spread[k], k), reverse=True)
+    fills = [np.minimum(v.astype(np.float64) / c, 1.0) for v, c in zip(sums, limits)]
+    key = _serpentine(fills[ranked[0]], fills[ranked[1]], 40) if len(ranked) > 1 else fills[0]
+    return global_order(comm, packed, key)
+
+
+HILBERT_BITS = 16  # the grid of two_cost_key: 2^16 steps per cost
+
+
+def hilbert_index(x: np.ndarray, y: np.ndarray, bits: int = HILBERT_BITS) -> np.ndarray:
+    """Return the distance along a Hilbert curve of the points (x, y) of a 2^bits grid (int64 each)."""
+    x, y = x.astype(np.int64).copy(), y.astype(np.int64).copy()
+    n = 1 << bits
+    d = np.zeros(len(x), np.int64)
+    s = n >> 1
+    while s > 0:
+        rx = (x & s) > 0
+        ry = (y & s) > 0
+        d += s * s * ((3 * rx.astype(np.int64)) ^ ry.astype(np.int64))
+        flip = ~ry & rx
+        x = np.where(flip, s - 1 - x, x)  # the quadrant's own reflection (coordinates below s matter from here)
+        y = np.where(flip, s - 1 - y, y)
+        swap = ~ry
+        x, y = np.where(swap, y, x), np.where(swap, x, y)
+        x &= s - 1
+        y &= s - 1
+        s >>= 1
+    return d
+
+
+def two_cost_key(comm: Comm, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Return a key that orders micro-batches along a Hilbert curve over two costs (collective).
+
+    Each cost is scaled to its range over all ranks; any run of k micro-batches in the key's order
+    then lies in a region of about sqrt(k/M) of each range, for every k at once: at any world size
+    the micro-batches of a step are alike in both costs.
+    """
+    def grid(v: np.ndarray) -> np.ndarray:
+        lo = comm.allreduce(float(v.min()) if len(v) else float("inf"), "min")
+        hi = comm.allreduce(float(v.max()) if len(v) else float("-inf"), "max")
+        if not len(v) or not hi > lo:
+            return np.zeros(len(v), np.int64)
+        top = (1 << HILBERT_BITS) - 1
+        return np.minimum(np.floor((v - lo) / (hi - lo) * top), top).astype(np.int64)
+
+    return hilbert_index(grid(a), grid(b)).astype(np.float64)
 
 
 def _stages(packed: Packed) -> np.ndarray:
