@@ -18,6 +18,7 @@ from . import (
     bench_litdata,
     bench_loader,
     bench_mixture,
+    bench_multimodal,
     bench_objects,
     bench_scaling,
     bench_sft,
@@ -360,7 +361,7 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "objects": bench_objects.bench, "scaling": bench_scaling.bench, "tokens_loop": bench_tokens_loop.bench,
               "balance": bench_balance.bench,
               "balance_targets": bench_balance.bench_targets, "fasttok": bench_fasttok.bench, "sft": bench_sft.bench,
-              "litdata": bench_litdata.bench}
+              "litdata": bench_litdata.bench, "multimodal": bench_multimodal.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

@@ -150,27 +150,58 @@ class ComputeBalance(Balance):
         return {"balance": self.name, "cost_coeff": self.opts.cost_coeff}
 
     def arrange(self, comm: Comm, packed: Packed, by_fills: bool) -> Packed:
-        """Return the micro-batches as a circle of their LLM cost, or with an encoder of a key local in both costs
-        (``order.two_cost_key``: a Hilbert curve over the two), so any run of them is alike in both."""
+        """Return the micro-batches as a circle of their LLM cost; with an encoder, along a closed curve over both
+        costs (``order.two_cost_key``), so that any run of them is alike in both."""
         if not self.opts.encoder_patches:
             return super().arrange(comm, packed, by_fills)
-        from .order import circle_order, two_cost_key
+        from .order import global_order, two_cost_key
 
-        return circle_order(comm, packed, two_cost_key(comm, self.cost(packed), encoder_cost(self.opts, packed)))
+        return global_order(comm, packed, two_cost_key(comm, self.llm_parts(packed), encoder_parts(self.opts, packed)))
 
-    def weight(self, sizes: np.ndarray, measures: dict[str, np.ndarray]) -> np.ndarray:
-        """Return each sample's ``C*s + s^2`` (float64)."""
-        s = sizes.astype("float64")
-        return self.opts.cost_coeff * s + s * s
+    def llm_parts(self, packed: Packed) -> list[tuple[float, np.ndarray]]:
+        """Return each micro-batch's LLM compute as terms (coefficient, int64 per micro-batch): ``C*tokens +
+        sum of s^2``, padded ``C*slots*L + slots*L^2`` (exact integer sums: the same total at any rank count)."""
+        import numpy as np
 
-    def cost(self, packed: Packed) -> np.ndarray:
-        """Return each micro-batch's compute; a padded one ``batch_size * padded_size * (C + padded_size)``, as
-        ``inspect`` counts it."""
-        if not self.opts.padded_layout:
-            return super().cost(packed)
+        from .packed import segment_reduce
+
         mb = packed.batches
-        padded = mb.padded_size.astype("float64")
-        return mb.batch_size.astype("float64") * padded * (self.opts.cost_coeff + padded)
+        if self.opts.padded_layout:
+            slots = mb.batch_size.astype(np.int64) * np.asarray(mb.padded_size, np.int64)
+            return [(self.opts.cost_coeff, slots), (1.0, slots * np.asarray(mb.padded_size, np.int64))]
+        assert packed.sizes is not None
+        s = packed.sizes.astype(np.int64)
+        return [(self.opts.cost_coeff, mb.tokens.astype(np.int64)), (1.0, segment_reduce(np.add, s * s, mb.offsets))]
+
+
+def encoder_parts(opts: BalanceOptions, packed: Packed) -> list[tuple[float, np.ndarray]]:
+    """Return each micro-batch's vision-encoder work as terms (coefficient, int64 per micro-batch): per image
+    ``C_e*p + p^2`` for a full-attention encoder (``p`` its patches), ``(C_e + W)*p`` for one that attends within
+    windows of W patches.
+
+    The measures are per sample, summed over its images (the patches, and their squares for full
+    attention); a micro-batch's work is their sum over its samples.
+    """
+    import numpy as np
+
+    from .packed import segment_reduce
+
+    name = opts.encoder_patches
+    assert name is not None
+    squares = opts.encoder_squares()
+    missing = [m for m in (name, squares) if m and m not in packed.measures]
+    if missing:
+        raise SortpackError(f"--encoder-patches/--encoder-attention name the measure {missing[0]!r}, which this plan "
+                            f"does not measure (give --measure {missing[0]}=SPEC or --cap at analyze or run)",
+                            collective=True)
+    offsets = packed.batches.offsets
+    patches = segment_reduce(np.add, packed.measures[name].astype(np.int64), offsets)
+    window = opts.encoder_window()
+    if window:
+        return [(opts.encoder_coeff + window, patches)]
+    assert squares is not None
+    return [(opts.encoder_coeff, patches), (1.0, segment_reduce(np.add, packed.measures[squares].astype(np.int64),
+                                                                 offsets))]
 
 
 class TargetsBalance(Balance):
@@ -196,35 +227,6 @@ class TargetsBalance(Balance):
             raise SortpackError("--balance targets balances the loss targets of fine-tuning data (--chat-template, "
                                 "--prompt-column or --labels-column); this plan counts none", collective=True)
         return measures["targets"]
-
-
-def encoder_cost(opts: BalanceOptions, packed: Packed) -> np.ndarray:
-    """Return each micro-batch's vision-encoder work (float64): per image ``C_e*p + p^2`` for a full-attention
-    encoder (``p`` its patches), ``(C_e + W)*p`` for one that attends within windows of W patches.
-
-    The measures are per sample, summed over its images (the patches, and their squares for full
-    attention); a micro-batch's work is their sum over its samples.
-    """
-    import numpy as np
-
-    from .packed import segment_reduce
-
-    name = opts.encoder_patches
-    assert name is not None
-    needed = [m for m in (name, opts.encoder_squares()) if m]
-    missing = [m for m in needed if m not in packed.measures]
-    if missing:
-        raise SortpackError(f"--encoder-patches/--encoder-attention name the measure {missing[0]!r}, which this plan "
-                            f"does not measure (give --measure {missing[0]}=SPEC or --cap at analyze or run)",
-                            collective=True)
-    offsets = packed.batches.offsets
-    patches = segment_reduce(np.add, packed.measures[name].astype(np.float64), offsets)
-    window = opts.encoder_window()
-    if window:
-        return (opts.encoder_coeff + window) * patches
-    squares = opts.encoder_squares()
-    assert squares is not None
-    return opts.encoder_coeff * patches + segment_reduce(np.add, packed.measures[squares].astype(np.float64), offsets)
 
 
 # --balance NAME -> the mode (``PackOptions.balance``); a new mode is one class here
