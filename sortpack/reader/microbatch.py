@@ -90,6 +90,10 @@ class MicroBatch(list):
         Loss targets of this micro-batch (the index's ``targets``, else ``tokens - num_samples``).
     size2 : int, optional
         The sum of its samples' second size (``--size2``; None when the plan has none).
+    measures : dict of str to int, optional
+        The sum of each of its samples' measures the plan records, by name (``size2``, ``size3``,
+        each ``--cap`` and ``--measure``, ``targets``; None when the plan has none): what a loop
+        checks against its caps or logs.
 
     Examples
     --------
@@ -115,7 +119,7 @@ class MicroBatch(list):
     def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,
                  padded_size: int | None = None, row_splits=None, *, facts: StepFacts = _NO_STEP,
                  last: bool = True, tokens: int = 0, repeat: bool = False, source: str | None = None,
-                 attention: int = 0, targets: int = 0, size2: int | None = None):
+                 attention: int = 0, targets: int = 0, size2: int | None = None, measures: dict | None = None):
         super().__init__(ids)
         self.microbatch = microbatch
         self.batch_size = len(self) if batch_size is None else batch_size
@@ -129,6 +133,7 @@ class MicroBatch(list):
         self.attention = attention
         self.targets = targets
         self.size2 = size2
+        self.measures = measures
 
     @classmethod
     def made(cls, ids: list, fields: tuple) -> MicroBatch:
@@ -136,16 +141,17 @@ class MicroBatch(list):
         micro-batch it hands out).
 
         ``fields`` holds the attributes ``__init__`` sets, in its order: microbatch, batch_size,
-        padded_size, row_splits, facts, last, tokens, repeat, source, attention, targets, size2.
+        padded_size, row_splits, facts, last, tokens, repeat, source, attention, targets, size2, measures.
         ``info()`` of a micro-batch made here needs no conversion.
         """
         (microbatch, batch_size, padded_size, row_splits, facts, last, tokens, repeat, source, attention, targets,
-         size2) = fields
+         size2, measures) = fields
         made = list.__new__(cls)
         list.__init__(made, ids)
         made.__dict__ = {"microbatch": microbatch, "batch_size": batch_size, "padded_size": padded_size,
                          "row_splits": row_splits, "facts": facts, "last": last, "tokens": tokens, "repeat": repeat,
                          "source": source, "attention": attention, "targets": targets, "size2": size2,
+                         "measures": measures,
                          "_plain": True}
         return made
 
@@ -165,7 +171,7 @@ class MicroBatch(list):
         """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on).
 
         The step's facts (as ``StepFacts.info`` gives them) and the micro-batch's own: ``microbatch``,
-        ``last``, ``tokens``, ``num_samples``, ``repeat``, ``attention``, ``targets``, ``size2`` when
+        ``last``, ``tokens``, ``num_samples``, ``repeat``, ``attention``, ``targets``, ``size2`` and ``measures`` when
         the plan has it, and ``source`` for a mixture plan's micro-batch (its source's name), so a
         loop can log per source.
         """
@@ -180,6 +186,8 @@ class MicroBatch(list):
                    "attention": self.attention, "targets": self.targets}
             if self.size2 is not None:
                 out["size2"] = self.size2
+            if self.measures is not None:
+                out["measures"] = dict(self.measures)
             if self.source is not None:
                 out["source"] = self.source
             return out
@@ -192,6 +200,8 @@ class MicroBatch(list):
                "attention": int(self.attention), "targets": int(self.targets)}
         if self.size2 is not None:
             out["size2"] = int(self.size2)
+        if self.measures is not None:
+            out["measures"] = {str(k): int(v) for k, v in self.measures.items()}
         if self.source is not None:
             out["source"] = self.source
         return out

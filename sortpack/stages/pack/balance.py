@@ -131,7 +131,8 @@ class Balance:
         if self.orders:
             return circle_order(comm, packed, self.cost(packed))
         if by_fills and len(self.opts.cap_list) == 1 and not self.opts.best_fit:
-            return both_fills_order(comm, packed, self.opts.limit, self.opts.max_size2)
+            name, cap = self.opts.cap_list[0]
+            return both_fills_order(comm, packed, self.opts.limit, cap, name)
         if by_fills:
             return fills_order(comm, packed, self.opts.limit, self.opts.cap_list)
         return packed

@@ -32,9 +32,10 @@ from ..samples import exact_sum, measures_in, with_measures
 from .packed import BatchArrays, Packed, segment_reduce
 
 
-def both_fills_order(comm: Comm, packed: Packed, cap1: int, cap2: int) -> Packed:
-    """Return this rank's part of all micro-batches ordered by both fills (two caps: tokens and ``size2``)."""
-    size2 = segment_reduce(np.add, packed.measures["size2"], packed.batches.offsets)
+def both_fills_order(comm: Comm, packed: Packed, cap1: int, cap2: int, name: str = "size2") -> Packed:
+    """Return this rank's part of all micro-batches ordered by both fills (two caps: tokens and the measure
+    ``name``, ``size2`` by default)."""
+    size2 = segment_reduce(np.add, packed.measures[name], packed.batches.offsets)
     return global_order(comm, packed, two_cap_key(comm, packed.batches.tokens, size2, cap1, cap2))
 
 
