@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def _caps(kw: dict) -> list:
     """Return the parsed ``--cap`` options of ``kw`` (``CapSpec`` each; SortpackError, every rank, on a bad one)."""
-    from ..stages.measures import parse_cap
+    from ..stages.caps import parse_cap
 
     try:
         return [parse_cap(text) for text in kw.get("cap_specs") or ()]
@@ -25,21 +25,14 @@ def _caps(kw: dict) -> list:
 
 
 def _measures(kw: dict) -> tuple[tuple[str, str], ...]:
-    """Return the measures beside ``size2`` the analyze options of ``kw`` name: the 2nd, 3rd.. ``--size2``,
-    ``--measure NAME=SPEC`` and ``--cap NAME=SPEC:N`` (a name twice is refused, on every rank)."""
-    from ..stages.measures import parse_measure, size_name
-
-    try:
-        sizes = [(size_name(k), spec) for k, spec in enumerate(kw.get("size2_spec") or ()) if k]
-        named = [parse_measure(text) for text in kw.get("measure_specs") or ()]
-        named += [(c.name, c.spec) for c in _caps(kw) if c.spec is not None]
-        names = [name for name, _ in named]
-        twice = sorted({name for name in names if names.count(name) > 1})
-        if twice:
-            raise SortpackError(f"--measure/--cap {twice[0]}: the measure is given twice")
-    except SortpackError as exc:
-        raise SortpackError(str(exc), collective=True) from None
-    return tuple(sizes + named)
+    """Return the named measures the analyze options of ``kw`` make: ``--measure NAME=SPEC`` (parsed by its
+    option) and ``--cap NAME=SPEC:N`` (a name given twice is refused, on every rank)."""
+    named = list(kw.get("measures") or ()) + [(c.name, c.spec) for c in _caps(kw) if c.spec is not None]
+    names = [name for name, _ in named]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise SortpackError(f"--measure/--cap {twice[0]}: the measure is given twice", collective=True)
+    return tuple(named)
 
 
 def make_analyze(kw: dict) -> AnalyzeOptions:
@@ -50,7 +43,7 @@ def make_analyze(kw: dict) -> AnalyzeOptions:
     return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
                           tokenizer=kw["tokenizer"], input_format=kw["input_format"],
                           special_tokens=kw["special_tokens"], split=kw["split"],
-                          size2=size2[0] if size2 else None, measures=_measures(kw),
+                          size2=size2[0] if size2 else None, sizes=tuple(size2[1:]), measures=_measures(kw),
                           labels_column=kw.get("labels_column"), prompt_column=kw.get("prompt_column"),
                           completion_column=kw.get("completion_column"), chat_template=kw.get("chat_template"),
                           train_on=tuple(r.strip() for r in kw["train_on"].split(",")) if kw.get("train_on") else None)
@@ -67,7 +60,8 @@ def _pack_caps(kw: dict) -> tuple[int, tuple[tuple[str, int], ...]]:
     """Return (``--max-size2``'s first N, the other caps) of ``kw``, refusing on every rank what the command line
     already shows wrong: a cap of a measure no option of this command makes (``run``), a SPEC to measure
     where nothing is measured (``pack``)."""
-    from ..stages.measures import size2_caps
+    from ..inputs.measures import size_name
+    from ..stages.caps import size2_caps
 
     caps = _caps(kw)
     sized = size2_caps(kw.get("max_size2") or ())
@@ -75,8 +69,7 @@ def _pack_caps(kw: dict) -> tuple[int, tuple[tuple[str, int], ...]]:
     named = [(c.name, c.limit) for c in caps]
     try:
         if "size2_spec" in kw:  # run: every measure is made here, so every name must be
-            made = {"size2"} if kw["size2_spec"] else set()
-            made |= {name for name, _ in _measures(kw)}
+            made = {size_name(k) for k in range(len(kw["size2_spec"]))} | {name for name, _ in _measures(kw)}
             given = len(kw.get("max_size2") or ())
             if given > len(kw["size2_spec"]):
                 raise SortpackError(f"{given} --max-size2 for {len(kw['size2_spec'])} --size2: the k-th --max-size2 "

@@ -6,7 +6,7 @@ import click
 from ..errors import SortpackError
 from ..inputs.formats import format_names
 from ..inputs.size_kinds import SIZE_KINDS, split_kinds
-from ..stages.measures import CAP_FITS
+from ..stages.caps import CAP_FITS
 from ..stages.pack.balance import BALANCE, balance_help
 from ..stages.pack.budgets import BUDGETS, budget_help
 
@@ -35,6 +35,16 @@ def _shapes(ctx, param, value):
         raise click.BadParameter(str(exc).split(": ", 1)[-1]) from None
 
 
+def _measures(ctx, param, value):
+    """Return the (name, SPEC) of each --measure NAME=SPEC (one line naming the option for a bad one)."""
+    from ..inputs.measures import parse_measure
+
+    try:
+        return tuple(parse_measure(text) for text in value or ())
+    except SortpackError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[-1]) from None
+
+
 def analyze_options(f):
     """Add the analyze options to a command."""
     opts = [
@@ -49,10 +59,9 @@ def analyze_options(f):
                           "encoder patches or frames), summed per micro-batch as the index column size2; "
                           "with --max-size2 N a second cap. Repeat for more: size3, size4, ..., capped by "
                           "the --max-size2 of the same place."),
-        click.option("--measure", "measure_specs", multiple=True, metavar="NAME=SPEC",
-                     help="A per-sample measure of any SPEC, summed per micro-batch as the index column NAME "
-                          "(e.g. vit_squares=column:patches_sq for --encoder-attention full:vit_squares); "
-                          "repeatable."),
+        click.option("--measure", "measures", multiple=True, callback=_measures, metavar="NAME=SPEC",
+                     help="Another per-sample measure (repeatable; any SPEC), summed per micro-batch as the index "
+                          "column NAME and handed out by the reader (docs/step-costs.md)."),
         click.option("--tokenizer", type=click.Path(dir_okay=False),
                      help="HF tokenizers JSON file for SPEC tokens (its truncation and padding are ignored)."),
         click.option("--special-tokens/--no-special-tokens", default=True, show_default=True,

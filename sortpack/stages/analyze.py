@@ -14,13 +14,13 @@ from ..inputs.discover import expand_inputs
 from ..inputs.finetune import Encoded, FineTuneShape, fine_tune_shape
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units
+from ..inputs.measures import measure_of, parse_measure, size_name
 from ..inputs.size_kinds import reads_text
 from ..inputs.source_file import SourceFile
 from ..inputs.specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
 from ..partition import even_range
 from ..progress import Display, Progress
-from .measures import size_option
 from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
 
@@ -37,7 +37,8 @@ class AnalyzeOptions:
     special_tokens: bool = True  # tokens: count the ones the post-processor adds
     split: str | None = None  # the split of a Hugging Face DatasetDict directory
     size2: str | None = None  # --size2 SPEC: a second size per sample, the measure ``size2``
-    # more measures, (name, SPEC) each: the 2nd, 3rd.. --size2 (size3, size4, ..), --measure NAME=SPEC, --cap NAME=SPEC:N
+    sizes: tuple[str, ...] = ()  # the 2nd, 3rd.. --size2 SPEC: the measures size3, size4, ..
+    # --measure NAME=SPEC and --cap NAME=SPEC:N: other measures (inputs/measures.py), by name
     measures: tuple[tuple[str, str], ...] = ()
     # fine-tuning shapes (inputs/finetune.py): a labels column, prompt/completion texts, or chats
     labels_column: str | None = None
@@ -47,14 +48,14 @@ class AnalyzeOptions:
     train_on: tuple[str, ...] | None = None
 
     def measure_specs(self) -> dict[str, str]:
-        """Return the SPEC of each per-sample measure to evaluate like a size, by measure name."""
-        return {**({"size2": self.size2} if self.size2 else {}), **dict(self.measures)}
+        """Return the SPEC of each per-sample measure to evaluate like a size, by measure name (SortpackError, one
+        line: a ``--measure`` name it cannot take)."""
+        given = dict(parse_measure(f"{name}={spec}") for name, spec in self.measures)
+        sizes = {size_name(k + 1): spec for k, spec in enumerate(self.sizes)}
+        return {**({"size2": self.size2} if self.size2 else {}), **sizes, **given}
 
     def __post_init__(self) -> None:
-        """Give fine-tuning shapes their defaults: texts count tokens, a labels column labels ``input_ids``; take
-        measures as a mapping or pairs (a manifest's record)."""
-        measures = self.measures.items() if isinstance(self.measures, dict) else self.measures
-        object.__setattr__(self, "measures", tuple((str(name), str(spec)) for name, spec in measures))
+        """Give fine-tuning shapes their defaults: texts count tokens, a labels column labels ``input_ids``."""
         # a prompt/completion or chat sample's size is its tokens (length is only the default)
         if self.text_shape and self.size == "length":
             object.__setattr__(self, "size", "tokens")
@@ -88,14 +89,16 @@ class AnalyzeOptions:
         out: dict[str, Any] = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
                "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
                "input_format": self.input_format}
-        if "tokens" in (self.size, self.difficulty, *self.measure_specs().values()):
+        if "tokens" in (self.size, self.difficulty, self.size2, *self.sizes, *dict(self.measures).values()):
             out["special_tokens"] = self.special_tokens
         if self.split is not None:
             out["split"] = self.split
         if self.size2:
             out["size2"] = self.size2
+        if self.sizes:  # recorded only when given: other plans keep their content hash
+            out["sizes"] = list(self.sizes)
         if self.measures:  # recorded only when given: other plans keep their content hash
-            out["measures"] = [[name, spec] for name, spec in self.measures]
+            out["measures"] = dict(self.measures)
         fine_tune = self.fine_tune()
         if fine_tune is not None:  # recorded only for fine-tuning data: other plans keep their content hash
             out["fine_tune"] = fine_tune
@@ -210,9 +213,10 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     extra = opts.measure_specs()
     if reads_text(*extra.values()):
         column = column or _resolve_column(opts, files)
-    measures = {name: parse_spec(text, column, size_option(name)) for name, text in extra.items()}
+    measures = {name: parse_spec(text, column, measure_of(name).option) for name, text in extra.items()}
     tokenizer = None
-    kinds = [("--size", size_spec), ("--difficulty", diff_spec)] + [(size_option(n), m) for n, m in measures.items()]
+    kinds = [("--size", size_spec), ("--difficulty", diff_spec)] + [(measure_of(n).option, m)
+                                                                    for n, m in measures.items()]
     wants = [option for option, spec in kinds if spec is not None and spec.kind == "tokens"]
     if wants:
         tokenizer = load_tokenizer(opts.tokenizer, wants[0])
@@ -234,7 +238,8 @@ def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
     if diff_spec is not None and reads_text(diff_spec.kind) and opts.text_shape:
         raise SortpackError(f"--difficulty {opts.difficulty}: of fine-tuning texts, give a column: or python: SPEC")
-    measures = {name: parse_spec(text, column, size_option(name)) for name, text in opts.measure_specs().items()}
+    measures = {name: parse_spec(text, column, measure_of(name).option)
+                for name, text in opts.measure_specs().items()}
     kinds = [size_spec, diff_spec, *measures.values()]
     if tokenizer is None and any(s is not None and s.kind == "tokens" for s in kinds):
         tokenizer = load_tokenizer(opts.tokenizer, "--size")
@@ -326,7 +331,7 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keeper
         for name, spec in specs.measures.items():
             values = evaluate(spec, table, src.path, specs.tokenizer, specs.funcs.get(spec.text), specs.special_tokens)
             out.measures.setdefault(name, []).append(
-                as_size(values, src.path, f"--{name} {spec.text}").astype(np.int64, copy=False))
+                as_size(values, src.path, f"{measure_of(name).option} {spec.text}").astype(np.int64, copy=False))
         prog.update(table.num_rows, None, **{counter: int(size.sum())})
     prog.close()
     out.whole = None if whole is None else whole[:filled]

@@ -143,8 +143,9 @@ def test_a_mixture_is_one_stage_package():
 
 # the pack stage, bottom up: what reads no options (the --budget registry, the per-micro-batch records, the orders of
 # --balance and its registry), the options, then what reads them: what fits, the arrays of a cut, the rows composed
-# by their targets, how to cut, the entry
-PACK_LAYERS = ["budgets", "packed", "order", "balance", "options", "fits", "batches", "compose", "cut", "microbatches"]
+# by their targets, best fit over every cap, how to cut, the entry
+PACK_LAYERS = ["budgets", "packed", "order", "balance", "options", "fits", "batches", "compose", "bestfit", "cut",
+               "microbatches"]
 
 
 def test_the_pack_stage_is_layered_from_its_registries_and_options_up():
@@ -157,12 +158,12 @@ def test_the_pack_stage_is_layered_from_its_registries_and_options_up():
         assert not up, f"stages/pack/{name}.py imports {up}, above it in the room; see docs/architecture.md"
 
 
-# what --help lists loads no numpy: the registries of the pack stage, as those of inputs/
-LIGHT_REGISTRIES = ("sortpack.stages.pack.budgets", "sortpack.stages.pack.balance")
+# what --help lists loads no numpy: the registries of the pack stage and the measures, as the formats and size kinds
+LIGHT_REGISTRIES = ("sortpack.stages.pack.budgets", "sortpack.stages.pack.balance", "sortpack.inputs.measures")
 
 
 @pytest.mark.parametrize("module", LIGHT_REGISTRIES)
-def test_the_pack_registries_load_no_numpy(module):
+def test_the_registries_load_no_numpy(module):
     loaded = _loaded_after_import(module)
     assert not [m for m in loaded if m.split(".")[0] in ("numpy", "pyarrow", "mpi4py")], loaded
 

@@ -3,8 +3,6 @@ rows and what it refuses are the class's, and nothing outside the table compares
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +14,7 @@ from sortpack.stages.pack import balance as modes
 from sortpack.stages.pack.balance import BALANCE, Balance, balance_of
 
 from reader_fixtures import pipeline_index
-from support import ROOT
+from support import ROOT, help_with
 
 PKG = ROOT / "sortpack"
 
@@ -85,14 +83,5 @@ def test_a_new_mode_is_one_class_and_runs_a_job(tmp_path, monkeypatch):
 
 
 def test_the_cli_lists_the_modes_of_the_table():
-    code = ("from sortpack.stages.pack import balance\n"
-            "class LongestBalance(balance.Balance):\n"
-            f"    name, help = {LongestBalance.name!r}, {LongestBalance.help!r}\n"
-            "balance.BALANCE[LongestBalance.name] = LongestBalance\n"
-            "from sortpack.cli import main\n"
-            "main(['pack', '--help'])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd=str(ROOT), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
-    text = " ".join(out.stdout.split())
-    assert "--balance none|compute|targets|longest" in text, out.stderr
-    assert "longest the longest sample." in text
+    text = help_with("sortpack.stages.pack.balance", "BALANCE", LongestBalance)
+    assert "--balance none|compute|targets|longest" in text and "longest the longest sample." in text

@@ -1,9 +1,6 @@
 """The --budget registry (stages/pack/budgets.py): a budget is one class; every question about it asks the class."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,7 +16,7 @@ from sortpack.stages.pack.fits import oversize_mask
 from sortpack.stages.samples import SampleColumns
 
 from reader_fixtures import pipeline_index
-from support import ROOT
+from support import help_with
 
 
 def _opts(name: str, max_tokens: int = 1000, **kw) -> PackOptions:
@@ -94,17 +91,10 @@ def test_a_new_budget_with_a_kernel_cost_of_its_own_runs_a_job(tmp_path, monkeyp
 
 
 def test_the_cli_lists_the_budgets_of_the_table():
-    # the --budget choices and their help are read from the registry, which loads no numpy
-    code = ("from sortpack.stages.pack import budgets\n"
-            "class PaddedAttention(budgets.Budget):\n"
-            f"    name, help = {PaddedAttention.name!r}, {PaddedAttention.help!r}\n"
-            "budgets.BUDGETS[PaddedAttention.name] = PaddedAttention\n"
-            "from sortpack.cli import main\n"
-            "main(['pack', '--help'])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd=str(ROOT), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
-    assert "[padded|tokens|quadratic|padded_attention]" in out.stdout, out.stderr
-    assert "padded_attention: count*(max_size + max_size^2/Q)." in " ".join(out.stdout.split())
+    # the --budget choices and their help are read from the registry
+    text = help_with("sortpack.stages.pack.budgets", "BUDGETS", PaddedAttention)
+    assert "[padded|tokens|quadratic|padded_attention]" in text
+    assert "padded_attention: count*(max_size + max_size^2/Q)." in text
 
 
 def test_a_new_budget_is_one_class_in_the_registry(monkeypatch):

@@ -141,7 +141,7 @@ class Balance:
 class ComputeBalance(Balance):
     """``--balance compute``: a sample weighs its compute ``C*s + s^2`` (``--cost-coeff C``), its matrix products and
     its attention; a padded micro-batch costs every slot at its padded length. With ``--encoder-patches`` the
-    vision encoder's work is balanced too (``encoder_cost``): micro-batches alike in both are neighbours."""
+    vision encoder's work is balanced too (``encoder_parts``): micro-batches alike in both are neighbours."""
 
     name: ClassVar[str] = "compute"
     help: ClassVar[str] = "C*s + s^2 per document (docs/step-costs.md)"
@@ -149,6 +149,20 @@ class ComputeBalance(Balance):
     def record(self) -> dict[str, object]:
         """Return the mode and its cost coefficient."""
         return {"balance": self.name, "cost_coeff": self.opts.cost_coeff}
+
+    def weight(self, sizes: np.ndarray, measures: dict[str, np.ndarray]) -> np.ndarray:
+        """Return each sample's ``C*s + s^2`` (float64)."""
+        s = sizes.astype("float64")
+        return self.opts.cost_coeff * s + s * s
+
+    def cost(self, packed: Packed) -> np.ndarray:
+        """Return each micro-batch's compute; a padded one ``batch_size * padded_size * (C + padded_size)``, as
+        ``inspect`` counts it."""
+        if not self.opts.padded_layout:
+            return super().cost(packed)
+        mb = packed.batches
+        padded = mb.padded_size.astype("float64")
+        return mb.batch_size.astype("float64") * padded * (self.opts.cost_coeff + padded)
 
     def arrange(self, comm: Comm, packed: Packed, by_fills: bool) -> Packed:
         """Return the micro-batches as a circle of their LLM cost; with an encoder, along a closed curve over both

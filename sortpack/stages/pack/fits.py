@@ -16,6 +16,7 @@ import numpy as np
 from ... import kernels
 from ...distribute import global_start
 from ...errors import SortpackError
+from ...inputs.measures import measure_of
 from ...parallel import Comm
 from ..samples import SampleColumns, exact_sum
 from .budgets import budget_of
@@ -136,7 +137,7 @@ class OversizeError(SortpackError):
 
 def content_empty(samples: SampleColumns, lo: int = 0, hi: int | None = None) -> np.ndarray:
     """Return which samples (of ``lo:hi``) have no content: a size no larger than what an empty sample measures,
-    or no loss target.
+    or none of a measure that trains (``Measure.trains``: the loss targets).
 
     Under ``--size tokens`` with special tokens an empty text measures the tokens the
     post-processor adds (``[CLS] [SEP]``: 2), which analyze records as ``empty_size``; a
@@ -146,12 +147,16 @@ def content_empty(samples: SampleColumns, lo: int = 0, hi: int | None = None) ->
     empty = samples.size[lo:hi] <= samples.empty_size
     if samples.begin is not None:
         empty &= samples.begin[lo:hi] == 0  # a document's last piece may hold just [SEP]: it is content all the same
-    targets = samples.measures.get("targets")
-    if targets is not None:
+    for values in _training_measures(samples):
         # fine-tuning data: a sample (or piece) without a loss target trains nothing (an empty completion,
         # a chat without an assistant turn, a piece of prompt only)
-        empty |= targets[lo:hi] <= 0
+        empty |= values[lo:hi] <= 0
     return empty
+
+
+def _training_measures(samples: SampleColumns) -> list[np.ndarray]:
+    """Return the samples' measures without which a sample trains nothing (``inputs.measures``: ``trains``)."""
+    return [values for name, values in sorted(samples.measures.items()) if measure_of(name).trains]
 
 
 def drop_empty(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, int]:
@@ -164,7 +169,7 @@ def drop_empty(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[S
     """
     size = samples.size
     # sizes alone decide (no pieces, no targets): when the smallest has content, every sample has (no mask)
-    none_empty = samples.begin is None and "targets" not in samples.measures and (
+    none_empty = samples.begin is None and not _training_measures(samples) and (
         not len(size) or int(size.min()) > samples.empty_size)
     empty = None if none_empty else content_empty(samples)
     count = comm.allreduce(0 if empty is None else int(empty.sum()), "sum")

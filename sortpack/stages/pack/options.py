@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from ... import kernels
 from ...errors import SortpackError
-from ..measures import CAP_FITS, MAX_CAPS
+from ..caps import CAP_FITS, MAX_CAPS
 from .balance import balance_of
 from .budgets import budget_of
 

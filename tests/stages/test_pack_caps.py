@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
 from sortpack.parallel import SerialComm
-from sortpack.stages.measures import check_name, parse_cap, parse_measure, size2_caps, size_name
+from sortpack.inputs.measures import measure_of, size_name
+from sortpack.stages.caps import parse_cap, size2_caps
 from sortpack.stages.pack import OversizeError, PackOptions, pack_samples
 from sortpack.stages.pack.fits import oversize_mask
 from sortpack.stages.plan_options import PlanOptions
@@ -33,8 +34,9 @@ def test_spellings():
     assert parse_cap("images=column:num_images:16") == ("images", "column:num_images", 16)
     assert parse_cap("enc=python:mod:fn:8192") == ("enc", "python:mod:fn", 8192)  # the last ':' ends the SPEC
     assert parse_cap("size3=100") == ("size3", None, 100)  # a measure made elsewhere
-    assert parse_measure("vit_sq=column:p2") == ("vit_sq", "column:p2")
     assert [size_name(k) for k in range(3)] == ["size2", "size3", "size4"]
+    # a later --size2 is declared as the first: its measure is never cut by --oversize split
+    assert measure_of("size3").pieces is None and measure_of("size3").option == "--size2"
     assert size2_caps([10, 0, 30]) == (("size2", 10), ("size4", 30))
 
 
@@ -42,19 +44,13 @@ def test_spellings():
     ("images", "expected NAME=SPEC:N"),
     ("images=column:n:0", "positive integer"),
     ("images=column:n:x", "positive integer"),
-    ("tokens=column:n:5", "column of every plan"),
-    ("size2=column:n:5", "sizeN names the measures of --size2"),
-    ("9x=column:n:5", "a letter or _"),
+    ("tokens=column:n:5", "'tokens' cannot name a measure"),
+    ("size3=column:n:5", "size3 is measured by --size2"),
+    ("9x=column:n:5", "'9x' cannot name a measure"),
 ])
 def test_bad_caps_are_one_line(text, message):
     with pytest.raises(SortpackError, match=message):
         parse_cap(text)
-
-
-def test_reserved_names_are_refused_for_measures():
-    for name in ("attention", "targets", "sample_id", "stage"):
-        with pytest.raises(SortpackError):
-            check_name(name, "--measure")
 
 
 @pytest.mark.parametrize("kw,message", [
@@ -86,8 +82,8 @@ def test_best_fit_from_two_caps_on():
 def test_the_manifest_records_caps_and_reads_them_back():
     pack = PackOptions(max_tokens=100, budget="tokens", max_size2=50, caps=(("size3", 7), ("images", 16)),
                        cap_fit="best", encoder_patches="vit", encoder_attention="window:64", encoder_coeff=100.0)
-    analyze = AnalyzeOptions(size="column:seq", size2="column:img", measures=(("size3", "column:x"),
-                                                                              ("images", "column:n")))
+    analyze = AnalyzeOptions(size="column:seq", size2="column:img", sizes=("column:x",),
+                             measures=(("images", "column:n"),))
     plan = PlanOptions(analyze, pack=pack)
     back = PlanOptions.from_manifest(plan.to_manifest())
     assert back.pack == pack and back.analyze == analyze
