@@ -8,7 +8,8 @@ to a numpy implementation in the same file that gives identical results, more sl
 Set ``SORTPACK_NO_CKERNELS=1`` to force the fallback; ``backend()`` says which is in use.
 
 ``_loader`` loads the library and holds the backend state; ``budget`` the packing-budget
-policy; ``greedy``, ``fit`` (best fit over the budget and every cap), ``merge``, ``radix``, ``rows``, ``lengths``, ``gather``, ``interleave``, ``tokens`` and
+policy; ``greedy``, ``fit`` (best fit over the budget and every cap),
+``merge``, ``radix``, ``rows``, ``lengths``, ``gather``, ``interleave``, ``tokens`` and
 ``utf8`` one kernel family each; ``compose`` (rows composed by their targets) and ``bpe`` (the GPT-2-pattern
 BPE of ASCII text, whose fallback is tiktoken itself) are imported by their module paths.
 """

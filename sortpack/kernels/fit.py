@@ -19,7 +19,7 @@ import numpy as np
 
 from ._loader import _c, _i64, _ptr, _scratch
 from .budget import KernelCost, kernel_cost
-from .greedy import _options, _Options, _reference_cost, _reference_round, _round_np, _shape_records, cap_arrays
+from .greedy import _Options, _options, _reference_cost, _reference_round, _round_np, _shape_records, cap_arrays
 
 
 def _windows(windows: Any, n: int) -> np.ndarray:
@@ -136,7 +136,8 @@ class _Bin:
         a, c1 = self.a, self.count + 1
         if a.max_samples > 0 and c1 > a.max_samples:
             return np.zeros(len(s), bool)
-        ok = (self.sums[:, None] + vals <= a.lims[:, None]).all(axis=0) if len(self.sums) else np.ones(len(s), bool)
+        lims = a.lims if a.lims is not None else np.zeros(0, np.int64)
+        ok = (self.sums[:, None] + vals <= lims[:, None]).all(axis=0) if len(lims) else np.ones(len(s), bool)
         if a.cost.per_slot or a.rounding:
             L = _round_np(np.maximum(s, self.top), a)
             if a.cost.quadratic:

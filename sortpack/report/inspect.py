@@ -340,6 +340,11 @@ def _shape_lines(m: dict, shapes: np.ndarray) -> dict:
     return out
 
 
+def _figures(value: dict) -> str:
+    """Return ``{name: figure}`` as ``name figure  name figure`` (floats to 4 significant digits)."""
+    return "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
+
+
 def render(report: dict) -> str:
     """Return the report as an aligned human-readable table."""
     rows = []
@@ -359,8 +364,12 @@ def render(report: dict) -> str:
         elif key == "chosen_lengths":
             value = (f"{value['request']}: {','.join(map(str, value['lengths']))}  "
                      f"(per-sample rounding pads {100 * value['rounding_padding_ratio']:.2f}%)")
+        elif key == "cap_imbalance":  # one line per capped measure
+            for name, figures in value.items():
+                rows.append((f"{name}_imbalance", _figures(figures)))
+            continue
         elif isinstance(value, dict):
-            value = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
+            value = _figures(value)
         elif isinstance(value, float):
             value = f"{100 * value:.2f}%" if key in ("padding_ratio", "fill") else f"{value:.4f}"
         rows.append((key, str(value)))

@@ -5,11 +5,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_greedy import pack_cases
 
 from sortpack import kernels as K
 from sortpack.kernels.greedy import MAX_CAPS
-
-from test_greedy import pack_cases
 
 
 @st.composite

@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
-from sortpack.parallel import SerialComm
 from sortpack.inputs.measures import measure_of, size_name
+from sortpack.parallel import SerialComm
+from sortpack.stages.analyze import AnalyzeOptions
 from sortpack.stages.caps import parse_cap, size2_caps
 from sortpack.stages.pack import OversizeError, PackOptions, pack_samples
 from sortpack.stages.pack.fits import oversize_mask
 from sortpack.stages.plan_options import PlanOptions
-from sortpack.stages.analyze import AnalyzeOptions
 from sortpack.stages.samples import SampleColumns
 
 

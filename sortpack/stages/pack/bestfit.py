@@ -38,9 +38,9 @@ def visit_key(opts: PackOptions, sizes: np.ndarray, measures: dict[str, np.ndarr
     The sum rather than the largest share (first fit decreasing by the sum of normalised sizes, a
     classic of vector bin packing): on the vision-language set of docs/multimodal.md it leaves
     fewer micro-batches of a lopsided cost (text alone, images alone), which a plan balanced by
-    the two costs cannot place among like ones: p99 of the steps' max/mean at W = 64 1.033 (LLM)
-    and 1.038 (encoder) against 1.047 and 1.052 by the largest share, for a binding fill of
-    0.998 against 0.999.
+    the two costs cannot place among like ones: p99 of the steps' max/mean at W = 64 about 1.035
+    for both costs against about 1.05 by the largest share, for a binding fill of 0.998 against
+    0.999.
     """
     from .fits import alone_cost
 

@@ -22,10 +22,10 @@ from ..samples import SampleColumns, measures_in, with_measures
 from ..shapes import choose_shapes
 from .balance import balance_of
 from .batches import plain_batches, same_shape_groups, static_batches
+from .bestfit import cap_values, fit_pieces, fit_rows
 from .budgets import budget_of
 from .compose import compose_rows, exchange_heavy, targets_spread
 from .fits import apply_oversize, oversize_mask
-from .bestfit import cap_values, fit_pieces, fit_rows
 from .options import PackOptions
 from .packed import BatchArrays, Packed, key_values, segment_reduce
 

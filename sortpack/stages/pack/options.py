@@ -22,8 +22,9 @@ __all__ = ["CAP_FITS", "FIT_WINDOW", "SEGMENT_SIZE", "PackOptions"]
 SEGMENT_SIZE = 1 << 20
 
 # Samples per best-fit window of the greedy budgets. On the vision-language set of
-# docs/multimodal.md (1M samples, three caps) the binding cap's mean fill is 0.9951 at 1,024,
-# 0.9983 at 4,096, 0.9994 at 16,384 and 0.9997 at 65,536, in 0.45, 0.60, 0.68 and 1.17 s.
+# docs/multimodal.md (1M samples, three caps) the binding cap's mean fill is 0.9913 at 1,024,
+# 0.9958 at 4,096, 0.9979 at 16,384 and 0.9989 at 65,536, the kernel's time 0.44, 0.65, 0.78
+# and 1.40 s (load 10 on 2 cores).
 FIT_WINDOW = 16384
 
 

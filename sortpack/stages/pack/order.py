@@ -143,8 +143,8 @@ def two_cost_key(comm: Comm, a: list[tuple[float, np.ndarray]], b: list[tuple[fl
     of k micro-batches in a region of about sqrt(k/M) of it, for every k at once: at any world size
     a step's micro-batches are alike in both costs, and the plan's end neighbours its start (the
     short last step the reader fills from the start). 1M vision-language samples, W = 64: p99 of
-    the steps' max/mean 1.037 (LLM) and 1.046 (encoder); a plain Hilbert curve 1.040 and 1.041,
-    one scaled per cost to its range 1.062 and 1.034 (docs/multimodal.md).
+    the steps' max/mean 1.033 (LLM) and 1.035 (encoder) (docs/multimodal.md); each cost scaled to
+    its own range instead, about 1.06 for the LLM.
     """
     x, y = _scaled(comm, a), _scaled(comm, b)
     lo_x = comm.allreduce(float(x.min()) if len(x) else float("inf"), "min")
