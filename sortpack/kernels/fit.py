@@ -159,31 +159,74 @@ class _Bin:
         self.count += 1
 
 
+_BLOCK = 128  # samples per block of the fallback's two-level search (the C kernel's segment tree, flattened)
+
+
+class _Window:
+    """The unplaced samples of one window, by blocks: each block's least size and least measures (placed ones out)."""
+
+    def __init__(self, sizes: np.ndarray, caps: np.ndarray):
+        self.sizes, self.caps = sizes, caps
+        self.free = np.ones(len(sizes), bool)
+        nb = -(-len(sizes) // _BLOCK)
+        self.least = np.zeros((1 + len(caps), nb), np.int64)
+        self.live = np.ones(nb, bool)
+        for b in range(nb):
+            self._block(b)
+
+    def _block(self, b: int) -> None:
+        """Recompute block ``b``'s least values over its unplaced samples."""
+        lo, hi = b * _BLOCK, min(len(self.sizes), (b + 1) * _BLOCK)
+        free = self.free[lo:hi]
+        self.live[b] = bool(free.any())
+        if self.live[b]:
+            self.least[0, b] = self.sizes[lo:hi][free].min()
+            if len(self.caps):
+                self.least[1:, b] = self.caps[:, lo:hi][:, free].min(axis=1)
+
+    def take(self, i: int, placed: bool = True) -> None:
+        """Mark sample ``i`` placed (or unplaced again)."""
+        self.free[i] = not placed
+        self._block(i // _BLOCK)
+
+    def first_fit(self, b: _Bin) -> int:
+        """Return the first unplaced sample that fits bin ``b``, or -1: blocks whose least values cannot fit are
+        skipped (the budget and the caps are monotone), then a block's samples are tested at once."""
+        blocks = np.flatnonzero(self.live)
+        if not len(blocks):
+            return -1
+        maybe = blocks[b.fits(self.least[0, blocks], self.least[1:, blocks])]
+        for k in maybe.tolist():
+            lo, hi = k * _BLOCK, min(len(self.sizes), (k + 1) * _BLOCK)
+            ok = b.fits(self.sizes[lo:hi], self.caps[:, lo:hi]) & self.free[lo:hi]
+            if ok.any():
+                return lo + int(np.argmax(ok))
+        return -1
+
+
 def _fit_fallback(sizes: np.ndarray, a: _Options, wins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``fit_pack`` with numpy work per sample taken: each step tests every unplaced sample of the window."""
+    """Return ``fit_pack`` with numpy work per block per sample taken (a Python step per sample)."""
     caps = a.caps if a.caps is not None else np.zeros((0, len(sizes)), np.int64)
     order: list[np.ndarray] = []
     bounds = [0]
     for lo, hi in zip(wins[:-1].tolist(), wins[1:].tolist()):
-        free = np.ones(hi - lo, bool)
-        while free.any():
-            first = int(np.argmax(free))
-            taken = [first]
-            free[first] = False
-            b = _Bin(a)
-            b.add(int(sizes[lo + first]), caps[:, lo + first])
-            while True:
-                cand = np.flatnonzero(free)
-                ok = b.fits(sizes[lo + cand], caps[:, lo + cand])
-                if not ok.any():
-                    break
-                j = int(cand[np.argmax(ok)])
-                b.add(int(sizes[lo + j]), caps[:, lo + j])
-                free[j] = False
+        w = _Window(sizes[lo:hi], caps[:, lo:hi])
+        first = 0
+        while True:
+            while first < hi - lo and not w.free[first]:
+                first += 1
+            if first >= hi - lo:
+                break
+            taken, b = [], _Bin(a)
+            j = first
+            while j >= 0:
+                b.add(int(w.sizes[j]), w.caps[:, j])
+                w.take(j)
                 taken.append(j)
-            c = len(taken)
-            keep = c if c < a.multiple else a.multiple * (c // a.multiple)
-            free[taken[keep:]] = True
+                j = w.first_fit(b)
+            keep = len(taken) if len(taken) < a.multiple else a.multiple * (len(taken) // a.multiple)
+            for j in taken[keep:]:  # --batch-multiple: the last ones taken go back to the window
+                w.take(j, placed=False)
             order.append(np.asarray(taken[:keep], np.int64) + lo)
             bounds.append(bounds[-1] + keep)
     flat = np.concatenate(order) if order else np.zeros(0, np.int64)

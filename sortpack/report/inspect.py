@@ -147,11 +147,10 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
         from ..format.data_shards import describe_data
 
         report["data"] = describe_data(m["data"])
-    schema = m.get("schema") or {}
     caps = [(name, n) for name, n in plan_caps(m["options"]) if name in cols.measures]
-    if caps:
-        report["cap_fills"] = cap_fills(m, cols, caps)
-        report["cap_binding"] = m["stats"].get("cap_binding") or binding_counts(m, cols, caps)
+    if caps:  # each cap's mean fill, and which binds how often (the manifest's count, where it has one)
+        report.update(cap_fills=cap_fills(m, cols, caps),
+                      cap_binding=m["stats"].get("cap_binding") or binding_counts(m, cols, caps))
     warnings = lr_warnings(ns, tok, world_size or 1, grad_accum)
     if warnings:
         report["warnings"] = warnings
@@ -167,16 +166,23 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
             report["compute_imbalance"] = imbalance(step_costs(compute, world_size, grad_accum))
         if cols.size2 is not None:
             report["size2_imbalance"] = imbalance(step_costs(cols.size2.astype(np.float64), world_size, grad_accum))
-        if caps:  # each cap's measure per rank and step
-            report["cap_imbalance"] = {name: imbalance(step_costs(cols.measures[name].astype(np.float64), world_size,
-                                                                  grad_accum)) for name, _ in caps}
-        encoder = encoder_cost(m["options"], cols)
-        if encoder is not None:  # the vision encoder's work apart from the LLM's (compute_imbalance)
-            report["encoder_imbalance"] = imbalance(step_costs(encoder, world_size, grad_accum))
-        if "targets" in schema:  # fine-tuning data: what trains per rank and step (the loss's share of work)
-            targets = _column(directory, m, "targets").astype(np.int64)
-            report["targets_imbalance"] = imbalance(step_costs(targets, world_size, grad_accum))
+        report.update(_cap_steps(m, cols, [name for name, _ in caps], world_size, grad_accum))
+        if "targets" in cols.measures:  # fine-tuning data: what trains per rank and step (the loss's share of work)
+            report["targets_imbalance"] = imbalance(step_costs(cols.measures["targets"], world_size, grad_accum))
     return report
+
+
+def _cap_steps(m: dict, cols: IndexColumns, capped: list[str], world_size: int, grad_accum: int) -> dict:
+    """Return the steps' imbalance of each capped measure (``cap_imbalance``) and of the vision encoder's work
+    (``encoder_imbalance``, apart from the LLM's ``compute_imbalance``), where the plan has them."""
+    out: dict = {}
+    if capped:
+        out["cap_imbalance"] = {name: imbalance(step_costs(cols.measures[name].astype(np.float64), world_size,
+                                                           grad_accum)) for name in capped}
+    encoder = encoder_cost(m["options"], cols)
+    if encoder is not None:
+        out["encoder_imbalance"] = imbalance(step_costs(encoder, world_size, grad_accum))
+    return out
 
 
 def _samples_report(directory: str, m: dict) -> dict:
