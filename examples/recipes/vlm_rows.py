@@ -1,30 +1,32 @@
 """Vision-language training on packed rows: a tiny Qwen2-VL built from its config, each row within the plan's caps.
 
-    python examples/recipes/vlm_rows.py --make-data vl/          # a small image-text set of numeric columns
+    python examples/recipes/vlm_rows.py --make-data vl/          # a small image-text set: PNG bytes and text ids
     sortpack run vl/ -o PLAN --size column:seq --rows 512 \\
-        --cap enc=column:image_tokens:96 --cap images=column:images:6 \\
-        --measure vit=column:patches --measure vit_sq=column:patches_sq \\
-        --balance compute --encoder-patches vit --encoder-attention full:vit_sq \\
-        --store text_ids,image_h,image_w
+        --cap enc=image_tokens:images:qwen2_vl:96 --cap images=image_count:images:6 \\
+        --measure vit=image_patches:images:qwen2_vl --measure vit_sq=column:vit_sq \\
+        --balance compute --encoder-patches vit --encoder-attention full:vit_sq --store text_ids,images
     python examples/recipes/vlm_rows.py PLAN --steps 4
 
 A sample is its images (each ``<|vision_start|>``, one ``<|image_pad|>`` per token the 2x2 merge
-leaves of its 14-px patches, ``<|vision_end|>``) and then its text; ``seq`` counts all of it,
-``image_tokens`` the images' tokens (the encoder's cap), ``images`` the images. The plan packs
-the samples into rows of 512 tokens of at most 96 image tokens and 6 images (best fit over the
-three caps), and orders the rows so that a step's rows cost alike for the LLM and for the ViT.
-``VLRows`` lays each row out as Qwen2-VL reads packed sequences: the ids of its samples one
-after the other, position ids ``[4, rows, 512]`` (text positions restarting in every sample,
-then the M-RoPE positions ``get_rope_index`` gives each sample alone), so that no sample attends
-to another, and one ``image_grid_thw`` row per image; labels only on text (not the image
-tokens, not a sample's first token, not the padding). Pixels here are a seeded stand-in per
-image (a real loader decodes stored image bytes, ``--store images``). The loss is the step's
-mean over its labelled tokens: summed, and the gradients divided by the step's count before
-the optimizer step. The model is built from a config (nothing is downloaded), on CPU.
+leaves of its 14-px patches, ``<|vision_end|>``) and then its text; ``seq`` counts all of it.
+The plan reads each image's size from its PNG header (``image_tokens``, ``image_patches``,
+``image_count``: Qwen2-VL's counts, docs/multimodal.md) and packs the samples into rows of 512
+tokens of at most 96 image tokens and 6 images (best fit over the three caps), ordered so
+that a step's rows cost alike for the LLM and for the ViT. ``VLRows`` decodes the stored PNG
+bytes with Qwen2-VL's image processor (its config only) and lays each row out as Qwen2-VL reads
+packed sequences: the ids of its samples one after the other, position ids ``[4, rows, 512]``
+(text positions restarting in every sample, then the M-RoPE positions ``get_rope_index`` gives
+each sample alone), so that no sample attends to another, and the processor's
+``pixel_values`` and ``image_grid_thw`` of its images; labels only on text (not the image
+tokens, not a sample's first token, not the padding). Every row is checked against the caps
+with the processor's own token counts. The loss is the step's mean over its labelled tokens:
+summed, and the gradients divided by the step's count before the optimizer step. The model is
+built from a config (nothing is downloaded), on CPU.
 """
 from __future__ import annotations
 
 import argparse
+import io
 from pathlib import Path
 
 import numpy as np
@@ -38,11 +40,20 @@ from sortpack.torch import PackedBatchSampler, SourceDataset
 VOCAB = 64  # text ids below VOCAB - 4; the four above are the vision tokens
 IMAGE_PAD, VIDEO_PAD, VISION_START, VISION_END = VOCAB - 1, VOCAB - 2, VOCAB - 3, VOCAB - 4
 PATCH, MERGE, TEMPORAL = 14, 2, 2  # Qwen2-VL's patch size, merge and temporal patch
-PIXELS_PER_PATCH = 3 * TEMPORAL * PATCH * PATCH
+
+
+def png(width: int, height: int, rng: np.random.Generator) -> bytes:
+    """Return a PNG of random pixels of the given size."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(out, format="PNG")
+    return out.getvalue()
 
 
 def make_data(directory: Path, n: int = 600, seed: int = 0) -> None:
-    """Write ``directory/part-0.parquet``: n samples of text ids and 0-3 images (35% none) of 56-168 px a side."""
+    """Write ``directory/part-0.parquet``: n samples of text ids and 0-3 PNG images (35% none) of 56-168 px a side
+    (28-px multiples, which Qwen2-VL's processor keeps as they are), ``seq`` and ``vit_sq`` beside them."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -50,13 +61,15 @@ def make_data(directory: Path, n: int = 600, seed: int = 0) -> None:
     text = [rng.integers(0, VOCAB - 4, int(k)).astype(np.int32)
             for k in np.clip(rng.lognormal(np.log(40), 0.8, n), 4, 300)]
     count = np.where(rng.random(n) < 0.35, 0, rng.integers(1, 4, n))
-    h = [(2 * rng.integers(2, 7, c)).astype(np.int32) for c in count]  # in 14-px patches, a multiple of the merge
-    w = [(2 * rng.integers(2, 7, c)).astype(np.int32) for c in count]
-    tokens = np.array([int((a * b).sum()) // MERGE ** 2 for a, b in zip(h, w)])
-    patches = np.array([int((a * b).sum()) for a, b in zip(h, w)])
-    table = pa.table({"text_ids": text, "image_h": h, "image_w": w, "images": count, "image_tokens": tokens,
-                      "seq": np.array([len(t) for t in text]) + tokens + 2 * count, "patches": patches,
-                      "patches_sq": np.array([int(((a * b).astype(np.int64) ** 2).sum()) for a, b in zip(h, w)])})
+    sides = [PATCH * MERGE * rng.integers(2, 7, (c, 2)) for c in count]  # (width, height) in pixels
+    patches = [(s[:, 0] // PATCH) * (s[:, 1] // PATCH) for s in sides]
+    table = pa.table({
+        "text_ids": text,
+        "images": [[png(int(w), int(h), rng) for w, h in s] for s in sides],
+        # the sequence: the text, and per image its tokens and the two vision markers
+        "seq": np.array([len(t) + int(p.sum()) // MERGE ** 2 + 2 * len(p) for t, p in zip(text, patches)]),
+        "vit_sq": np.array([int((p.astype(np.int64) ** 2).sum()) for p in patches]),  # a full-attention ViT's term
+    })
     directory.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, directory / "part-0.parquet")
 
@@ -82,27 +95,33 @@ class VLRows:
     """Collate a micro-batch of packed rows into Qwen2-VL's packed inputs (picklable: DataLoader workers)."""
 
     def __init__(self, rope_index, row_len: int):
-        self.rope_index, self.row_len = rope_index, row_len  # the model's get_rope_index: M-RoPE of one sample
+        from transformers import Qwen2VLImageProcessorPil
 
-    def sample(self, sample_id: int, item: dict):
+        self.rope_index, self.row_len = rope_index, row_len  # the model's get_rope_index: M-RoPE of one sample
+        self.processor = Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=MERGE, temporal_patch_size=TEMPORAL)
+
+    def sample(self, item: dict):
         """Return (ids, labels, positions [4, n], grids, pixels) of one sample: its images, then its text."""
-        ids, kinds, grids = [], [], []
-        for h, w in zip(item["image_h"], item["image_w"]):
-            ids += [VISION_START] + [IMAGE_PAD] * (h * w // MERGE ** 2) + [VISION_END]
-            kinds += [0] + [1] * (h * w // MERGE ** 2) + [0]
-            grids.append((1, h, w))
+        ids, kinds, grids, pixels = [], [], torch.zeros(0, 3, dtype=torch.long), None
+        if item["images"]:
+            from PIL import Image
+
+            out = self.processor(images=[Image.open(io.BytesIO(b)).convert("RGB") for b in item["images"]],
+                                 return_tensors="pt")
+            grids, pixels = out["image_grid_thw"], out["pixel_values"]
+        for t, h, w in grids.tolist():
+            ids += [VISION_START] + [IMAGE_PAD] * (t * h * w // MERGE ** 2) + [VISION_END]
+            kinds += [0] + [1] * (t * h * w // MERGE ** 2) + [0]
         ids += list(item["text_ids"])
         kinds += [0] * len(item["text_ids"])
         x = torch.tensor([ids])
-        if grids:
-            m_rope, _ = self.rope_index(x, torch.tensor([kinds]), image_grid_thw=torch.tensor(grids))
+        if len(grids):
+            m_rope, _ = self.rope_index(x, torch.tensor([kinds]), image_grid_thw=grids)
         else:
             m_rope = torch.arange(len(ids)).view(1, 1, -1).expand(3, 1, -1)
         positions = torch.cat([torch.arange(len(ids)).view(1, 1, -1), m_rope])[:, 0]  # text positions first
         labels = torch.tensor([-100 if k or t in (VISION_START, VISION_END) else t for t, k in zip(ids, kinds)])
         labels[0] = -100  # a sample's first token is not predicted from the one before it in the row
-        g = torch.Generator().manual_seed(int(sample_id))  # stand-in pixels, the same for a sample every time
-        pixels = torch.randn(sum(h * w for _, h, w in grids), PIXELS_PER_PATCH, generator=g)
         return x[0], labels, positions, grids, pixels
 
     def __call__(self, samples) -> dict:
@@ -111,18 +130,18 @@ class VLRows:
         splits = mb.row_splits if mb.row_splits is not None else [0, len(samples)]
         rows, labels, positions, grids, pixels = [], [], [], [], []
         for a, b in zip(splits[:-1], splits[1:]):
-            parts = [self.sample(mb[i], samples[i]) for i in range(a, b)]
+            parts = [self.sample(samples[i]) for i in range(a, b)]
             pad = self.row_len - sum(len(p[0]) for p in parts)
             rows.append(torch.cat([p[0] for p in parts] + [torch.zeros(pad, dtype=torch.long)]))
             labels.append(torch.cat([p[1] for p in parts] + [torch.full((pad,), -100)]))
             # the padding's positions restart too: it is a sequence of its own, attended by no sample
             positions.append(torch.cat([p[2] for p in parts] + [torch.arange(pad).view(1, -1).expand(4, -1)], 1))
-            grids += [g for p in parts for g in p[3]]
-            pixels += [p[4] for p in parts]
+            grids += [p[3] for p in parts]
+            pixels += [p[4] for p in parts if p[4] is not None]
         batch = {"input_ids": torch.stack(rows), "labels": torch.stack(labels),
                  "position_ids": torch.stack(positions, 1), "microbatch": mb.info()}
-        if grids:
-            batch.update(image_grid_thw=torch.tensor(grids), pixel_values=torch.cat(pixels))
+        if pixels:
+            batch.update(image_grid_thw=torch.cat(grids), pixel_values=torch.cat(pixels))
         return batch
 
 
@@ -136,20 +155,22 @@ def token_losses(model, batch) -> torch.Tensor:
 
 
 def check_caps(index: PackedIndex, batch: dict) -> None:
-    """Assert the micro-batch's rows hold what the plan capped (each row's tokens, image tokens and images)."""
+    """Assert the micro-batch's rows hold what the plan capped, counted by the processor: each row's image tokens
+    and images within the caps, and the micro-batch's as many as the plan read from the images' headers."""
     caps = dict(index.options.get("caps") or [])
-    ids = batch["input_ids"]
+    ids, planned = batch["input_ids"], batch["microbatch"]
     assert ids.shape[1] == int(index.options["rows"])
     per_row = (ids == IMAGE_PAD).sum(dim=1)
-    assert int(per_row.max()) <= caps["enc"], (per_row, caps)
-    assert int((ids == VISION_START).sum(dim=1).max()) <= caps["images"]
+    assert int(per_row.max()) <= caps["enc"] and int(per_row.sum()) == planned["enc"], (per_row, planned)
+    images = (ids == VISION_START).sum(dim=1)
+    assert int(images.max()) <= caps["images"] and int(images.sum()) == planned["images"], (images, planned)
 
 
 def main() -> None:
     """Train for --steps optimizer steps; print each step's rows, image tokens, LR and mean loss."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("index", nargs="?", help="a --rows plan stored with text_ids,image_h,image_w")
-    ap.add_argument("--make-data", metavar="DIR", help="write the small image-text set to DIR and stop")
+    ap.add_argument("index", nargs="?", help="a --rows plan stored with text_ids,images")
+    ap.add_argument("--make-data", metavar="DIR", help="write the small image-text set to DIR and stop (Pillow)")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps")
     ap.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step")
     ap.add_argument("--lr", type=float, default=1e-3)

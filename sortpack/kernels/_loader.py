@@ -57,6 +57,8 @@ _SIGNATURES = {
     "sp_bpe_new": ([_PTR, _PTR, _PTR, _I64], _PTR),
     "sp_bpe_free": ([_PTR], None),
     "sp_bpe_encode_ascii": ([_PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
+    # _media.c (a second source of the library: new symbols, no change to the ones above)
+    "sp_jpeg_sizes": ([_PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR], _I64),
 }
 
 
