@@ -100,6 +100,33 @@ def sort_options(f):
     return _apply(opts, f)
 
 
+def _cap_options() -> list:
+    """Return the click options of the caps beside the budget and of the vision encoder's cost."""
+    return [
+        click.option("--max-size2", type=int, multiple=True, metavar="N",
+                     help="Cap a micro-batch's (and with --rows a row's) sum of --size2 at N too "
+                          "(a sample over N alone follows --oversize error|skip); repeated, the k-th caps "
+                          "the k-th --size2 (0: no cap)."),
+        click.option("--cap", "cap_specs", multiple=True, metavar="NAME=SPEC:N|NAME=N",
+                     help="Another cap: measure NAME by SPEC (run) and cap its sum per micro-batch (per row "
+                          "with --rows) at N, e.g. images=column:num_images:16; NAME=N caps a measure made "
+                          "already (--size2's size2, size3.., --measure, an analyzed one). Repeatable."),
+        click.option("--cap-fit", type=click.Choice(list(CAP_FITS)), default="auto", show_default=True,
+                     help="How micro-batches meet the caps: runs (the greedy cuts runs of the sorted order), "
+                          "best (best fit over the budget and every cap, window by window), auto (best from "
+                          "two caps on, runs for one)."),
+        click.option("--encoder-patches", default=None, metavar="MEASURE",
+                     help="With --balance compute: the measure of each sample's vision-encoder patches "
+                          "(summed over its images); the encoder's work is balanced beside the LLM's."),
+        click.option("--encoder-attention", default=None, metavar="full:MEASURE|window:W",
+                     help="The encoder's attention: full:MEASURE (a full-attention ViT; MEASURE the patches "
+                          "squared, summed over the images) or window:W (windows of W patches, e.g. 64 for "
+                          "Qwen2.5-VL: nearly linear)."),
+        click.option("--encoder-coeff", type=float, default=7680.0, show_default=True, metavar="C",
+                     help="C_e of the encoder's cost C_e*p + attention per image (6 x the ViT's width)."),
+    ]
+
+
 def pack_options(required: bool):
     """Add the pack options to a command (``--max-tokens`` required or not)."""
 
@@ -138,27 +165,7 @@ def pack_options(required: bool):
                          help="With --rows: rows per micro-batch."),
             click.option("--max-segments", type=int, default=0,
                          help="With --rows: most samples per row (0: no limit)."),
-            click.option("--max-size2", type=int, multiple=True, metavar="N",
-                         help="Cap a micro-batch's (and with --rows a row's) sum of --size2 at N too "
-                              "(a sample over N alone follows --oversize error|skip); repeated, the k-th caps "
-                              "the k-th --size2 (0: no cap)."),
-            click.option("--cap", "cap_specs", multiple=True, metavar="NAME=SPEC:N|NAME=N",
-                         help="Another cap: measure NAME by SPEC (run) and cap its sum per micro-batch (per row "
-                              "with --rows) at N, e.g. images=column:num_images:16; NAME=N caps a measure made "
-                              "already (--size2's size2, size3.., --measure, an analyzed one). Repeatable."),
-            click.option("--cap-fit", type=click.Choice(list(CAP_FITS)), default="auto", show_default=True,
-                         help="How micro-batches meet the caps: runs (the greedy cuts runs of the sorted order), "
-                              "best (best fit over the budget and every cap, window by window), auto (best from "
-                              "two caps on, runs for one)."),
-            click.option("--encoder-patches", default=None, metavar="MEASURE",
-                         help="With --balance compute: the measure of each sample's vision-encoder patches "
-                              "(summed over its images); the encoder's work is balanced beside the LLM's."),
-            click.option("--encoder-attention", default=None, metavar="full:MEASURE|window:W",
-                         help="The encoder's attention: full:MEASURE (a full-attention ViT; MEASURE the patches "
-                              "squared, summed over the images) or window:W (windows of W patches, e.g. 64 for "
-                              "Qwen2.5-VL: nearly linear)."),
-            click.option("--encoder-coeff", type=float, default=7680.0, show_default=True, metavar="C",
-                         help="C_e of the encoder's cost C_e*p + attention per image (6 x the ViT's width)."),
+            *_cap_options(),
             click.option("--balance", default="none", show_default=True, metavar="|".join(BALANCE),
                          help=balance_help()),
             click.option("--cost-coeff", type=float, default=6144.0, show_default=True, metavar="C",

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("tiktoken")
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.inputs.fast_tokens import VERIFIED_PATTERNS, Refused, TokenEncoder, exact_conversion, load_spec, token_ids
@@ -121,6 +121,7 @@ EDGE = ["", " ", "\n", "  \n\n\t  x", "x" * 5000, " " * 3000, "\r\n" * 500, "9" 
         "😀👍🏽 emoji", "日本語のテキスト", "ﷺ ﷽", "x\u0301\u0308", "\U0010fffd\U000e0001", "tab\tsep\vend\f"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", STYLES)
 def test_trained_styles_take_tiktoken_and_give_the_same_ids_on_real_code(tokenizers_by_style, sources, style):
     assert_same(tokenizers_by_style[style], sources[:20] + EDGE)
@@ -137,6 +138,7 @@ def class_points() -> list[int]:
     return sorted({c for points in seen.values() for c in (points[0], points[len(points) // 2], points[-1])})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", ["gpt2", "llama3"])
 def test_a_tokenizer_without_added_tokens(tmp_path, sources, style):
     """No added tokens: tiktoken's plain encode (its special-token search would look for an empty pattern)."""
@@ -210,8 +212,6 @@ def test_random_text_property(tokenizers_by_style, style):
 
     path = tokenizers_by_style[style]
     enc, hf = load_tokenizer(path), Tokenizer.from_file(path)
-
-    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.lists(TEXT, max_size=6), st.booleans())
     def check(texts, special):
         want = [e.ids for e in hf.encode_batch(texts, add_special_tokens=special)]
@@ -220,12 +220,14 @@ def test_random_text_property(tokenizers_by_style, style):
     check()
 
 
+@pytest.mark.slow
 def test_threads_give_the_same_ids(tokenizers_by_style, sources, monkeypatch):
     path = tokenizers_by_style["qwen2"]
     monkeypatch.setenv("RAYON_NUM_THREADS", "3")
     assert fast_lists(load_tokenizer(path), sources, True) == hf_reference(path, sources, True)
 
 
+@pytest.mark.slow
 def test_counts_and_ids_of_a_column_match_the_reference(tokenizers_by_style, sources):
     path = tokenizers_by_style["llama3"]
     col = pa.chunked_array([sources[:7], [], sources[7:20]], pa.large_string())
@@ -251,6 +253,7 @@ def _column_lists(enc, texts: list[str], special: bool, chunks: int = 3) -> tupl
     return ids.to_pylist(), counts.tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style,added", [("gpt2", True), ("gpt2", False), ("llama3", True), ("qwen2", True)])
 def test_ascii_texts_take_the_compiled_path_with_the_same_ids(tmp_path, sources, style, added):
     """GPT-2's, Llama 3's and Qwen 2's patterns: ASCII texts through kernels.bpe, the others (non-ASCII, holding
@@ -276,8 +279,6 @@ def test_random_ascii_columns_property(tokenizers_by_style, style):
     ascii_text = st.lists(st.one_of(st.text(st.characters(max_codepoint=127), max_size=12),
                                     st.text(st.sampled_from(list(" \t\n\r\v\f'sSdlLmtrReEv09x_(.")), max_size=10),
                                     st.sampled_from(SPECIALS)), max_size=6).map("".join)
-
-    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.lists(ascii_text, min_size=1, max_size=8), st.booleans())
     def check(texts, special):
         want = [e.ids for e in hf.encode_batch(texts, add_special_tokens=special)]
@@ -286,7 +287,6 @@ def test_random_ascii_columns_property(tokenizers_by_style, style):
     check()
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.lists(st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=5), min_size=1,
                 max_size=6, unique=True),
        st.lists(st.text(st.sampled_from(list("<|>[]().*+?^$\\{}ab x")), max_size=12), max_size=8))
@@ -297,6 +297,7 @@ def test_texts_holding_an_added_tokens_text_are_found_in_one_pass(added, texts):
     assert got == [int(any(a in t for a in added)) for t in texts]
 
 
+@pytest.mark.slow
 def test_the_compiled_path_in_threads_gives_the_same_ids(tokenizers_by_style, sources, monkeypatch):
     path = tokenizers_by_style["gpt2"]
     texts = sources + EDGE

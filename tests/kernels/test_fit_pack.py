@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from test_greedy import pack_cases
 
@@ -30,21 +30,18 @@ def _same(got, want):
     np.testing.assert_array_equal(got[1], want[1])
 
 
-@settings(max_examples=150, deadline=None)
 @given(case=fit_cases())
 def test_compiled_matches_reference(case):
     sizes, kw = case
     _same(K.fit_pack(sizes, **kw), K.fit_pack_reference(sizes, **kw))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=fit_cases())
 def test_fallback_matches_reference(case, fallback):
     sizes, kw = case
     _same(fallback.fit_pack(sizes, **kw), K.fit_pack_reference(sizes, **kw))
 
 
-@settings(max_examples=150, deadline=None)
 @given(case=fit_cases())
 def test_every_sample_once_each_bin_in_its_window_and_under_every_cap(case):
     sizes, kw = case

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
@@ -124,7 +124,6 @@ def _vl(n: int, seed: int):
     return text + img, {"size2": img, "images": images}
 
 
-@settings(max_examples=25, deadline=None)
 @given(n=st.integers(0, 600), seed=st.integers(0, 2**16), rows=st.booleans(), budget=st.sampled_from(["tokens",
        "padded", "quadratic"]), fit=st.sampled_from(["auto", "runs", "best"]))
 def test_every_sample_once_and_every_cap_held(n, seed, rows, budget, fit):

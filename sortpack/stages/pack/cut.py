@@ -30,9 +30,10 @@ from .options import PackOptions
 from .packed import BatchArrays, Packed, key_values, segment_reduce
 
 
-def two_cap_order(size: np.ndarray, size2: np.ndarray, cap1: int, cap2: int, starts: np.ndarray,
+def two_cap_order(size: np.ndarray, size2: np.ndarray, caps: tuple[int, int], starts: np.ndarray,
                   ends: np.ndarray) -> np.ndarray:
-    """Return the local order (int64 indices) of the samples, each piece ``[starts[i], ends[i])`` reordered in place.
+    """Return the local order (int64 indices) of the samples, each piece ``[starts[i], ends[i])`` reordered in place
+    (``caps``: the caps of ``size`` and ``size2``).
 
     Pieces keep their places and their samples; inside one, samples are merged by the normalised
     position of their cumulative lean within their side (see the module's text). Ties keep position.
@@ -45,6 +46,7 @@ def two_cap_order(size: np.ndarray, size2: np.ndarray, cap1: int, cap2: int, sta
     if len(starts) > 1:
         piece[np.asarray(starts[1:], np.int64)] = 1
         piece = np.cumsum(piece)
+    cap1, cap2 = caps
     lean = np.asarray(size2, np.int64) * int(cap1) - np.asarray(size, np.int64) * int(cap2)
     side = (lean > 0).astype(np.int64)
     mass = np.abs(lean)
@@ -127,7 +129,7 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
     if n and balanced_caps(opts, samples) and not opts.best_fit and len(opts.cap_list) == 1:
         # varlen under two caps: an order whose every run holds both kinds of sample (two_caps)
         name, cap = opts.cap_list[0]
-        perm = two_cap_order(sizes, samples.measures[name], opts.limit, cap, starts, ends)
+        perm = two_cap_order(sizes, samples.measures[name], (opts.limit, cap), starts, ends)
         samples = samples.select(perm, samples.start, samples.total)
         sizes = samples.size
     if opts.auto_shapes is not None:
@@ -224,7 +226,7 @@ def window_rows(room: np.ndarray, size2: np.ndarray | None, opts: PackOptions) -
     if len(size2) > 1:  # several caps cut by runs: the window's sorted order, no order of two
         order = np.arange(n, dtype=np.int64)
     else:
-        order = two_cap_order(room, size2[0], opts.rows, lims[0], np.zeros(1, np.int64), np.array([n]))
+        order = two_cap_order(room, size2[0], (opts.rows, lims[0]), np.zeros(1, np.int64), np.array([n]))
     splits = kernels.greedy_pack(room[order], opts.rows, "tokens", opts.max_segments, sizes2=size2[:, order],
                                  max2=lims)
     return order, splits

@@ -36,7 +36,7 @@ def both_fills_order(comm: Comm, packed: Packed, cap1: int, cap2: int, name: str
     """Return this rank's part of all micro-batches ordered by both fills (two caps: tokens and the measure
     ``name``, ``size2`` by default)."""
     size2 = segment_reduce(np.add, packed.measures[name], packed.batches.offsets)
-    return global_order(comm, packed, two_cap_key(comm, packed.batches.tokens, size2, cap1, cap2))
+    return global_order(comm, packed, two_cap_key(comm, packed.batches.tokens, size2, (cap1, cap2)))
 
 
 def _spread(comm: Comm, values: np.ndarray) -> tuple[int, int]:
@@ -48,8 +48,8 @@ def _spread(comm: Comm, values: np.ndarray) -> tuple[int, int]:
     return m * squares - total * total, m
 
 
-def two_cap_key(comm: Comm, tokens: np.ndarray, size2: np.ndarray, cap1: int, cap2: int,
-                bins: int = 40) -> np.ndarray:
+def two_cap_key(comm: Comm, tokens: np.ndarray, size2: np.ndarray, caps: tuple[int, int], bins: int = 40
+                ) -> np.ndarray:
     """Return a key that orders micro-batches by both fills (collective).
 
     The fill that varies more over the plan's micro-batches (usually the cap that does not
@@ -57,6 +57,7 @@ def two_cap_key(comm: Comm, tokens: np.ndarray, size2: np.ndarray, cap1: int, ca
     other fill, up in one bin and down in the next (serpentine): neighbours are alike in both.
     Which fill varies more is decided on exact integer sums, so it does not depend on the rank count.
     """
+    cap1, cap2 = caps
     var1, _ = _spread(comm, tokens)
     var2, _ = _spread(comm, size2)
     f1 = np.minimum(tokens.astype(np.float64) / cap1, 1.0)
