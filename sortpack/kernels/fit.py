@@ -95,7 +95,7 @@ def fit_pack(sizes: Any, max_tokens: Any, budget: str | KernelCost = "tokens", m
     tuple of numpy.ndarray
         ``order`` (int64 positions, bin after bin) and ``bounds`` (int64 ``[0, ..., n]``).
     """
-    a = _options(max_tokens, budget, max_samples, batch_multiple, quadratic_scale, pad_multiple, shapes)
+    a = _options(max_tokens, budget, (max_samples, batch_multiple), quadratic_scale, (pad_multiple, shapes))
     sizes = _i64(sizes).ravel()
     n = len(sizes)
     caps, lims = cap_arrays(sizes2, max2, n)
