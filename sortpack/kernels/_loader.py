@@ -54,6 +54,7 @@ _SIGNATURES = {
     "sp_merge_two_in_place": ([_PTR, _I64, _I64, _PTR, _I64], _I64),
     "sp_min_subsets": ([_PTR, _PTR, _I64, _I64, _I64, _I64, _PTR], _I64),
     "sp_compose_groups": ([_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR], _I64),
+    "sp_deal_equal": ([_PTR, _I64, _I64, _I64, _I64, ctypes.c_double, _I64, _PTR], _I64),
     "sp_bpe_new": ([_PTR, _PTR, _PTR, _I64], _PTR),
     "sp_bpe_free": ([_PTR], None),
     "sp_bpe_encode_ascii": ([_PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR], _I64),

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...inputs.pieces import run_indices
 from ...kernels.compose import NONE, compose_groups, min_subsets, subset_of
+from ...kernels.gather import run_indices
 
 _REVERSED_BYTES = np.array([int(f"{i:08b}"[::-1], 2) for i in range(256)], dtype=np.uint32)
 

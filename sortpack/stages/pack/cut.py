@@ -222,6 +222,7 @@ def window_rows(room: np.ndarray, size2: np.ndarray | None, opts: PackOptions) -
     if size2 is None:
         return kernels.pack_rows(room, opts.rows, opts.max_segments)
     n = len(room)
+    size2 = np.atleast_2d(size2)  # one measure (sortpack.batch's) or K rows of them
     lims = [cap for _, cap in opts.cap_list]
     if len(size2) > 1:  # several caps cut by runs: the window's sorted order, no order of two
         order = np.arange(n, dtype=np.int64)
@@ -251,18 +252,26 @@ def composed_rows(sizes: np.ndarray, room: np.ndarray, targets: np.ndarray, opts
     return order[np.lexsort((order, row))], row_splits
 
 
+def window_plan(sizes: np.ndarray, room: np.ndarray, size2: np.ndarray | None, weights: np.ndarray | None,
+                opts: PackOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Return (order, row_splits) of one window's samples in rows: best fit (``window_rows``, caps with
+    ``size2``: one measure, or K rows of them), or rows composed by the ``weights`` of a balance that composes
+    them (``composed_rows``). Pure: ``sortpack.batch`` packs with it too.
+    """
+    if weights is None:
+        return window_rows(room, size2, opts)
+    return composed_rows(sizes, room, weights, opts)
+
+
 def _window_rows(sizes: np.ndarray, room: np.ndarray, win: Windows, weights: np.ndarray | None, opts: PackOptions
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return (the samples' order, row bounds, each window's row count) of best-fit-decreasing rows window by
-    window (``window_rows``), or rows composed by their ``weights`` (``composed_rows``)."""
+    """Return (the samples' order, row bounds, each window's row count) of ``window_plan`` window by window."""
     perms, splits, counts = [], [np.zeros(1, np.int64)], []
     prog = Progress("pack", len(sizes), "rows")
     caps = cap_values(opts, win.measures)[0]
     for a, b in zip(win.starts, win.ends):
-        if weights is None:
-            order, row_splits = window_rows(room[a:b], None if caps is None else caps[:, a:b], opts)
-        else:
-            order, row_splits = composed_rows(sizes[a:b], room[a:b], weights[a:b], opts)
+        order, row_splits = window_plan(sizes[a:b], room[a:b], None if caps is None else caps[:, a:b],
+                                        None if weights is None else weights[a:b], opts)
         prog.update(b - a)
         perms.append(order + a)
         splits.append(row_splits[1:] + a)
@@ -270,6 +279,8 @@ def _window_rows(sizes: np.ndarray, room: np.ndarray, win: Windows, weights: np.
     prog.close()
     perm = np.concatenate(perms) if perms else np.zeros(0, np.int64)
     return perm, np.concatenate(splits), np.asarray(counts, np.int64)
+
+
 
 
 def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:

@@ -25,7 +25,7 @@ from fractions import Fraction
 import numpy as np
 
 from ...distribute import fetch_rows
-from ...inputs.pieces import run_indices
+from ...kernels.gather import run_indices
 from ...parallel import Comm
 from ..sample_sort import sample_sort
 from ..samples import exact_sum, measures_in, with_measures
