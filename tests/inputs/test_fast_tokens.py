@@ -23,7 +23,8 @@ pytest.importorskip("tiktoken")
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sortpack.inputs.fast_tokens import VERIFIED_PATTERNS, Refused, TokenEncoder, exact_conversion, load_spec, token_ids
+from sortpack.inputs.bpe_conversion import VERIFIED_PATTERNS, Refused, exact_conversion, load_spec
+from sortpack.inputs.fast_tokens import TokenEncoder, token_ids
 from sortpack.inputs.specs import evaluate, load_tokenizer, parse_spec
 from sortpack.kernels import backend
 
@@ -258,7 +259,7 @@ def test_ascii_texts_take_the_compiled_path_with_the_same_ids(tmp_path, sources,
     path = train(tmp_path / f"{style}.json", style, sources, added=added)
     enc = load_tokenizer(path)
     if backend() == "c":
-        assert enc.record()["ascii"] == "compiled"
+        assert enc.record()["compiled"] == "utf-8"
     texts = sources[:25] + EDGE + ["plain ascii again", "x<tool>y", "<|im_start|> a", ""]
     for special in (True, False):
         ids, counts = _column_lists(enc, texts, special)
@@ -291,7 +292,7 @@ def test_random_ascii_columns_property(tokenizers_by_style, style):
                 max_size=6, unique=True),
        st.lists(st.text(st.sampled_from(list("<|>[]().*+?^$\\{}ab x")), max_size=12), max_size=8))
 def test_texts_holding_an_added_tokens_text_are_found_in_one_pass(added, texts):
-    from sortpack.inputs.fast_tokens import _holding
+    from sortpack.inputs.token_columns import holding as _holding
 
     got = _holding(pa.array(texts, pa.string()), frozenset(added)).tolist()
     assert got == [int(any(a in t for a in added)) for t in texts]
@@ -305,7 +306,7 @@ def test_the_compiled_path_in_threads_gives_the_same_ids(tokenizers_by_style, so
     monkeypatch.setenv("RAYON_NUM_THREADS", "3")
     assert _column_lists(load_tokenizer(path), texts, True, chunks=2) == one
     assert one[0] == hf_reference(path, texts, True)
-    monkeypatch.setattr("sortpack.inputs.fast_tokens._RUN_BYTES", 997)  # many runs per chunk, some of one text
+    monkeypatch.setattr("sortpack.inputs.token_columns.RUN_BYTES", 997)  # many runs per chunk, some of one text
     assert _column_lists(load_tokenizer(path), texts, True, chunks=2) == one
 
 
@@ -315,11 +316,11 @@ def test_tiktoken_alone_is_a_switch_and_gives_the_same_ids(tokenizers_by_style, 
     default = _column_lists(load_tokenizer(path), texts, True)
     monkeypatch.setenv("SORTPACK_FAST_TOKENIZER", "tiktoken")
     enc = load_tokenizer(path)
-    assert enc.engine == "tiktoken" and "ascii" not in enc.record()
+    assert enc.engine == "tiktoken" and "compiled" not in enc.record()
     assert _column_lists(enc, texts, True) == default
     monkeypatch.delenv("SORTPACK_FAST_TOKENIZER")
     tekken = load_tokenizer(tokenizers_by_style["tekken"])  # a pattern the kernel does not split by: tiktoken alone
-    assert tekken.engine == "tiktoken" and "ascii" not in tekken.record()
+    assert tekken.engine == "tiktoken" and "compiled" not in tekken.record()
 
 
 # --- when the conversion is refused --------------------------------------------------------------------------
@@ -414,7 +415,7 @@ def test_plans_are_byte_identical_whichever_encoder_ran(tokenizers_by_style, sou
     assert one["provenance"]["tokenizers"][f"{style}.json"]["encoder"] == "tiktoken"
     assert off["provenance"]["tokenizers"][f"{style}.json"]["encoder"] == "tokenizers"
     if backend() == "c":
-        assert one["provenance"]["tokenizers"][f"{style}.json"]["ascii"] == "compiled"
+        assert one["provenance"]["tokenizers"][f"{style}.json"]["compiled"] == "utf-8"
 
 
 def test_a_loaded_encoder_pickles_for_worker_processes(tokenizers_by_style, sources):
