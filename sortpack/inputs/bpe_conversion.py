@@ -203,8 +203,8 @@ def _ranks(model: dict, added: set[bytes]) -> dict[bytes, int]:
     if len(set(vocab.values())) != len(vocab):
         raise Refused("two vocabulary entries share an id")
     merges = _merge_pairs(model.get("merges") or [])
-    # only tokens spelled in the byte-level alphabet can come out of the model
-    spelled = {t: raw for t in vocab if (raw := _spelled_bytes(t)) is not None}
+    # only tokens spelled in the byte-level alphabet can come out of the model (an empty one never does)
+    spelled = {t: raw for t in vocab if (raw := _spelled_bytes(t))}
     parts = _own_parts({t: vocab[t] for t in spelled}, [m for m in merges if m[0] in spelled and m[1] in spelled])
     whole = {t for t, n in parts.items() if n == 1}
     _check_merge_order(vocab, merges, whole)
