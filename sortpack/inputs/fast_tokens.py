@@ -1,4 +1,4 @@
-"""Token ids of text: tiktoken (and the compiled BPE) where it provably gives a tokenizer.json's ids, else ``tokenizers``.
+"""Token ids of text: tiktoken and the compiled BPE where they provably give a tokenizer.json's ids, else tokenizers.
 
 A byte-level BPE ``tokenizer.json`` (GPT-2, Llama 3, Qwen, Mistral-Nemo styles) can be run by
 tiktoken, several times faster per core, with its ids unchanged, when the conversion is exact:

@@ -73,7 +73,7 @@ def unicode_version(classes_of) -> str:
                default="older than 13.0")
 
 
-def ranges(classes: np.ndarray, cps: list[int]) -> dict[int, list[tuple[int, int]]]:
+def ranges(classes: np.ndarray, cps) -> dict[int, list[tuple[int, int]]]:
     """Return, per class but OTHER, its code points as inclusive (first, last) ranges."""
     full = np.zeros(CODE_POINTS, np.uint8)
     full[np.asarray(cps)] = classes
@@ -103,7 +103,8 @@ def _probe_points() -> list[int]:
     from . import _unicode_ranges as R
 
     edges = {c + d for flat in (R.LETTERS, R.NUMBERS, R.SPACES) for c in flat for d in (-1, 0, 1)}
-    return sorted(c for c in edges | set(range(0, CODE_POINTS, 97)) if 0 <= c < CODE_POINTS and not 0xD800 <= c <= 0xDFFF)
+    grid = set(range(0, CODE_POINTS, 97))
+    return sorted(c for c in edges | grid if 0 <= c < CODE_POINTS and not 0xD800 <= c <= 0xDFFF)
 
 
 @lru_cache(maxsize=1)
@@ -129,8 +130,8 @@ def same_as_tokenizers() -> str | None:
 
 
 def _lines(flat: list[int]) -> str:
-    """Return ``flat`` as the body of a tuple literal, eight ranges a line."""
-    rows = [", ".join(f"0x{c:X}" for c in flat[k:k + 16]) for k in range(0, len(flat), 16)]
+    """Return ``flat`` as the body of a tuple literal, five ranges a line."""
+    rows = [", ".join(f"0x{c:X}" for c in flat[k:k + 10]) for k in range(0, len(flat), 10)]
     return "".join(f"    {row},\n" for row in rows)
 
 

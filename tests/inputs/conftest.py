@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tokenizer_fixtures import STYLES, real_vocabulary, stdlib_sources, train
 
 

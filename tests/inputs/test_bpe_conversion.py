@@ -18,12 +18,11 @@ tiktoken = pytest.importorskip("tiktoken")
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizer_fixtures import hf_reference
 
 from benchmarks.real_vocab import VARIANTS, tokenizer_json
 from sortpack.inputs.bpe_conversion import Refused, byte_chars, exact_conversion, load_spec
 from sortpack.kernels import bpe
-
-from tokenizer_fixtures import hf_reference
 
 ALPHABET = "abc '\n"
 TEXTS = st.lists(st.text(st.sampled_from(list(ALPHABET + "<|>")), max_size=40), min_size=1, max_size=5)
@@ -192,9 +191,9 @@ REFUSALS = {
 
 @pytest.mark.parametrize("why", sorted(REFUSALS))
 def test_conversions_that_would_not_be_exact_are_refused(tokenizers_by_style, tmp_path, why):
-    from sortpack.inputs.specs import load_tokenizer
-
     from tokenizer_fixtures import fast_lists
+
+    from sortpack.inputs.specs import load_tokenizer
 
     path = _edited(tokenizers_by_style["gpt2"], tmp_path, REFUSALS[why])
     from tokenizers import Tokenizer
