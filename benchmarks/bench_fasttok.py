@@ -60,6 +60,12 @@ def _encoder(name: str):
             os.environ["SORTPACK_FAST_TOKENIZER"] = before
 
 
+def encoder_used(record: dict) -> str:
+    """Return what a plan's ``provenance.tokenizers`` record says encoded its texts, in a few words."""
+    compiled = {"utf-8": " + compiled BPE (every text)", "ascii": " + compiled BPE (ASCII texts)"}
+    return record.get("encoder", "?") + compiled.get(record.get("compiled", ""), "")
+
+
 def measure(scale: str, log, texts_n: int | None = None, ranks: int = 2) -> tuple[list[Section], list[Row]]:
     """Alternate the baseline and the sortpack runs (at 1 and ``ranks``); return the table and the goal rows."""
     runs = [("default", 1), ("default", ranks), ("tiktoken", ranks), ("tokenizers", ranks)]
@@ -87,7 +93,7 @@ def measure(scale: str, log, texts_n: int | None = None, ranks: int = 2) -> tupl
             man = json.loads((target / "manifest.json").read_text())
             stage = man["provenance"]["profile"]["analyze"]["wall_s"]
             rec = man["provenance"].get("tokenizers", {}).get(tok.name, {})
-            used = rec.get("encoder", "?") + (" + compiled ASCII" if rec.get("ascii") == "compiled" else "")
+            used = encoder_used(rec)
             log(f"round {r + 1}: analyze P={p} ({used}): stage {stage:.2f} s, command {wall:.2f} s (load {load:.1f})")
             key = (name, p)
             if key not in best or stage < best[key]["stage"]:

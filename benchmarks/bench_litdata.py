@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from . import data
-from .bench_fasttok import _encoder
+from .bench_fasttok import _encoder, encoder_used
 from .bench_scaling import bpe_tokenizer, stdlib_texts
 from .report import Row, Section, print_script_results, script_log, secs
 from .runner import launch, missing_modules
@@ -133,7 +133,7 @@ def measure(scale: str, log, texts_n: int | None = None) -> tuple[list[Section],
             cpu = _children_cpu() - cpu
             man = json.loads((target / "manifest.json").read_text())
             rec = man["provenance"].get("tokenizers", {}).get(tok.name, {})
-            used = rec.get("encoder", "?") + (" + compiled ASCII" if rec.get("ascii") == "compiled" else "")
+            used = encoder_used(rec)
             log(f"round {r + 1}: sortpack run P={RANKS} ({used}) {wall:.2f} s, CPU {cpu:.2f} s (load {load:.1f})")
             if name not in best or wall < best[name]["wall"]:
                 best[name] = {"wall": wall, "cpu": cpu, "load": load, "tokens": man["stats"]["tokens"],

@@ -48,6 +48,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 # The regex the ByteLevel pre-tokenizer uses with use_regex (GPT-2's), as tokenizers writes it
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 # Split regexes of the well-known byte-level tokenizers (as their tokenizer.json files spell them) that
@@ -156,39 +158,37 @@ def _model_checks(model: Any) -> None:
 
 
 def _merge_pairs(merges: list) -> list[tuple[str, str]]:
-    out = []
-    for m in merges:
-        pair = m.split(" ") if isinstance(m, str) else m
-        if len(pair) != 2:
-            raise Refused("a merge is not a pair of tokens")
-        out.append((pair[0], pair[1]))
-    return out
+    pairs = [tuple(m.split(" ") if isinstance(m, str) else m) for m in merges]
+    if any(len(p) != 2 for p in pairs):
+        raise Refused("a merge is not a pair of tokens")
+    return pairs
 
 
 def _own_parts(vocab: dict[str, int], merges: list[tuple[str, str]]) -> dict[str, int]:
     """Return, per token, how many parts the model's merges alone leave of its own characters (1: BPE(t) == [t])."""
-    from tokenizers import Tokenizer, models
+    from tokenizers import models
 
-    bare = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
-    names = list(vocab)
-    got = bare.encode_batch_fast(names, add_special_tokens=False) if hasattr(bare, "encode_batch_fast") \
-        else bare.encode_batch(names, add_special_tokens=False)
-    return {t: (1 if e.ids == [vocab[t]] else max(len(e.ids), 2)) for t, e in zip(names, got)}
+    tokenize = models.BPE(vocab=vocab, merges=merges, ignore_merges=False).tokenize
+    out = {}
+    for t, i in vocab.items():
+        got = tokenize(t)
+        out[t] = 1 if len(got) == 1 and got[0].id == i else max(len(got), 2)
+    return out
 
 
 def _check_merge_order(vocab: dict[str, int], merges: list[tuple[str, str]], whole: set[str]) -> None:
     """Refuse unless ordering the whole tokens by id orders the merges that make them (each token's as a group)."""
-    first: dict[str, int] = {}
-    last: dict[str, int] = {}
-    for k, (a, b) in enumerate(merges):
-        t = a + b
-        if t in whole:
-            first.setdefault(t, k)
-            last[t] = k
-    multi = sorted((t for t in whole if len(t) > 1), key=vocab.__getitem__)
-    if any(t not in first for t in multi):
+    ids = np.array(sorted(vocab[t] for t in whole if len(t) > 1), np.int64)
+    made = np.fromiter((vocab.get(a + b, -1) for a, b in merges), np.int64, len(merges))
+    step = np.flatnonzero(np.isin(made, ids))  # the merges making whole tokens, in merge order
+    which = np.searchsorted(ids, made[step])  # each one's token, by its place in id order
+    first = np.full(len(ids), len(merges))
+    last = np.full(len(ids), -1)
+    np.minimum.at(first, which, step)
+    np.maximum.at(last, which, step)
+    if (last < 0).any():
         raise Refused("a token is made by no merge")
-    if any(last[x] >= first[y] for x, y in zip(multi, multi[1:])):
+    if (last[:-1] >= first[1:]).any():
         raise Refused("the token ids are not in the order of the merges that make them")
 
 
@@ -205,7 +205,10 @@ def _ranks(model: dict, added: set[bytes]) -> dict[bytes, int]:
     merges = _merge_pairs(model.get("merges") or [])
     # only tokens spelled in the byte-level alphabet can come out of the model (an empty one never does)
     spelled = {t: raw for t in vocab if (raw := _spelled_bytes(t))}
-    parts = _own_parts({t: vocab[t] for t in spelled}, [m for m in merges if m[0] in spelled and m[1] in spelled])
+    if len(spelled) < len(vocab):
+        vocab = {t: vocab[t] for t in spelled}
+        merges = [m for m in merges if m[0] in spelled and m[1] in spelled]
+    parts = _own_parts(vocab, merges)
     whole = {t for t, n in parts.items() if n == 1}
     _check_merge_order(vocab, merges, whole)
     if not model.get("ignore_merges"):
