@@ -19,6 +19,7 @@ from . import (
     bench_loader,
     bench_mixture,
     bench_objects,
+    bench_real_tokens,
     bench_scaling,
     bench_sft,
     bench_stored,
@@ -281,6 +282,12 @@ def bench_analyze(ctx: Context) -> list[Row]:
 
 
 def bench_tokens(ctx: Context) -> list[Row]:
+    """``analyze --size tokens`` vs ``Tokenizer.encode_batch`` in one process, scaling with ranks; then real
+    vocabularies on real mixed-language text (``bench_real_tokens``)."""
+    return _tokens_scaling(ctx) + bench_real_tokens.bench(ctx)
+
+
+def _tokens_scaling(ctx: Context) -> list[Row]:
     """``analyze --size tokens`` vs ``Tokenizer.encode_batch`` in one process; scaling with ranks."""
     s, rows = ctx.scale, []
     if importlib.util.find_spec("tokenizers") is None:

@@ -43,10 +43,16 @@ typedef struct {
     int64_t heap_min;
 } bpe_table;
 
+/* FNV-1a, then a full avalanche (MurmurHash3's finalizer): the table takes the low bits, and FNV alone leaves
+ * the pairs of one script's two-byte characters in long runs of neighbouring slots */
 static inline uint64_t bpe_hash(const uint8_t *p, int64_t n) {
     uint64_t h = 1469598103934665603ULL;
     for (int64_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
-    return h ^ (h >> 29);
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    return h ^ (h >> 33);
 }
 
 static int64_t bpe_find(const bpe_table *t, const uint8_t *p, int64_t n) {
