@@ -10,8 +10,9 @@ Launched alternately in each round, each keeping its fastest:
 - the baseline: one ``Tokenizer.encode_batch_fast`` of every text, already in memory, in one
   process with the library's default pool (every core);
 - ``sortpack analyze --size tokens`` at P=1 and P=2 as a user runs it: where the tokenizer.json
-  converts exactly to tiktoken (``inputs/fast_tokens.py``), its ASCII texts through the compiled
-  GPT-2-pattern BPE (``kernels/bpe.py``) and the rest through tiktoken; and at P=2 for before/after
+  converts exactly to tiktoken (``inputs/bpe_conversion.py``), every text through the compiled
+  GPT-2-pattern BPE (``kernels/bpe.py``) but those holding an added token's text, which tiktoken
+  encodes; and at P=2 for before/after
   with ``SORTPACK_FAST_TOKENIZER=tiktoken`` (tiktoken for every text) and ``=0`` (Hugging Face
   ``tokenizers``).
 

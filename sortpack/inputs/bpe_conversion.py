@@ -192,32 +192,49 @@ def _check_merge_order(vocab: dict[str, int], merges: list[tuple[str, str]], who
         raise Refused("the token ids are not in the order of the merges that make them")
 
 
-def _ranks(model: dict, added: set[bytes]) -> dict[bytes, int]:
-    """Return tiktoken's mergeable ranks for the BPE model (its ids), or refuse when they would merge differently.
-
-    ``added``: the added tokens' contents, split out of every text first, so never a piece the model sees.
-    """
+def _checked_vocab(model: dict) -> dict[str, int]:
+    """Return the model's vocabulary, refused where a text could hold an unknown byte or two tokens share an id."""
     vocab: dict[str, int] = model.get("vocab") or {}
     if any(c not in vocab for c in _BYTE_CHARS):
         raise Refused("the vocabulary lacks some of the 256 byte-level characters")
     if len(set(vocab.values())) != len(vocab):
         raise Refused("two vocabulary entries share an id")
-    merges = _merge_pairs(model.get("merges") or [])
-    # only tokens spelled in the byte-level alphabet can come out of the model (an empty one never does)
+    return vocab
+
+
+def _spelled(vocab: dict[str, int], merges: list[tuple[str, str]]
+             ) -> tuple[dict[str, bytes], dict[str, int], list[tuple[str, str]]]:
+    """Return the tokens spelled in the byte-level alphabet (-> their bytes), and the vocabulary and merges of them:
+    only those can come out of the model (an empty token never does)."""
     spelled = {t: raw for t in vocab if (raw := _spelled_bytes(t))}
-    if len(spelled) < len(vocab):
-        vocab = {t: vocab[t] for t in spelled}
-        merges = [m for m in merges if m[0] in spelled and m[1] in spelled]
-    parts = _own_parts(vocab, merges)
-    whole = {t for t, n in parts.items() if n == 1}
-    _check_merge_order(vocab, merges, whole)
-    if not model.get("ignore_merges"):
-        return {spelled[t]: vocab[t] for t in whole}
+    if len(spelled) == len(vocab):
+        return spelled, vocab, merges
+    return spelled, {t: vocab[t] for t in spelled}, [m for m in merges if m[0] in spelled and m[1] in spelled]
+
+
+def _whole_word_ranks(spelled: dict[str, bytes], vocab: dict[str, int], parts: dict[str, int],
+                      added: set[bytes]) -> dict[bytes, int]:
+    """Return the ranks of an ``ignore_merges`` model: every token a piece can be, refused where two tokens the merges
+    make would join into one they do not make."""
     for t, raw in spelled.items():
         if parts[t] == 2 and raw not in added:
             raise Refused(f"ignore_merges, and the token {t!r} is not what the merges make of its bytes, "
                           "yet two tokens they make join into it")
-    return {raw: vocab[t] for t, raw in spelled.items() if t in whole or raw not in added}
+    return {raw: vocab[t] for t, raw in spelled.items() if parts[t] == 1 or raw not in added}
+
+
+def _ranks(model: dict, added: set[bytes]) -> dict[bytes, int]:
+    """Return tiktoken's mergeable ranks for the BPE model (its ids), or refuse when they would merge differently.
+
+    ``added``: the added tokens' contents, split out of every text first, so never a piece the model sees.
+    """
+    spelled, vocab, merges = _spelled(_checked_vocab(model), _merge_pairs(model.get("merges") or []))
+    parts = _own_parts(vocab, merges)
+    whole = {t for t, n in parts.items() if n == 1}
+    _check_merge_order(vocab, merges, whole)
+    if model.get("ignore_merges"):
+        return _whole_word_ranks(spelled, vocab, parts, added)
+    return {spelled[t]: vocab[t] for t in whole}
 
 
 # each byte-level character -> the character of its byte; the other characters below U+0144 -> one above U+00FF

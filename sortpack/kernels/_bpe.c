@@ -41,6 +41,8 @@ typedef struct {
     int64_t longest;
     uint8_t *classes; /* each code point's class (BPE_OTHER...), NULL: texts with a byte above 127 left out */
     int64_t heap_min;
+    int32_t single[256]; /* the rank of each one-byte token, -1: none */
+    int32_t *pair;       /* the rank of each two-byte token by (p[0] << 8 | p[1]), -1: none (most lookups) */
 } bpe_table;
 
 /* FNV-1a, then a full avalanche (MurmurHash3's finalizer): the table takes the low bits, and FNV alone leaves
@@ -55,7 +57,9 @@ static inline uint64_t bpe_hash(const uint8_t *p, int64_t n) {
     return h ^ (h >> 33);
 }
 
-static int64_t bpe_find(const bpe_table *t, const uint8_t *p, int64_t n) {
+static inline int64_t bpe_find(const bpe_table *t, const uint8_t *p, int64_t n) {
+    if (n == 2) return t->pair[(p[0] << 8) | p[1]];
+    if (n == 1) return t->single[p[0]];
     if (n > t->longest) return -1;
     uint64_t m = (uint64_t)t->slots - 1, at = bpe_hash(p, n) & m;
     for (;;) {
@@ -69,7 +73,7 @@ static int64_t bpe_find(const bpe_table *t, const uint8_t *p, int64_t n) {
 SP_API void sp_bpe_free(void *table) {
     bpe_table *t = (bpe_table *)table;
     if (!t) return;
-    free(t->key); free(t->len); free(t->rank); free(t->arena); free(t->classes); free(t);
+    free(t->key); free(t->len); free(t->rank); free(t->arena); free(t->classes); free(t->pair); free(t);
 }
 
 /* keys: the tokens' bytes one after another, offsets[n + 1] where each starts; ranks in [0, 2^31); classes:
@@ -87,7 +91,10 @@ SP_API void *sp_bpe_new(const uint8_t *keys, const int64_t *offsets, const int64
     t->len = (int32_t *)malloc((size_t)slots * sizeof(int32_t));
     t->rank = (int64_t *)malloc((size_t)slots * sizeof(int64_t));
     t->arena = (uint8_t *)malloc((size_t)(offsets[n] > 0 ? offsets[n] : 1));
-    if (!t->key || !t->len || !t->rank || !t->arena) { sp_bpe_free(t); return NULL; }
+    t->pair = (int32_t *)malloc(65536 * sizeof(int32_t));
+    if (!t->key || !t->len || !t->rank || !t->arena || !t->pair) { sp_bpe_free(t); return NULL; }
+    for (int i = 0; i < 65536; i++) t->pair[i] = -1;
+    for (int i = 0; i < 256; i++) t->single[i] = -1;
     if (classes) {
         t->classes = (uint8_t *)malloc(BPE_CODE_POINTS);
         if (!t->classes) { sp_bpe_free(t); return NULL; }
@@ -105,6 +112,8 @@ SP_API void *sp_bpe_new(const uint8_t *keys, const int64_t *offsets, const int64
         while (t->key[at] >= 0) at = (at + 1) & (uint64_t)(slots - 1);
         t->key[at] = a; t->len[at] = (int32_t)len; t->rank[at] = ranks[i];
         if (len > t->longest) t->longest = len;
+        if (len == 1) t->single[t->arena[a]] = (int32_t)ranks[i];
+        if (len == 2) t->pair[(t->arena[a] << 8) | t->arena[a + 1]] = (int32_t)ranks[i];
     }
     return t;
 }
@@ -120,7 +129,14 @@ typedef struct {
     uint32_t *next, *prev, *rk32;     /* the heap merge: linked parts, the rank of the pair each part begins */
     uint64_t *heap;                   /* (rank << 32 | start) of the pairs that are tokens: the lowest, leftmost first */
     int64_t heap_cap;
+    struct bpe_memo *memo;            /* the pieces merged lately (NULL until the first) */
 } bpe_scratch;
+
+/* Text repeats its words: a piece merged once in this call is looked up the next time (its ids are in out
+ * already, its bytes in data). Direct-mapped, a slot overwritten on collision; pieces up to BPE_MEMO_LONGEST. */
+#define BPE_MEMO_SLOTS 16384
+#define BPE_MEMO_LONGEST 96
+struct bpe_memo { const uint8_t *p; int64_t n, at, count; };
 
 static int bpe_grow(void **array, int64_t count, size_t width) {
     void *grown = realloc(*array, (size_t)count * width);
@@ -146,7 +162,7 @@ static int bpe_reserve(bpe_scratch *s, int64_t n, int heap) {
 }
 
 static void bpe_scratch_free(bpe_scratch *s) {
-    free(s->pos); free(s->rk); free(s->next); free(s->prev); free(s->rk32); free(s->heap);
+    free(s->pos); free(s->rk); free(s->next); free(s->prev); free(s->rk32); free(s->heap); free(s->memo);
 }
 
 /* the rank of p[a .. b) as one token, INT64_MAX when it is none */
@@ -255,6 +271,13 @@ static int bpe_merge_heap(const bpe_table *t, const uint8_t *p, int64_t n, bpe_s
 
 /* the tokens of one piece appended at out[*o] (out NULL: counted only); 0, or -1 (no memory), -2 (a byte is no token),
  * -4 (a piece of 2 GiB or more) */
+static int bpe_merge(const bpe_table *t, const uint8_t *p, int64_t n, bpe_scratch *s, int32_t *out, int64_t *o) {
+    int heap = n >= t->heap_min;
+    if (n >= INT32_MAX) return -4;
+    if (bpe_reserve(s, n, heap) < 0) return -1;
+    return heap ? bpe_merge_heap(t, p, n, s, out, o) : bpe_merge_short(t, p, n, s, out, o);
+}
+
 static int bpe_piece(const bpe_table *t, const uint8_t *p, int64_t n, bpe_scratch *s, int32_t *out, int64_t *o) {
     int64_t whole = bpe_find(t, p, n);
     if (whole >= 0) {
@@ -262,10 +285,18 @@ static int bpe_piece(const bpe_table *t, const uint8_t *p, int64_t n, bpe_scratc
         (*o)++;
         return 0;
     }
-    int heap = n >= t->heap_min;
-    if (n >= INT32_MAX) return -4;
-    if (bpe_reserve(s, n, heap) < 0) return -1;
-    return heap ? bpe_merge_heap(t, p, n, s, out, o) : bpe_merge_short(t, p, n, s, out, o);
+    if (n > BPE_MEMO_LONGEST) return bpe_merge(t, p, n, s, out, o);
+    if (!s->memo && !(s->memo = (struct bpe_memo *)calloc(BPE_MEMO_SLOTS, sizeof(struct bpe_memo)))) return -1;
+    struct bpe_memo *m = s->memo + (bpe_hash(p, n) & (BPE_MEMO_SLOTS - 1));
+    if (m->n == n && memcmp(m->p, p, (size_t)n) == 0 && (m->at >= 0 || !out)) {
+        if (out) memcpy(out + *o, out + m->at, (size_t)m->count * sizeof(int32_t));
+        *o += m->count;
+        return 0;
+    }
+    int64_t first = *o;
+    int r = bpe_merge(t, p, n, s, out, o);
+    if (r == 0) { m->p = p; m->n = n; m->at = out ? first : -1; m->count = *o - first; }
+    return r;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -409,7 +440,7 @@ SP_API int64_t sp_bpe_encode(const void *table, int64_t style, const uint8_t *da
                              int64_t n_texts, const uint8_t *skip, int32_t *out, int64_t *counts) {
     if (style < 0 || style > 2) return -3;
     const bpe_table *t = (const bpe_table *)table;
-    bpe_scratch s = {NULL, NULL, 0, NULL, NULL, NULL, NULL, 0};
+    bpe_scratch s = {NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL};
     int64_t o = 0, status = 0;
     for (int64_t i = 0; i < n_texts && status == 0; i++) {
         const uint8_t *p = data + offsets[i];
