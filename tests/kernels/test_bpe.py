@@ -93,6 +93,16 @@ def test_whitespace_runs_contractions_and_other_scripts(style):
 
 
 @needs_kernel
+@pytest.mark.parametrize("style", bpe.STYLES)
+def test_pieces_repeated_in_one_call_give_the_same_ids(style):
+    """A piece merged once is taken from the ids already written the next time (the kernel's memo): repeats across
+    texts and within one, pieces around the memo's longest, with and without the ids kept."""
+    words = ["cafééé", "日本語のテキスト", "selfdefreturn", "x" * 95 + "é", "z" * 96 + "é", "ab" * 60, "'ſ"]
+    texts = [" ".join(words * 3), *words, " ".join(reversed(words)), ""] * 2
+    _check(TABLE, style, texts)
+
+
+@needs_kernel
 def test_texts_not_utf8_and_skipped_texts_are_left_to_the_caller():
     texts = ["plain", "caf\u00e9", "", "also plain", "skip me"]
     data, offsets = _columns(texts)
