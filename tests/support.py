@@ -51,6 +51,21 @@ def run_sortpack(args: list[str], ranks: int | None = None, timeout: float = 120
     return proc
 
 
+def help_with(module: str, registry: str, cls, command: str = "pack") -> str:
+    """Return ``sortpack COMMAND --help`` (whitespace folded) of a fresh interpreter in which a class named and
+    helped like ``cls`` joins ``module``'s ``registry`` before the command line loads."""
+    code = (f"from {module.rsplit('.', 1)[0]} import {module.rsplit('.', 1)[1]} as table\n"
+            f"class Added(table.{cls.__mro__[1].__name__}):\n"
+            f"    name, help = {cls.name!r}, {cls.help!r}\n"
+            f"table.{registry}[Added.name] = Added\n"
+            "from sortpack.cli import main\n"
+            f"main([{command!r}, '--help'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(ROOT),
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    return " ".join(out.stdout.split())
+
+
 def read_manifest(directory: Path) -> dict:
     """Return an output directory's manifest.json as a dict."""
     return json.loads((Path(directory) / "manifest.json").read_text())

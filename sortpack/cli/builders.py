@@ -21,6 +21,7 @@ def make_analyze(kw: dict) -> AnalyzeOptions:
     return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
                           tokenizer=kw["tokenizer"], input_format=kw["input_format"],
                           special_tokens=kw["special_tokens"], split=kw["split"], size2=kw.get("size2_spec"),
+                          measures=kw.get("measures") or (),
                           labels_column=kw.get("labels_column"), prompt_column=kw.get("prompt_column"),
                           completion_column=kw.get("completion_column"), chat_template=kw.get("chat_template"),
                           train_on=tuple(r.strip() for r in kw["train_on"].split(",")) if kw.get("train_on") else None)

@@ -6,6 +6,8 @@ import click
 from ..errors import SortpackError
 from ..inputs.formats import format_names
 from ..inputs.size_kinds import SIZE_KINDS, split_kinds
+from ..stages.pack.balance import BALANCE, balance_help
+from ..stages.pack.budgets import BUDGETS, budget_help
 
 
 def _listed(names: tuple[str, ...] | list[str], last: str = "or") -> str:
@@ -32,6 +34,16 @@ def _shapes(ctx, param, value):
         raise click.BadParameter(str(exc).split(": ", 1)[-1]) from None
 
 
+def _measures(ctx, param, value):
+    """Return the (name, SPEC) of each --measure NAME=SPEC (one line naming the option for a bad one)."""
+    from ..inputs.measures import parse_measure
+
+    try:
+        return tuple(parse_measure(text) for text in value or ())
+    except SortpackError as exc:
+        raise click.BadParameter(str(exc).split(": ", 1)[-1]) from None
+
+
 def analyze_options(f):
     """Add the analyze options to a command."""
     opts = [
@@ -45,6 +57,9 @@ def analyze_options(f):
                      help="A second size per sample (any SPEC, e.g. column:num_patches or column:duration*100: "
                           "encoder patches or frames), summed per micro-batch as the index column size2; "
                           "with --max-size2 N a second cap."),
+        click.option("--measure", "measures", multiple=True, callback=_measures, metavar="NAME=SPEC",
+                     help="Another per-sample measure (repeatable; any SPEC), summed per micro-batch as the index "
+                          "column NAME and handed out by the reader (docs/step-costs.md)."),
         click.option("--tokenizer", type=click.Path(dir_okay=False),
                      help="HF tokenizers JSON file for SPEC tokens (its truncation and padding are ignored)."),
         click.option("--special-tokens/--no-special-tokens", default=True, show_default=True,
@@ -90,9 +105,8 @@ def pack_options(required: bool):
         opts = [
             click.option("--max-tokens", type=int, default=None,
                          help="Token budget of one micro-batch" + (" (required unless --rows)." if required else ".")),
-            click.option("--budget", type=click.Choice(["padded", "tokens", "quadratic"]), default="padded",
-                         show_default=True,
-                         help="padded: count*max_size; tokens: sum of sizes; quadratic: sum of size+size^2/Q."),
+            click.option("--budget", type=click.Choice(list(BUDGETS)), default="padded", show_default=True,
+                         help=budget_help()),
             click.option("--quadratic-scale", type=float, help="Q of the quadratic budget."),
             click.option("--max-samples", type=int, default=0, help="Most samples per micro-batch (0: no limit)."),
             click.option("--batch-multiple", type=int, default=1, show_default=True,
@@ -125,10 +139,8 @@ def pack_options(required: bool):
             click.option("--max-size2", type=int, default=0, metavar="N",
                          help="Cap a micro-batch's (and with --rows a row's) sum of --size2 at N too "
                               "(a sample over N alone follows --oversize error|skip)."),
-            click.option("--balance", default="none", show_default=True, metavar="none|compute|targets",
-                         help="Order micro-batches so that consecutive ones cost alike, so any W x A deal of "
-                              "a step is balanced: compute balances C*s + s^2 per document (docs/step-costs.md), "
-                              "targets the loss targets of fine-tuning data (docs/fine-tuning.md)."),
+            click.option("--balance", default="none", show_default=True, metavar="|".join(BALANCE),
+                         help=balance_help()),
             click.option("--cost-coeff", type=float, default=6144.0, show_default=True, metavar="C",
                          help="With --balance compute: C of the cost C*s + s^2 (C ~ 6 * d_model)."),
             click.option("--segment-size", type=int, default=None, hidden=True,

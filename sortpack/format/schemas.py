@@ -41,7 +41,7 @@ def padded_plan(options: dict) -> bool:
 
     Padded: ``--budget padded``, ``--same-shape``, ``--static-shapes`` (attention
     ``batch_size * padded_size^2``); varlen: ``--rows``, ``--budget tokens|quadratic`` (sum of s^2).
-    ``stages.pack.microbatches.padded_layout`` decides the same from ``PackOptions`` (tested equal).
+    ``PackOptions.padded_layout`` decides the same from the options (tested equal).
     """
     if options.get("rows"):
         return False

@@ -15,7 +15,7 @@ BPE of ASCII text, whose fallback is tiktoken itself) are imported by their modu
 from __future__ import annotations
 
 from ._loader import backend
-from .budget import BUDGETS, batch_capacity, round_lengths, sample_cost
+from .budget import BUDGETS, COSTS, KernelCost, batch_capacity, round_lengths, sample_cost
 from .gather import gather_bytes
 from .greedy import greedy_pack, greedy_pack_reference
 from .interleave import wf2q_interleave, wf2q_reference
@@ -27,7 +27,7 @@ from .tokens import pad_tokens, varlen_tokens
 from .utf8 import utf8_cuts
 
 __all__ = [
-    "BUDGETS", "DEFAULT_ROW_WINDOW", "backend", "batch_capacity", "gather_bytes", "greedy_pack",
+    "BUDGETS", "COSTS", "DEFAULT_ROW_WINDOW", "KernelCost", "backend", "batch_capacity", "gather_bytes", "greedy_pack",
     "greedy_pack_reference", "merge_runs_between", "merge_sorted_keys", "merge_sorted_keys_into",
     "merge_sorted_runs", "merge_sorted_runs2", "merge_with_own_run", "optimal_lengths", "pack_rows",
     "pack_rows_reference", "pack_rows_windows", "pad_tokens", "round_lengths", "sample_cost", "sort_id_ordered",

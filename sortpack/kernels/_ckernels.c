@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 18
+#define SP_ABI_VERSION 19
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -68,10 +68,13 @@ static inline double sq_to_double(int64_t v) {
 /* ------------------------------------------------------------------------------------ */
 /* greedy packing                                                                          */
 
-enum { B_PADDED = 0, B_TOKENS = 1, B_QUADRATIC = 2 };
+/* A micro-batch's cost, as kernels/budget.py's KernelCost.code gives it (the one table of the
+ * budgets, read by the numpy fallback too): bit 0, its slots at the padded length (c * unit(L));
+ * else its samples one by one (sum of unit(s)); bit 1, unit(s) = s + s*s/Q (else s). */
+enum { C_PER_SLOT = 1, C_QUADRATIC = 2 };
 
 typedef struct {
-    int budget;
+    int cost;             /* C_PER_SLOT | C_QUADRATIC */
     int64_t lim_i;        /* floor(max_tokens): int cost <= max_tokens  <=>  cost <= lim_i */
     double lim_d;         /* largest double <= max_tokens, same for float costs */
     int64_t max_samples;  /* <= 0: unlimited */
@@ -118,9 +121,9 @@ static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int
         int64_t t2;
         if (add_ovf(st->sum2, s2, &t2) || t2 > p->lim2) return 0;
     }
-    if (p->budget == B_PADDED || rounding(p)) {
+    if ((p->cost & C_PER_SLOT) || rounding(p)) {
         int64_t L = rounding(p) ? (s > st->mx ? r : st->rmx) : (s > st->mx ? s : st->mx);
-        if (p->budget == B_QUADRATIC) {
+        if (p->cost & C_QUADRATIC) {
             double cost = (double)c1 * ((double)L + sq_to_double(L) / p->q);
             return cost <= p->lim_d;
         }
@@ -128,7 +131,7 @@ static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int
         if (mul_ovf(c1, L, &cost)) return 0;
         return cost <= p->lim_i;
     }
-    if (p->budget == B_TOKENS) {
+    if (!(p->cost & C_QUADRATIC)) {
         int64_t t;
         if (add_ovf(st->sum, s, &t)) return 0;
         return t <= p->lim_i;
@@ -143,13 +146,13 @@ static inline void gp_add(const gp_params *p, gp_state *st, int64_t s, int64_t r
     }
     st->sum += s;
     st->sum2 += s2;
-    if (p->budget == B_QUADRATIC && !rounding(p)) {
+    if ((p->cost & C_QUADRATIC) && !(p->cost & C_PER_SLOT) && !rounding(p)) {
         st->fs += qterm(p, s);
     }
     st->cnt++;
 }
 
-/* The plain padded budget without rounding or batch_multiple: the hot path of `pack`.
+/* The plain padded cost (per slot, linear) without rounding or batch_multiple: the hot path of `pack`.
  * Returns the number of boundaries written, or -1 on a negative size. */
 static int64_t greedy_padded(const int64_t *sizes, int64_t n, int64_t lim, int64_t max_samples,
                              int64_t *bounds) {
@@ -179,17 +182,17 @@ static int64_t greedy_padded(const int64_t *sizes, int64_t n, int64_t lim, int64
     return nb;
 }
 
-/* Sequential greedy of greedy_pack_reference for every budget and option, with an optional
+/* Sequential greedy of greedy_pack_reference for every cost and option, with an optional
  * second size per sample (sizes2, NULL: none) whose sum in a micro-batch stays <= lim2.
  * bounds must hold n + 1 values. Returns the number written, -1 on a negative size. */
-SP_API int64_t sp_greedy_pack2(const int64_t *sizes, int64_t n, int64_t budget,
+SP_API int64_t sp_greedy_pack2(const int64_t *sizes, int64_t n, int64_t cost,
                                int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
                                double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
                                int64_t nshapes, const int64_t *sizes2, int64_t lim2, int64_t *bounds) {
     gp_params p;
     p.sizes2 = sizes2;
     p.lim2 = lim2;
-    p.budget = (int)budget;
+    p.cost = (int)cost;
     p.lim_i = lim_i;
     p.lim_d = lim_d;
     p.max_samples = max_samples;
@@ -199,7 +202,7 @@ SP_API int64_t sp_greedy_pack2(const int64_t *sizes, int64_t n, int64_t budget,
     p.shapes = nshapes > 0 ? shapes : NULL;
     p.nshapes = nshapes > 0 ? nshapes : 0;
 
-    if (p.budget == B_PADDED && !rounding(&p) && p.multiple == 1 && !sizes2)
+    if (p.cost == C_PER_SLOT && !rounding(&p) && p.multiple == 1 && !sizes2)
         return greedy_padded(sizes, n, lim_i, max_samples, bounds);
 
     int64_t nb = 0, start = 0;
@@ -230,11 +233,11 @@ SP_API int64_t sp_greedy_pack2(const int64_t *sizes, int64_t n, int64_t budget,
 }
 
 /* sp_greedy_pack2 without a second size. */
-SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t budget,
+SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t cost,
                               int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
                               double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
                               int64_t nshapes, int64_t *bounds) {
-    return sp_greedy_pack2(sizes, n, budget, lim_i, lim_d, max_samples, multiple, quadratic_scale,
+    return sp_greedy_pack2(sizes, n, cost, lim_i, lim_d, max_samples, multiple, quadratic_scale,
                            pad_multiple, shapes, nshapes, NULL, 0, bounds);
 }
 

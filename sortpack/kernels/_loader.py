@@ -16,7 +16,7 @@ import numpy as np
 
 from ..env import env_flag
 
-_ABI_VERSION = 18  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 19  # must equal SP_ABI_VERSION in _ckernels.c
 _EXTENSION = __name__.rpartition(".")[0] + "._ckernels"
 _UNLOADED: Any = object()
 _clib: Any = _UNLOADED

@@ -1,30 +1,54 @@
 """The packing-budget policy: what a sample and a micro-batch cost, and how limits compare.
 
-Budgets: ``padded`` (a micro-batch of ``c`` samples whose largest rounded length is ``L``
-costs ``c*L``), ``tokens`` (the sum of the sizes; ``c*L`` when rounding) and ``quadratic``
-(``sum(s + s*s/Q)``; ``c*(L + L*L/Q)`` when rounding). The greedy (``greedy.py``) and the
-capacity of a padded length (``batch_capacity``) compare costs to the limit the same way.
+A kernel cost (``KernelCost``) is two choices, the one table the greedy's numpy code and its
+C code both read: whether a micro-batch costs its slots at the padded length (``c*unit(L)``,
+``L`` its largest rounded length) or its samples one by one (``sum(unit(s))``), and whether a
+unit is the length (``s``) or the length plus its attention (``s + s*s/Q``). ``COSTS`` names
+the three the package's budgets use: ``padded`` (``c*L``), ``tokens`` (``sum(s)``) and
+``quadratic`` (``sum(s + s*s/Q)``). Rounding (``--pad-to-multiple``, ``--shapes``) costs every
+budget per slot. The greedy (``greedy.py``) and the capacity of a padded length
+(``batch_capacity``) compare costs to the limit the same way.
 """
 from __future__ import annotations
 
 import math
 import operator
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ._loader import _i64
 
-BUDGETS = ("padded", "tokens", "quadratic")
+
+class KernelCost(NamedTuple):
+    """How the kernels cost a micro-batch: per padded slot or per sample, each unit linear or quadratic."""
+
+    per_slot: bool  # c * unit(L), L the largest (rounded) length; else the samples' units summed
+    quadratic: bool  # unit(s) = s + s*s/Q (float); else s (exact int)
+
+    @property
+    def code(self) -> int:
+        """Return the cost as the C kernel reads it: bit 0 per slot, bit 1 quadratic."""
+        return int(self.per_slot) | int(self.quadratic) << 1
+
+
+# the kernel costs by name (a budget names one, or gives a ``KernelCost`` of its own)
+COSTS = {"padded": KernelCost(True, False), "tokens": KernelCost(False, False), "quadratic": KernelCost(False, True)}
+BUDGETS = tuple(COSTS)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def check_budget(budget: str) -> None:
-    """Raise ValueError unless ``budget`` is one of ``BUDGETS``."""
-    if budget not in BUDGETS:
-        raise ValueError(f"unknown budget {budget!r}; expected one of {', '.join(BUDGETS)}")
+def kernel_cost(budget: str | KernelCost) -> KernelCost:
+    """Return the ``KernelCost`` of a name in ``COSTS`` or of a (per_slot, quadratic) pair (ValueError otherwise)."""
+    if isinstance(budget, str):
+        if budget not in COSTS:
+            raise ValueError(f"unknown budget {budget!r}; expected one of {', '.join(BUDGETS)}")
+        return COSTS[budget]
+    if not (isinstance(budget, tuple) and len(budget) == 2):
+        raise ValueError(f"unknown budget {budget!r}; expected one of {', '.join(BUDGETS)} or a KernelCost")
+    return KernelCost(bool(budget[0]), bool(budget[1]))
 
 
 def round_lengths(lengths: np.ndarray, pad_multiple: int = 0, shapes: np.ndarray | None = None) -> np.ndarray:
@@ -57,13 +81,14 @@ def round_lengths(lengths: np.ndarray, pad_multiple: int = 0, shapes: np.ndarray
     return lengths.copy()
 
 
-def sample_cost(lengths: np.ndarray, budget: str, quadratic_scale: float) -> np.ndarray:
-    """Return each sample's cost under ``budget`` when alone in a micro-batch.
+def sample_cost(lengths: np.ndarray, budget: str | KernelCost, quadratic_scale: float) -> np.ndarray:
+    """Return each sample's cost under ``budget`` when alone in a micro-batch (its unit: per slot or not, alike).
 
-    int64 for the ``padded`` and ``tokens`` budgets, float64 (``s + s*s/Q``) for ``quadratic``.
+    int64 for a linear cost (``padded``, ``tokens``), float64 (``s + s*s/Q``) for a quadratic one.
     """
-    lengths = np.asarray(lengths, dtype=np.float64 if budget == "quadratic" else np.int64)
-    if budget == "quadratic":
+    quadratic = kernel_cost(budget).quadratic
+    lengths = np.asarray(lengths, dtype=np.float64 if quadratic else np.int64)
+    if quadratic:
         return lengths + lengths * lengths / quadratic_scale
     return lengths
 
@@ -91,12 +116,12 @@ def limits(max_tokens: Any) -> tuple[int, float]:
     return li, d
 
 
-def batch_capacity(lengths: Any, max_tokens: Any, budget: str = "padded", quadratic_scale: float = 1.0,
+def batch_capacity(lengths: Any, max_tokens: Any, budget: str | KernelCost = "padded", quadratic_scale: float = 1.0,
                    max_samples: int = 0) -> np.ndarray:
     """Return, per padded length L, the most samples a micro-batch rounded to L can hold.
 
     Compares exactly as ``greedy_pack`` does when lengths are rounded (cost ``c*L``, or
-    ``c*(L + L*L/Q)`` for the quadratic budget), capped at ``max_samples`` when > 0, so a
+    ``c*(L + L*L/Q)`` for a quadratic cost), capped at ``max_samples`` when > 0, so a
     micro-batch the greedy packs at length L never holds more.
 
     Parameters
@@ -105,10 +130,10 @@ def batch_capacity(lengths: Any, max_tokens: Any, budget: str = "padded", quadra
         Padded lengths, positive (ValueError otherwise).
     max_tokens : int or float
         The budget's limit on a micro-batch's cost.
-    budget : str
-        One of ``BUDGETS``.
+    budget : str or KernelCost
+        One of ``BUDGETS``, or a ``KernelCost``.
     quadratic_scale : float
-        ``Q`` of the quadratic budget.
+        ``Q`` of a quadratic cost.
     max_samples : int
         Cap on the count when > 0.
 
@@ -117,12 +142,12 @@ def batch_capacity(lengths: Any, max_tokens: Any, budget: str = "padded", quadra
     numpy.ndarray
         int64 capacities, 0 where L alone does not fit.
     """
-    check_budget(budget)
+    quadratic = kernel_cost(budget).quadratic
     lengths = _i64(lengths)
     if len(lengths) and lengths.min() < 1:
         raise ValueError("lengths must be positive")
     lim_i, lim_d = limits(max_tokens)
-    if budget == "quadratic":
+    if quadratic:
         # the kernel's float expression, so that c fits here iff it fits there
         unit = lengths.astype(np.float64) + (lengths * lengths).astype(np.float64) / float(quadratic_scale)
         cap = np.floor(lim_d / unit).astype(np.int64)

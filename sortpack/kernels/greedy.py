@@ -10,20 +10,22 @@ from typing import Any
 import numpy as np
 
 from ._loader import _c, _i64, _ptr
-from .budget import BUDGETS, check_budget, limits
+from .budget import KernelCost, kernel_cost, limits
 
 
-def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str = "padded", max_samples: int = 0,
+def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str | KernelCost = "padded", max_samples: int = 0,
                           batch_multiple: int = 1, quadratic_scale: float = 1.0, pad_multiple: int = 0,
                           shapes: Any = None, sizes2: Any = None, max2: int = 0) -> np.ndarray:
     """Return micro-batch boundaries of the sequential greedy (the oracle; a Python loop).
 
     A sample joins the current micro-batch iff afterwards the budget holds and the count is
     at most ``max_samples`` (when > 0). Cost of a micro-batch of ``c`` samples whose largest
-    rounded length is ``L``: padded ``c*L``; tokens ``sum(s)`` (``c*L`` when rounding);
-    quadratic ``sum(s + s*s/Q)`` (``c*(L + L*L/Q)`` when rounding). When a micro-batch closes
-    with ``batch_multiple`` M > 1, it keeps the largest multiple of M of its samples (all
-    when fewer than M) and the rest open the next one, which the sample is tested against.
+    rounded length is ``L`` (``budget``: a name of ``COSTS`` or a ``KernelCost``): per slot
+    ``c*unit(L)`` (always when rounding), else ``sum(unit(s))``; ``unit(s)`` is ``s``, or
+    ``s + s*s/Q`` for a quadratic cost (padded ``c*L``, tokens ``sum(s)``, quadratic
+    ``sum(s + s*s/Q)``). When a micro-batch closes with ``batch_multiple`` M > 1, it keeps the
+    largest multiple of M of its samples (all when fewer than M) and the rest open the next
+    one, which the sample is tested against.
     With ``sizes2`` (a second size per sample) the sum of a micro-batch's ``sizes2`` stays at
     most ``max2`` too.
 
@@ -36,9 +38,10 @@ def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str = "padded", m
     second = None if sizes2 is None else [int(s) for s in np.asarray(sizes2, dtype=np.int64)]
     rounding = bool(pad_multiple and pad_multiple > 1) or (shapes is not None and len(shapes) > 0)
     shape_list = [int(x) for x in shapes] if shapes is not None else []
+    kind = kernel_cost(budget)
 
     def cost(batch: list[int]) -> float:
-        return _reference_cost(batch, budget, quadratic_scale, _reference_round(max(batch), shape_list, pad_multiple),
+        return _reference_cost(batch, kind, quadratic_scale, _reference_round(max(batch), shape_list, pad_multiple),
                                rounding)
 
     def fits2(first: int, last: int) -> bool:
@@ -75,14 +78,14 @@ def _reference_round(x: int, shape_list: list[int], pad_multiple: int) -> int:
     return x
 
 
-def _reference_cost(batch: list[int], budget: str, quadratic_scale: float, L: int, rounding: bool) -> float:
+def _reference_cost(batch: list[int], kind: KernelCost, quadratic_scale: float, L: int, rounding: bool) -> float:
     """Return the oracle's cost of a non-empty micro-batch whose rounded largest length is ``L``."""
     c = len(batch)
-    if budget == "padded" or rounding:
-        if budget == "quadratic":
+    if kind.per_slot or rounding:
+        if kind.quadratic:
             return c * (L + L * L / quadratic_scale)
         return c * L
-    if budget == "tokens":
+    if not kind.quadratic:
         return sum(batch)
     # plain left-to-right addition, not sum(): sum() is compensated from Python 3.12
     # on, and micro-batch boundaries must not depend on the interpreter
@@ -96,7 +99,7 @@ def _reference_cost(batch: list[int], budget: str, quadratic_scale: float, L: in
 class _Options:
     """The options of greedy_pack, validated and in the form both implementations read."""
 
-    budget: str
+    cost: KernelCost
     lim_i: int  # an int cost fits iff <= lim_i
     lim_d: float  # a float cost fits iff <= lim_d
     max_samples: int
@@ -128,10 +131,10 @@ def _shape_records(shapes: Any) -> np.ndarray | None:
     return np.asarray(rec, dtype=np.int64)
 
 
-def _options(max_tokens: Any, budget: str, max_samples: Any, batch_multiple: Any, quadratic_scale: Any,
+def _options(max_tokens: Any, budget: str | KernelCost, max_samples: Any, batch_multiple: Any, quadratic_scale: Any,
              pad_multiple: Any, shapes: Any) -> _Options:
     """Validate the options of greedy_pack; return them normalised."""
-    check_budget(budget)
+    cost = kernel_cost(budget)
     max_samples = 0 if max_samples is None else operator.index(max_samples)
     batch_multiple = 1 if batch_multiple is None else operator.index(batch_multiple)
     if batch_multiple < 1:
@@ -140,16 +143,16 @@ def _options(max_tokens: Any, budget: str, max_samples: Any, batch_multiple: Any
     if pad != (pad_multiple or 0):
         raise ValueError(f"pad_multiple must be an integer, got {pad_multiple!r}")
     q = float(quadratic_scale)
-    if budget == "quadratic" and not (q > 0 and math.isfinite(q)):
+    if cost.quadratic and not (q > 0 and math.isfinite(q)):
         raise ValueError(f"quadratic_scale must be positive and finite, got {quadratic_scale!r}")
     lim_i, lim_d = limits(max_tokens)
     rec = _shape_records(shapes)
-    return _Options(budget=budget, lim_i=lim_i, lim_d=lim_d, max_samples=max_samples,
+    return _Options(cost=cost, lim_i=lim_i, lim_d=lim_d, max_samples=max_samples,
                     multiple=batch_multiple, q=q, pad=pad if pad > 1 else 0, records=rec,
                     rounding=rec is not None or pad > 1)
 
 
-def greedy_pack(sizes: Any, max_tokens: Any, budget: str = "padded", max_samples: int = 0,
+def greedy_pack(sizes: Any, max_tokens: Any, budget: str | KernelCost = "padded", max_samples: int = 0,
                 batch_multiple: int = 1, quadratic_scale: float = 1.0, pad_multiple: int = 0,
                 shapes: Any = None, sizes2: Any = None, max2: int = 0) -> np.ndarray:
     """Return micro-batch boundaries of the sequential greedy (see ``greedy_pack_reference``).
@@ -162,14 +165,14 @@ def greedy_pack(sizes: Any, max_tokens: Any, budget: str = "padded", max_samples
         Sample sizes in packing order.
     max_tokens : int or float
         The limit on a micro-batch's cost under ``budget``.
-    budget : str
-        One of ``BUDGETS``.
+    budget : str or KernelCost
+        One of ``BUDGETS`` (a name of ``COSTS``), or a ``KernelCost``.
     max_samples : int
         At most this many samples a micro-batch when > 0.
     batch_multiple : int
         A closed micro-batch keeps a multiple of this many samples when it has that many.
     quadratic_scale : float
-        ``Q`` of the quadratic budget.
+        ``Q`` of a quadratic cost.
     pad_multiple : int
         Lengths round up to a multiple of this when > 1.
     shapes : array of int, optional
@@ -200,10 +203,10 @@ def greedy_pack(sizes: Any, max_tokens: Any, budget: str = "padded", max_samples
     rec = a.records if a.records is not None else np.zeros(1, dtype=np.int64)
     nrec = 0 if a.records is None else len(rec)
     if a.sizes2 is None:
-        nb = lib.sp_greedy_pack(_ptr(sizes), n, BUDGETS.index(a.budget), a.lim_i, a.lim_d, a.max_samples,
+        nb = lib.sp_greedy_pack(_ptr(sizes), n, a.cost.code, a.lim_i, a.lim_d, a.max_samples,
                                 a.multiple, a.q, a.pad, _ptr(rec), nrec, _ptr(out))
     else:
-        nb = lib.sp_greedy_pack2(_ptr(sizes), n, BUDGETS.index(a.budget), a.lim_i, a.lim_d, a.max_samples,
+        nb = lib.sp_greedy_pack2(_ptr(sizes), n, a.cost.code, a.lim_i, a.lim_d, a.max_samples,
                                  a.multiple, a.q, a.pad, _ptr(rec), nrec, _ptr(a.sizes2), a.max2, _ptr(out))
     if nb < 0:
         raise ValueError("greedy_pack: sizes must be non-negative")
@@ -224,15 +227,14 @@ def _round_np(x: np.ndarray, a: _Options) -> np.ndarray:
 def _prefix_fits(w: np.ndarray, a: _Options) -> np.ndarray:
     """Return ok[t]: do the samples w[:t+1], as one micro-batch, fit the budget?"""
     count = np.arange(1, len(w) + 1, dtype=np.int64)
-    budget = a.budget
-    if budget == "padded" or a.rounding:
+    if a.cost.per_slot or a.rounding:
         L = _round_np(np.maximum.accumulate(w), a)
-        if budget == "quadratic":
+        if a.cost.quadratic:
             Lf = L.astype(np.float64)
             ok = count.astype(np.float64) * (Lf + (L * L).astype(np.float64) / a.q) <= a.lim_d
         else:
             ok = count * L <= a.lim_i
-    elif budget == "tokens":
+    elif not a.cost.quadratic:
         ok = np.cumsum(w) <= a.lim_i
     else:
         # cumsum adds left to right, as the reference does

@@ -50,6 +50,7 @@ from ..stages.mixture import (
     split_union,
 )
 from ..stages.pack import PackOptions, refuse_oversize
+from ..stages.pack.balance import balance_of
 from ..stages.plan_options import PlanOptions
 from ..stages.sort import SortOptions, sort_samples
 from ..stages.split import byte_cuts
@@ -135,7 +136,7 @@ def run_mixture(comm: Comm, mix: Mixture, plan: PlanOptions, output: JobOutput) 
     store = output.store
     check_options(comm, sopts.validate, popts.validate)
     _check_stages(mix, sopts)
-    if popts.balance != "none":  # every rank parses the same options: all raise together
+    if balance_of(popts).orders:  # every rank parses the same options: all raise together
         raise SortpackError(f"--balance {popts.balance} does not apply to a mixture: its schedule orders the "
                             "micro-batches", collective=True)
     aopts, file_counts = _plan_column(comm, mix, aopts, popts, store)

@@ -90,6 +90,9 @@ class MicroBatch(list):
         Loss targets of this micro-batch (the index's ``targets``, else ``tokens - num_samples``).
     size2 : int, optional
         The sum of its samples' second size (``--size2``; None when the plan has none).
+    measures : dict of str to int, optional
+        The sums of its samples' other per-sample measures by name (``--size2``'s ``size2``, each
+        ``--measure NAME=SPEC``; docs/step-costs.md), as the index holds them; ``size2`` joins them.
 
     Examples
     --------
@@ -115,7 +118,7 @@ class MicroBatch(list):
     def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,
                  padded_size: int | None = None, row_splits=None, *, facts: StepFacts = _NO_STEP,
                  last: bool = True, tokens: int = 0, repeat: bool = False, source: str | None = None,
-                 attention: int = 0, targets: int = 0, size2: int | None = None):
+                 attention: int = 0, targets: int = 0, size2: int | None = None, measures: dict | None = None):
         super().__init__(ids)
         self.microbatch = microbatch
         self.batch_size = len(self) if batch_size is None else batch_size
@@ -128,7 +131,7 @@ class MicroBatch(list):
         self.source = source
         self.attention = attention
         self.targets = targets
-        self.size2 = size2
+        self.measures = {**(measures or {}), **({} if size2 is None else {"size2": size2})} or None
 
     @classmethod
     def made(cls, ids: list, fields: tuple) -> MicroBatch:
@@ -136,16 +139,17 @@ class MicroBatch(list):
         micro-batch it hands out).
 
         ``fields`` holds the attributes ``__init__`` sets, in its order: microbatch, batch_size,
-        padded_size, row_splits, facts, last, tokens, repeat, source, attention, targets, size2.
+        padded_size, row_splits, facts, last, tokens, repeat, source, attention, targets, measures
+        (a dict, or None for a plan without them).
         ``info()`` of a micro-batch made here needs no conversion.
         """
         (microbatch, batch_size, padded_size, row_splits, facts, last, tokens, repeat, source, attention, targets,
-         size2) = fields
+         measures) = fields
         made = list.__new__(cls)
         list.__init__(made, ids)
         made.__dict__ = {"microbatch": microbatch, "batch_size": batch_size, "padded_size": padded_size,
                          "row_splits": row_splits, "facts": facts, "last": last, "tokens": tokens, "repeat": repeat,
-                         "source": source, "attention": attention, "targets": targets, "size2": size2,
+                         "source": source, "attention": attention, "targets": targets, "measures": measures,
                          "_plain": True}
         return made
 
@@ -161,13 +165,18 @@ class MicroBatch(list):
                               doc="Attention work of the whole step over all ranks.")
     step_targets = property(lambda self: self.facts.step_targets, doc="Loss targets of the whole step over all ranks.")
 
+    @property
+    def size2(self) -> int | None:
+        """Return the sum of its samples' second size (``--size2``; None when the plan has none)."""
+        return None if self.measures is None else self.measures.get("size2")
+
     def info(self) -> dict:
         """Return the micro-batch's place and step as a dict of plain ints and bools (collate passes it on).
 
         The step's facts (as ``StepFacts.info`` gives them) and the micro-batch's own: ``microbatch``,
-        ``last``, ``tokens``, ``num_samples``, ``repeat``, ``attention``, ``targets``, ``size2`` when
-        the plan has it, and ``source`` for a mixture plan's micro-batch (its source's name), so a
-        loop can log per source.
+        ``last``, ``tokens``, ``num_samples``, ``repeat``, ``attention``, ``targets``, the sum of each
+        other measure the plan has (``size2``, each ``--measure``) under its name, and ``source``
+        for a mixture plan's micro-batch (its source's name), so a loop can log per source.
         """
         (epoch, step, position, end, run_step, step_batch, step_tokens, world_size, step_attention,
          step_targets) = self.facts
@@ -178,8 +187,8 @@ class MicroBatch(list):
                    "microbatch": self.microbatch, "last": self.last, "tokens": self.tokens, "num_samples": len(self),
                    "repeat": self.repeat, "step_attention": step_attention, "step_targets": step_targets,
                    "attention": self.attention, "targets": self.targets}
-            if self.size2 is not None:
-                out["size2"] = self.size2
+            if self.measures is not None:
+                out.update(self.measures)
             if self.source is not None:
                 out["source"] = self.source
             return out
@@ -190,8 +199,8 @@ class MicroBatch(list):
                "tokens": int(self.tokens), "num_samples": len(self), "repeat": bool(self.repeat),
                "step_attention": int(step_attention), "step_targets": int(step_targets),
                "attention": int(self.attention), "targets": int(self.targets)}
-        if self.size2 is not None:
-            out["size2"] = int(self.size2)
+        if self.measures is not None:
+            out.update({name: int(value) for name, value in self.measures.items()})
         if self.source is not None:
             out["source"] = self.source
         return out

@@ -340,13 +340,13 @@ class PackedSampler:
             facts = new_facts(StepFacts, (epoch, step, start, pos, base + step, batch, tokens, w, step_attention,
                                           step_targets))
             for k, p in enumerate(packed):
-                ids, bs, ps, splits, mb_tokens, mb_attention, mb_targets, size2, source = facts_of[k]
+                ids, bs, ps, splits, mb_tokens, mb_attention, mb_targets, measures, source = facts_of[k]
                 if skips.sizes:
                     ids, splits = skips.kept(p, ids, splits)
                     mb_tokens -= skips.lost([p]).tokens
                 # plain ints and bools throughout (tolist, int sums): made without a conversion
                 yield made(ids, (p, bs, ps, splits, facts, k == a - 1, mb_tokens, repeat[k], source, mb_attention,
-                                 mb_tokens - len(ids) if mb_targets is None else mb_targets, size2))
+                                 mb_tokens - len(ids) if mb_targets is None else mb_targets, measures))
             step += 1
 
     # --- resume ---------------------------------------------------------------------------
@@ -402,7 +402,7 @@ class _Facts:
     """What the sampler hands out of each micro-batch, read for many micro-batches in one vectorised pass.
 
     ``of(packed)`` gives per micro-batch (sample ids, batch_size, padded_size, row_splits,
-    tokens, attention, targets or None, size2 or None, source name or None).
+    tokens, attention, targets or None, the other measures' sums by name or None, source name or None).
     """
 
     def __init__(self, index: PackedIndex):
@@ -411,8 +411,9 @@ class _Facts:
         self.sources = index["source"] if self.names else None
         self.tokens = index["tokens"]  # one read of each column, then a gather per chunk
         sums = index.sum_columns
-        self.attention, self.targets, self.size2 = (index[n] if n in sums else None
-                                                     for n in ("attention", "targets", "size2"))
+        self.attention, self.targets = (index[n] if n in sums else None for n in ("attention", "targets"))
+        # every other per-micro-batch sum: the measures a MicroBatch hands out by name (size2, each --measure)
+        self.measures = [(n, index[n]) for n in sums if n not in ("attention", "targets")]
 
     def of(self, packed) -> list[tuple]:
         """Return the facts of each micro-batch number in ``packed``."""
@@ -424,8 +425,12 @@ class _Facts:
 
         names = self.names
         sources = [None] * n if self.sources is None else [names[s] for s in self.sources[at].tolist()]
+        measures: list = [None] * n
+        if self.measures:
+            keys = [name for name, _ in self.measures]
+            measures = [dict(zip(keys, row)) for row in zip(*(col[at].tolist() for _, col in self.measures))]
         return list(zip(*self.index.record_lists(at), self.tokens[at].tolist(), column(self.attention, 0),
-                        column(self.targets, None), column(self.size2, None), sources))
+                        column(self.targets, None), measures, sources))
 
 
 class _StepsAhead:

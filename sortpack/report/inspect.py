@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import SortpackError
 from ..format.manifest import read_manifest
-from ..format.schemas import padded_plan
+from ..format.schemas import measure_names, padded_plan
 from ..format.shards import read_rows
 
 
@@ -176,7 +176,8 @@ def _samples_report(directory: str, m: dict) -> dict:
                           "sum": int(size.sum())}}
     if m["_kind"] == "sorted" and "stage_counts" in m["stats"]:
         out["stage_counts"] = m["stats"]["stage_counts"]
-    out.update({k: m["stats"][k] for k in ("size2", "targets") if k in m["stats"]})  # the measures' totals
+    # the measures' totals (every measure column the directory holds)
+    out.update({k: m["stats"][k] for k in measure_names(m.get("schema") or {}) if k in m["stats"]})
     return out
 
 
@@ -204,8 +205,8 @@ def _microbatch_report(m: dict, cols: IndexColumns, shapes: np.ndarray) -> dict:
         "split_pieces": m["stats"].get("split_pieces", 0),
         "split_tokens": m["stats"].get("split_tokens", 0),
         "empty_dropped": m["stats"].get("empty_dropped", 0),
-        # the per-micro-batch sums' totals, where the plan records them (attention, size2, targets)
-        **{k: m["stats"][k] for k in ("attention", "size2", "targets") if k in m["stats"]},
+        # the per-micro-batch sums' totals, where the plan records them (attention and every measure)
+        **{k: m["stats"][k] for k in ("attention", *measure_names(m.get("schema") or {})) if k in m["stats"]},
     }
 
 

@@ -14,6 +14,7 @@ from ..inputs.discover import expand_inputs
 from ..inputs.finetune import Encoded, FineTuneShape, fine_tune_shape
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units
+from ..inputs.measures import measure_of, parse_measure
 from ..inputs.size_kinds import reads_text
 from ..inputs.source_file import SourceFile
 from ..inputs.specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
@@ -36,6 +37,7 @@ class AnalyzeOptions:
     special_tokens: bool = True  # tokens: count the ones the post-processor adds
     split: str | None = None  # the split of a Hugging Face DatasetDict directory
     size2: str | None = None  # --size2 SPEC: a second size per sample, the measure ``size2``
+    measures: tuple[tuple[str, str], ...] = ()  # --measure NAME=SPEC: other measures (inputs/measures.py), by name
     # fine-tuning shapes (inputs/finetune.py): a labels column, prompt/completion texts, or chats
     labels_column: str | None = None
     prompt_column: str | None = None
@@ -44,8 +46,10 @@ class AnalyzeOptions:
     train_on: tuple[str, ...] | None = None
 
     def measure_specs(self) -> dict[str, str]:
-        """Return the SPEC of each per-sample measure to evaluate like a size, by measure name."""
-        return {"size2": self.size2} if self.size2 else {}
+        """Return the SPEC of each per-sample measure to evaluate like a size, by measure name (SortpackError, one
+        line: a ``--measure`` name it cannot take)."""
+        given = dict(parse_measure(f"{name}={spec}") for name, spec in self.measures)
+        return {**({"size2": self.size2} if self.size2 else {}), **given}
 
     def __post_init__(self) -> None:
         """Give fine-tuning shapes their defaults: texts count tokens, a labels column labels ``input_ids``."""
@@ -82,12 +86,14 @@ class AnalyzeOptions:
         out: dict[str, Any] = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
                "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
                "input_format": self.input_format}
-        if "tokens" in (self.size, self.difficulty, self.size2):
+        if "tokens" in (self.size, self.difficulty, self.size2, *dict(self.measures).values()):
             out["special_tokens"] = self.special_tokens
         if self.split is not None:
             out["split"] = self.split
         if self.size2:
             out["size2"] = self.size2
+        if self.measures:  # recorded only when given: other plans keep their content hash
+            out["measures"] = dict(self.measures)
         fine_tune = self.fine_tune()
         if fine_tune is not None:  # recorded only for fine-tuning data: other plans keep their content hash
             out["fine_tune"] = fine_tune
@@ -202,9 +208,10 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     extra = opts.measure_specs()
     if reads_text(*extra.values()):
         column = column or _resolve_column(opts, files)
-    measures = {name: parse_spec(text, column, f"--{name}") for name, text in extra.items()}
+    measures = {name: parse_spec(text, column, measure_of(name).option) for name, text in extra.items()}
     tokenizer = None
-    kinds = [("--size", size_spec), ("--difficulty", diff_spec)] + [(f"--{n}", m) for n, m in measures.items()]
+    kinds = [("--size", size_spec), ("--difficulty", diff_spec)] + [(measure_of(n).option, m)
+                                                                    for n, m in measures.items()]
     wants = [option for option, spec in kinds if spec is not None and spec.kind == "tokens"]
     if wants:
         tokenizer = load_tokenizer(opts.tokenizer, wants[0])
@@ -226,7 +233,8 @@ def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
     if diff_spec is not None and reads_text(diff_spec.kind) and opts.text_shape:
         raise SortpackError(f"--difficulty {opts.difficulty}: of fine-tuning texts, give a column: or python: SPEC")
-    measures = {name: parse_spec(text, column, f"--{name}") for name, text in opts.measure_specs().items()}
+    measures = {name: parse_spec(text, column, measure_of(name).option)
+                for name, text in opts.measure_specs().items()}
     kinds = [size_spec, diff_spec, *measures.values()]
     if tokenizer is None and any(s is not None and s.kind == "tokens" for s in kinds):
         tokenizer = load_tokenizer(opts.tokenizer, "--size")
@@ -318,7 +326,7 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keeper
         for name, spec in specs.measures.items():
             values = evaluate(spec, table, src.path, specs.tokenizer, specs.funcs.get(spec.text), specs.special_tokens)
             out.measures.setdefault(name, []).append(
-                as_size(values, src.path, f"--{name} {spec.text}").astype(np.int64, copy=False))
+                as_size(values, src.path, f"{measure_of(name).option} {spec.text}").astype(np.int64, copy=False))
         prog.update(table.num_rows, None, **{counter: int(size.sum())})
     prog.close()
     out.whole = None if whole is None else whole[:filled]

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..distribute import global_start
 from ..errors import SortpackError
+from ..inputs.measures import measure_of
 from ..inputs.pieces import byte_pieces, longest_char, read_values
 from ..inputs.size_kinds import split_kinds
 from ..parallel import Comm
@@ -56,10 +57,11 @@ def check_split(plan: PlanOptions, own_column: str | None = None, tokenizer: str
     """
     measured, popts = plan.analyze, plan.pack
     size = measured.size
-    if measured.size2:
-        # a piece's second size is not the same fraction of its sample's (an image's patches stay whole)
-        raise SortpackError(f"--oversize split cuts a sample's size, not its --size2 {measured.size2}: use "
-                            "--oversize skip or error with --size2")
+    for name, spec in measured.measure_specs().items():
+        option = measure_of(name).option
+        if measure_of(name).pieces is None:  # a piece's share would be wrong: an image's patches stay whole
+            raise SortpackError(f"--oversize split cuts a sample's size, not its {option} {spec}: use "
+                                f"--oversize skip or error with {option}")
     if popts is not None and size == "tokens":
         empty = plan.empty_size
         if not empty and tokenizer and measured.special_tokens:
@@ -300,8 +302,10 @@ def split_samples(comm: Comm, samples: SampleColumns, over: np.ndarray, cut: Pie
     start, total = global_start(comm, len(row))
     difficulty = size if samples.difficulty is samples.size else samples.difficulty[row]
     stage = None if samples.stage is None else samples.stage[row]
-    measures = {name: PIECE_MEASURES.get(name, apportion)(values, samples, row, begin, size)
-                for name, values in samples.measures.items()}
+    # every measure a cut sample carries takes its share (``measure_of(name).pieces``: a measure whose pieces are
+    # recounted from the labels, ``targets``, gets its own count after, ``TargetPieces.exact``; one that cannot
+    # be cut was refused before, ``check_split``)
+    measures = {name: apportion(values, samples, row, begin, size) for name, values in samples.measures.items()}
     out = SampleColumns(start, total, samples.sample_id[row], size, difficulty, stage, samples.files,
                         samples.empty_size, begin, measures)
     return out, info
@@ -321,10 +325,6 @@ def apportion(values: np.ndarray, samples: SampleColumns, row: np.ndarray, begin
     start = begin if samples.begin is None else begin - samples.begin[row]
     span = np.maximum(whole, 1)
     return (m * (start + size)) // span - (m * start) // span
-
-
-# measures whose pieces are counted another way than in proportion (name -> function as ``apportion``)
-PIECE_MEASURES: dict = {}
 
 
 def split_oversize(comm: Comm, samples: SampleColumns, plan: PlanOptions, known: ByteCuts | None = None,

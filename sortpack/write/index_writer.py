@@ -7,7 +7,6 @@ communicating half (``write_index``) moves the micro-batches, writes, stores and
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -24,62 +23,13 @@ from ..parallel import Comm
 from ..partition import index_shard_layout
 from ..stages.pack import Microbatches
 from .output import PlanDir
+from .owned import PIECE_COLUMNS, OwnedMicrobatches, PieceRanges, owned_microbatches
 from .plan_record import PlanRecord
 from .provenance import provenance
 from .shards import OwnedRows, write_owned_shards
 
 if TYPE_CHECKING:
     from .store import Store, StoreResult
-
-PIECE_COLUMNS = ("piece_begin", "piece_end")  # --oversize split: each sample's range in its source sample
-
-
-@dataclass(frozen=True)
-class PieceRanges:
-    """``--oversize split``: each sample's range ``[begin, end)`` in its source sample, one value per sample id."""
-
-    begin: np.ndarray
-    end: np.ndarray
-
-    def column(self, name: str) -> np.ndarray:
-        """Return the values of index column ``name`` (one of ``PIECE_COLUMNS``)."""
-        return self.begin if name == PIECE_COLUMNS[0] else self.end
-
-
-@dataclass(frozen=True)
-class OwnedMicrobatches:
-    """The micro-batches one rank writes, ``[first, first + count)``, moved to it from the ranks that packed them."""
-
-    first: int
-    columns: dict[str, np.ndarray]  # per micro-batch, ``microbatch`` (the global number) included
-    offsets: np.ndarray  # each micro-batch's first sample in ``sample_ids``, plus the end
-    sample_ids: np.ndarray
-    ranges: PieceRanges | None  # --oversize split: each sample's range in its source sample
-    row_sizes: np.ndarray | None  # rows mode: each row's samples, rows in micro-batch order
-    row_offsets: np.ndarray | None  # rows mode: each micro-batch's first row, plus the end
-    row_starts: np.ndarray | None  # rows mode: each row's first sample, plus the end
-
-    @property
-    def count(self) -> int:
-        """Return how many micro-batches this rank writes."""
-        return len(self.columns["microbatch"])
-
-    def samples_in(self, a: int, b: int) -> int:
-        """Return the samples in local micro-batches ``[a, b)``."""
-        return int(self.offsets[b] - self.offsets[a])
-
-
-def owned_microbatches(first: int, columns: dict[str, np.ndarray], sample_ids: np.ndarray,
-                       ranges: PieceRanges | None = None,
-                       row_sizes: np.ndarray | None = None) -> OwnedMicrobatches:
-    """Return a rank's owned micro-batches, with the offsets its tables are cut by (from the per-micro-batch counts)."""
-    offsets = np.concatenate(([0], np.cumsum(columns["num_samples"], dtype=np.int64)))
-    row_offsets = row_starts = None
-    if row_sizes is not None:
-        row_offsets = np.concatenate(([0], np.cumsum(columns["batch_size"], dtype=np.int64)))
-        row_starts = np.concatenate(([0], np.cumsum(row_sizes, dtype=np.int64)))
-    return OwnedMicrobatches(first, columns, offsets, sample_ids, ranges, row_sizes, row_offsets, row_starts)
-
 
 def _list_array(offsets: np.ndarray, values: np.ndarray, a: int, b: int, value_type: pa.DataType) -> pa.Array:
     lo, hi = int(offsets[a]), int(offsets[b])

@@ -141,14 +141,30 @@ def test_a_mixture_is_one_stage_package():
     assert "analyze" not in _calls(PKG / "pipeline" / "mixture.py"), "pipeline/mixture.py analyzes: stages/mixture's"
 
 
-# the pack stage: what fits, how to cut, the entry; the arrays the cut builds and balance reorders; balance;
-# the rows composed by their targets (compose)
-PACK_MODULES = {"__init__", "fits", "cut", "microbatches", "packed", "balance", "compose"}
+# the pack stage, bottom up: what reads no options (the --budget registry, the per-micro-batch records, the orders of
+# --balance and its registry), the options, then what reads them: what fits, the arrays of a cut, the rows composed
+# by their targets, how to cut, the entry
+PACK_LAYERS = ["budgets", "packed", "order", "balance", "options", "fits", "batches", "compose", "cut", "microbatches"]
 
 
-def test_the_pack_stage_is_what_fits_how_to_cut_and_the_entry():
+def test_the_pack_stage_is_layered_from_its_registries_and_options_up():
     found = {p.stem for p in (PKG / "stages" / "pack").glob("*.py")}
-    assert found == PACK_MODULES, f"stages/pack/ holds {sorted(found)}; see docs/architecture.md"
+    assert found == {"__init__", *PACK_LAYERS}, f"stages/pack/ holds {sorted(found)}; see docs/architecture.md"
+    graph = _module_graph()
+    for i, name in enumerate(PACK_LAYERS):
+        above = {f"sortpack.stages.pack.{m}" for m in PACK_LAYERS[i + 1:]} | {"sortpack.stages.pack"}
+        up = sorted(graph[f"sortpack.stages.pack.{name}"] & above)
+        assert not up, f"stages/pack/{name}.py imports {up}, above it in the room; see docs/architecture.md"
+
+
+# what --help lists loads no numpy: the registries of the pack stage and the measures, as the formats and size kinds
+LIGHT_REGISTRIES = ("sortpack.stages.pack.budgets", "sortpack.stages.pack.balance", "sortpack.inputs.measures")
+
+
+@pytest.mark.parametrize("module", LIGHT_REGISTRIES)
+def test_the_registries_load_no_numpy(module):
+    loaded = _loaded_after_import(module)
+    assert not [m for m in loaded if m.split(".")[0] in ("numpy", "pyarrow", "mpi4py")], loaded
 
 
 def _side_imports(name: str) -> set[str]:
@@ -261,19 +277,14 @@ def _module_name(path: Path) -> str:
 
 
 def _module_graph() -> dict[str, set[str]]:
-    """Return, per module of the package, the modules it loads (at the top or lazily; not for type checking only)."""
+    """Return, per module of the package, the modules it imports (at the top, lazily, or for type checking only)."""
     files = {_module_name(p): p for p in PKG.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
         found = set()
-        tree = ast.parse(path.read_text())
-        # an import for type checking only loads nothing: it is no edge (a lazy import inside a function is)
-        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                       and "TYPE_CHECKING" in ast.unparse(block.test) for stmt in block.body for n in ast.walk(stmt)}
-        for node in ast.walk(tree):
-            if id(node) in typing_only:
-                continue
+        # an import for type checking only is an edge too: the two modules cannot be read (or checked) apart
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = package[:len(package) - (node.level - 1)]
@@ -335,8 +346,15 @@ def test_the_circle_finder_finds_a_circle():
     assert _circles({"a": {"b"}, "b": set()}) == []
 
 
+def test_the_graph_counts_lazy_and_type_checking_imports():
+    graph = _module_graph()
+    assert "sortpack.stages.pack.order" in graph["sortpack.stages.pack.balance"]  # inside a method
+    assert "sortpack.write.owned" in graph["sortpack.write.store.plan"]  # under TYPE_CHECKING
+
+
 def test_no_import_circles_between_modules():
-    # a lazy import inside a function is still a circle: the two modules cannot be loaded (or tested) apart
+    # a lazy import inside a function, or one for type checking only, is still a circle: the two modules cannot be
+    # loaded, tested or read apart
     circles = _circles(_module_graph())
     assert not circles, f"modules that import each other (directly or around a circle): {circles}"
 

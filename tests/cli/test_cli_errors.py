@@ -139,6 +139,9 @@ BAD_RUN = {
     "bad column": (["--max-tokens", "10", "--column", "body"], "no column 'body'"),
     "bad key": (["--max-tokens", "10", "--key", "length"], "--key"),
     "oversize": (["--max-tokens", "2"], "max"),
+    "measure name": (["--max-tokens", "10", "--measure", "tokens=length"], "--measure"),
+    "rows by targets and a second cap": (["--rows", "64", "--size2", "length", "--max-size2", "20", "--balance",
+                                          "targets"], "--balance targets composes rows"),
 }
 
 

@@ -62,9 +62,8 @@ def test_the_padded_layout_reads_the_same_from_options_and_from_the_manifest():
 
     from sortpack.format.schemas import padded_plan
     from sortpack.stages.pack import PackOptions
-    from sortpack.stages.pack.microbatches import padded_layout
 
     for budget, rows, same, static in product(("padded", "tokens", "quadratic"), (0, 64), (False, True),
                                               (False, True)):
         opts = PackOptions(max_tokens=64, budget=budget, rows=rows, same_shape=same, static_shapes=static)
-        assert padded_layout(opts) == padded_plan(opts.as_dict())
+        assert opts.padded_layout == padded_plan(opts.as_dict())

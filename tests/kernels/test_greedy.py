@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from sortpack import kernels as K
 
 ORDERS = ("ascending", "descending", "random")
+# the named costs and one no budget ships (per slot and quadratic): the kernels read the two choices, not names
+COSTS = (*K.BUDGETS, K.KernelCost(per_slot=True, quadratic=True))
 
 
 def arrange(sizes, order: str) -> np.ndarray:
@@ -24,7 +26,7 @@ def arrange(sizes, order: str) -> np.ndarray:
 def pack_cases(draw):
     sizes = draw(st.lists(st.integers(0, 80), max_size=40))
     order = draw(st.sampled_from(ORDERS))
-    budget = draw(st.sampled_from(K.BUDGETS))
+    budget = draw(st.sampled_from(COSTS))
     rounding = draw(st.sampled_from(["none", "pad", "shapes"]))
     kw = dict(
         max_tokens=draw(st.one_of(st.integers(0, 400), st.floats(0, 400, allow_nan=False))),
@@ -46,7 +48,7 @@ def test_matches_reference(case):
     np.testing.assert_array_equal(K.greedy_pack(sizes, **kw), K.greedy_pack_reference(sizes, **kw))
 
 
-@pytest.mark.parametrize("budget", K.BUDGETS)
+@pytest.mark.parametrize("budget", COSTS)
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("opts", [
     {},
@@ -59,7 +61,7 @@ def test_matches_reference_larger(budget, order, opts):
     rng = np.random.default_rng(7)
     sizes = arrange(rng.integers(1, 4096, 3000), order)
     kw = dict(max_tokens=40_000, budget=budget, quadratic_scale=1000.0, **opts)
-    if budget == "quadratic":
+    if K.COSTS.get(budget, budget)[1]:  # quadratic
         kw["max_tokens"] = 400_000
     np.testing.assert_array_equal(K.greedy_pack(sizes, **kw), K.greedy_pack_reference(sizes, **kw))
 

@@ -87,15 +87,16 @@ def test_optimal_lengths_edge_cases():
 
 
 @settings(max_examples=100, deadline=None)
-@given(length=st.integers(1, 500), max_tokens=st.integers(1, 5000), budget=st.sampled_from(K.BUDGETS),
-       q=st.sampled_from([1.0, 7.0, 300.0]), max_samples=st.sampled_from([0, 3, 50]))
+@given(length=st.integers(1, 500), max_tokens=st.integers(1, 5000),
+       budget=st.sampled_from((*K.BUDGETS, K.KernelCost(True, True))), q=st.sampled_from([1.0, 7.0, 300.0]),
+       max_samples=st.sampled_from([0, 3, 50]))
 def test_batch_capacity_is_what_the_greedy_packs_at_that_length(length, max_tokens, budget, q, max_samples):
     cap = int(K.batch_capacity([length], max_tokens, budget, q, max_samples)[0])
     # cap + 1 samples of exactly that length, rounded to themselves: the greedy's first micro-batch
     bounds = K.greedy_pack([length] * (cap + 1), max_tokens, budget, max_samples, quadratic_scale=q,
                            shapes=[length])
     if cap == 0:
-        alone = length if budget != "quadratic" else length + length * length / q
+        alone = length + length * length / q if K.COSTS.get(budget, budget)[1] else length
         assert alone > max_tokens
     else:
         assert bounds[1] == cap

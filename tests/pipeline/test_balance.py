@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sortpack.report.inspect import imbalance, inspect_directory, step_costs
-from tests.support import assert_same_at_ranks, read_manifest, run_sortpack
+
+from support import assert_same_at_ranks, read_manifest, run_sortpack
 
 ROW = 32768
 C = 6144
@@ -41,6 +42,12 @@ def compute(t: pa.Table, sizes: np.ndarray) -> np.ndarray:
     s = sizes.astype(np.float64)
     w = C * s + s * s
     return np.array([w[np.asarray(x)].sum() for x in ids])
+
+
+def is_circle(cost: np.ndarray) -> bool:
+    """Return whether ``cost`` is a circle of its sorted values: every other one ascending, then the rest descending."""
+    ranked = np.sort(cost)
+    return bool(np.allclose(cost, np.concatenate((ranked[0::2], ranked[1::2][::-1])), rtol=1e-12))
 
 
 @pytest.mark.slow
@@ -79,7 +86,7 @@ def test_balance_orders_micro_batches_by_cost_within_a_stage(tmp_path):
     stage = t.column("stage").to_numpy()
     assert np.all(np.diff(stage) >= 0)  # curriculum stages stay in order
     for k in np.unique(stage):
-        assert np.all(np.diff(cost[stage == k]) >= 0)
+        assert is_circle(cost[stage == k])
     options = read_manifest(out)["options"]
     assert options["balance"] == "compute" and options["cost_coeff"] == 1024
 
@@ -93,7 +100,7 @@ def test_balance_applies_to_greedy_plans_too(tmp_path):
     ids = np.concatenate([np.asarray(x) for x in t.column("sample_ids").to_pylist()])
     assert np.array_equal(np.sort(ids), np.arange(len(sizes)))
     assert t.column("tokens").to_numpy().max() <= 65536
-    assert np.all(np.diff(compute(t, sizes)) >= 0)
+    assert is_circle(compute(t, sizes))
 
 
 def test_an_unknown_balance_is_one_line(tmp_path):
@@ -129,7 +136,22 @@ def test_a_padded_plan_balances_its_padded_compute(tmp_path):
     run_sortpack([*common, "-o", tmp_path / "balanced", "--balance", "compute"])
     t = table(tmp_path / "balanced")
     bs, ps = t.column("batch_size").to_numpy().astype(np.float64), t.column("padded_size").to_numpy()
-    assert np.all(np.diff(bs * ps * (C + ps)) >= 0)  # ordered by the padded cost inspect reports
+    assert is_circle(bs * ps * (C + ps))  # ordered by the padded cost inspect reports
     before = inspect_directory(str(tmp_path / "plain"), 64, 1)["compute_imbalance"]["weighted"]
     after = inspect_directory(str(tmp_path / "balanced"), 64, 1)["compute_imbalance"]["weighted"]
     assert after < before
+
+
+def test_the_short_last_step_joins_micro_batches_of_like_cost(tmp_path):
+    # the reader fills a short last step from the plan's start: sorted plainly, at W = 64 the last step of this
+    # plan would join its 7 costliest rows with the 57 cheapest (max/mean 2.0); laid out as a circle, the plan
+    # ends where it starts
+    sizes = write(tmp_path / "chat.parquet", 19640, seed=1)
+    out = tmp_path / "plan"
+    run_sortpack(["run", tmp_path / "chat.parquet", "-o", out, "--size", "column:n", "--rows", "8192",
+                  "--oversize", "skip", "--balance", "compute"])
+    cost = compute(table(out), sizes)
+    assert len(cost) % 64 == 7
+    last = step_costs(cost, 64, 1)[-1]
+    assert last.max() / last.mean() < 1.1
+    assert is_circle(cost)

@@ -13,7 +13,8 @@ from sortpack.parallel import SerialComm
 from sortpack.reader import PackedIndex, PackedSampler
 from sortpack.stages.samples import SampleColumns
 from sortpack.stages.split import PieceCut, split_samples
-from tests.support import assert_same_at_ranks, lognormal, read_manifest, run_sortpack, write_text_parquet
+
+from support import assert_same_at_ranks, lognormal, read_manifest, run_sortpack, write_text_parquet
 
 N = 1500
 
@@ -100,9 +101,11 @@ def test_a_plan_with_a_measure_is_the_same_at_any_rank_count(data, tmp_path):
 def test_the_reader_hands_out_each_micro_batch_s_sums_and_the_step_s(data, tmp_path):
     d, sizes, patches = data
     out = tmp_path / "plan"
-    run_sortpack(["run", d / "a.parquet", "-o", out, "--rows", "4096", "--size2", "column:patches"])
+    run_sortpack(["run", d / "a.parquet", "-o", out, "--rows", "4096", "--size2", "column:patches",
+                  "--measure", "lengths=column:n"])
     index = PackedIndex(out)
-    assert index.sum_columns == ("attention", "size2")
+    assert index.sum_columns == ("attention", "lengths", "size2")
+    assert read_manifest(out)["options"]["measures"] == {"lengths": "column:n"}
     w, a = 2, 2
     mbs = [list(PackedSampler(index, rank=r, world_size=w, grad_accum=a)) for r in range(w)]
     for mb in mbs[0] + mbs[1]:
@@ -110,6 +113,7 @@ def test_the_reader_hands_out_each_micro_batch_s_sums_and_the_step_s(data, tmp_p
         assert mb.attention == int((sizes[list(mb)] ** 2).sum())
         assert mb.targets == mb.tokens - len(mb)  # no targets column: every token but each document's first
         assert mb.info()["size2"] == mb.size2
+        assert mb.measures == {"size2": mb.size2, "lengths": mb.tokens} == {k: mb.info()[k] for k in mb.measures}
     for k in range(0, len(mbs[0]), a):
         step = mbs[0][k:k + a] + mbs[1][k:k + a]
         assert all(mb.step_attention == sum(m.attention for m in step) for mb in step)

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sortpack.report.inspect import imbalance, step_costs
-from tests.support import assert_same_at_ranks, read_manifest, run_sortpack
+
+from support import assert_same_at_ranks, read_manifest, run_sortpack
 
 T, N = 32768, 16384  # the LLM's tokens and the vision encoder's patches per micro-batch
 

@@ -9,7 +9,8 @@ import pyarrow.ipc as ipc
 import pytest
 
 from sortpack.report.inspect import DEFAULT_COST_COEFF, imbalance, inspect_directory, step_costs
-from tests.support import read_manifest, run_sortpack, write_text_parquet
+
+from support import read_manifest, run_sortpack, write_text_parquet
 
 
 def chat_lengths(n: int, seed: int = 0) -> np.ndarray:

@@ -13,6 +13,7 @@ from sortpack.format import verify_directory
 from sortpack.format.schemas import INT32_ID_ROWS, sample_id_type
 from sortpack.reader import PackedIndex, PackedSampler, SourceDataset
 from sortpack.write import index_writer
+from sortpack.write.owned import PieceRanges, owned_microbatches
 
 from reader_fixtures import pipeline_index
 from support import run_sortpack, write_text_parquet
@@ -128,9 +129,9 @@ def _owned(rows_mode=False, pieces=False):
         "padded_size": [10, 0, 27], "tokens": [8, 0, 20], "min_key": [1.0, 0.0, 4.0],
         "max_key": [5.0, 0.0, 9.0], "stage": [0, 0, 1]}.items()}
     ids = np.array([4, 2, 0, 1, 3], dtype=np.int64)
-    ranges = index_writer.PieceRanges(np.arange(5) * 10, np.arange(5) * 10 + 3) if pieces else None
+    ranges = PieceRanges(np.arange(5) * 10, np.arange(5) * 10 + 3) if pieces else None
     row_sizes = np.array([1, 1, 2, 1]) if rows_mode else None
-    owned = index_writer.owned_microbatches(7, cols, ids, ranges, row_sizes)
+    owned = owned_microbatches(7, cols, ids, ranges, row_sizes)
     return owned, index_schema(rows=rows_mode, id_type=pa.int32(), pieces=pieces)
 
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sortpack.inputs.source_file import SourceFile
-from sortpack.write.index_writer import PieceRanges
+from sortpack.write.owned import PieceRanges
 from sortpack.write.store.plan import file_units, memory_budget, position_requests, read_plan, row_uses
 from sortpack.write.store.result import ExchangeStats, StoreResult
 

@@ -1,180 +1,183 @@
-"""Balanced steps at any world size: micro-batches ordered so that consecutive ones cost alike.
+"""The ``--balance`` registry: how packed micro-batches are ordered so that a step costs alike on every rank.
 
-The reader deals a step's W*A consecutive micro-batches to W ranks (``batches[rank::W]``). If
-consecutive micro-batches cost about the same, every rank's share of every step does too,
-whatever W and A are: the plan balances steps without knowing the topology. So, once packed,
-the micro-batches of each curriculum stage are sorted by their cost over all ranks (a
-distributed sort of one record per micro-batch, then each rank fetches the micro-batches of its
-range): W*A consecutive ones are neighbours in the cost distribution of the whole stage, which
-is dense enough on a large dataset that they cost nearly the same. (Sorting inside each row
-window alone leaves the tail of a window's costs too sparse: at W = 64 on 1M chat-like
-lengths, p99 1.21 against 1.02 for the global order.)
+A ``Balance`` is everything the package knows of a mode: its name and ``--help`` line, the
+per-sample weight whose sum is a micro-batch's cost, the order it lays the micro-batches in
+(``order.circle_order``: by cost, as a circle), whether row packing composes the rows by that
+weight (``composes_rows``), the options it refuses, and what the manifest records of it.
+``PackOptions.validate``, the packing (``cut.pack_rows``, ``microbatches.pack_samples``), a
+mixture's check and the CLI's ``--balance`` choices ask this table; nothing outside it
+compares a mode's name. Adding a mode is adding its class to ``BALANCE``.
 
-``BALANCE`` names what a micro-batch's cost is: the sum over its samples of a per-sample weight
-(``--balance compute``: ``C*s + s^2``, ``--cost-coeff C``; ``--balance targets``: the sample's
-loss targets, fine-tuning data). Two caps (``--max-size2`` under
-``--budget tokens``) order their micro-batches by both fills the same way (``two_cap_key``).
+Importing this module loads neither numpy nor pyarrow (``--help`` lists the modes); the orders
+import them when they run.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
-import numpy as np
-
-from ...distribute import fetch_rows
 from ...errors import SortpackError
-from ...inputs.pieces import run_indices
-from ...parallel import Comm
-from ..sample_sort import sample_sort
-from ..samples import exact_sum, measures_in, with_measures
-from .packed import BatchArrays, Packed, segment_reduce
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ...parallel import Comm
+    from .packed import Packed
 
 
-def compute_weight(sizes: np.ndarray, measures: dict[str, np.ndarray], cost_coeff: float) -> np.ndarray:
-    """Return each sample's compute ``C*s + s^2`` (float64): its matrix products and its attention."""
-    s = sizes.astype(np.float64)
-    return cost_coeff * s + s * s
+class BalanceOptions(Protocol):
+    """What a balance mode reads of the pack options (``PackOptions`` is one)."""
+
+    @property
+    def balance(self) -> str:
+        """Return ``--balance``, the mode's name."""
+
+    @property
+    def cost_coeff(self) -> float:
+        """Return ``--cost-coeff C``."""
+
+    @property
+    def rows(self) -> int:
+        """Return ``--rows``, the row length (0: off)."""
+
+    @property
+    def same_shape(self) -> bool:
+        """Return ``--same-shape``."""
+
+    @property
+    def max_size2(self) -> int:
+        """Return ``--max-size2`` (0: no second cap)."""
+
+    @property
+    def limit(self) -> int:
+        """Return ``--max-tokens``."""
+
+    @property
+    def padded_layout(self) -> bool:
+        """Return whether micro-batches train as padded tensors."""
 
 
-def targets_weight(sizes: np.ndarray, measures: dict[str, np.ndarray], cost_coeff: float) -> np.ndarray:
-    """Return each sample's loss targets (float64): what it adds to its step's gradient (fine-tuning data)."""
-    if "targets" not in measures:
-        raise SortpackError("--balance targets balances the loss targets of fine-tuning data (--chat-template, "
-                            "--prompt-column or --labels-column); this plan counts none", collective=True)
-    return measures["targets"].astype(np.float64)
+class Balance:
+    """``--balance none``: the micro-batches in packed order (two caps under ``--budget tokens``: by both fills)."""
+
+    name: ClassVar[str] = "none"
+    help: ClassVar[str] = ""  # its ``--balance`` help, after ``NAME:`` ("": none)
+    # --rows: each window's rows composed so that their weights come near the mean (``compose``: integer weights)
+    composes_rows: ClassVar[bool] = False
+
+    def __init__(self, opts: BalanceOptions):
+        self.opts = opts
+
+    @property
+    def orders(self) -> bool:
+        """Return whether the mode reorders the micro-batches by their cost."""
+        return type(self).weight is not Balance.weight
+
+    def check(self) -> None:
+        """Raise SortpackError for options this mode cannot work with (one line)."""
+        if self.orders and self.opts.same_shape:
+            raise SortpackError(f"--balance {self.name} and --same-shape exclude each other (a same-shape group "
+                                "is G consecutive micro-batches; balance reorders them)")
+
+    def record(self) -> dict[str, object]:
+        """Return what a manifest's options record of the mode (nothing for ``none``: plans keep their hash)."""
+        return {"balance": self.name} if self.orders else {}
+
+    def weight(self, sizes: np.ndarray, measures: dict[str, np.ndarray]) -> np.ndarray:
+        """Return each sample's weight (sizes and measures in packed order): a micro-batch costs their sum.
+
+        A mode that defines it orders the micro-batches (``orders``); int64 where it composes rows.
+        """
+        raise NotImplementedError("--balance none weighs nothing")
+
+    def cost(self, packed: Packed) -> np.ndarray:
+        """Return each micro-batch's cost: the sum of its samples' weights."""
+        import numpy as np
+
+        from .packed import segment_reduce
+
+        assert packed.sizes is not None
+        return segment_reduce(np.add, self.weight(packed.sizes, packed.measures), packed.batches.offsets)
+
+    def arrange(self, comm: Comm, packed: Packed, two_caps: bool) -> Packed:
+        """Return this rank's part of the micro-batches in the mode's order (collective).
+
+        A mode that weighs lays them out as a circle of their costs (``order.circle_order``):
+        neighbours cost alike and the plan ends where it starts, so the short last step the
+        reader fills from the start joins micro-batches of like cost. ``none`` keeps the packed
+        order, or, with ``two_caps``, orders by both fills (``order.both_fills_order``).
+        """
+        from .order import both_fills_order, circle_order
+
+        if self.orders:
+            return circle_order(comm, packed, self.cost(packed))
+        if two_caps:
+            return both_fills_order(comm, packed, self.opts.limit, self.opts.max_size2)
+        return packed
 
 
-# --balance NAME -> the per-sample weight whose sum per micro-batch is the cost to balance
-# (sizes and measures in packed order, the cost coefficient); "none" balances nothing
-BALANCE: dict[str, Callable[[np.ndarray, dict[str, np.ndarray], float], np.ndarray] | None] = {
-    "none": None,
-    "compute": compute_weight,
-    "targets": targets_weight,
-}
+class ComputeBalance(Balance):
+    """``--balance compute``: a sample weighs its compute ``C*s + s^2`` (``--cost-coeff C``), its matrix products and
+    its attention; a padded micro-batch costs every slot at its padded length."""
+
+    name: ClassVar[str] = "compute"
+    help: ClassVar[str] = "C*s + s^2 per document (docs/step-costs.md)"
+
+    def record(self) -> dict[str, object]:
+        """Return the mode and its cost coefficient."""
+        return {"balance": self.name, "cost_coeff": self.opts.cost_coeff}
+
+    def weight(self, sizes: np.ndarray, measures: dict[str, np.ndarray]) -> np.ndarray:
+        """Return each sample's ``C*s + s^2`` (float64)."""
+        s = sizes.astype("float64")
+        return self.opts.cost_coeff * s + s * s
+
+    def cost(self, packed: Packed) -> np.ndarray:
+        """Return each micro-batch's compute; a padded one ``batch_size * padded_size * (C + padded_size)``, as
+        ``inspect`` counts it."""
+        if not self.opts.padded_layout:
+            return super().cost(packed)
+        mb = packed.batches
+        padded = mb.padded_size.astype("float64")
+        return mb.batch_size.astype("float64") * padded * (self.opts.cost_coeff + padded)
 
 
-def balance_names() -> list[str]:
-    """Return the ``--balance`` choices, ``none`` first."""
-    return ["none"] + sorted(k for k in BALANCE if k != "none")
+class TargetsBalance(Balance):
+    """``--balance targets``: a sample weighs its loss targets (fine-tuning data); row packing composes its rows
+    so each carries about the same targets (``compose``)."""
+
+    name: ClassVar[str] = "targets"
+    help: ClassVar[str] = "the loss targets of fine-tuning data, rows composed by them (docs/fine-tuning.md)"
+    composes_rows: ClassVar[bool] = True
+
+    def check(self) -> None:
+        """Refuse a second cap on rows too: the rows it composes could no longer hold it."""
+        super().check()
+        if self.opts.rows and self.opts.max_size2:
+            raise SortpackError("--balance targets composes rows by their loss targets, which --max-size2 would "
+                                "no longer hold: drop --max-size2, or use --balance compute")
+
+    def weight(self, sizes: np.ndarray, measures: dict[str, np.ndarray]) -> np.ndarray:
+        """Return each sample's loss targets (int64): what it adds to its step's gradient."""
+        if "targets" not in measures:
+            raise SortpackError("--balance targets balances the loss targets of fine-tuning data (--chat-template, "
+                                "--prompt-column or --labels-column); this plan counts none", collective=True)
+        return measures["targets"]
 
 
-def cost_key(packed: Packed, name: str, cost_coeff: float) -> np.ndarray:
-    """Return each micro-batch's cost under ``--balance name`` (float64), the sum of its samples' weights."""
-    weight = BALANCE[name]
-    assert weight is not None and packed.sizes is not None
-    return segment_reduce(np.add, weight(packed.sizes, packed.measures, cost_coeff), packed.batches.offsets)
+# --balance NAME -> the mode (``PackOptions.balance``); a new mode is one class here
+BALANCE: dict[str, type[Balance]] = {cls.name: cls for cls in (Balance, ComputeBalance, TargetsBalance)}
 
 
-def _spread(comm: Comm, values: np.ndarray) -> tuple[int, int]:
-    """Return (m * sum of squares - sum^2, m) of integer ``values`` over all ranks, exactly (m values)."""
-    v = values.astype(np.int64)
-    m = comm.allreduce(len(v), "sum")
-    total = comm.allreduce(exact_sum(v), "sum")
-    squares = comm.allreduce(exact_sum(v * v), "sum")  # a micro-batch's sum is under its cap: no wrap
-    return m * squares - total * total, m
+def balance_of(opts: BalanceOptions) -> Balance:
+    """Return the ``Balance`` of ``opts`` (SortpackError, one line: an unknown ``--balance``)."""
+    cls = BALANCE.get(opts.balance)
+    if cls is None:
+        raise SortpackError(f"--balance {opts.balance!r}: expected {', '.join(BALANCE)}")
+    return cls(opts)
 
 
-def two_cap_key(comm: Comm, tokens: np.ndarray, size2: np.ndarray, cap1: int, cap2: int,
-                bins: int = 40) -> np.ndarray:
-    """Return a key that orders micro-batches by both fills (collective).
-
-    The fill that varies more over the plan's micro-batches (usually the cap that does not
-    bind) is cut into ``bins`` bins of equal width; inside a bin micro-batches go by the
-    other fill, up in one bin and down in the next (serpentine): neighbours are alike in both.
-    Which fill varies more is decided on exact integer sums, so it does not depend on the rank count.
-    """
-    var1, _ = _spread(comm, tokens)
-    var2, _ = _spread(comm, size2)
-    f1 = np.minimum(tokens.astype(np.float64) / cap1, 1.0)
-    f2 = np.minimum(size2.astype(np.float64) / cap2, 1.0)
-    # compare var(tokens)/cap1^2 with var(size2)/cap2^2 exactly
-    first, second = (f2, f1) if var2 * cap1 * cap1 >= var1 * cap2 * cap2 else (f1, f2)
-    b = np.floor(first * bins)
-    return b + np.where(b % 2 == 1, 1.0 - second, second) * 0.5
-
-
-def _stages(packed: Packed) -> np.ndarray:
-    """Return each micro-batch's curriculum stage (int64; that of its first sample)."""
-    mb = packed.batches
-    if not len(mb.num_samples):
-        return np.zeros(0, np.int64)
-    return packed.stage[np.minimum(mb.offsets[:-1], max(len(packed.stage) - 1, 0))].astype(np.int64)
-
-
-def global_order(comm: Comm, packed: Packed, key: np.ndarray) -> Packed:
-    """Return this rank's part of all ranks' micro-batches sorted by (stage, ``key``, packed number).
-
-    A distributed sort of one record per micro-batch (``sample_sort``), then each rank fetches the
-    micro-batches of its sorted range from the ranks that packed them (their samples, rows and
-    per-micro-batch arrays). The order is global, so the result does not depend on the rank count.
-    """
-    # a non-negative float64's bits order as the float does; 48 of them (relative precision 2^-36)
-    # leave 16 for the stage above them
-    return _order_by(comm, packed, (np.maximum(key.astype(np.float64), 0.0) + 0.0).view(np.uint64) >> np.uint64(16))
-
-
-def _order_by(comm: Comm, packed: Packed, bits: np.ndarray) -> Packed:
-    """Return this rank's part of all ranks' micro-batches sorted by (stage, ``bits`` < 2^48, packed number)."""
-    m = len(packed.batches.num_samples)
-    first = comm.exscan(m)
-    hi = (_stages(packed).astype(np.uint64) << np.uint64(48)) | bits.astype(np.uint64)
-    lo = (first + np.arange(m, dtype=np.int64)).astype(np.uint64)
-    wanted = sample_sort(comm, hi, lo, {}).lo
-    assert wanted is not None
-    return fetch_microbatches(comm, packed, first, wanted.astype(np.int64))
-
-
-def targets_order(comm: Comm, packed: Packed, targets: np.ndarray) -> Packed:
-    """Return this rank's part of all micro-batches in the ``--balance targets`` order (collective).
-
-    Each stage's micro-batches are sorted by their targets and laid out as a circle: every
-    other one ascending, then the rest descending, so neighbours are at most two places apart
-    in the sorted order and the stage ends where it starts. The reader fills a short last step
-    with micro-batches from the start of the plan: sorted plainly, that step would join the
-    most targets with the fewest (max/mean 2 on 100k chats at W = 64). The order is global, so
-    it does not depend on the rank count.
-    """
-    ordered = global_order(comm, packed, targets)
-    stage = _stages(ordered)
-    width = comm.allreduce(int(stage.max()) + 1 if len(stage) else 1, "max")
-    count = comm.allreduce(np.bincount(stage, minlength=width).astype(np.int64), "sum")
-    stage_start = np.concatenate(([0], np.cumsum(count)))[:-1]
-    rank = comm.exscan(len(stage)) + np.arange(len(stage), dtype=np.int64) - stage_start[stage]
-    # the j-th of a stage's n goes to place c of the circle (j even: j / 2; odd: n - 1 - j // 2), kept as
-    # (c + 1/2) / n in 47 bits (the stage goes above them)
-    circle = np.where(rank % 2 == 0, rank // 2, count[stage] - 1 - rank // 2)
-    where = (2 * circle + 1) / np.maximum(2 * count[stage], 1)
-    return _order_by(comm, ordered, np.floor(where * float(1 << 47)).astype(np.uint64))
-
-
-def fetch_microbatches(comm: Comm, packed: Packed, first: int, wanted: np.ndarray) -> Packed:
-    """Return the micro-batches of global numbers ``wanted`` (this rank packed ``[first, first + M)``), collective."""
-    mb = packed.batches
-    flat_first = comm.exscan(len(packed.sample_ids))
-    per_mb = {"num_samples": mb.num_samples.astype(np.int64), "batch_size": mb.batch_size.astype(np.int64),
-              "max_size": mb.max_size.astype(np.int64), "padded_size": np.asarray(mb.padded_size, np.int64),
-              "tokens": mb.tokens.astype(np.int64), "flat": flat_first + mb.offsets[:-1]}
-    rows = packed.row_sizes is not None
-    if rows:
-        assert packed.row_sizes is not None
-        row_first = comm.exscan(len(packed.row_sizes))
-        per_mb["row"] = row_first + np.concatenate(([0], np.cumsum(per_mb["batch_size"])))[:-1]
-    got = fetch_rows(comm, per_mb, first, wanted)
-    count = got["num_samples"]
-    per_sample = {"sample_ids": packed.sample_ids, "keys": packed.keys, "stage": packed.stage}
-    if packed.sizes is not None:
-        per_sample["sizes"] = packed.sizes
-    if packed.begin is not None and packed.end is not None:
-        per_sample["begin"], per_sample["end"] = packed.begin, packed.end
-    per_sample = with_measures(per_sample, packed.measures)
-    flat = fetch_rows(comm, per_sample, flat_first, run_indices(got["flat"], count))
-    row_sizes = None
-    if rows:
-        assert packed.row_sizes is not None
-        wanted_rows = run_indices(got["row"], got["batch_size"])
-        row_sizes = fetch_rows(comm, {"r": packed.row_sizes}, row_first, wanted_rows)["r"]
-    offsets = np.concatenate(([0], np.cumsum(count))).astype(np.int64)
-    batches = BatchArrays(offsets, count, got["batch_size"], got["max_size"], got["padded_size"], got["tokens"])
-    return Packed(flat["sample_ids"], flat["keys"], flat["stage"], batches, packed.info, row_sizes,
-                  flat.get("begin"), flat.get("end"), packed.shapes, flat.get("sizes"),
-                  measures_in(flat))
+def balance_help() -> str:
+    """Return the ``--balance`` help: what each mode balances."""
+    modes = ", ".join(f"{name} {cls.help}" for name, cls in BALANCE.items() if cls.help)
+    return ("Order micro-batches so that consecutive ones cost alike, so any W x A deal of a step is balanced: "
+            f"{modes}.")

@@ -8,7 +8,6 @@ count. ``pack_rows`` bin-packs best-fit windows into fixed-length rows (``--rows
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,12 +18,13 @@ from ...partition import deal_windows, owner_starts
 from ...progress import Display, Progress
 from ..samples import SampleColumns, measures_in, with_measures
 from ..shapes import choose_shapes
+from .balance import balance_of
+from .batches import plain_batches, same_shape_groups, static_batches
+from .budgets import budget_of
 from .compose import compose_rows, exchange_heavy, targets_spread
-from .fits import apply_oversize, budget_of, oversize_mask
-from .packed import BatchArrays, Packed, key_values, plain_batches, same_shape_groups, segment_reduce, static_batches
-
-if TYPE_CHECKING:  # the options' type only: the entry's PackOptions reads the registries here
-    from .microbatches import PackOptions
+from .fits import apply_oversize, oversize_mask
+from .options import PackOptions
+from .packed import BatchArrays, Packed, key_values, segment_reduce
 
 
 def two_cap_order(size: np.ndarray, size2: np.ndarray, cap1: int, cap2: int, starts: np.ndarray,
@@ -217,7 +217,8 @@ def window_rows(room: np.ndarray, size2: np.ndarray | None, opts: PackOptions) -
 
 def composed_rows(sizes: np.ndarray, room: np.ndarray, targets: np.ndarray, opts: PackOptions
                   ) -> tuple[np.ndarray, np.ndarray]:
-    """Return (order, row_splits) of one window's rows composed by their targets (``--balance targets``).
+    """Return (order, row_splits) of one window's rows composed by their targets (``--balance targets``: the mode's
+    int64 weights).
 
     The rows best fit packs (the same sizes in each), with the samples of each size placed so
     that every row's targets come near the window's mean (``compose``); the samples of a row in
@@ -253,13 +254,15 @@ def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -
     rows_done = 0
     prog = Progress("pack", len(sizes), "rows")
     size2 = win.measures.get("size2") if opts.max_size2 else None
-    # --balance targets: rows composed so that each carries about the same targets (compose.py)
-    targets = win.measures.get("targets") if opts.balance == "targets" and size2 is None else None
+    # --balance targets: rows composed so that each carries about the same weight (compose.py); the mode refuses
+    # a second cap (its check)
+    balance = balance_of(opts)
+    weights = balance.weight(sizes, win.measures) if balance.composes_rows else None
     for a, b in zip(win.starts, win.ends):
-        if targets is None:
+        if weights is None:
             order, row_splits = window_rows(room[a:b], None if size2 is None else size2[a:b], opts)
         else:
-            order, row_splits = composed_rows(sizes[a:b], room[a:b], targets[a:b], opts)
+            order, row_splits = composed_rows(sizes[a:b], room[a:b], weights[a:b], opts)
         prog.update(b - a)
         perms.append(order + a)
         splits.append(row_splits[1:] + a)

@@ -1,128 +1,26 @@
-"""What fits a micro-batch: the ``--budget`` registry, oversize samples (refused, skipped, truncated), empty ones.
+"""What fits a micro-batch: oversize samples (refused, skipped, truncated) and empty ones.
 
-``BUDGETS`` is the ``--budget`` registry (a name -> its ``Budget`` class, as ``--balance`` has
-``balance.BALANCE``): a budget says what a sample costs alone, the longest sample that fits
-alone, why a sample does not, the kernel budget it packs with and how a same-shape group packs.
-The costs inside the greedy are the kernels' budget policy (``kernels.budget``). Then the
-filters every packer applies first: ``drop_empty`` (samples of no content), ``refuse_oversize``
-(``--oversize error``, before the sort) and ``apply_oversize`` (skip or truncate).
+A sample's cost alone, the longest that fits and why one does not are the budget's
+(``budgets.BUDGETS``, the ``--budget`` registry); the costs inside the greedy are the kernels'
+(``kernels.budget``). Here are the filters every packer applies first: ``drop_empty`` (samples
+of no content), ``refuse_oversize`` (``--oversize error``, before the sort) and
+``apply_oversize`` (skip or truncate), and what ``--oversize truncate`` and ``--static-shapes``
+ask of a budget (``truncate_length``, ``static_batch_size``).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from ... import kernels
 from ...distribute import global_start
 from ...errors import SortpackError
+from ...inputs.measures import measure_of
 from ...parallel import Comm
 from ..samples import SampleColumns, exact_sum
-
-if TYPE_CHECKING:  # the options' type only: the entry's PackOptions reads the registries here
-    from .microbatches import PackOptions
-
-
-class Budget:
-    """``--budget padded``: a micro-batch of ``c`` samples whose longest is ``L`` costs ``c*L`` (fairseq's rule).
-
-    The base class of the budgets: each answers for one ``PackOptions``.
-    """
-
-    name: ClassVar[str] = "padded"
-    kernel: ClassVar[str] = "padded"  # the kernels' budget that packs it (``kernels.budget.BUDGETS``)
-    pads: ClassVar[bool] = True  # its micro-batches train as padded tensors (else varlen: ``cu_seqlens``)
-
-    def __init__(self, opts: PackOptions):
-        self.opts = opts
-
-    def check(self) -> None:
-        """Raise SortpackError for options this budget cannot use (one line)."""
-
-    def cost_is_size(self) -> bool:
-        """Return whether a sample's cost alone is its size (no rounding): oversize is then a size above the limit."""
-        return not self.opts.rounding
-
-    def cost_alone(self, lengths: np.ndarray) -> np.ndarray:
-        """Return each (padded) length's cost alone in a micro-batch (never less for a longer one: the largest
-        sample decides whether any is oversize, as ``longest_alone`` says)."""
-        return kernels.sample_cost(lengths, self.kernel, self.opts.scale)
-
-    def longest_alone(self) -> int:
-        """Return the longest sample (before rounding) whose cost alone fits the limit."""
-        return self.opts.limit
-
-    def over_reason(self, largest: int) -> str | None:
-        """Return why a sample of size ``largest`` costs more than the limit when its size does not (None: it does)."""
-        return None
-
-    def same_shape(self, sizes: np.ndarray, shapes: np.ndarray | None) -> tuple[str, np.ndarray | None]:
-        """Return (the kernel budget, the rounding lengths) a same-shape group of unrounded samples packs with."""
-        return self.kernel, shapes
-
-
-class TokensBudget(Budget):
-    """``--budget tokens``: a micro-batch costs the sum of its sizes (``c*L`` when lengths are rounded)."""
-
-    name: ClassVar[str] = "tokens"
-    kernel: ClassVar[str] = "tokens"
-    pads: ClassVar[bool] = False
-
-    def same_shape(self, sizes: np.ndarray, shapes: np.ndarray | None) -> tuple[str, np.ndarray | None]:
-        """Return the padded rule: a same-shape group pads every sample to one length, so each costs that length."""
-        return "padded", shapes
-
-
-class QuadraticBudget(Budget):
-    """``--budget quadratic``: a micro-batch costs ``sum(s + s*s/Q)`` (``c*(L + L*L/Q)`` rounded), lhotse's rule."""
-
-    name: ClassVar[str] = "quadratic"
-    kernel: ClassVar[str] = "quadratic"
-    pads: ClassVar[bool] = False
-
-    def check(self) -> None:
-        """Refuse the quadratic budget without its scale."""
-        if not (self.opts.quadratic_scale and self.opts.quadratic_scale > 0):
-            raise SortpackError("--budget quadratic needs --quadratic-scale Q > 0 (cost = size + size^2/Q)")
-
-    def cost_is_size(self) -> bool:
-        """Return False: a sample's cost alone is ``s + s*s/Q``, above its size."""
-        return False
-
-    def longest_alone(self) -> int:
-        """Return the longest ``s`` with ``s + s*s/Q`` within the limit."""
-        b, q = self.opts.limit, self.opts.scale
-        cap = int(math.floor(q * (math.sqrt(1.0 + 4.0 * b / q) - 1.0) / 2.0)) + 2
-        while cap > 0 and cap + cap * cap / q > b:
-            cap -= 1
-        return cap
-
-    def over_reason(self, largest: int) -> str | None:
-        """Return the quadratic cost that puts a sample within the limit by size over it, naming both options."""
-        b, q = self.opts.limit, self.opts.scale
-        if largest > b:
-            return None
-        return (f"cost more than --max-tokens {b} alone under --budget quadratic with --quadratic-scale {q:g} "
-                f"(largest size {largest}, cost {largest + largest * largest / q:.4g}); raise --quadratic-scale "
-                f"or --max-tokens")
-
-    def same_shape(self, sizes: np.ndarray, shapes: np.ndarray | None) -> tuple[str, np.ndarray | None]:
-        """Return the quadratic rule over each sample rounded to itself: every sample costs as the group's length."""
-        return self.kernel, np.unique(sizes)
-
-
-# --budget NAME -> the budget (``PackOptions.budget``); a new budget is one class here
-BUDGETS: dict[str, type[Budget]] = {cls.name: cls for cls in (Budget, TokensBudget, QuadraticBudget)}
-
-
-def budget_of(opts: PackOptions) -> Budget:
-    """Return the ``Budget`` of ``opts`` (SortpackError, one line: an unknown ``--budget``)."""
-    cls = BUDGETS.get(opts.budget)
-    if cls is None:
-        raise SortpackError(f"--budget {opts.budget!r}: expected {', '.join(BUDGETS)}")
-    return cls(opts)
+from .budgets import budget_of
+from .options import PackOptions
 
 
 def padded_lengths(opts: PackOptions, lengths: np.ndarray) -> np.ndarray:
@@ -228,7 +126,7 @@ class OversizeError(SortpackError):
 
 def content_empty(samples: SampleColumns, lo: int = 0, hi: int | None = None) -> np.ndarray:
     """Return which samples (of ``lo:hi``) have no content: a size no larger than what an empty sample measures,
-    or no loss target.
+    or none of a measure that trains (``Measure.trains``: the loss targets).
 
     Under ``--size tokens`` with special tokens an empty text measures the tokens the
     post-processor adds (``[CLS] [SEP]``: 2), which analyze records as ``empty_size``; a
@@ -238,12 +136,16 @@ def content_empty(samples: SampleColumns, lo: int = 0, hi: int | None = None) ->
     empty = samples.size[lo:hi] <= samples.empty_size
     if samples.begin is not None:
         empty &= samples.begin[lo:hi] == 0  # a document's last piece may hold just [SEP]: it is content all the same
-    targets = samples.measures.get("targets")
-    if targets is not None:
+    for values in _training_measures(samples):
         # fine-tuning data: a sample (or piece) without a loss target trains nothing (an empty completion,
         # a chat without an assistant turn, a piece of prompt only)
-        empty |= targets[lo:hi] <= 0
+        empty |= values[lo:hi] <= 0
     return empty
+
+
+def _training_measures(samples: SampleColumns) -> list[np.ndarray]:
+    """Return the samples' measures without which a sample trains nothing (``inputs.measures``: ``trains``)."""
+    return [values for name, values in sorted(samples.measures.items()) if measure_of(name).trains]
 
 
 def drop_empty(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, int]:
@@ -256,7 +158,7 @@ def drop_empty(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[S
     """
     size = samples.size
     # sizes alone decide (no pieces, no targets): when the smallest has content, every sample has (no mask)
-    none_empty = samples.begin is None and "targets" not in samples.measures and (
+    none_empty = samples.begin is None and not _training_measures(samples) and (
         not len(size) or int(size.min()) > samples.empty_size)
     empty = None if none_empty else content_empty(samples)
     count = comm.allreduce(0 if empty is None else int(empty.sum()), "sum")

@@ -1,207 +1,22 @@
-"""The pack stage's entry: the options (``PackOptions``), ``pack_samples`` and what it returns (``Microbatches``).
+"""The pack stage's entry: ``pack_samples`` and what it returns (``Microbatches``).
 
 ``pack_samples`` drops empty samples (``fits``), cuts (``cut``), orders by cost where
-``--balance`` asks (``balance``) and counts the index's statistics (``packed``).
+``--balance`` asks (``balance``: the mode's order) and counts the index's statistics (``packed``).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from ... import kernels
 from ...distribute import global_start
-from ...errors import SortpackError
 from ...parallel import Comm
 from ..samples import SampleColumns
-from .balance import BALANCE, balance_names, cost_key, global_order, targets_order, two_cap_key
+from .balance import balance_of
 from .cut import balanced_caps, pack_greedy, pack_rows
-from .fits import budget_of, drop_empty
+from .fits import drop_empty
+from .options import PackOptions
 from .packed import Packed, microbatch_stats, segment_reduce
-
-# Sorted samples per packing segment: ranks own whole segments, so the packing does not
-# depend on the rank count, and one segment is the sequential greedy.
-SEGMENT_SIZE = 1 << 20
-
-
-@dataclass(frozen=True)
-class PackOptions:
-    """How to cut micro-batches: budget, shape rules, oversize policy (read-only: ``with_shapes`` makes a copy)."""
-
-    max_tokens: int | None = None
-    budget: str = "padded"  # --budget NAME (fits.BUDGETS)
-    max_samples: int = 0
-    batch_multiple: int = 1
-    quadratic_scale: float | None = None
-    pad_to_multiple: int = 0
-    shapes: tuple[int, ...] = field(default_factory=tuple)
-    group_size: int = 1
-    same_shape: bool = False
-    oversize: str = "error"
-    segment_size: int = SEGMENT_SIZE
-    rows: int = 0  # row length for row packing (0: off)
-    rows_per_microbatch: int = 1
-    max_segments: int = 0
-    auto_shapes: int | None = None  # --shapes auto:K: K; pack_samples chooses the lengths (``Microbatches.shapes``)
-    static_shapes: bool = False  # every micro-batch's batch size fixed by its padded length
-    keep_empty: bool = False  # keep samples of size 0 (default: dropped, counted in stats["empty"])
-    max_size2: int = 0  # --max-size2 N: a micro-batch's (and a row's) sum of the size2 measure (0: no cap)
-    balance: str = "none"  # --balance NAME: order micro-batches so consecutive ones cost alike (balance.BALANCE)
-    cost_coeff: float = 6144.0  # --cost-coeff C of --balance compute: a sample costs C*s + s^2
-
-    def __post_init__(self) -> None:
-        """Give row packing its budget (rows per micro-batch times the row length) unless one is set."""
-        if self.rows and self.rows > 0 and not self.max_tokens:
-            # a row-packed micro-batch holds R rows of ROW_LEN tokens: that is its budget
-            object.__setattr__(self, "max_tokens", self.rows * max(self.rows_per_microbatch, 1))
-
-    def with_shapes(self, shapes: tuple[int, ...]) -> PackOptions:
-        """Return a copy whose ``shapes`` are ``shapes`` (the lengths a packing used, e.g. chosen by auto:K)."""
-        return replace(self, shapes=tuple(shapes))
-
-    @property
-    def limit(self) -> int:
-        """Return ``--max-tokens``, the budget of one micro-batch (SortpackError while it is unset)."""
-        if self.max_tokens is None:
-            raise SortpackError("--max-tokens N is required (or --rows ROW_LEN for row packing)")
-        return self.max_tokens
-
-    @property
-    def scale(self) -> float:
-        """Return ``Q`` of the quadratic budget (1.0 unset: only that budget reads it, and it requires Q)."""
-        return self.quadratic_scale or 1.0
-
-    @property
-    def rounding(self) -> bool:
-        """Return whether padded lengths are rounded to a fixed set."""
-        return self.pad_to_multiple > 1 or bool(self.shapes)
-
-    def window(self) -> int:
-        """Return the best-fit window of row packing (samples), 0 when rows are off."""
-        return kernels.DEFAULT_ROW_WINDOW if self.rows else 0
-
-    def validate(self) -> None:
-        """Raise SortpackError for option values that make no sense (the first, in a fixed order: one line)."""
-        self._validate_budget()
-        self._validate_shape_rules()
-        if self.oversize not in ("error", "skip", "truncate", "split"):
-            raise SortpackError(f"--oversize {self.oversize!r}: expected error, skip, truncate or split")
-        if self.segment_size < 1:
-            raise SortpackError("--segment-size must be positive")
-        self._validate_balance()
-        self._validate_second_size()
-        if self.rows < 0:
-            raise SortpackError(f"--rows {self.rows}: must be a positive row length")
-        if self.rows:
-            self._validate_rows()
-        elif self.max_segments or self.rows_per_microbatch != 1:
-            raise SortpackError("--max-segments and --rows-per-microbatch need --rows ROW_LEN")
-
-    def _validate_budget(self) -> None:
-        """Raise SortpackError for a budget that is not positive, unknown (the registry), or missing its scale."""
-        if self.limit <= 0:
-            raise SortpackError(f"--max-tokens {self.max_tokens}: must be a positive integer")
-        budget = budget_of(self)  # the --budget registry: an unknown name is refused here
-        q = self.quadratic_scale
-        if q is not None and not (math.isfinite(q) and q > 0):
-            raise SortpackError(f"--quadratic-scale {q}: must be a finite number > 0")
-        budget.check()
-
-    def _validate_shape_rules(self) -> None:
-        """Raise SortpackError for counts, multiples, lengths and groups out of range or excluding each other."""
-        if self.max_samples < 0:
-            raise SortpackError(f"--max-samples {self.max_samples}: must be >= 0")
-        if self.batch_multiple < 1:
-            raise SortpackError(f"--batch-multiple {self.batch_multiple}: must be >= 1")
-        if self.pad_to_multiple < 0:
-            raise SortpackError(f"--pad-to-multiple {self.pad_to_multiple}: must be >= 0")
-        if self.pad_to_multiple > 1 and self.shapes:
-            raise SortpackError("--pad-to-multiple and --shapes exclude each other")
-        if self.shapes and (any(s <= 0 for s in self.shapes) or list(self.shapes) != sorted(set(self.shapes))):
-            raise SortpackError("--shapes: expected increasing positive lengths, e.g. 128,256,512")
-        self._validate_auto_static()
-        if self.group_size < 1:
-            raise SortpackError(f"--group-size {self.group_size}: must be >= 1")
-        if self.same_shape and self.group_size < 2:
-            raise SortpackError("--same-shape needs --group-size G with G >= 2")
-
-    def _validate_second_size(self) -> None:
-        """Raise SortpackError for a ``--max-size2`` out of range or with an option it cannot work with."""
-        if self.max_size2 < 0:
-            raise SortpackError(f"--max-size2 {self.max_size2}: must be a positive integer")
-        if self.max_size2 and self.same_shape:
-            # a group packed with G budgets is split evenly by count, not by the second size
-            raise SortpackError("--max-size2 and --same-shape exclude each other")
-        if self.max_size2 and self.oversize in ("truncate", "split"):
-            raise SortpackError(f"--max-size2 with --oversize {self.oversize}: a sample's second size cannot be "
-                                "cut; use --oversize error or skip")
-
-    def _validate_rows(self) -> None:
-        """Raise SortpackError for row-packing options that are out of range or do not apply to rows."""
-        if self.rows_per_microbatch < 1:
-            raise SortpackError(f"--rows-per-microbatch {self.rows_per_microbatch}: must be >= 1")
-        if self.max_segments < 0:
-            raise SortpackError(f"--max-segments {self.max_segments}: must be >= 0")
-        clash = [name for name, on in (("--same-shape", self.same_shape), ("--shapes", bool(self.shapes)),
-                                       ("--max-samples", self.max_samples > 0),
-                                       ("--batch-multiple", self.batch_multiple > 1),
-                                       ("--shapes auto", self.auto_shapes is not None),
-                                       ("--static-shapes", self.static_shapes)) if on]
-        if clash:
-            raise SortpackError(f"--rows packs fixed-length rows; {clash[0]} does not apply to it")
-        k = self.pad_to_multiple
-        if k > 1 and self.rows % k:
-            # each document is padded to a multiple of K inside its row: so is the row's padding tail
-            raise SortpackError(f"--rows {self.rows} with --pad-to-multiple {k}: the row length must be a multiple "
-                                f"of K (context parallelism pads every document and the row to 2 x CP)")
-
-    def _validate_balance(self) -> None:
-        """Raise SortpackError for an unknown ``--balance`` or a cost coefficient out of range."""
-        if self.balance not in BALANCE:
-            raise SortpackError(f"--balance {self.balance!r}: expected {', '.join(balance_names())}")
-        if not (math.isfinite(self.cost_coeff) and self.cost_coeff >= 0):
-            raise SortpackError(f"--cost-coeff {self.cost_coeff}: must be a finite number >= 0")
-        if self.balance != "none" and self.same_shape:
-            raise SortpackError(f"--balance {self.balance} and --same-shape exclude each other (a same-shape group "
-                                "is G consecutive micro-batches; balance reorders them)")
-
-    def _validate_auto_static(self) -> None:
-        """Raise SortpackError for bad ``--shapes auto:K`` / ``--static-shapes`` combinations."""
-        if self.auto_shapes is not None:
-            if self.auto_shapes < 1:
-                raise SortpackError(f"--shapes auto:{self.auto_shapes}: K must be >= 1 (how many lengths to choose)")
-            if self.pad_to_multiple > 1:
-                raise SortpackError("--pad-to-multiple and --shapes auto:K exclude each other")
-        if self.static_shapes:
-            if not self.rounding and self.auto_shapes is None:
-                raise SortpackError("--static-shapes needs --shapes L1,L2,.. (or auto:K) or --pad-to-multiple K")
-            if self.same_shape:
-                raise SortpackError("--static-shapes and --same-shape exclude each other "
-                                    "(static shapes already fix the shape of every micro-batch of a length)")
-
-    def as_dict(self) -> dict:
-        """Return the options as recorded in manifests."""
-        extra: dict[str, object] = {}
-        if self.auto_shapes is not None:
-            extra["shapes_request"] = f"auto:{self.auto_shapes}"  # ``shapes`` holds the chosen lengths
-        if self.static_shapes:
-            extra["static_shapes"] = True
-        if self.keep_empty:
-            extra["keep_empty"] = True
-        if self.max_size2:
-            extra["max_size2"] = self.max_size2  # recorded only when set: other plans keep their hash
-        if self.balance != "none":
-            extra["balance"] = self.balance
-            if self.balance == "compute":
-                extra["cost_coeff"] = self.cost_coeff
-        return {**extra, "max_tokens": self.max_tokens, "budget": self.budget, "max_samples": self.max_samples,
-                "batch_multiple": self.batch_multiple, "quadratic_scale": self.quadratic_scale,
-                "pad_to_multiple": self.pad_to_multiple, "shapes": list(self.shapes),
-                "group_size": self.group_size, "same_shape": self.same_shape, "oversize": self.oversize,
-                "segment_size": self.segment_size, "rows": self.rows,
-                "rows_per_microbatch": self.rows_per_microbatch, "max_segments": self.max_segments,
-                "row_window": self.window()}
 
 
 @dataclass
@@ -220,15 +35,6 @@ class Microbatches:
     shapes: tuple[int, ...] = ()  # the padded lengths the packing used: --shapes, or those --shapes auto:K chose
 
 
-def padded_layout(opts: PackOptions) -> bool:
-    """Return whether micro-batches train as padded tensors (every slot ``padded_size`` long).
-
-    ``--budget padded``, ``--same-shape`` and ``--static-shapes`` pad; ``--budget tokens`` and
-    ``quadratic`` (varlen training: ``cu_seqlens``) and ``--rows`` attend within each document.
-    """
-    return not opts.rows and (budget_of(opts).pads or opts.same_shape or opts.static_shapes)
-
-
 def attention_work(packed: Packed, opts: PackOptions) -> np.ndarray:
     """Return each micro-batch's attention work (int64): ``batch_size * padded_size^2`` padded, else sum of s^2.
 
@@ -236,34 +42,11 @@ def attention_work(packed: Packed, opts: PackOptions) -> np.ndarray:
     a padded micro-batch computes every slot at the padded length.
     """
     mb = packed.batches
-    if padded_layout(opts):
+    if opts.padded_layout:
         padded = np.asarray(mb.padded_size, np.int64)
         return np.asarray(mb.batch_size, np.int64) * padded * padded
     sizes = packed.sizes.astype(np.int64) if packed.sizes is not None else np.zeros(0, np.int64)
     return segment_reduce(np.add, sizes * sizes, mb.offsets).astype(np.int64)
-
-
-def balanced(comm: Comm, packed: Packed, opts: PackOptions, two_caps: bool) -> Packed:
-    """Return ``packed`` with its micro-batches in balanced order (``stages.pack.balance``), or as packed.
-
-    ``--balance NAME`` orders them by the cost it names; two caps under ``--budget tokens``
-    (``cut.two_cap_order``) by both fills; otherwise nothing moves. Collective.
-    """
-    if opts.balance == "compute" and padded_layout(opts):
-        # a padded micro-batch computes every slot at its padded length: the cost inspect reports
-        mb = packed.batches
-        slots = mb.batch_size.astype(np.float64) * np.asarray(mb.padded_size, np.float64)
-        key = slots * (opts.cost_coeff + np.asarray(mb.padded_size, np.float64))
-    elif opts.balance == "targets":
-        return targets_order(comm, packed, cost_key(packed, "targets", opts.cost_coeff))
-    elif opts.balance != "none":
-        key = cost_key(packed, opts.balance, opts.cost_coeff)
-    elif two_caps:
-        size2 = segment_reduce(np.add, packed.measures["size2"], packed.batches.offsets)
-        key = two_cap_key(comm, packed.batches.tokens, size2, opts.limit, opts.max_size2)
-    else:
-        return packed
-    return global_order(comm, packed, key)
 
 
 def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str = "size",
@@ -281,7 +64,8 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
     opts.validate()
     samples, empty = drop_empty(comm, samples, opts)
     packed = pack_rows(comm, samples, opts, key) if opts.rows else pack_greedy(comm, samples, opts, key)
-    packed = balanced(comm, packed, opts, two_caps=balanced_caps(opts, samples))
+    # --balance: the micro-batches in the mode's order (the table's; two caps order by both fills)
+    packed = balance_of(opts).arrange(comm, packed, two_caps=balanced_caps(opts, samples))
     mb = packed.batches
     n = len(packed.sample_ids)
     offsets = mb.offsets

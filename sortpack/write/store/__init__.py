@@ -38,7 +38,7 @@ from .result import SECONDS, ExchangeStats, StoreResult
 if TYPE_CHECKING:
     from ...inputs.source_file import SourceFile
     from ...stages.plan_options import PlanOptions
-    from ..index_writer import OwnedMicrobatches
+    from ..owned import OwnedMicrobatches
     from .plan import MemoryBudget, ReadPlan, StorePlan, StoreSetup
     from .rows import InputRows, RowPositions
     from .spill import ReceivedRows

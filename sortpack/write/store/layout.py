@@ -11,7 +11,7 @@ from ...parallel import Comm
 from ...partition import balanced_blocks
 
 if TYPE_CHECKING:
-    from ..index_writer import OwnedMicrobatches
+    from ..owned import OwnedMicrobatches
 
 ROW_WEIGHT = 16  # per-row bytes (offsets, validity) when balancing the writers by size
 

@@ -16,7 +16,7 @@ from .options import StoreOptions, TokenIds
 from .rows import RowPositions
 
 if TYPE_CHECKING:
-    from ..index_writer import PieceRanges
+    from ..owned import PieceRanges
     from .token_cache import TokenCache
 
 
