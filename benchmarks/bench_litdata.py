@@ -10,9 +10,9 @@ alternately in each round, each keeping its fastest:
 - sortpack: ``sortpack run TEXTS --column text --size tokens --tokenizer T --store-tokens
   --oversize split --rows 4096`` under ``mpiexec -n 2`` (read, tokenize, sort, pack, store the ids:
   a packed plan a trainer reads), as a user runs it (the fast exact path: texts through the
-  compiled BPE, those holding an added token's text through tiktoken; the goal's run), with ``SORTPACK_FAST_TOKENIZER=tiktoken``
-  (tiktoken for every text) and with ``=0`` (Hugging Face ``tokenizers``, the path before); the
-  plans' ``content_hash`` must be equal;
+  compiled BPE, those holding an added token's text through tiktoken; the goal's run), with
+  ``SORTPACK_FAST_TOKENIZER=tiktoken`` (tiktoken for every text) and with ``=0`` (Hugging Face
+  ``tokenizers``, the path before); the plans' ``content_hash`` must be equal;
 - LitData: ``optimize(fn=tokenize, inputs=<row groups>, num_workers=2, chunk_bytes="64MB",
   item_loader=TokensLoader())`` in one subprocess, ``fn`` reading one Parquet row group, encoding
   its texts with the same ``tokenizer.json`` (Hugging Face ``tokenizers``, ``encode_batch``) and
