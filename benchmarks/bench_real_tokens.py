@@ -146,7 +146,7 @@ def work_runs(a: dict) -> dict:
         for name, text in long_pieces(n).items():
             raw = np.frombuffer(text.encode(), np.uint8)
             offsets = np.array([0, len(raw)])
-            ours, ids = _best_of_3(bpe.encode, tab, conv.style, raw, offsets)
+            ours, ids = _best_of_3(bpe.encode, tab, conv.style, (raw, offsets))
             theirs, want = _best_of_3(enc.encode_ordinary, text)
             out[f"{name}, {n:,} bytes"] = {"ours": ours, "tiktoken": theirs, "same": ids[0].tolist() == want}
     return out

@@ -21,15 +21,15 @@ _RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
 def plan_runs(offsets: np.ndarray, threads: int, run_bytes: int = RUN_BYTES) -> list[tuple[int, int]]:
     """Return the runs ``[a, b)`` of texts (``offsets``: n + 1 byte offsets) that the compiled path encodes per call.
 
-    Contiguous, of about equal bytes: at most ``run_bytes`` each (one text may be more), and one per thread at
-    least where there are two texts per thread.
+    Contiguous, of about equal bytes: as many as ``run_bytes`` needs (a run passes it by its last text at most),
+    and one per thread at least where there are two texts per thread.
 
     Examples
     --------
     >>> plan_runs(np.array([0, 10, 20, 30, 40]), threads=2)
     [(0, 2), (2, 4)]
     >>> plan_runs(np.array([0, 10, 20, 30, 40]), threads=1, run_bytes=15)
-    [(0, 1), (1, 2), (2, 3), (3, 4)]
+    [(0, 2), (2, 3), (3, 4)]
     """
     n = len(offsets) - 1
     size = int(offsets[-1] - offsets[0])
@@ -112,7 +112,7 @@ def encode_column(encoder: Any, col: Any, special_tokens: bool = True, keep: boo
 
     def run(ab: tuple[int, int]) -> Any:
         a, b = ab
-        return bpe.encode(tab, style, data, offsets[a:b + 1], None if skip is None else skip[a:b], keep)
+        return bpe.encode(tab, style, (data, offsets[a:b + 1]), None if skip is None else skip[a:b], keep)
 
     done = encoder.map_threads(run, plan_runs(offsets, encoder.threads(), RUN_BYTES))
     counts = np.concatenate([d[1] for d in done])

@@ -95,11 +95,12 @@ def table(ranks: dict[bytes, int], unicode: bool = True) -> BPETable | None:
     return BPETable(handle, lib, classes is not None) if handle else None
 
 
-def encode(tab: BPETable, style: str, data: np.ndarray, offsets: np.ndarray, skip: np.ndarray | None = None,
+def encode(tab: BPETable, style: str, texts: tuple[np.ndarray, np.ndarray], skip: np.ndarray | None = None,
            keep: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
     """Return (the ids of every encoded text in order as one int32 array, or None when not ``keep``; each text's
-    count, -1 for a text left out) of the UTF-8 texts ``data[offsets[i]:offsets[i + 1]]`` split by the pattern
-    ``style`` names (one of ``STYLES``).
+    count, -1 for a text left out) of the UTF-8 texts ``data[offsets[i]:offsets[i + 1]]`` (``texts``: the bytes
+    and the n + 1 offsets, as an Arrow string array holds them) split by the pattern ``style`` names (one of
+    ``STYLES``).
 
     A text is left out when ``skip[i]`` is set, when it is not UTF-8, or when it holds a byte above 127 and the
     table was made without the classes; its ids are the caller's to make. Raises ``MemoryError`` when memory ran
@@ -110,9 +111,10 @@ def encode(tab: BPETable, style: str, data: np.ndarray, offsets: np.ndarray, ski
     >>> ranks = {bytes([b]): b for b in range(256)} | {b"ab": 256, "é".encode(): 257}
     >>> t = table(ranks)
     >>> if t is not None:
-    ...     ids, counts = encode(t, "gpt2", np.frombuffer("ab éab\\xff".encode(), np.uint8), np.array([0, 7, 9]))
+    ...     ids, counts = encode(t, "gpt2", (np.frombuffer("ab éab\\xff".encode(), np.uint8), np.array([0, 7, 9])))
     ...     assert ids.tolist() == [256, 32, 257, 256, 195, 191] and counts.tolist() == [4, 2]
     """
+    data, offsets = texts
     n = len(offsets) - 1
     if n <= 0:
         return (np.zeros(0, np.int32) if keep else None), np.zeros(0, np.int64)

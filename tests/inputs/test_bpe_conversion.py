@@ -49,8 +49,8 @@ def _agree(spec: dict, texts: list[str]) -> bool:
     plain = [t for t in texts if not any(s in t for s in conv.special)]
     if tab is not None and conv.style in bpe.STYLES and plain:
         raw = [t.encode() for t in plain]
-        ids, counts = bpe.encode(tab, conv.style, np.frombuffer(b"".join(raw) or b"\0", np.uint8),
-                                 np.concatenate(([0], np.cumsum([len(r) for r in raw]))))
+        ids, counts = bpe.encode(tab, conv.style, (np.frombuffer(b"".join(raw) or b"\0", np.uint8),
+                                                   np.concatenate(([0], np.cumsum([len(r) for r in raw])))))
         assert ids.tolist() == [i for t in plain for i in hf.encode(t, add_special_tokens=False).ids]
     return True
 

@@ -103,7 +103,7 @@ def test_both_regex_engines_split_every_code_point_alike(name):
         tab = bpe.table(ranks)
         if tab is not None and name in bpe.STYLES:
             raw = text.encode("utf-8")
-            assert bpe.encode(tab, name, np.frombuffer(raw, np.uint8), np.array([0, len(raw)]))[0].tolist() == want
+            assert bpe.encode(tab, name, (np.frombuffer(raw, np.uint8), np.array([0, len(raw)])))[0].tolist() == want
 
 
 CHARS = st.one_of(st.characters(blacklist_categories=("Cs",)),

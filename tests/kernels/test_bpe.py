@@ -62,11 +62,11 @@ def _columns(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 def _check(tab, style: str, texts: list[str], oracle=None) -> None:
     oracle = oracle or ORACLES[style]
     data, offsets = _columns(texts)
-    ids, counts = bpe.encode(tab, style, data, offsets)
+    ids, counts = bpe.encode(tab, style, (data, offsets))
     want = [oracle.encode_ordinary(t) for t in texts]
     assert counts.tolist() == [len(w) for w in want]
     assert ids.tolist() == [i for w in want for i in w]
-    _, only = bpe.encode(tab, style, data, offsets, keep=False)
+    _, only = bpe.encode(tab, style, (data, offsets), keep=False)
     assert only.tolist() == counts.tolist()
 
 
@@ -106,16 +106,16 @@ def test_pieces_repeated_in_one_call_give_the_same_ids(style):
 def test_texts_not_utf8_and_skipped_texts_are_left_to_the_caller():
     texts = ["plain", "caf\u00e9", "", "also plain", "skip me"]
     data, offsets = _columns(texts)
-    ids, counts = bpe.encode(TABLE, "gpt2", data, offsets, skip=np.array([0, 0, 0, 0, 1], np.uint8))
+    ids, counts = bpe.encode(TABLE, "gpt2", (data, offsets), skip=np.array([0, 0, 0, 0, 1], np.uint8))
     assert counts.tolist() == [len(ORACLE.encode_ordinary(t)) for t in texts[:4]] + [-1]
     assert ids.tolist() == [i for t in texts[:4] for i in ORACLE.encode_ordinary(t)]
     bad = [b"ok", b"\xc3", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82", b"x\xffy", "é".encode()]
     offsets = np.concatenate(([0], np.cumsum([len(b) for b in bad])))
-    _, counts = bpe.encode(TABLE, "llama3", np.frombuffer(b"".join(bad), np.uint8), offsets)
+    _, counts = bpe.encode(TABLE, "llama3", (np.frombuffer(b"".join(bad), np.uint8), offsets))
     assert counts.tolist() == [len(ORACLES["llama3"].encode_ordinary("ok")), -1, -1, -1, -1, -1, -1, 1]
     ascii_only = bpe.table(RANKS, unicode=False)  # without the classes: every text with a byte above 127 left out
     assert not ascii_only.unicode
-    ids, counts = bpe.encode(ascii_only, "qwen2", *_columns(["plain", "caf\u00e9"]))
+    ids, counts = bpe.encode(ascii_only, "qwen2", _columns(["plain", "caf\u00e9"]))
     assert counts.tolist() == [len(ORACLES["qwen2"].encode_ordinary("plain")), -1]
 
 
@@ -124,7 +124,7 @@ def test_a_vocabulary_that_is_not_byte_level_or_repeats_a_token_is_refused():
     partial = {b"a": 0, b"b": 1, b"ab": 2}
     data, offsets = _columns(["ab ab"])
     with pytest.raises(ValueError, match="no token"):
-        bpe.encode(bpe.table(partial), "gpt2", data, offsets)  # b" " is no token
+        bpe.encode(bpe.table(partial), "gpt2", (data, offsets))  # b" " is no token
     assert bpe.table({b"a": 0, b"b": 1}) is not None
     lib = bpe._library()
     empty = lib.sp_bpe_new(None, np.array([0], np.int64).ctypes.data, None, 0, None)
@@ -224,7 +224,7 @@ def test_no_piece_is_slower_than_tiktokens(n):
     texts = _runs(n)
     _check(tab, "gpt2", texts, oracle)
     data, offsets = _columns(texts)
-    ours = _best_seconds(lambda: bpe.encode(tab, "gpt2", data, offsets))
+    ours = _best_seconds(lambda: bpe.encode(tab, "gpt2", (data, offsets)))
     theirs = _best_seconds(lambda: [oracle.encode_ordinary(t) for t in texts])
     assert ours <= 2 * theirs + 0.02, f"{ours:.3f} s against tiktoken's {theirs:.3f} s"
 
@@ -236,5 +236,5 @@ def test_a_whitespace_run_tiktoken_cannot_split():
     (every 16 spaces one token) in about the time of a million other bytes."""
     tab = bpe.table(RUN_RANKS)
     data, offsets = _columns([" " * 1_000_000])
-    ids, counts = bpe.encode(tab, "gpt2", data, offsets)
+    ids, counts = bpe.encode(tab, "gpt2", (data, offsets))
     assert counts.tolist() == [62_500] and set(ids.tolist()) == {RUN_RANKS[b" " * 16]}
