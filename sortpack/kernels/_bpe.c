@@ -151,8 +151,8 @@ static int bpe_reserve(bpe_scratch *s, int64_t n, int heap) {
             || bpe_grow((void **)&s->rk, 2 * (n + 1), sizeof(int64_t)) < 0) return -1;
         s->cap = 2 * (n + 1);
     }
-    if (heap && n + 1 > s->heap_cap) {
-        int64_t cap = 2 * (n + 1);
+    if (heap && n + 1 > s->heap_cap) { /* as long as this piece: 20 bytes a byte (a long piece is rare) */
+        int64_t cap = n + 1;
         if (bpe_grow((void **)&s->next, cap, sizeof(uint32_t)) < 0 || bpe_grow((void **)&s->prev, cap, sizeof(uint32_t)) < 0
             || bpe_grow((void **)&s->rk32, cap, sizeof(uint32_t)) < 0
             || bpe_grow((void **)&s->heap, 2 * cap, sizeof(uint64_t)) < 0) return -1;
