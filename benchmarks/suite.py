@@ -14,9 +14,11 @@ from pathlib import Path
 
 from . import (
     bench_balance,
+    bench_doors,
     bench_fasttok,
     bench_litdata,
     bench_loader,
+    bench_media,
     bench_mixture,
     bench_objects,
     bench_real_tokens,
@@ -367,7 +369,7 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "objects": bench_objects.bench, "scaling": bench_scaling.bench, "tokens_loop": bench_tokens_loop.bench,
               "balance": bench_balance.bench,
               "balance_targets": bench_balance.bench_targets, "fasttok": bench_fasttok.bench, "sft": bench_sft.bench,
-              "litdata": bench_litdata.bench}
+              "litdata": bench_litdata.bench, "media": bench_media.bench, "doors": bench_doors.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

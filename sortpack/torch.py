@@ -13,25 +13,15 @@ PyTorch, so no ``import torch`` anywhere ever gets this file.
 from __future__ import annotations
 
 if __name__ == "torch":  # loaded as top-level ``torch`` because sortpack/ is on sys.path
-    import importlib as _importlib
-    import os as _os
-    import sys as _sys
+    from shadowing import hand_over  # a sibling, top-level here too
 
-    _here = _os.path.dirname(_os.path.abspath(__file__))
-    _saved = list(_sys.path)
-    _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or _os.getcwd()) != _here]
-    del _sys.modules["torch"]
-    try:
-        _real = _importlib.import_module("torch")
-    finally:
-        _sys.path[:] = _saved
-    # the import system returns sys.modules["torch"]: the real package
-    _sys.modules["torch"] = _real
+    hand_over(__name__, __file__)
 else:
     from .reader.collate import (
         PackedDataset,
         PadCollate,
         VarlenCollate,
+        block_mask,
         hf_inputs,
         pad_collate,
         varlen_collate,
@@ -53,12 +43,24 @@ else:
         "PackedIndex",
         "PadCollate",
         "PlanLoader",
+        "PlanNode",  # noqa: F822 - the module's __getattr__ imports it on first use
         "SourceDataset",
         "VariableBatchSizeLR",
         "VarlenCollate",
+        "block_mask",
         "hf_inputs",
         "pad_collate",
         "step_loss",
         "step_targets",
         "varlen_collate",
     ]
+
+
+def __getattr__(name: str):
+    """Return ``PlanNode``, imported on first use (it imports torchdata, and torchdata imports torch)."""
+    if name == "PlanNode":
+        from .plan_node import PlanNode
+
+        globals()["PlanNode"] = PlanNode
+        return PlanNode
+    raise AttributeError(f"module 'sortpack.torch' has no attribute {name!r}")

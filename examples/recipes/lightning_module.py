@@ -1,55 +1,48 @@
-"""PyTorch Lightning: the module's ``train_dataloader`` uses the sortpack sampler; the LR follows each step.
+"""PyTorch Lightning: ``PlanDataModule`` deals the plan to the Trainer's ranks; the LR follows each step.
 
     python examples/recipes/lightning_module.py INDEX --steps 3
-    (multi-GPU: Trainer(devices=8, strategy="ddp", use_distributed_sampler=False))
+    (multi-GPU: Trainer(devices=8, strategy="ddp"); resume: trainer.fit(..., ckpt_path=...), any device count)
 
-``use_distributed_sampler=False`` keeps Lightning from replacing the batch sampler with a
-DistributedSampler: the sortpack sampler already splits the micro-batches by rank. Lightning
-steps a scheduler it does not know through ``lr_scheduler_step``, once per optimizer step
-(``interval: step``), i.e. every ``accumulate_grad_batches`` micro-batches.
+``sortpack.lightning.PlanDataModule`` makes the rank's sampler from the Trainer (rank, world
+size, ``accumulate_grad_batches``) and hands Lightning a loader that is not a ``DataLoader``,
+so Lightning puts no ``DistributedSampler`` around it (``use_distributed_sampler`` may stay
+on). Its state rides in every checkpoint: ``fit(ckpt_path=...)`` resumes mid-epoch, on
+another number of devices too. Lightning steps a scheduler it does not know through
+``lr_scheduler_step``, once per optimizer step (``interval: step``).
 """
 from __future__ import annotations
 
 import lightning as L
 import torch
 from common import TinyLM, max_len, padded_forward, parser, ref_batch, utf8_bytes
-from torch.utils.data import DataLoader
 
-from sortpack.torch import PackedBatchSampler, SourceDataset, VariableBatchSizeLR, pad_collate
+from sortpack.lightning import PlanDataModule
+from sortpack.torch import VariableBatchSizeLR, pad_collate
 
 
 # --- recipe ---
+def plan_data(index: str) -> PlanDataModule:
+    """Return the plan's batches for a Trainer: texts as byte ids, padded to each micro-batch's shape."""
+    return PlanDataModule(index, pad_collate(tokenize=utf8_bytes), columns=["text"], order="shuffle", seed=0)
+
+
 class PackedLM(L.LightningModule):
-    """TinyLM trained on a sortpack index (``index``) with ``grad_accum`` micro-batches per step."""
+    """TinyLM trained on a sortpack plan with ``grad_accum`` micro-batches per step."""
 
-    def __init__(self, index: str, grad_accum: int, lr: float, num_workers: int = 0):
+    def __init__(self, index: str, grad_accum: int, lr: float):
         super().__init__()
-        self.index, self.grad_accum, self.lr, self.num_workers = index, grad_accum, lr, num_workers
+        self.grad_accum, self.lr = grad_accum, lr
         self.model = TinyLM(max_len=max_len(index))  # the plan's longest micro-batch
-
-    def setup(self, stage: str) -> None:
-        """Build the rank's sampler (rank and world size are known here)."""
-        self.sampler = PackedBatchSampler(self.index, rank=self.global_rank, world_size=self.trainer.world_size,
-                                          grad_accum=self.grad_accum, order="shuffle", seed=0)
-
-    def train_dataloader(self) -> DataLoader:
-        """Return the rank's loader over the index."""
-        return DataLoader(SourceDataset(self.index, columns=["text"]), batch_sampler=self.sampler,
-                          num_workers=self.num_workers, collate_fn=pad_collate(tokenize=utf8_bytes))
-
-    def on_train_epoch_start(self) -> None:
-        """Start the sampler's epoch (Lightning calls set_epoch only on samplers it made)."""
-        self.sampler.set_epoch(self.current_epoch)
 
     def training_step(self, batch, batch_idx):
         """Return the micro-batch's share of its step's mean loss (Lightning divides it by grad_accum)."""
         return padded_forward(self.model, batch, divided_by=self.grad_accum)
 
     def configure_optimizers(self):
-        """Return AdamW and the per-step VariableBatchSizeLR."""
+        """Return AdamW and the per-step VariableBatchSizeLR over the data module's sampler."""
+        sampler = self.trainer.datamodule.sampler  # made in the data module's setup(), before this
         opt = torch.optim.AdamW(self.parameters(), lr=self.lr)
-        sched = VariableBatchSizeLR(opt, self.sampler, ref_batch_size=ref_batch(self.sampler), method="sqrt",
-                                    by="tokens")
+        sched = VariableBatchSizeLR(opt, sampler, ref_batch_size=ref_batch(sampler), method="sqrt", by="tokens")
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def lr_scheduler_step(self, scheduler, metric) -> None:
@@ -72,10 +65,10 @@ def main() -> None:
     """Train for --steps optimizer steps with a Lightning Trainer."""
     args = parser(__doc__).parse_args()
     torch.manual_seed(0)
-    trainer = L.Trainer(max_steps=args.steps, accumulate_grad_batches=args.grad_accum,
-                        use_distributed_sampler=False, accelerator="auto", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(PackedLM(args.index, args.grad_accum, args.lr, args.num_workers))
+    trainer = L.Trainer(max_steps=args.steps, accumulate_grad_batches=args.grad_accum, accelerator="auto",
+                        devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(PackedLM(args.index, args.grad_accum, args.lr), datamodule=plan_data(args.index))
     print(f"trained {trainer.global_step} steps")
 
 

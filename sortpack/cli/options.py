@@ -5,7 +5,7 @@ import click
 
 from ..errors import SortpackError
 from ..inputs.formats import format_names
-from ..inputs.size_kinds import SIZE_KINDS, split_kinds
+from ..inputs.size_kinds import spec_forms, split_kinds
 from ..stages.pack.balance import BALANCE, balance_help
 from ..stages.pack.budgets import BUDGETS, budget_help
 
@@ -49,8 +49,8 @@ def analyze_options(f):
     opts = [
         click.option("--column", help="Column holding the samples (text, list or binary)."),
         click.option("--size", "size_spec", default="length", show_default=True,
-                     help=f"Size SPEC (the budget unit): {', '.join(SIZE_KINDS)}, column:NAME[*SCALE], "
-                          "python:MODULE:FUNC."),
+                     help=f"Size SPEC (the budget unit): {', '.join(spec_forms())}, column:NAME[*SCALE], "
+                          "python:MODULE:FUNC (media kinds: docs/multimodal.md)."),
         click.option("--difficulty", "difficulty_spec", default=None,
                      help="Difficulty SPEC (curriculum key); defaults to the size."),
         click.option("--size2", "size2_spec", default=None, metavar="SPEC",

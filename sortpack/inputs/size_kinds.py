@@ -1,9 +1,13 @@
-"""The size kinds: the SPECs measured on the ``--column`` (``length``, ``bytes``, ``words``, ``tokens``), one row each.
+"""The size kinds: the SPECs measured on the ``--column`` (``length``, ``bytes``, ``words``, ``tokens``) and the
+media kinds that name their own column (``image_tokens``, ``image_patches``, ``image_count``, ``audio_frames``),
+one row each.
 
 A row of ``SIZE_KINDS`` is everything the package knows of a kind: how it is measured (a
 column to an int64 count per row), the column types it takes, and what the ranges of
 ``--oversize split``'s pieces count (None: a sample of this kind is never cut). Being a row
-means reading the text column (analyze reads it, the columns check asks for it); the CLI's
+without ``settings`` means reading the text column (analyze reads it, the columns check asks
+for it); a row with ``settings`` is spelled ``KIND:COLUMN[...]`` and measures the column it
+names with the settings its SPEC gives (``inputs.media``, docs/multimodal.md). The CLI's
 help, the split check, the store and the reader ask the table, never a list of names.
 Adding a size kind is adding its row.
 
@@ -25,13 +29,17 @@ if TYPE_CHECKING:
 class SizeKind:
     """One size kind: its measure, the column types it takes, what a split piece's range counts."""
 
-    # (column, tokenizer, special_tokens) -> int64 count per row; None when the column's type does not fit
-    measure: Callable[[pa.ChunkedArray, Any, bool], np.ndarray | None]
+    # (column, tokenizer, special_tokens) -> int64 count per row; None when the column's type does not fit.
+    # A kind with settings is called (column, its SPEC's settings, the input file the rows came from).
+    measure: Callable[..., np.ndarray | None]
     takes: str  # the column types it measures, as a message names them
     # what --oversize split's piece ranges count: "values" (characters of a text, elements of a list,
     # bytes of a binary value), "bytes" (a text's UTF-8 bytes, cut at character boundaries), "tokens"
     # (the token ids); None: the kind says how large a sample is but not where to cut it
     ranges: str | None = None
+    # a kind spelled KIND:REST: (REST, the option and SPEC for messages) -> (the column it names, its settings)
+    settings: Callable[[str, str], tuple[str, Any]] | None = None
+    spelling: str = ""  # how help spells a kind with settings
 
     @property
     def can_split(self) -> bool:
@@ -108,23 +116,68 @@ def _tokens(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = 
     return token_ids(tokenizer, col, special_tokens, keep=False)[1] if is_text(col.type) else None
 
 
+def _images(what: str) -> tuple[Callable[..., np.ndarray | None], Callable[[str, str], tuple[str, Any]]]:
+    """Return the measure and the SPEC parser of the image kind counting ``what`` (count, tokens or patches)."""
+    def measure(col: pa.ChunkedArray, settings: Any, source: str) -> np.ndarray | None:
+        from .media.measure import measure_images
+
+        return measure_images(col, settings, source)
+
+    def parse(rest: str, where: str) -> tuple[str, Any]:
+        from .media.settings import image_settings
+
+        return image_settings(what)(rest, where)
+
+    return measure, parse
+
+
+def _audio_frames(col: pa.ChunkedArray, settings: Any, source: str) -> np.ndarray | None:
+    """Return each row's audio duration in frames."""
+    from .media.measure import measure_audio
+
+    return measure_audio(col, settings, source)
+
+
+def _audio_settings(rest: str, where: str) -> tuple[str, Any]:
+    """Return (column, settings) of an ``audio_frames`` SPEC."""
+    from .media.settings import audio_settings
+
+    return audio_settings(rest, where)
+
+
+_image_tokens, _image_tokens_spec = _images("tokens")
+_image_patches, _image_patches_spec = _images("patches")
+_image_count, _image_count_spec = _images("count")
+_MEDIA = "a binary, path (string) or Hugging Face Image/Audio (struct) column, or a list column of them"
 # the table: every size kind, in the order help and messages list them
 SIZE_KINDS: dict[str, SizeKind] = {
     "length": SizeKind(_length, "a string, binary or list column", ranges="values"),
     "bytes": SizeKind(_bytes, "a string or binary column", ranges="bytes"),
     "words": SizeKind(_words, "a string column"),
     "tokens": SizeKind(_tokens, "a string column", ranges="tokens"),
+    "image_tokens": SizeKind(_image_tokens, _MEDIA, settings=_image_tokens_spec,
+                             spelling="image_tokens:COL:SCHEME[:K=V,...]"),
+    "image_patches": SizeKind(_image_patches, _MEDIA, settings=_image_patches_spec,
+                              spelling="image_patches:COL:SCHEME[:K=V,...]"),
+    "image_count": SizeKind(_image_count, _MEDIA, settings=_image_count_spec, spelling="image_count:COL"),
+    "audio_frames": SizeKind(_audio_frames, _MEDIA, settings=_audio_settings, spelling="audio_frames:COL[*FPS]"),
 }
 
 
 def size_kind(spec: str | None) -> SizeKind | None:
-    """Return the row of SPEC ``spec`` (None: not a size kind, e.g. ``column:NAME`` or ``python:M:F``)."""
+    """Return the row of SPEC ``spec`` measured on ``--column`` (None: not such a size kind, e.g. ``column:NAME``,
+    ``python:M:F`` or a media kind's ``image_tokens:COL:...``)."""
     return SIZE_KINDS.get(spec or "")
 
 
 def reads_text(*specs: str | None) -> bool:
-    """Return whether any of the SPECs is measured on the text column (is a size kind)."""
-    return any(size_kind(s) is not None for s in specs)
+    """Return whether any of the SPECs is measured on the text column (is a size kind without settings)."""
+    return any((kind := size_kind(s)) is not None and kind.settings is None for s in specs)
+
+
+def spec_forms() -> tuple[str, ...]:
+    """Return how help spells each size kind's SPEC, in the table's order."""
+    return tuple(kind.spelling or name for name, kind in SIZE_KINDS.items())
 
 
 def split_kinds() -> tuple[str, ...]:

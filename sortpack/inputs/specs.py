@@ -1,8 +1,9 @@
 """Size and difficulty SPECs: how a per-sample number is computed from a record batch.
 
 The size kinds (``length``, ``bytes``, ``words``, ``tokens``: ``size_kinds.SIZE_KINDS``, one
-row each), ``column:NAME[*SCALE]``, ``python:MODULE:FUNC``. Everything is vectorised with
-pyarrow.compute except the tokenizer and user functions.
+row each; the media kinds, ``image_tokens:COL:SCHEME[:K=V,...]`` and the like, which name
+their column), ``column:NAME[*SCALE]``, ``python:MODULE:FUNC``. Everything is vectorised with
+pyarrow.compute or numpy except the tokenizer and user functions.
 """
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from ..arrow_types import plain_column
 from ..errors import SortpackError, one_line
-from .size_kinds import SIZE_KINDS
+from .size_kinds import SIZE_KINDS, spec_forms
 
 _COLUMN_RE = re.compile(r"^column:([^*]+?)(?:\*([-+0-9.eE]+))?$")
 
@@ -33,6 +35,7 @@ class Spec:
     scale: float | None = None
     func: str | None = None
     text: str = ""
+    settings: Any = None  # a media kind's settings (size_kinds.SizeKind.settings)
 
     def columns(self) -> list[str] | None:
         """Return the input columns this spec reads (None: every column)."""
@@ -41,6 +44,13 @@ class Spec:
 
 def parse_spec(text: str, column: str | None, option: str) -> Spec:
     """Return the Spec for ``text`` (``option`` names the CLI option in errors)."""
+    head, _, rest = text.partition(":")
+    media = SIZE_KINDS.get(head)
+    if media is not None and media.settings is not None:
+        if not rest:
+            raise SortpackError(f"{option} {text}: name the column, {media.spelling}")
+        named, settings = media.settings(rest, f"{option} {text}")
+        return Spec(head, column=named, text=text, settings=settings)
     if text in SIZE_KINDS:
         if not column:
             raise SortpackError(f"{option} {text} needs --column (the text, list or binary column)")
@@ -62,7 +72,7 @@ def parse_spec(text: str, column: str | None, option: str) -> Spec:
             raise SortpackError(f"{option} {text}: expected python:MODULE:FUNC")
         return Spec("python", func=text[len("python:"):], text=text)
     raise SortpackError(
-        f"{option} {text!r}: expected {', '.join(SIZE_KINDS)}, column:NAME[*SCALE] or python:MODULE:FUNC")
+        f"{option} {text!r}: expected {', '.join(spec_forms())}, column:NAME[*SCALE] or python:MODULE:FUNC")
 
 
 def load_function(spec: Spec) -> Callable:
@@ -112,13 +122,42 @@ def load_tokenizer(path: str | None, option: str = "--size"):
     return TokenEncoder(tokenizer, path)
 
 
-def _column(table: pa.Table, name: str, where: str) -> pa.ChunkedArray:
+class RowError(SortpackError):
+    """A value a SPEC cannot measure: its row of the table measured, and what is wrong (``at`` names its file row)."""
+
+    def __init__(self, where: str, row: int, detail: str):
+        super().__init__(f"{where}: row {row} of the rows read: {detail}")
+        self.where, self.row, self.detail = where, row, detail
+
+    def at(self, row0: int, name_row: Callable[[int], str] | None = None) -> SortpackError:
+        """Return the error naming the row of the file (the table measured began at its row ``row0``)."""
+        row = row0 + self.row
+        return SortpackError(f"{self.where}: {name_row(row) if name_row else f'row {row}'}: {self.detail}")
+
+
+def _column(table: pa.Table, name: str, where: str, nulls: bool = False) -> pa.ChunkedArray:
     if name not in table.column_names:
         raise SortpackError(f"{where}: no column {name!r} (columns: {', '.join(table.column_names)})")
     col = table.column(name)
-    if col.null_count:
+    if col.null_count and not nulls:
         raise SortpackError(f"{where}: column {name!r} has {col.null_count} null values")
     return plain_column(col)
+
+
+def _media(spec: Spec, table: pa.Table, where: str) -> np.ndarray:
+    """Return a media kind's count per row; a value without a size is a ``RowError``."""
+    from .media.values import MediaError
+
+    assert spec.column is not None, "a media kind names its column"
+    col = _column(table, spec.column, where, nulls=True)  # a null image or clip is none
+    kind = SIZE_KINDS[spec.kind]
+    try:
+        counts = kind.measure(col, spec.settings, where)
+    except MediaError as exc:
+        raise RowError(where, exc.row, f"column {spec.column!r}: {exc.detail}") from None
+    if counts is None:
+        raise SortpackError(f"{where}: column {spec.column!r} is {col.type}; {spec.kind} needs {kind.takes}")
+    return counts
 
 
 def _to_numpy(arr) -> np.ndarray:
@@ -154,6 +193,8 @@ def evaluate(spec: Spec, table: pa.Table, where: str, tokenizer=None, func=None,
                                 f" values for {table.num_rows} rows")
         return _numeric(values, where, spec.text)
     assert spec.column is not None, "every kind but python names its column"
+    if spec.settings is not None:
+        return _media(spec, table, where)
     col = _column(table, spec.column, where)
     t = col.type
     if spec.kind == "column":

@@ -51,6 +51,8 @@ _SIGNATURES = {
     "sp_merge_two_in_place": ([_PTR, _I64, _I64, _PTR, _I64], _I64),
     "sp_min_subsets": ([_PTR, _PTR, _I64, _I64, _I64, _I64, _PTR], _I64),
     "sp_compose_groups": ([_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR], _I64),
+    # _media.c (a second source of the library: new symbols, no change to the ones above)
+    "sp_jpeg_sizes": ([_PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR], _I64),
 }
 
 

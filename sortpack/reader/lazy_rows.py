@@ -14,7 +14,6 @@ from typing import Any
 
 from ..errors import SortpackError, one_line
 from .microbatch import Samples
-from .tokens import list_token_view
 
 
 class TableSamples(Samples):
@@ -83,21 +82,17 @@ class TableSamples(Samples):
         self._table = value
 
     def token_view(self, key: str):
-        """Return (values, offsets) of the token ids in column ``key`` as zero-copy views, or None.
+        """Return the ``TokenView`` of the token ids in column ``key`` read straight from the shard, or None.
 
-        See ``sortpack.reader.tokens.stored_token_view``; a whole stored micro-batch answers from
-        its shard without slicing the table.
+        A whole stored micro-batch answers from its shard without slicing the table; None
+        otherwise (``sortpack.reader.tokens.stored_token_view`` then reads ``table``).
         """
         if self._stored is not None and self._table is None:
             stored, i, columns = self._stored
             if columns is None or key in columns:
                 where = self._where
-                view = stored.token_view(key, i) if where is None else stored.token_view_in(key, where)
-                if view is not None:
-                    return view
-        table = self.table
-        j = table.schema.get_field_index(key)
-        return None if j < 0 else list_token_view(table.column(j))
+                return stored.token_view(key, i) if where is None else stored.token_view_in(key, where)
+        return None
 
     def has_column(self, key: str) -> bool:
         """Return whether the rows have a column ``key`` (stored rows: without slicing the table)."""

@@ -83,6 +83,9 @@ class MicroBatch(list):
         train on it, skip it when evaluating.
     source : str, optional
         The name of the source its samples come from (a mixture plan; None otherwise).
+    source_id : int
+        That source's place in the manifest's list of sources (``PackedIndex.source_names``;
+        -1: not a mixture plan's): what ``varlen_collate(source_ids=True)`` writes per token.
     attention : int
         Attention work of this micro-batch in the plan (sum of s^2 over its documents; padded:
         ``batch_size * padded_size^2``).
@@ -118,7 +121,8 @@ class MicroBatch(list):
     def __init__(self, ids, microbatch: int = -1, batch_size: int | None = None,
                  padded_size: int | None = None, row_splits=None, *, facts: StepFacts = _NO_STEP,
                  last: bool = True, tokens: int = 0, repeat: bool = False, source: str | None = None,
-                 attention: int = 0, targets: int = 0, size2: int | None = None, measures: dict | None = None):
+                 attention: int = 0, targets: int = 0, size2: int | None = None, measures: dict | None = None,
+                 source_id: int = -1):
         super().__init__(ids)
         self.microbatch = microbatch
         self.batch_size = len(self) if batch_size is None else batch_size
@@ -132,6 +136,7 @@ class MicroBatch(list):
         self.attention = attention
         self.targets = targets
         self.measures = {**(measures or {}), **({} if size2 is None else {"size2": size2})} or None
+        self.source_id = source_id
 
     @classmethod
     def made(cls, ids: list, fields: tuple) -> MicroBatch:
@@ -140,17 +145,17 @@ class MicroBatch(list):
 
         ``fields`` holds the attributes ``__init__`` sets, in its order: microbatch, batch_size,
         padded_size, row_splits, facts, last, tokens, repeat, source, attention, targets, measures
-        (a dict, or None for a plan without them).
+        (a dict, or None for a plan without them), source_id.
         ``info()`` of a micro-batch made here needs no conversion.
         """
         (microbatch, batch_size, padded_size, row_splits, facts, last, tokens, repeat, source, attention, targets,
-         measures) = fields
+         measures, source_id) = fields
         made = list.__new__(cls)
         list.__init__(made, ids)
         made.__dict__ = {"microbatch": microbatch, "batch_size": batch_size, "padded_size": padded_size,
                          "row_splits": row_splits, "facts": facts, "last": last, "tokens": tokens, "repeat": repeat,
                          "source": source, "attention": attention, "targets": targets, "measures": measures,
-                         "_plain": True}
+                         "source_id": source_id, "_plain": True}
         return made
 
     epoch = property(lambda self: self.facts.epoch, doc="The epoch of the micro-batch's step.")
@@ -228,10 +233,15 @@ class Samples(list):
 
     ``token_cache`` (a ``tokens.TokenCache`` or None) is where the collate helpers keep the
     token ids of long documents whose pieces they cut (set by ``SourceDataset`` with
-    ``token_ranges``).
+    ``token_ranges``). ``sample_ids`` (an array, or None: the micro-batch's list) and
+    ``sample_ids_at`` (its data address, 0: unknown) are the ids of stored rows, which
+    ``lazy_rows.TableSamples`` knows without a conversion. Together these are the
+    ``samples_contract.SamplesContract`` the collate helpers read.
     """
 
     token_cache: Any = None
+    sample_ids: Any = None
+    sample_ids_at: int = 0
 
     def __init__(self, items, microbatch: MicroBatch | None = None, table=None, token_ranges=None,
                  size_unit: str | None = None):
@@ -242,6 +252,15 @@ class Samples(list):
         # which the collate helpers apply after tokenize (a text cannot be cut by tokens before)
         self.token_ranges = token_ranges
         self.size_unit = size_unit
+
+    def has_column(self, key: str) -> bool:
+        """Return whether the items came with an Arrow slice (``table``) that has a column ``key``."""
+        table = self.table
+        return table is not None and key in table.schema.names
+
+    def token_view(self, key: str) -> Any:
+        """Return a ``TokenView`` of column ``key`` its source holds (None here: the collates read ``table``)."""
+        return None
 
 
 def step_info(batch) -> dict:

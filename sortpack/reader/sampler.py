@@ -340,13 +340,13 @@ class PackedSampler:
             facts = new_facts(StepFacts, (epoch, step, start, pos, base + step, batch, tokens, w, step_attention,
                                           step_targets))
             for k, p in enumerate(packed):
-                ids, bs, ps, splits, mb_tokens, mb_attention, mb_targets, measures, source = facts_of[k]
+                ids, bs, ps, splits, mb_tokens, mb_attention, mb_targets, measures, (source, source_id) = facts_of[k]
                 if skips.sizes:
                     ids, splits = skips.kept(p, ids, splits)
                     mb_tokens -= skips.lost([p]).tokens
                 # plain ints and bools throughout (tolist, int sums): made without a conversion
                 yield made(ids, (p, bs, ps, splits, facts, k == a - 1, mb_tokens, repeat[k], source, mb_attention,
-                                 mb_tokens - len(ids) if mb_targets is None else mb_targets, measures))
+                                 mb_tokens - len(ids) if mb_targets is None else mb_targets, measures, source_id))
             step += 1
 
     # --- resume ---------------------------------------------------------------------------
@@ -402,7 +402,8 @@ class _Facts:
     """What the sampler hands out of each micro-batch, read for many micro-batches in one vectorised pass.
 
     ``of(packed)`` gives per micro-batch (sample ids, batch_size, padded_size, row_splits,
-    tokens, attention, targets or None, the other measures' sums by name or None, source name or None).
+    tokens, attention, targets or None, the other measures' sums by name or None, (source name or None, source id
+    or -1)).
     """
 
     def __init__(self, index: PackedIndex):
@@ -424,7 +425,7 @@ class _Facts:
             return [default] * n if col is None else col[at].tolist()
 
         names = self.names
-        sources = [None] * n if self.sources is None else [names[s] for s in self.sources[at].tolist()]
+        sources = [(None, -1)] * n if self.sources is None else [(names[s], s) for s in self.sources[at].tolist()]
         measures: list = [None] * n
         if self.measures:
             keys = [name for name, _ in self.measures]

@@ -8,10 +8,12 @@ object per sample. Other items go through ``key``/``tokenize`` one by one.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 
 from ..kernels.tokens import TokenView, token_view
+from .samples_contract import SamplesContract, as_samples
 
 
 def _item_tokens(item, key, tokenize) -> np.ndarray:
@@ -78,7 +80,7 @@ def _fill_types() -> None:
     _INT_VALUES.update({pa.int32().id: np.dtype(np.int32), pa.int64().id: np.dtype(np.int64)})
 
 
-def stored_token_view(items, key) -> TokenView | None:
+def stored_token_view(items: Any, key) -> TokenView | None:
     """Return (values, offsets, ...): zero-copy numpy views of the stored token ids of ``items.table[key]``, or None.
 
     Sample j's ids are ``values[offsets[j]:offsets[j + 1]]`` (int32 or int64 as stored; the
@@ -89,10 +91,11 @@ def stored_token_view(items, key) -> TokenView | None:
     """
     if not isinstance(key, str):
         return None
-    view = getattr(items, "token_view", None)
+    items = as_samples(items)
+    view = items.token_view(key)
     if view is not None:
-        return view(key)
-    table = getattr(items, "table", None)
+        return view
+    table = items.table
     if table is None:
         return None
     i = table.schema.get_field_index(key)
@@ -126,11 +129,11 @@ def list_token_view(col) -> TokenView | None:
     return token_view(values, offsets)
 
 
-def _doc_ids(items, n: int) -> np.ndarray | None:
+def _doc_ids(items: SamplesContract, n: int) -> np.ndarray | None:
     """Return the sample id of each of the ``n`` items (int64), or None when the items do not say."""
-    known = getattr(items, "sample_ids", None)
+    known = items.sample_ids
     if known is None:
-        known = getattr(items, "microbatch", None)
+        known = items.microbatch
     if known is None or len(known) != n:
         return None
     return np.asarray(known, dtype=np.int64).reshape(-1)
@@ -166,13 +169,14 @@ class TokenCache:
             self._docs.popitem(last=False)
 
 
-def _piece_tokens(items, key, tokenize, ranges) -> tuple[np.ndarray, np.ndarray]:
+def _piece_tokens(items: SamplesContract, key, tokenize, ranges) -> tuple[np.ndarray, np.ndarray]:
     """Return (values, offsets) of each item's piece: ``_piece_pairs`` without the labels."""
     values, offsets, _ = _piece_pairs(items, key, tokenize, None, ranges)
     return values, offsets
 
 
-def _piece_pairs(items, key, tokenize, labels, ranges) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _piece_pairs(items: SamplesContract, key, tokenize, labels, ranges
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Return (values, offsets, label values or None) of each item's piece: its document tokenized once, cut to
     ``[begin, end)``.
 
@@ -190,7 +194,7 @@ def _piece_pairs(items, key, tokenize, labels, ranges) -> tuple[np.ndarray, np.n
         first, inverse = np.arange(n), np.arange(n)
     else:
         _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    cache: TokenCache | None = getattr(items, "token_cache", None) if ids is not None and _hashable(tokenize) else None
+    cache = items.token_cache if ids is not None and _hashable(tokenize) else None
     docs = []
     for j in first.tolist():
         if cache is None or ids is None:
@@ -253,7 +257,7 @@ def _item_pair(item, key, tokenize, labels) -> tuple[np.ndarray, np.ndarray | No
     return ids, None
 
 
-def ragged_labeled(items, key=None, tokenize=None, labels=None
+def ragged_labeled(items: Any, key=None, tokenize=None, labels=None
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Return (values, offsets, label values or None): ``ragged_tokens`` with the labels aligned to the ids.
 
@@ -263,7 +267,8 @@ def ragged_labeled(items, key=None, tokenize=None, labels=None
     ``_piece_pairs``: each document tokenized once, its labels cut with its ids, whatever
     ``tokenize`` returns. Raises ValueError when a sample's labels and ids differ in length.
     """
-    table = getattr(items, "table", None)
+    items = as_samples(items)
+    table = items.table
     if table is not None and tokenize is None and isinstance(key, str) and key in table.schema.names:
         got = _from_table(table, key)
         if got is not None:
@@ -271,7 +276,7 @@ def ragged_labeled(items, key=None, tokenize=None, labels=None
             if lab is not None and not np.array_equal(np.diff(lab[1]), np.diff(got[1])):
                 raise ValueError(f"collate: the stored {labels!r} and {key!r} differ in length")
             return got[0], got[1], None if lab is None else lab[0]
-    ranges = getattr(items, "token_ranges", None) if tokenize is not None else None
+    ranges = items.token_ranges if tokenize is not None else None
     if ranges is not None:  # pieces of a split plan: each document tokenized once, its labels cut with its ids
         return _piece_pairs(items, key, tokenize, labels, ranges)
     pairs = [_item_pair(it, key, tokenize, labels) for it in items]
@@ -292,18 +297,19 @@ def ragged_labeled(items, key=None, tokenize=None, labels=None
     return values, offsets, np.concatenate(labs).astype(np.int64, copy=False)
 
 
-def ragged_tokens(items, key=None, tokenize=None) -> tuple[np.ndarray, np.ndarray]:
+def ragged_tokens(items: Any, key=None, tokenize=None) -> tuple[np.ndarray, np.ndarray]:
     """Return (values, offsets): the items' token ids one after another (int64) and where each starts (n + 1).
 
     Stored list or binary columns named by ``key`` (no ``tokenize``) are read from the Arrow
     buffers of ``items.table``; anything else is ``item[key]``, ``tokenize(item)`` or the item.
     """
-    table = getattr(items, "table", None)
+    items = as_samples(items)
+    table = items.table
     if table is not None and tokenize is None and isinstance(key, str) and key in table.schema.names:
         got = _from_table(table, key)
         if got is not None:
             return got
-    if tokenize is not None and getattr(items, "token_ranges", None) is not None:
+    if tokenize is not None and items.token_ranges is not None:
         return _piece_tokens(items, key, tokenize, items.token_ranges)
     seqs = [_item_tokens(it, key, tokenize) for it in items]
     offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
@@ -313,7 +319,7 @@ def ragged_tokens(items, key=None, tokenize=None) -> tuple[np.ndarray, np.ndarra
     return values.astype(np.int64, copy=False), offsets
 
 
-def check_planned(items, view: TokenView) -> None:
+def check_planned(items: SamplesContract, view: TokenView) -> None:
     """Raise ``SortpackError`` when ``tokenize=`` gave other lengths than the ``--size tokens`` plan counted.
 
     Only items that say their plan counted tokens (``Samples.size_unit``, set by
@@ -322,12 +328,12 @@ def check_planned(items, view: TokenView) -> None:
     ``padded_size`` as the collate cuts it). A tokenizer file's own truncation or padding is
     the usual cause: the plan counts without them, ``tokenize`` at read time with them.
     """
-    if getattr(items, "size_unit", None) != "tokens":
+    if items.size_unit != "tokens":
         return
-    mb = getattr(items, "microbatch", None)
+    mb = items.microbatch
     offsets = np.asarray(view.offsets)
     lengths = np.diff(offsets)
-    ranges = getattr(items, "token_ranges", None)
+    ranges = items.token_ranges
     if ranges is not None:
         want = np.asarray(ranges[1], dtype=np.int64) - np.asarray(ranges[0], dtype=np.int64)
         bad = np.flatnonzero(lengths != want)
@@ -338,9 +344,9 @@ def check_planned(items, view: TokenView) -> None:
             _refuse(mb, f"{where}'s piece [{int(ranges[0][j])}, {int(ranges[1][j])}) got {int(lengths[j])} token "
                         f"ids from tokenize=, the plan counted {int(want[j])}")
         return
-    if mb is None or getattr(mb, "microbatch", -1) < 0 or not getattr(mb, "tokens", 0):
+    if mb is None or mb.microbatch < 0 or not mb.tokens:
         return
-    cap = getattr(mb, "padded_size", None)
+    cap = mb.padded_size
     got = int(np.minimum(lengths, cap).sum()) if cap else int(offsets[-1] - offsets[0])
     if got != int(mb.tokens):
         _refuse(mb, f"tokenize= gave {got} tokens, the plan counted {int(mb.tokens)}")
@@ -350,7 +356,7 @@ def _refuse(mb, what: str) -> None:
     from ..errors import SortpackError
 
     raise SortpackError(
-        f"micro-batch {getattr(mb, 'microbatch', '?')}: {what} (--size tokens): tokenize must return the ids the "
+        f"micro-batch {'?' if mb is None else mb.microbatch}: {what} (--size tokens): tokenize must return the ids the "
         "plan was counted with; a tokenizer file's own truncation or padding (tokenizer.json \"truncation\", "
         "\"padding\") changes them: turn both off, tok.no_truncation() and tok.no_padding(), or store the tokens "
         "(--store-tokens)")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -13,11 +14,11 @@ from ..inputs import objects
 from ..inputs.discover import expand_inputs
 from ..inputs.finetune import Encoded, FineTuneShape, fine_tune_shape
 from ..inputs.fingerprints import record
-from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units
+from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units, reader_for
 from ..inputs.measures import measure_of, parse_measure
 from ..inputs.size_kinds import reads_text
 from ..inputs.source_file import SourceFile
-from ..inputs.specs import Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
+from ..inputs.specs import RowError, Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
 from ..parallel import Comm
 from ..partition import even_range
 from ..progress import Display, Progress
@@ -306,7 +307,13 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keeper
         if table.num_rows == 0:
             # an empty file or row group: its columns may not even exist (empty jsonl)
             continue
-        size, diff, encoded = _measure_table(table, src.path, specs, keep.tokens)
+        try:
+            size, diff, encoded = _measure_table(table, src.path, specs, keep.tokens)
+            extra = {name: as_size(evaluate(spec, table, src.path, specs.tokenizer, specs.funcs.get(spec.text),
+                                            specs.special_tokens), src.path, f"{measure_of(name).option} {spec.text}")
+                     for name, spec in specs.measures.items()}
+        except RowError as exc:  # a media header: named by its row of the file
+            raise exc.at(_first_row(src, read), partial(reader_for(src.format).row_position, src)) from None
         if encoded is not None:
             out.measures.setdefault("targets", []).append(encoded.targets)
             keep_labels = getattr(keep_pieces, "keep_labels", None)  # split.TargetPieces: pieces' own targets
@@ -323,14 +330,18 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keeper
             whole = None  # a read the rows did not foresee: the pieces are concatenated
         out.sizes.append(kept)
         out.diffs.append(kept if diff is size else diff)
-        for name, spec in specs.measures.items():
-            values = evaluate(spec, table, src.path, specs.tokenizer, specs.funcs.get(spec.text), specs.special_tokens)
-            out.measures.setdefault(name, []).append(
-                as_size(values, src.path, f"{measure_of(name).option} {spec.text}").astype(np.int64, copy=False))
+        for name, values in extra.items():
+            out.measures.setdefault(name, []).append(values.astype(np.int64, copy=False))
         prog.update(table.num_rows, None, **{counter: int(size.sum())})
     prog.close()
     out.whole = None if whole is None else whole[:filled]
     return out
+
+
+def _first_row(src: SourceFile, read: Read) -> int:
+    """Return the row of its file at which a read begins."""
+    before = sum(src.unit_rows[:read.first]) if src.unit_rows is not None else 0
+    return int(before) + (read.row_lo or 0)
 
 
 def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: list[str]) -> pa.Table:

@@ -15,11 +15,12 @@ PKG = ROOT / "sortpack"
 
 # the sides of the package, by top-level name (a module or a subpackage of sortpack)
 BASE = {"errors", "env", "parallel", "partition", "distribute", "progress", "launcher", "kernels", "permutation",
-        "row_store", "arrow_types"}
+        "row_store", "arrow_types", "shadowing"}
 SIDES = {
     **{b: "base" for b in BASE},
     "inputs": "inputs", "format": "format", "stages": "stages", "write": "write",
-    "reader": "reader", "dataset": "reader", "train": "train", "torch": "train",
+    "reader": "reader", "dataset": "reader", "train": "train", "torch": "train", "plan_node": "train",
+    "lightning": "train",
     "report": "report", "pipeline": "pipeline", "cli": "cli", "__main__": "cli", "__init__": "base",
 }
 # side -> the sides it may import (besides itself)
@@ -42,6 +43,7 @@ BASE_MAY_IMPORT = {
     "errors": set(), "env": set(), "kernels": {"env"}, "launcher": {"errors"}, "progress": set(),
     "permutation": set(), "row_store": {"kernels", "arrow_types", "env"}, "arrow_types": set(),
     "parallel": {"errors", "env", "launcher"}, "partition": {"parallel"}, "distribute": {"parallel", "partition"},
+    "shadowing": set(),
 }
 
 
@@ -233,8 +235,8 @@ def test_nothing_imports_the_cli():
 FEW_PARAMETERS = ("reader", "report", "cli", "train", "progress.py", "distribute.py")
 MAX_PARAMETERS = 5
 PUBLIC_KEYWORDS = {
-    "reader/collate.py:PadCollate.__init__", "reader/collate.py:pad_collate",
-    "reader/collate.py:VarlenCollate.__init__", "reader/collate.py:varlen_collate",
+    "reader/collate_pad.py:PadCollate.__init__", "reader/collate_pad.py:pad_collate",
+    "reader/collate_varlen.py:VarlenCollate.__init__", "reader/collate_varlen.py:varlen_collate",
     "reader/dataset.py:SourceDataset.__init__", "reader/microbatch.py:MicroBatch.__init__",
     "reader/plan.py:EpochPlan.__init__", "reader/sampler.py:PackedSampler.__init__",
     "train/goodput_controller.py:GoodputController.__init__",

@@ -4,8 +4,8 @@ The ten names a training script meets first, from ``sortpack.reader`` and ``sort
 ``PackedIndex``, ``PackedSampler`` (``PackedBatchSampler`` is the same class), ``SourceDataset``,
 ``PlanLoader``, ``Prefetched``, ``EpochPlan``, ``step_positions``, ``lr_scale``,
 ``VariableBatchSizeLR`` and ``KeyedPermutation``; and what a training step touches: ``MicroBatch``,
-``pad_collate``, ``step_loss``. Their examples read ``plan/``: 16 texts of 1 to 16 characters,
-``sortpack run data/ -o plan/ --column text --max-tokens 32 --store text``.
+``pad_collate``, ``step_loss``, and ``PlanNode`` (torchdata's door). Their examples read ``plan/``: 16
+texts of 1 to 16 characters, ``sortpack run data/ -o plan/ --column text --max-tokens 32 --store text``.
 """
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ DOORS = {
     "KeyedPermutation": sortpack.reader,
 }
 # what a training step touches beside the doors: the micro-batch, its collate, its loss
-STEP = {"MicroBatch": sortpack.reader, "pad_collate": sortpack.torch, "step_loss": sortpack.torch}
+STEP = {"MicroBatch": sortpack.reader, "pad_collate": sortpack.torch, "step_loss": sortpack.torch,
+        "PlanNode": sortpack.torch}
 EXAMPLES = {**DOORS, **STEP}
-NEEDS_TORCH = {"PlanLoader", "VariableBatchSizeLR", "pad_collate", "step_loss"}
+NEEDS_TORCH = {"PlanLoader", "VariableBatchSizeLR", "pad_collate", "step_loss", "PlanNode"}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_the_door_names_and_a_steps_names_each_carry_examples():
                                   else n for n in sorted(EXAMPLES)])
 def test_the_examples_run_as_written(name, plan_dir, monkeypatch):
     if name in NEEDS_TORCH:
-        pytest.importorskip("torch")
+        pytest.importorskip("torch" if name != "PlanNode" else "torchdata")
     monkeypatch.chdir(plan_dir)
     obj = getattr(EXAMPLES[name], name)
     tests = [t for t in doctest.DocTestFinder(recurse=False).find(obj, name) if t.examples]

@@ -17,8 +17,11 @@ from support import ROOT
 
 
 def test_the_table_says_what_each_kind_reads_measures_and_cuts():
-    assert list(SIZE_KINDS) == ["length", "bytes", "words", "tokens"]
+    assert list(SIZE_KINDS) == ["length", "bytes", "words", "tokens", "image_tokens", "image_patches", "image_count",
+                                "audio_frames"]
     assert split_kinds() == ("length", "bytes", "tokens")
+    # the media kinds name their own column: they never read the text column
+    assert not reads_text("image_tokens:images:qwen2_vl", "audio_frames:audio*100", "image_tokens")
     assert SIZE_KINDS["length"].cuts_column and SIZE_KINDS["bytes"].cuts_column
     assert not SIZE_KINDS["tokens"].cuts_column and not SIZE_KINDS["words"].can_split
     assert reads_text("words") and reads_text("column:n", "tokens") and not reads_text("column:n", "python:m:f")

@@ -51,7 +51,8 @@ def test_parse_python_spec():
 
 
 @pytest.mark.parametrize("text, column, message", [
-    ("len", "text", r"--size 'len': expected length, bytes, words, tokens, column:NAME\[\*SCALE\] or python"),
+    ("len", "text", r"--size 'len': expected length, bytes, words, tokens, image_tokens:COL:SCHEME\[:K=V,...\], .*"
+                    r"audio_frames:COL\[\*FPS\], column:NAME\[\*SCALE\] or python"),
     ("", "text", r"--size '': expected length"),
     ("column:", None, r"--size 'column:': expected"),
     ("column:x*0", None, r"--size column:x\*0: scale must be a positive number"),
