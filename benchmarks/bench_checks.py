@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sortpack.inputs.discover import check_input_path
-from sortpack.inputs.formats import estimate_rows
 from sortpack.inputs.source_file import SourceFile
+from sortpack.inputs.text_formats import estimate_rows
 from sortpack.inputs.validate import check_table
 from sortpack.write.output_guard import check_output, sweep_stale
 

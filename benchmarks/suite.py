@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import (
     bench_balance,
+    bench_compose,
     bench_doors,
     bench_fasttok,
     bench_litdata,
@@ -21,6 +22,7 @@ from . import (
     bench_media,
     bench_mixture,
     bench_objects,
+    bench_plan_batch,
     bench_real_tokens,
     bench_scaling,
     bench_sft,
@@ -368,8 +370,10 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "loader": bench_loader.bench, "mixture": bench_mixture.bench, "stored": bench_stored.bench,
               "objects": bench_objects.bench, "scaling": bench_scaling.bench, "tokens_loop": bench_tokens_loop.bench,
               "balance": bench_balance.bench,
-              "balance_targets": bench_balance.bench_targets, "fasttok": bench_fasttok.bench, "sft": bench_sft.bench,
-              "litdata": bench_litdata.bench, "media": bench_media.bench, "doors": bench_doors.bench}
+              "balance_targets": bench_balance.bench_targets, "compose": bench_compose.bench,
+              "fasttok": bench_fasttok.bench, "sft": bench_sft.bench, "litdata": bench_litdata.bench,
+              "media": bench_media.bench, "doors": bench_doors.bench,
+              "plan_batch": bench_plan_batch.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

@@ -6,8 +6,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 from support import write_text_parquet
+
+# Property tests draw as many examples as the profile says, not each its own number: the quick loop ("quick", the
+# default) 25 a test, the full run in CI ("thorough": `pytest --hypothesis-profile thorough`, .ci/run) 150. A test
+# whose every example starts processes or a server keeps a smaller pin of its own. No deadline: a loaded shared
+# machine is no reason to fail a property.
+settings.register_profile("quick", max_examples=25, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+settings.register_profile("thorough", settings.get_profile("quick"), max_examples=150)
+settings.load_profile("quick")
 
 # Progress lines start after SORTPACK_PROGRESS_DELAY seconds of a stage: on a loaded machine a stage
 # can pass the default 2 s, and a test counting stderr lines then counts progress too. Every

@@ -17,16 +17,8 @@ import pyarrow as pa
 
 from ..arrow_types import is_offset_bytes, is_offset_list, is_text
 from ..errors import SortpackError
+from ..kernels.gather import run_indices
 from .formats import open_source, read_units
-
-
-def run_indices(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Return the indices of the runs ``[starts[i], starts[i] + lengths[i])``, concatenated."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    first = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    return np.repeat(starts - first, lengths) + np.arange(total, dtype=np.int64)
 
 
 def _char_bytes(data: np.ndarray, offsets: np.ndarray, chars: np.ndarray) -> np.ndarray:

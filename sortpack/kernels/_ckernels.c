@@ -24,7 +24,7 @@
 
 /* Bumped whenever a signature or a semantic changes, so that a stale in-place build is
  * detected by the Python side and ignored instead of being called with the wrong ABI. */
-#define SP_ABI_VERSION 19
+#define SP_ABI_VERSION 20
 
 SP_API int64_t sp_abi_version(void) { return SP_ABI_VERSION; }
 
@@ -1242,6 +1242,211 @@ SP_API int64_t sp_min_subsets(const int64_t *rooms, const int64_t *targets, int6
         }
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Items dealt to k parts of equal count and balanced cost (kernels/deal.py): the largest   */
+/* differencing method over groups of k items. Items sorted by (cost desc, index asc); each  */
+/* run of k is a state of k parts, one item each. The state of largest spread (ties: lowest */
+/* id) is merged with the next: its i-th heaviest part takes the other's i-th lightest, and  */
+/* the parts are re-sorted (sum desc, ties by place). A part's items are found through the  */
+/* part each merged part joined (parent), resolved at the end. part[item] = the final rank   */
+/* of its part (0: the heaviest). m % k == 0; returns 0, -1 (bad sizes), -2 (no memory).     */
+
+typedef struct { double c; int64_t i; } dl_item;
+
+static int dl_item_cmp(const void *pa, const void *pb) {
+    const dl_item *a = (const dl_item *)pa, *b = (const dl_item *)pb;
+    if (a->c != b->c) return a->c > b->c ? -1 : 1;
+    return a->i < b->i ? -1 : (a->i > b->i);
+}
+
+static int dl_item_asc(const void *pa, const void *pb) { /* cost asc, ties by index */
+    const dl_item *a = (const dl_item *)pa, *b = (const dl_item *)pb;
+    if (a->c != b->c) return a->c < b->c ? -1 : 1;
+    return a->i < b->i ? -1 : (a->i > b->i);
+}
+
+typedef struct { double spread; int64_t id; } dl_key;
+
+static inline int dl_before(dl_key a, dl_key b) { /* a pops first */
+    return a.spread > b.spread || (a.spread == b.spread && a.id < b.id);
+}
+
+static void dl_push(dl_key *h, int64_t *n, dl_key x) {
+    int64_t j = (*n)++;
+    while (j > 0) {
+        int64_t p = (j - 1) / 2;
+        if (!dl_before(x, h[p])) break;
+        h[j] = h[p]; j = p;
+    }
+    h[j] = x;
+}
+
+static dl_key dl_pop(dl_key *h, int64_t *n) {
+    dl_key top = h[0], x = h[--(*n)];
+    int64_t j = 0;
+    for (;;) {
+        int64_t a = 2 * j + 1, b = a + 1, c = j;
+        dl_key best = x;
+        if (a < *n && dl_before(h[a], best)) { c = a; best = h[a]; }
+        if (b < *n && dl_before(h[b], best)) { c = b; }
+        if (c == j) break;
+        h[j] = h[c]; j = c;
+    }
+    if (*n > 0) h[j] = x;
+    return top;
+}
+
+/* Swaps after the deal (kernels/deal.py, ``_swaps_numpy`` step for step): while the heaviest part is more than
+ * ``tight`` (relative) over the mean, one of its items is swapped with one of the first of the ``lightest``
+ * lightest parts that lowers it: the pair whose costs differ nearest half the two parts' gap, within (0, gap).
+ * Items from ``real`` on never move. held: k rows of m / k items, each row by (cost, index). */
+static int dl_less(const double *cost, int64_t a, int64_t b) {
+    return cost[a] < cost[b] || (cost[a] == cost[b] && a < b);
+}
+
+static void dl_resort(const double *cost, int64_t *row, int64_t c, int64_t at) {
+    int64_t v = row[at];
+    while (at > 0 && dl_less(cost, v, row[at - 1])) { row[at] = row[at - 1]; at--; }
+    while (at < c - 1 && dl_less(cost, row[at + 1], v)) { row[at] = row[at + 1]; at++; }
+    row[at] = v;
+}
+
+static double dl_total(const double *sums, int64_t k) {
+    double t = 0.0;
+    for (int64_t i = 0; i < k; i++) t += sums[i];
+    return t;
+}
+
+/* the best swap of row ``mine`` (heavier) with ``theirs`` for a gap: its places and what moves (-1: none) */
+static int64_t dl_best_swap(const double *cost, const int64_t *mine, const int64_t *theirs, int64_t c, double gap,
+                            int64_t real, int64_t *y_out, double *moved_out) {
+    int64_t bx = -1, by = -1;
+    double best = gap, bmoved = 0.0;
+    for (int pass = 0; pass < 2; pass++) {
+        int64_t jx = -1, jy = -1;
+        double jw = INFINITY, jm = 0.0;
+        for (int64_t x = 0; x < c; x++) {
+            double want = cost[mine[x]] - gap / 2;
+            int64_t lo = 0, hi = c; /* the first place whose cost is not below want */
+            while (lo < hi) { int64_t mid = (lo + hi) / 2; if (cost[theirs[mid]] < want) lo = mid + 1; else hi = mid; }
+            int64_t y = pass == 0 ? (lo - 1 > 0 ? lo - 1 : 0) : (lo < c - 1 ? lo : c - 1);
+            double moved = cost[mine[x]] - cost[theirs[y]];
+            int ok = moved > 0 && moved < gap && mine[x] < real && theirs[y] < real;
+            double w = ok ? (gap - moved > moved ? gap - moved : moved) : INFINITY;
+            if (w < jw) { jw = w; jx = x; jy = y; jm = moved; }
+        }
+        if (jx >= 0 && jw < best) { best = jw; bx = jx; by = jy; bmoved = jm; }
+    }
+    *y_out = by;
+    *moved_out = bmoved;
+    return bx;
+}
+
+static void dl_swaps(const double *cost, int64_t m, int64_t k, int64_t real, int64_t rounds, double tight,
+                     int64_t lightest, int64_t *held, double *sums, int64_t *part) {
+    int64_t c = m / k;
+    for (int64_t r = 0; r < k; r++) {
+        double t = 0.0;
+        for (int64_t j = 0; j < c; j++) t += cost[held[r * c + j]];
+        sums[r] = t;
+    }
+    int64_t light[8];
+    if (lightest > 8) lightest = 8;
+    for (int64_t round = 0; round < rounds; round++) {
+        int64_t h = 0;
+        for (int64_t r = 1; r < k; r++) if (sums[r] > sums[h]) h = r;
+        double mean = dl_total(sums, k) / (double)k;
+        if (sums[h] - mean <= mean * tight) break;
+        int64_t nl = 0; /* the lightest parts, ties by index */
+        for (int64_t r = 0; r < k; r++) {
+            int64_t at = nl < lightest ? nl++ : lightest;
+            if (at == lightest) { if (!(sums[r] < sums[light[lightest - 1]])) continue; at = lightest - 1; }
+            while (at > 0 && sums[r] < sums[light[at - 1]]) { light[at] = light[at - 1]; at--; }
+            light[at] = r;
+        }
+        int swapped = 0;
+        for (int64_t i = 0; i < nl && !swapped; i++) {
+            int64_t l = light[i], y;
+            double moved;
+            int64_t x = dl_best_swap(cost, held + h * c, held + l * c, c, sums[h] - sums[l], real, &y, &moved);
+            if (x < 0) continue;
+            int64_t a = held[h * c + x];
+            held[h * c + x] = held[l * c + y];
+            held[l * c + y] = a;
+            dl_resort(cost, held + h * c, c, x);
+            dl_resort(cost, held + l * c, c, y);
+            sums[h] -= moved;
+            sums[l] += moved;
+            swapped = 1;
+        }
+        if (!swapped) break;
+    }
+    for (int64_t r = 0; r < k; r++)
+        for (int64_t j = 0; j < c; j++) part[held[r * c + j]] = r;
+}
+
+SP_API int64_t sp_deal_equal(const double *cost, int64_t m, int64_t k, int64_t real, int64_t rounds, double tight,
+                             int64_t lightest, int64_t *part) {
+    if (k < 1 || m < 0 || m % k) return -1;
+    if (m == 0) return 0;
+    int64_t g = m / k;
+    dl_item *items = malloc(sizeof(dl_item) * (size_t)m);
+    dl_item *merged = malloc(sizeof(dl_item) * (size_t)k);
+    int64_t *set = malloc(sizeof(int64_t) * (size_t)m);     /* state s, place j: its part (a sorted position) */
+    double *sum = malloc(sizeof(double) * (size_t)m);       /* and the part's sum */
+    int64_t *parent = malloc(sizeof(int64_t) * (size_t)m);  /* a part merged into another: that one */
+    int64_t *rank = malloc(sizeof(int64_t) * (size_t)m);    /* a final part: its rank */
+    int64_t *tmp = malloc(sizeof(int64_t) * (size_t)k);
+    dl_key *heap = malloc(sizeof(dl_key) * (size_t)g);
+    int64_t status = 0, nh = 0;
+    if (!items || !merged || !set || !sum || !parent || !rank || !tmp || !heap) { status = -2; goto done; }
+    for (int64_t i = 0; i < m; i++) { items[i].c = cost[i]; items[i].i = i; }
+    qsort(items, (size_t)m, sizeof(dl_item), dl_item_cmp);
+    for (int64_t i = 0; i < m; i++) { set[i] = i; sum[i] = items[i].c; parent[i] = i; }
+    for (int64_t s = 0; s < g; s++) {
+        dl_key key = {sum[s * k] - sum[s * k + k - 1], s};
+        dl_push(heap, &nh, key);
+    }
+    while (nh > 1) {
+        int64_t a = dl_pop(heap, &nh).id, b = dl_pop(heap, &nh).id;
+        int64_t *sa = set + a * k, *sb = set + b * k;
+        double *ua = sum + a * k, *ub = sum + b * k;
+        for (int64_t i = 0; i < k; i++) {
+            parent[sb[k - 1 - i]] = sa[i];
+            merged[i].c = ua[i] + ub[k - 1 - i];
+            merged[i].i = i;
+        }
+        qsort(merged, (size_t)k, sizeof(dl_item), dl_item_cmp); /* sum desc, ties by place: stable */
+        for (int64_t i = 0; i < k; i++) tmp[i] = sa[merged[i].i];
+        for (int64_t i = 0; i < k; i++) { sa[i] = tmp[i]; ua[i] = merged[i].c; }
+        dl_key key = {ua[0] - ua[k - 1], a};
+        dl_push(heap, &nh, key);
+    }
+    int64_t last = heap[0].id;
+    for (int64_t j = 0; j < k; j++) rank[set[last * k + j]] = j;
+    for (int64_t i = 0; i < m; i++) {
+        int64_t r = i;
+        while (parent[r] != r) r = parent[r];
+        for (int64_t x = i; parent[x] != r;) { int64_t nx = parent[x]; parent[x] = r; x = nx; }
+        part[items[i].i] = rank[r];
+    }
+    if (rounds > 0 && k > 1) {
+        /* each part's items by (cost, index), reusing set (m) and sum (k) */
+        int64_t c = m / k, *fill = tmp;
+        for (int64_t r = 0; r < k; r++) fill[r] = 0;
+        for (int64_t i = 0; i < m; i++) set[part[i] * c + fill[part[i]]++] = i;
+        for (int64_t r = 0; r < k; r++) {
+            for (int64_t j = 0; j < c; j++) { items[j].c = cost[set[r * c + j]]; items[j].i = set[r * c + j]; }
+            qsort(items, (size_t)c, sizeof(dl_item), dl_item_asc);
+            for (int64_t j = 0; j < c; j++) set[r * c + j] = items[j].i;
+        }
+        dl_swaps(cost, m, k, real, rounds, tight, lightest, set, sum, part);
+    }
+done:
+    free(items); free(merged); free(set); free(sum); free(parent); free(rank); free(tmp); free(heap);
+    return status;
 }
 
 /* ------------------------------------------------------------------------------------ */

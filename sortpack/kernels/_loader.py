@@ -16,7 +16,7 @@ import numpy as np
 
 from ..env import env_flag
 
-_ABI_VERSION = 19  # must equal SP_ABI_VERSION in _ckernels.c
+_ABI_VERSION = 20  # must equal SP_ABI_VERSION in _ckernels.c
 _EXTENSION = __name__.rpartition(".")[0] + "._ckernels"
 _UNLOADED: Any = object()
 _clib: Any = _UNLOADED
@@ -51,6 +51,7 @@ _SIGNATURES = {
     "sp_merge_two_in_place": ([_PTR, _I64, _I64, _PTR, _I64], _I64),
     "sp_min_subsets": ([_PTR, _PTR, _I64, _I64, _I64, _I64, _PTR], _I64),
     "sp_compose_groups": ([_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR], _I64),
+    "sp_deal_equal": ([_PTR, _I64, _I64, _I64, _I64, ctypes.c_double, _I64, _PTR], _I64),
     # _media.c (a second source of the library: new symbols, no change to the ones above)
     "sp_jpeg_sizes": ([_PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR], _I64),
 }

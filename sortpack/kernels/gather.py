@@ -39,3 +39,12 @@ def gather_bytes(bases: np.ndarray, buffers: list, piece: np.ndarray, src_start:
         at = np.repeat(dst_off[rows], n) + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n))
         dst[at] = buffers[k][at + shift]
     return dst
+
+
+def run_indices(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Return the indices of the runs ``[starts[i], starts[i] + lengths[i])``, concatenated."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    first = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    return np.repeat(starts - first, lengths) + np.arange(total, dtype=np.int64)

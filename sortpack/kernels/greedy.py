@@ -131,9 +131,12 @@ def _shape_records(shapes: Any) -> np.ndarray | None:
     return np.asarray(rec, dtype=np.int64)
 
 
-def _options(max_tokens: Any, budget: str | KernelCost, max_samples: Any, batch_multiple: Any, quadratic_scale: Any,
-             pad_multiple: Any, shapes: Any) -> _Options:
-    """Validate the options of greedy_pack; return them normalised."""
+def _options(max_tokens: Any, budget: str | KernelCost, counts: tuple[Any, Any], quadratic_scale: Any,
+             rounding: tuple[Any, Any]) -> _Options:
+    """Validate the options of greedy_pack (``counts``: max_samples, batch_multiple; ``rounding``: pad_multiple,
+    shapes); return them normalised."""
+    max_samples, batch_multiple = counts
+    pad_multiple, shapes = rounding
     cost = kernel_cost(budget)
     max_samples = 0 if max_samples is None else operator.index(max_samples)
     batch_multiple = 1 if batch_multiple is None else operator.index(batch_multiple)
@@ -187,7 +190,7 @@ def greedy_pack(sizes: Any, max_tokens: Any, budget: str | KernelCost = "padded"
     numpy.ndarray
         int64 ``[0, b1, ..., n]``: micro-batch i is ``sizes[b[i]:b[i+1]]``.
     """
-    a = _options(max_tokens, budget, max_samples, batch_multiple, quadratic_scale, pad_multiple, shapes)
+    a = _options(max_tokens, budget, (max_samples, batch_multiple), quadratic_scale, (pad_multiple, shapes))
     sizes = _i64(sizes).ravel()
     if sizes2 is not None:
         second = _i64(sizes2).ravel()

@@ -116,57 +116,75 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
     if kind != "index":
         report.update(_samples_report(directory, m))
         return report
+    _check_layout(world_size, grad_accum)
+    cols = IndexColumns.read(directory, m)
+    shapes = np.unique(np.stack([cols.batch_size, cols.padded_size]), axis=1) if len(cols.batch_size) \
+        else np.zeros((2, 0))
+    report.update(_microbatch_report(m, cols, shapes))
+    report.update(_shape_lines(m, shapes))
+    report.update(_sections(directory, m, cols))
+    warnings = lr_warnings(cols.num_samples, cols.tokens, world_size or 1, grad_accum)
+    if warnings:
+        report["warnings"] = warnings
+    if world_size is not None and len(cols.padded):
+        report.update(_step_report(directory, m, cols, (world_size, grad_accum), cost_coeff))
+    return report
+
+
+def _check_layout(world_size: int | None, grad_accum: int) -> None:
+    """Raise SortpackError (one line) for a ``--world-size``/``--grad-accum`` inspect cannot report on."""
+    from ..reader.trace import MAX_STEP_MICROBATCHES
+
     if world_size is not None and world_size < 1:
         raise SortpackError(f"--world-size {world_size}: must be >= 1")
     if grad_accum < 1:
         raise SortpackError(f"--grad-accum {grad_accum}: must be >= 1")
-    from ..reader.trace import MAX_STEP_MICROBATCHES
-
     if world_size is not None and world_size * grad_accum > MAX_STEP_MICROBATCHES:
         raise SortpackError(f"--world-size {world_size} --grad-accum {grad_accum}: {world_size * grad_accum} "
                             f"micro-batches per step, more than inspect reports on ({MAX_STEP_MICROBATCHES})")
-    cols = IndexColumns.read(directory, m)
-    ns, bs, ps, tok = cols.num_samples, cols.batch_size, cols.padded_size, cols.tokens
-    padded = cols.padded
-    shapes = np.unique(np.stack([bs, ps]), axis=1) if len(bs) else np.zeros((2, 0))
-    report.update(_microbatch_report(m, cols, shapes))
-    report.update(_shape_lines(m, shapes))
+
+
+def _sections(directory: str, m: dict, cols: IndexColumns) -> dict:
+    """Return the report's sections of what an index holds beside its micro-batches: a mixture's sources, the
+    held-out plan, the stored data, the two caps' fills."""
+    out: dict = {}
     if m.get("mixture"):
         from .mixture import mixture_report
 
-        mix_cols = {"tokens": tok, "source": _column(directory, m, "source"), "num_samples": ns, "batch_size": bs,
-                    "padded_size": ps}
+        mix_cols = {"tokens": cols.tokens, "source": _column(directory, m, "source"), "num_samples": cols.num_samples,
+                    "batch_size": cols.batch_size, "padded_size": cols.padded_size}
         if "targets" in (m.get("schema") or {}):  # fine-tuning data: each source's loss targets too
             mix_cols["targets"] = _column(directory, m, "targets").astype(np.int64)
-        report["mixture"] = mixture_report(m, mix_cols)
+        out["mixture"] = mixture_report(m, mix_cols)
     if m.get("holdout") or m.get("held_out"):
-        report.update(_holdout_report(m))
+        out.update(_holdout_report(m))
     if m.get("data"):
         from ..format.data_shards import describe_data
 
-        report["data"] = describe_data(m["data"])
-    schema = m.get("schema") or {}
+        out["data"] = describe_data(m["data"])
     if m["options"].get("max_size2") and cols.size2 is not None:
-        report["cap_fills"] = cap_fills(m, cols, cols.size2)
-    warnings = lr_warnings(ns, tok, world_size or 1, grad_accum)
-    if warnings:
-        report["warnings"] = warnings
-    if world_size is not None and len(padded):
-        costs = step_costs(padded, world_size, grad_accum)
-        mean = costs.mean(axis=1)
-        ratio = np.where(mean > 0, costs.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
-        report.update({"world_size": world_size, "grad_accum": grad_accum, "steps": int(costs.shape[0]),
-                       "step_imbalance": float(ratio.max()), "step_imbalance_mean": float(ratio.mean())})
-        compute = compute_cost(m, cols, cost_coeff)
-        if compute is not None:
-            report["cost_coeff"] = _num(cost_coeff)
-            report["compute_imbalance"] = imbalance(step_costs(compute, world_size, grad_accum))
-        if cols.size2 is not None:
-            report["size2_imbalance"] = imbalance(step_costs(cols.size2.astype(np.float64), world_size, grad_accum))
-        if "targets" in schema:  # fine-tuning data: what trains per rank and step (the loss's share of work)
-            targets = _column(directory, m, "targets").astype(np.int64)
-            report["targets_imbalance"] = imbalance(step_costs(targets, world_size, grad_accum))
-    return report
+        out["cap_fills"] = cap_fills(m, cols, cols.size2)
+    return out
+
+
+def _step_report(directory: str, m: dict, cols: IndexColumns, layout: tuple[int, int], cost_coeff: float) -> dict:
+    """Return the steps of ``layout`` (W, A): their padded-token, compute, second-size and targets imbalance."""
+    world_size, grad_accum = layout
+    costs = step_costs(cols.padded, world_size, grad_accum)
+    mean = costs.mean(axis=1)
+    ratio = np.where(mean > 0, costs.max(axis=1) / np.where(mean > 0, mean, 1), 1.0)
+    out: dict = {"world_size": world_size, "grad_accum": grad_accum, "steps": int(costs.shape[0]),
+           "step_imbalance": float(ratio.max()), "step_imbalance_mean": float(ratio.mean())}
+    compute = compute_cost(m, cols, cost_coeff)
+    if compute is not None:
+        out["cost_coeff"] = _num(cost_coeff)
+        out["compute_imbalance"] = imbalance(step_costs(compute, world_size, grad_accum))
+    if cols.size2 is not None:
+        out["size2_imbalance"] = imbalance(step_costs(cols.size2.astype(np.float64), world_size, grad_accum))
+    if "targets" in (m.get("schema") or {}):  # fine-tuning data: what trains per rank and step (the loss's share)
+        targets = _column(directory, m, "targets").astype(np.int64)
+        out["targets_imbalance"] = imbalance(step_costs(targets, world_size, grad_accum))
+    return out
 
 
 def _samples_report(directory: str, m: dict) -> dict:

@@ -95,6 +95,7 @@ def test_a_launcher_variable_that_does_not_parse_is_an_error(clean_env, env, mes
         assert isinstance(err.value, SortpackError) and isinstance(err.value, ValueError)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env, message, ranks", [
     ({"SLURM_PROCID": "abc", "SLURM_NTASKS": "2"}, "SLURM_PROCID='abc' is not a rank", None),
     ({"SLURM_PROCID": "abc", "SLURM_NTASKS": "2"}, "SLURM_PROCID='abc' is not a rank", 2),
@@ -130,6 +131,7 @@ def fake_broken_mpi(tmp_path: Path) -> str:
     return f"{fake}{os.pathsep}{ROOT}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env", [{"PMI_RANK": "0", "PMI_SIZE": "2"}, {"OMPI_COMM_WORLD_RANK": "0",
                                                                       "OMPI_COMM_WORLD_SIZE": "4"},
                                   {"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}])
@@ -190,6 +192,7 @@ def test_commit_with_overwrite_replaces_what_appeared(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan"]
 
 
+@pytest.mark.slow
 def test_two_jobs_racing_for_one_output(tmp_path, text_dataset):
     import subprocess
     import sys

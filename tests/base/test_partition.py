@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.partition import (
@@ -55,7 +55,6 @@ def test_balanced_blocks_balances_by_weight():
     assert balanced_blocks(np.zeros(4), 2).tolist() == [0, 2, 4]
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 1000), max_size=40), st.integers(1, 9))
 def test_balanced_blocks_covers_every_unit_in_order(weights, ranks):
     b = balanced_blocks(np.array(weights, dtype=np.float64), ranks)
@@ -92,7 +91,6 @@ def test_split_rows_cuts_one_row_group_over_every_rank():
     assert split_rows(np.zeros(2, np.int64), np.ones(2, bool), 2)[0].tolist() == [0, 1, 2]
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5000), st.booleans()), max_size=30), st.integers(1, 16))
 def test_split_rows_balances_known_rows_exactly(units, ranks):
     weights = [w for w, _ in units]
@@ -127,7 +125,6 @@ def test_rank_run_and_unit_owners_read_split_rows_cuts():
     assert owned(np.array([1, 2, 1, 0]), rank=1) == [0, 2] and owned(np.array([]), rank=0) == []
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=5), st.integers(1, 9), st.integers(1, 9))
 def test_deal_windows_spreads_each_stage_over_its_windows_and_ranks_in_blocks(per_stage, window, size):
     per_stage = np.array(per_stage, dtype=np.int64)
@@ -159,7 +156,6 @@ def test_round_robin_deals_every_item_to_one_rank_in_turn(n, size):
     assert round_robin(5, rank=1, size=2) == [1, 3]
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 1000), max_size=30), st.integers(1, 9))
 def test_reader_blocks_give_whole_units_and_their_first_rows(rows, size):
     bounds, starts = reader_blocks(np.array(rows, dtype=np.int64), size=size)
@@ -190,7 +186,6 @@ def _cuts_by_hand(counts, rows_per_shard, samples_per_shard):
     return mb_cuts, sample_cuts
 
 
-@settings(max_examples=200, deadline=None)
 @given(counts=st.lists(st.integers(0, 40), max_size=60), rows=st.integers(1, 12), per=st.integers(1, 100),
        size=st.integers(1, 5), data=st.data())
 def test_index_shard_cuts_do_not_depend_on_how_micro_batches_are_dealt(counts, rows, per, size, data):

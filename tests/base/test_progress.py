@@ -145,6 +145,7 @@ def test_every_stage_reports_in_process(tmp_path, reporting, capsys, monkeypatch
     assert not progress_mod._current
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_mpiexec_run_reports_from_rank_zero_only(tmp_path, text_dataset):
     files, lengths = text_dataset

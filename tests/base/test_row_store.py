@@ -56,7 +56,7 @@ def _array(name, rng, n, nulls):
 
 
 @pytest.mark.parametrize("name", sorted(TYPES))
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(seed=st.integers(0, 2**32 - 1), nulls=st.booleans())
 def test_gather_equals_take_of_the_concatenation(name, seed, nulls):
     rng = np.random.default_rng(seed)
@@ -116,7 +116,6 @@ def test_from_raw_refuses_more_values_than_32_bit_offsets_hold():
         from_raw(pa.string(), np.array([2**31], np.int64), np.zeros(0, np.uint8), None)
 
 
-@settings(max_examples=50, deadline=None)
 @given(sizes=st.lists(st.integers(0, 50), max_size=60), limit=st.integers(1, 120))
 def test_piece_cuts_are_consecutive_runs_within_the_limit(sizes, limit):
     cuts = piece_cuts(np.array(sizes, np.int64), limit)

@@ -60,6 +60,7 @@ def test_sorted_directory_is_a_sorted_permutation(tmp_path, text_dataset):
     assert np.array_equal(np.concatenate(mb["sample_ids"].to_numpy(zero_copy_only=False)), ids)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_a_failing_rank_ends_the_job_quickly(tmp_path, text_dataset):
     files, _ = text_dataset
@@ -106,6 +107,7 @@ def test_inspect_json_and_verify(tmp_path, text_dataset):
     assert proc.returncode == 1 and "sha256" in proc.stderr
 
 
+@pytest.mark.slow
 def test_unknown_version_is_refused(tmp_path, text_dataset):
     files, _ = text_dataset
     plan = tmp_path / "plan"
@@ -178,6 +180,7 @@ def test_threads_profile_and_plot_options(tmp_path, text_dataset):
         assert proc.returncode == 0 and png.stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_the_cli_keeps_pyarrow_from_importing_pandas_and_pandas_still_works(tmp_path):
     # pyarrow imports pandas on its first pa.array: ~0.2 s per rank of every job
     import subprocess

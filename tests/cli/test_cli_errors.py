@@ -109,22 +109,32 @@ def case_out(case):
     return "out-" + case.replace(" ", "-")
 
 
-@pytest.fixture(scope="module")
-def bad_runs(tmp_path_factory):
-    """Run every bad analyze/run case at once (they only fail); return (directory, results)."""
-    d = make_data(tmp_path_factory.mktemp("bad"))
-    cases = [("analyze", c) for c in BAD_ANALYZE] + [("run", c) for c in BAD_RUN]
+def _bad_runs(tmp_path_factory, command: str, cases) -> tuple[Path, dict]:
+    """Run every bad case of ``command`` at once (they only fail); return (directory, results by case)."""
+    d = make_data(tmp_path_factory.mktemp(f"bad-{command}"))
     # subprocesses spend most of their time importing: overlap them
     with ThreadPoolExecutor(max_workers=max(2, 2 * (os.cpu_count() or 1))) as pool:
-        procs = dict(zip(cases, pool.map(lambda c: sortpack(case_args(*c), d, timeout=120), cases)))
+        procs = dict(zip(cases, pool.map(lambda c: sortpack(case_args(command, c), d, timeout=120), cases)))
     return d, procs
+
+
+@pytest.fixture(scope="module")
+def bad_analyses(tmp_path_factory):
+    """Run every bad analyze case (the slow tests': the quick loop runs none of them)."""
+    return _bad_runs(tmp_path_factory, "analyze", list(BAD_ANALYZE))
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory):
+    """Run every bad ``run`` case."""
+    return _bad_runs(tmp_path_factory, "run", list(BAD_RUN))
 
 
 @pytest.mark.parametrize("case", sorted(BAD_ANALYZE))
 @pytest.mark.slow
-def test_analyze_bad_input(bad_runs, case):
-    d, procs = bad_runs
-    assert_clean_failure(procs["analyze", case], d, out=case_out(case), contains=BAD_ANALYZE[case][1])
+def test_analyze_bad_input(bad_analyses, case):
+    d, procs = bad_analyses
+    assert_clean_failure(procs[case], d, out=case_out(case), contains=BAD_ANALYZE[case][1])
     assert not (d / "nodir").exists()
 
 
@@ -145,11 +155,12 @@ BAD_RUN = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_RUN))
 def test_run_bad_option(bad_runs, case):
     d, procs = bad_runs
     contains = None if case == "oversize" else BAD_RUN[case][1]
-    assert_clean_failure(procs["run", case], d, out=case_out(case), contains=contains)
+    assert_clean_failure(procs[case], d, out=case_out(case), contains=contains)
 
 
 def test_existing_output_needs_overwrite(data):
@@ -203,6 +214,7 @@ def test_mpi_bad_option_value(data):
     assert_clean_failure(proc, data, contains="--budget")
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @needs_mpi
 def test_mpi_good_input_matches_one_rank(data):

@@ -115,6 +115,18 @@ def test_ddp_two_gloo_ranks(indexes):
     assert shapes[0] != shapes[1]  # each rank trains on its own micro-batches
 
 
+@pytest.mark.slow
+def test_rl_batches_two_gloo_ranks_plan_in_memory():
+    outs = run_gloo_ranks([RECIPES / "rl_batches.py", "--steps", "2"], timeout=TIMEOUT,
+                          env={"CUDA_VISIBLE_DEVICES": ""})
+    plans = [line for line in outs[0].splitlines() if line.startswith("step ")]
+    assert len(plans) == 2 and not any("nan" in out for out in outs)
+    ranks = [re.findall(r"rank \d step (\d) micro-batches (\d+) tokens \d+ largest (\d+)", out) for out in outs]
+    assert [s for s, _, _ in ranks[0]] == [s for s, _, _ in ranks[1]] == ["0", "1"]
+    assert [c for _, c, _ in ranks[0]] == [c for _, c, _ in ranks[1]]  # equal counts: DDP's all-reduces pair up
+    assert all(int(top) <= 1024 for r in ranks for _, _, top in r)  # no micro-batch over --max-tokens
+
+
 def expected_lrs(index: Path, steps: int, lr: float = 1e-3, grad_accum: int = 2, seed: int = 0) -> list[float]:
     """Return the LR of each step: lr x sqrt(step tokens / mean tokens per step), as the recipes set it.
 
@@ -192,7 +204,7 @@ def recipe_section(path: Path) -> str:
 
 
 def test_docs_quote_the_recipes():
-    doc = (ROOT / "docs" / "training.md").read_text() + (ROOT / "docs" / "fine-tuning.md").read_text()
+    doc = "".join((ROOT / "docs" / name).read_text() for name in ("training.md", "fine-tuning.md", "plan-batch.md"))
     blocks = re.findall(r"<!-- recipe: (\S+) -->\n```python\n(.*?)```", doc, flags=re.DOTALL)
     assert {path for path, _ in blocks} == {f"examples/recipes/{p.name}" for p in RECIPES.glob("*.py")
                                             if "# --- recipe ---" in p.read_text()}

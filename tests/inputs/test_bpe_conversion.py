@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("tokenizers")
 tiktoken = pytest.importorskip("tiktoken")
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from tokenizer_fixtures import hf_reference
 
@@ -68,7 +68,6 @@ def tiktoken_files(draw) -> dict[bytes, int]:
 def test_files_converted_from_tiktoken_are_accepted_with_their_ids():
     """Every two-token split a merge, grouped by rank (Llama 3's file is one): accepted with or without
     ``ignore_merges``, whatever tokens are reachable only whole or made by several merges, and the ids agree."""
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(tiktoken_files(), st.sampled_from(["gpt2", "llama3", "qwen2"]), st.booleans(), TEXTS)
     def check(ranks, style, ignore, texts):
         assert _agree(tokenizer_json(ranks, style, ignore), texts)
@@ -105,7 +104,6 @@ def trained_files(draw) -> tuple[dict, bool, list[str]]:
 
 
 def test_trained_files_agree_whenever_accepted():
-    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(trained_files())
     def check(drawn):
         spec, moved, texts = drawn

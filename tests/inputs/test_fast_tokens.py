@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("tiktoken")
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from tokenizer_fixtures import (
     EDGE,
@@ -120,7 +120,6 @@ def test_random_text_property(tokenizers_by_style, style):
     path = tokenizers_by_style[style]
     enc, hf = load_tokenizer(path), Tokenizer.from_file(path)
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.lists(TEXT, min_size=1, max_size=6), st.booleans())
     def check(texts, special):
         want = [e.ids for e in hf.encode_batch(texts, add_special_tokens=special)]
@@ -185,7 +184,6 @@ def test_random_columns_property(tokenizers_by_style, style):
                                       max_size=10),
                               st.sampled_from(SPECIALS)), max_size=6).map("".join)
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.lists(text, min_size=1, max_size=8), st.booleans())
     def check(texts, special):
         want = [e.ids for e in hf.encode_batch(texts, add_special_tokens=special)]

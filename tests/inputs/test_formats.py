@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sortpack.errors import SortpackError
-from sortpack.inputs import formats
+from sortpack.inputs import columnar_formats, formats, text_formats
 from sortpack.inputs.formats import file_columns, format_names, format_of, open_source, read_unit_rows, read_units
 
 
@@ -196,9 +196,8 @@ def test_jsonl_reads_a_10mb_line(tmp_path, where):
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
 def test_read_unit_rows_reads_a_row_range_of_one_unit(tmp_path, fmt, monkeypatch):
-    from sortpack.inputs import formats
 
-    monkeypatch.setattr(formats, "PARTIAL_BATCH_ROWS", 7)  # ranges straddle decode batches
+    monkeypatch.setattr(columnar_formats, "PARTIAL_BATCH_ROWS", 7)  # ranges straddle decode batches
     table = pa.table({"n": np.arange(100, dtype=np.int64), "s": [str(i) for i in range(100)]})
     path = (write_parquet(tmp_path / "a.parquet", table, row_group_size=60) if fmt == "parquet"
             else write_arrow_file(tmp_path / "a.arrow", table, 60))
@@ -218,7 +217,7 @@ def test_one_reader_per_format_and_extension():
         open_source("x.xml", "xml")
 
 
-class LinesFormat(formats.TextFormat):
+class LinesFormat(text_formats.TextFormat):
     """Plain text: one sample per non-blank line, in column ``text`` (a format the package does not ship)."""
 
     name = "lines"
@@ -273,7 +272,7 @@ def test_a_format_names_a_row_its_own_way(tmp_path):
 def test_jsonl_and_csv_of_one_or_many_blocks_read_the_same_rows(tmp_path, monkeypatch, block):
     # one block is parsed in the calling thread, many by pyarrow's pool; a line longer than the
     # block is read again with a larger one
-    monkeypatch.setattr(formats, "JSON_BLOCK", block)
+    monkeypatch.setattr(text_formats, "JSON_BLOCK", block)
     texts = ["w" * n for n in (3, 200, 7, 1, 90)] * 4
     (tmp_path / "x.jsonl").write_text("".join(json.dumps({"text": t, "n": len(t)}) + "\n" for t in texts))
     (tmp_path / "x.csv").write_text("text,n\n" + "".join(f"{t},{len(t)}\n" for t in texts))

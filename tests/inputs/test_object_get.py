@@ -5,7 +5,7 @@ import datetime
 from unittest import mock
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.inputs import object_get
@@ -25,7 +25,6 @@ def test_the_signature_of_aws_s_get_object_example():
     assert AWS_EXAMPLE.secret not in repr(AWS_EXAMPLE)
 
 
-@settings(max_examples=40, deadline=None)
 @given(key=st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=30),
        bucket=st.from_regex(r"[a-z0-9][a-z0-9.-]{1,20}[a-z0-9]", fullmatch=True),
        region=st.sampled_from(["us-east-1", "eu-west-3", "ap-southeast-2"]),
@@ -67,6 +66,7 @@ def test_setup_from_the_environment(monkeypatch):
         ("s3.eu-west-1.amazonaws.com", "/my.bucket/x")
 
 
+@pytest.mark.slow
 def test_one_get_returns_what_a_head_and_a_get_return(s3_server):
     s3_server.bucket("direct")
     client = s3_server.client()

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
+from sortpack.inputs.columnar_formats import arrow_file_batches
 from sortpack.inputs.discover import expand_inputs
-from sortpack.inputs.formats import arrow_file_batches
 from sortpack.inputs.objects import glob_regex
 from sortpack.reader import PackedIndex, SourceDataset
 
@@ -237,7 +237,7 @@ def test_plan_loader_reads_a_plan_of_objects(corpus, s3_server, s3_env, tmp_path
             assert a["input_ids"][row, :n].tolist() == [ord(c) - 96 for c in texts[sid]]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(st.lists(st.integers(0, 300), min_size=0, max_size=8), st.sampled_from([None, "lz4", "zstd"]))
 def test_arrow_batches_from_the_footer_and_headers_match_the_reader(tmp_path_factory, sizes, compression):
     # what an object's Arrow file is described by: its footer and batch headers only, no body read
@@ -299,6 +299,7 @@ def test_prefetched_reads_the_units_of_an_unstored_plan_ahead_in_the_sampler_ord
         Prefetched(PackedBatchSampler(tmp_path / "plan", rank=0, world_size=2))
 
 
+@pytest.mark.slow
 def test_a_moved_copy_of_the_inputs_gives_the_same_plan(tmp_path):
     # the location is provenance, not content: the rule that makes objects equal files holds for copies too
     for name in ("a", "b"):
@@ -392,6 +393,7 @@ def _requests_per_object(s3_server, mark: int, prefix: str) -> dict[str, list[st
     return per
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_listed_small_object_costs_one_get(s3_server, tmp_path, ranks):
@@ -419,6 +421,7 @@ def test_a_listed_small_object_costs_one_get(s3_server, tmp_path, ranks):
     assert manifest["provenance"]["source_mtime_ns"] == [int(h["LastModified"].timestamp()) * 10**9 for h in heads]
 
 
+@pytest.mark.slow
 def test_without_keys_in_the_environment_a_small_object_costs_one_head_and_one_get(s3_server, tmp_path):
     # credentials from a credentials file: pyarrow's requests, the same plan and versions
     n = 6

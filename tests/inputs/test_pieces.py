@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.inputs.pieces import byte_pieces, cut_array, longest_char
@@ -12,7 +12,6 @@ CHARS = st.sampled_from(["a", "b", " ", "é", "ß", "中", "漢", "😀", "🎉"
 TEXTS = st.lists(st.lists(CHARS, max_size=60).map("".join), min_size=1, max_size=8)
 
 
-@settings(max_examples=200, deadline=None)
 @given(texts=TEXTS, cap=st.integers(4, 40), large=st.booleans())
 def test_byte_pieces_are_whole_characters_that_fit_and_cover_the_text(texts, cap, large):
     arr = pa.array(texts, pa.large_string() if large else pa.string())

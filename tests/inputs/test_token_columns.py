@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.inputs.token_columns import holding, plan_runs, splice, string_buffers, surround
 
 
-@settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 50), max_size=40), st.integers(1, 8), st.integers(1, 200))
 def test_runs_tile_the_texts_in_order_within_their_byte_budget(sizes, threads, run_bytes):
     offsets = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
@@ -55,7 +54,6 @@ def test_surround_adds_the_fixed_tokens_around_every_text():
     assert ids.tolist() == [1, 5, 6, 2, 3, 1, 2, 3, 1, 7, 2, 3] and counts.tolist() == [5, 3, 4]
 
 
-@settings(max_examples=100, deadline=None)
 @given(st.lists(st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=5), min_size=1,
                 max_size=6, unique=True),
        st.lists(st.text(st.sampled_from(list("<|>[]().*+?^$\\{}ab x")), max_size=12), max_size=8))

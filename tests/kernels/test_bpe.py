@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.inputs.bpe_conversion import VERIFIED_PATTERNS
@@ -73,7 +73,6 @@ def _check(tab, style: str, texts: list[str], oracle=None) -> None:
 @needs_kernel
 @pytest.mark.parametrize("style", bpe.STYLES)
 def test_ids_are_tiktokens_on_any_text(style):
-    @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.lists(st.one_of(ASCII, ANY), max_size=6))
     def check(texts):
         _check(TABLE, style, texts)
@@ -181,7 +180,6 @@ PIECES = st.lists(st.one_of(st.sampled_from(["a", "b", "=", " ", "é"]).map(lamb
 def test_long_pieces_through_the_heap_are_tiktokens():
     """Vocabularies with long-run tokens, texts with runs longer than the heap's threshold: tiktoken's ids, and
     the same ids with every piece through the heap."""
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(run_vocabularies(), st.lists(PIECES, min_size=1, max_size=4), st.sampled_from(bpe.STYLES))
     def check(ranks, texts, style):
         oracle = tiktoken.Encoding("runs", pat_str=VERIFIED_PATTERNS[style], mergeable_ranks=ranks, special_tokens={})

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.kernels import _loader
@@ -51,21 +51,18 @@ def _check(rooms: np.ndarray, targets: np.ndarray, top: int, got: np.ndarray) ->
                 assert all(rooms[i, j] > 0 for j in chosen)
 
 
-@settings(max_examples=150, deadline=None)
 @given(rows, st.integers(0, 60))
 def test_min_subsets_is_the_fewest_targets_of_every_subset(data, top):
     rooms, targets = _arrays(data)
     _check(rooms, targets, top, knapsack.min_subsets(rooms, targets, top))
 
 
-@settings(max_examples=60, deadline=None)
 @given(rows, st.integers(0, 60))
 def test_the_numpy_fallback_gives_the_same(data, top):
     rooms, targets = _arrays(data)
     _check(rooms, targets, top, knapsack._min_subsets_numpy(rooms, targets, top))
 
 
-@settings(max_examples=60, deadline=None)
 @given(rows, st.integers(0, 60))
 def test_negated_targets_give_the_most_targets(data, top):
     # the lightest rows take the subsets of most targets: the same knapsack of the targets negated
@@ -74,7 +71,6 @@ def test_negated_targets_give_the_most_targets(data, top):
     _check(rooms, -targets, top, knapsack._min_subsets_numpy(rooms, -targets, top))
 
 
-@settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 64), st.integers(0, 64)), min_size=0, max_size=300), st.integers(0, 3))
 def test_equal_size_groups_compose_the_same_without_the_compiled_kernel(pairs, sweeps):
     from sortpack import kernels

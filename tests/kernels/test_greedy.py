@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack import kernels as K
@@ -41,7 +41,6 @@ def pack_cases(draw):
     return arrange(sizes, order), kw
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=pack_cases())
 def test_matches_reference(case):
     sizes, kw = case
@@ -141,7 +140,6 @@ def cost(batch, budget, q, pad_multiple=0, shapes=None):
     return sum(int(s) + int(s) * int(s) / q for s in batch)
 
 
-@settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(1, 100), max_size=60), st.sampled_from(K.BUDGETS),
        st.sampled_from(ORDERS), st.tuples(st.sampled_from([0, 2, 5]), st.sampled_from([0, 8]),
                                           st.integers(100, 600)))
@@ -180,7 +178,6 @@ def two_cap_cases(draw):
     return sizes, second, draw(st.integers(0, 200)), kw
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=two_cap_cases())
 def test_a_second_size_under_its_own_cap_matches_the_reference(case, fallback):
     sizes, second, cap, kw = case
@@ -188,7 +185,6 @@ def test_a_second_size_under_its_own_cap_matches_the_reference(case, fallback):
     np.testing.assert_array_equal(fallback.greedy_pack(sizes, sizes2=second, max2=cap, **kw), want)
 
 
-@settings(max_examples=200, deadline=None)
 @given(case=two_cap_cases())
 def test_the_compiled_second_cap_matches_the_reference(case):
     sizes, second, cap, kw = case

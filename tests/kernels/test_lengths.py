@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack import kernels as K
@@ -33,7 +33,6 @@ def brute_force(values, counts, k):
 
 
 # --- the kernel -------------------------------------------------------------------------------------
-@settings(max_examples=300, deadline=None)
 @given(hist=st.dictionaries(st.integers(1, 60), st.integers(1, 9), min_size=1, max_size=9), k=st.integers(1, 6))
 def test_optimal_lengths_equal_brute_force(hist, k):
     values = np.array(sorted(hist), np.int64)
@@ -86,7 +85,6 @@ def test_optimal_lengths_edge_cases():
         K.optimal_lengths([2**40], [2**30], 2)
 
 
-@settings(max_examples=100, deadline=None)
 @given(length=st.integers(1, 500), max_tokens=st.integers(1, 5000),
        budget=st.sampled_from((*K.BUDGETS, K.KernelCost(True, True))), q=st.sampled_from([1.0, 7.0, 300.0]),
        max_samples=st.sampled_from([0, 3, 50]))

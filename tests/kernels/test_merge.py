@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack import kernels as K
@@ -36,7 +36,6 @@ def as_runs(lists, lo_span=3, seed=0):
     return cat(his), cat(los), offsets
 
 
-@settings(max_examples=80, deadline=None)
 @given(runs())
 def test_merge_matches_stable_argsort(lists):
     hi, lo, offsets = as_runs(lists)
@@ -67,7 +66,6 @@ def test_merge_larger(k):
     np.testing.assert_array_equal(K.merge_sorted_runs2(hi, lo, offsets), np.lexsort((lo, hi)))
 
 
-@settings(max_examples=50, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 6), max_size=12), min_size=1, max_size=6))
 def test_unsorted_runs_still_give_the_stable_sort(lists):
     hi = np.asarray([x for run in lists for x in run], dtype=np.uint64)
@@ -96,7 +94,6 @@ def test_empty():
     assert len(K.merge_sorted_runs2(np.zeros(0, np.uint64), np.zeros(0, np.uint64), [0, 0, 0])) == 0
 
 
-@settings(max_examples=80, deadline=None)
 @given(runs())
 def test_merge_keys_alone_equals_the_sort(lists):
     hi, _, offsets = as_runs(lists)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack import kernels as K
@@ -39,7 +39,6 @@ def windowed_reference(sizes, row_len, max_segments, window):
     return (np.concatenate(orders) if orders else np.zeros(0, np.int64)), np.concatenate(splits)
 
 
-@settings(max_examples=150, deadline=None)
 @given(st.integers(1, 120).flatmap(lambda R: st.tuples(
     st.just(R), st.lists(st.integers(0, R), max_size=80), st.sampled_from([0, 0, 1, 2, 3, 7]),
     st.sampled_from([0, 1, 5, 16, 1000]))))

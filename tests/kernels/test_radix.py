@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack import kernels as K
@@ -16,7 +16,6 @@ def packed(keys: np.ndarray, id_bits: int, first: int = 0) -> np.ndarray:
     return (np.asarray(keys, np.uint64) << np.uint64(id_bits)) | ids if id_bits < 64 else ids
 
 
-@settings(max_examples=120, deadline=None)
 @given(n=st.integers(0, 3000), key_bits=st.integers(0, 40), spread=st.sampled_from(["full", "few", "one"]),
        seed=st.integers(0, 2**32 - 1))
 def test_it_sorts_as_np_sort(n, key_bits, spread, seed):
@@ -54,7 +53,6 @@ def test_the_fallback_gives_the_same_codes(fallback):
     assert np.array_equal(fallback.sort_id_ordered(codes.copy(), 13, 12), np.sort(codes))
 
 
-@settings(max_examples=80, deadline=None)
 @given(n=st.integers(0, 2000), key_bits=st.sampled_from([0, 3, 12, 13, 14, 27, 40]), extra=st.integers(0, 3),
        seed=st.integers(0, 2**32 - 1))
 def test_with_scratch_nothing_is_copied_back_and_the_other_buffer_is_free(n, key_bits, extra, seed):
@@ -75,7 +73,6 @@ def test_a_too_small_scratch_is_refused():
         K.sort_id_ordered(packed(np.array([2, 1], np.uint64), 1), 1, 2, scratch=np.zeros(1, np.uint64))
 
 
-@settings(max_examples=80, deadline=None)
 @given(runs=st.lists(st.lists(st.integers(0, 2**64 - 1), max_size=25), min_size=1, max_size=9),
        spare=st.integers(0, 3))
 def test_merge_between_two_buffers_needs_no_third(runs, spare):
@@ -104,7 +101,6 @@ def test_bad_widths_are_refused_or_sorted():
     assert np.array_equal(K.sort_id_ordered(codes.copy(), 1, 70), np.sort(codes))  # more bits than a code has
 
 
-@settings(max_examples=60, deadline=None)
 @given(runs=st.lists(st.lists(st.integers(0, 2**64 - 1), max_size=30), min_size=1, max_size=5),
        spare=st.integers(0, 5))
 def test_merge_into_writes_the_merged_runs_into_the_given_memory(runs, spare):
@@ -125,7 +121,6 @@ def test_merge_into_refuses_too_little_memory_and_sorts_unsorted_runs(fallback):
     assert np.array_equal(fallback.merge_sorted_keys_into(keys, [0, 3], np.zeros(4, np.uint64)), [1, 2, 3])
 
 
-@settings(max_examples=80, deadline=None)
 @given(a=st.lists(st.integers(0, 2**64 - 1), max_size=40), b=st.lists(st.integers(0, 2**64 - 1), max_size=40),
        own_first=st.booleans())
 def test_merge_with_own_run_needs_no_memory_beyond_the_received_codes(a, b, own_first):

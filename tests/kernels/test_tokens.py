@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack import kernels as K
@@ -54,7 +54,6 @@ def _pad_reference(values, offsets, shape, pad_id):
     return ids, labels, lengths, np.arange(width)[None, :] >= lengths[:, None]
 
 
-@settings(max_examples=60, deadline=None)
 @given(sample=ragged(), extra_rows=st.integers(0, 3), width=st.integers(0, 45), pad_id=st.integers(-2, 9))
 def test_pad_tokens_matches_a_loop(sample, extra_rows, width, pad_id):
     lengths, values, offsets = sample
@@ -89,7 +88,6 @@ def _varlen_reference(values, offsets, segments, fill):
     return ids, labels, pos, seq, mask
 
 
-@settings(max_examples=60, deadline=None)
 @given(data=st.data(), pos_start=st.integers(0, 2))
 def test_varlen_tokens_matches_a_loop(data, pos_start):
     lengths, values, offsets = data.draw(ragged(30, 10, 4))
@@ -137,7 +135,6 @@ def _ids_of(n, dtype, known):
 
 
 @need_c
-@settings(max_examples=60, deadline=None)
 @given(sample=ragged(), extra_rows=st.integers(0, 3), width=st.integers(0, 45), pad_id=st.integers(-2, 9),
        marks=MARKS)
 def test_pad_into_writes_pad_tokens_batch_ids_and_flags(sample, extra_rows, width, pad_id, marks):
@@ -160,7 +157,6 @@ def test_pad_into_writes_pad_tokens_batch_ids_and_flags(sample, extra_rows, widt
 
 
 @need_c
-@settings(max_examples=60, deadline=None)
 @given(sample=ragged(30, 10, 4), cap=st.one_of(st.none(), st.integers(0, 35)), pos_start=st.integers(0, 2),
        marks=MARKS)
 def test_varlen_into_is_varlen_tokens_of_one_segment_per_sample(sample, cap, pos_start, marks):

@@ -36,6 +36,7 @@ def _run(chats, out, *extra, check=True):
                          *extra], check=check)
 
 
+@pytest.mark.slow
 def test_targets_are_counted_summed_and_reported(chats, tmp_path):
     targets = chats[3]
     # the chat without an assistant turn has no target; the empty answer still trains its <|im_end|>
@@ -122,6 +123,7 @@ def test_truncation_counts_the_targets_it_keeps_and_reports_those_it_cut(chats, 
     assert report["truncated_targets"] == m["stats"]["truncated_targets"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("oversize", "budget"), [("split", "64"), ("truncate", "48")])
 def test_pack_of_a_sorted_directory_cuts_fine_tuning_samples_as_run_does(chats, tmp_path, oversize, budget):
     """The labels of the samples cut are read back and encoded again: each piece (or truncated sample) counts its
@@ -164,6 +166,7 @@ def test_pack_split_of_sorted_chats_is_the_same_at_any_rank_count(chats, tmp_pat
                          tmp_path, ranks=(1, 3), env={"SORTPACK_TEST_DATA_ROWS": "64"})
 
 
+@pytest.mark.slow
 def test_pack_split_of_a_labels_column_counts_each_piece_s_targets(tmp_path):
     """A --labels-column plan needs no tokenizer to be cut again: the labels are read back from their column."""
     import pyarrow as pa
@@ -238,6 +241,7 @@ def test_balance_targets_evens_what_trains_in_every_step_at_64_ranks(tmp_path):
     assert reports["targets"]["targets"] == reports["none"]["targets"]
 
 
+@pytest.mark.slow
 def test_balance_targets_needs_targets_and_is_the_same_at_any_rank_count(chats, tmp_path):
     base, tokenizer, config, _ = chats
     assert_same_at_ranks(["run", base / "chats.jsonl", "--chat-template", config, "--tokenizer", tokenizer, "--rows",
@@ -257,6 +261,7 @@ def test_split_and_balanced_chat_plans_are_the_same_at_any_rank_count(chats, tmp
                           "--store-tokens", "--quiet"], tmp_path, env={"SORTPACK_TEST_DATA_ROWS": "64"})
 
 
+@pytest.mark.slow
 def test_a_mixture_of_chat_sources_keeps_labels_and_targets(chats, tmp_path):
     pytest.importorskip("torch")
     from sortpack.reader import SourceDataset
@@ -280,6 +285,7 @@ def test_a_mixture_of_chat_sources_keeps_labels_and_targets(chats, tmp_path):
     assert sum(per_source) == report["targets"] == int(ix["targets"].sum())
 
 
+@pytest.mark.slow
 def test_pack_stores_chats_as_run_does(chats, tmp_path):
     base, tokenizer, config, _ = chats
     run_sortpack(["analyze", base / "chats.jsonl", "-o", tmp_path / "m", "--chat-template", config, "--tokenizer",

@@ -84,6 +84,7 @@ def test_both_plans_are_byte_identical_at_any_rank_count(data, tmp_path, ranks):
     assert _hash(tmp_path / "p" / "holdout") == _hash(data / "plan" / "holdout")
 
 
+@pytest.mark.slow
 def test_pack_of_a_sorted_directory_holds_out_the_same_plans(data, tmp_path):
     run_sortpack(["run", data / "web", "-o", tmp_path / "p", *PACK, "--keep-intermediate", "--quiet"])
     run_sortpack(["pack", tmp_path / "p.sorted", "-o", tmp_path / "q", "--max-tokens", "4096", "--segment-size",
@@ -152,6 +153,7 @@ def test_the_reader_opens_the_holdout_like_any_plan(data):
     assert [mb.repeat for mb in PackedSampler(PackedIndex(held))] == [False] * len(PackedIndex(held))
 
 
+@pytest.mark.slow
 def test_store_writes_the_holdouts_data_too(data, tmp_path):
     from sortpack.reader import SourceDataset
 
@@ -253,6 +255,7 @@ def test_a_mixture_source_too_small_for_its_holdout_is_named(data, tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.slow
 def test_store_tokens_stores_the_holdouts_ids_from_the_one_tokenization(tmp_path):
     from tokenizers import Tokenizer
 
@@ -304,6 +307,7 @@ def test_auto_shapes_give_the_holdout_the_training_lengths_and_one_for_a_longer_
     assert set(PackedIndex(tmp_path / "p" / "holdout")["padded_size"].tolist()) <= set(held["shapes"])
 
 
+@pytest.mark.slow
 def test_oversize_applies_to_held_out_samples_after_the_choice(tmp_path):
     path = _longest_held_out(tmp_path, 5000)
     args = ["run", path, "-o", tmp_path / "p", "--column", "text", "--max-tokens", "1000", "--holdout", "20",
@@ -367,6 +371,7 @@ def test_a_failure_or_kill_after_the_holdout_is_written_leaves_nothing(data, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan", "plan.metrics"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "pack"])
 def test_the_pieces_of_a_split_document_stay_on_one_side(tmp_path, command):
     # --oversize split cuts a long document into pieces that share its sample id; the holdout is
@@ -398,6 +403,7 @@ def test_the_pieces_of_a_split_document_stay_on_one_side(tmp_path, command):
     assert sorted(tokens) == list(range(len(lengths)))
 
 
+@pytest.mark.slow
 def test_empty_samples_held_out_are_said_in_one_line(tmp_path):
     # held out by id before packing drops empty rows: validation got fewer documents without a word
     lengths = np.where(np.arange(400) % 4 == 0, 0, 1 + np.arange(400) % 50)

@@ -65,6 +65,7 @@ def test_a_measure_travels_from_analyze_to_the_index(data, tmp_path, extra, padd
     assert stats["attention"] == int(index_table(out).column("attention").to_numpy().sum())
 
 
+@pytest.mark.slow
 def test_the_stage_commands_keep_the_measure_in_their_directories(data, tmp_path):
     d, sizes, patches = data
     run_sortpack(["analyze", d / "a.parquet", "-o", tmp_path / "m", "--size2", "column:patches"])
@@ -79,6 +80,7 @@ def test_the_stage_commands_keep_the_measure_in_their_directories(data, tmp_path
     check_sums(index_table(tmp_path / "i"), sizes, patches, padded=True)
 
 
+@pytest.mark.slow
 def test_plans_without_measures_hold_no_measure_column(data, tmp_path):
     d, _, _ = data
     run_sortpack(["analyze", d / "a.parquet", "-o", tmp_path / "m"])
@@ -98,6 +100,7 @@ def test_a_plan_with_a_measure_is_the_same_at_any_rank_count(data, tmp_path):
     assert int(table.column("size2").to_numpy().sum()) == int(patches.sum())
 
 
+@pytest.mark.slow
 def test_the_reader_hands_out_each_micro_batch_s_sums_and_the_step_s(data, tmp_path):
     d, sizes, patches = data
     out = tmp_path / "plan"

@@ -83,6 +83,7 @@ def test_plan_follows_the_schedule_and_records_each_source(data):
     assert tokens[~late & (source == 2)].sum() / tokens[~late].sum() == pytest.approx(0.1, abs=0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_a_mixture_reports_the_empty_samples_it_drops(tmp_path):
     # the rows were dropped, but neither the run's lines nor inspect said so
@@ -272,6 +273,7 @@ def test_cli_errors_are_one_line_exit_2_and_write_nothing(data, case):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [None, 2])
 def test_an_oversize_mixture_is_refused_before_its_sort(data, ranks):
     # the sort would crash on rank 0: the oversize refusal must come before it, on every rank
@@ -284,6 +286,7 @@ def test_an_oversize_mixture_is_refused_before_its_sort(data, ranks):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["skip", "truncate"])
 def test_a_mixture_records_the_tokens_skip_and_truncate_lose(data, policy):
     # one source and every sample once: the blend loses exactly what a plain run of it loses
@@ -359,6 +362,7 @@ def _run_tokens(root: Path, out: str, ranks=None, *extra):
                          "--store", "text", "--overwrite", *extra], ranks=ranks)
 
 
+@pytest.mark.slow
 def test_a_mixture_stores_token_ids_and_reads_each_source_column_as_the_plan_column(wordy):
     from tokenizers import Tokenizer
 
@@ -432,6 +436,7 @@ def test_a_missing_column_is_refused_before_analyze(wordy, case, ranks):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [None, 2])
 @pytest.mark.parametrize("total", [str(10**30), str(10**13)])
 def test_an_absurd_total_is_refused_at_once_on_every_rank(data, ranks, total):
@@ -464,6 +469,7 @@ def test_extreme_weights_are_exact_shares_without_warnings(weights):
     assert shares.sum() == pytest.approx(1.0) and (shares > 0).all()
 
 
+@pytest.mark.slow
 def test_two_weights_of_1e308_run_without_noise(data):
     out = data / "huge-weights"
     proc = run_sortpack(["run", "--blend", f"1e308 {data / 'web'} 1e308 {data / 'books'}", "-o", out,

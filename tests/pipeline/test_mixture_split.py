@@ -151,6 +151,7 @@ def test_token_pieces_of_a_mixture_read_back_as_each_documents_tokens(tmp_path, 
         _check_pieces(plan, _read(plan, collate, "input_ids"), docs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", [True, False])
 def test_character_pieces_of_a_mixture_with_a_renamed_column(tmp_path, corpus, store):
     plan = _run(corpus, "repeat", tmp_path / "plan", "--max-tokens", "300",
@@ -161,6 +162,7 @@ def test_character_pieces_of_a_mixture_with_a_renamed_column(tmp_path, corpus, s
     assert ("data" in m) == store
 
 
+@pytest.mark.slow
 def test_list_pieces_of_a_mixture(tmp_path, corpus):
     plan = _run(corpus, "repeat_ids", tmp_path / "plan", "--max-tokens", "60", "--store", "ids")
     m = _check_pieces(plan, _read(plan, pad_collate(key="ids"), "input_ids"), corpus["ids"])
@@ -168,6 +170,7 @@ def test_list_pieces_of_a_mixture(tmp_path, corpus):
     assert m["options"]["column"] == "ids"
 
 
+@pytest.mark.slow
 def test_a_part_pass_chooses_pieces_and_the_holdout_keeps_documents_whole(tmp_path, corpus):
     plan = _run(corpus, "half", tmp_path / "plan", "--max-tokens", "300", "--holdout", "0.2")
     m = _check_pieces(plan, _read(plan), corpus["texts"])
@@ -188,6 +191,7 @@ def test_a_part_pass_chooses_pieces_and_the_holdout_keeps_documents_whole(tmp_pa
         assert "".join(v for _, v in parts) == corpus["texts"][sid]
 
 
+@pytest.mark.slow
 def test_a_mixtures_split_line_and_stats_count_what_each_plan_holds(tmp_path, corpus):
     # the line said "tokens" for the whole union, held-out documents and units the plan never uses included
     proc = run_sortpack(["run", "--mixture", corpus["half"], "-o", tmp_path / "plan", "--oversize", "split",
@@ -209,6 +213,7 @@ def test_a_mixtures_split_line_and_stats_count_what_each_plan_holds(tmp_path, co
 BYTES = ("--size", "bytes", "--max-tokens", "100")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", [True, False])
 def test_byte_pieces_of_a_blend_are_whole_characters(tmp_path, corpus, store):
     """Sources reading one column (``--blend``): texts cut between UTF-8 characters, read back exactly."""
@@ -223,6 +228,7 @@ def test_byte_pieces_of_a_blend_are_whole_characters(tmp_path, corpus, store):
     assert any(len(v) < 100 and b + len(v) < len(corpus["wide"][sid].encode()) for sid, b, v in items)
 
 
+@pytest.mark.slow
 def test_split_under_size_bytes_is_refused_where_a_source_reads_its_own_column(tmp_path, corpus):
     proc = run_sortpack(["run", "--mixture", corpus["repeat"], "-o", tmp_path / "p", *BYTES, "--oversize", "split"],
                         check=False)

@@ -46,6 +46,7 @@ def table(directory) -> pa.Table:
     return pa.concat_tables([ipc.open_file(str(directory / s["file"])).read_all() for s in m["shards"]])
 
 
+@pytest.mark.slow
 def test_both_caps_hold_fill_and_balance(vl, tmp_path):
     d, text, patches = vl
     out = tmp_path / "plan"
@@ -68,6 +69,7 @@ def test_both_caps_hold_fill_and_balance(vl, tmp_path):
     assert read_manifest(out)["options"]["max_size2"] == N
 
 
+@pytest.mark.slow
 def test_size_order_alone_leaves_the_second_measure_unbalanced(vl, tmp_path):
     # what the balanced order buys: the same caps in plain size order (--budget padded keeps it)
     d, text, patches = vl
@@ -79,6 +81,7 @@ def test_size_order_alone_leaves_the_second_measure_unbalanced(vl, tmp_path):
     assert imbalance(step_costs(t.column("size2").to_numpy().astype(np.float64), 8, 1))["weighted"] > 1.1
 
 
+@pytest.mark.slow
 def test_a_sample_over_the_second_cap_alone_follows_oversize(tmp_path):
     text, patches = vision_language(300)
     patches[[5, 77]] = N + 1
@@ -95,6 +98,7 @@ def test_a_sample_over_the_second_cap_alone_follows_oversize(tmp_path):
     assert proc.returncode == 2 and "cannot be cut" in proc.stderr
 
 
+@pytest.mark.slow
 def test_max_size2_needs_size2(vl, tmp_path):
     d, _, _ = vl
     proc = run_sortpack(["run", d / "vl.parquet", "-o", tmp_path / "p", "--size", "column:text_tokens",
@@ -102,6 +106,7 @@ def test_max_size2_needs_size2(vl, tmp_path):
     assert proc.returncode == 2 and "--size2 SPEC" in proc.stderr
 
 
+@pytest.mark.slow
 def test_padded_budgets_cap_the_second_size_in_size_order(vl, tmp_path):
     d, text, patches = vl
     out = tmp_path / "padded"
@@ -120,6 +125,7 @@ def test_a_two_cap_plan_is_the_same_at_any_rank_count(vl, tmp_path):
     assert_same_at_ranks(["run", d / "vl.parquet", *ARGS, "--segment-size", "1500"], tmp_path)
 
 
+@pytest.mark.slow
 def test_rows_cap_the_second_size_per_row(vl, tmp_path):
     d, text, patches = vl
     out = tmp_path / "rows"

@@ -96,6 +96,7 @@ def assert_whole(got, expected):
 TOKENS = ["--column", "text", "--size", "tokens", "--max-tokens", "64", "--oversize", "split"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", [False, True])
 def test_token_pieces_read_back_as_the_documents_tokens(tmp_path, corpus, store):
     plan = tmp_path / "plan"
@@ -129,6 +130,7 @@ def test_token_pieces_read_back_as_the_documents_tokens(tmp_path, corpus, store)
             assert flat.count(cls) == 1 and flat.count(sep) == 1 and flat[0] == cls and flat[-1] == sep
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", [False, True])
 def test_list_column_pieces_read_back_as_the_lists(tmp_path, corpus, store):
     plan = tmp_path / "plan"
@@ -168,6 +170,7 @@ def test_split_refuses_a_size_it_cannot_cut(tmp_path, size):
     assert not (tmp_path / "p").exists() and not (tmp_path / "p.metrics").exists()
 
 
+@pytest.mark.slow
 def test_a_plan_without_oversize_samples_has_no_piece_columns(tmp_path, corpus):
     args = ["--column", "text", "--max-tokens", "5000", "--quiet"]
     run_sortpack(["run", *corpus["files"], "-o", tmp_path / "a", *args])
@@ -225,6 +228,7 @@ def test_inspect_reports_the_tokens_truncate_skip_and_split_lose_or_keep(tmp_pat
     assert reports["skip"]["tokens"] == int(sizes.sum()) - int(over.sum())
 
 
+@pytest.mark.slow
 def test_row_packing_and_keep_intermediate_take_pieces_too(tmp_path, corpus):
     args = ["--column", "input_ids", "--size", "length", "--oversize", "split"]
     run_sortpack(["run", *corpus["files"], "-o", tmp_path / "rows", *args, "--rows", "128", "--store", "input_ids",
@@ -257,6 +261,7 @@ def test_pack_split_of_a_sorted_directory_is_byte_identical_at_any_rank_count(tm
         assert manifest(other)["content_hash"] == manifest(outs[0])["content_hash"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", ["1", "2"])
 @pytest.mark.parametrize("how", ["run", "pack"])
 def test_a_budget_that_leaves_no_room_beside_the_special_tokens_is_refused(tmp_path, corpus, budget, how):
@@ -303,6 +308,7 @@ def test_the_split_line_names_the_unit_it_counts(tmp_path, corpus, size, unit):
     assert line.endswith(f"({s['split_tokens']} {unit}, none lost)"), line
 
 
+@pytest.mark.slow
 def test_a_held_out_plan_counts_its_own_split_documents(tmp_path, corpus):
     # the held-out documents' pieces were counted in the training plan, and the held-out plan said split 0
     args = ["--column", "text", "--size", "tokens", "--tokenizer", corpus["tok_path"], "--max-tokens", "64",

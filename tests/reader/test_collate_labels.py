@@ -75,6 +75,7 @@ def _chat_args(chat_data, *extra) -> list:
     return ["run", base / "chats.jsonl", "--chat-template", config, "--tokenizer", tokenizer, "--quiet", *extra]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [["--max-tokens", "600", "--budget", "tokens"], ["--rows", "400"]])
 def test_stored_chat_labels_reach_every_collate(chat_data, tmp_path, layout, backend):
     _, tokenizer, config, ids, labels = chat_data
@@ -106,6 +107,7 @@ def test_stored_chat_labels_reach_every_collate(chat_data, tmp_path, layout, bac
     assert seen == len(ids)
 
 
+@pytest.mark.slow
 def test_hf_inputs_feed_the_labels_to_a_model(chat_data, tmp_path):
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "plan"
@@ -162,6 +164,7 @@ def test_stored_chat_plan_is_the_same_at_any_rank_count(chat_data, tmp_path):
     assert_same_at_ranks(_chat_args(chat_data, "--store-tokens", "--rows", "400"), tmp_path, env=SMALL)
 
 
+@pytest.mark.slow
 def test_packed_rows_give_each_conversations_own_losses_and_gradients(chat_data, tmp_path):
     """Packed rows with masked labels: per-token losses and gradients equal each conversation's alone (float64)."""
     transformers = pytest.importorskip("transformers")

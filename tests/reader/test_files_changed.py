@@ -99,6 +99,7 @@ for batch in loader:
 """
 
 
+@pytest.mark.slow
 def test_a_shard_truncated_under_dataloader_workers_is_an_error_in_the_loop_not_a_hang(plan, tmp_path):
     plan = _copy(plan, tmp_path)
     setup = """
@@ -111,6 +112,7 @@ for e in ds.index.manifest["data"]["shards"]:  # every data shard changes after 
     assert "the manifest says" in line or "when the reader" in line, line
 
 
+@pytest.mark.slow
 def test_a_transform_that_fails_under_dataloader_workers_raises_in_the_loop_not_a_hang(plan, tmp_path):
     setup = """
 def fails(row):
@@ -157,6 +159,7 @@ ds.__getitems__(mb).table.to_pylist()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verify", ["index", "structure"])
 @pytest.mark.parametrize("reader", ["loader", "items"])
 @pytest.mark.parametrize("shard", ["data", "index"])
@@ -215,6 +218,7 @@ print(int(view.sum()))
     assert "bus error" in lines[0] and "exiting with status 135" in lines[0]
 
 
+@pytest.mark.slow
 @needs_guard
 def test_a_bus_error_in_a_dataloader_worker_names_the_shard(plan, tmp_path):
     """torch's workers install their own SIGBUS handler; the guard goes in over it at the worker's first read."""
@@ -247,6 +251,7 @@ except RuntimeError as exc:
     assert len(ours) == 1 and "data-00000.arrow: bus error" in ours[0], proc.stderr
 
 
+@pytest.mark.slow
 def test_the_unchanged_plan_reads_as_before(plan):
     """The checks raise nothing on a plan nobody touches (both readers, every micro-batch)."""
     proc = _run(LOADER.replace("os.truncate({target}, 0)", "").format(verify="index") + ITEMS.replace(

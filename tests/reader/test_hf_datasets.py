@@ -28,6 +28,7 @@ def metrics_sizes(directory) -> dict[int, int]:
     return dict(zip(table.column("sample_id").to_pylist(), table.column("size").to_pylist()))
 
 
+@pytest.mark.slow
 def test_save_to_disk_directory_reads_its_data_files_in_state_order(tmp_path):
     ds = make_dataset()
     ds.save_to_disk(str(tmp_path / "hf"), num_shards=3)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sortpack.reader import KeyedPermutation, PackedIndex, PackedSampler, lr_scale, step_positions
@@ -50,7 +50,6 @@ def test_inspect_and_the_sampler_share_the_step_layout(small, m, world, accum):
 
 
 # --- the property test ----------------------------------------------------------------------
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 8000), layout=st.tuples(st.integers(1, 64), st.integers(1, 4)),
        how=st.builds(StepOrder, order=st.sampled_from(["index", "shuffle"]), seed=st.integers(0, 3),
                      drop_last=st.booleans()),
@@ -262,7 +261,7 @@ def test_steps_ahead_gives_step_parts_a_chunk_at_a_time(small, order, kw):
                             assert all(type(x) is int for x in ids) and all(type(x) is bool for x in rep)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30)
 @given(layout=st.tuples(st.integers(1, 4), st.integers(1, 3)), order=st.sampled_from(["index", "shuffle"]),
        drop_last=st.booleans(), changes=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 4)), max_size=3))
 def test_the_sampler_hands_out_each_steps_parts_also_across_grad_accum_changes(small, layout, order, drop_last,

@@ -42,6 +42,7 @@ def _wait(cond, seconds=10.0):
     return cond()
 
 
+@pytest.mark.slow
 def test_hinted_ranges_hold_every_byte_a_microbatch_reads(plan):
     # a copy of each shard holding only its metadata and the hinted ranges of one micro-batch
     # must read back that micro-batch exactly: the hints miss no byte the reader touches
@@ -144,6 +145,7 @@ def test_prefetched_as_a_dataloader_batch_sampler(plan):
     assert list(loader) == [[row_of[i] for i in mb] for mb in plain]
 
 
+@pytest.mark.slow
 def test_prefetched_needs_stored_data(tmp_path):
     from support import write_text_parquet
 

@@ -77,6 +77,7 @@ def test_sample_trace_lists_every_step_and_rank_of_a_sample(small, flags):
             assert PackedIndex(small).microbatch(s["microbatch"])[s["place"]] == s["sample_id"]
 
 
+@pytest.mark.slow
 def test_inspect_cli_step_and_sample(small):
     out = run_sortpack(["inspect", small, "--world-size", "2", "--grad-accum", "2", "--step", "7", "--order",
                         "shuffle", "--seed", "3", "--json"]).stdout
@@ -92,6 +93,7 @@ def test_inspect_cli_step_and_sample(small):
     assert "ids " + " ".join(map(str, ids)) in human
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--sample", "999"], "--sample 999: not in the plan"),
     (["--step", "-1"], "--step -1: must be >= 0"),

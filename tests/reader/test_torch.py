@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
@@ -71,6 +71,7 @@ def test_lr_worked_example(tmp_path, method, want):
     assert followed == pytest.approx(want, rel=1e-15)
 
 
+@pytest.mark.slow
 def test_lr_follows_base_schedules_without_compounding(tmp_path):
     path = exact_index(tmp_path / "ix", 4, per=3)
     counts = PackedIndex(path)["num_samples"].tolist()
@@ -289,8 +290,7 @@ def resume_index(tmp_path_factory):
 
 
 @pytest.mark.slow
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                HealthCheck.function_scoped_fixture])
+@settings(max_examples=6)  # each example starts DataLoader workers
 @given(data=st.data(), with_lr=st.booleans(), accum=st.integers(1, 2))
 def test_state_after_k_consumed_steps_resumes_at_step_k_with_workers(resume_index, data, with_lr, accum):
     # a state_dict taken with num_workers=2 and no LR wrapper resumes where the loop is, not where prefetch is

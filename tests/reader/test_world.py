@@ -104,6 +104,7 @@ def _outputs(outs: list[str]) -> list[dict]:
     return [json.loads([line for line in o.splitlines() if line.startswith("{")][-1]) for o in outs]
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize("mode", ["plain", "reader", pytest.param("dist", marks=pytest.mark.slow),
                                   pytest.param("mismatch", marks=pytest.mark.slow)])

@@ -164,7 +164,7 @@ def test_jsonl_progress_counts_rows_not_bytes(tmp_path):
 def test_jsonl_row_estimate_of_a_large_file():
     import tempfile
 
-    from sortpack.inputs.formats import estimate_rows
+    from sortpack.inputs.text_formats import estimate_rows
 
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as fh:
         for i in range(50000):

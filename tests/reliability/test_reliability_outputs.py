@@ -132,6 +132,7 @@ def test_sigterm_removes_the_temporary_output(tmp_path, ranks):
     assert debris(tmp_path, "plan.metrics") == [] and not (tmp_path / "plan.metrics").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_the_next_job_removes_what_a_killed_job_left(tmp_path, ranks):
     make_inputs(tmp_path / "data")
@@ -191,6 +192,7 @@ def test_a_kill_between_the_fallback_renames_is_undone_by_the_next_job(tmp_path,
     assert debris(tmp_path, "plan") == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_overwrite_with_the_exchange_leaves_one_output_and_no_debris(tmp_path, ranks):
     make_inputs(tmp_path / "data")

@@ -247,6 +247,7 @@ print("read everything")
 """
 
 
+@pytest.mark.slow
 def test_a_flipped_offset_in_a_data_shard_is_an_error_not_a_segfault(tmp_path):
     src = _write_jsonl(tmp_path / "in.jsonl")
     ix = tmp_path / "ix"

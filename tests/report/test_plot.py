@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
@@ -68,6 +68,7 @@ def test_index_figure_has_every_panel_with_the_index_numbers(tmp_path, plan):
     assert f"{len(lengths):,} samples" in titles[0]
 
 
+@pytest.mark.slow
 def test_world_size_defaults_to_one_rank_and_says_so(tmp_path, plan):
     out, _ = plan
     fig = plot_directory(str(out), str(tmp_path / "fig.png"))
@@ -103,7 +104,6 @@ def test_cli_inspect_plot_writes_the_figure(tmp_path, plan):
     assert png.read_bytes()[:8] == PNG
 
 
-@settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 50), st.integers(0, 5)), min_size=1, max_size=40),
        st.sampled_from([0.0, 0.1, 0.5, 0.9, 0.99, 1.0]))
 def test_weighted_quantiles_match_repeated_values(pairs, q):

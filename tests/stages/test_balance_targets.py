@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack import kernels
@@ -18,7 +18,6 @@ def _rows(order: np.ndarray, splits: np.ndarray, values: np.ndarray) -> list[lis
     return [sorted(values[order[a:b]].tolist()) for a, b in zip(splits[:-1], splits[1:])]
 
 
-@settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, ROW), st.integers(0, 100)), min_size=1, max_size=300))
 def test_composed_rows_hold_best_fit_s_sizes_and_targets_nearer_their_mean(pairs):
     sizes = np.array([p[0] for p in pairs], np.int64)
@@ -72,7 +71,6 @@ def _row_sums(order: np.ndarray, splits: np.ndarray, values: np.ndarray) -> np.n
     return np.bincount(row, values[order], minlength=len(splits) - 1).astype(np.int64)
 
 
-@settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, ROW), st.floats(0, 1)), min_size=2, max_size=400),
        st.sampled_from([0, 3, 6]))
 def test_exchanges_keep_every_row_in_its_room_and_bring_rows_nearer_the_mean(pairs, max_segments):

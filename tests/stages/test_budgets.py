@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack import kernels
@@ -126,7 +126,6 @@ def test_a_new_budget_is_one_class_in_the_registry(monkeypatch):
     assert kept == [[0, 1, 2], [3]]  # the tokens kernel packs the rest: 70 tokens, then 50
 
 
-@settings(max_examples=150, deadline=None)
 @given(name=st.sampled_from(list(BUDGETS)), max_tokens=st.integers(260, 600),
        rounding=st.sampled_from(["", "pad", "shapes"]), sizes=st.lists(st.integers(0, 700), max_size=40),
        sizes2=st.lists(st.integers(0, 50), max_size=40),

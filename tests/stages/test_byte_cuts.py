@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
@@ -22,7 +22,6 @@ def samples_of(texts: list[str]) -> SampleColumns:
     return SampleColumns(0, len(texts), np.arange(len(texts), dtype=np.int64), size, size)
 
 
-@settings(max_examples=100, deadline=None)
 @given(texts=TEXTS, cap=st.integers(4, 20), chunk=st.integers(1, 5), read=st.integers(1, 7))
 def test_analyzes_cuts_are_the_cuts_of_the_whole_texts(texts, cap, chunk, read):
     """Reads of several chunks each, fed in order, give the pieces byte_pieces gives the whole column."""

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
 from sortpack.stages.holdout import Holdout, held_counts, holdout_mask, parse_holdout
 
 
-@settings(max_examples=60, deadline=None)
 @given(rows=st.lists(st.integers(2, 400), min_size=1, max_size=5), seed=st.integers(0, 2**40),
        data=st.data())
 def test_each_source_holds_out_exactly_its_count_whatever_the_split(rows, seed, data):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.parallel import SerialComm
@@ -39,7 +39,6 @@ def pack(layout, fields, in_place=False):
                   ids=None if ids is None else ids.view(np.int64))
 
 
-@settings(max_examples=300, deadline=None)
 @given(layouts_and_fields())
 def test_pack_then_unpack_gives_every_field_back(drawn):
     layout, fields = drawn
@@ -53,7 +52,6 @@ def test_pack_then_unpack_gives_every_field_back(drawn):
     np.testing.assert_array_equal(pack(layout, fields, in_place=True), codes)
 
 
-@settings(max_examples=300, deadline=None)
 @given(layouts_and_fields())
 def test_codes_sort_as_the_tuples_group_stage_key_id(drawn):
     layout, fields = drawn
@@ -130,7 +128,6 @@ def _codes_as_before(values: np.ndarray, descending: bool) -> tuple[np.ndarray, 
     return codes - np.uint64(lo), lo, int((codes - np.uint64(lo)).max()).bit_length()
 
 
-@settings(max_examples=150, deadline=None)
 @given(ints=st.lists(st.integers(-2**63, 2**63 - 1), max_size=30),
        floats=st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=30),
        kind=st.sampled_from(["int64", "int32", "float64", "float32"]), descending=st.booleans(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
@@ -31,7 +31,6 @@ def pack(sizes, **kw):
     return samples, pack_samples(SerialComm(), samples, PackOptions(**kw))
 
 
-@settings(max_examples=60, deadline=None)
 @given(sizes=st.lists(st.integers(1, 300), min_size=0, max_size=400),
        max_tokens=st.integers(300, 3000), max_samples=st.sampled_from([0, 1, 3, 17]),
        batch_multiple=st.integers(1, 8))
@@ -224,7 +223,6 @@ def test_same_shape_groups_respect_every_budget_per_microbatch(budget, q):
     assert np.all(c["batch_size"].reshape(-1, 3) == c["batch_size"].reshape(-1, 3)[:, :1])
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 5000), st.integers(1, 30)), max_size=40))
 def test_distinct_shapes_are_numpys_unique_pairs(runs):
     """Runs of one shape (as micro-batches of sorted sizes come) and shapes in any order: the pairs np.unique finds."""
@@ -236,7 +234,6 @@ def test_distinct_shapes_are_numpys_unique_pairs(runs):
     assert np.array_equal(distinct_shapes(b.astype(np.int32), p), want)
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(-50, 50), max_size=30), st.lists(st.integers(0, 30), max_size=8),
        st.sampled_from([np.add, np.maximum, np.minimum]))
 def test_segment_reduce_is_each_segments_reduce(values, cuts, ufunc):

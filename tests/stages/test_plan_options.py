@@ -5,7 +5,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.format.manifest import read_manifest
@@ -51,7 +51,6 @@ plan_options = st.builds(PlanOptions, analyze=analyze_options | fine_tune_option
                          pack=st.none() | pack_options, empty_size=st.integers(0, 3))
 
 
-@settings(max_examples=300, deadline=None)
 @given(plan=plan_options)
 def test_what_a_manifest_records_reads_back_unchanged(plan):
     recorded = plan.to_manifest()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.inputs.source_file import SourceFile
@@ -81,7 +81,6 @@ file_lists = st.lists(
     min_size=1, max_size=6)
 
 
-@settings(max_examples=150, deadline=None)
 @given(file_lists, st.integers(1, 7), st.integers(1, 25))
 def test_ranks_read_every_row_once_in_global_order(specs, size, read_rows):
     files = [parquet(f"f{i}", v) if kind == "parquet" else jsonl(f"f{i}", *v) for i, (kind, v) in enumerate(specs)]

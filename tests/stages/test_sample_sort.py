@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.parallel import SerialComm
 from sortpack.stages.sample_sort import SortHints, exact_cuts, narrow, probe_values, sample_sort
 
 
-@settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_exact_cuts_land_on_every_target(data):
     # unique keys anywhere in uint64 (ends included), any rising targets including 0 and the total
@@ -24,7 +23,6 @@ def test_exact_cuts_land_on_every_target(data):
     np.testing.assert_array_equal(cuts, targets)
 
 
-@settings(max_examples=60, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 500), st.integers(1, 9))
 def test_probe_search_finds_the_least_value_reaching_each_target(step, n, probes):
     keys = np.arange(n, dtype=np.uint64) * np.uint64(step) + np.uint64(7)  # count(keys < v) known in closed form

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.stages.sort_plan import curriculum_stages, group_width, id_width, stage_width
@@ -14,7 +14,6 @@ def test_widths_hold_the_largest_value_and_at_least_one_bit():
     assert [id_width(t) for t in (0, 1, 2, 3, 1 << 20, (1 << 20) + 1)] == [1, 1, 1, 2, 20, 21]
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.integers(0, 300), st.integers(1, 9), st.integers(1, 4))
 def test_stages_are_exact_quantiles_whatever_the_split_over_ranks(total, stages, ranks):
     pos = np.arange(total, dtype=np.int64)

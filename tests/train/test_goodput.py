@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.train.goodput import (
@@ -93,7 +93,6 @@ def test_step_time_model_fits_alpha_and_beta():
     assert copy.coefficients() == one.coefficients()
 
 
-@settings(max_examples=200, deadline=None)
 @given(noise=st.floats(0.0, 1e6), cost=st.tuples(st.floats(0.0, 10.0), st.floats(0.01, 10.0)),
        per_accum=st.floats(1.0, 1e4), bounds=st.tuples(st.integers(1, 8), st.integers(0, 16)))
 def test_choose_accum_maximises_goodput(noise, cost, per_accum, bounds):

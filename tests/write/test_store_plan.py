@@ -10,7 +10,7 @@ import os
 from unittest import mock
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.inputs.source_file import SourceFile
@@ -40,7 +40,6 @@ def test_file_units_take_rows_from_the_units_or_the_fingerprint():
     assert rows.tolist() == [3, 0, 4, 11] and rows.dtype == np.int64
 
 
-@settings(max_examples=150, deadline=None)
 @given(rows=st.lists(st.integers(0, 30), min_size=1, max_size=12), size=st.integers(1, 5))
 def test_every_unit_is_read_once_in_order_and_each_rank_knows_its_first_row(rows, size):
     units = [(0, u) for u in range(len(rows))]
@@ -73,7 +72,6 @@ def _simulate(ids_by_rank, reader_starts, ranges_by_rank, cut):
     return uses
 
 
-@settings(max_examples=150, deadline=None)
 @given(data=st.data(), size=st.integers(1, 4), n_rows=st.integers(1, 40), split=st.booleans())
 def test_each_reader_learns_every_position_of_its_rows(data, size, n_rows, split):
     # a plan may repeat rows (a mixture) and leave some out (--oversize skip), in any order
@@ -122,7 +120,6 @@ def test_the_result_gives_the_manifest_data_and_keeps_the_exchange_out_of_it():
 from sortpack.write.store.layout import ROW_WEIGHT, local_data_shards, merge_data_layout  # noqa: E402
 
 
-@settings(max_examples=150, deadline=None)
 @given(data=st.data(), counts=st.lists(st.integers(0, 9), min_size=1, max_size=30), size=st.integers(1, 4),
        per=st.integers(1, 12))
 def test_the_data_layout_does_not_depend_on_how_index_shards_are_dealt(data, counts, size, per):

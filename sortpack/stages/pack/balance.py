@@ -69,8 +69,9 @@ class Balance:
 
     @property
     def orders(self) -> bool:
-        """Return whether the mode reorders the micro-batches by their cost."""
-        return type(self).weight is not Balance.weight
+        """Return whether the mode reorders the micro-batches by their cost: it says a sample's weight or a
+        micro-batch's cost (``none`` says neither)."""
+        return type(self).weight is not Balance.weight or type(self).cost is not Balance.cost
 
     def check(self) -> None:
         """Raise SortpackError for options this mode cannot work with (one line)."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...inputs.pieces import run_indices
 from ...kernels.compose import NONE, compose_groups, min_subsets, subset_of
+from ...kernels.gather import run_indices
 
 _REVERSED_BYTES = np.array([int(f"{i:08b}"[::-1], 2) for i in range(256)], dtype=np.uint32)
 
@@ -82,21 +82,20 @@ def compose_rows(sizes: np.ndarray, targets: np.ndarray, order: np.ndarray, spli
     return slot[np.lexsort((slot, row))]
 
 
-# Exchanges between rows of different sizes (``exchange_heavy``), tuned on generated chats (rows
-# of 4096, 100k conversations, three seeds): rows above 1.1x the window's mean targets are heavy;
-# pairs are formed among each row's 24 largest samples; a heavy sample or pair looks at the 64
-# lightest candidates of each room; full rows absorb a room difference of at most 4; the
-# subset knapsack runs over the 256 lightest partners' 16 largest samples.
-HEAVY = 1.1
-PAIR_PLACES = 24
-PAIR_WIDTH = 64
-PAIR_SLACK = 4
-PAIR_ROUNDS = 64
-SUBSET_HEAVY = HEAVY * HEAVY  # what the pairs leave above this, subsets take on
-SUBSET_LIGHT = 1 / SUBSET_HEAVY  # and rows below this take subsets of most targets
-SUBSET_PARTNERS = 256
-SUBSET_PLACES = 16
-SUBSET_ROUNDS = 8
+# Exchanges between rows of different sizes (``exchange_heavy``). Each constant is the value that
+# ``python -m benchmarks --only compose --scale full`` (``benchmarks/bench_compose.py``) measures against a
+# smaller and a larger one on 100k generated chats in rows of 4096, the others at theirs; its row in
+# ``benchmarks/RESULTS-compose.md`` (W = 64 p99 / max targets imbalance; shipped: 1.040 / 1.066) is why.
+HEAVY = 1.1  # rows above 1.1x the window's mean are heavy: 1.05 1.048 / 1.114 and three times the time, 1.2 1.068
+PAIR_PLACES = 24  # pairs among each row's 24 largest samples: 12 and 48 the same on these chats (a bound, not a knob)
+PAIR_WIDTH = 64  # the 64 lightest candidates of each room: 16 1.048 / 1.114, 256 no better (1.041 / 1.073)
+PAIR_SLACK = 4  # full rows absorb a room difference of 4: 0 1.091 / 1.398, 16 no better (1.040 / 1.076)
+PAIR_ROUNDS = 64  # rounds of pair swaps at most: 16 and 256 the same (the rounds end before; a bound)
+SUBSET_PARTNERS = 256  # knapsack over the 256 lightest partners: 64 1.064 / 1.168; 1024 1.027 / 1.028 at 8x the time
+SUBSET_PLACES = 16  # and their 16 largest samples: 8 1.084 / 1.271; 24 1.029 / 1.034 at about twice the time
+SUBSET_ROUNDS = 8  # rounds of subset exchanges at most: 2 1.052 / 1.143, 32 the same as 8
+# derived, where used: what the pairs leave above HEAVY^2 the subsets take on, and rows below 1 / HEAVY^2 take
+# subsets of most targets; a subset's room is tried within PAIR_SLACK of the sample's
 
 
 @dataclass
@@ -136,9 +135,9 @@ def exchange_heavy(rooms: np.ndarray, targets: np.ndarray, order: np.ndarray, sp
     free, so each row still fits ``fit = (cap, max_segments)`` (0: no segment cap); the number
     of rows, their fill and their padding do not change. First one or two samples of each
     heavy row (above ``HEAVY`` times the mean) swap with one or two of one lighter row of
-    about their room (``_pair_rounds``); then what is still above ``SUBSET_HEAVY`` swaps one
+    about their room (``_pair_rounds``); then what is still above ``HEAVY^2`` swaps one
     sample for any subset of a light row's samples of its room, or moves it to a row with room
-    to spare (``_subset_rounds``); last, the rows below ``SUBSET_LIGHT`` times the mean take the
+    to spare (``_subset_rounds``); last, the rows below ``1 / HEAVY^2`` times the mean take the
     subsets of most targets the same way. Each exchange is the one that brings the larger of its
     two rows' targets lowest (the smaller highest, for the light rows); each round is vectorised
     over all heavy rows or their partners.
@@ -153,10 +152,10 @@ def exchange_heavy(rooms: np.ndarray, targets: np.ndarray, order: np.ndarray, sp
                np.zeros(n_rows, bool))
     mean = float(st.total.mean())
     _pair_rounds(st, fit, mean * HEAVY)
-    _subset_rounds(st, fit, mean * SUBSET_HEAVY)
+    _subset_rounds(st, fit, mean * (HEAVY * HEAVY))
     # the lightest rows, the same way with the targets negated: they take the subsets of most targets
     light = _Rows(st.rooms, -st.targets, st.slot, st.row, -st.total, st.used, st.count, np.zeros(n_rows, bool))
-    _subset_rounds(light, fit, -mean * SUBSET_LIGHT, take=True)
+    _subset_rounds(light, fit, -mean * (1 / (HEAVY * HEAVY)), take=True)
     new_splits = np.concatenate(([0], np.cumsum(np.bincount(st.row, minlength=n_rows)))).astype(splits.dtype)
     return st.slot[np.lexsort((st.slot, st.row))], new_splits
 
@@ -198,34 +197,20 @@ def _pair_rounds(st: _Rows, fit: tuple[int, int], limit: float) -> None:
     candidates of fewest targets near each of its singles' and pairs' rooms; a candidate row
     goes to the heaviest row that wants it, and gives only once (its candidates are then stale).
     """
-    cap, max_segments = fit
     n_rows = len(st.total)
-    c_a, c_b, c_room, c_t = _groups(st, np.flatnonzero(st.total[st.row] <= limit))
-    c_row = st.row[c_a]
+    groups = _groups(st, np.flatnonzero(st.total[st.row] <= limit))
+    cands = (*groups, st.row[groups[0]])  # and each candidate's row, as it was
     taken = np.zeros(n_rows, bool)
     done = np.zeros(n_rows, bool)  # a heavy row with no swap left
-    big = np.iinfo(np.int64).max
     for _ in range(PAIR_ROUNDS):
         heavy = (st.total > limit) & ~done
         if not heavy.any():
             return
         taken |= heavy
         st.was_heavy |= heavy
-        x_a, x_b, x_room, x_t = _groups(st, np.flatnonzero(heavy[st.row]))
-        h = st.row[x_a]
-        free = cap - st.used
-        lo = np.searchsorted(c_room, x_room - min(int(free.max()), PAIR_SLACK), "left")
-        hi = np.searchsorted(c_room, x_room + free[h], "right")
-        span = np.minimum(hi - lo, PAIR_WIDTH)
-        cand = run_indices(lo, span)
-        owner = np.repeat(np.arange(len(x_a)), span)
-        ch, cw, cr = h[owner], c_row[cand], c_room[cand]
-        ok = ~taken[cw] & (cr - x_room[owner] <= free[ch]) & (x_room[owner] - cr <= free[cw])
-        gain = (c_b[cand] >= 0).astype(np.int64) - (x_b[owner] >= 0)  # samples the heavy row gains
-        if max_segments:
-            ok &= (st.count[ch] + gain <= max_segments) & (st.count[cw] - gain <= max_segments)
-        delta = c_t[cand] - x_t[owner]
-        worst = np.where(ok, np.maximum(st.total[ch] + delta, st.total[cw] - delta), big)
+        heavies = _groups(st, np.flatnonzero(heavy[st.row]))
+        owner, cand, gain, delta, worst = _swap_costs(st, heavies, cands, taken, fit)
+        ch, cw = st.row[heavies[0]][owner], cands[4][cand]
         better = worst < st.total[ch]
         done |= heavy & (np.bincount(ch[better], minlength=n_rows) == 0)
         pick = np.flatnonzero(better)
@@ -236,22 +221,54 @@ def _pair_rounds(st: _Rows, fit: tuple[int, int], limit: float) -> None:
         pick = pick[np.concatenate(([True], ch[pick][1:] != ch[pick][:-1]))]
         pick = pick[np.lexsort((pick, -st.total[ch[pick]], cw[pick]))]
         pick = pick[np.concatenate(([True], cw[pick][1:] != cw[pick][:-1]))]
-        xo, j = owner[pick], cand[pick]
-        hh, w, g = h[xo], c_row[j], gain[pick]
-        np.add.at(st.total, hh, delta[pick])
-        np.add.at(st.total, w, -delta[pick])
-        np.add.at(st.used, hh, c_room[j] - x_room[xo])
-        np.add.at(st.used, w, x_room[xo] - c_room[j])
-        np.add.at(st.count, hh, g)
-        np.add.at(st.count, w, -g)
-        taken[w] = True
-        # the firsts of both sides swap samples; the seconds swap too, or one moves to the other row
-        xa, xb, ya, yb = x_a[xo], x_b[xo], c_a[j], c_b[j]
-        st.slot[xa], st.slot[ya] = st.slot[ya], st.slot[xa].copy()
-        both = (xb >= 0) & (yb >= 0)
-        st.slot[xb[both]], st.slot[yb[both]] = st.slot[yb[both]], st.slot[xb[both]].copy()
-        st.row[yb[(yb >= 0) & (xb < 0)]] = hh[(yb >= 0) & (xb < 0)]
-        st.row[xb[(xb >= 0) & (yb < 0)]] = w[(xb >= 0) & (yb < 0)]
+        taken[_swap(st, heavies, cands, (owner[pick], cand[pick], delta[pick], gain[pick]))] = True
+
+
+def _swap_costs(st: _Rows, heavies: tuple, cands: tuple, taken: np.ndarray, fit: tuple[int, int]) -> tuple:
+    """Return (owner, candidate, samples the heavy row gains, targets it gains, the larger row's targets after) of
+    every swap of a heavy group (``heavies``, by ``owner``) with a candidate group near its room that both rows
+    hold (``worst``: ``int64`` max where they cannot)."""
+    cap, max_segments = fit
+    x_a, x_b, x_room, x_t = heavies
+    _, c_b, c_room, c_t, c_row = cands
+    h = st.row[x_a]
+    free = cap - st.used
+    lo = np.searchsorted(c_room, x_room - min(int(free.max()), PAIR_SLACK), "left")
+    hi = np.searchsorted(c_room, x_room + free[h], "right")
+    span = np.minimum(hi - lo, PAIR_WIDTH)
+    cand = run_indices(lo, span)
+    owner = np.repeat(np.arange(len(x_a)), span)
+    ch, cw, cr = h[owner], c_row[cand], c_room[cand]
+    ok = ~taken[cw] & (cr - x_room[owner] <= free[ch]) & (x_room[owner] - cr <= free[cw])
+    gain = (c_b[cand] >= 0).astype(np.int64) - (x_b[owner] >= 0)  # samples the heavy row gains
+    if max_segments:
+        ok &= (st.count[ch] + gain <= max_segments) & (st.count[cw] - gain <= max_segments)
+    delta = c_t[cand] - x_t[owner]
+    worst = np.where(ok, np.maximum(st.total[ch] + delta, st.total[cw] - delta), np.iinfo(np.int64).max)
+    return owner, cand, gain, delta, worst
+
+
+def _swap(st: _Rows, heavies: tuple, cands: tuple, chosen: tuple) -> np.ndarray:
+    """Make the ``chosen`` swaps (owner, candidate, targets and samples the heavy row gains); return the candidates'
+    rows."""
+    x_a, x_b, x_room, _ = heavies
+    c_a, c_b, c_room, _, c_row = cands
+    xo, j, delta, g = chosen
+    hh, w = st.row[x_a][xo], c_row[j]
+    np.add.at(st.total, hh, delta)
+    np.add.at(st.total, w, -delta)
+    np.add.at(st.used, hh, c_room[j] - x_room[xo])
+    np.add.at(st.used, w, x_room[xo] - c_room[j])
+    np.add.at(st.count, hh, g)
+    np.add.at(st.count, w, -g)
+    # the firsts of both sides swap samples; the seconds swap too, or one moves to the other row
+    xa, xb, ya, yb = x_a[xo], x_b[xo], c_a[j], c_b[j]
+    st.slot[xa], st.slot[ya] = st.slot[ya], st.slot[xa].copy()
+    both = (xb >= 0) & (yb >= 0)
+    st.slot[xb[both]], st.slot[yb[both]] = st.slot[yb[both]], st.slot[xb[both]].copy()
+    st.row[yb[(yb >= 0) & (xb < 0)]] = hh[(yb >= 0) & (xb < 0)]
+    st.row[xb[(xb >= 0) & (yb < 0)]] = w[(xb >= 0) & (yb < 0)]
+    return w
 
 
 @dataclass
@@ -299,21 +316,20 @@ def _offer(st: _Rows, cap: int, reach: int) -> _Offer | None:
                   np.ones(len(use), bool))
 
 
-_OFFSETS = np.arange(-PAIR_SLACK, PAIR_SLACK + 1)  # subset rooms this near a sample's: what full rows absorb
-
-
-def _best_exchange(st: _Rows, offer: _Offer, h: int, mine: np.ndarray, free: np.ndarray, take: bool
+def _best_exchange(st: _Rows, offer: _Offer, heavy: tuple[int, np.ndarray], free: np.ndarray, take: bool
                    ) -> tuple[int, int, np.ndarray] | None:
     """Return (partner, subset room, positions out of ``h``) of the exchange that brings the larger of row ``h``
-    and its partner lowest, below ``h``'s targets now (None: there is none).
+    and its partner lowest, below ``h``'s targets now (None: there is none; ``heavy``: ``h`` and ``mine``).
 
     One of ``h``'s samples (``mine``) for a partner's subset of about its room; or the sample alone into a
     partner with room for it (never emptying ``h``); or, with ``take``, a partner's subset into ``h``'s free room.
     """
+    h, mine = heavy
     top = offer.fewest.shape[1] - 1
     rows = offer.rows
     xr, xt = st.rooms[st.slot[mine]], st.targets[st.slot[mine]]
-    size = xr[:, None] + _OFFSETS[None, :]  # (samples, offsets): the subset rooms tried
+    offsets = np.arange(-PAIR_SLACK, PAIR_SLACK + 1)  # subset rooms this near a sample's: what full rows absorb
+    size = xr[:, None] + offsets[None, :]  # (samples, offsets): the subset rooms tried
     ok = (size >= 0) & (size <= top) & (size - xr[:, None] <= free[h])
     got = offer.fewest[:, np.clip(size, 0, top)]  # (partners, samples, offsets)
     fits = ok[None] & (xr[:, None] - size <= free[rows][:, None, None]) & (got < NONE) & offer.open[:, None, None]
@@ -366,7 +382,7 @@ def _subset_rounds(st: _Rows, fit: tuple[int, int], limit: float, take: bool = F
         free = cap - st.used
         at, ends = np.searchsorted(st.row[xs], heavy), np.searchsorted(st.row[xs], heavy, "right")
         for h, a, b in zip(heavy.tolist(), at.tolist(), ends.tolist()):  # the few rows still heavy
-            found = _best_exchange(st, offer, h, xs[a:b], free, take)
+            found = _best_exchange(st, offer, (h, xs[a:b]), free, take)
             if found is None:
                 stuck[h] = True
                 continue

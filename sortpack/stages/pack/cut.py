@@ -27,9 +27,10 @@ from .options import PackOptions
 from .packed import BatchArrays, Packed, key_values, segment_reduce
 
 
-def two_cap_order(size: np.ndarray, size2: np.ndarray, cap1: int, cap2: int, starts: np.ndarray,
+def two_cap_order(size: np.ndarray, size2: np.ndarray, caps: tuple[int, int], starts: np.ndarray,
                   ends: np.ndarray) -> np.ndarray:
-    """Return the local order (int64 indices) of the samples, each piece ``[starts[i], ends[i])`` reordered in place.
+    """Return the local order (int64 indices) of the samples, each piece ``[starts[i], ends[i])`` reordered in place
+    (``caps``: the caps of ``size`` and ``size2``).
 
     Pieces keep their places and their samples; inside one, samples are merged by the normalised
     position of their cumulative lean within their side (see the module's text). Ties keep position.
@@ -42,6 +43,7 @@ def two_cap_order(size: np.ndarray, size2: np.ndarray, cap1: int, cap2: int, sta
     if len(starts) > 1:
         piece[np.asarray(starts[1:], np.int64)] = 1
         piece = np.cumsum(piece)
+    cap1, cap2 = caps
     lean = np.asarray(size2, np.int64) * int(cap1) - np.asarray(size, np.int64) * int(cap2)
     side = (lean > 0).astype(np.int64)
     mass = np.abs(lean)
@@ -122,7 +124,7 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
     ends = np.concatenate((starts[1:], [n])) if len(starts) else np.zeros(0, np.int64)
     if n and balanced_caps(opts, samples):
         # varlen under two caps: an order whose every run holds both kinds of sample (two_caps)
-        perm = two_cap_order(sizes, samples.measures["size2"], opts.limit, opts.max_size2, starts, ends)
+        perm = two_cap_order(sizes, samples.measures["size2"], (opts.limit, opts.max_size2), starts, ends)
         samples = samples.select(perm, samples.start, samples.total)
         sizes = samples.size
     if opts.auto_shapes is not None:
@@ -209,7 +211,7 @@ def window_rows(room: np.ndarray, size2: np.ndarray | None, opts: PackOptions) -
     if size2 is None:
         return kernels.pack_rows(room, opts.rows, opts.max_segments)
     n = len(room)
-    order = two_cap_order(room, size2, opts.rows, opts.max_size2, np.zeros(1, np.int64), np.array([n]))
+    order = two_cap_order(room, size2, (opts.rows, opts.max_size2), np.zeros(1, np.int64), np.array([n]))
     splits = kernels.greedy_pack(room[order], opts.rows, "tokens", opts.max_segments, sizes2=size2[order],
                                  max2=opts.max_size2)
     return order, splits
@@ -232,6 +234,17 @@ def composed_rows(sizes: np.ndarray, room: np.ndarray, targets: np.ndarray, opts
     order = spread[order]
     row = np.repeat(np.arange(len(row_splits) - 1, dtype=np.int64), np.diff(row_splits))
     return order[np.lexsort((order, row))], row_splits
+
+
+def window_plan(sizes: np.ndarray, room: np.ndarray, size2: np.ndarray | None, weights: np.ndarray | None,
+                opts: PackOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Return (order, row_splits) of one window's samples in rows: best fit (``window_rows``, two caps with
+    ``size2``), or rows composed by the ``weights`` of a balance that composes them (``composed_rows``).
+    Pure: ``sortpack.batch`` packs with it too.
+    """
+    if weights is None:
+        return window_rows(room, size2, opts)
+    return composed_rows(sizes, room, weights, opts)
 
 
 def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:
@@ -259,10 +272,8 @@ def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -
     balance = balance_of(opts)
     weights = balance.weight(sizes, win.measures) if balance.composes_rows else None
     for a, b in zip(win.starts, win.ends):
-        if weights is None:
-            order, row_splits = window_rows(room[a:b], None if size2 is None else size2[a:b], opts)
-        else:
-            order, row_splits = composed_rows(sizes[a:b], room[a:b], weights[a:b], opts)
+        order, row_splits = window_plan(sizes[a:b], room[a:b], None if size2 is None else size2[a:b],
+                                        None if weights is None else weights[a:b], opts)
         prog.update(b - a)
         perms.append(order + a)
         splits.append(row_splits[1:] + a)

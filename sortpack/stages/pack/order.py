@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...distribute import fetch_rows
-from ...inputs.pieces import run_indices
+from ...kernels.gather import run_indices
 from ...parallel import Comm
 from ..sample_sort import sample_sort
 from ..samples import exact_sum, measures_in, with_measures
@@ -31,7 +31,7 @@ from .packed import BatchArrays, Packed, segment_reduce
 def both_fills_order(comm: Comm, packed: Packed, cap1: int, cap2: int) -> Packed:
     """Return this rank's part of all micro-batches ordered by both fills (two caps: tokens and ``size2``)."""
     size2 = segment_reduce(np.add, packed.measures["size2"], packed.batches.offsets)
-    return global_order(comm, packed, two_cap_key(comm, packed.batches.tokens, size2, cap1, cap2))
+    return global_order(comm, packed, two_cap_key(comm, packed.batches.tokens, size2, (cap1, cap2)))
 
 
 def _spread(comm: Comm, values: np.ndarray) -> tuple[int, int]:
@@ -43,8 +43,8 @@ def _spread(comm: Comm, values: np.ndarray) -> tuple[int, int]:
     return m * squares - total * total, m
 
 
-def two_cap_key(comm: Comm, tokens: np.ndarray, size2: np.ndarray, cap1: int, cap2: int,
-                bins: int = 40) -> np.ndarray:
+def two_cap_key(comm: Comm, tokens: np.ndarray, size2: np.ndarray, caps: tuple[int, int], bins: int = 40
+                ) -> np.ndarray:
     """Return a key that orders micro-batches by both fills (collective).
 
     The fill that varies more over the plan's micro-batches (usually the cap that does not
@@ -52,6 +52,7 @@ def two_cap_key(comm: Comm, tokens: np.ndarray, size2: np.ndarray, cap1: int, ca
     other fill, up in one bin and down in the next (serpentine): neighbours are alike in both.
     Which fill varies more is decided on exact integer sums, so it does not depend on the rank count.
     """
+    cap1, cap2 = caps
     var1, _ = _spread(comm, tokens)
     var2, _ = _spread(comm, size2)
     f1 = np.minimum(tokens.astype(np.float64) / cap1, 1.0)

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
@@ -53,9 +53,6 @@ def _plan_tokens(tokens, blend):
         mine = blend.source == s
         out[mine] = t[blend.unit[mine]]
     return out
-
-
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mixtures())
 @pytest.mark.slow
 def test_every_prefix_is_within_the_largest_microbatch_of_the_schedule(mix):
@@ -74,9 +71,6 @@ def test_every_prefix_is_within_the_largest_microbatch_of_the_schedule(mix):
     assert planned.sum() <= blend.total + 1e-9
     if total is not None:
         assert planned.sum() > total - max(int(t.max()) for t in tokens)  # the run stops within a unit of it
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mixtures())
 @pytest.mark.slow
 def test_repeats_are_whole_passes_plus_a_seeded_part_pass(mix):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.errors import SortpackError
@@ -62,7 +62,6 @@ def test_source_of_a_rank_s_contiguous_slice():
     assert source_of(samples, np.array([0, 8, 9, 20])).tolist() == [0, 0, 0, 1, 2, 2, 2]
 
 
-@settings(max_examples=60, deadline=None)
 @given(st.integers(1, 4), st.lists(st.integers(0, 9), min_size=1, max_size=4), st.integers(0, 2**32))
 def test_the_segment_table_maps_contiguous_numbers_back_to_global_ids(size, rows, seed):
     # each source dealt to `size` ranks in uneven blocks, as analyze does; each rank numbers its runs
@@ -101,7 +100,6 @@ def test_holdout_plan_a_source_s_own_holdout_wins_and_the_seed_falls_back_to_the
 
 
 # --- the packed units ----------------------------------------------------------------------
-@settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 6), min_size=0, max_size=8), st.integers(0, 2**32))
 def test_take_runs_is_the_runs_concatenated(lengths, seed):
     rng = np.random.default_rng(seed)
@@ -157,7 +155,6 @@ def test_concat_and_split_source():
 
 
 # --- the move ------------------------------------------------------------------------------
-@settings(max_examples=60, deadline=None)
 @given(st.integers(1, 4), st.lists(st.integers(0, 3), min_size=1, max_size=12), st.integers(0, 2**32))
 def test_every_plan_micro_batch_is_sent_once_to_the_rank_that_writes_it(size, per_rank_m, seed):
     per_rank_m = (per_rank_m * size)[:size]  # micro-batches packed by each rank

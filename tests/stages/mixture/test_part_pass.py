@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from sortpack.inputs.schedule import Schedule, deviations
@@ -64,9 +64,6 @@ def plan_two_sources(sizes: list[np.ndarray], weights, total: int, seed: int, bu
         uses[ids] += 1
         unit_tokens[i] = int(np.minimum(ordered.size[np.isin(ordered.sample_id, ids)], budget).sum())
     return uses, unit_tokens, schedule, blend
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(300, 4000), budget=st.sampled_from([4096, 8192, 16384]), r=st.floats(0.1, 2.9),
        seed=st.integers(0, 2**32), longest=st.sampled_from([512, 2048, 4096]))
 def test_every_length_quartile_is_used_r_times(n, budget, r, seed, longest):

@@ -1,0 +1,116 @@
+"""verl's two entry points with their signatures, planned by ``plan_batch``: ``get_seqlen_balanced_partitions``
+(a batch split into k parts of balanced length) and ``rearrange_micro_batches`` (a rank's batch cut into
+micro-batches of at most ``max_token_len`` tokens, the same count on every data-parallel rank).
+
+Drop-in: ``from sortpack.batch.verl import rearrange_micro_batches``. Unlike a Karmarkar-Karp
+split into ``ceil(total / max_token_len)`` parts, no micro-batch is ever over the cap and no
+Karmarkar-Karp pass is repeated with one more part until none is: the pack stage's best fit makes
+the micro-batches, and the deal balances them.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import SortpackError
+from .deal import deal_rows
+from .plan import plan_batch
+
+# verl's ``calculate_workload``: 24576 * s + s^2 (a 7B model, hidden size 4096)
+VERL_COST_COEFF = 24576.0
+
+
+def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """Return ``k_partitions`` lists of indices into ``seqlen_list`` (each ascending, none empty), their sums balanced.
+
+    ``equal_size``: every part holds ``len(seqlen_list) / k_partitions`` items (which must divide);
+    otherwise the counts differ by one at most. The parts are Karmarkar-Karp's with equal counts,
+    then improved by swaps (``sortpack.batch.deal``), compiled.
+    """
+    values = np.asarray(seqlen_list, dtype=np.float64)
+    n = len(values)
+    if k_partitions < 1 or n < k_partitions:
+        raise SortpackError(f"get_seqlen_balanced_partitions: {n} items cannot fill {k_partitions} partitions")
+    if equal_size and n % k_partitions:
+        raise SortpackError(f"get_seqlen_balanced_partitions: equal_size needs {n} items to divide by {k_partitions}")
+    part = deal_rows(values, k_partitions)
+    order = np.lexsort((np.arange(n), part))
+    return [chunk.tolist() for chunk in np.split(order, np.cumsum(np.bincount(part, minlength=k_partitions))[:-1])]
+
+
+def _seq_lengths(batch) -> np.ndarray:
+    """Return each sample's tokens: ``attention_mask`` summed, or a nested ``input_ids``' lengths (verl's rule)."""
+    ids = batch["input_ids"]
+    if getattr(ids, "is_nested", False):
+        return np.asarray(ids.offsets().diff().cpu(), dtype=np.int64)
+    mask = batch["attention_mask"]
+    mask = mask.cpu() if hasattr(mask, "cpu") else mask
+    return np.asarray(mask, dtype=np.int64).sum(axis=-1)
+
+
+def _select(batch, idx: list[int]):
+    """Return the samples ``idx`` of ``batch``: each value of a mapping indexed, else ``batch[idx]`` (TensorDict)."""
+    if isinstance(batch, Mapping):
+        return {k: v[idx] for k, v in batch.items()}
+    return batch[idx]
+
+
+def _forced_groups(n: int, size: int) -> np.ndarray | None:
+    """Return each sample's group of ``size`` consecutive samples (None for 1), verl's ``force_group_size``."""
+    if size < 1 or n % size:
+        raise SortpackError(f"rearrange_micro_batches: batch size {n} must divide by force_group_size {size}")
+    return np.arange(n) // size if size > 1 else None
+
+
+def _agreed_count(count: int, units: int, dp_group) -> int:
+    """Return the most micro-batches any data-parallel rank needs (one all-reduce; ``count`` without a group).
+
+    Every rank raises together when one has fewer samples (groups) than that count: a rank that
+    raised alone would leave the others waiting in their next collective.
+    """
+    if dp_group is None:
+        return count  # one rank's plan: torch is not even imported
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return count
+
+    device = "cuda" if dist.get_backend(dp_group) == "nccl" else "cpu"
+    agreed = torch.tensor([count, -units], dtype=torch.int64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=dp_group)
+    most, fewest = int(agreed[0].item()), -int(agreed[1].item())
+    if most > fewest:
+        raise SortpackError(f"rearrange_micro_batches: a data-parallel rank has {fewest} samples (or forced groups), "
+                            f"fewer than the {most} micro-batches another rank needs: none may be empty")
+    return most
+
+
+def rearrange_micro_batches(batch, max_token_len: int, dp_group=None, num_batches_divided_by: int | None = None,
+                            same_micro_num_in_dp: bool = True, min_num_micro_batch: int | None = None,
+                            use_dynamic_bsz_balance: bool = True, force_group_size: int = 1):
+    """Return (micro-batches, their index lists) of a rank's ``batch``, as verl's ``rearrange_micro_batches``.
+
+    Each micro-batch holds at most ``max_token_len`` tokens (``attention_mask`` summed per
+    sample); with ``dp_group`` and ``same_micro_num_in_dp`` every rank of the group gets the same
+    count (the most any needs, one all-reduce), a multiple of ``num_batches_divided_by`` and at
+    least ``min_num_micro_batch``; ``force_group_size`` consecutive samples stay together. With
+    ``use_dynamic_bsz_balance`` the micro-batches are ordered by workload (``24576*s + s^2``), the
+    lightest at both ends, as verl orders them for pipeline warm-up and cool-down.
+    """
+    lengths = _seq_lengths(batch)
+    kw: dict[str, Any] = {"world_size": 1, "max_tokens": int(max_token_len), "cost_coeff": VERL_COST_COEFF,
+                          "groups": _forced_groups(len(lengths), force_group_size),
+                          "count_multiple": int(num_batches_divided_by or 1),
+                          "min_microbatches": int(min_num_micro_batch or 0)}
+    plan = plan_batch(lengths, **kw)
+    units = len(lengths) // force_group_size
+    most = _agreed_count(plan.num_microbatches, units, dp_group if same_micro_num_in_dp else None)
+    if most > plan.num_microbatches:
+        plan = plan_batch(lengths, **{**kw, "min_microbatches": most})
+    parts = [mb.tolist() for mb in plan.rank(0)]  # costliest first
+    if use_dynamic_bsz_balance:
+        parts = parts[::2][::-1] + parts[1::2]  # the lightest at both ends
+    return [_select(batch, p) for p in parts], parts
