@@ -17,6 +17,7 @@ from . import (
     bench_compose,
     bench_doors,
     bench_fasttok,
+    bench_interop,
     bench_litdata,
     bench_loader,
     bench_media,
@@ -373,7 +374,7 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "balance_targets": bench_balance.bench_targets, "compose": bench_compose.bench,
               "fasttok": bench_fasttok.bench, "sft": bench_sft.bench, "litdata": bench_litdata.bench,
               "media": bench_media.bench, "doors": bench_doors.bench,
-              "plan_batch": bench_plan_batch.bench}
+              "plan_batch": bench_plan_batch.bench, "interop": bench_interop.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

@@ -14,7 +14,7 @@ import click
 
 from ..errors import one_line
 from ..write import termination
-from . import analyze, inspect, pack, run, sort, verify  # noqa: F401 - each adds its command to the group
+from . import analyze, export, inspect, pack, run, sort, verify  # noqa: F401 - each adds its command to the group
 from .group import cli
 from .job import prints_usage_errors
 from .printing import echo_err

@@ -115,7 +115,7 @@ def job_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
         comm = _job_comm()
         set_rank(comm.rank)  # rank 0 prints the line of a signal that finds nothing to remove
         set_tokenizer_threads(comm.node_size())
-        out = CommandOutput(kw.pop("output"), kw.pop("overwrite"), kw.pop("quiet"), kw.pop("profile"))
+        out = CommandOutput(kw.pop("output"), kw.pop("overwrite"), kw.pop("quiet"), kw.pop("profile", False))
         configure_progress(comm.is_root() and not out.quiet, comm.size)
         job = JobInfo(argv=["sortpack"] + sys.argv[1:])
         result = {}

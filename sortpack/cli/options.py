@@ -69,7 +69,8 @@ def analyze_options(f):
                      help="The split to read from a Hugging Face DatasetDict directory (save_to_disk)."),
         click.option("--labels-column", default=None, metavar="COL",
                      help="Fine-tuning: the labels list column aligned to the token ids of --column "
-                          "(default input_ids); -100 = no target."),
+                          "(default input_ids); -100 = no target. A Megatron input's labels: a second "
+                          "dataset's prefix beside it, {} for the input's own prefix name ('{}_labels')."),
         click.option("--prompt-column", default=None, metavar="COL",
                      help="Fine-tuning: prompt/completion texts (default columns prompt, completion), "
                           "encoded as a pair with --tokenizer; the completion is the target."),

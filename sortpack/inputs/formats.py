@@ -1,9 +1,10 @@
-"""The input formats (Parquet, Arrow IPC file or stream, JSONL, CSV): one ``InputFormat`` class each, one registry.
+"""The input formats (Parquet, Arrow IPC file or stream, JSONL, CSV, Megatron): one ``InputFormat`` class each, one
+registry.
 
 A format is one class (``input_format.InputFormat``: its name and extensions, how a file is
 opened, listed and read, its schema (``--store``), what its fingerprint hashes
 (``fingerprints.content_digest``) and how a row is named in a message); the shipped ones are in
-``columnar_formats`` and ``text_formats``. ``READERS`` is the registry every other module asks
+``columnar_formats``, ``text_formats`` and ``megatron``. ``READERS`` is the registry every other module asks
 (the CLI's ``--input-format`` choices, discovery by extension, the store, the fingerprints):
 adding a format is adding its class to ``READERS``, here, beside which it may be written.
 
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 from ..errors import SortpackError
 from .columnar_formats import ArrowFormat, ParquetFormat
 from .input_format import InputFormat, OnUse, cannot_read
+from .megatron import MegatronFormat
 from .source_file import SourceFile
 from .text_formats import CsvFormat, JsonlFormat
 
@@ -36,7 +38,8 @@ else:  # pyarrow loads when a file is opened (``input_format``)
     pa, objects = OnUse("pyarrow"), OnUse(f"{__package__}.objects")
 
 # the registry: every input format by name, in the order --input-format lists them
-READERS: dict[str, InputFormat] = {r.name: r for r in (ParquetFormat(), ArrowFormat(), JsonlFormat(), CsvFormat())}
+READERS: dict[str, InputFormat] = {r.name: r for r in (ParquetFormat(), ArrowFormat(), JsonlFormat(), CsvFormat(),
+                                                        MegatronFormat())}
 
 
 def format_names() -> tuple[str, ...]:

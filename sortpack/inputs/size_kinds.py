@@ -109,11 +109,26 @@ def _words(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = T
 
 
 def _tokens(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = True) -> np.ndarray | None:
-    """Return the token ids the tokenizer gives each text (with its special tokens when ``special_tokens``)."""
+    """Return the token ids the tokenizer gives each text (with its special tokens when ``special_tokens``).
+
+    Without a tokenizer, a list of integers is token ids already (a Megatron dataset's sequences):
+    its length.
+    """
     from ..arrow_types import is_text
     from .fast_tokens import token_ids
 
+    if tokenizer is None and is_list_of_ids(col.type):
+        return _length(col)
     return token_ids(tokenizer, col, special_tokens, keep=False)[1] if is_text(col.type) else None
+
+
+def is_list_of_ids(t: pa.DataType) -> bool:
+    """Return whether ``t`` is a list of integers: token ids as they are."""
+    import pyarrow as pa
+
+    from ..arrow_types import is_list
+
+    return is_list(t) and pa.types.is_integer(t.value_type)
 
 
 def _images(what: str) -> tuple[Callable[..., np.ndarray | None], Callable[[str, str], tuple[str, Any]]]:
@@ -154,7 +169,7 @@ SIZE_KINDS: dict[str, SizeKind] = {
     "length": SizeKind(_length, "a string, binary or list column", ranges="values"),
     "bytes": SizeKind(_bytes, "a string or binary column", ranges="bytes"),
     "words": SizeKind(_words, "a string column"),
-    "tokens": SizeKind(_tokens, "a string column", ranges="tokens"),
+    "tokens": SizeKind(_tokens, "a string column, or a list of token ids without --tokenizer", ranges="tokens"),
     "image_tokens": SizeKind(_image_tokens, _MEDIA, settings=_image_tokens_spec,
                              spelling="image_tokens:COL:SCHEME[:K=V,...]"),
     "image_patches": SizeKind(_image_patches, _MEDIA, settings=_image_patches_spec,

@@ -20,6 +20,7 @@ from ..inputs.size_kinds import size_kind
 from ..inputs.source_file import SourceFile
 from .index import PackedIndex
 from .lazy_rows import TableSamples
+from .megatron import megatron_rows
 from .microbatch import MicroBatch, Samples
 from .tokens import TokenCache
 
@@ -96,6 +97,9 @@ class SourceDataset:
         self._cache: OrderedDict = OrderedDict()
         self._warm = None  # a UnitWarmer's units read ahead (Prefetched over a plan without --store)
         self._token_cache = TokenCache()  # split documents' token ids, for the collate's tokenize=
+        # a plan over Megatron datasets: a micro-batch's ids gathered from the mapped .bin (reader.megatron)
+        self._megatron = None if self.stored is not None else megatron_rows(
+            self.index if self.index is not None else source, self.files, self.columns)
 
     def __len__(self) -> int:
         """Return the number of samples (rows over all files)."""
@@ -131,7 +135,12 @@ class SourceDataset:
         return got
 
     def units_of(self, ids) -> list[tuple[int, int]]:
-        """Return the (file, unit) pairs that hold the rows of sample ids ``ids``, in order of first use."""
+        """Return the (file, unit) pairs that hold the rows of sample ids ``ids``, in order of first use.
+
+        None for Megatron datasets: a micro-batch is gathered from the mapped ``.bin``, no unit read ahead.
+        """
+        if self._megatron is not None:
+            return []
         arr, files = self._where(np.asarray(list(ids), dtype=np.int64))
         out: dict[tuple[int, int], None] = {}
         for k, local in zip(files.tolist(), (arr - self._file_starts[files]).tolist()):
@@ -179,6 +188,9 @@ class SourceDataset:
         """Return the rows of many sample ids as ``Samples``, reading each needed unit once."""
         if self.stored is not None:
             return self._stored_items(ids)
+        if self._megatron is not None:
+            return self._megatron.samples(ids, ids if isinstance(ids, MicroBatch) else None, self._ranges(ids),
+                                          self.transform)
         arr, files = self._where(np.asarray(list(ids), dtype=np.int64))
         ranges = self._ranges(ids)
         kind = size_kind(self.pieces.unit) if self.pieces is not None else None

@@ -16,6 +16,7 @@ from ..inputs.finetune import Encoded, FineTuneShape, fine_tune_shape
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units, reader_for
 from ..inputs.measures import measure_of, parse_measure
+from ..inputs.megatron import holds_token_ids
 from ..inputs.size_kinds import reads_text
 from ..inputs.source_file import SourceFile
 from ..inputs.specs import RowError, Spec, as_difficulty, as_size, evaluate, load_function, load_tokenizer, parse_spec
@@ -201,7 +202,7 @@ def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None
 def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     """Return the parsed SPECs, the tokenizer they need, their python functions and the fine-tuning shape."""
     if opts.fine_tune() is not None or opts.train_on:
-        return _fine_tune_specs(opts)
+        return _fine_tune_specs(opts, files)
     needs_column = reads_text(opts.size, opts.difficulty or opts.size)
     column = _resolve_column(opts, files) if needs_column else opts.column
     size_spec = parse_spec(opts.size, column, "--size")
@@ -214,13 +215,13 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     kinds = [("--size", size_spec), ("--difficulty", diff_spec)] + [(measure_of(n).option, m)
                                                                     for n, m in measures.items()]
     wants = [option for option, spec in kinds if spec is not None and spec.kind == "tokens"]
-    if wants:
+    if wants and not (opts.tokenizer is None and holds_token_ids(files)):
         tokenizer = load_tokenizer(opts.tokenizer, wants[0])
     funcs = {s.text: load_function(s) for _, s in kinds if s and s.kind == "python"}
     return Specs(size_spec, diff_spec, tokenizer, funcs, measures=measures, special_tokens=opts.special_tokens)
 
 
-def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
+def _fine_tune_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     """Return the SPECs of fine-tuning data: the size is the ids' length (labels column) or the encoded tokens."""
     tokenizer = load_tokenizer(opts.tokenizer, "--size") if opts.text_shape else None
     shape = fine_tune_shape(opts.column, opts.labels_column, opts.prompt_column, opts.completion_column,
@@ -237,7 +238,8 @@ def _fine_tune_specs(opts: AnalyzeOptions) -> Specs:
     measures = {name: parse_spec(text, column, measure_of(name).option)
                 for name, text in opts.measure_specs().items()}
     kinds = [size_spec, diff_spec, *measures.values()]
-    if tokenizer is None and any(s is not None and s.kind == "tokens" for s in kinds):
+    if tokenizer is None and any(s is not None and s.kind == "tokens" for s in kinds) and \
+            not (opts.tokenizer is None and holds_token_ids(files)):
         tokenizer = load_tokenizer(opts.tokenizer, "--size")
     funcs = {s.text: load_function(s) for s in kinds if s and s.kind == "python"}
     return Specs(size_spec, diff_spec, tokenizer, funcs, shape, measures, opts.special_tokens)
@@ -280,7 +282,7 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     measured.diffs.clear()
     sample_id = np.arange(start, start + len(size), dtype=np.int64)
     # (fine-tuning texts: a sample without content is one without targets, not one of the empty text's size)
-    counts_text = specs.size.kind == "tokens" and specs.shape is None
+    counts_text = specs.size.kind == "tokens" and specs.shape is None and specs.tokenizer is not None
     empty_size = empty_token_count(specs.tokenizer) if counts_text and opts.special_tokens else 0
     measured_names = [*specs.measures, *(["targets"] if specs.shape is not None else [])]
     measures = {name: np.concatenate(measured.measures[name]) if measured.measures.get(name)

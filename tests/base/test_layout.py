@@ -299,6 +299,8 @@ PUBLIC_KEYWORDS = {
     "reader/dataset.py:SourceDataset.__init__", "reader/microbatch.py:MicroBatch.__init__",
     "reader/plan.py:EpochPlan.__init__", "reader/sampler.py:PackedSampler.__init__",
     "train/goodput_controller.py:GoodputController.__init__",
+    # plan_batch's keywords are the trainers' names (docs/plan-batch.md); the verl adapter keeps verl's signature
+    "batch/plan.py:plan_batch", "batch/verl.py:rearrange_micro_batches",
 }
 MANY_PARAMETERS = {
     # the kernels' entry points: each parameter is one of the C kernel's arguments, by keyword

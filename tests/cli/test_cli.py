@@ -216,7 +216,7 @@ def test_the_cli_is_a_package_whose_commands_each_have_a_module():
     import sortpack.cli
     from sortpack.cli.group import cli
 
-    assert sorted(cli.commands) == ["analyze", "inspect", "pack", "run", "sort", "verify"]
+    assert sorted(cli.commands) == ["analyze", "export", "inspect", "pack", "run", "sort", "verify"]
     for name, command in cli.commands.items():
         assert command.callback.__module__ == f"sortpack.cli.{name}", name
     assert sortpack.cli.main.__module__ == "sortpack.cli"

@@ -95,8 +95,11 @@ def _third_party_imports(paths) -> set[str]:
                 found |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
-    return {m for m in found if m not in sys.stdlib_module_names and m not in local
+    return {DISTRIBUTIONS.get(m, m) for m in found if m not in sys.stdlib_module_names and m not in local
             and m not in ("sortpack", "torch", "numpy", "pyarrow", "__future__", "flash_attn")}
+
+
+DISTRIBUTIONS = {"megatron": "megatron-core"}  # an import name whose distribution is named otherwise
 
 
 def test_each_command_row_names_the_extra_that_holds_what_it_imports():

@@ -210,7 +210,7 @@ def test_read_unit_rows_reads_a_row_range_of_one_unit(tmp_path, fmt, monkeypatch
 
 
 def test_one_reader_per_format_and_extension():
-    assert format_names() == ("parquet", "arrow", "jsonl", "csv")
+    assert format_names() == ("parquet", "arrow", "jsonl", "csv", "megatron")
     assert format_of("a/b.PQ") == "parquet" and format_of("x.feather") == "arrow" and format_of("x.txt") is None
     assert format_of("x.txt", "csv") == "csv"
     with pytest.raises(SortpackError, match="unknown input format 'xml'"):

@@ -135,13 +135,19 @@ def test_fixed_size_list_length():
     ("length", pa.int64(), "a string, binary or list column"),
     ("bytes", pa.list_(pa.int32()), "a string or binary column"),
     ("words", pa.binary(), "a string column"),
-    ("tokens", pa.list_(pa.int32()), "a string column"),
+    ("tokens", pa.binary(), "a string column, or a list of token ids without --tokenizer"),
 ])
 def test_wrong_column_type_names_file_column_and_type(kind, typ, needs):
     values = [[1]] if pa.types.is_list(typ) else ([b"x"] if pa.types.is_binary(typ) else [1])
     t = table(c=pa.array(values, typ))
     with pytest.raises(SortpackError, match=rf"in\.parquet: column 'c' is {typ}; {kind} needs {needs}"):
         ev(kind, t, "c")
+
+
+def test_tokens_of_token_ids_without_a_tokenizer_are_their_count():
+    # a Megatron dataset's sequences: token ids already (analyze asks for a tokenizer unless every input is one)
+    t = table(ids=pa.array([[5, 6, 7], [], [1]], pa.list_(pa.uint16())))
+    assert ev("tokens", t, "ids").tolist() == [3, 0, 1]
 
 
 def test_nulls_are_refused():

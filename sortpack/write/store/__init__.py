@@ -104,7 +104,9 @@ def _source_columns(tokens: TokenIds | None) -> set[str]:
     """Return the input columns the stored token ids are made from (read when analyze kept none)."""
     if tokens is None:
         return set()
-    return set(tokens.shape.columns()) if tokens.shape is not None else {tokens.column}
+    if tokens.shape is not None:
+        return set(tokens.shape.columns())
+    return {tokens.column} | ({tokens.labels_column} if tokens.labels_column else set())
 
 
 def _stored_schema(comm: Comm, srcs: list[SourceFile], plan: StorePlan) -> pa.Schema:
@@ -167,7 +169,7 @@ class Store:
         """Return the ``keep_tokens`` for ``analyze``: the cache that keeps its ids (None without --store-tokens)."""
         from .token_cache import TokenCache
 
-        if self.setup.tokens is None:
+        if self.setup.tokens is None or self.setup.tokens.tokenizer is None:  # ids read as they are: none to keep
             return None
         self.caches.append(TokenCache(out, self.comm, self.setup.special_tokens))
         return self.caches[-1]
@@ -189,7 +191,7 @@ class Store:
         if tokens is not None:
             stored.tokens = {
                 "column": TOKENS_COLUMN, "source_column": tokens.column,
-                "tokenizer": tokens.tokenizer_file,
+                "tokenizer": tokens.tokenizer_file or None,
                 "special_tokens": self.setup.special_tokens, "truncated_to": tokens.truncate or None,
                 "note": "the ids the size counted: len(input_ids) == size",
             }

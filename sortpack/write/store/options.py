@@ -105,11 +105,12 @@ class TokenIds:
     special_tokens: bool
     truncate: int
     shape: Any = None  # fine-tuning texts (inputs.finetune.FineTuneShape): labels are stored beside the ids
+    labels_column: str | None = None  # ids without a tokenizer (``tokenizer`` None): the labels column stored with them
 
     @property
     def labels(self) -> bool:
         """Return whether labels are stored beside the ids."""
-        return self.shape is not None
+        return self.shape is not None or self.labels_column is not None
 
 
 def token_ids_options(opts: StoreOptions, plan: PlanOptions, tokenizer_path: str | None) -> TokenIds | None:
@@ -129,6 +130,10 @@ def token_ids_options(opts: StoreOptions, plan: PlanOptions, tokenizer_path: str
     if not opts.tokens:
         return None
     measured = plan.analyze
+    if not (opts.tokenizer or tokenizer_path or measured.tokenizer) and measured.size == "tokens":
+        # no tokenizer counted the sizes: the column holds token ids (a Megatron dataset), stored as they are
+        return TokenIds(measured.column or TOKENS_COLUMN, None, "", measured.special_tokens, _truncated_to(plan),
+                        labels_column=measured.labels_column)
     if measured.labels_column:
         raise SortpackError(f"--store-tokens stores ids a tokenizer made; this plan's ids and labels are columns: "
                             f"--store {measured.column or TOKENS_COLUMN},{measured.labels_column}")

@@ -56,6 +56,19 @@ def _cut_pieces(table: pa.Table, columns: tuple[str, ...], begin: np.ndarray, en
     return table
 
 
+def _id_lists(col: pa.ChunkedArray, name: str, where: str) -> pa.ChunkedArray:
+    """Return a column of token-id lists as list<int32> (the stored ids' type), refusing any other type."""
+    from ...inputs.size_kinds import is_list_of_ids
+
+    if not is_list_of_ids(col.type):
+        raise SortpackError(f"{where}: column {name!r} is {col.type}, not token ids; --store-tokens of text needs "
+                            "--tokenizer")
+    try:
+        return col.cast(pa.list_(pa.int32()))
+    except (pa.ArrowException, TypeError) as exc:
+        raise SortpackError(f"{where}: column {name!r}: token ids beyond int32 ({one_line(exc)})") from None
+
+
 @dataclass
 class RowPositions:
     """Every use of this rank's input rows: ``rows`` (local row numbers, ascending) and their output ``positions``."""
@@ -94,6 +107,8 @@ class InputRows:
         """Return the text columns the token ids are made from (read as strings from CSV and JSON)."""
         assert self.tokens is not None
         shape = self.tokens.shape
+        if self.tokens.tokenizer is None and shape is None:  # token ids as they are: no text
+            return []
         return shape.text_columns() if shape is not None else [self.tokens.column]
 
     def next_table(self) -> tuple[pa.Table, np.ndarray]:
@@ -163,6 +178,11 @@ class InputRows:
                                     "were rendered with)")
             encoded = self.tokens.shape.encode(table, where)
             got = {TOKENS_COLUMN: encoded.ids, LABELS_COLUMN: encoded.labels}
+        elif self.tokens.tokenizer is None:  # the column holds the ids (a Megatron dataset): stored as they are
+            got = {TOKENS_COLUMN: _id_lists(_column(table, self.tokens.column, where), self.tokens.column, where)}
+            if self.tokens.labels_column is not None:
+                got[LABELS_COLUMN] = _id_lists(_column(table, self.tokens.labels_column, where),
+                                               self.tokens.labels_column, where)
         else:
             got = {TOKENS_COLUMN: token_ids(self.tokens.tokenizer, _column(table, self.tokens.column, where),
                                             self.tokens.special_tokens)[0]}

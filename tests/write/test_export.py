@@ -1,0 +1,255 @@
+"""``sortpack export``: a plan as Megatron .bin/.idx (read back by megatron-core) and as packed Parquet rows
+(read back with Megatron-Bridge's reader logic): sortpack.write.export."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sortpack.errors import SortpackError
+from sortpack.format.megatron import read_index
+from sortpack.parallel import SerialComm
+from sortpack.reader import PackedIndex
+from sortpack.write.export import ExportRequest, export_plan
+from sortpack.write.export.packed_parquet import loss_mask
+
+from megatron_files import labels_for, megatron_core, plan_in_process, random_sequences, write_dataset
+from support import MPIEXEC, run_sortpack
+
+SEQS = random_sequences(400, seed=21, vocab=70_000)
+LABELS = labels_for(SEQS)
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """Plans over a Megatron dataset (with labels) and over the same ids stored from Parquet."""
+    root = tmp_path_factory.mktemp("export")
+    idx = write_dataset(root / "corpus", SEQS, np.int32)
+    write_dataset(root / "corpus_labels", LABELS, np.int32)
+    pq.write_table(pa.table({"input_ids": [s.tolist() for s in SEQS], "labels": [s.tolist() for s in LABELS]}),
+                   root / "sft.parquet")
+    return root, {
+        "megatron": plan_in_process(root / "mg", [idx], max_tokens=700),
+        "rows": plan_in_process(root / "rows", [idx], {"labels_column": "{}_labels"}, max_tokens=600, rows=600,
+                                oversize="split"),
+        "stored": plan_in_process(root / "stored", [root / "sft.parquet"], {"labels_column": "labels"},
+                                  ("input_ids", "labels"), max_tokens=600, rows=600),
+        "text": plan_in_process(root / "text", [_text(root)], {"column": "text"}, max_tokens=64),
+    }
+
+
+def _text(root: Path) -> Path:
+    pq.write_table(pa.table({"text": ["abc", "defgh", "i"]}), root / "text.parquet")
+    return root / "text.parquet"
+
+
+def _planned(plan: Path) -> list[tuple[int, int, int]]:
+    """Return (sample id, begin, end) of every planned sample in plan order (whole samples: end None)."""
+    index = PackedIndex(plan)
+    out = []
+    for i in range(index.num_microbatches):
+        ids = index.microbatch(i).tolist()
+        ranges = index.piece_ranges(i) or ([0] * len(ids), [None] * len(ids))
+        out += [(s, int(b), None if e is None else int(e)) for s, b, e in zip(ids, *ranges)]
+    return out
+
+
+def _read(prefix: Path) -> tuple[list[list[int]], np.ndarray, np.dtype]:
+    """Return the sequences, document indices and dtype of a Megatron dataset, read with sortpack's layout reader."""
+    index = read_index(Path(f"{prefix}.idx").read_bytes(), "x")
+    data = np.frombuffer(Path(f"{prefix}.bin").read_bytes(), dtype=index.dtype)
+    size = index.dtype.itemsize
+    seqs = [data[p // size:p // size + n].tolist() for p, n in zip(index.pointers.tolist(), index.lengths.tolist())]
+    return seqs, index.documents, index.dtype
+
+
+@pytest.mark.parametrize("name, source", [("megatron", SEQS), ("rows", SEQS), ("stored", SEQS)])
+def test_one_sequence_per_planned_sample_in_plan_order(plans, tmp_path, name, source):
+    _, p = plans
+    summary = export_plan(SerialComm(), ExportRequest(str(p[name]), "megatron", str(tmp_path / "out")))
+    seqs, docs, dtype = _read(tmp_path / "out")
+    assert seqs == [source[s][b:e].tolist() for s, b, e in _planned(p[name])]
+    index = PackedIndex(p[name])
+    assert docs.tolist() == [0, *np.cumsum(index["num_samples"]).tolist()]  # a document per micro-batch
+    assert dtype == np.int32  # ids up to 70,000 do not fit uint16
+    assert summary["sequences"] == len(seqs) and summary["documents"] == index.num_microbatches
+
+
+def test_labels_go_to_a_second_prefix(plans, tmp_path):
+    _, p = plans
+    summary = export_plan(SerialComm(), ExportRequest(str(p["rows"]), "megatron", str(tmp_path / "sft")))
+    assert summary["files"] == [str(tmp_path / n) for n in ("sft_labels.bin", "sft_labels.idx", "sft.bin", "sft.idx")]
+    labels, docs, dtype = _read(tmp_path / "sft_labels")
+    assert labels == [LABELS[s][b:e].tolist() for s, b, e in _planned(p["rows"])]
+    assert dtype == np.int32 and docs.tolist() == _read(tmp_path / "sft")[1].tolist()
+
+
+def test_the_smallest_dtype_holds_the_vocabulary(tmp_path):
+    small = random_sequences(50, seed=3, vocab=1000)
+    plan = plan_in_process(tmp_path / "p", [write_dataset(tmp_path / "d", small, np.int64)], max_tokens=400)
+    export_plan(SerialComm(), ExportRequest(str(plan), "megatron", str(tmp_path / "a")))
+    assert _read(tmp_path / "a")[2] == np.uint16  # int64 source, ids below 1000: Megatron's uint16
+    export_plan(SerialComm(), ExportRequest(str(plan), "megatron", str(tmp_path / "b"), False, 100_000))
+    assert _read(tmp_path / "b")[2] == np.int32 and _read(tmp_path / "b")[0] == _read(tmp_path / "a")[0]
+    with pytest.raises(SortpackError, match="--vocab-size 500: micro-batches .* hold the token id 9"):
+        export_plan(SerialComm(), ExportRequest(str(plan), "megatron", str(tmp_path / "c"), False, 500))
+    assert not any(n.startswith(("c.", ".c.")) for n in os.listdir(tmp_path))
+
+
+def test_refusals_write_nothing(plans, tmp_path):
+    root, p = plans
+    with pytest.raises(SortpackError, match="stores no token ids and its inputs are not Megatron datasets"):
+        export_plan(SerialComm(), ExportRequest(str(p["text"]), "megatron", str(tmp_path / "t")))
+    with pytest.raises(SortpackError, match="not a --rows plan"):
+        export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "packed-parquet", str(tmp_path / "t.parquet")))
+    with pytest.raises(SortpackError, match="inside the plan"):
+        export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(p["megatron"] / "x")))
+    (tmp_path / "mine.bin").write_bytes(b"a user's file")
+    with pytest.raises(SortpackError, match=r"mine.bin: output exists \(use --overwrite"):
+        export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(tmp_path / "mine")))
+    with pytest.raises(SortpackError, match="not part of a Megatron dataset"):
+        export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(tmp_path / "mine"), True))
+    assert (tmp_path / "mine.bin").read_bytes() == b"a user's file"
+    assert sorted(os.listdir(tmp_path)) == ["mine.bin"]
+
+
+def test_overwrite_replaces_an_export(plans, tmp_path):
+    _, p = plans
+    export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(tmp_path / "o")))
+    first = (tmp_path / "o.bin").read_bytes()
+    # -o PREFIX.idx names the prefix too
+    export_plan(SerialComm(), ExportRequest(str(p["rows"]), "megatron", str(tmp_path / "o.idx"), True))
+    assert (tmp_path / "o.bin").read_bytes() != first and (tmp_path / "o_labels.idx").exists()
+    export_plan(SerialComm(), ExportRequest(str(p["rows"]), "packed-parquet", str(tmp_path / "r.idx.parquet")))
+    export_plan(SerialComm(), ExportRequest(str(p["rows"]), "packed-parquet", str(tmp_path / "r.idx.parquet"), True))
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "other.parquet")
+    with pytest.raises(SortpackError, match="a Parquet file sortpack did not write"):
+        export_plan(SerialComm(), ExportRequest(str(p["rows"]), "packed-parquet", str(tmp_path / "other.parquet"),
+                                                True))
+
+
+def test_loss_mask_marks_the_next_tokens_target():
+    labels = np.array([-100, -100, 7, 8, -100, 3, -100, 5])  # documents [0, 4) [4, 5) [5, 8)
+    offsets = np.array([0, 4, 5, 8])
+    assert loss_mask(labels, offsets).tolist() == [0, 1, 1, 0, 0, 0, 1, 0]
+    assert loss_mask(None, offsets).tolist() == [1, 1, 1, 0, 0, 1, 1, 0]
+
+
+# --- Megatron-Bridge's packed Parquet reader, re-implemented from its source ------------------------------
+# megatron/bridge/data/packing/parquet.py (GPTSFTPackedParquetDataset.__getitem__: one row group read, the row's
+# columns as Python lists, seq_boundaries = seq_start_id + [len(input_ids)]) and the collate of its parent
+# GPTSFTPackedDataset (megatron/bridge/data/packing/gpt_sft.py: per document, the inputs ids[b:e-1], the labels
+# ids[b+1:e], the loss mask loss_mask[b:e-1] with answer_only_loss). Checked at Megatron-Bridge 0.7.0
+# (NVIDIA-NeMo/Megatron-Bridge 067f987d); NeMo 2.6's GPTSFTPackedDataset (nemo/collections/llm/gpt/data/core.py)
+# reads the same keys from .npy.
+
+
+def _bridge_rows(path: Path) -> list[dict]:
+    """Return every row as Bridge's ``GPTSFTPackedParquetDataset.__getitem__`` does, row group by row group."""
+    pf = pq.ParquetFile(str(path))
+    assert {"input_ids", "seq_start_id", "loss_mask"} <= set(pf.schema_arrow.names)  # its REQUIRED_COLUMNS
+    out = []
+    for g in range(pf.metadata.num_row_groups):
+        table = pf.read_row_group(g, columns=["input_ids", "seq_start_id", "loss_mask"])
+        for r in range(table.num_rows):
+            ids = table.column("input_ids")[r].as_py()
+            out.append({"input_ids": ids, "seq_boundaries": table.column("seq_start_id")[r].as_py() + [len(ids)],
+                        "loss_mask": table.column("loss_mask")[r].as_py()})
+    return out
+
+
+def _bridge_targets(item: dict) -> list[tuple[int, int]]:
+    """Return the (label token, loss weight) pairs Bridge's collate trains one packed row with."""
+    bounds, ids, mask = item["seq_boundaries"], item["input_ids"], item["loss_mask"]
+    pairs = []
+    for b, e in zip(bounds[:-1], bounds[1:]):
+        pairs += list(zip(ids[b + 1:e], mask[b:e - 1]))
+    return pairs
+
+
+@pytest.mark.parametrize("name", ["rows", "stored"])
+def test_packed_parquet_is_what_bridge_reads(plans, tmp_path, name):
+    _, p = plans
+    out = tmp_path / "train.idx.parquet"
+    summary = export_plan(SerialComm(), ExportRequest(str(p[name]), "packed-parquet", str(out)))
+    schema = pq.read_schema(out)
+    assert schema.remove_metadata() == pa.schema([("input_ids", pa.list_(pa.int64())),
+                                                  ("loss_mask", pa.list_(pa.int8())),
+                                                  ("seq_start_id", pa.list_(pa.int64()))])
+    rows = _bridge_rows(out)
+    index = PackedIndex(p[name])
+    planned = iter(_planned(p[name]))
+    n = 0
+    for i in range(index.num_microbatches):
+        splits = index.row_splits(i).tolist()
+        for a, b in zip(splits[:-1], splits[1:]):
+            docs = [next(planned) for _ in range(b - a)]
+            item = rows[n]
+            n += 1
+            assert item["input_ids"] == [t for s, lo, hi in docs for t in SEQS[s][lo:hi].tolist()]
+            assert np.diff(item["seq_boundaries"]).tolist() == [len(SEQS[s][lo:hi]) for s, lo, hi in docs]
+            # every label Bridge trains is a target of the plan, and every target of the plan is trained
+            want = [(int(t), int(lab != -100)) for s, lo, hi in docs
+                    for t, lab in zip(SEQS[s][lo:hi][1:], LABELS[s][lo:hi][1:])]
+            assert _bridge_targets(item) == want
+    assert n == len(rows) == summary["rows"]
+    assert [pq.ParquetFile(out).metadata.row_group(g).num_rows for g in range(pq.ParquetFile(out).num_row_groups)] \
+        == [min(500, len(rows))]
+
+
+@pytest.mark.slow
+def test_megatron_core_reads_the_export_in_plan_order(plans, tmp_path):
+    mc = megatron_core()
+    _, p = plans
+    export_plan(SerialComm(), ExportRequest(str(p["rows"]), "megatron", str(tmp_path / "sft")))
+    ids, labels = mc.IndexedDataset(str(tmp_path / "sft")), mc.IndexedDataset(str(tmp_path / "sft_labels"))
+    planned = _planned(p["rows"])
+    assert len(ids) == len(labels) == len(planned)
+    for k, (s, b, e) in enumerate(planned):
+        assert ids[k].tolist() == SEQS[s][b:e].tolist() and labels[k].tolist() == LABELS[s][b:e].tolist()
+    index = PackedIndex(p["rows"])
+    assert ids.document_indices.tolist() == [0, *np.cumsum(index["num_samples"]).tolist()]
+    # a micro-batch is a document: megatron-core's slice of one document's sequences is that micro-batch
+    first = int(index["num_samples"][0])
+    assert [x.tolist() for x in ids[0:first]] == [SEQS[s][b:e].tolist() for s, b, e in planned[:first]]
+
+
+@pytest.mark.slow
+def test_the_cli_exit_2_one_line(plans, tmp_path):
+    _, p = plans
+    proc = run_sortpack(["export", p["text"], "--to", "megatron", "-o", tmp_path / "x"], check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "stores no token ids" in proc.stderr
+    done = run_sortpack(["export", p["rows"], "--to", "packed-parquet", "-o", tmp_path / "r.idx.parquet"])
+    assert done.stdout.startswith(f"wrote {tmp_path / 'r.idx.parquet'}: ") and "packed rows" in done.stdout
+    proc = run_sortpack(["export", p["rows"], "--to", "packed-parquet", "-o", tmp_path / "r.idx.parquet"], check=False)
+    assert proc.returncode == 2 and "output exists (use --overwrite" in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["r.idx.parquet"]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["rows", "stored"])
+def test_the_export_is_the_same_at_1_to_4_ranks(plans, tmp_path, name):
+    if MPIEXEC is None:
+        pytest.skip("mpiexec not found")
+    _, p = plans
+    for k in (1, 2, 3, 4):
+        run_sortpack(["export", p[name], "--to", "megatron", "-o", tmp_path / f"r{k}", "--quiet"], ranks=k)
+    names = ["_labels.bin", "_labels.idx", ".bin", ".idx"]
+    first = {n: (tmp_path / f"r1{n}").read_bytes() for n in names}
+    for k in (2, 3, 4):
+        assert {n: (tmp_path / f"r{k}{n}").read_bytes() for n in names} == first, k
+    run_sortpack(["export", p[name], "--to", "packed-parquet", "-o", tmp_path / "a.parquet", "--quiet"], ranks=3)
+    run_sortpack(["export", p[name], "--to", "packed-parquet", "-o", tmp_path / "b.parquet", "--quiet"])
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+
+
+def test_the_cli_lists_every_export_format():
+    from sortpack.cli.export import _TARGETS
+    from sortpack.write.export import TARGETS
+
+    assert _TARGETS == tuple(TARGETS)
