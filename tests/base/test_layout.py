@@ -305,7 +305,7 @@ PUBLIC_KEYWORDS = {
 MANY_PARAMETERS = {
     # the kernels' entry points: each parameter is one of the C kernel's arguments, by keyword
     "kernels/greedy.py:greedy_pack", "kernels/greedy.py:greedy_pack_reference", "kernels/gather.py:gather_bytes",
-    "kernels/bpe.py:encode_ascii", "kernels/tokens.py:BatchKernels.pad_batch",
+    "kernels/tokens.py:BatchKernels.pad_batch",
     # the on-disk contract's optional columns, each a documented keyword (docs/format.md)
     "format/schemas.py:index_schema", "format/schemas.py:kind_schema",
     # not yet records (issue 47 leaves them): a fine-tuning shape's options, a SPEC's evaluation, the index shards'
