@@ -25,6 +25,7 @@ from . import (
     bench_multimodal,
     bench_objects,
     bench_plan_batch,
+    bench_real_tokens,
     bench_scaling,
     bench_sft,
     bench_stored,
@@ -287,6 +288,12 @@ def bench_analyze(ctx: Context) -> list[Row]:
 
 
 def bench_tokens(ctx: Context) -> list[Row]:
+    """``analyze --size tokens`` vs ``Tokenizer.encode_batch`` in one process, scaling with ranks; then real
+    vocabularies on real mixed-language text (``bench_real_tokens``)."""
+    return _tokens_scaling(ctx) + bench_real_tokens.bench(ctx)
+
+
+def _tokens_scaling(ctx: Context) -> list[Row]:
     """``analyze --size tokens`` vs ``Tokenizer.encode_batch`` in one process; scaling with ranks."""
     s, rows = ctx.scale, []
     if importlib.util.find_spec("tokenizers") is None:
