@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import SortpackError
 from ..inputs.finetune import FineTuneShape
-from ..inputs.measures import measure_of, parse_measure
+from ..inputs.measures import measure_of, parse_measure, size_name
 from ..inputs.size_kinds import reads_text
 from ..inputs.specs import parse_spec
 
@@ -25,7 +25,9 @@ class AnalyzeOptions:
     special_tokens: bool = True  # tokens: count the ones the post-processor adds
     split: str | None = None  # the split of a Hugging Face DatasetDict directory
     size2: str | None = None  # --size2 SPEC: a second size per sample, the measure ``size2``
-    measures: tuple[tuple[str, str], ...] = ()  # --measure NAME=SPEC: other measures (inputs/measures.py), by name
+    sizes: tuple[str, ...] = ()  # the 2nd, 3rd.. --size2 SPEC: the measures size3, size4, ..
+    # --measure NAME=SPEC and --cap NAME=SPEC:N: other measures (inputs/measures.py), by name
+    measures: tuple[tuple[str, str], ...] = ()
     # fine-tuning data (inputs/finetune/): a labels column, prompt/completion texts or chats, and how to encode them
     shape: FineTuneShape | None = None
 
@@ -67,7 +69,8 @@ class AnalyzeOptions:
         """Return the SPEC of each per-sample measure to evaluate like a size, by measure name (SortpackError, one
         line: a ``--measure`` name it cannot take)."""
         given = dict(parse_measure(f"{name}={spec}") for name, spec in self.measures)
-        return {**({"size2": self.size2} if self.size2 else {}), **given}
+        sizes = {size_name(k + 1): spec for k, spec in enumerate(self.sizes)}
+        return {**({"size2": self.size2} if self.size2 else {}), **sizes, **given}
 
     def __post_init__(self) -> None:
         """Give fine-tuning shapes their defaults: texts count tokens, a labels column labels ``input_ids``."""
@@ -95,12 +98,14 @@ class AnalyzeOptions:
         out: dict[str, Any] = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
                "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
                "input_format": self.input_format}
-        if "tokens" in (self.size, self.difficulty, self.size2, *dict(self.measures).values()):
+        if "tokens" in (self.size, self.difficulty, self.size2, *self.sizes, *dict(self.measures).values()):
             out["special_tokens"] = self.special_tokens
         if self.split is not None:
             out["split"] = self.split
         if self.size2:
             out["size2"] = self.size2
+        if self.sizes:  # recorded only when given: other plans keep their content hash
+            out["sizes"] = list(self.sizes)
         if self.measures:  # recorded only when given: other plans keep their content hash
             out["measures"] = dict(self.measures)
         fine_tune = self.fine_tune()

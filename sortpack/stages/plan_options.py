@@ -78,7 +78,8 @@ def _analyze_options(recorded: dict[str, Any]) -> AnalyzeOptions:
         column=column, size=size, difficulty=None if difficulty == size else difficulty,
         tokenizer=recorded.get("tokenizer"), input_format=recorded.get("input_format", "auto"),
         special_tokens=bool(recorded.get("special_tokens", True)), split=recorded.get("split"),
-        size2=recorded.get("size2"), measures=tuple((recorded.get("measures") or {}).items()),
+        size2=recorded.get("size2"), sizes=tuple(recorded.get("sizes") or ()),
+        measures=tuple((recorded.get("measures") or {}).items()),
         shape=shape_from_record(recorded.get("fine_tune"), column))
 
 
