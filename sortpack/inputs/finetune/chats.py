@@ -220,9 +220,8 @@ class ChatShape(FineTuneShape):
         if self.encoder is not None:
             from .fast_chats import encode_fast
 
-            got = encode_fast(self.encoder, self.template, checked_column(col, rows, self.column, is_list, _WHAT),
-                              self.train_on, rows, lambda chats, at: encode_chats(self.tokenizer, self.template,
-                                                                                  chats, self.train_on, at))
+            got = encode_fast(self, checked_column(col, rows, self.column, is_list, _WHAT), rows,
+                              lambda chats, at: encode_chats(self.tokenizer, self.template, chats, self.train_on, at))
             if got is not None:
                 return got
         return encode_chats(self.tokenizer, self.template, conversations(col, rows, self.column), self.train_on, rows)

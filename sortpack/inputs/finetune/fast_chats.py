@@ -14,8 +14,6 @@ pattern does not cover are encoded by ``chats.encode_chats`` and put back in the
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pyarrow as pa
 
@@ -123,14 +121,16 @@ def _put_back(ok: np.ndarray, fast: tuple, slow: Encoded | None) -> tuple[np.nda
     return np.concatenate((ids, slow_ids))[take], np.concatenate((flags, slow_flags))[take], all_counts
 
 
-def encode_fast(encoder, template, col, train_on: Sequence[str], rows: Rows, slow) -> Encoded | None:
-    """Return the ``Encoded`` of a messages column, a known family's conversations without Jinja (``slow(chats,
-    rows)`` encodes the others, named by their rows); None where no family pattern applies (the caller's path)."""
+def encode_fast(shape, col, rows: Rows, slow) -> Encoded | None:
+    """Return the ``Encoded`` of a messages column of a loaded ``chats.ChatShape`` (its encoder, template and
+    ``train_on``), a known family's conversations without Jinja (``slow(chats, rows)`` encodes the others, named
+    by their rows); None where no family pattern applies (the caller's path)."""
+    template = shape.template
     got = render_layout(template, col)
     if got is None:
         return None
     family, layout = got
-    fast = encode_layout(encoder, layout, frozenset(train_on))
+    fast = encode_layout(shape.encoder, layout, frozenset(shape.train_on))
     if fast is None:
         return None
     ok = layout.messages.ok
