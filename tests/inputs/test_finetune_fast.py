@@ -136,3 +136,36 @@ def test_a_real_vocabulary_gives_the_same_ids_and_the_plan_records_the_path(tmp_
                   "4096", "--store-tokens"], ranks=2)
     assert read_manifest(out)["provenance"]["chat_render"] == {"tokenizer_config.json": {
         "render": "pattern", "family": family}}
+
+
+# --- prompt/completion pairs: whole columns through the compiled path ------------------------------------------------
+@pytest.fixture(scope="module")
+def pair_tokenizers(tmp_path_factory, families) -> dict:
+    """Return style -> tokenizer.json: the chat BPE (no post-processor), and trained ones with Llama 3's BOS template
+    and Qwen 2's EOS template (added tokens among them)."""
+    from tokenizer_fixtures import stdlib_sources, train
+
+    folder = tmp_path_factory.mktemp("pairs")
+    out = {"chat": families["llama3"][0]}
+    for style in ("llama3", "qwen2"):
+        out[style] = train(folder / f"{style}.json", style, stdlib_sources(3), vocab=600)
+    return out
+
+
+PAIR_PIECES = ["hello", " world", "naïve", "東京", " ", "\n", "<|endoftext|>", "<|im_end|>", "<|im_start|>", "x"]
+
+
+@pytest.mark.parametrize("style", ["chat", "llama3", "qwen2"])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(pairs=st.lists(st.tuples(*[st.lists(st.sampled_from(PAIR_PIECES), max_size=6).map("".join)] * 2),
+                      min_size=1, max_size=8), eos=st.sampled_from(["<|endoftext|>", "<|im_start|>"]))
+def test_pairs_in_whole_columns_give_trl_s_encoding(pair_tokenizers, style, pairs, eos):
+    from sortpack.inputs.finetune.pairs import prompt_completion, trl_columns
+
+    encoder = load_tokenizer(pair_tokenizers[style], "--tokenizer")
+    if encoder.token_to_id(eos) is None:
+        return
+    prompts, completions = (pa.array(list(c), pa.string()) for c in zip(*pairs))
+    fast = trl_columns(encoder, prompts, completions, eos)
+    assert fast is not None  # an added token that cannot overlap itself: the column path
+    _assert_same(fast, prompt_completion(encoder.hf, prompts.to_pylist(), completions.to_pylist(), eos))
