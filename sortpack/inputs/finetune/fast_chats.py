@@ -83,12 +83,14 @@ def _target_flags(ids: np.ndarray, lengths: np.ndarray, spans: tuple[np.ndarray,
     """Return, per token, whether one of its bytes lies in a span (sorted, disjoint) of the same axis."""
     size = lengths[ids]
     end = np.cumsum(size)
-    begin = end - size
     starts, ends = spans
-    k = np.searchsorted(ends, begin, side="right")  # the first span ending after the token's first byte
-    inside = k < len(starts)
-    inside[inside] = starts[k[inside]] < end[inside]
-    return inside
+    # the tokens of a span: from the first ending after its start to the last beginning before its end
+    first = np.searchsorted(end, starts, side="right")
+    stop = np.searchsorted(end - size, ends, side="left")
+    marks = np.zeros(len(ids) + 1, np.int64)
+    np.add.at(marks, first, 1)
+    np.add.at(marks, stop, -1)
+    return np.cumsum(marks[:-1]) > 0
 
 
 def encode_layout(encoder, layout: Layout, roles: frozenset[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
