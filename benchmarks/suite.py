@@ -22,6 +22,7 @@ from . import (
     bench_loader,
     bench_media,
     bench_mixture,
+    bench_multimodal,
     bench_objects,
     bench_plan_batch,
     bench_real_tokens,
@@ -374,7 +375,8 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "balance_targets": bench_balance.bench_targets, "compose": bench_compose.bench,
               "fasttok": bench_fasttok.bench, "sft": bench_sft.bench, "litdata": bench_litdata.bench,
               "media": bench_media.bench, "doors": bench_doors.bench,
-              "plan_batch": bench_plan_batch.bench, "interop": bench_interop.bench}
+              "plan_batch": bench_plan_batch.bench, "interop": bench_interop.bench,
+              "multimodal": bench_multimodal.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

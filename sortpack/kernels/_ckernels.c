@@ -83,15 +83,21 @@ typedef struct {
     int64_t pad;          /* pad_multiple (> 1) or 0 */
     const int64_t *shapes; /* strictly increasing "record" shapes, or NULL */
     int64_t nshapes;
-    const int64_t *sizes2; /* a second size per sample (--size2), or NULL */
-    int64_t lim2;          /* the sum of sizes2 in a micro-batch stays <= lim2 */
+    int64_t ncaps;         /* caps beside the budget (--size2/--max-size2, --cap), each a per-sample measure */
+    const int64_t *caps;   /* ncaps x n: caps[k * n + i] is sample i's measure k */
+    int64_t ncap_stride;   /* n, the stride of caps */
+    const int64_t *lims;   /* the sum of measure k in a micro-batch stays <= lims[k] */
 } gp_params;
+
+#define SP_MAX_CAPS 16 /* caps beside the budget; PackOptions refuses more */
 
 typedef struct {
     int64_t cnt, mx, rmx, sum;
     double fs; /* running float sum of the quadratic budget, added left to right */
-    int64_t sum2; /* running sum of the second size */
+    int64_t sums[SP_MAX_CAPS]; /* running sum of each cap's measure */
 } gp_state;
+
+static inline void gp_reset(gp_state *st) { memset(st, 0, sizeof(*st)); }
 
 static inline int64_t round_len(const gp_params *p, int64_t x) {
     if (p->shapes) {
@@ -113,13 +119,14 @@ static inline double qterm(const gp_params *p, int64_t s) {
     return (double)s + sq_to_double(s) / p->q;
 }
 
-/* Would the current micro-batch plus a sample of size s (rounded r) still fit? */
-static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int64_t r, int64_t s2) {
+/* Would the current micro-batch plus a sample of size s (rounded r) whose cap measures are vals[0..ncaps)
+ * still fit? Monotone: a sample no larger in size and in every measure fits whenever this one does. */
+static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int64_t r, const int64_t *vals) {
     int64_t c1 = st->cnt + 1;
     if (p->max_samples > 0 && c1 > p->max_samples) return 0;
-    if (p->sizes2) {
+    for (int64_t k = 0; k < p->ncaps; k++) {
         int64_t t2;
-        if (add_ovf(st->sum2, s2, &t2) || t2 > p->lim2) return 0;
+        if (add_ovf(st->sums[k], vals[k], &t2) || t2 > p->lims[k]) return 0;
     }
     if ((p->cost & C_PER_SLOT) || rounding(p)) {
         int64_t L = rounding(p) ? (s > st->mx ? r : st->rmx) : (s > st->mx ? s : st->mx);
@@ -139,23 +146,23 @@ static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int
     return st->fs + qterm(p, s) <= p->lim_d;
 }
 
-static inline void gp_add(const gp_params *p, gp_state *st, int64_t s, int64_t r, int64_t s2) {
+static inline void gp_add(const gp_params *p, gp_state *st, int64_t s, int64_t r, const int64_t *vals) {
     if (st->cnt == 0 || s > st->mx) {
         st->mx = s;
         st->rmx = r;
     }
     st->sum += s;
-    st->sum2 += s2;
+    for (int64_t k = 0; k < p->ncaps; k++) st->sums[k] += vals[k];
     if ((p->cost & C_QUADRATIC) && !(p->cost & C_PER_SLOT) && !rounding(p)) {
         st->fs += qterm(p, s);
     }
     st->cnt++;
 }
 
-/* The tokens cost (samples summed, linear) without rounding, batch_multiple or a second size: its own
- * loop, as the padded cost has, since the general loop's per-sample tests for every option (the second
- * size's among them) made it 1.2-1.7x slower. Returns the number of boundaries written, or -1 on a
- * negative size. */
+/* The tokens cost (samples summed, linear) without rounding, batch_multiple or caps: its own loop, as
+ * the padded cost has, since the general loop's per-sample tests for every option (a second size's
+ * among them, since --size2) made it 1.2-1.7x slower. Returns the number of boundaries written, or -1
+ * on a negative size. */
 static int64_t greedy_tokens(const int64_t *sizes, int64_t n, int64_t lim, int64_t max_samples,
                              int64_t *bounds) {
     int64_t nb = 0;
@@ -212,65 +219,252 @@ static int64_t greedy_padded(const int64_t *sizes, int64_t n, int64_t lim, int64
     return nb;
 }
 
-/* Sequential greedy of greedy_pack_reference for every cost and option, with an optional
- * second size per sample (sizes2, NULL: none) whose sum in a micro-batch stays <= lim2.
- * bounds must hold n + 1 values. Returns the number written, -1 on a negative size. */
-SP_API int64_t sp_greedy_pack2(const int64_t *sizes, int64_t n, int64_t cost,
-                               int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
-                               double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
-                               int64_t nshapes, const int64_t *sizes2, int64_t lim2, int64_t *bounds) {
-    gp_params p;
-    p.sizes2 = sizes2;
-    p.lim2 = lim2;
-    p.cost = (int)cost;
-    p.lim_i = lim_i;
-    p.lim_d = lim_d;
-    p.max_samples = max_samples;
-    p.multiple = multiple < 1 ? 1 : multiple;
-    p.q = quadratic_scale;
-    p.pad = pad_multiple > 1 ? pad_multiple : 0;
-    p.shapes = nshapes > 0 ? shapes : NULL;
-    p.nshapes = nshapes > 0 ? nshapes : 0;
+/* The measures of sample i under each cap, gathered into vals. */
+static inline void gp_vals(const gp_params *p, int64_t i, int64_t *vals) {
+    for (int64_t k = 0; k < p->ncaps; k++) vals[k] = p->caps[k * p->ncap_stride + i];
+}
 
-    if (p.cost == C_PER_SLOT && !rounding(&p) && p.multiple == 1 && !sizes2)
+static inline int64_t gp_round(const gp_params *p, int64_t s) { return rounding(p) ? round_len(p, s) : s; }
+
+/* The greedy's parameters from the kernel arguments (caps: ncaps x n measures, lims: their caps). */
+static void gp_init(gp_params *p, int64_t n, int64_t cost, int64_t lim_i, double lim_d, int64_t max_samples,
+                    int64_t multiple, double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
+                    int64_t nshapes, const int64_t *caps, const int64_t *lims, int64_t ncaps) {
+    p->cost = (int)cost;
+    p->lim_i = lim_i;
+    p->lim_d = lim_d;
+    p->max_samples = max_samples;
+    p->multiple = multiple < 1 ? 1 : multiple;
+    p->q = quadratic_scale;
+    p->pad = pad_multiple > 1 ? pad_multiple : 0;
+    p->shapes = nshapes > 0 ? shapes : NULL;
+    p->nshapes = nshapes > 0 ? nshapes : 0;
+    p->ncaps = caps && ncaps > 0 ? ncaps : 0;
+    p->caps = caps;
+    p->ncap_stride = n;
+    p->lims = lims;
+}
+
+/* Sequential greedy of greedy_pack_reference for every cost and option, with ncaps caps beside the
+ * budget (caps: ncaps x n per-sample measures, NULL: none) whose sums in a micro-batch stay <= lims.
+ * bounds must hold n + 1 values. Returns the number written, -1 on a negative size or measure,
+ * -3 on more than SP_MAX_CAPS caps. */
+SP_API int64_t sp_greedy_pack_caps(const int64_t *sizes, int64_t n, int64_t cost,
+                                   int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
+                                   double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
+                                   int64_t nshapes, const int64_t *caps, const int64_t *lims, int64_t ncaps,
+                                   int64_t *bounds) {
+    if (ncaps > SP_MAX_CAPS) return -3;
+    gp_params p;
+    gp_init(&p, n, cost, lim_i, lim_d, max_samples, multiple, quadratic_scale, pad_multiple, shapes, nshapes,
+            caps, lims, ncaps);
+
+    if (p.cost == C_PER_SLOT && !rounding(&p) && p.multiple == 1 && p.ncaps == 0)
         return greedy_padded(sizes, n, lim_i, max_samples, bounds);
 
     int64_t nb = 0, start = 0;
-    gp_state st = {0, 0, 0, 0, 0.0, 0};
+    int64_t vals[SP_MAX_CAPS];
+    gp_state st;
+    gp_reset(&st);
     bounds[nb++] = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t s = sizes[i];
-        int64_t s2 = sizes2 ? sizes2[i] : 0;
-        if (SP_UNLIKELY(s < 0 || s2 < 0)) return -1;
-        int64_t r = rounding(&p) ? round_len(&p, s) : s;
-        while (st.cnt > 0 && !gp_fits(&p, &st, s, r, s2)) {
+        if (SP_UNLIKELY(s < 0)) return -1;
+        gp_vals(&p, i, vals);
+        for (int64_t k = 0; k < p.ncaps; k++)
+            if (SP_UNLIKELY(vals[k] < 0)) return -1;
+        int64_t r = gp_round(&p, s);
+        while (st.cnt > 0 && !gp_fits(&p, &st, s, r, vals)) {
             int64_t c = st.cnt;
             int64_t keep = c < p.multiple ? c : p.multiple * (c / p.multiple);
             start += keep;
             bounds[nb++] = start;
             /* the leftover (fewer than `multiple` samples) opens the next micro-batch; its
              * cost is recomputed from scratch, in order, exactly as the reference does */
-            gp_state fresh = {0, 0, 0, 0, 0.0, 0};
-            st = fresh;
-            for (int64_t j = start; j < i; j++)
-                gp_add(&p, &st, sizes[j], rounding(&p) ? round_len(&p, sizes[j]) : sizes[j],
-                       sizes2 ? sizes2[j] : 0);
+            gp_reset(&st);
+            int64_t v2[SP_MAX_CAPS];
+            for (int64_t j = start; j < i; j++) {
+                gp_vals(&p, j, v2);
+                gp_add(&p, &st, sizes[j], gp_round(&p, sizes[j]), v2);
+            }
         }
-        gp_add(&p, &st, s, r, s2);
+        gp_add(&p, &st, s, r, vals);
     }
     if (st.cnt > 0) bounds[nb++] = n;
     return nb;
 }
 
-/* sp_greedy_pack2 without a second size. */
+/* sp_greedy_pack_caps without caps. */
 SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t cost,
                               int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
                               double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
                               int64_t nshapes, int64_t *bounds) {
     if (cost == 0 && pad_multiple <= 1 && nshapes <= 0 && multiple <= 1)  /* tokens, no rounding or multiple */
         return greedy_tokens(sizes, n, lim_i, max_samples, bounds);
-    return sp_greedy_pack2(sizes, n, cost, lim_i, lim_d, max_samples, multiple, quadratic_scale,
-                           pad_multiple, shapes, nshapes, NULL, 0, bounds);
+    return sp_greedy_pack_caps(sizes, n, cost, lim_i, lim_d, max_samples, multiple, quadratic_scale,
+                               pad_multiple, shapes, nshapes, NULL, NULL, 0, bounds);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* best fit over every cap at once (bin-centric, window by window)                       */
+
+/* A window's samples are given in visiting order (largest first). A micro-batch (or row) opens with
+ * the first sample not yet placed and takes, again and again, the first unplaced sample of the
+ * window that fits it under the budget and every cap, until none does: each bin takes the largest
+ * sample that still fits it. A segment tree over the window holds, per node, the least size and
+ * the least of each measure among its unplaced samples: a node none of whose samples can fit (the
+ * budget and the caps are monotone, so its least values already fail) is skipped whole. */
+typedef struct {
+    const gp_params *p;
+    const int64_t *sizes;  /* the window's sizes, visiting order */
+    int64_t base;          /* the window's first sample in the call's arrays (for the caps) */
+    int64_t T;             /* leaves: the least power of two >= the window's length */
+    int64_t dims;          /* 1 + ncaps */
+    int64_t *mins;         /* dims x 2T: mins[d * 2T + node] */
+} fit_tree;
+
+#define FIT_EMPTY INT64_MAX
+
+static void ft_leaf(fit_tree *t, int64_t i, int placed) {
+    int64_t T2 = 2 * t->T, node = t->T + i;
+    t->mins[node] = placed ? FIT_EMPTY : t->sizes[i];
+    for (int64_t k = 0; k < t->p->ncaps; k++)
+        t->mins[(k + 1) * T2 + node] = placed ? FIT_EMPTY : t->p->caps[k * t->p->ncap_stride + t->base + i];
+    for (node >>= 1; node >= 1; node >>= 1) {
+        for (int64_t d = 0; d < t->dims; d++) {
+            int64_t a = t->mins[d * T2 + 2 * node], b = t->mins[d * T2 + 2 * node + 1];
+            t->mins[d * T2 + node] = a < b ? a : b;
+        }
+    }
+}
+
+static void ft_build(fit_tree *t, int64_t m) {
+    int64_t T2 = 2 * t->T;
+    for (int64_t d = 0; d < t->dims; d++)
+        for (int64_t node = 0; node < T2; node++) t->mins[d * T2 + node] = FIT_EMPTY;
+    for (int64_t i = 0; i < m; i++) {
+        t->mins[t->T + i] = t->sizes[i];
+        for (int64_t k = 0; k < t->p->ncaps; k++)
+            t->mins[(k + 1) * T2 + t->T + i] = t->p->caps[k * t->p->ncap_stride + t->base + i];
+    }
+    for (int64_t node = t->T - 1; node >= 1; node--)
+        for (int64_t d = 0; d < t->dims; d++) {
+            int64_t a = t->mins[d * T2 + 2 * node], b = t->mins[d * T2 + 2 * node + 1];
+            t->mins[d * T2 + node] = a < b ? a : b;
+        }
+}
+
+/* May some unplaced sample under node fit st? (Exact at a leaf.) */
+static inline int ft_may_fit(const fit_tree *t, const gp_state *st, int64_t node) {
+    int64_t T2 = 2 * t->T, s = t->mins[node];
+    if (s == FIT_EMPTY) return 0;
+    int64_t vals[SP_MAX_CAPS];
+    for (int64_t k = 0; k < t->p->ncaps; k++) vals[k] = t->mins[(k + 1) * T2 + node];
+    return gp_fits(t->p, st, s, gp_round(t->p, s), vals);
+}
+
+/* The first unplaced sample (window position) that fits st, or -1. */
+static int64_t ft_first_fit(const fit_tree *t, const gp_state *st) {
+    int64_t node = 1;
+    if (!ft_may_fit(t, st, 1)) return -1;
+    for (;;) {
+        if (node >= t->T) return node - t->T; /* a leaf: ft_may_fit was exact */
+        if (ft_may_fit(t, st, 2 * node)) {
+            node = 2 * node;
+            continue;
+        }
+        if (ft_may_fit(t, st, 2 * node + 1)) {
+            node = 2 * node + 1;
+            continue;
+        }
+        /* neither child fits although their least values did together: climb to the next
+         * right sibling of an ancestor that may fit */
+        for (;;) {
+            while (node & 1) node >>= 1; /* a right child: go up */
+            if (node <= 1) return -1;
+            node += 1; /* the right sibling */
+            if (ft_may_fit(t, st, node)) break;
+        }
+    }
+}
+
+static void ft_add(const fit_tree *t, gp_state *st, int64_t i) {
+    int64_t vals[SP_MAX_CAPS];
+    gp_vals(t->p, t->base + i, vals);
+    gp_add(t->p, st, t->sizes[i], gp_round(t->p, t->sizes[i]), vals);
+}
+
+/* Packs one window of m samples; appends the bins' members (window positions + base) to order and
+ * their ends to bounds. members: m words of scratch. Returns the number of bins. */
+static int64_t fit_window(fit_tree *t, int64_t m, int64_t *order, int64_t *bounds, int64_t *members) {
+    const gp_params *p = t->p;
+    int64_t nb = 0, first = 0, out = bounds[0];
+    ft_build(t, m);
+    for (;;) {
+        while (first < m && t->mins[t->T + first] == FIT_EMPTY) first++;
+        if (first >= m) break;
+        gp_state st;
+        gp_reset(&st);
+        int64_t c = 0;
+        for (int64_t j = first; j >= 0; j = ft_first_fit(t, &st)) {
+            ft_add(t, &st, j);
+            ft_leaf(t, j, 1);
+            members[c++] = j;
+        }
+        /* --batch-multiple: the last samples taken beyond a multiple go back to the window */
+        int64_t keep = c < p->multiple ? c : p->multiple * (c / p->multiple);
+        for (int64_t q = keep; q < c; q++) ft_leaf(t, members[q], 0);
+        for (int64_t q = 0; q < keep; q++) order[out++] = t->base + members[q];
+        bounds[++nb] = out;
+    }
+    return nb;
+}
+
+/* Words of scratch memory sp_fit_pack needs for windows of at most wmax samples and ncaps caps. */
+SP_API int64_t sp_fit_pack_scratch_words(int64_t wmax, int64_t ncaps) {
+    int64_t T = 1;
+    while (T < wmax) T <<= 1;
+    return (1 + ncaps) * 2 * T + wmax + 1;
+}
+
+/* Best fit over the budget and every cap at once, window by window: windows are the ranges
+ * [wins[w], wins[w + 1]) of the samples, each in visiting order (largest first); a bin never spans
+ * two windows. order (n) receives the samples grouped by bin, in the order each bin took them,
+ * bounds (n + 1) the bins' boundaries; scratch holds sp_fit_pack_scratch_words(the longest window,
+ * ncaps). Returns the number of bins, -1 on a negative size or measure, -3 on too many caps. */
+SP_API int64_t sp_fit_pack(const int64_t *sizes, int64_t n, int64_t cost, int64_t lim_i, double lim_d,
+                           int64_t max_samples, int64_t multiple, double quadratic_scale, int64_t pad_multiple,
+                           const int64_t *shapes, int64_t nshapes, const int64_t *caps, const int64_t *lims,
+                           int64_t ncaps, const int64_t *wins, int64_t nwins, int64_t *order, int64_t *bounds,
+                           int64_t *scratch) {
+    if (ncaps > SP_MAX_CAPS) return -3;
+    gp_params p;
+    gp_init(&p, n, cost, lim_i, lim_d, max_samples, multiple, quadratic_scale, pad_multiple, shapes, nshapes,
+            caps, lims, ncaps);
+    for (int64_t i = 0; i < n; i++)
+        if (sizes[i] < 0) return -1;
+    for (int64_t i = 0; i < p.ncaps * n; i++)
+        if (caps[i] < 0) return -1;
+    int64_t wmax = 1;
+    for (int64_t w = 0; w < nwins; w++)
+        if (wins[w + 1] - wins[w] > wmax) wmax = wins[w + 1] - wins[w];
+    fit_tree t;
+    t.p = &p;
+    t.dims = 1 + p.ncaps;
+    t.T = 1;
+    while (t.T < wmax) t.T <<= 1;
+    t.mins = scratch;
+    int64_t *members = scratch + t.dims * 2 * t.T;
+    int64_t nb = 0;
+    bounds[0] = 0;
+    for (int64_t w = 0; w < nwins; w++) {
+        int64_t a = wins[w], m = wins[w + 1] - a;
+        if (m <= 0) continue;
+        t.sizes = sizes + a;
+        t.base = a;
+        nb += fit_window(&t, m, order, bounds + nb, members);
+    }
+    return nb;
 }
 
 /* ------------------------------------------------------------------------------------ */

@@ -15,7 +15,7 @@ from ..inputs.discover import expand_inputs
 from ..inputs.finetune import Encoded, FineTuneShape, fine_tune_shape
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units, reader_for
-from ..inputs.measures import measure_of, parse_measure
+from ..inputs.measures import measure_of, parse_measure, size_name
 from ..inputs.megatron import holds_token_ids
 from ..inputs.size_kinds import reads_text
 from ..inputs.source_file import SourceFile
@@ -39,7 +39,9 @@ class AnalyzeOptions:
     special_tokens: bool = True  # tokens: count the ones the post-processor adds
     split: str | None = None  # the split of a Hugging Face DatasetDict directory
     size2: str | None = None  # --size2 SPEC: a second size per sample, the measure ``size2``
-    measures: tuple[tuple[str, str], ...] = ()  # --measure NAME=SPEC: other measures (inputs/measures.py), by name
+    sizes: tuple[str, ...] = ()  # the 2nd, 3rd.. --size2 SPEC: the measures size3, size4, ..
+    # --measure NAME=SPEC and --cap NAME=SPEC:N: other measures (inputs/measures.py), by name
+    measures: tuple[tuple[str, str], ...] = ()
     # fine-tuning shapes (inputs/finetune.py): a labels column, prompt/completion texts, or chats
     labels_column: str | None = None
     prompt_column: str | None = None
@@ -51,7 +53,8 @@ class AnalyzeOptions:
         """Return the SPEC of each per-sample measure to evaluate like a size, by measure name (SortpackError, one
         line: a ``--measure`` name it cannot take)."""
         given = dict(parse_measure(f"{name}={spec}") for name, spec in self.measures)
-        return {**({"size2": self.size2} if self.size2 else {}), **given}
+        sizes = {size_name(k + 1): spec for k, spec in enumerate(self.sizes)}
+        return {**({"size2": self.size2} if self.size2 else {}), **sizes, **given}
 
     def __post_init__(self) -> None:
         """Give fine-tuning shapes their defaults: texts count tokens, a labels column labels ``input_ids``."""
@@ -88,12 +91,14 @@ class AnalyzeOptions:
         out: dict[str, Any] = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
                "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
                "input_format": self.input_format}
-        if "tokens" in (self.size, self.difficulty, self.size2, *dict(self.measures).values()):
+        if "tokens" in (self.size, self.difficulty, self.size2, *self.sizes, *dict(self.measures).values()):
             out["special_tokens"] = self.special_tokens
         if self.split is not None:
             out["split"] = self.split
         if self.size2:
             out["size2"] = self.size2
+        if self.sizes:  # recorded only when given: other plans keep their content hash
+            out["sizes"] = list(self.sizes)
         if self.measures:  # recorded only when given: other plans keep their content hash
             out["measures"] = dict(self.measures)
         fine_tune = self.fine_tune()

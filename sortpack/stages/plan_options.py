@@ -78,7 +78,8 @@ def _analyze_options(recorded: dict[str, Any]) -> AnalyzeOptions:
         column=recorded.get("column"), size=size, difficulty=None if difficulty == size else difficulty,
         tokenizer=recorded.get("tokenizer"), input_format=recorded.get("input_format", "auto"),
         special_tokens=bool(recorded.get("special_tokens", True)), split=recorded.get("split"),
-        size2=recorded.get("size2"), measures=tuple((recorded.get("measures") or {}).items()),
+        size2=recorded.get("size2"), sizes=tuple(recorded.get("sizes") or ()),
+        measures=tuple((recorded.get("measures") or {}).items()),
         labels_column=shape.get("labels_column"), prompt_column=shape.get("prompt_column"),
         completion_column=shape.get("completion_column"),
         chat_template=shape.get("chat_template"), train_on=tuple(train_on) if train_on is not None else None)
