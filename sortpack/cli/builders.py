@@ -107,13 +107,18 @@ def make_pack(kw: dict) -> PackOptions:
                        encoder_attention=kw["encoder_attention"], encoder_coeff=kw["encoder_coeff"])
 
 
-def make_store(kw: dict) -> StoreOptions:
-    """Return the StoreOptions of --store, --store-tokens, --memory-limit (popped from ``kw``) and the tokenizer."""
+def make_store(kw: dict) -> StoreOptions | None:
+    """Return the StoreOptions of --store, --store-tokens, --memory-limit (popped from ``kw``) and the tokenizer; None
+    where none of them is given (what ``StoreOptions()`` would say: nothing stored, and no store code loaded)."""
+    given = {name: kw.pop(name, None) for name in ("store_columns", "store_tokens", "memory_limit", "store_tokenizer",
+                                                  "store_chat_template")}
+    if not any(given.values()):
+        return None
     from ..write.store import StoreOptions, parse_memory, parse_store
 
-    return StoreOptions(columns=parse_store(kw.pop("store_columns")), tokens=kw.pop("store_tokens"),
-                        memory_limit=parse_memory(kw.pop("memory_limit")), tokenizer=kw.pop("store_tokenizer", None),
-                        chat_template=kw.pop("store_chat_template", None))
+    return StoreOptions(columns=parse_store(given["store_columns"]), tokens=given["store_tokens"],
+                        memory_limit=parse_memory(given["memory_limit"]), tokenizer=given["store_tokenizer"],
+                        chat_template=given["store_chat_template"])
 
 
 def make_holdout(kw: dict, mixture: bool = False) -> HoldoutRequest | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +12,6 @@ import pyarrow as pa
 from ..errors import SortpackError
 from ..inputs import objects
 from ..inputs.discover import expand_inputs
-from ..inputs.finetune import Encoded, FineTuneShape, fine_tune_shape
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units, reader_for
 from ..inputs.measures import measure_of, parse_measure, size_name
@@ -25,6 +24,9 @@ from ..partition import even_range
 from ..progress import Display, Progress
 from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
+
+if TYPE_CHECKING:
+    from ..inputs.finetune import Encoded, FineTuneShape
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,8 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
 
 def _fine_tune_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     """Return the SPECs of fine-tuning data: the size is the ids' length (labels column) or the encoded tokens."""
+    from ..inputs.finetune import fine_tune_shape  # fine-tuning data only: a plain run loads none of it
+
     tokenizer = load_tokenizer(opts.tokenizer, "--size") if opts.text_shape else None
     shape = fine_tune_shape(opts.column, opts.labels_column, opts.prompt_column, opts.completion_column,
                             opts.chat_template, opts.train_on, tokenizer)
