@@ -36,17 +36,24 @@ def _measures(kw: dict) -> tuple[tuple[str, str], ...]:
 
 
 def make_analyze(kw: dict) -> AnalyzeOptions:
-    """Return the AnalyzeOptions of the analyze options in ``kw``."""
+    """Return the AnalyzeOptions of the analyze options in ``kw`` (its fine-tuning shape from the options that name
+    one; every rank parses the same arguments, so every rank raises the same error)."""
+    from ..inputs.finetune import fine_tune_shape
     from ..stages.analyze import AnalyzeOptions
 
+    train_on = tuple(r.strip() for r in kw["train_on"].split(",")) if kw.get("train_on") else None
+    try:
+        shape = fine_tune_shape(kw["column"], kw.get("labels_column"), kw.get("prompt_column"),
+                                kw.get("completion_column"), kw.get("chat_template"), train_on,
+                                eos_token=kw.get("eos_token"), pair_encoding=kw.get("pair_encoding"))
+    except SortpackError as exc:
+        raise SortpackError(str(exc), collective=True) from None
     size2 = kw.get("size2_spec") or ()
     return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
                           tokenizer=kw["tokenizer"], input_format=kw["input_format"],
                           special_tokens=kw["special_tokens"], split=kw["split"],
                           size2=size2[0] if size2 else None, sizes=tuple(size2[1:]), measures=_measures(kw),
-                          labels_column=kw.get("labels_column"), prompt_column=kw.get("prompt_column"),
-                          completion_column=kw.get("completion_column"), chat_template=kw.get("chat_template"),
-                          train_on=tuple(r.strip() for r in kw["train_on"].split(",")) if kw.get("train_on") else None)
+                          shape=shape)
 
 
 def make_sort(kw: dict) -> SortOptions:

@@ -74,10 +74,17 @@ def analyze_options(f):
                           "(default input_ids); -100 = no target. A Megatron input's labels: a second "
                           "dataset's prefix beside it, {} for the input's own prefix name ('{}_labels')."),
         click.option("--prompt-column", default=None, metavar="COL",
-                     help="Fine-tuning: prompt/completion texts (default columns prompt, completion), "
-                          "encoded as a pair with --tokenizer; the completion is the target."),
+                     help="Fine-tuning: prompt/completion texts (default columns prompt, completion), encoded "
+                          "with --tokenizer as TRL's SFTTrainer does: prompt + completion + the end-of-sequence "
+                          "token as one text; the completion and its end token are the targets."),
         click.option("--completion-column", default=None, metavar="COL",
                      help="Fine-tuning: the completion text column (see --prompt-column)."),
+        click.option("--eos-token", default=None, metavar="TOKEN",
+                     help="With --prompt-column: the end token appended to each completion (default: the "
+                          "eos_token of the tokenizer_config.json beside --tokenizer)."),
+        click.option("--pair-encoding", type=click.Choice(["trl", "pair"]), default=None,
+                     help="With --prompt-column: trl (default: one text, the end token appended, as TRL) or pair "
+                          "(the tokenizer's pair template, no end token added)."),
         click.option("--chat-template", type=click.Path(dir_okay=False), default=None, metavar="FILE",
                      help="Fine-tuning: render the messages of --column (default messages) with this chat "
                           "template (a tokenizer_config.json or a Jinja file) and tokenize with --tokenizer."),

@@ -108,8 +108,12 @@ def compute_cost(m: dict, cols: IndexColumns, cost_coeff: float) -> np.ndarray |
 
 
 def inspect_directory(directory: str, world_size: int | None = None, grad_accum: int = 1,
-                      cost_coeff: float = DEFAULT_COST_COEFF) -> dict:
-    """Return the inspect report of a directory as a JSON-ready dict (``cost_coeff``: C of the compute cost)."""
+                      cost_coeff: float = DEFAULT_COST_COEFF, lr: tuple[str, str] | None = None) -> dict:
+    """Return the inspect report of a directory as a JSON-ready dict (``cost_coeff``: C of the compute cost).
+
+    ``lr``: the (method, by) the training scales its LR with (``VariableBatchSizeLR``'s): the
+    report then warns of steps whose LR scale is far from the median step's (``lr_warnings``).
+    """
     m = read_manifest(directory)
     kind = m["_kind"]
     report = {"directory": str(directory), "kind": kind, "format": m["format"], "version": m["version"],
@@ -125,7 +129,8 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
     report.update(_microbatch_report(m, cols, shapes))
     report.update(_shape_lines(m, shapes))
     report.update(_sections(directory, m, cols))
-    warnings = lr_warnings(cols.num_samples, cols.tokens, world_size or 1, grad_accum)
+    warnings = lr_warnings({"samples": cols.num_samples, "tokens": cols.tokens}, lr, world_size or 1,
+                           grad_accum) if lr else []
     if warnings:
         report["warnings"] = warnings
     if world_size is not None and len(cols.padded):
@@ -335,27 +340,28 @@ def _render_holdout(value: dict) -> str:
 LR_SPREAD = 4.0  # a step's LR scale past this multiple of the median step's is worth a warning
 
 
-def lr_warnings(num_samples: np.ndarray, tokens: np.ndarray, world_size: int, grad_accum: int) -> list[str]:
-    """Return a warning per LR rule (sqrt, by samples or by tokens) under which a step's LR scale exceeds 4x the median.
+def lr_warnings(batches: dict[str, np.ndarray], lr: tuple[str, str], world_size: int, grad_accum: int) -> list[str]:
+    """Return a warning when a step's LR scale exceeds 4x the median step's under the LR rule ``lr``, (method, by):
+    ``linear`` or ``sqrt`` scaling by the micro-batches' ``samples`` or ``tokens`` (``batches``' arrays).
 
     The reference batch is the mean step's, as the recipes take it; the ratio to the median
     step does not depend on it. A loss averaged over tokens (``step_loss``) wants ``by="tokens"``.
     """
-    out: list[str] = []
-    if not len(num_samples):
-        return out
-    for by, values in (("samples", num_samples), ("tokens", tokens)):
-        batch = step_costs(values.astype(np.float64), world_size, grad_accum).sum(axis=1)
-        scale = np.sqrt(batch / max(float(batch.mean()), 1e-300))
-        median = float(np.median(scale))
-        if median > 0 and float(scale.max()) > LR_SPREAD * median:
-            worst = int(np.argmax(scale))
-            out.append(f"step {worst} trains at {scale[worst] / median:.2f}x the median step's LR under "
-                       f"sqrt LR scaling by {by} ({int(batch[worst])} {by} vs a median of "
-                       f"{float(np.median(batch)):g}); "
-                       + ("scale by tokens (by=\"tokens\") when the loss is a mean over tokens (step_loss)"
-                          if by == "samples" else "its tokens are far from the median step's"))
-    return out
+    method, by = lr
+    values = batches[by]
+    if not len(values) or method not in ("linear", "sqrt"):
+        return []
+    batch = step_costs(values.astype(np.float64), world_size, grad_accum).sum(axis=1)
+    ratio = batch / max(float(batch.mean()), 1e-300)
+    scale = np.sqrt(ratio) if method == "sqrt" else ratio
+    median = float(np.median(scale))
+    if not (median > 0 and float(scale.max()) > LR_SPREAD * median):
+        return []
+    worst = int(np.argmax(scale))
+    return [f"step {worst} trains at {scale[worst] / median:.2f}x the median step's LR under {method} LR scaling by "
+            f"{by} ({int(batch[worst])} {by} vs a median of {float(np.median(batch)):g}); "
+            + ("scale by tokens (by=\"tokens\") when the loss is a mean over tokens (step_loss)"
+               if by == "samples" else "its tokens are far from the median step's")]
 
 
 def _shape_lines(m: dict, shapes: np.ndarray) -> dict:
