@@ -27,7 +27,8 @@ from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
 
 if TYPE_CHECKING:
-    from ..inputs.finetune import Encoded, FineTuneShape, Rows
+    from ..inputs.finetune import Encoded, FineTuneShape
+    from ..inputs.row_names import Rows
 
 
 @dataclass
@@ -290,7 +291,7 @@ def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: 
 def _rows_of(src: SourceFile, read: Read) -> Rows:
     """Return how error lines name the rows of one read: its file, its first row there, the format's words for a row
     (a JSONL file's line)."""
-    from ..inputs.finetune.encoded import Rows
+    from ..inputs.row_names import Rows
 
     return Rows(src.path, _first_row(src, read), partial(reader_for(src.format).row_position, src))
 
