@@ -97,7 +97,9 @@ def encode_layout(encoder, layout: Layout, roles: frozenset[str]) -> tuple[np.nd
     """Return (flat ids, target flags, per-conversation counts) of the laid out conversations; None where this
     encoder cannot (not tiktoken-exact, or a special text of the pattern is no added token)."""
     lengths = encoder.token_lengths() if hasattr(encoder, "token_lengths") else None
-    ids_of = _special_ids(encoder, layout) if lengths is not None else None
+    if lengths is None:
+        return None
+    ids_of = _special_ids(encoder, layout)
     if ids_of is None:
         return None
     ids, per_message = _slot_tokens(encoder, layout, ids_of)
