@@ -108,7 +108,8 @@ def _case(ctx, family: str, chats: bool, n: int, rounds: int) -> list[Row]:
     if got is None:
         return [Row("sft", f"{family} {kind}", RANKS, "skipped", note="needs openai-whisper and trl")]
     tok_file, config = got
-    files = (sft_data.make_chats if chats else sft_data.make_pairs)(work / f"{kind}-{n}", n)
+    files = (sft_data.make_chats if chats else sft_data.make_pairs)(work / f"{kind}-{n}", n,
+                                                                     words=sft_data.WORDS + sft_data.MORE_WORDS)
     out, best, trl_best, trl_rows = work / "plan", float("inf"), float("inf"), 0
     for r in range(rounds):  # alternated: a machine's load falls on both alike
         ctx.log(f"{family} {kind} round {r + 1}/{rounds}: sortpack run at P={RANKS}, then TRL")

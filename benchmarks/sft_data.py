@@ -25,8 +25,12 @@ WORDS = ("the of and to in is it that for on with as was at by an be this from o
          "hand high year mother light parts country father let night following picture being study second eyes "
          "soon times story boys since white days ever paper hard near sentence better best across during today "
          "others however sure means knew try told young miles sun ways thing whole hear example heard several "
-         "change answer room sea against top turned learn point city play toward five using himself usually, "
-         "naïve café: où? 東京 数据 2024 3.14 «вопрос» ¿qué? ...").split()
+         "change answer room sea against top turned learn point city play toward five using himself usually").split()
+MORE_WORDS = "usually, naïve café: où? 東京 数据 2024 3.14 «вопрос» ¿qué? ...".split()  # the benchmark's, beyond ASCII
+CHATML = ("{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}"
+          "{%- if message['role'] == 'assistant' %}{% generation %}{{- message['content'] + '<|im_end|>' }}"
+          "{% endgeneration %}{{- '\\n' }}{%- else %}{{- message['content'] + '<|im_end|>\\n' }}{%- endif %}"
+          "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 # family -> (real_vocab variant, TRL's template file, bos, eos, the template's special tokens)
 FAMILIES = {
     "llama3": ("multilingual-llama3", "llama3.jinja", "<|begin_of_text|>", "<|eot_id|>",
@@ -77,9 +81,31 @@ def real_tokenizer(family: str, directory: Path) -> tuple[Path, Path] | None:
     return tok_file, config
 
 
-def _contents(rng, count: int) -> list[str]:
+def make_tokenizer(directory: Path) -> tuple[Path, Path]:
+    """Return (tokenizer.json, tokenizer_config.json): a byte-level BPE of 2k tokens with ChatML specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok_file, config = directory / "tokenizer.json", directory / "tokenizer_config.json"
+    if tok_file.is_file() and config.is_file():
+        return tok_file, config
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    rng = np.random.default_rng(0)
+    corpus = [" ".join(rng.choice(WORDS, 50)) for _ in range(2000)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=2048, special_tokens=[
+        "<|endoftext|>", "<|im_start|>", "<|im_end|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tok_file))
+    config.write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+                                  "pad_token": "<|endoftext|>", "chat_template": CHATML,
+                                  "model_max_length": 1 << 20}))
+    return tok_file, config
+
+
+def _contents(rng, count: int, words: tuple[str, ...] | list[str] = WORDS) -> list[str]:
     """Return ``count`` texts of log-normal word counts (a question, a pasted document, an answer)."""
-    words = np.array(WORDS)
+    words = np.array(words)
     lengths = np.maximum(1, rng.lognormal(3.0, 1.0, count)).astype(np.int64).clip(1, 2000)
     text = words[rng.integers(0, len(words), int(lengths.sum()))]
     ends = np.cumsum(lengths)
@@ -96,16 +122,16 @@ def _write(paths: list[Path], rows: list[dict]) -> list[Path]:
     return paths
 
 
-def make_chats(directory: Path, n: int, seed: int = 0, files: int = 4) -> list[Path]:
-    """Return ``files`` JSONL files of ``n`` conversations: an optional system turn, then 1-4 user/assistant
-    exchanges."""
+def make_chats(directory: Path, n: int, seed: int = 0, files: int = 4, words: list[str] = WORDS) -> list[Path]:
+    """Return ``files`` JSONL files of ``n`` conversations of ``words``: an optional system turn, then 1-4
+    user/assistant exchanges (``tests/pipeline/test_finetune_plans.py`` measures ASCII ones)."""
     paths = [directory / f"part-{k}.jsonl" for k in range(files)]
     if all(p.is_file() for p in paths):
         return paths
     rng = np.random.default_rng(seed)
     exchanges = rng.integers(1, 5, n)
     system = rng.random(n) < 0.5
-    contents = iter(_contents(rng, int(2 * exchanges.sum() + system.sum())))
+    contents = iter(_contents(rng, int(2 * exchanges.sum() + system.sum()), words))
     rows = []
     for i in range(n):
         chat = [{"role": "system", "content": next(contents)}] if system[i] else []
@@ -115,10 +141,10 @@ def make_chats(directory: Path, n: int, seed: int = 0, files: int = 4) -> list[P
     return _write(paths, rows)
 
 
-def make_pairs(directory: Path, n: int, seed: int = 1, files: int = 4) -> list[Path]:
-    """Return ``files`` JSONL files of ``n`` prompt/completion pairs."""
+def make_pairs(directory: Path, n: int, seed: int = 1, files: int = 4, words: list[str] = WORDS) -> list[Path]:
+    """Return ``files`` JSONL files of ``n`` prompt/completion pairs of ``words``."""
     paths = [directory / f"part-{k}.jsonl" for k in range(files)]
     if all(p.is_file() for p in paths):
         return paths
-    texts = _contents(np.random.default_rng(seed), 2 * n)
+    texts = _contents(np.random.default_rng(seed), 2 * n, words)
     return _write(paths, [{"prompt": texts[2 * i], "completion": " " + texts[2 * i + 1]} for i in range(n)])
