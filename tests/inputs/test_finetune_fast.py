@@ -110,6 +110,22 @@ def test_the_pattern_renders_jinja_s_text(families, family):
     assert ok.tolist() == [True, True, family == "llama3"]  # Qwen 2.5 renders a tool's turn its own way
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batches_put_every_conversation_back_in_its_place_and_name_its_row(families, family, monkeypatch):
+    from sortpack.inputs.finetune import fast_chats
+
+    monkeypatch.setattr(fast_chats, "BATCH", 2)
+    shape = _shape(families[family], ("assistant",))
+    good = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]
+    tool = [{"role": "user", "content": "add"}, {"role": "assistant", "content": None,
+                                                 "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]
+    chats = [good, tool, good[:1], tool, good, good]
+    _assert_same(*_both(shape, chats))
+    nameless = [good, good, good, [{"content": "no role"}], good]  # the error of row 3, in the second batch
+    fast, slow = _both(shape, nameless)
+    assert isinstance(fast, str) and fast == slow and "row 3" in fast
+
+
 def test_an_unknown_template_or_a_tokenizer_without_its_tokens_takes_jinja(tmp_path, families):
     files = make_chat_tokenizer(tmp_path / "chatml")  # support's ChatML: no family's own template
     shape = _shape(files, ("assistant",))

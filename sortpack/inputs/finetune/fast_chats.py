@@ -125,28 +125,44 @@ def _put_back(ok: np.ndarray, fast: tuple, slow: Encoded | None) -> tuple[np.nda
     return np.concatenate((ids, slow_ids))[take], np.concatenate((flags, slow_flags))[take], all_counts
 
 
-def encode_fast(shape, col, rows: Rows, slow) -> Encoded | None:
-    """Return the ``Encoded`` of a messages column of a loaded ``chats.ChatShape`` (its encoder, template and
-    ``train_on``), a known family's conversations without Jinja (``slow(chats, rows)`` encodes the others, named
-    by their rows); None where no family pattern applies (the caller's path)."""
-    template = shape.template
-    got = render_layout(template, col)
-    if got is None:
+BATCH = 1 << 16  # conversations laid out at once: bounded memory, a batch's texts within 32-bit offsets
+
+
+def _batch(shape, col, first: int, rows: Rows, slow) -> tuple | None:
+    """Return (ids, flags, counts, roles, family) of the conversations ``col`` (the column's from ``first`` on);
+    None where no family pattern applies."""
+    got = render_layout(shape.template, col)
+    fast = encode_layout(shape.encoder, got[1], frozenset(shape.train_on)) if got is not None else None
+    if got is None or fast is None:
         return None
-    family, layout = got
-    fast = encode_layout(shape.encoder, layout, frozenset(shape.train_on))
-    if fast is None:
-        return None
+    layout = got[1]
     ok = layout.messages.ok
     others = np.flatnonzero(~ok)
     slow_part = None
     if len(others):
         subset = col.take(pa.array(others)).to_pylist()
-        slow_part = slow(subset, Rows(rows.path, 0, lambda j: rows.row(int(others[j]))))
-    ids, flags, counts = _put_back(ok, fast, slow_part)
+        slow_part = slow(subset, Rows(rows.path, 0, lambda j: rows.row(first + int(others[j]))))
     roles = frozenset(pa.compute.unique(layout.messages.roles).to_pylist())
     if slow_part is not None and slow_part.roles:
         roles |= slow_part.roles
+    return (*_put_back(ok, fast, slow_part), roles, got[0])
+
+
+def encode_fast(shape, col, rows: Rows, slow) -> Encoded | None:
+    """Return the ``Encoded`` of a messages column of a loaded ``chats.ChatShape`` (its encoder, template and
+    ``train_on``), a known family's conversations without Jinja (``slow(chats, rows)`` encodes the others, named
+    by their rows); None where no family pattern applies (the caller's path)."""
+    parts: tuple[list, list, list] = ([], [], [])
+    roles: frozenset[str] = frozenset()
+    family = None
+    for a in range(0, max(len(col), 1), BATCH):
+        got = _batch(shape, col.slice(a, BATCH), a, rows, slow)
+        if got is None:
+            return None  # the same template and column type in every batch: none applies
+        for part, value in zip(parts, got[:3]):
+            part.append(value)
+        roles |= got[3]
+        family = got[4]
     # the same ids either way: which path ran is provenance (conversations the pattern does not cover: Jinja)
-    RENDERED[template.name] = {"render": "pattern", "family": family}
-    return encoded([ids], [flags], [counts], roles=roles)
+    RENDERED[shape.template.name] = {"render": "pattern", "family": family}
+    return encoded(*parts, roles=roles)
