@@ -156,3 +156,17 @@ def test_a_guess_written_again_is_the_same_at_1_to_3_ranks(plans, tmp_path):
     first = _read(tmp_path / "r1")
     assert first[0] == want and first[1] == np.int32
     assert _read(tmp_path / "r2") == first and _read(tmp_path / "r3") == first
+
+
+def test_an_input_changed_since_the_plan_is_one_line_and_nothing_written(tmp_path):
+    from megatron_files import plan_in_process
+
+    seqs = random_sequences(60, seed=4)
+    idx = write_dataset(tmp_path / "d", seqs)
+    plan = plan_in_process(tmp_path / "p", [idx], max_tokens=400)
+    docs = np.arange(len(seqs) + 1)
+    docs[1] = 2  # the same sizes and sequences, another document split: the .idx differs in content only
+    write_dataset(tmp_path / "d", seqs, documents=docs)
+    with pytest.raises(SortpackError, match="content changed since analyze"):
+        export_plan(SerialComm(), ExportRequest(str(plan), "megatron", str(tmp_path / "out" / "x")))
+    assert not (tmp_path / "out").exists()

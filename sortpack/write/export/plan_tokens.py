@@ -10,6 +10,7 @@ is refused in one line. No MPI here: ``megatron_out`` and ``packed_parquet`` dea
 from __future__ import annotations
 
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -70,6 +71,7 @@ class PlanTokens:
     cap: int  # --oversize truncate: the length a sample is cut to (0: none)
     _pairs: dict[int, Pair] = field(default_factory=dict)
     _held: dict[str, tuple[int, int, pa.Table]] = field(default_factory=dict)  # rows read once, sliced per chunk
+    _digests: list[Future] = field(default_factory=list)  # the inputs' content checks, running beside the export
 
     @property
     def num_microbatches(self) -> int:
@@ -240,13 +242,27 @@ class PlanTokens:
                                                    dtypes=tuple(d.index.dtype for d in labels)), mapped)  # type: ignore
 
     def _pair(self, k: int, entry: dict) -> Pair:
-        """Return Megatron dataset ``k`` of the plan and its labels companion, checked unchanged since the plan."""
+        """Return Megatron dataset ``k`` of the plan and its labels companion, checked unchanged since the plan.
+
+        Its size, version and sequence count are checked now; its content digest (a hash of
+        the whole ``.idx``) is checked in a thread beside the writes, and ``inputs_unchanged``
+        waits for it before anything is committed.
+        """
         got = self._pairs.get(k)
         if got is None:
             data = open_data(str(entry["path"]))
-            check_unchanged(entry, _idx_bytes(data), data.num_sequences)
+            size = _idx_bytes(data)
+            check_unchanged({**entry, "sha256": None}, size, data.num_sequences)
+            pool = ThreadPoolExecutor(1, thread_name_prefix="sortpack-digest")
+            self._digests.append(pool.submit(check_unchanged, entry, size, data.num_sequences))
+            pool.shutdown(wait=False)
             got = self._pairs[k] = (data, companion(data, self.labels) if self.labels is not None else None)
         return got
+
+    def inputs_unchanged(self) -> None:
+        """Raise one line when an input read differs from the plan's record (waits for the checks of ``_pair``)."""
+        for digest in self._digests:
+            digest.result()
 
     def source_dtypes(self) -> list[np.dtype] | None:
         """Return the dtypes the ids are read in (the Megatron datasets'), or None where stored data decides."""
