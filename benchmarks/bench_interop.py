@@ -23,7 +23,10 @@ Parquet (``input_ids`` list<int32>, row groups of 10k). Measured in the same run
   per second, against ``ndarray.tofile`` of the same ids (the export's dtype and count, in
   plan order, already in memory) into the same directory, the floor of writing them; best of
   alternated rounds (9 at small scale, 5 at full), the load average printed beside. Goal: at
-  least 0.8x, marked PASS or MISSED (a figure, not a test). And against writing them by hand
+  least 0.8x, marked PASS or MISSED (a figure, not a test). Beside it the rate of gathering
+  the same ids alone (the compiled run copy into memory, nothing written): where it is near
+  ``tofile``'s, one core does both at half the rate at best and only the second writing
+  thread closes the rest (the floor on a busy machine). And against writing them by hand
   (per micro-batch, numpy slices of the mapped ``.bin`` concatenated and written with ``tofile``).
 
 Generated data lives under ``--workdir`` (default ``benchmarks/_work/interop``), deleted at the
@@ -38,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -132,14 +136,30 @@ def by_hand(plan: Path, idx: Path, out: Path) -> None:
             np.concatenate([tokens[a:a + n] for a, n in zip(starts[ids].tolist(), lengths[ids].tolist())]).tofile(fh)
 
 
+def gather_alone(plan: Path) -> tuple[Callable[[], object], int]:
+    """Return (a job copying the plan's ids into memory as the export gathers them, no write; their count): the
+    compiled run copy (``kernels.runs.copy_runs``) over where its samples lie, found once beforehand."""
+    from sortpack.kernels.runs import copy_runs
+    from sortpack.write.export.plan_tokens import open_plan
+
+    tokens = open_plan(plan)
+    n = tokens.num_microbatches
+    tokens.hold_rows(0, int(tokens.hold(0, n).sum()))
+    runs = tokens.runs(0, n, 0).ids
+    into = np.zeros(int(runs.counts.sum()), np.uint16)
+    return (lambda: copy_runs(runs, into, False)), len(into)
+
+
 def export_rates(work: Path, plan: Path, rounds: int, idx: Path | None = None) -> dict[str, float]:
-    """Return the best tokens/s of the export of ``plan``, of ``tofile`` of the same ids in memory, and (``idx``:
-    the plan's Megatron input) of the same ids written by hand, alternated over rounds.
+    """Return the best tokens/s of the export of ``plan``, of ``tofile`` of the same ids in memory, of gathering
+    them alone, and (``idx``: the plan's Megatron input) of the same ids written by hand, alternated over rounds.
 
     Each round writes new files under one name, removed after it (replacing a file would add
-    the cost of freeing the old one's pages to either side): ``tofile`` writes the ids the
-    export wrote (its dtype, its count, in plan order, already in memory) into the same
-    directory; the page cache holds the plan and its inputs for both.
+    the cost of freeing the old one's pages to either side), and the page cache's dirty pages
+    are written out (``os.sync``, untimed) before each job: at full scale one job's 1.3 GB
+    would otherwise throttle the next one's writes. ``tofile`` writes the ids the export wrote
+    (its dtype, its count, in plan order, already in memory) into the same directory; the page
+    cache holds the plan and its inputs for both.
     """
     from sortpack.format.megatron import read_index
     from sortpack.parallel import SerialComm
@@ -149,13 +169,16 @@ def export_rates(work: Path, plan: Path, rounds: int, idx: Path | None = None) -
     index = read_index((work / "first.idx").read_bytes(), "first")
     ids = np.fromfile(work / "first.bin", dtype=index.dtype)  # the same ids, in plan order, in memory
     out = work / "export"
+    gather, gathered = gather_alone(plan)
+    assert gathered == len(ids)
     jobs = {"export": lambda: export_plan(SerialComm(), ExportRequest(str(plan), "megatron", str(out))),
-            "tofile": lambda: ids.tofile(out.with_suffix(".bin"))}
+            "tofile": lambda: ids.tofile(out.with_suffix(".bin")), "gather": gather}
     if idx is not None:
         jobs["by hand"] = lambda: by_hand(plan, idx, out.with_suffix(".bin"))
     best = dict.fromkeys(jobs, 0.0)
     for _ in range(rounds):
         for name, job in jobs.items():
+            os.sync()
             t0 = time.perf_counter()
             job()
             best[name] = max(best[name], len(ids) / (time.perf_counter() - t0))
@@ -195,6 +218,8 @@ def rows(res: dict) -> list[list[str]]:
         ratio = got["export"] / got["tofile"]
         out.append([f"{what}, tokens/s", f"{got['export']:,.0f}", f"{got['tofile']:,.0f} (ndarray.tofile)",
                     f"{ratio:.2f}x {'PASS' if ratio >= EXPORT_GOAL else 'MISSED'} (goal {EXPORT_GOAL}x)"])
+        out.append(["  gathering them alone (compiled run copy into memory, no write)", f"{got['gather']:,.0f}",
+                    f"{got['tofile']:,.0f} (ndarray.tofile)", f"{got['gather'] / got['tofile']:.2f}x"])
         if "by hand" in got:
             out.append(["  against numpy slices + tofile per micro-batch", f"{got['export']:,.0f}",
                         f"{got['by hand']:,.0f} (by hand)", f"{got['export'] / got['by hand']:.2f}x"])
