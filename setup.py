@@ -29,6 +29,12 @@ setup(
                      "sortpack/kernels/_runs.c"],
             optional=True,
         ),
+        # the byte-level BPE of the tokenizer path (sortpack.kernels.bpe), apart from the numeric kernels
+        Extension(
+            "sortpack.kernels._cbpe",
+            sources=["sortpack/kernels/_bpe.c"],
+            optional=True,
+        ),
         # the SIGBUS handler of sortpack.format.mapped (a shard that shrinks under a reader)
         Extension(
             "sortpack.format._busguard",

@@ -10,8 +10,9 @@ Launched alternately in each round, each keeping its fastest:
 - the baseline: one ``Tokenizer.encode_batch_fast`` of every text, already in memory, in one
   process with the library's default pool (every core);
 - ``sortpack analyze --size tokens`` at P=1 and P=2 as a user runs it: where the tokenizer.json
-  converts exactly to tiktoken (``inputs/fast_tokens.py``), its ASCII texts through the compiled
-  GPT-2-pattern BPE (``kernels/bpe.py``) and the rest through tiktoken; and at P=2 for before/after
+  converts exactly to tiktoken (``inputs/bpe_conversion.py``), every text through the compiled
+  GPT-2-pattern BPE (``kernels/bpe.py``) but those holding an added token's text, which tiktoken
+  encodes; and at P=2 for before/after
   with ``SORTPACK_FAST_TOKENIZER=tiktoken`` (tiktoken for every text) and ``=0`` (Hugging Face
   ``tokenizers``).
 
@@ -60,6 +61,12 @@ def _encoder(name: str):
             os.environ["SORTPACK_FAST_TOKENIZER"] = before
 
 
+def encoder_used(record: dict) -> str:
+    """Return what a plan's ``provenance.tokenizers`` record says encoded its texts, in a few words."""
+    compiled = {"utf-8": " + compiled BPE (every text)", "ascii": " + compiled BPE (ASCII texts)"}
+    return record.get("encoder", "?") + compiled.get(record.get("compiled", ""), "")
+
+
 def measure(scale: str, log, texts_n: int | None = None, ranks: int = 2) -> tuple[list[Section], list[Row]]:
     """Alternate the baseline and the sortpack runs (at 1 and ``ranks``); return the table and the goal rows."""
     runs = [("default", 1), ("default", ranks), ("tiktoken", ranks), ("tokenizers", ranks)]
@@ -87,7 +94,7 @@ def measure(scale: str, log, texts_n: int | None = None, ranks: int = 2) -> tupl
             man = json.loads((target / "manifest.json").read_text())
             stage = man["provenance"]["profile"]["analyze"]["wall_s"]
             rec = man["provenance"].get("tokenizers", {}).get(tok.name, {})
-            used = rec.get("encoder", "?") + (" + compiled ASCII" if rec.get("ascii") == "compiled" else "")
+            used = encoder_used(rec)
             log(f"round {r + 1}: analyze P={p} ({used}): stage {stage:.2f} s, command {wall:.2f} s (load {load:.1f})")
             key = (name, p)
             if key not in best or stage < best[key]["stage"]:

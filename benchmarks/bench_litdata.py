@@ -9,10 +9,10 @@ alternately in each round, each keeping its fastest:
 
 - sortpack: ``sortpack run TEXTS --column text --size tokens --tokenizer T --store-tokens
   --oversize split --rows 4096`` under ``mpiexec -n 2`` (read, tokenize, sort, pack, store the ids:
-  a packed plan a trainer reads), as a user runs it (the fast exact path: ASCII texts through the
-  compiled BPE, the others through tiktoken; the goal's run), with ``SORTPACK_FAST_TOKENIZER=tiktoken``
-  (tiktoken for every text) and with ``=0`` (Hugging Face ``tokenizers``, the path before); the
-  plans' ``content_hash`` must be equal;
+  a packed plan a trainer reads), as a user runs it (the fast exact path: texts through the
+  compiled BPE, those holding an added token's text through tiktoken; the goal's run), with
+  ``SORTPACK_FAST_TOKENIZER=tiktoken`` (tiktoken for every text) and with ``=0`` (Hugging Face
+  ``tokenizers``, the path before); the plans' ``content_hash`` must be equal;
 - LitData: ``optimize(fn=tokenize, inputs=<row groups>, num_workers=2, chunk_bytes="64MB",
   item_loader=TokensLoader())`` in one subprocess, ``fn`` reading one Parquet row group, encoding
   its texts with the same ``tokenizer.json`` (Hugging Face ``tokenizers``, ``encode_batch``) and
@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from . import data
-from .bench_fasttok import _encoder
+from .bench_fasttok import _encoder, encoder_used
 from .bench_scaling import bpe_tokenizer, stdlib_texts
 from .report import Row, Section, print_script_results, script_log, secs
 from .runner import launch, missing_modules
@@ -133,7 +133,7 @@ def measure(scale: str, log, texts_n: int | None = None) -> tuple[list[Section],
             cpu = _children_cpu() - cpu
             man = json.loads((target / "manifest.json").read_text())
             rec = man["provenance"].get("tokenizers", {}).get(tok.name, {})
-            used = rec.get("encoder", "?") + (" + compiled ASCII" if rec.get("ascii") == "compiled" else "")
+            used = encoder_used(rec)
             log(f"round {r + 1}: sortpack run P={RANKS} ({used}) {wall:.2f} s, CPU {cpu:.2f} s (load {load:.1f})")
             if name not in best or wall < best[name]["wall"]:
                 best[name] = {"wall": wall, "cpu": cpu, "load": load, "tokens": man["stats"]["tokens"],

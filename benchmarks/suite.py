@@ -22,8 +22,10 @@ from . import (
     bench_loader,
     bench_media,
     bench_mixture,
+    bench_multimodal,
     bench_objects,
     bench_plan_batch,
+    bench_real_tokens,
     bench_scaling,
     bench_sft,
     bench_stored,
@@ -286,6 +288,12 @@ def bench_analyze(ctx: Context) -> list[Row]:
 
 
 def bench_tokens(ctx: Context) -> list[Row]:
+    """``analyze --size tokens`` vs ``Tokenizer.encode_batch`` in one process, scaling with ranks; then real
+    vocabularies on real mixed-language text (``bench_real_tokens``)."""
+    return _tokens_scaling(ctx) + bench_real_tokens.bench(ctx)
+
+
+def _tokens_scaling(ctx: Context) -> list[Row]:
     """``analyze --size tokens`` vs ``Tokenizer.encode_batch`` in one process; scaling with ranks."""
     s, rows = ctx.scale, []
     if importlib.util.find_spec("tokenizers") is None:
@@ -367,7 +375,8 @@ BENCHMARKS = {"sort": bench_sort, "pack": bench_pack, "run": bench_run, "analyze
               "balance_targets": bench_balance.bench_targets, "compose": bench_compose.bench,
               "fasttok": bench_fasttok.bench, "sft": bench_sft.bench, "litdata": bench_litdata.bench,
               "media": bench_media.bench, "doors": bench_doors.bench,
-              "plan_batch": bench_plan_batch.bench, "interop": bench_interop.bench}
+              "plan_batch": bench_plan_batch.bench, "interop": bench_interop.bench,
+              "multimodal": bench_multimodal.bench}
 
 
 def _scaling_section(ctx: Context) -> Section | None:

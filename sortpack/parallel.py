@@ -306,9 +306,14 @@ def get_comm() -> Comm:
     global _WORLD
     if _WORLD is not None:
         return _WORLD
+    from .env import check_integers
     from .launcher import launcher
 
     launcher()  # a launcher variable that is set but wrong is an error even when MPI knows better
+    try:  # so is a SORTPACK_* integer that is not one: before any work, on every rank alike
+        check_integers()
+    except ValueError as exc:
+        raise SortpackError(str(exc)) from None
     if env_flag("SORTPACK_NO_MPI"):
         _WORLD = SerialComm()
         return _WORLD

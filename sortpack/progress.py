@@ -34,6 +34,17 @@ def configure(enabled: bool, ranks: int = 1) -> None:
     _DEFAULTS["ranks"] = max(int(ranks), 1)
 
 
+@contextmanager
+def silenced() -> Iterator[None]:
+    """Within the block, reporters created without ``enabled`` report nothing (a stage run dry, on no rows)."""
+    before = dict(_DEFAULTS)
+    _DEFAULTS["enabled"] = False
+    try:
+        yield
+    finally:
+        _DEFAULTS.update(before)
+
+
 def _delay() -> float:
     """Return the seconds a stage runs before it reports (``SORTPACK_PROGRESS_DELAY``, default 2)."""
     try:

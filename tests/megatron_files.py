@@ -78,8 +78,14 @@ def plan_in_process(path, inputs, analyze: dict | None = None, store: tuple[str,
     from sortpack.stages.sort import SortOptions
     from sortpack.write.store import StoreOptions
 
+    analyze = dict(analyze or {})
+    if "labels_column" in analyze:  # the fine-tuning shape is an object of its own (sortpack.inputs.finetune)
+        from sortpack.inputs.finetune import LabelsShape
+
+        analyze["shape"] = LabelsShape(labels_column=analyze.pop("labels_column"),
+                                       column=analyze.get("column") or "input_ids")
     run_all(SerialComm(), [str(i) for i in inputs],
-            PlanOptions(AnalyzeOptions(**(analyze or {})), SortOptions(), PackOptions(**pack)),
+            PlanOptions(AnalyzeOptions(**analyze), SortOptions(), PackOptions(**pack)),
             JobOutput(str(path), JobInfo(argv=["tests"]), overwrite=True,
                       store=StoreOptions(columns=tuple(store)) if store else None))
     return Path(path)

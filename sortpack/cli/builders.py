@@ -14,17 +14,46 @@ if TYPE_CHECKING:
     from ..write.store import StoreOptions
 
 
+def _caps(kw: dict) -> list:
+    """Return the parsed ``--cap`` options of ``kw`` (``CapSpec`` each; SortpackError, every rank, on a bad one)."""
+    from ..stages.caps import parse_cap
+
+    try:
+        return [parse_cap(text) for text in kw.get("cap_specs") or ()]
+    except SortpackError as exc:
+        raise SortpackError(str(exc), collective=True) from None
+
+
+def _measures(kw: dict) -> tuple[tuple[str, str], ...]:
+    """Return the named measures the analyze options of ``kw`` make: ``--measure NAME=SPEC`` (parsed by its
+    option) and ``--cap NAME=SPEC:N`` (a name given twice is refused, on every rank)."""
+    named = list(kw.get("measures") or ()) + [(c.name, c.spec) for c in _caps(kw) if c.spec is not None]
+    names = [name for name, _ in named]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise SortpackError(f"--measure/--cap {twice[0]}: the measure is given twice", collective=True)
+    return tuple(named)
+
+
 def make_analyze(kw: dict) -> AnalyzeOptions:
-    """Return the AnalyzeOptions of the analyze options in ``kw``."""
+    """Return the AnalyzeOptions of the analyze options in ``kw`` (its fine-tuning shape from the options that name
+    one; every rank parses the same arguments, so every rank raises the same error)."""
+    from ..inputs.finetune import fine_tune_shape
     from ..stages.analyze import AnalyzeOptions
 
+    train_on = tuple(r.strip() for r in kw["train_on"].split(",")) if kw.get("train_on") else None
+    try:
+        shape = fine_tune_shape(kw["column"], kw.get("labels_column"), kw.get("prompt_column"),
+                                kw.get("completion_column"), kw.get("chat_template"), train_on,
+                                eos_token=kw.get("eos_token"), pair_encoding=kw.get("pair_encoding"))
+    except SortpackError as exc:
+        raise SortpackError(str(exc), collective=True) from None
+    size2 = kw.get("size2_spec") or ()
     return AnalyzeOptions(column=kw["column"], size=kw["size_spec"], difficulty=kw["difficulty_spec"],
                           tokenizer=kw["tokenizer"], input_format=kw["input_format"],
-                          special_tokens=kw["special_tokens"], split=kw["split"], size2=kw.get("size2_spec"),
-                          measures=kw.get("measures") or (),
-                          labels_column=kw.get("labels_column"), prompt_column=kw.get("prompt_column"),
-                          completion_column=kw.get("completion_column"), chat_template=kw.get("chat_template"),
-                          train_on=tuple(r.strip() for r in kw["train_on"].split(",")) if kw.get("train_on") else None)
+                          special_tokens=kw["special_tokens"], split=kw["split"],
+                          size2=size2[0] if size2 else None, sizes=tuple(size2[1:]), measures=_measures(kw),
+                          shape=shape)
 
 
 def make_sort(kw: dict) -> SortOptions:
@@ -34,10 +63,45 @@ def make_sort(kw: dict) -> SortOptions:
     return SortOptions(key=kw["key"], descending=kw["descending"], stages=kw["stages"])
 
 
+def _pack_caps(kw: dict) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """Return (``--max-size2``'s first N, the other caps) of ``kw``, refusing on every rank what the command line
+    already shows wrong: a cap of a measure no option of this command makes (``run``), a SPEC to measure
+    where nothing is measured (``pack``)."""
+    from ..inputs.measures import size_name
+    from ..stages.caps import size2_caps
+
+    caps = _caps(kw)
+    sized = size2_caps(kw.get("max_size2") or ())
+    first = dict(sized).get("size2", 0)
+    named = [(c.name, c.limit) for c in caps]
+    try:
+        if "size2_spec" in kw:  # run: every measure is made here, so every name must be
+            made = {size_name(k) for k in range(len(kw["size2_spec"]))} | {name for name, _ in _measures(kw)}
+            given = len(kw.get("max_size2") or ())
+            if given > len(kw["size2_spec"]):
+                raise SortpackError(f"{given} --max-size2 for {len(kw['size2_spec'])} --size2: the k-th --max-size2 "
+                                    "caps the k-th --size2 SPEC")
+            enc = [kw.get("encoder_patches"), (kw.get("encoder_attention") or "").partition("full:")[2] or None]
+            for name in [n for n, _ in named] + [e for e in enc if e]:
+                if name not in made:
+                    raise SortpackError(f"--cap/--encoder-* {name}: no option measures {name!r} (give --cap "
+                                        f"{name}=SPEC:N or --measure {name}=SPEC)")
+        else:
+            spec = next((c for c in caps if c.spec is not None), None)
+            if spec is not None:
+                raise SortpackError(f"--cap {spec.name}={spec.spec}:{spec.limit}: pack caps the measures of its "
+                                    f"sorted input (--cap {spec.name}={spec.limit}); SPECs are measured by analyze "
+                                    "or run")
+    except SortpackError as exc:
+        raise SortpackError(str(exc), collective=True) from None
+    return first, tuple((n, c) for n, c in sized if n != "size2") + tuple(named)
+
+
 def make_pack(kw: dict) -> PackOptions:
     """Return the PackOptions of the pack options in ``kw``."""
     from ..stages.pack import SEGMENT_SIZE, PackOptions
 
+    max_size2, caps = _pack_caps(kw)
     return PackOptions(max_tokens=kw["max_tokens"], budget=kw["budget"], max_samples=kw["max_samples"],
                        batch_multiple=kw["batch_multiple"], quadratic_scale=kw["quadratic_scale"],
                        pad_to_multiple=kw["pad_to_multiple"], shapes=kw["shapes"][0], group_size=kw["group_size"],
@@ -45,8 +109,9 @@ def make_pack(kw: dict) -> PackOptions:
                        segment_size=kw["segment_size"] or SEGMENT_SIZE, rows=kw["rows"],
                        rows_per_microbatch=kw["rows_per_microbatch"], max_segments=kw["max_segments"],
                        auto_shapes=kw["shapes"][1], static_shapes=kw["static_shapes"],
-                       keep_empty=kw["keep_empty"], max_size2=kw["max_size2"], balance=kw["balance"],
-                       cost_coeff=kw["cost_coeff"])
+                       keep_empty=kw["keep_empty"], max_size2=max_size2, caps=caps, cap_fit=kw["cap_fit"],
+                       balance=kw["balance"], cost_coeff=kw["cost_coeff"], encoder_patches=kw["encoder_patches"],
+                       encoder_attention=kw["encoder_attention"], encoder_coeff=kw["encoder_coeff"])
 
 
 def make_store(kw: dict) -> StoreOptions:

@@ -18,6 +18,11 @@ from .job import on_one_rank
 @click.option("--cost-coeff", type=float, default=None, metavar="C",
               help="With --world-size: C of the compute cost C*s + s^2 per document (compute_imbalance); "
                    "default 6144, C ~ 6 * d_model (docs/step-costs.md).")
+@click.option("--lr-method", type=click.Choice(["linear", "sqrt", "none"]), default="none", show_default=True,
+              help="How the training scales its LR by each step's batch (VariableBatchSizeLR's method): warn of "
+                   "steps whose LR scale is over 4x the median step's.")
+@click.option("--lr-by", type=click.Choice(["samples", "tokens"]), default="samples", show_default=True,
+              help="With --lr-method: what the step's batch counts (VariableBatchSizeLR's by).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG: sizes, fill, step balance, shapes, LR scale.")
@@ -42,27 +47,33 @@ def inspect(directory, as_json, plot, step, samples, **kw):
     # under mpiexec/srun rank 0 reports (and plots) for all; every rank exits with its status
     world_size, grad_accum = kw.pop("world_size"), kw.pop("grad_accum")
     cost_coeff, epoch = kw.pop("cost_coeff"), kw.pop("epoch")  # the rest: the sampler's order (StepOrder)
+    lr = (kw.pop("lr_method"), kw.pop("lr_by"))
     if step is not None or samples:
         layout, how = Layout(1 if world_size is None else world_size, grad_accum), StepOrder(**kw)
         text, root = on_one_rank(lambda: _trace(directory, (step, samples, epoch), layout, how, as_json))
     else:
-        text, root = on_one_rank(lambda: _report(directory, Layout(world_size, grad_accum), cost_coeff,
+        text, root = on_one_rank(lambda: _report(directory, Layout(world_size, grad_accum), (cost_coeff, lr),
                                                  as_json, plot))
     if root:
         click.echo(text)
 
 
-def _report(directory, layout, cost_coeff, as_json, plot) -> str:
-    """Return the report (text or JSON) of ``directory``; with ``plot``, its figure written there too."""
+def _report(directory, layout, costs, as_json, plot) -> str:
+    """Return the report (text or JSON) of ``directory``; with ``plot``, its figure written there too.
+
+    ``costs``: ``--cost-coeff`` and the LR rule (``--lr-method``, ``--lr-by``).
+    """
     from ..report.inspect import DEFAULT_COST_COEFF, inspect_directory, render
     from ..report.plot import plot_directory
 
     world_size, grad_accum = layout
+    cost_coeff, (method, by) = costs
     if cost_coeff is None:
         cost_coeff = DEFAULT_COST_COEFF
     elif not (cost_coeff >= 0 and cost_coeff < float("inf")):
         raise SortpackError(f"--cost-coeff {cost_coeff}: must be a finite number >= 0")
-    report = inspect_directory(directory, world_size, grad_accum, cost_coeff)
+    rule = None if method == "none" else (method, by)
+    report = inspect_directory(directory, world_size, grad_accum, cost_coeff, rule)
     if plot:
         os.makedirs(os.path.dirname(os.path.abspath(plot)), exist_ok=True)
         plot_directory(directory, plot, world_size, grad_accum, cost_coeff)

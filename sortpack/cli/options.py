@@ -6,6 +6,7 @@ import click
 from ..errors import SortpackError
 from ..inputs.formats import format_names
 from ..inputs.size_kinds import spec_forms, split_kinds
+from ..stages.caps import CAP_FITS
 from ..stages.pack.balance import BALANCE, balance_help
 from ..stages.pack.budgets import BUDGETS, budget_help
 
@@ -53,10 +54,11 @@ def analyze_options(f):
                           "python:MODULE:FUNC (media kinds: docs/multimodal.md)."),
         click.option("--difficulty", "difficulty_spec", default=None,
                      help="Difficulty SPEC (curriculum key); defaults to the size."),
-        click.option("--size2", "size2_spec", default=None, metavar="SPEC",
+        click.option("--size2", "size2_spec", multiple=True, metavar="SPEC",
                      help="A second size per sample (any SPEC, e.g. column:num_patches or column:duration*100: "
                           "encoder patches or frames), summed per micro-batch as the index column size2; "
-                          "with --max-size2 N a second cap."),
+                          "with --max-size2 N a second cap. Repeat for more: size3, size4, ..., capped by "
+                          "the --max-size2 of the same place."),
         click.option("--measure", "measures", multiple=True, callback=_measures, metavar="NAME=SPEC",
                      help="Another per-sample measure (repeatable; any SPEC), summed per micro-batch as the index "
                           "column NAME and handed out by the reader (docs/step-costs.md)."),
@@ -72,10 +74,17 @@ def analyze_options(f):
                           "(default input_ids); -100 = no target. A Megatron input's labels: a second "
                           "dataset's prefix beside it, {} for the input's own prefix name ('{}_labels')."),
         click.option("--prompt-column", default=None, metavar="COL",
-                     help="Fine-tuning: prompt/completion texts (default columns prompt, completion), "
-                          "encoded as a pair with --tokenizer; the completion is the target."),
+                     help="Fine-tuning: prompt/completion texts (default columns prompt, completion), encoded "
+                          "with --tokenizer as TRL's SFTTrainer does: prompt + completion + the end-of-sequence "
+                          "token as one text; the completion and its end token are the targets."),
         click.option("--completion-column", default=None, metavar="COL",
                      help="Fine-tuning: the completion text column (see --prompt-column)."),
+        click.option("--eos-token", default=None, metavar="TOKEN",
+                     help="With --prompt-column: the end token appended to each completion (default: the "
+                          "eos_token of the tokenizer_config.json beside --tokenizer)."),
+        click.option("--pair-encoding", type=click.Choice(["trl", "pair"]), default=None,
+                     help="With --prompt-column: trl (default: one text, the end token appended, as TRL) or pair "
+                          "(the tokenizer's pair template, no end token added)."),
         click.option("--chat-template", type=click.Path(dir_okay=False), default=None, metavar="FILE",
                      help="Fine-tuning: render the messages of --column (default messages) with this chat "
                           "template (a tokenizer_config.json or a Jinja file) and tokenize with --tokenizer."),
@@ -97,6 +106,33 @@ def sort_options(f):
                      help="Curriculum stages: exact difficulty quantiles, each ordered by size."),
     ]
     return _apply(opts, f)
+
+
+def _cap_options() -> list:
+    """Return the click options of the caps beside the budget and of the vision encoder's cost."""
+    return [
+        click.option("--max-size2", type=int, multiple=True, metavar="N",
+                     help="Cap a micro-batch's (and with --rows a row's) sum of --size2 at N too "
+                          "(a sample over N alone follows --oversize error|skip); repeated, the k-th caps "
+                          "the k-th --size2 (0: no cap)."),
+        click.option("--cap", "cap_specs", multiple=True, metavar="NAME=SPEC:N|NAME=N",
+                     help="Another cap: measure NAME by SPEC (run) and cap its sum per micro-batch (per row "
+                          "with --rows) at N, e.g. images=column:num_images:16; NAME=N caps a measure made "
+                          "already (--size2's size2, size3.., --measure, an analyzed one). Repeatable."),
+        click.option("--cap-fit", type=click.Choice(list(CAP_FITS)), default="auto", show_default=True,
+                     help="How micro-batches meet the caps: runs (the greedy cuts runs of the sorted order), "
+                          "best (best fit over the budget and every cap, window by window), auto (best from "
+                          "two caps on, runs for one)."),
+        click.option("--encoder-patches", default=None, metavar="MEASURE",
+                     help="With --balance compute: the measure of each sample's vision-encoder patches "
+                          "(summed over its images); the encoder's work is balanced beside the LLM's."),
+        click.option("--encoder-attention", default=None, metavar="full:MEASURE|window:W",
+                     help="The encoder's attention: full:MEASURE (a full-attention ViT; MEASURE the patches "
+                          "squared, summed over the images) or window:W (windows of W patches, e.g. 64 for "
+                          "Qwen2.5-VL: nearly linear)."),
+        click.option("--encoder-coeff", type=float, default=7680.0, show_default=True, metavar="C",
+                     help="C_e of the encoder's cost C_e*p + attention per image (6 x the ViT's width)."),
+    ]
 
 
 def pack_options(required: bool):
@@ -137,9 +173,7 @@ def pack_options(required: bool):
                          help="With --rows: rows per micro-batch."),
             click.option("--max-segments", type=int, default=0,
                          help="With --rows: most samples per row (0: no limit)."),
-            click.option("--max-size2", type=int, default=0, metavar="N",
-                         help="Cap a micro-batch's (and with --rows a row's) sum of --size2 at N too "
-                              "(a sample over N alone follows --oversize error|skip)."),
+            *_cap_options(),
             click.option("--balance", default="none", show_default=True, metavar="|".join(BALANCE),
                          help=balance_help()),
             click.option("--cost-coeff", type=float, default=6144.0, show_default=True, metavar="C",

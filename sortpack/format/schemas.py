@@ -49,6 +49,13 @@ def padded_plan(options: dict) -> bool:
         or bool(options.get("static_shapes"))
 
 
+def plan_caps(options: dict) -> list[tuple[str, int]]:
+    """Return the caps beside the budget an index's recorded pack ``options`` name, (measure, N) each:
+    ``max_size2`` on ``size2`` first, then ``caps`` (``PackOptions.cap_list`` decides the same)."""
+    caps = [("size2", int(options["max_size2"]))] if options.get("max_size2") else []
+    return caps + [(str(name), int(n)) for name, n in options.get("caps") or ()]
+
+
 def measure_names(names) -> tuple[str, ...]:
     """Return the measure columns among column ``names`` (of any kind), sorted."""
     return tuple(sorted(n for n in names if n not in _SAMPLE_COLUMNS and n not in _INDEX_COLUMNS))

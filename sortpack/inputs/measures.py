@@ -14,11 +14,12 @@ Importing this module loads neither numpy nor pyarrow (``--help`` reads it).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..errors import SortpackError
 
-__all__ = ["MEASURES", "Measure", "measure_of", "parse_measure"]
+__all__ = ["MEASURES", "Measure", "measure_of", "parse_measure", "size_name"]
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,25 @@ RESERVED = frozenset((
     "truncated_targets", "split", "split_pieces", "split_tokens", "empty", "empty_dropped", "auto_shapes", "held",
     "held_out", "holdout", "shapes", "steps", "step_imbalance", "compute_imbalance", "targets_imbalance",
     "world_size", "grad_accum", "options", "format", "version", "kind", "directory", "content_hash", "warnings",
-    "mixture", "sources"))
+    "mixture", "sources", "cap_binding", "cap_fills", "cap_imbalance", "encoder_imbalance", "size2_imbalance",
+    "cost_coeff"))
+# the measures of the 2nd, 3rd.. --size2 SPEC: size3, size4, .. (declared as size2 is)
+_MORE_SIZES = re.compile(r"size(?:[3-9]|[1-9][0-9]+)")
+
+
+def size_name(k: int) -> str:
+    """Return the measure of the k-th ``--size2`` SPEC (0-based): ``size2``, ``size3``, ..."""
+    return f"size{k + 2}"
 
 
 def measure_of(name: str) -> Measure:
     """Return the declaration of measure ``name`` (a ``--measure`` with the defaults when the table has none)."""
-    return MEASURES.get(name) or Measure(name)
+    declared = MEASURES.get(name)
+    if declared is not None:
+        return declared
+    if _MORE_SIZES.fullmatch(name):  # a later --size2: its patches or frames stay whole, as size2's
+        return Measure(name, source="--size2", pieces=None)
+    return Measure(name)
 
 
 def parse_measure(text: str) -> tuple[str, str]:

@@ -8,7 +8,8 @@ to a numpy implementation in the same file that gives identical results, more sl
 Set ``SORTPACK_NO_CKERNELS=1`` to force the fallback; ``backend()`` says which is in use.
 
 ``_loader`` loads the library and holds the backend state; ``budget`` the packing-budget
-policy; ``greedy``, ``merge``, ``radix``, ``rows``, ``lengths``, ``gather``, ``interleave``, ``tokens`` and
+policy; ``greedy``, ``fit`` (best fit over the budget and every cap),
+``merge``, ``radix``, ``rows``, ``lengths``, ``gather``, ``interleave``, ``tokens`` and
 ``utf8`` one kernel family each; ``compose`` (rows composed by their targets) and ``bpe`` (the GPT-2-pattern
 BPE of ASCII text, whose fallback is tiktoken itself) are imported by their module paths.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from ._loader import backend
 from .budget import BUDGETS, COSTS, KernelCost, batch_capacity, round_lengths, sample_cost
+from .fit import fit_pack, fit_pack_reference
 from .gather import gather_bytes
 from .greedy import greedy_pack, greedy_pack_reference
 from .interleave import wf2q_interleave, wf2q_reference
@@ -27,7 +29,8 @@ from .tokens import pad_tokens, varlen_tokens
 from .utf8 import utf8_cuts
 
 __all__ = [
-    "BUDGETS", "COSTS", "DEFAULT_ROW_WINDOW", "KernelCost", "backend", "batch_capacity", "gather_bytes", "greedy_pack",
+    "BUDGETS", "COSTS", "DEFAULT_ROW_WINDOW", "KernelCost", "backend", "batch_capacity", "fit_pack",
+    "fit_pack_reference", "gather_bytes", "greedy_pack",
     "greedy_pack_reference", "merge_runs_between", "merge_sorted_keys", "merge_sorted_keys_into",
     "merge_sorted_runs", "merge_sorted_runs2", "merge_with_own_run", "optimal_lengths", "pack_rows",
     "pack_rows_reference", "pack_rows_windows", "pad_tokens", "round_lengths", "sample_cost", "sort_id_ordered",

@@ -83,15 +83,21 @@ typedef struct {
     int64_t pad;          /* pad_multiple (> 1) or 0 */
     const int64_t *shapes; /* strictly increasing "record" shapes, or NULL */
     int64_t nshapes;
-    const int64_t *sizes2; /* a second size per sample (--size2), or NULL */
-    int64_t lim2;          /* the sum of sizes2 in a micro-batch stays <= lim2 */
+    int64_t ncaps;         /* caps beside the budget (--size2/--max-size2, --cap), each a per-sample measure */
+    const int64_t *caps;   /* ncaps x n: caps[k * n + i] is sample i's measure k */
+    int64_t ncap_stride;   /* n, the stride of caps */
+    const int64_t *lims;   /* the sum of measure k in a micro-batch stays <= lims[k] */
 } gp_params;
+
+#define SP_MAX_CAPS 16 /* caps beside the budget; PackOptions refuses more */
 
 typedef struct {
     int64_t cnt, mx, rmx, sum;
     double fs; /* running float sum of the quadratic budget, added left to right */
-    int64_t sum2; /* running sum of the second size */
+    int64_t sums[SP_MAX_CAPS]; /* running sum of each cap's measure */
 } gp_state;
+
+static inline void gp_reset(gp_state *st) { memset(st, 0, sizeof(*st)); }
 
 static inline int64_t round_len(const gp_params *p, int64_t x) {
     if (p->shapes) {
@@ -113,13 +119,14 @@ static inline double qterm(const gp_params *p, int64_t s) {
     return (double)s + sq_to_double(s) / p->q;
 }
 
-/* Would the current micro-batch plus a sample of size s (rounded r) still fit? */
-static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int64_t r, int64_t s2) {
+/* Would the current micro-batch plus a sample of size s (rounded r) whose cap measures are vals[0..ncaps)
+ * still fit? Monotone: a sample no larger in size and in every measure fits whenever this one does. */
+static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int64_t r, const int64_t *vals) {
     int64_t c1 = st->cnt + 1;
     if (p->max_samples > 0 && c1 > p->max_samples) return 0;
-    if (p->sizes2) {
+    for (int64_t k = 0; k < p->ncaps; k++) {
         int64_t t2;
-        if (add_ovf(st->sum2, s2, &t2) || t2 > p->lim2) return 0;
+        if (add_ovf(st->sums[k], vals[k], &t2) || t2 > p->lims[k]) return 0;
     }
     if ((p->cost & C_PER_SLOT) || rounding(p)) {
         int64_t L = rounding(p) ? (s > st->mx ? r : st->rmx) : (s > st->mx ? s : st->mx);
@@ -139,13 +146,13 @@ static inline int gp_fits(const gp_params *p, const gp_state *st, int64_t s, int
     return st->fs + qterm(p, s) <= p->lim_d;
 }
 
-static inline void gp_add(const gp_params *p, gp_state *st, int64_t s, int64_t r, int64_t s2) {
+static inline void gp_add(const gp_params *p, gp_state *st, int64_t s, int64_t r, const int64_t *vals) {
     if (st->cnt == 0 || s > st->mx) {
         st->mx = s;
         st->rmx = r;
     }
     st->sum += s;
-    st->sum2 += s2;
+    for (int64_t k = 0; k < p->ncaps; k++) st->sums[k] += vals[k];
     if ((p->cost & C_QUADRATIC) && !(p->cost & C_PER_SLOT) && !rounding(p)) {
         st->fs += qterm(p, s);
     }
@@ -182,63 +189,250 @@ static int64_t greedy_padded(const int64_t *sizes, int64_t n, int64_t lim, int64
     return nb;
 }
 
-/* Sequential greedy of greedy_pack_reference for every cost and option, with an optional
- * second size per sample (sizes2, NULL: none) whose sum in a micro-batch stays <= lim2.
- * bounds must hold n + 1 values. Returns the number written, -1 on a negative size. */
-SP_API int64_t sp_greedy_pack2(const int64_t *sizes, int64_t n, int64_t cost,
-                               int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
-                               double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
-                               int64_t nshapes, const int64_t *sizes2, int64_t lim2, int64_t *bounds) {
-    gp_params p;
-    p.sizes2 = sizes2;
-    p.lim2 = lim2;
-    p.cost = (int)cost;
-    p.lim_i = lim_i;
-    p.lim_d = lim_d;
-    p.max_samples = max_samples;
-    p.multiple = multiple < 1 ? 1 : multiple;
-    p.q = quadratic_scale;
-    p.pad = pad_multiple > 1 ? pad_multiple : 0;
-    p.shapes = nshapes > 0 ? shapes : NULL;
-    p.nshapes = nshapes > 0 ? nshapes : 0;
+/* The measures of sample i under each cap, gathered into vals. */
+static inline void gp_vals(const gp_params *p, int64_t i, int64_t *vals) {
+    for (int64_t k = 0; k < p->ncaps; k++) vals[k] = p->caps[k * p->ncap_stride + i];
+}
 
-    if (p.cost == C_PER_SLOT && !rounding(&p) && p.multiple == 1 && !sizes2)
+static inline int64_t gp_round(const gp_params *p, int64_t s) { return rounding(p) ? round_len(p, s) : s; }
+
+/* The greedy's parameters from the kernel arguments (caps: ncaps x n measures, lims: their caps). */
+static void gp_init(gp_params *p, int64_t n, int64_t cost, int64_t lim_i, double lim_d, int64_t max_samples,
+                    int64_t multiple, double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
+                    int64_t nshapes, const int64_t *caps, const int64_t *lims, int64_t ncaps) {
+    p->cost = (int)cost;
+    p->lim_i = lim_i;
+    p->lim_d = lim_d;
+    p->max_samples = max_samples;
+    p->multiple = multiple < 1 ? 1 : multiple;
+    p->q = quadratic_scale;
+    p->pad = pad_multiple > 1 ? pad_multiple : 0;
+    p->shapes = nshapes > 0 ? shapes : NULL;
+    p->nshapes = nshapes > 0 ? nshapes : 0;
+    p->ncaps = caps && ncaps > 0 ? ncaps : 0;
+    p->caps = caps;
+    p->ncap_stride = n;
+    p->lims = lims;
+}
+
+/* Sequential greedy of greedy_pack_reference for every cost and option, with ncaps caps beside the
+ * budget (caps: ncaps x n per-sample measures, NULL: none) whose sums in a micro-batch stay <= lims.
+ * bounds must hold n + 1 values. Returns the number written, -1 on a negative size or measure,
+ * -3 on more than SP_MAX_CAPS caps. */
+SP_API int64_t sp_greedy_pack_caps(const int64_t *sizes, int64_t n, int64_t cost,
+                                   int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
+                                   double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
+                                   int64_t nshapes, const int64_t *caps, const int64_t *lims, int64_t ncaps,
+                                   int64_t *bounds) {
+    if (ncaps > SP_MAX_CAPS) return -3;
+    gp_params p;
+    gp_init(&p, n, cost, lim_i, lim_d, max_samples, multiple, quadratic_scale, pad_multiple, shapes, nshapes,
+            caps, lims, ncaps);
+
+    if (p.cost == C_PER_SLOT && !rounding(&p) && p.multiple == 1 && p.ncaps == 0)
         return greedy_padded(sizes, n, lim_i, max_samples, bounds);
 
     int64_t nb = 0, start = 0;
-    gp_state st = {0, 0, 0, 0, 0.0, 0};
+    int64_t vals[SP_MAX_CAPS];
+    gp_state st;
+    gp_reset(&st);
     bounds[nb++] = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t s = sizes[i];
-        int64_t s2 = sizes2 ? sizes2[i] : 0;
-        if (SP_UNLIKELY(s < 0 || s2 < 0)) return -1;
-        int64_t r = rounding(&p) ? round_len(&p, s) : s;
-        while (st.cnt > 0 && !gp_fits(&p, &st, s, r, s2)) {
+        if (SP_UNLIKELY(s < 0)) return -1;
+        gp_vals(&p, i, vals);
+        for (int64_t k = 0; k < p.ncaps; k++)
+            if (SP_UNLIKELY(vals[k] < 0)) return -1;
+        int64_t r = gp_round(&p, s);
+        while (st.cnt > 0 && !gp_fits(&p, &st, s, r, vals)) {
             int64_t c = st.cnt;
             int64_t keep = c < p.multiple ? c : p.multiple * (c / p.multiple);
             start += keep;
             bounds[nb++] = start;
             /* the leftover (fewer than `multiple` samples) opens the next micro-batch; its
              * cost is recomputed from scratch, in order, exactly as the reference does */
-            gp_state fresh = {0, 0, 0, 0, 0.0, 0};
-            st = fresh;
-            for (int64_t j = start; j < i; j++)
-                gp_add(&p, &st, sizes[j], rounding(&p) ? round_len(&p, sizes[j]) : sizes[j],
-                       sizes2 ? sizes2[j] : 0);
+            gp_reset(&st);
+            int64_t v2[SP_MAX_CAPS];
+            for (int64_t j = start; j < i; j++) {
+                gp_vals(&p, j, v2);
+                gp_add(&p, &st, sizes[j], gp_round(&p, sizes[j]), v2);
+            }
         }
-        gp_add(&p, &st, s, r, s2);
+        gp_add(&p, &st, s, r, vals);
     }
     if (st.cnt > 0) bounds[nb++] = n;
     return nb;
 }
 
-/* sp_greedy_pack2 without a second size. */
+/* sp_greedy_pack_caps without caps. */
 SP_API int64_t sp_greedy_pack(const int64_t *sizes, int64_t n, int64_t cost,
                               int64_t lim_i, double lim_d, int64_t max_samples, int64_t multiple,
                               double quadratic_scale, int64_t pad_multiple, const int64_t *shapes,
                               int64_t nshapes, int64_t *bounds) {
-    return sp_greedy_pack2(sizes, n, cost, lim_i, lim_d, max_samples, multiple, quadratic_scale,
-                           pad_multiple, shapes, nshapes, NULL, 0, bounds);
+    return sp_greedy_pack_caps(sizes, n, cost, lim_i, lim_d, max_samples, multiple, quadratic_scale,
+                               pad_multiple, shapes, nshapes, NULL, NULL, 0, bounds);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* best fit over every cap at once (bin-centric, window by window)                       */
+
+/* A window's samples are given in visiting order (largest first). A micro-batch (or row) opens with
+ * the first sample not yet placed and takes, again and again, the first unplaced sample of the
+ * window that fits it under the budget and every cap, until none does: each bin takes the largest
+ * sample that still fits it. A segment tree over the window holds, per node, the least size and
+ * the least of each measure among its unplaced samples: a node none of whose samples can fit (the
+ * budget and the caps are monotone, so its least values already fail) is skipped whole. */
+typedef struct {
+    const gp_params *p;
+    const int64_t *sizes;  /* the window's sizes, visiting order */
+    int64_t base;          /* the window's first sample in the call's arrays (for the caps) */
+    int64_t T;             /* leaves: the least power of two >= the window's length */
+    int64_t dims;          /* 1 + ncaps */
+    int64_t *mins;         /* dims x 2T: mins[d * 2T + node] */
+} fit_tree;
+
+#define FIT_EMPTY INT64_MAX
+
+static void ft_leaf(fit_tree *t, int64_t i, int placed) {
+    int64_t T2 = 2 * t->T, node = t->T + i;
+    t->mins[node] = placed ? FIT_EMPTY : t->sizes[i];
+    for (int64_t k = 0; k < t->p->ncaps; k++)
+        t->mins[(k + 1) * T2 + node] = placed ? FIT_EMPTY : t->p->caps[k * t->p->ncap_stride + t->base + i];
+    for (node >>= 1; node >= 1; node >>= 1) {
+        for (int64_t d = 0; d < t->dims; d++) {
+            int64_t a = t->mins[d * T2 + 2 * node], b = t->mins[d * T2 + 2 * node + 1];
+            t->mins[d * T2 + node] = a < b ? a : b;
+        }
+    }
+}
+
+static void ft_build(fit_tree *t, int64_t m) {
+    int64_t T2 = 2 * t->T;
+    for (int64_t d = 0; d < t->dims; d++)
+        for (int64_t node = 0; node < T2; node++) t->mins[d * T2 + node] = FIT_EMPTY;
+    for (int64_t i = 0; i < m; i++) {
+        t->mins[t->T + i] = t->sizes[i];
+        for (int64_t k = 0; k < t->p->ncaps; k++)
+            t->mins[(k + 1) * T2 + t->T + i] = t->p->caps[k * t->p->ncap_stride + t->base + i];
+    }
+    for (int64_t node = t->T - 1; node >= 1; node--)
+        for (int64_t d = 0; d < t->dims; d++) {
+            int64_t a = t->mins[d * T2 + 2 * node], b = t->mins[d * T2 + 2 * node + 1];
+            t->mins[d * T2 + node] = a < b ? a : b;
+        }
+}
+
+/* May some unplaced sample under node fit st? (Exact at a leaf.) */
+static inline int ft_may_fit(const fit_tree *t, const gp_state *st, int64_t node) {
+    int64_t T2 = 2 * t->T, s = t->mins[node];
+    if (s == FIT_EMPTY) return 0;
+    int64_t vals[SP_MAX_CAPS];
+    for (int64_t k = 0; k < t->p->ncaps; k++) vals[k] = t->mins[(k + 1) * T2 + node];
+    return gp_fits(t->p, st, s, gp_round(t->p, s), vals);
+}
+
+/* The first unplaced sample (window position) that fits st, or -1. */
+static int64_t ft_first_fit(const fit_tree *t, const gp_state *st) {
+    int64_t node = 1;
+    if (!ft_may_fit(t, st, 1)) return -1;
+    for (;;) {
+        if (node >= t->T) return node - t->T; /* a leaf: ft_may_fit was exact */
+        if (ft_may_fit(t, st, 2 * node)) {
+            node = 2 * node;
+            continue;
+        }
+        if (ft_may_fit(t, st, 2 * node + 1)) {
+            node = 2 * node + 1;
+            continue;
+        }
+        /* neither child fits although their least values did together: climb to the next
+         * right sibling of an ancestor that may fit */
+        for (;;) {
+            while (node & 1) node >>= 1; /* a right child: go up */
+            if (node <= 1) return -1;
+            node += 1; /* the right sibling */
+            if (ft_may_fit(t, st, node)) break;
+        }
+    }
+}
+
+static void ft_add(const fit_tree *t, gp_state *st, int64_t i) {
+    int64_t vals[SP_MAX_CAPS];
+    gp_vals(t->p, t->base + i, vals);
+    gp_add(t->p, st, t->sizes[i], gp_round(t->p, t->sizes[i]), vals);
+}
+
+/* Packs one window of m samples; appends the bins' members (window positions + base) to order and
+ * their ends to bounds. members: m words of scratch. Returns the number of bins. */
+static int64_t fit_window(fit_tree *t, int64_t m, int64_t *order, int64_t *bounds, int64_t *members) {
+    const gp_params *p = t->p;
+    int64_t nb = 0, first = 0, out = bounds[0];
+    ft_build(t, m);
+    for (;;) {
+        while (first < m && t->mins[t->T + first] == FIT_EMPTY) first++;
+        if (first >= m) break;
+        gp_state st;
+        gp_reset(&st);
+        int64_t c = 0;
+        for (int64_t j = first; j >= 0; j = ft_first_fit(t, &st)) {
+            ft_add(t, &st, j);
+            ft_leaf(t, j, 1);
+            members[c++] = j;
+        }
+        /* --batch-multiple: the last samples taken beyond a multiple go back to the window */
+        int64_t keep = c < p->multiple ? c : p->multiple * (c / p->multiple);
+        for (int64_t q = keep; q < c; q++) ft_leaf(t, members[q], 0);
+        for (int64_t q = 0; q < keep; q++) order[out++] = t->base + members[q];
+        bounds[++nb] = out;
+    }
+    return nb;
+}
+
+/* Words of scratch memory sp_fit_pack needs for windows of at most wmax samples and ncaps caps. */
+SP_API int64_t sp_fit_pack_scratch_words(int64_t wmax, int64_t ncaps) {
+    int64_t T = 1;
+    while (T < wmax) T <<= 1;
+    return (1 + ncaps) * 2 * T + wmax + 1;
+}
+
+/* Best fit over the budget and every cap at once, window by window: windows are the ranges
+ * [wins[w], wins[w + 1]) of the samples, each in visiting order (largest first); a bin never spans
+ * two windows. order (n) receives the samples grouped by bin, in the order each bin took them,
+ * bounds (n + 1) the bins' boundaries; scratch holds sp_fit_pack_scratch_words(the longest window,
+ * ncaps). Returns the number of bins, -1 on a negative size or measure, -3 on too many caps. */
+SP_API int64_t sp_fit_pack(const int64_t *sizes, int64_t n, int64_t cost, int64_t lim_i, double lim_d,
+                           int64_t max_samples, int64_t multiple, double quadratic_scale, int64_t pad_multiple,
+                           const int64_t *shapes, int64_t nshapes, const int64_t *caps, const int64_t *lims,
+                           int64_t ncaps, const int64_t *wins, int64_t nwins, int64_t *order, int64_t *bounds,
+                           int64_t *scratch) {
+    if (ncaps > SP_MAX_CAPS) return -3;
+    gp_params p;
+    gp_init(&p, n, cost, lim_i, lim_d, max_samples, multiple, quadratic_scale, pad_multiple, shapes, nshapes,
+            caps, lims, ncaps);
+    for (int64_t i = 0; i < n; i++)
+        if (sizes[i] < 0) return -1;
+    for (int64_t i = 0; i < p.ncaps * n; i++)
+        if (caps[i] < 0) return -1;
+    int64_t wmax = 1;
+    for (int64_t w = 0; w < nwins; w++)
+        if (wins[w + 1] - wins[w] > wmax) wmax = wins[w + 1] - wins[w];
+    fit_tree t;
+    t.p = &p;
+    t.dims = 1 + p.ncaps;
+    t.T = 1;
+    while (t.T < wmax) t.T <<= 1;
+    t.mins = scratch;
+    int64_t *members = scratch + t.dims * 2 * t.T;
+    int64_t nb = 0;
+    bounds[0] = 0;
+    for (int64_t w = 0; w < nwins; w++) {
+        int64_t a = wins[w], m = wins[w + 1] - a;
+        if (m <= 0) continue;
+        t.sizes = sizes + a;
+        t.base = a;
+        nb += fit_window(&t, m, order, bounds + nb, members);
+    }
+    return nb;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -1447,231 +1641,6 @@ SP_API int64_t sp_deal_equal(const double *cost, int64_t m, int64_t k, int64_t r
 done:
     free(items); free(merged); free(set); free(sum); free(parent); free(rank); free(tmp); free(heap);
     return status;
-}
-
-/* ------------------------------------------------------------------------------------ */
-/* Byte-level BPE of ASCII text split by GPT-2's, Llama 3's or Qwen 2's pattern (kernels/bpe.py). */
-/* A table of token bytes -> rank (open addressing, FNV-1a), then per text: the pattern's */
-/* pieces found by hand (ASCII: letters, digits, the six whitespace bytes, the rest), each */
-/* piece a token when it is one, else merged as tiktoken does: the adjacent pair whose   */
-/* concatenation has the lowest rank, the leftmost of equals, until no pair is a token.  */
-
-typedef struct {
-    int64_t slots;      /* a power of two */
-    int64_t *key;       /* offset of the key in arena; -1: empty */
-    int32_t *len;
-    int64_t *rank;
-    uint8_t *arena;
-    int64_t longest;
-} bpe_table;
-
-static inline uint64_t bpe_hash(const uint8_t *p, int64_t n) {
-    uint64_t h = 1469598103934665603ULL;
-    for (int64_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
-    return h ^ (h >> 29);
-}
-
-static int64_t bpe_find(const bpe_table *t, const uint8_t *p, int64_t n) {
-    if (n > t->longest) return -1;
-    uint64_t m = (uint64_t)t->slots - 1, at = bpe_hash(p, n) & m;
-    for (;;) {
-        int64_t k = t->key[at];
-        if (k < 0) return -1;
-        if (t->len[at] == n && memcmp(t->arena + k, p, (size_t)n) == 0) return t->rank[at];
-        at = (at + 1) & m;
-    }
-}
-
-SP_API void sp_bpe_free(void *table) {
-    bpe_table *t = (bpe_table *)table;
-    if (!t) return;
-    free(t->key); free(t->len); free(t->rank); free(t->arena); free(t);
-}
-
-/* keys: the tokens' bytes one after another, offsets[n + 1] where each starts; NULL when out of memory or a
- * token repeats */
-SP_API void *sp_bpe_new(const uint8_t *keys, const int64_t *offsets, const int64_t *ranks, int64_t n) {
-    if (n < 0) return NULL;
-    bpe_table *t = (bpe_table *)calloc(1, sizeof(bpe_table));
-    if (!t) return NULL;
-    int64_t slots = 16;
-    while (slots < 2 * n) slots <<= 1;
-    t->slots = slots;
-    t->key = (int64_t *)malloc((size_t)slots * sizeof(int64_t));
-    t->len = (int32_t *)malloc((size_t)slots * sizeof(int32_t));
-    t->rank = (int64_t *)malloc((size_t)slots * sizeof(int64_t));
-    t->arena = (uint8_t *)malloc((size_t)(offsets[n] > 0 ? offsets[n] : 1));
-    if (!t->key || !t->len || !t->rank || !t->arena) { sp_bpe_free(t); return NULL; }
-    memcpy(t->arena, keys, (size_t)offsets[n]);
-    for (int64_t i = 0; i < slots; i++) t->key[i] = -1;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t a = offsets[i], len = offsets[i + 1] - a;
-        if (len <= 0 || len > INT32_MAX || bpe_find(t, t->arena + a, len) >= 0) { sp_bpe_free(t); return NULL; }
-        uint64_t at = bpe_hash(t->arena + a, len) & (uint64_t)(slots - 1);
-        while (t->key[at] >= 0) at = (at + 1) & (uint64_t)(slots - 1);
-        t->key[at] = a; t->len[at] = (int32_t)len; t->rank[at] = ranks[i];
-        if (len > t->longest) t->longest = len;
-    }
-    return t;
-}
-
-enum { BPE_OTHER = 0, BPE_LETTER = 1, BPE_DIGIT = 2, BPE_SPACE = 3 };
-
-static inline int bpe_class(uint8_t c) {
-    if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return BPE_LETTER;
-    if (c >= '0' && c <= '9') return BPE_DIGIT;
-    if (c == ' ' || (c >= 9 && c <= 13)) return BPE_SPACE; /* \t \n \v \f \r: Unicode White_Space in ASCII */
-    return BPE_OTHER;
-}
-
-typedef struct { int64_t *pos; int64_t *rk; int64_t cap; } bpe_scratch;
-
-/* the tokens of one piece appended at out[*o] (out NULL: counted only); 0, or -1 (no memory), -2 (a byte is no token) */
-static int bpe_piece(const bpe_table *t, const uint8_t *p, int64_t n, bpe_scratch *s, int32_t *out, int64_t *o) {
-    int64_t whole = bpe_find(t, p, n);
-    if (whole >= 0) {
-        if (out) out[*o] = (int32_t)whole;
-        (*o)++;
-        return 0;
-    }
-    if (n + 1 > s->cap) {
-        int64_t cap = 2 * (n + 1);
-        int64_t *pos = (int64_t *)realloc(s->pos, (size_t)cap * sizeof(int64_t));
-        if (!pos) return -1;
-        s->pos = pos;
-        int64_t *rk = (int64_t *)realloc(s->rk, (size_t)cap * sizeof(int64_t));
-        if (!rk) return -1;
-        s->rk = rk; s->cap = cap;
-    }
-    int64_t *pos = s->pos, *rk = s->rk, m = n; /* m parts; part k is p[pos[k] .. pos[k + 1]) */
-    for (int64_t k = 0; k <= n; k++) pos[k] = k;
-    for (int64_t k = 0; k + 1 < m; k++) {
-        int64_t r = bpe_find(t, p + k, 2);
-        rk[k] = r < 0 ? INT64_MAX : r;
-    }
-    for (;;) {
-        int64_t best = INT64_MAX, k = -1;
-        for (int64_t j = 0; j + 1 < m; j++)
-            if (rk[j] < best) { best = rk[j]; k = j; }
-        if (k < 0) break;
-        /* parts k and k + 1 become one: its boundary goes, and the pairs on either side are looked up again */
-        memmove(pos + k + 1, pos + k + 2, (size_t)(m - k - 1) * sizeof(int64_t));
-        if (k + 2 < m) memmove(rk + k + 1, rk + k + 2, (size_t)(m - k - 2) * sizeof(int64_t));
-        m--;
-        if (k + 1 < m) {
-            int64_t r = bpe_find(t, p + pos[k], pos[k + 2] - pos[k]);
-            rk[k] = r < 0 ? INT64_MAX : r;
-        }
-        if (k > 0) {
-            int64_t r = bpe_find(t, p + pos[k - 1], pos[k + 1] - pos[k - 1]);
-            rk[k - 1] = r < 0 ? INT64_MAX : r;
-        }
-    }
-    for (int64_t k = 0; k < m; k++) {
-        int64_t r = bpe_find(t, p + pos[k], pos[k + 1] - pos[k]);
-        if (r < 0) return -2;
-        if (out) out[*o] = (int32_t)r;
-        (*o)++;
-    }
-    return 0;
-}
-
-static inline int bpe_crlf(uint8_t c) { return c == '\r' || c == '\n'; }
-
-/* the end of the piece at p[a] (a < n) under GPT-2's pattern:
- * 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-static int64_t bpe_piece_gpt2(const uint8_t *p, int64_t a, int64_t n) {
-    uint8_t c = p[a];
-    if (c == '\'' && a + 1 < n && (p[a + 1] == 's' || p[a + 1] == 't' || p[a + 1] == 'm' || p[a + 1] == 'd'))
-        return a + 2;
-    if (c == '\'' && a + 2 < n && ((p[a + 1] == 'r' && p[a + 2] == 'e') || (p[a + 1] == 'v' && p[a + 2] == 'e')
-                                   || (p[a + 1] == 'l' && p[a + 2] == 'l')))
-        return a + 3;
-    /* " ?X+" for X letters, digits or the rest: one space may lead a run of one class */
-    int64_t run = (c == ' ' && a + 1 < n && bpe_class(p[a + 1]) != BPE_SPACE) ? a + 1 : a;
-    int k = bpe_class(p[run]);
-    int64_t b = run + 1;
-    if (k != BPE_SPACE) {
-        while (b < n && bpe_class(p[b]) == k) b++;
-        return b;
-    }
-    /* "\s+(?!\S)|\s+": a whitespace run, less its last byte when a non-space follows it */
-    while (b < n && bpe_class(p[b]) == BPE_SPACE) b++;
-    return (b < n && b - a >= 2) ? b - 1 : b;
-}
-
-/* the end of the piece at p[a] (a < n) under Llama 3's pattern (digits = 3) or Qwen 2's (digits = 1):
- * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+
- * |\s+(?!\S)|\s+ */
-static int64_t bpe_piece_llama3(const uint8_t *p, int64_t a, int64_t n, int64_t digits) {
-    uint8_t c = p[a];
-    if (c == '\'' && a + 1 < n && bpe_class(p[a + 1]) == BPE_LETTER) {
-        uint8_t d = p[a + 1] | 0x20; /* lower case: a letter's */
-        if (d == 's' || d == 't' || d == 'm' || d == 'd') return a + 2;
-        if (a + 2 < n && bpe_class(p[a + 2]) == BPE_LETTER) {
-            uint8_t e = p[a + 2] | 0x20;
-            if ((d == 'r' && e == 'e') || (d == 'v' && e == 'e') || (d == 'l' && e == 'l')) return a + 3;
-        }
-    }
-    int k = bpe_class(c);
-    int64_t b;
-    /* letters, led by at most one byte that is no letter, digit, \r or \n */
-    if (k == BPE_LETTER || (k != BPE_DIGIT && !bpe_crlf(c) && a + 1 < n && bpe_class(p[a + 1]) == BPE_LETTER)) {
-        b = a + 1;
-        while (b < n && bpe_class(p[b]) == BPE_LETTER) b++;
-        return b;
-    }
-    if (k == BPE_DIGIT) {
-        b = a + 1;
-        while (b < n && b - a < digits && bpe_class(p[b]) == BPE_DIGIT) b++;
-        return b;
-    }
-    /* " ?[^\s\p{L}\p{N}]+[\r\n]*" */
-    int64_t run = (c == ' ' && a + 1 < n && bpe_class(p[a + 1]) == BPE_OTHER) ? a + 1 : a;
-    if (bpe_class(p[run]) == BPE_OTHER) {
-        b = run + 1;
-        while (b < n && bpe_class(p[b]) == BPE_OTHER) b++;
-        while (b < n && bpe_crlf(p[b])) b++;
-        return b;
-    }
-    /* "\s*[\r\n]+": the whitespace run up to its last \r or \n; else GPT-2's two whitespace rules */
-    int64_t last = -1;
-    b = a;
-    while (b < n && bpe_class(p[b]) == BPE_SPACE) {
-        if (bpe_crlf(p[b])) last = b;
-        b++;
-    }
-    if (last >= 0) return last + 1;
-    return (b < n && b - a >= 2) ? b - 1 : b;
-}
-
-/* Texts i in [0, n_texts): data[offsets[i] .. offsets[i + 1]), split by the pattern ``style`` names (0 GPT-2,
- * 1 Llama 3, 2 Qwen 2). A text that holds a byte above 127, or whose skip[i] is set (skip may be NULL), is left
- * out: counts[i] = -1, no ids. Each other text's ids are appended to out (NULL: counted only; room for one id
- * per byte suffices) and counts[i] is their number. Returns the ids written, or -1 (out of memory), -2 (a byte
- * that is no token: not a byte-level vocabulary), -3 (no such style). */
-SP_API int64_t sp_bpe_encode_ascii(const void *table, int64_t style, const uint8_t *data, const int64_t *offsets,
-                                   int64_t n_texts, const uint8_t *skip, int32_t *out, int64_t *counts) {
-    if (style < 0 || style > 2) return -3;
-    const bpe_table *t = (const bpe_table *)table;
-    bpe_scratch s = {NULL, NULL, 0};
-    int64_t o = 0, status = 0;
-    for (int64_t i = 0; i < n_texts && status == 0; i++) {
-        const uint8_t *p = data + offsets[i];
-        int64_t n = offsets[i + 1] - offsets[i], ascii = 1;
-        for (int64_t j = 0; j < n; j++) ascii &= p[j] < 128;
-        if (!ascii || (skip && skip[i])) { counts[i] = -1; continue; }
-        int64_t first = o, a = 0;
-        while (a < n && status == 0) {
-            int64_t b = style == 0 ? bpe_piece_gpt2(p, a, n) : bpe_piece_llama3(p, a, n, style == 1 ? 3 : 1);
-            int r = bpe_piece(t, p + a, b - a, &s, out, &o);
-            if (r < 0) status = r;
-            a = b;
-        }
-        counts[i] = o - first;
-    }
-    free(s.pos); free(s.rk);
-    return status < 0 ? status : o;
 }
 
 /* ------------------------------------------------------------------------------------ */

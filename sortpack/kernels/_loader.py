@@ -29,8 +29,11 @@ _SIGNATURES = {
     "sp_abi_version": ([], _I64),
     "sp_greedy_pack": ([_PTR, _I64, _I64, _I64, ctypes.c_double, _I64, _I64,
                         ctypes.c_double, _I64, _PTR, _I64, _PTR], _I64),
-    "sp_greedy_pack2": ([_PTR, _I64, _I64, _I64, ctypes.c_double, _I64, _I64,
-                         ctypes.c_double, _I64, _PTR, _I64, _PTR, _I64, _PTR], _I64),
+    "sp_greedy_pack_caps": ([_PTR, _I64, _I64, _I64, ctypes.c_double, _I64, _I64,
+                             ctypes.c_double, _I64, _PTR, _I64, _PTR, _PTR, _I64, _PTR], _I64),
+    "sp_fit_pack_scratch_words": ([_I64, _I64], _I64),
+    "sp_fit_pack": ([_PTR, _I64, _I64, _I64, ctypes.c_double, _I64, _I64, ctypes.c_double, _I64, _PTR, _I64,
+                     _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
     "sp_merge_scratch_words": ([_I64, _I64, _I64], _I64),
     "sp_merge_runs_u64": ([_PTR, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
     "sp_merge_keys_u64": ([_PTR, _PTR, _I64, _PTR, _PTR], _I64),
@@ -52,9 +55,6 @@ _SIGNATURES = {
     "sp_min_subsets": ([_PTR, _PTR, _I64, _I64, _I64, _I64, _PTR], _I64),
     "sp_compose_groups": ([_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR], _I64),
     "sp_deal_equal": ([_PTR, _I64, _I64, _I64, _I64, ctypes.c_double, _I64, _PTR], _I64),
-    "sp_bpe_new": ([_PTR, _PTR, _PTR, _I64], _PTR),
-    "sp_bpe_free": ([_PTR], None),
-    "sp_bpe_encode_ascii": ([_PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
     # _media.c (a second source of the library: new symbols, no change to the ones above)
     "sp_jpeg_sizes": ([_PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR], _I64),
     # _runs.c (a third source, likewise)
@@ -66,30 +66,37 @@ _SIGNATURES = {
 def _load_clib() -> Any:
     """Return the ctypes handle of the compiled kernels, or None with the reason recorded."""
     global _fallback_reason
+    lib, _fallback_reason = load_extension(_EXTENSION, _SIGNATURES, ("sp_abi_version", _ABI_VERSION))
+    return lib
+
+
+def load_extension(extension: str, signatures: dict, abi: tuple[str, int]) -> tuple[Any, str]:
+    """Return (the ctypes handle of a compiled extension, "") or (None, why it is unavailable).
+
+    ``signatures``: function name -> (argument types, result type); ``abi``: the function that
+    returns the extension's ABI number and the number this code expects.
+    """
     if env_flag("SORTPACK_NO_CKERNELS"):
-        _fallback_reason = "SORTPACK_NO_CKERNELS is set"
-        return None
+        return None, "SORTPACK_NO_CKERNELS is set"
+    name = extension.rpartition(".")[2]
     try:
-        spec = importlib.util.find_spec(_EXTENSION)
+        spec = importlib.util.find_spec(extension)
     except (ImportError, ValueError) as exc:
-        spec = None
-        _fallback_reason = f"cannot locate _ckernels ({exc})"
+        return None, f"cannot locate {name} ({exc})"
     if spec is None or not spec.origin:
-        _fallback_reason = _fallback_reason or "the _ckernels extension was not built"
-        return None
+        return None, f"the {name} extension was not built"
     try:
         lib = ctypes.CDLL(spec.origin)
-        for name, (args, res) in _SIGNATURES.items():
-            fn = getattr(lib, name)
+        for fn_name, (args, res) in signatures.items():
+            fn = getattr(lib, fn_name)
             fn.argtypes, fn.restype = args, res
     except (OSError, AttributeError) as exc:
-        _fallback_reason = f"cannot load {spec.origin} ({exc})"
-        return None
-    if lib.sp_abi_version() != _ABI_VERSION:
+        return None, f"cannot load {spec.origin} ({exc})"
+    got = getattr(lib, abi[0])()
+    if got != abi[1]:
         # an in-place build left over from another checkout: calling it would be unsafe
-        _fallback_reason = f"{spec.origin} is stale (ABI {lib.sp_abi_version()}, want {_ABI_VERSION})"
-        return None
-    return lib
+        return None, f"{spec.origin} is stale (ABI {got}, want {abi[1]})"
+    return lib, ""
 
 
 def _c() -> Any:

@@ -15,7 +15,7 @@ from .budget import KernelCost, kernel_cost, limits
 
 def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str | KernelCost = "padded", max_samples: int = 0,
                           batch_multiple: int = 1, quadratic_scale: float = 1.0, pad_multiple: int = 0,
-                          shapes: Any = None, sizes2: Any = None, max2: int = 0) -> np.ndarray:
+                          shapes: Any = None, sizes2: Any = None, max2: Any = 0) -> np.ndarray:
     """Return micro-batch boundaries of the sequential greedy (the oracle; a Python loop).
 
     A sample joins the current micro-batch iff afterwards the budget holds and the count is
@@ -26,8 +26,8 @@ def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str | KernelCost 
     ``sum(s + s*s/Q)``). When a micro-batch closes with ``batch_multiple`` M > 1, it keeps the
     largest multiple of M of its samples (all when fewer than M) and the rest open the next
     one, which the sample is tested against.
-    With ``sizes2`` (a second size per sample) the sum of a micro-batch's ``sizes2`` stays at
-    most ``max2`` too.
+    With ``sizes2`` (caps beside the budget: one measure per sample, or K rows of them) the sum
+    of a micro-batch's measure k stays at most ``max2`` (or ``max2[k]``) too.
 
     Returns
     -------
@@ -35,7 +35,8 @@ def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str | KernelCost 
         int64 ``[0, b1, ..., n]``: micro-batch i is ``sizes[b[i]:b[i+1]]``.
     """
     sizes = [int(s) for s in np.asarray(sizes, dtype=np.int64)]
-    second = None if sizes2 is None else [int(s) for s in np.asarray(sizes2, dtype=np.int64)]
+    caps, lims = cap_arrays(sizes2, max2, len(sizes))
+    second = [[int(v) for v in row] for row in caps]
     rounding = bool(pad_multiple and pad_multiple > 1) or (shapes is not None and len(shapes) > 0)
     shape_list = [int(x) for x in shapes] if shapes is not None else []
     kind = kernel_cost(budget)
@@ -45,7 +46,7 @@ def greedy_pack_reference(sizes: Any, max_tokens: Any, budget: str | KernelCost 
                                rounding)
 
     def fits2(first: int, last: int) -> bool:
-        return second is None or sum(second[first:last + 1]) <= max2
+        return all(sum(row[first:last + 1]) <= int(lim) for row, lim in zip(second, lims))
 
     bounds = [0]
     start = 0
@@ -108,8 +109,8 @@ class _Options:
     pad: int  # 0: no pad multiple
     records: np.ndarray | None  # the shapes rounding can pick, increasing; None: no shapes
     rounding: bool
-    sizes2: np.ndarray | None = None  # a second size per sample, or None
-    max2: int = 0  # the second sizes of a micro-batch sum to at most this
+    caps: np.ndarray | None = None  # (K, n) measures of the K caps beside the budget, or None
+    lims: np.ndarray | None = None  # (K,) the sum of measure k in a micro-batch stays <= lims[k]
 
 
 def _shape_records(shapes: Any) -> np.ndarray | None:
@@ -157,7 +158,7 @@ def _options(max_tokens: Any, budget: str | KernelCost, counts: tuple[Any, Any],
 
 def greedy_pack(sizes: Any, max_tokens: Any, budget: str | KernelCost = "padded", max_samples: int = 0,
                 batch_multiple: int = 1, quadratic_scale: float = 1.0, pad_multiple: int = 0,
-                shapes: Any = None, sizes2: Any = None, max2: int = 0) -> np.ndarray:
+                shapes: Any = None, sizes2: Any = None, max2: Any = 0) -> np.ndarray:
     """Return micro-batch boundaries of the sequential greedy (see ``greedy_pack_reference``).
 
     Identical to the reference for every option; sizes must be non-negative (ValueError).
@@ -181,9 +182,10 @@ def greedy_pack(sizes: Any, max_tokens: Any, budget: str | KernelCost = "padded"
     shapes : array of int, optional
         Lengths round up to the first of these that is >= them.
     sizes2 : array of int, optional
-        A second size per sample (``--size2``); a micro-batch's sum of them stays <= ``max2``.
-    max2 : int
-        The cap of the second size.
+        Caps beside the budget: a measure per sample (``--size2``), or a (K, n) array of K of them
+        (``--cap``); a micro-batch's sum of measure k stays <= ``max2`` (or ``max2[k]``).
+    max2 : int or sequence of int
+        The cap of each measure.
 
     Returns
     -------
@@ -193,10 +195,8 @@ def greedy_pack(sizes: Any, max_tokens: Any, budget: str | KernelCost = "padded"
     a = _options(max_tokens, budget, (max_samples, batch_multiple), quadratic_scale, (pad_multiple, shapes))
     sizes = _i64(sizes).ravel()
     if sizes2 is not None:
-        second = _i64(sizes2).ravel()
-        if len(second) != len(sizes):
-            raise ValueError("greedy_pack: sizes2 must have one value per size")
-        a = replace(a, sizes2=second, max2=operator.index(max2))
+        caps, lims = cap_arrays(sizes2, max2, len(sizes))
+        a = replace(a, caps=caps, lims=lims)
     lib = _c()
     if lib is None:
         return _greedy_pack_fallback(sizes, a)
@@ -205,15 +205,35 @@ def greedy_pack(sizes: Any, max_tokens: Any, budget: str | KernelCost = "padded"
     out = np.empty(n + 1, dtype=np.int64)
     rec = a.records if a.records is not None else np.zeros(1, dtype=np.int64)
     nrec = 0 if a.records is None else len(rec)
-    if a.sizes2 is None:
+    if a.caps is None or a.lims is None:
         nb = lib.sp_greedy_pack(_ptr(sizes), n, a.cost.code, a.lim_i, a.lim_d, a.max_samples,
                                 a.multiple, a.q, a.pad, _ptr(rec), nrec, _ptr(out))
     else:
-        nb = lib.sp_greedy_pack2(_ptr(sizes), n, a.cost.code, a.lim_i, a.lim_d, a.max_samples,
-                                 a.multiple, a.q, a.pad, _ptr(rec), nrec, _ptr(a.sizes2), a.max2, _ptr(out))
+        nb = lib.sp_greedy_pack_caps(_ptr(sizes), n, a.cost.code, a.lim_i, a.lim_d, a.max_samples,
+                                     a.multiple, a.q, a.pad, _ptr(rec), nrec, _ptr(a.caps), _ptr(a.lims),
+                                     len(a.lims), _ptr(out))
     if nb < 0:
         raise ValueError("greedy_pack: sizes must be non-negative")
     return out[:nb].copy()
+
+
+MAX_CAPS = 16  # caps beside the budget the kernels take (SP_MAX_CAPS in _ckernels.c)
+
+
+def cap_arrays(sizes2: Any, max2: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return ((K, n) int64 measures, (K,) int64 caps) of one measure per sample or K rows of them (ValueError on
+    a shape that does not match ``n`` samples, a cap count unlike the rows', or more than ``MAX_CAPS``)."""
+    if sizes2 is None:
+        return np.zeros((0, n), np.int64), np.zeros(0, np.int64)
+    caps = np.ascontiguousarray(np.atleast_2d(np.asarray(sizes2, dtype=np.int64)))
+    if caps.ndim != 2 or caps.shape[1] != n:
+        raise ValueError("sizes2 must have one value per size (or K rows of them)")
+    lims = np.atleast_1d(np.asarray([operator.index(x) for x in np.atleast_1d(max2)], dtype=np.int64))
+    if len(lims) != len(caps):
+        raise ValueError(f"max2 must give one cap per row of sizes2 ({len(caps)}), got {len(lims)}")
+    if len(caps) > MAX_CAPS:
+        raise ValueError(f"at most {MAX_CAPS} caps beside the budget, got {len(caps)}")
+    return caps, lims
 
 
 def _round_np(x: np.ndarray, a: _Options) -> np.ndarray:
@@ -250,10 +270,10 @@ def _prefix_fits(w: np.ndarray, a: _Options) -> np.ndarray:
 
 
 def _prefix_fits2(w: np.ndarray, j: int, a: _Options) -> np.ndarray:
-    """Return ``_prefix_fits`` of the samples from ``j`` (``w = sizes[j:j+K]``), the second size's cap too."""
+    """Return ``_prefix_fits`` of the samples from ``j`` (``w = sizes[j:j+K]``), every cap's too."""
     ok = _prefix_fits(w, a)
-    if a.sizes2 is not None:
-        ok &= np.cumsum(a.sizes2[j:j + len(w)]) <= a.max2
+    if a.caps is not None and a.lims is not None:
+        ok &= (np.cumsum(a.caps[:, j:j + len(w)], axis=1) <= a.lims[:, None]).all(axis=0)
         ok[0] = True
     return ok
 
@@ -266,7 +286,7 @@ def _greedy_pack_fallback(sizes: np.ndarray, a: _Options) -> np.ndarray:
     sizes, monotone rounding), so restarting at the first leftover sample after a
     batch_multiple cut reproduces the reference, which re-tests the leftover as a group.
     """
-    if (len(sizes) and sizes.min() < 0) or (a.sizes2 is not None and len(sizes) and a.sizes2.min() < 0):
+    if (len(sizes) and sizes.min() < 0) or (a.caps is not None and a.caps.size and a.caps.min() < 0):
         raise ValueError("greedy_pack: sizes must be non-negative")
     n = len(sizes)
     bounds = [0]

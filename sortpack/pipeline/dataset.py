@@ -22,14 +22,15 @@ from ..stages.pack import PackOptions, refuse_oversize, truncate_length
 from ..stages.plan_options import PlanOptions, measured_options
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
-from ..stages.split import SPLIT_KINDS, TargetPieces, byte_cuts, split_oversize
+from ..stages.split import SPLIT_KINDS, byte_cuts, split_oversize
+from ..stages.split_targets import TargetPieces
 from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo
 from ..write.store import StoreOptions
 from .columns import ColumnRequest, read_columns
 from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, split_check, store_for
 from .kept import Measurements
-from .tail import Tail, training_split
+from .tail import Tail, pack_check, training_split
 
 if TYPE_CHECKING:
     from ..inputs.finetune import FineTuneShape
@@ -55,6 +56,8 @@ def run_analyze(comm: Comm, inputs: list[str], aopts: AnalyzeOptions, output: Jo
     """Measure the inputs and write a metrics directory; return its manifest on rank 0."""
     from ..write.sample_dirs import write_samples
 
+    check_options(comm, aopts.validate)
+    aopts = comm.collectively(aopts.resolved)
     with job_scope(comm, output.path, output.overwrite, inputs) as scope:
         out, prof = scope.out, scope.prof
         with prof.stage("analyze"):
@@ -102,11 +105,10 @@ def _split_sorted(job: PlanJob, samples: SampleColumns, recorded: PlanOptions, s
 def _recorded_shape(comm: Comm, recorded: PlanOptions, store: StoreOptions | None) -> FineTuneShape:
     """Return the fine-tuning shape a sorted directory was measured with, loaded again with ``pack``'s
     ``--tokenizer`` and ``--chat-template`` (collective: a missing or different file is one line)."""
-    from ..inputs.finetune import recorded_shape
-
-    opts = store or StoreOptions()
-    return comm.collectively(recorded_shape, recorded.analyze.as_dict(), opts.tokenizer, opts.chat_template,
-                             f"pack --oversize {recorded.pack.oversize if recorded.pack else ''} of fine-tuning data")
+    opts, measured = store or StoreOptions(), recorded.analyze
+    assert measured.shape is not None
+    why = f"pack --oversize {recorded.pack.oversize if recorded.pack else ''} of fine-tuning data"
+    return comm.collectively(measured.shape.loaded_from, opts.tokenizer, measured.tokenizer, opts.chat_template, why)
 
 
 def _truncated_targets(job: PlanJob, samples: SampleColumns, shape: FineTuneShape) -> tuple[SampleColumns, dict]:
@@ -143,8 +145,8 @@ def run_pack(comm: Comm, sorted_dir: str, popts: PackOptions, output: JobOutput)
     measured = recorded.analyze
     # fine-tuning data cut by --oversize split|truncate: the labels of the samples cut are read back and
     # encoded again, so each piece (or truncated sample) counts its own targets, as in run
-    labels_read = measured.fine_tune() is not None and popts.oversize in ("split", "truncate")
-    check_options(comm, split_check(recorded, labels_read=labels_read))
+    labels_read = measured.shape is not None and popts.oversize in ("split", "truncate")
+    check_options(comm, pack_check(recorded), split_check(recorded, labels_read=labels_read))
     shape = _recorded_shape(comm, recorded, output.store) if labels_read else None
     store_fn = store_for(comm, output.store, recorded, None)
     sopts = recorded.sort or SortOptions()
@@ -179,7 +181,7 @@ def _measure(job: PlanJob, keep: Measurements, inputs: list[str], aopts: Analyze
     with prof.stage("analyze"):
         cuts = byte_cuts(aopts, popts)  # --size bytes --oversize split: cut while the text is read
         pieces = None
-        if popts.oversize in ("split", "truncate") and aopts.fine_tune() is not None:
+        if popts.oversize in ("split", "truncate") and aopts.shape is not None:
             pieces = TargetPieces(truncate_length(popts))  # each piece's targets, counted while the labels are read
         samples = analyze(comm, inputs, aopts, job.progress, Keepers(sink, cuts or pieces))
     prof.counts["analyze_rows"] = len(samples)
@@ -231,7 +233,8 @@ def run_all(comm: Comm, inputs: list[str], plan: PlanOptions, output: JobOutput)
     """
     aopts, sopts, popts = plan.analyze, plan.sort or SortOptions(), plan.pack or PackOptions()
     store = output.store
-    check_options(comm, sopts.validate, popts.validate)
+    check_options(comm, sopts.validate, popts.validate, aopts.validate, pack_check(PlanOptions(aopts, sopts, popts)))
+    aopts = comm.collectively(aopts.resolved)
     columns = read_columns(comm, ColumnRequest.of(aopts, popts.oversize, store), [inputs], aopts.input_format,
                            aopts.split)
     if columns.column != aopts.column:  # a split plan names the column it cuts

@@ -69,7 +69,7 @@ def split_check(recorded: PlanOptions, own_column: str | None = None,
     """
     popts = recorded.pack
     assert popts is not None, "split_check checks the pack options"
-    fine_tune = recorded.analyze.fine_tune() is not None
+    fine_tune = recorded.analyze.shape is not None
     if fine_tune and popts.oversize in ("split", "truncate") and not labels_read:
         return lambda: _refuse_cut_labels(popts.oversize)
     if popts.oversize != "split":

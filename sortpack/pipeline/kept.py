@@ -3,7 +3,10 @@ that becomes OUTPUT.metrics only when the job fails after analyze (so a failed p
 """
 from __future__ import annotations
 
+import json
+import shutil
 import sys
+from pathlib import Path
 
 from ..env import env_flag
 from ..errors import SortpackError
@@ -47,6 +50,33 @@ def _kept_metrics(comm: Comm, out: OutputDir, overwrite: bool, inputs: list[str]
         return None
 
 
+def _kept_by_a_run(path: Path) -> bool:
+    """Return whether ``path`` is a metrics directory that a ``sortpack run`` wrote (measurements it kept), and only
+    that: a user's own ``analyze -o OUTPUT.metrics`` is no run's, and a directory holding anything else is no
+    sortpack output."""
+    from ..write.output_guard import is_sortpack_output
+
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+        argv = manifest.get("provenance", {}).get("argv") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return manifest.get("format") == "sortpack-metrics" and argv[1:2] == ["run"] and is_sortpack_output(path) is None
+
+
+def stale_note(output: str, overwrite: bool) -> str | None:
+    """Return the line a ``run`` that succeeded prints about an OUTPUT.metrics an earlier run into OUTPUT kept (None:
+    there is none), which no longer goes with OUTPUT: removed under ``overwrite``, named otherwise."""
+    metrics = Path(f"{output}.metrics")
+    if not metrics.is_dir() or not _kept_by_a_run(metrics):
+        return None
+    if not overwrite:
+        return (f"sortpack: {metrics} holds the measurements an earlier run into {output} kept, not this plan's; "
+                "remove it (or give --overwrite, which removes it)")
+    shutil.rmtree(metrics)
+    return f"sortpack: removed {metrics}, the measurements an earlier run into {output} kept (stale now)"
+
+
 class Measurements:
     """Where ``run`` keeps its measurements: OUTPUT.metrics and .sorted with --keep-intermediate, else a raw
     dump inside the output's temporary that becomes OUTPUT.metrics only when the job fails after analyze."""
@@ -54,6 +84,7 @@ class Measurements:
     def __init__(self, scope: JobScope, output: str, overwrite: bool, inputs: list[str], keep_intermediate: bool):
         comm = scope.out.comm
         self.comm = comm
+        self.output, self.overwrite = output, overwrite
         self.keep_intermediate = keep_intermediate
         self.extra: list[OutputDir] = []
         if keep_intermediate:
@@ -89,9 +120,16 @@ class Measurements:
             write_samples(self.comm, self.extra[1], "sorted", ordered, PlanRecord(options, ordered.files, prof, job))
 
     def done(self) -> None:
-        """Drop the dump kept only to survive a failure: the job succeeded."""
-        if self.kept is not None and not self.keep_intermediate:
+        """Drop the dump kept only to survive a failure: the job succeeded; so did the measurements an earlier run
+        into the same output kept (``stale_note``)."""
+        if self.keep_intermediate:
+            return
+        if self.kept is not None:
             self.kept.discard()
+        if self.comm.is_root():
+            note = stale_note(self.output, self.overwrite)
+            if note is not None:
+                print(note, file=sys.stderr, flush=True)
 
     def _keep(self, exc: Exception) -> str | None:
         """Return the kept metrics directory after a failure past analyze (None: nothing kept).

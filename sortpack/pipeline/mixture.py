@@ -57,7 +57,7 @@ from ..stages.split import byte_cuts
 from ..write.store import StoreOptions
 from .columns import ColumnRequest, read_columns
 from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, split_check, store_for
-from .tail import Tail, training_split
+from .tail import Tail, pack_check, training_split
 
 __all__ = ["run_mixture"]
 
@@ -134,7 +134,8 @@ def run_mixture(comm: Comm, mix: Mixture, plan: PlanOptions, output: JobOutput) 
     """
     aopts, sopts, popts = plan.analyze, plan.sort or SortOptions(), plan.pack or PackOptions()
     store = output.store
-    check_options(comm, sopts.validate, popts.validate)
+    check_options(comm, sopts.validate, popts.validate, aopts.validate, pack_check(PlanOptions(aopts, sopts, popts)))
+    aopts = comm.collectively(aopts.resolved)
     _check_stages(mix, sopts)
     if balance_of(popts).orders:  # every rank parses the same options: all raise together
         raise SortpackError(f"--balance {popts.balance} does not apply to a mixture: its schedule orders the "

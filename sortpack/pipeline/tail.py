@@ -23,7 +23,31 @@ from .job import PlanJob, nested_plan
 if TYPE_CHECKING:
     from ..stages.holdout import Holdout
 
-__all__ = ["Tail", "training_split"]
+__all__ = ["Tail", "pack_check", "training_split"]
+
+
+def pack_check(plan: PlanOptions) -> Callable[[], None]:
+    """Return the check that packs no samples with ``plan``'s pack options and the measures it carries.
+
+    Every refusal the pack stage decides from its options and the names of the per-sample measures
+    (``--max-size2`` without ``--size2``, ``--balance targets`` of data that counts no targets)
+    then comes before any work, in the pack stage's own words, not after a whole analyze.
+    """
+    def dry_pack() -> None:
+        import numpy as np
+
+        from ..parallel import SerialComm
+        from ..progress import silenced
+        from ..stages.pack import PackOptions
+        from ..stages.sort import SortOptions
+
+        none = np.zeros(0, np.int64)
+        measures = {name: none for name in plan.analyze.measured()}
+        with silenced():
+            pack_samples(SerialComm(), SampleColumns(0, 0, none, none, none, None, [], 0, measures=measures),
+                         plan.pack or PackOptions(), (plan.sort or SortOptions()).key, None)
+
+    return dry_pack
 
 
 def training_split(split: dict | None) -> dict | None:

@@ -10,13 +10,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..inputs.finetune.encoded import IGNORE_INDEX  # the one definition: fine-tuning labels' home
 from ..kernels.tokens import NO_IDS, Fill, TokenView, ids_arg, token_view
 from .flex_blocks import BLOCK_KEYS, document_blocks
 from .microbatch import MicroBatch
 from .samples_contract import SamplesContract, as_samples
 from .tokens import check_planned, ragged_labeled, stored_token_view
 
-IGNORE_INDEX = -100  # the label of a position without a target (PyTorch's and Hugging Face's default)
 LABELS_ONLY = Fill(IGNORE_INDEX, IGNORE_INDEX)  # given labels laid out as ids are: -100 wherever no token is
 
 

@@ -22,6 +22,16 @@ from .microbatch import MicroBatch
 from .samples_contract import SamplesContract
 
 
+def _refuse_rows(mb) -> None:
+    """Raise ValueError (one line) for a micro-batch of a ``--rows`` plan: pad_collate would pad each of its documents
+    to the row length, not lay its rows out (a likely out-of-memory on a device, silently)."""
+    splits = getattr(mb, "row_splits", None)
+    if splits is not None and getattr(mb, "padded_size", None) is not None:
+        raise ValueError(f"pad_collate: micro-batch {getattr(mb, 'microbatch', '?')} is {len(splits) - 1} packed rows "
+                         f"of {mb.padded_size} positions (a --rows plan), which pad_collate would pad document by "
+                         "document; use varlen_collate (its rows: hf_inputs(batch, rows=True))")
+
+
 class PadCollate(CollateBase):
     """Collate a micro-batch into a padded ``(batch_size, padded_size)`` batch (see ``pad_collate``).
 
@@ -59,6 +69,7 @@ class PadCollate(CollateBase):
         """Return input_ids, labels, lengths, key_padding_mask, real, sample_ids (and attn_mask) tensors."""
         items, view, given = self._read(items)
         mb = items.microbatch
+        _refuse_rows(mb)
         shape = self._shape(view, mb)
         # one pass (compiled): a tokenizer longer than the index's size is cut to the shape;
         # labels aligned to input_ids (the model shifts): no target at a sample's first token or at padding

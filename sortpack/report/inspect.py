@@ -1,13 +1,13 @@
 """``sortpack inspect``: summary figures of a metrics, sorted or index directory."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import SortpackError
 from ..format.manifest import read_manifest
-from ..format.schemas import measure_names, padded_plan
+from ..format.schemas import measure_names, padded_plan, plan_caps
 from ..format.shards import read_rows
 
 
@@ -19,7 +19,8 @@ def _column(directory: str, manifest: dict, name: str) -> np.ndarray:
 class IndexColumns:
     """An index's per-micro-batch columns as the report reads them (int64): the shape, tokens and the sums.
 
-    ``attention`` and ``size2`` are None where the plan does not record them.
+    ``attention`` and ``size2`` are None where the plan does not record them; ``measures`` holds
+    every measure's per-micro-batch sum by name (``size2``, ``targets``, each cap's).
     """
 
     num_samples: np.ndarray
@@ -28,17 +29,18 @@ class IndexColumns:
     tokens: np.ndarray
     attention: np.ndarray | None = None
     size2: np.ndarray | None = None
+    measures: dict[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def read(cls, directory: str, manifest: dict) -> IndexColumns:
-        """Return the columns of the index ``directory`` (``attention``/``size2`` where its schema has them)."""
+        """Return the columns of the index ``directory`` (``attention`` and the measures where its schema has them)."""
         table = read_rows(directory, manifest, 0, manifest["num_rows"],
                           ["num_samples", "batch_size", "padded_size", "tokens"])
         ns, bs, ps, tok = (table.column(i).to_numpy().astype(np.int64) for i in range(4))
         schema = manifest.get("schema") or {}
-        sums = {name: _column(directory, manifest, name).astype(np.int64) if name in schema else None
-                for name in ("attention", "size2")}
-        return cls(ns, bs, ps, tok, **sums)
+        measures = {name: _column(directory, manifest, name).astype(np.int64) for name in measure_names(schema)}
+        attention = _column(directory, manifest, "attention").astype(np.int64) if "attention" in schema else None
+        return cls(ns, bs, ps, tok, attention, measures.get("size2"), measures)
 
     @property
     def padded(self) -> np.ndarray:
@@ -106,8 +108,12 @@ def compute_cost(m: dict, cols: IndexColumns, cost_coeff: float) -> np.ndarray |
 
 
 def inspect_directory(directory: str, world_size: int | None = None, grad_accum: int = 1,
-                      cost_coeff: float = DEFAULT_COST_COEFF) -> dict:
-    """Return the inspect report of a directory as a JSON-ready dict (``cost_coeff``: C of the compute cost)."""
+                      cost_coeff: float = DEFAULT_COST_COEFF, lr: tuple[str, str] | None = None) -> dict:
+    """Return the inspect report of a directory as a JSON-ready dict (``cost_coeff``: C of the compute cost).
+
+    ``lr``: the (method, by) the training scales its LR with (``VariableBatchSizeLR``'s): the
+    report then warns of steps whose LR scale is far from the median step's (``lr_warnings``).
+    """
     m = read_manifest(directory)
     kind = m["_kind"]
     report = {"directory": str(directory), "kind": kind, "format": m["format"], "version": m["version"],
@@ -123,7 +129,8 @@ def inspect_directory(directory: str, world_size: int | None = None, grad_accum:
     report.update(_microbatch_report(m, cols, shapes))
     report.update(_shape_lines(m, shapes))
     report.update(_sections(directory, m, cols))
-    warnings = lr_warnings(cols.num_samples, cols.tokens, world_size or 1, grad_accum)
+    warnings = lr_warnings({"samples": cols.num_samples, "tokens": cols.tokens}, lr, world_size or 1,
+                           grad_accum) if lr else []
     if warnings:
         report["warnings"] = warnings
     if world_size is not None and len(cols.padded):
@@ -162,9 +169,16 @@ def _sections(directory: str, m: dict, cols: IndexColumns) -> dict:
         from ..format.data_shards import describe_data
 
         out["data"] = describe_data(m["data"])
-    if m["options"].get("max_size2") and cols.size2 is not None:
-        out["cap_fills"] = cap_fills(m, cols, cols.size2)
+    caps = _caps(m, cols)
+    if caps:  # each cap's mean fill, and which binds how often (the manifest's count, where it has one)
+        out.update(cap_fills=cap_fills(m, cols, caps),
+                   cap_binding=m["stats"].get("cap_binding") or binding_counts(m, cols, caps))
     return out
+
+
+def _caps(m: dict, cols: IndexColumns) -> list[tuple[str, int]]:
+    """Return the caps beside the budget the plan records whose measure it holds, (measure, N) each."""
+    return [(name, n) for name, n in plan_caps(m["options"]) if name in cols.measures]
 
 
 def _step_report(directory: str, m: dict, cols: IndexColumns, layout: tuple[int, int], cost_coeff: float) -> dict:
@@ -181,9 +195,22 @@ def _step_report(directory: str, m: dict, cols: IndexColumns, layout: tuple[int,
         out["compute_imbalance"] = imbalance(step_costs(compute, world_size, grad_accum))
     if cols.size2 is not None:
         out["size2_imbalance"] = imbalance(step_costs(cols.size2.astype(np.float64), world_size, grad_accum))
-    if "targets" in (m.get("schema") or {}):  # fine-tuning data: what trains per rank and step (the loss's share)
-        targets = _column(directory, m, "targets").astype(np.int64)
-        out["targets_imbalance"] = imbalance(step_costs(targets, world_size, grad_accum))
+    out.update(_cap_steps(m, cols, [name for name, _ in _caps(m, cols)], world_size, grad_accum))
+    if "targets" in cols.measures:  # fine-tuning data: what trains per rank and step (the loss's share)
+        out["targets_imbalance"] = imbalance(step_costs(cols.measures["targets"], world_size, grad_accum))
+    return out
+
+
+def _cap_steps(m: dict, cols: IndexColumns, capped: list[str], world_size: int, grad_accum: int) -> dict:
+    """Return the steps' imbalance of each capped measure (``cap_imbalance``) and of the vision encoder's work
+    (``encoder_imbalance``, apart from the LLM's ``compute_imbalance``), where the plan has them."""
+    out: dict = {}
+    if capped:
+        out["cap_imbalance"] = {name: imbalance(step_costs(cols.measures[name].astype(np.float64), world_size,
+                                                           grad_accum)) for name in capped}
+    encoder = encoder_cost(m["options"], cols)
+    if encoder is not None:
+        out["encoder_imbalance"] = imbalance(step_costs(encoder, world_size, grad_accum))
     return out
 
 
@@ -228,23 +255,55 @@ def _microbatch_report(m: dict, cols: IndexColumns, shapes: np.ndarray) -> dict:
     }
 
 
-def cap_fills(m: dict, cols: IndexColumns, size2: np.ndarray) -> dict:
-    """Return the mean fill of each cap of a two-cap plan (``--max-size2``) and of the binding one.
+def fills(m: dict, cols: IndexColumns, caps: list[tuple[str, int]]) -> dict[str, np.ndarray]:
+    """Return each micro-batch's fill of the budget (``max_tokens``) and of each cap (by its measure's name).
 
-    The first cap's use is the micro-batch's cost under its budget (padded tokens, tokens, or
-    tokens plus attention / Q under quadratic); the second's is its ``size2`` over ``--max-size2``;
-    a micro-batch's binding fill is the larger of the two.
+    The budget's use is the micro-batch's cost under it (padded tokens, tokens, or tokens plus
+    attention / Q under quadratic); a cap's is its measure's sum over N (N per row with ``--rows``).
     """
     opts = m["options"]
-    limit = float(opts["max_tokens"])
     used = (cols.padded if padded_plan(opts) else cols.tokens).astype(np.float64)
-    if opts.get("budget") == "quadratic" and cols.attention is not None:
+    if opts.get("budget") == "quadratic" and not opts.get("rows") and cols.attention is not None:
         used = used + cols.attention / float(opts.get("quadratic_scale") or 1.0)
-    f1 = used / limit
-    f2 = size2.astype(np.float64) / float(opts["max_size2"])
-    if not len(f1):
-        return {"max_tokens": 0.0, "max_size2": 0.0, "binding": 0.0}
-    return {"max_tokens": float(f1.mean()), "max_size2": float(f2.mean()), "binding": float(np.maximum(f1, f2).mean())}
+    rows = cols.batch_size.astype(np.float64) if opts.get("rows") else 1.0
+    out = {"max_tokens": used / float(opts["max_tokens"])}
+    out.update({name: cols.measures[name].astype(np.float64) / (float(n) * rows) for name, n in caps})
+    return out
+
+
+def cap_fills(m: dict, cols: IndexColumns, caps: list[tuple[str, int]]) -> dict:
+    """Return the mean fill of the budget (``max_tokens``) and of each cap (its measure's name; ``size2``'s also as
+    ``max_size2``, its first name), and of the binding one: the mean of each micro-batch's largest fill."""
+    each = fills(m, cols, caps)
+    if not len(cols.tokens):
+        return {**{k: 0.0 for k in each}, "binding": 0.0}
+    out = {k: float(v.mean()) for k, v in each.items()}
+    if "size2" in out:
+        out["max_size2"] = out["size2"]
+    out["binding"] = float(np.max(np.stack(list(each.values())), axis=0).mean())
+    return out
+
+
+def binding_counts(m: dict, cols: IndexColumns, caps: list[tuple[str, int]]) -> dict[str, int]:
+    """Return how many micro-batches each cap binds (its fill the largest; ties to the budget, then to the first)."""
+    each = fills(m, cols, caps)
+    top = np.argmax(np.stack(list(each.values())), axis=0) if len(cols.tokens) else np.zeros(0, np.int64)
+    return {name: int(c) for name, c in zip(each, np.bincount(top, minlength=len(each)))}
+
+
+def encoder_cost(options: dict, cols: IndexColumns) -> np.ndarray | None:
+    """Return each micro-batch's vision-encoder work (``--encoder-patches``): per image ``C_e*p + p^2`` (full
+    attention, the squares' measure summed), ``(C_e + W)*p`` (windows of W patches); None without an encoder."""
+    name = options.get("encoder_patches")
+    if not name or name not in cols.measures:
+        return None
+    coeff = float(options.get("encoder_coeff") or 0.0)
+    kind, _, value = str(options.get("encoder_attention") or "").partition(":")
+    patches = cols.measures[name].astype(np.float64)
+    if kind == "window":
+        return (coeff + float(value)) * patches
+    squares = cols.measures.get(value)
+    return None if squares is None else coeff * patches + squares.astype(np.float64)
 
 
 def _holdout_report(m: dict) -> dict:
@@ -281,27 +340,28 @@ def _render_holdout(value: dict) -> str:
 LR_SPREAD = 4.0  # a step's LR scale past this multiple of the median step's is worth a warning
 
 
-def lr_warnings(num_samples: np.ndarray, tokens: np.ndarray, world_size: int, grad_accum: int) -> list[str]:
-    """Return a warning per LR rule (sqrt, by samples or by tokens) under which a step's LR scale exceeds 4x the median.
+def lr_warnings(batches: dict[str, np.ndarray], lr: tuple[str, str], world_size: int, grad_accum: int) -> list[str]:
+    """Return a warning when a step's LR scale exceeds 4x the median step's under the LR rule ``lr``, (method, by):
+    ``linear`` or ``sqrt`` scaling by the micro-batches' ``samples`` or ``tokens`` (``batches``' arrays).
 
     The reference batch is the mean step's, as the recipes take it; the ratio to the median
     step does not depend on it. A loss averaged over tokens (``step_loss``) wants ``by="tokens"``.
     """
-    out: list[str] = []
-    if not len(num_samples):
-        return out
-    for by, values in (("samples", num_samples), ("tokens", tokens)):
-        batch = step_costs(values.astype(np.float64), world_size, grad_accum).sum(axis=1)
-        scale = np.sqrt(batch / max(float(batch.mean()), 1e-300))
-        median = float(np.median(scale))
-        if median > 0 and float(scale.max()) > LR_SPREAD * median:
-            worst = int(np.argmax(scale))
-            out.append(f"step {worst} trains at {scale[worst] / median:.2f}x the median step's LR under "
-                       f"sqrt LR scaling by {by} ({int(batch[worst])} {by} vs a median of "
-                       f"{float(np.median(batch)):g}); "
-                       + ("scale by tokens (by=\"tokens\") when the loss is a mean over tokens (step_loss)"
-                          if by == "samples" else "its tokens are far from the median step's"))
-    return out
+    method, by = lr
+    values = batches[by]
+    if not len(values) or method not in ("linear", "sqrt"):
+        return []
+    batch = step_costs(values.astype(np.float64), world_size, grad_accum).sum(axis=1)
+    ratio = batch / max(float(batch.mean()), 1e-300)
+    scale = np.sqrt(ratio) if method == "sqrt" else ratio
+    median = float(np.median(scale))
+    if not (median > 0 and float(scale.max()) > LR_SPREAD * median):
+        return []
+    worst = int(np.argmax(scale))
+    return [f"step {worst} trains at {scale[worst] / median:.2f}x the median step's LR under {method} LR scaling by "
+            f"{by} ({int(batch[worst])} {by} vs a median of {float(np.median(batch)):g}); "
+            + ("scale by tokens (by=\"tokens\") when the loss is a mean over tokens (step_loss)"
+               if by == "samples" else "its tokens are far from the median step's")]
 
 
 def _shape_lines(m: dict, shapes: np.ndarray) -> dict:
@@ -314,6 +374,11 @@ def _shape_lines(m: dict, shapes: np.ndarray) -> dict:
     if shapes.shape[1] <= 32:
         out["shapes"] = [[int(b), int(length)] for b, length in shapes.T]
     return out
+
+
+def _figures(value: dict) -> str:
+    """Return ``{name: figure}`` as ``name figure  name figure`` (floats to 4 significant digits)."""
+    return "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
 
 
 def render(report: dict) -> str:
@@ -335,8 +400,12 @@ def render(report: dict) -> str:
         elif key == "chosen_lengths":
             value = (f"{value['request']}: {','.join(map(str, value['lengths']))}  "
                      f"(per-sample rounding pads {100 * value['rounding_padding_ratio']:.2f}%)")
+        elif key == "cap_imbalance":  # one line per capped measure
+            for name, figures in value.items():
+                rows.append((f"{name}_imbalance", _figures(figures)))
+            continue
         elif isinstance(value, dict):
-            value = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
+            value = _figures(value)
         elif isinstance(value, float):
             value = f"{100 * value:.2f}%" if key in ("padding_ratio", "fill") else f"{value:.4f}"
         rows.append((key, str(value)))

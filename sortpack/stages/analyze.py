@@ -12,10 +12,10 @@ import pyarrow as pa
 from ..errors import SortpackError
 from ..inputs import objects
 from ..inputs.discover import expand_inputs
-from ..inputs.finetune import Encoded, FineTuneShape, fine_tune_shape
+from ..inputs.finetune import Encoded, FineTuneShape, Rows
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units, reader_for
-from ..inputs.measures import measure_of, parse_measure
+from ..inputs.measures import measure_of
 from ..inputs.megatron import holds_token_ids
 from ..inputs.size_kinds import reads_text
 from ..inputs.source_file import SourceFile
@@ -23,83 +23,9 @@ from ..inputs.specs import RowError, Spec, as_difficulty, as_size, evaluate, loa
 from ..parallel import Comm
 from ..partition import even_range
 from ..progress import Display, Progress
+from .analyze_options import AnalyzeOptions
 from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
-
-
-@dataclass(frozen=True)
-class AnalyzeOptions:
-    """What to measure: the column and the size/difficulty SPECs (read-only: ``dataclasses.replace`` makes a copy)."""
-
-    column: str | None = None
-    size: str = "length"
-    difficulty: str | None = None
-    tokenizer: str | None = None
-    input_format: str = "auto"
-    special_tokens: bool = True  # tokens: count the ones the post-processor adds
-    split: str | None = None  # the split of a Hugging Face DatasetDict directory
-    size2: str | None = None  # --size2 SPEC: a second size per sample, the measure ``size2``
-    measures: tuple[tuple[str, str], ...] = ()  # --measure NAME=SPEC: other measures (inputs/measures.py), by name
-    # fine-tuning shapes (inputs/finetune.py): a labels column, prompt/completion texts, or chats
-    labels_column: str | None = None
-    prompt_column: str | None = None
-    completion_column: str | None = None
-    chat_template: str | None = None
-    train_on: tuple[str, ...] | None = None
-
-    def measure_specs(self) -> dict[str, str]:
-        """Return the SPEC of each per-sample measure to evaluate like a size, by measure name (SortpackError, one
-        line: a ``--measure`` name it cannot take)."""
-        given = dict(parse_measure(f"{name}={spec}") for name, spec in self.measures)
-        return {**({"size2": self.size2} if self.size2 else {}), **given}
-
-    def __post_init__(self) -> None:
-        """Give fine-tuning shapes their defaults: texts count tokens, a labels column labels ``input_ids``."""
-        # a prompt/completion or chat sample's size is its tokens (length is only the default)
-        if self.text_shape and self.size == "length":
-            object.__setattr__(self, "size", "tokens")
-        if self.labels_column and not self.column:
-            # the token ids a labels column labels (the store cuts both at a split)
-            object.__setattr__(self, "column", "input_ids")
-
-    @property
-    def text_shape(self) -> bool:
-        """Return whether the samples are prompt/completion texts or chats (tokenized as one sequence each)."""
-        return bool(self.prompt_column or self.completion_column or self.chat_template)
-
-    def fine_tune(self) -> dict | None:
-        """Return the fine-tuning shape's options as manifests record them (None: not a fine-tuning shape)."""
-        if self.labels_column:
-            return {"shape": "labels", "labels_column": self.labels_column}
-        if self.chat_template:
-            return {"shape": "chat", "chat_template": str(self.chat_template).rsplit("/", 1)[-1],
-                    "train_on": list(self.train_on or ("assistant",))}
-        if self.text_shape:
-            return {"shape": "prompt_completion", "prompt_column": self.prompt_column or "prompt",
-                    "completion_column": self.completion_column or "completion"}
-        return None
-
-    def as_dict(self) -> dict:
-        """Return the options as recorded in manifests (tokenizer by file name only).
-
-        ``special_tokens`` is recorded when a SPEC counts tokens and ``split`` when given,
-        so the manifests of runs that use neither keep their content hash.
-        """
-        out: dict[str, Any] = {"column": self.column, "size": self.size, "difficulty": self.difficulty or self.size,
-               "tokenizer": None if not self.tokenizer else str(self.tokenizer).rsplit("/", 1)[-1],
-               "input_format": self.input_format}
-        if "tokens" in (self.size, self.difficulty, self.size2, *dict(self.measures).values()):
-            out["special_tokens"] = self.special_tokens
-        if self.split is not None:
-            out["split"] = self.split
-        if self.size2:
-            out["size2"] = self.size2
-        if self.measures:  # recorded only when given: other plans keep their content hash
-            out["measures"] = dict(self.measures)
-        fine_tune = self.fine_tune()
-        if fine_tune is not None:  # recorded only for fine-tuning data: other plans keep their content hash
-            out["fine_tune"] = fine_tune
-        return out
 
 
 @dataclass
@@ -117,7 +43,7 @@ class Specs:
     def read_columns(self) -> tuple[list[str] | None, list[str]]:
         """Return (the columns a read needs, None for all; the text columns among them)."""
         specs = [s for s in (self.size, self.difficulty, *self.measures.values()) if s]
-        if self.shape is not None and self.shape.kind != "labels":  # the shape measures the size itself
+        if self.shape is not None and self.shape.encodes_text:  # the shape measures the size itself
             specs = [s for s in specs if s is not self.size]
         shaped = self.shape.columns() if self.shape is not None else []
         columns = sorted({c for s in specs for c in (s.columns() or []) if c} | set(shaped)) or None
@@ -166,6 +92,7 @@ class Measured:
     unknown_rows: list[int]
     measures: dict[str, list[np.ndarray]] = field(default_factory=dict)  # per measure name, read by read
     whole: np.ndarray | None = None  # every read's sizes, already in one array (``sizes`` are views of it)
+    roles: frozenset[str] = frozenset()  # the roles of the chats' messages (chats only)
 
 
 def _describe_all(comm: Comm, inputs: list[str], input_format: str, split: str | None = None) -> list[SourceFile]:
@@ -201,7 +128,8 @@ def _resolve_column(opts: AnalyzeOptions, files: list[SourceFile]) -> str | None
 
 def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     """Return the parsed SPECs, the tokenizer they need, their python functions and the fine-tuning shape."""
-    if opts.fine_tune() is not None or opts.train_on:
+    opts.validate()
+    if opts.shape is not None:
         return _fine_tune_specs(opts, files)
     needs_column = reads_text(opts.size, opts.difficulty or opts.size)
     column = _resolve_column(opts, files) if needs_column else opts.column
@@ -223,18 +151,13 @@ def _parse_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
 
 def _fine_tune_specs(opts: AnalyzeOptions, files: list[SourceFile]) -> Specs:
     """Return the SPECs of fine-tuning data: the size is the ids' length (labels column) or the encoded tokens."""
-    tokenizer = load_tokenizer(opts.tokenizer, "--size") if opts.text_shape else None
-    shape = fine_tune_shape(opts.column, opts.labels_column, opts.prompt_column, opts.completion_column,
-                            opts.chat_template, opts.train_on, tokenizer)
-    assert shape is not None  # fine_tune_shape raises on --train-on alone
-    if opts.text_shape and opts.size != "tokens":
-        raise SortpackError(f"--size {opts.size}: a prompt/completion or chat sample's size is its tokens "
-                            "(leave --size out)")
-    column = shape.column or shape.prompt_column
+    assert opts.shape is not None
+    tokenizer = load_tokenizer(opts.tokenizer, "--size") if opts.text_shape or opts.tokenizer else None
+    # what the files decide (the end token of TRL pairs) may not be resolved yet: analyze called as a library
+    shape = opts.shape.resolved(opts.tokenizer).loaded(tokenizer)
+    column = shape.columns()[0]
     size_spec = parse_spec(opts.size, column, "--size")
     diff_spec = parse_spec(opts.difficulty, column, "--difficulty") if opts.difficulty else None
-    if diff_spec is not None and reads_text(diff_spec.kind) and opts.text_shape:
-        raise SortpackError(f"--difficulty {opts.difficulty}: of fine-tuning texts, give a column: or python: SPEC")
     measures = {name: parse_spec(text, column, measure_of(name).option)
                 for name, text in opts.measure_specs().items()}
     kinds = [size_spec, diff_spec, *measures.values()]
@@ -268,6 +191,8 @@ def analyze(comm: Comm, inputs: list[str], opts: AnalyzeOptions, show_progress: 
     show = Display(show_progress and comm.is_root(), comm.size)
     prog = Progress("analyze", plan.rows, "rows", plan.total_rows, show)
     measured: Measured = comm.collectively(_measure, files, plan, specs, keep or Keepers(), prog)
+    if specs.shape is not None:  # chats: --train-on a role no message has would train nothing
+        specs.shape.check_roles(frozenset().union(*comm.allgather_obj(measured.roles)))
     unit_rows = _share_unit_rows(comm, plan, measured.unknown_rows)
     start = int(unit_rows[:plan.lo].sum()) + plan.head
     total = int(unit_rows.sum())
@@ -310,7 +235,7 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keeper
             # an empty file or row group: its columns may not even exist (empty jsonl)
             continue
         try:
-            size, diff, encoded = _measure_table(table, src.path, specs, keep.tokens)
+            size, diff, encoded = _measure_table(table, _rows_of(src, read), specs, keep.tokens)
             extra = {name: as_size(evaluate(spec, table, src.path, specs.tokenizer, specs.funcs.get(spec.text),
                                             specs.special_tokens), src.path, f"{measure_of(name).option} {spec.text}")
                      for name, spec in specs.measures.items()}
@@ -318,6 +243,7 @@ def _measure(files: list[SourceFile], plan: ReadPlan, specs: Specs, keep: Keeper
             raise exc.at(_first_row(src, read), partial(reader_for(src.format).row_position, src)) from None
         if encoded is not None:
             out.measures.setdefault("targets", []).append(encoded.targets)
+            out.roles |= encoded.roles or frozenset()
             keep_labels = getattr(keep_pieces, "keep_labels", None)  # split.TargetPieces: pieces' own targets
             if keep_labels is not None:
                 keep_labels(encoded.labels, size)
@@ -359,9 +285,15 @@ def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: 
     return table
 
 
-def _measure_table(table: pa.Table, where: str, specs: Specs,
+def _rows_of(src: SourceFile, read: Read) -> Rows:
+    """Return how error lines name the rows of one read: its file, its first row there, the format's words for a row
+    (a JSONL file's line)."""
+    return Rows(src.path, _first_row(src, read), partial(reader_for(src.format).row_position, src))
+
+
+def _measure_table(table: pa.Table, rows: Rows, specs: Specs,
                    keep_tokens: TokenKeeper | None) -> tuple[np.ndarray, np.ndarray, Encoded | None]:
-    """Return the (size, difficulty, encoded ids and labels) of every row of ``table``.
+    """Return the (size, difficulty, encoded ids and labels) of every row of ``table`` (``rows``: where they are).
 
     The difficulty is the same array as the size when it is the size; the encoding is None
     unless the rows are fine-tuning data (its ``targets`` are their measure).
@@ -369,9 +301,10 @@ def _measure_table(table: pa.Table, where: str, specs: Specs,
     size_spec, diff_spec = specs.size, specs.difficulty
     encoded = None
     shape = specs.shape
+    where = rows.path
     if shape is not None:
-        encoded = shape.encode(table, where)  # checks a labels column against its ids too
-        if shape.kind != "labels":
+        encoded = shape.encode(table, rows)  # checks a labels column against its ids too
+        if shape.encodes_text:
             if keep_tokens is not None:
                 keep_tokens.keep_encoded(encoded)
             size = encoded.sizes

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from ..inputs.finetune.registry import shape_from_record
 from .analyze import AnalyzeOptions
 from .pack import PackOptions
 from .samples import SampleColumns
@@ -72,16 +73,14 @@ def _analyze_options(recorded: dict[str, Any]) -> AnalyzeOptions:
     """Return the analyze options a manifest records (``AnalyzeOptions.as_dict`` read back)."""
     size = recorded.get("size", "length")
     difficulty = recorded.get("difficulty")
-    shape = recorded.get("fine_tune") or {}
-    train_on = shape.get("train_on")
+    column = recorded.get("column")
     return AnalyzeOptions(
-        column=recorded.get("column"), size=size, difficulty=None if difficulty == size else difficulty,
+        column=column, size=size, difficulty=None if difficulty == size else difficulty,
         tokenizer=recorded.get("tokenizer"), input_format=recorded.get("input_format", "auto"),
         special_tokens=bool(recorded.get("special_tokens", True)), split=recorded.get("split"),
-        size2=recorded.get("size2"), measures=tuple((recorded.get("measures") or {}).items()),
-        labels_column=shape.get("labels_column"), prompt_column=shape.get("prompt_column"),
-        completion_column=shape.get("completion_column"),
-        chat_template=shape.get("chat_template"), train_on=tuple(train_on) if train_on is not None else None)
+        size2=recorded.get("size2"), sizes=tuple(recorded.get("sizes") or ()),
+        measures=tuple((recorded.get("measures") or {}).items()),
+        shape=shape_from_record(recorded.get("fine_tune"), column))
 
 
 def _pack_options(recorded: dict[str, Any]) -> PackOptions:

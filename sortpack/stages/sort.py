@@ -98,7 +98,9 @@ def _sort_by(comm: Comm, keys: _Keys, rows: _Rows, contiguous: bool, targets: np
     The returned codes hold ``keys.layout``'s fields, the ids shifted out.
     """
     start, ids, layout = rows.start, rows.ids, keys.layout
-    packed = layout.with_ids(id_width(rows.total))
+    # ids are below the total, but the numbers of pieces out of (sample id, begin) order are not (``_piece_numbers``)
+    top = rows.total if ids is None else comm.allreduce(int(ids.max()) + 1 if len(ids) else 0, "max")
+    packed = layout.with_ids(id_width(max(rows.total, top)))
     if packed.fits():
         codes = packed.pack_into(keys.codes, stage=keys.stage, group=keys.group, ids=ids,
                                  first_id=start if ids is None else None)
@@ -162,12 +164,16 @@ def sort_samples(comm: Comm, samples: SampleColumns, opts: SortOptions, rows_per
     """
     opts.validate()
     if samples.begin is not None:
-        # pieces share their sample's id: sorted by global position, their ids and ranges fetched back
+        # pieces share their sample's id: sorted by (sample id, begin) numbers, their ids and ranges recovered
         start = samples.start
-        rows, keep = _piece_positions(samples, consume)
+        rows, keep, shift = _piece_numbers(comm, samples, consume)
         ordered = sort_samples(comm, rows, opts, rows_per_shard, consume, groups)
-        got = fetch_rows(comm, keep, start, ordered.sample_id)
-        ordered.sample_id, ordered.begin = got["sample_id"], got["begin"]
+        if shift is None:
+            got = fetch_rows(comm, keep, start, ordered.sample_id)
+            ordered.sample_id, ordered.begin = got["sample_id"], got["begin"]
+        else:
+            numbers = ordered.sample_id
+            ordered.sample_id, ordered.begin = numbers >> shift, numbers & ((1 << shift) - 1)
         return ordered
     group_bits = 0
     if groups is not None:
@@ -254,23 +260,48 @@ def _sort_plain(comm: Comm, samples: SampleColumns, groups: np.ndarray | None, f
     return _Sorted(ids, size, difficulty, stage, measures_in(payload))
 
 
-def _piece_positions(samples: SampleColumns, consume: bool) -> tuple[SampleColumns, dict[str, np.ndarray]]:
-    """Return pieces (``--oversize split``) numbered by global position in place of their ids, and their
-    (sample_id, begin) to fetch back by position after the sort (``consume``: ``samples`` is emptied).
+def _in_piece_order(comm: Comm, sample_id: np.ndarray, begin: np.ndarray) -> bool:
+    """Return whether the pieces (every rank's, in rank order) are in strictly ascending (sample id, begin) order."""
+    later = (sample_id[1:] > sample_id[:-1]) | ((sample_id[1:] == sample_id[:-1]) & (begin[1:] > begin[:-1]))
+    mine = bool(np.all(later))
+    ends = comm.allgather_obj(((int(sample_id[0]), int(begin[0])), (int(sample_id[-1]), int(begin[-1])))
+                              if len(sample_id) else None)
+    ends = [e for e in ends if e is not None]
+    return bool(comm.allreduce(int(mine), "min")) and all(a[1] < b[0] for a, b in zip(ends, ends[1:]))
 
-    The pieces of a sample share its id, so the id alone cannot break ties: the pieces are
-    sorted by their global positions instead (numbered in (sample, piece) order, a total
-    order that does not depend on the rank count).
+
+def _piece_numbers(comm: Comm, samples: SampleColumns, consume: bool
+                   ) -> tuple[SampleColumns, dict[str, np.ndarray], int | None]:
+    """Return pieces (``--oversize split``) numbered in (sample id, begin) order in place of their ids, what
+    recovers their ids and begins after the sort, and how (``consume``: ``samples`` is emptied).
+
+    The pieces of a sample share its id, so the id alone cannot break ties. (sample id, begin) is a
+    total order that neither the rank count nor the route that cut the pieces changes: ``run`` cuts
+    samples in id order, ``pack`` of a sorted directory in sorted order, and both must give the same
+    plan. Pieces already in that order (``run``) are numbered by global position (the shift is None:
+    their ids and begins are fetched back by position); others by ``(sample_id << shift) | begin``,
+    decoded after the sort.
     """
     assert samples.begin is not None
-    keep = {"sample_id": samples.sample_id, "begin": samples.begin}
+    keep: dict[str, np.ndarray] = {}
     start, total = samples.start, samples.total
-    rows = SampleColumns(start, total, np.arange(start, start + len(samples), dtype=np.int64), samples.size,
-                         samples.difficulty, samples.stage, samples.files, samples.empty_size,
-                         measures=samples.measures)
+    shift = None
+    if not _in_piece_order(comm, samples.sample_id, samples.begin):
+        top_id = comm.allreduce(int(samples.sample_id.max()) if len(samples) else 0, "max")
+        shift = max(comm.allreduce(int(samples.begin.max()) if len(samples) else 0, "max").bit_length(), 1)
+        if top_id.bit_length() + shift > 62:  # every rank sees the same maxima: all raise together
+            raise SortpackError(f"pieces of samples up to id {top_id} with ranges up to {1 << shift} units do not fit "
+                                "one 64-bit number in (sample, begin) order; split them with sortpack run",
+                                collective=True)
+        numbers = (samples.sample_id.astype(np.int64) << shift) | samples.begin.astype(np.int64)
+    else:
+        keep = {"sample_id": samples.sample_id, "begin": samples.begin}
+        numbers = np.arange(start, start + len(samples), dtype=np.int64)
+    rows = SampleColumns(start, total, numbers, samples.size, samples.difficulty, samples.stage, samples.files,
+                         samples.empty_size, measures=samples.measures)
     if consume:
         samples.clear()
-    return rows, keep
+    return rows, keep, shift
 
 
 def _group_layout(codec: KeyCodec, group_bits: int) -> KeyLayout:

@@ -17,13 +17,15 @@ cut with ``inputs.pieces.byte_pieces``. Byte offsets are what ``piece_begin``/``
 then hold; a reader cuts the text's UTF-8 bytes at them.
 
 The planning half (``piece_table``) takes arrays and no communicator; ``split_samples`` numbers
-the pieces globally. ``run`` splits right after analyze, before the sort, so pieces are sorted
-by their own sizes; ``pack`` of a sorted directory splits and sorts again (``sort.sort_pieces``).
+the pieces globally; ``split_targets`` counts the loss targets of fine-tuning data's pieces.
+``run`` splits right after analyze, before the sort, so pieces are sorted by their own sizes;
+``pack`` of a sorted directory splits and sorts again, in the same (key, sample id, begin) order
+(``sort.sort_samples``), so every route gives ``run``'s plan.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -289,26 +291,74 @@ def split_samples(comm: Comm, samples: SampleColumns, over: np.ndarray, cut: Pie
     count = comm.allreduce(int(over.sum()), "sum")
     held = None if held_out is None else held_out(samples.sample_id)
     row = None
+    if count and column is not None and samples.begin is not None:  # every rank sees the same count
+        raise SortpackError(f"{count} pieces of a sorted directory are over the budget: pieces cut at character "
+                            "boundaries (--size bytes) are not cut again; pack with the budget they were cut for, "
+                            "or sort and pack the metrics", collective=True)
     if count:
         if column is None:
             row, begin, size = piece_table(samples.size, cap)
         else:
             row, begin, size = comm.collectively(byte_piece_table, samples, cap, over, column, known)
+    if samples.begin is not None:  # pieces already (a sorted directory run wrote): counted by their ids
+        return _cut_again(comm, samples, (row, begin, size) if row is not None else None, held)
     info = _split_counts(comm, samples, over, row, None if held is None else ~held)
     if held is not None:
         info["held"] = _split_counts(comm, samples, over, row, held)
     if row is None:
         return samples, info
+    return _pieces(comm, samples, row, begin, size), info
+
+
+def _cut_again(comm: Comm, samples: SampleColumns, table: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+               held: np.ndarray | None) -> tuple[SampleColumns, dict]:
+    """Return pieces cut again by ``table`` (None: none was over) and the split's counts of the documents they hold.
+
+    The counts are those ``run`` gives: a document counts as cut when it has more than one piece
+    (``piece_counts``), whether this split or the one that wrote the sorted directory cut it.
+    """
+    out = samples if table is None else _pieces(comm, samples, *table)
+    kept = None if held is None else (held if table is None else held[table[0]])
+    info = piece_counts(comm, out.sample_id, out.size, None if kept is None else ~kept)
+    if kept is not None:
+        info["held"] = piece_counts(comm, out.sample_id, out.size, kept)
+    return out, info
+
+
+def piece_counts(comm: Comm, sample_id: np.ndarray, size: np.ndarray, mine: np.ndarray | None = None) -> dict:
+    """Return the split's counts (over all ranks) of pieces ``mine`` (None: all): documents with more than one
+    piece, their pieces and the units those hold.
+
+    The pieces of one document may lie on any rank (a sorted directory orders them by size), so
+    each is sent to the rank that owns its id's range first: one Alltoallv of two int64 per piece.
+    """
+    if mine is not None:
+        sample_id, size = sample_id[mine], size[mine]
+    top = comm.allreduce(int(sample_id.max()) + 1 if len(sample_id) else 0, "max")
+    owner = (np.asarray(sample_id, dtype=np.int64) // -(-max(top, 1) // comm.size)).astype(np.int64)
+    order = np.argsort(owner, kind="stable")
+    got = comm.alltoallv_many({"id": np.asarray(sample_id, np.int64)[order], "size": np.asarray(size, np.int64)[order]},
+                              np.bincount(owner, minlength=comm.size))
+    _, inverse, count = np.unique(got["id"], return_inverse=True, return_counts=True)
+    cut = count > 1
+    of_cut = cut[inverse]
+    return {"split": comm.allreduce(int(cut.sum()), "sum"), "split_pieces": comm.allreduce(int(of_cut.sum()), "sum"),
+            "split_tokens": comm.allreduce(exact_sum(got["size"][of_cut]), "sum")}
+
+
+def _pieces(comm: Comm, samples: SampleColumns, row: np.ndarray, begin: np.ndarray, size: np.ndarray) -> SampleColumns:
+    """Return the pieces ``(row, begin, size)`` of ``samples`` (``piece_table``'s), numbered globally."""
     start, total = global_start(comm, len(row))
+    if samples.begin is not None:  # a piece cut again: its begin counts in its document
+        begin = samples.begin[row] + begin
     difficulty = size if samples.difficulty is samples.size else samples.difficulty[row]
     stage = None if samples.stage is None else samples.stage[row]
     # every measure a cut sample carries takes its share (``measure_of(name).pieces``: a measure whose pieces are
-    # recounted from the labels, ``targets``, gets its own count after, ``TargetPieces.exact``; one that cannot
-    # be cut was refused before, ``check_split``)
+    # recounted from the labels, ``targets``, gets its own count after, ``split_targets.TargetPieces.exact``; one
+    # that cannot be cut was refused before, ``check_split``)
     measures = {name: apportion(values, samples, row, begin, size) for name, values in samples.measures.items()}
-    out = SampleColumns(start, total, samples.sample_id[row], size, difficulty, stage, samples.files,
-                        samples.empty_size, begin, measures)
-    return out, info
+    return SampleColumns(start, total, samples.sample_id[row], size, difficulty, stage, samples.files,
+                         samples.empty_size, begin, measures)
 
 
 def apportion(values: np.ndarray, samples: SampleColumns, row: np.ndarray, begin: np.ndarray,
@@ -345,95 +395,3 @@ def split_oversize(comm: Comm, samples: SampleColumns, plan: PlanOptions, known:
     column = str(measured.column) if measured.size == "bytes" else None
     return split_samples(comm, samples, oversize_mask(opts, samples.size),
                          PieceCut(truncate_length(opts), column, known), held_out)
-
-
-class TargetPieces:
-    """The loss targets of each piece of fine-tuning samples under ``run --oversize split`` (or of the part
-    ``--oversize truncate`` keeps), counted exactly.
-
-    A piece is a document of its own: its first position has no target, and a piece of prompt
-    only trains nothing. The labels are in memory only while analyze reads them, so ``analyze``
-    hands each read's labels to ``keep_labels`` (then calls the object as its ``keep_pieces``,
-    which counts the rows) and ``exact`` later puts each piece's own count in place of the
-    share ``split_samples`` gives it. Pieces hold ``cap`` tokens each but the last, as
-    ``piece_table`` cuts them.
-    """
-
-    def __init__(self, cap: int):
-        self.cap = int(cap)
-        self.seen = 0  # samples measured so far on this rank
-        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (local position, begin, targets)
-
-    def keep_labels(self, labels, size: np.ndarray) -> None:
-        """Count the targets of the pieces of this read's samples over ``cap`` (before ``__call__`` of the read)."""
-        size = np.asarray(size, dtype=np.int64)
-        over = np.flatnonzero(size > self.cap)
-        if len(over):
-            self._keep(labels.take(over), size[over], self.seen + over)
-
-    def _keep(self, labels, lengths: np.ndarray, positions: np.ndarray) -> None:
-        """Count the targets of the pieces of samples over ``cap`` (their ``labels``, at ``positions``)."""
-        import pyarrow.compute as pc
-
-        from ..inputs.finetune import IGNORE_INDEX
-
-        flags = pc.list_flatten(labels).to_numpy(zero_copy_only=False) != IGNORE_INDEX
-        cum = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
-        count = -(-lengths // self.cap)
-        first = np.repeat(np.cumsum(lengths) - lengths, count)  # each piece's sample's first label
-        ordinal = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-        begin = ordinal * self.cap
-        end = np.minimum(begin + self.cap, np.repeat(lengths, count))
-        targets = cum[first + end] - cum[first + np.minimum(begin + 1, end)]
-        self.parts.append((np.repeat(positions, count), begin, targets))
-
-    @classmethod
-    def read_back(cls, samples: SampleColumns, shape, cap: int, by_id: bool) -> tuple[TargetPieces, np.ndarray]:
-        """Return (the pieces of ``samples`` over ``cap``, their labels read back from the input files and encoded
-        again with ``shape``; the sample ids in ascending order).
-
-        ``pack`` of a sorted directory: the labels are not in memory. Positions count in the
-        ascending ids (``by_id``: for ``exact`` with those ids) or in ``samples``' own order
-        (for ``truncated``).
-        """
-        from ..inputs.finetune import read_labels
-
-        order = np.argsort(samples.sample_id, kind="stable")
-        ids = samples.sample_id[order]
-        size = np.asarray(samples.size, dtype=np.int64)[order]
-        pieces = cls(cap)
-        over = np.flatnonzero(size > cap)
-        if len(over):
-            labels = read_labels(shape, samples.files, ids[over], size[over])
-            pieces._keep(labels, size[over], over if by_id else order[over])
-        pieces.seen = len(ids)
-        return pieces, ids
-
-    def __call__(self, table, size: np.ndarray, where: str) -> None:
-        """Count this read's samples (``analyze``'s ``keep_pieces``)."""
-        self.seen += len(size)
-
-    def exact(self, before: np.ndarray, samples: SampleColumns) -> SampleColumns:
-        """Return ``samples`` (pieces of the samples whose ids are ``before``) with every piece's own targets."""
-        if not self.parts or samples.begin is None or "targets" not in samples.measures:
-            return samples
-        pos, begin, targets = (np.concatenate(x) for x in zip(*self.parts))
-        key = (pos << 32) | (begin // self.cap)  # (local position, piece ordinal), ascending as kept
-        want = (np.searchsorted(before, samples.sample_id).astype(np.int64) << 32) | (samples.begin // self.cap)
-        at = np.clip(np.searchsorted(key, want), 0, len(key) - 1)
-        found = key[at] == want  # pieces of a cut sample (the others keep their own count)
-        exact = samples.measures["targets"].copy()
-        exact[found] = targets[at[found]]
-        return replace(samples, measures={**samples.measures, "targets": exact})
-
-    def truncated(self, samples: SampleColumns) -> tuple[SampleColumns, int]:
-        """Return ``samples`` (as analyze measured them) with each oversize sample's targets those of its first
-        ``cap`` tokens (``--oversize truncate`` keeps them), and the targets cut away on this rank."""
-        if not self.parts or "targets" not in samples.measures:
-            return samples, 0
-        pos, begin, targets = (np.concatenate(x) for x in zip(*self.parts))
-        first = begin == 0
-        kept = samples.measures["targets"].copy()
-        lost = exact_sum(kept[pos[first]] - targets[first])
-        kept[pos[first]] = targets[first]
-        return replace(samples, measures={**samples.measures, "targets": kept}), lost

@@ -133,14 +133,20 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:40] or "localhost"
 
 
-def _start_time(pid: int) -> int:
-    """Return the start time of process ``pid`` in clock ticks since boot (0 where unknown)."""
+def _stat(pid: int) -> tuple[str, int]:
+    """Return process ``pid``'s state letter and its start time in clock ticks since boot (("", 0) where unknown)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
-        return int(stat[stat.rindex(b")") + 2:].split()[19])
+        fields = stat[stat.rindex(b")") + 2:].split()
+        return fields[0].decode("ascii", "replace"), int(fields[19])
     except (OSError, ValueError, IndexError):
-        return 0
+        return "", 0
+
+
+def _start_time(pid: int) -> int:
+    """Return the start time of process ``pid`` in clock ticks since boot (0 where unknown)."""
+    return _stat(pid)[1]
 
 
 def owner_tag() -> str:
@@ -159,8 +165,11 @@ def _owner_alive(pid: int, start: int, host: str) -> bool | None:
         return False
     except PermissionError:
         pass  # exists, owned by another user
-    # a live pid whose start time differs is a new process that reused the number
-    now = _start_time(pid)
+    # a zombie (killed, not yet reaped by its parent) or dead process runs no more; a live pid whose start time
+    # differs is a new process that reused the number
+    state, now = _stat(pid)
+    if state in ("Z", "X", "x"):
+        return False
     return not (start and now and now != start)
 
 

@@ -99,7 +99,7 @@ def _third_party_imports(paths) -> set[str]:
             and m not in ("sortpack", "torch", "numpy", "pyarrow", "__future__", "flash_attn")}
 
 
-DISTRIBUTIONS = {"megatron": "megatron-core"}  # an import name whose distribution is named otherwise
+DISTRIBUTIONS = {"megatron": "megatron-core", "PIL": "pillow"}  # import names whose distribution is named otherwise
 
 
 def test_each_command_row_names_the_extra_that_holds_what_it_imports():

@@ -204,7 +204,8 @@ def recipe_section(path: Path) -> str:
 
 
 def test_docs_quote_the_recipes():
-    doc = "".join((ROOT / "docs" / name).read_text() for name in ("training.md", "fine-tuning.md", "plan-batch.md"))
+    doc = "".join((ROOT / "docs" / name).read_text() for name in ("training.md", "fine-tuning.md", "plan-batch.md",
+                                                                 "multimodal.md"))
     blocks = re.findall(r"<!-- recipe: (\S+) -->\n```python\n(.*?)```", doc, flags=re.DOTALL)
     assert {path for path, _ in blocks} == {f"examples/recipes/{p.name}" for p in RECIPES.glob("*.py")
                                             if "# --- recipe ---" in p.read_text()}
@@ -240,3 +241,28 @@ def test_sft_trains_assistant_tokens_and_resumes_on_the_same_steps(chat_plan, tm
     # the resumed run continues on the same samples with the same weights: the very same losses
     assert losses(first) + losses(resumed) == losses(straight)
     assert [line.split()[1] for line in step_lines(resumed)] == ["2", "3"]
+
+
+def multimodal_command() -> list[str]:
+    """Return the options of docs/multimodal.md's ``sortpack run vl/ -o plan/ ...`` command of the VLM recipe."""
+    doc = (ROOT / "docs" / "multimodal.md").read_text()
+    found = re.search(r"^sortpack run vl/ -o plan/ (.*?)```", doc, flags=re.MULTILINE | re.DOTALL)
+    assert found, "docs/multimodal.md gives the recipe's command"
+    return found.group(1).replace("\\\n", " ").split()
+
+
+@pytest.mark.slow
+def test_vlm_rows_trains_a_tiny_qwen2_vl_on_rows_within_the_caps(tmp_path):
+    pytest.importorskip("transformers")
+    subprocess.run([sys.executable, str(RECIPES / "vlm_rows.py"), "--make-data", str(tmp_path / "vl")], check=True,
+                   timeout=TIMEOUT, env=_env(), cwd=str(ROOT))
+    run_sortpack(["run", tmp_path / "vl", "-o", tmp_path / "plan", *multimodal_command()], timeout=TIMEOUT)
+    from sortpack.reader import PackedIndex
+
+    index = PackedIndex(tmp_path / "plan")
+    caps = dict(index.options["caps"])
+    assert (index["enc"] <= caps["enc"]).all() and (index["images"] <= caps["images"]).all()
+    out = run_recipe("vlm_rows.py", tmp_path / "plan", "--steps", "3")
+    lines = step_lines(out)
+    assert len(lines) == 3 and "nan" not in out  # check_caps held on every micro-batch it trained
+    assert all(0 < float(loss) < 10 for loss in losses(out))

@@ -97,8 +97,9 @@ def test_bad_templates_are_one_line_errors(tmp_path):
     with pytest.raises(SortpackError, match="no chat_template"):
         load_chat_template(cfg)
     raising = tmp_path / "raise.jinja"
-    raising.write_text("{{ raise_exception('roles must alternate') }}")
-    with pytest.raises(SortpackError, match="roles must alternate"):
+    raising.write_text("{% for m in messages %}{{ raise_exception('roles must alternate') }}{% endfor %}")
+    with pytest.raises(SortpackError, match=r"^messages: row 0: message 0 \(user\): the chat template raise.jinja "
+                                            r"cannot render it \(TemplateError: roles must alternate\)$"):
         render_chats(load_chat_template(raising), [[{"role": "user", "content": "x"}]])
 
 
@@ -146,11 +147,13 @@ def test_options_choose_one_shape(chatml):
     assert fine_tune_shape(None) is None
     assert fine_tune_shape(None, prompt_column="q", tokenizer=tok).columns() == ["q", "completion"]
     chat = fine_tune_shape(None, chat_template=config, train_on=["user", "assistant"], tokenizer=tok)
-    assert chat.kind == "chat" and chat.column == "messages" and chat.train_on == ("user", "assistant")
+    assert chat.name == "chat" and chat.column == "messages" and chat.train_on == ("user", "assistant")
     with pytest.raises(SortpackError, match="name different dataset shapes"):
         fine_tune_shape(None, labels_column="labels", chat_template=config)
+    unloaded = fine_tune_shape(None, chat_template=config)  # the options alone: a job loads what they name
+    assert unloaded.template is None and unloaded.tokenizer is None
     with pytest.raises(SortpackError, match="needs --tokenizer"):
-        fine_tune_shape(None, chat_template=config)
+        unloaded.validate(has_tokenizer=False)
     with pytest.raises(SortpackError, match="--train-on .* needs --chat-template"):
         fine_tune_shape(None, train_on=["assistant"], tokenizer=tok)
 
@@ -170,8 +173,34 @@ def test_a_wrong_column_type_or_a_null_is_one_line_naming_the_column(chatml):
     pairs = fine_tune_shape(None, prompt_column="q", tokenizer=tok)
     with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'q' is int64, not text$"):
         pairs.encode(pa.table({"q": [1, 2], "completion": ["a", "b"]}), "f.jsonl")
-    with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'completion' has 1 null values$"):
+    with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'completion' has 1 null values \(the first in row "
+                                            r"1\)$"):
         pairs.encode(pa.table({"q": ["x", "y"], "completion": ["a", None]}), "f.jsonl")
     chat = fine_tune_shape(None, chat_template=config, tokenizer=tok)
     with pytest.raises(SortpackError, match=r"^f\.jsonl: column 'messages' is string, not a list of \{role, content"):
         chat.encode(pa.table({"messages": ["hi"]}), "f.jsonl")
+
+
+@pytest.mark.parametrize("bad", [-5, 2**40, -101])
+def test_a_label_neither_minus_100_nor_a_token_id_is_one_line(bad):
+    # it would count as a target and fail only in cross_entropy (or wrap in the int32 store)
+    from sortpack.inputs.finetune import Rows
+
+    shape = fine_tune_shape(None, labels_column="labels")
+    table = pa.table({"input_ids": [[1, 2, 3], [4, 5, 6]], "labels": [[-100, 2, 3], [-100, bad, 6]]})
+    rows = Rows("f.jsonl", 7, lambda row: f"line {row + 1}")
+    with pytest.raises(SortpackError, match=rf"^f\.jsonl: line 9: column 'labels' holds {bad} at position 1: a label "
+                                            r"is -100 \(no target\) or a token id \(0\.\.2\^31-1\) \(1 such labels\)$"):
+        shape.encode(table, rows)
+
+
+def test_with_a_tokenizer_a_label_past_its_vocabulary_is_refused(chatml):
+    tokenizer_file, _ = chatml
+    tok = load_tokenizer(tokenizer_file)
+    vocab = tok.hf.get_vocab_size(with_added_tokens=True)
+    shape = fine_tune_shape(None, labels_column="labels", tokenizer=tok)
+    ok = pa.table({"input_ids": [[1, 2]], "labels": [[-100, vocab - 1]]})
+    assert shape.encode(ok, "f.parquet").targets.tolist() == [1]
+    with pytest.raises(SortpackError, match=rf"holds {vocab} at position 1: a label is -100 \(no target\) or a token "
+                                            rf"id of the tokenizer \(0\.\.{vocab - 1}\)"):
+        shape.encode(pa.table({"input_ids": [[1, 2]], "labels": [[-100, vocab]]}), "f.parquet")

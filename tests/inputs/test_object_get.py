@@ -100,3 +100,35 @@ def test_a_refused_key_or_an_unreachable_endpoint_turns_the_path_off(s3_server):
         assert len(s3_server.requests_since(mark)) == 1
     closed = Setup("http", "127.0.0.1:9", "us-east-1", "k", "s", None)
     assert get_small(closed, "b", "k.jsonl", 1 << 20, 2.0) is None and closed in object_get._off
+
+
+@pytest.mark.slow
+def test_requests_are_counted_whatever_the_server_prints(tmp_path, monkeypatch):
+    # Werkzeug 3.1.9 colours the log line of a non-200 answer where colorama is missing (a fresh venv): the
+    # tests count the requests the server was sent, so a ranged GET, a missing key and a refused key all count
+    from botocore.exceptions import ClientError
+
+    from object_store import BAD_KEY, start_server, stop_server
+
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "colorama.py").write_text("raise ImportError('not installed here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(hide))  # the server process only: this one imported what it needs
+    server = start_server()
+    try:
+        server.bucket("count")
+        client = server.client()
+        client.put_object(Bucket="count", Key="k.jsonl", Body=b'{"text": "abc"}\n' * 10)
+        mark = server.log_mark()
+        assert client.get_object(Bucket="count", Key="k.jsonl", Range="bytes=0-9")["Body"].read() == b'{"text": "'
+        with pytest.raises(ClientError):
+            client.get_object(Bucket="count", Key="none.jsonl")
+        host = server.endpoint.split("://")[1]
+        with server.checking_credentials():
+            wrong = Setup("http", host, "us-east-1", BAD_KEY["AWS_ACCESS_KEY_ID"], "nope", None)
+            assert get_small(wrong, "count", "k.jsonl", 1 << 20, 5.0) is None
+        got = [(m, p.split("?")[0]) for m, p in server.requests_since(mark) if p.startswith("/count/")]
+        assert got == [("GET", "/count/k.jsonl"), ("GET", "/count/none.jsonl"), ("GET", "/count/k.jsonl")]
+    finally:
+        stop_server(server)
+        object_get._off.clear()

@@ -106,7 +106,7 @@ def test_split_pieces_keep_their_labels_and_count_their_own_targets(chats, tmp_p
 def test_truncation_counts_the_targets_it_keeps_and_reports_those_it_cut(chats, tmp_path):
     pytest.importorskip("torch")
     from sortpack.reader import SourceDataset
-    from sortpack.torch import PackedBatchSampler, pad_collate
+    from sortpack.torch import PackedBatchSampler, varlen_collate
 
     out = tmp_path / "plan"
     _run(chats, out, "--max-tokens", "48", "--budget", "tokens", "--oversize", "truncate", "--store-tokens",
@@ -115,7 +115,7 @@ def test_truncation_counts_the_targets_it_keeps_and_reports_those_it_cut(chats, 
     ix = PackedIndex(out)
     ds = SourceDataset(out)
     for mb in PackedBatchSampler(ix, rank=0, world_size=1):
-        batch = pad_collate(key="input_ids")(ds.__getitems__(mb))
+        batch = varlen_collate(key="input_ids")(ds.__getitems__(mb))
         assert int((batch["labels"] != -100).sum()) == mb.targets
     assert m["stats"]["truncated"] > 10
     assert m["stats"]["truncated_targets"] == int(chats[3].sum()) - m["stats"]["targets"] > 0
@@ -199,7 +199,7 @@ def test_a_labels_column_is_cut_with_its_ids(tmp_path):
     import pyarrow.parquet as pq
 
     from sortpack.reader import SourceDataset
-    from sortpack.torch import PackedBatchSampler, pad_collate
+    from sortpack.torch import PackedBatchSampler, varlen_collate
 
     rng = np.random.default_rng(4)
     ids = [rng.integers(1, 100, int(k)).tolist() for k in rng.integers(1, 60, 120)]
@@ -212,7 +212,7 @@ def test_a_labels_column_is_cut_with_its_ids(tmp_path):
     ix = PackedIndex(out)
     ds = SourceDataset(out)
     for mb in PackedBatchSampler(ix, rank=0, world_size=1):
-        batch = pad_collate(key="input_ids")(ds.__getitems__(mb))
+        batch = varlen_collate(key="input_ids")(ds.__getitems__(mb))
         assert int((batch["labels"] != -100).sum()) == mb.targets
 
 

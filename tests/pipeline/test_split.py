@@ -234,7 +234,7 @@ def test_row_packing_and_keep_intermediate_take_pieces_too(tmp_path, corpus):
     run_sortpack(["run", *corpus["files"], "-o", tmp_path / "rows", *args, "--rows", "128", "--store", "input_ids",
                   "--keep-intermediate", "--quiet"])
     expected = {i: v.tolist() for i, v in enumerate(corpus["ids"])}
-    assert_whole(pieces_of(tmp_path / "rows", collated(tmp_path / "rows", pad_collate(key="input_ids"), "pad")),
+    assert_whole(pieces_of(tmp_path / "rows", collated(tmp_path / "rows", varlen_collate(key="input_ids"), "varlen")),
                  expected)
     # the sorted directory keeps the pieces (a begin column), and pack reads them back as they are
     assert "begin" in manifest(tmp_path / "rows.sorted")["schema"]

@@ -189,7 +189,9 @@ def test_source_ids_are_the_microbatch_source_at_every_real_token():
     assert varlen["source_ids"].dtype == torch.int64
     assert torch.equal(varlen["source_ids"], torch.where(varlen["token_mask"], 2, -1))
     assert varlen["source_ids"].tolist().count(-1) == 24 - 13  # two rows of 12: the padding tails
-    padded = pad_collate(source_ids=True)(items)
+    # pad_collate pads a micro-batch of samples (a --rows micro-batch is refused: varlen_collate lays rows out)
+    flat = MicroBatch(range(3), batch_size=3, padded_size=12, source="code", source_id=2)
+    padded = pad_collate(source_ids=True)(PackedDataset(ids_of(lengths)).__getitems__(flat))
     assert torch.equal(padded["source_ids"], torch.where(padded["key_padding_mask"], -1, 2))
     with pytest.raises(ValueError, match="mixture plan"):
         varlen_collate(source_ids=True)(PackedDataset(ids_of(lengths)).__getitems__(MicroBatch(range(3))))

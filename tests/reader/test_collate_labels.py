@@ -96,11 +96,17 @@ def test_stored_chat_labels_reach_every_collate(chat_data, tmp_path, layout, bac
         docs = [s for s, k in zip(segs, var["seq_index"].tolist()) if k >= 0]
         assert docs == want
         assert all(set(s) == {IGNORE_INDEX} for s, k in zip(segs, var["seq_index"].tolist()) if k < 0)
-        pad = pad_collate(key="input_ids")(items)
-        for r, w in enumerate(want):
-            assert pad["labels"][r, :len(w)].tolist() == w and set(pad["labels"][r, len(w):].tolist()) <= {-100}
         raw = unstored.__getitems__(mb)
-        for stored, collate in ((var, varlen_collate(tokenize=shape)), (pad, pad_collate(tokenize=shape))):
+        checks = [(var, varlen_collate(tokenize=shape))]
+        if "--rows" in layout:  # rows are laid out by varlen_collate; pad_collate refuses them (one line)
+            with pytest.raises(ValueError, match=r"packed rows of 400 positions \(a --rows plan\).*varlen_collate"):
+                pad_collate(key="input_ids")(items)
+        else:
+            pad = pad_collate(key="input_ids")(items)
+            for r, w in enumerate(want):
+                assert pad["labels"][r, :len(w)].tolist() == w and set(pad["labels"][r, len(w):].tolist()) <= {-100}
+            checks.append((pad, pad_collate(tokenize=shape)))
+        for stored, collate in checks:
             fast, slow = stored, collate(raw)
             assert torch.equal(fast["labels"], slow["labels"]) and torch.equal(fast["input_ids"], slow["input_ids"])
         seen += len(mb)
@@ -207,3 +213,20 @@ def test_packed_rows_give_each_conversations_own_losses_and_gradients(chat_data,
     torch.cat(alone).sum().backward()
     for p, g in zip(model.parameters(), packed_grads):
         assert torch.allclose(p.grad, g, atol=1e-10, rtol=1e-8)
+
+
+def test_pad_collate_refuses_a_rows_micro_batch_in_one_line():
+    # a --rows micro-batch padded document by document would be (documents, row length): a silent memory blow-up
+    from sortpack.reader import MicroBatch
+
+    mb = MicroBatch([4, 7, 9], microbatch=12, batch_size=2, padded_size=8, row_splits=[0, 2, 3])
+    items = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10]]
+
+    class Rows(list):
+        microbatch = mb
+
+    with pytest.raises(ValueError, match=r"^pad_collate: micro-batch 12 is 2 packed rows of 8 positions \(a --rows "
+                                         r"plan\), .*use varlen_collate \(its rows: hf_inputs\(batch, rows=True\)\)$"):
+        pad_collate()(Rows(items))
+    batch = hf_inputs(varlen_collate()(Rows(items)), rows=True)
+    assert tuple(batch["input_ids"].shape) == (2, 8)

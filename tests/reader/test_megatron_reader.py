@@ -84,8 +84,10 @@ def test_the_collates_read_the_gathered_ids(data):
     # the given labels laid out as the ids: -100 at each document's first token and where the labels say so
     want = [(-100 if j == 0 else int(v)) for i in mb for j, v in enumerate(LABELS[i])]
     assert var["labels"][real].tolist() == want
-    pad = pad_collate(key="input_ids")(ds.__getitems__(mb))
-    assert pad["input_ids"].dtype == torch.long and pad["lengths"].tolist() == [len(ALL[i]) for i in mb]
+    # a --rows plan's rows are varlen_collate's to lay out; pad_collate pads the micro-batches of a plain plan
+    flat = next(iter(PackedSampler(plans["plain"], rank=0, world_size=1)))
+    pad = pad_collate(key="input_ids")(SourceDataset(plans["plain"]).__getitems__(flat))
+    assert pad["input_ids"].dtype == torch.long and pad["lengths"].tolist() == [len(ALL[i]) for i in flat]
 
 
 def test_a_dataset_of_paths_and_a_pickled_one(data):

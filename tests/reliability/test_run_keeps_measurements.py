@@ -59,3 +59,26 @@ def test_a_run_that_succeeds_keeps_nothing_and_a_taken_name_is_left_alone(tmp_pa
     line = error_line(run(["run", "data", "-o", "other", *TINY], tmp_path))
     assert "kept in" not in line and (mine / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.slow
+def test_a_rerun_that_succeeds_says_the_kept_measurements_are_stale_and_removes_them_with_overwrite(tmp_path):
+    make_inputs(tmp_path / "data")
+    assert "kept in plan.metrics" in error_line(run(["run", "data", "-o", "plan", *TINY], tmp_path))
+    good = ["run", "data", "-o", "plan", "--column", "text", "--max-tokens", "400", "--quiet"]
+    proc = run(good, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "sortpack: plan.metrics holds the measurements an earlier run into plan kept, not this plan's; remove it "
+        "(or give --overwrite, which removes it)"]
+    assert (tmp_path / "plan.metrics").is_dir()
+    proc = run([*good, "--overwrite"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines() == ["sortpack: removed plan.metrics, the measurements an earlier run into "
+                                                "plan kept (stale now)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "plan"]
+    # a metrics directory of the user's own analyze is no run's: left alone, and nothing said
+    assert run(["analyze", "data", "-o", "plan.metrics", "--column", "text", "--quiet"], tmp_path).returncode == 0
+    proc = run([*good, "--overwrite"], tmp_path)
+    assert proc.returncode == 0 and proc.stderr.strip() == "", proc.stderr
+    assert (tmp_path / "plan.metrics" / "manifest.json").is_file()

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sortpack.format.manifest import read_manifest
+from sortpack.inputs.finetune import ChatShape, LabelsShape, PairsShape
 from sortpack.parallel import SerialComm
 from sortpack.pipeline.dataset import JobInfo, JobOutput, run_all, run_pack
 from sortpack.stages.analyze import AnalyzeOptions
@@ -26,12 +27,16 @@ analyze_options = st.builds(
     tokenizer=st.none() | st.sampled_from(["tok.json", "/models/a/tokenizer.json"]),
     input_format=st.sampled_from(["auto", "parquet", "jsonl"]), special_tokens=st.booleans(),
     split=st.none() | st.sampled_from(["train", "test"]), size2=st.none() | st.just("column:patches"))
-fine_tune_options = st.one_of(
-    st.builds(AnalyzeOptions, labels_column=st.just("labels"), column=st.none() | names),
-    st.builds(AnalyzeOptions, prompt_column=st.none() | st.just("q"), completion_column=st.just("a"),
-              tokenizer=st.just("tok.json")),
-    st.builds(AnalyzeOptions, chat_template=st.just("/t/chat.jinja"), tokenizer=st.just("tok.json"),
-              train_on=st.none() | st.just(("assistant", "user"))))
+digests = st.none() | st.just("ab" * 32)
+shapes = st.one_of(
+    st.builds(LabelsShape, labels_column=st.just("labels"), column=names),
+    st.builds(PairsShape, prompt_column=st.just("q"), completion_column=st.just("a"),
+              encoding=st.sampled_from(["trl", "pair"]), tokenizer_sha256=digests).map(
+        lambda s: dataclasses.replace(s, eos_token="</s>") if s.encoding == "trl" else s),
+    st.builds(ChatShape, chat_template=st.just("/t/chat.jinja"), train_on=st.just(("assistant",)) | st.just(
+        ("assistant", "user")), template_sha256=digests, tokenizer_sha256=digests))
+fine_tune_options = st.builds(AnalyzeOptions, shape=shapes, tokenizer=st.just("tok.json"),
+                              column=st.none() | names)
 sort_options = st.builds(SortOptions, key=st.sampled_from(["size", "difficulty"]), descending=st.booleans(),
                          stages=st.integers(1, 8))
 pack_options = st.one_of(
@@ -65,8 +70,21 @@ def test_the_options_records_are_read_only():
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(record, field, None)
     # the defaults fine-tuning shapes imply are set at construction, and kept by a copy
-    opts = dataclasses.replace(AnalyzeOptions(prompt_column="q"), tokenizer="t.json")
-    assert opts.size == "tokens" and AnalyzeOptions(labels_column="labels").column == "input_ids"
+    opts = dataclasses.replace(AnalyzeOptions(shape=PairsShape(prompt_column="q")), tokenizer="t.json")
+    assert opts.size == "tokens" and AnalyzeOptions(shape=LabelsShape()).column == "input_ids"
+
+
+def test_the_fine_tuning_shape_reads_back_typed_and_equal():
+    # AnalyzeOptions holds the shape as an object: what PlanOptions records comes back as the same shape, typed
+    for shape in (LabelsShape(labels_column="lab", column="ids"),
+                  PairsShape(prompt_column="q", encoding="trl", eos_token="</s>", tokenizer_sha256="c" * 64),
+                  PairsShape(encoding="pair"), ChatShape(chat_template="/m/tokenizer_config.json",
+                                                         train_on=("user", "assistant"), template_sha256="d" * 64)):
+        plan = PlanOptions(AnalyzeOptions(shape=shape, tokenizer="tok.json"))
+        back = PlanOptions.from_manifest(plan.to_manifest()).analyze.shape
+        assert type(back) is type(shape) and back.record() == shape.record()
+        if not isinstance(shape, ChatShape):  # a chat's record keeps the template's file name, not its path
+            assert back == shape
 
 
 def test_every_directory_the_pipeline_writes_reads_back_as_its_options(tmp_path):

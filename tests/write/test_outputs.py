@@ -3,6 +3,7 @@ writes, and a failed job removes the parents it created."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -56,3 +57,28 @@ def test_discard_removes_only_parents_it_made_while_empty(tmp_path):
     (tmp_path / "a" / "other").write_text("someone else's")
     out.discard()
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["other"]
+
+
+def test_a_killed_job_not_yet_reaped_counts_as_dead(tmp_path):
+    # SIGKILLed, its parent has not waited for it yet: a zombie, its pid still taken; the next job removes its temporary
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from sortpack.write.output_guard import _host, _start_time, sweep_stale
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tmp = tmp_path / f".plan.tmp-{'b' * 12}-{proc.pid}-{_start_time(proc.pid)}@{_host()}"
+        tmp.mkdir()
+        os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        lines = sweep_stale(tmp_path / "plan")
+        assert lines == [f"sortpack: removed {tmp}, left by a killed job (pid {proc.pid})"] and not tmp.exists()
+    finally:
+        proc.kill()
+        proc.wait()

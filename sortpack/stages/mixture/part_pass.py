@@ -152,8 +152,7 @@ def select_part(comm: Comm, first_position: list[int], sample_ids: list[np.ndarr
 def _given_tokens(ordered: SampleColumns, a: int, b: int, popts: PackOptions) -> np.ndarray:
     """Return what packing gives each sample of ``ordered[a:b]``: its size, its cut length, 0 where dropped."""
     size = ordered.size[a:b]
-    size2 = ordered.measures.get("size2")
-    over = oversize_mask(popts, size, None if size2 is None else size2[a:b])
+    over = oversize_mask(popts, size, {name: v[a:b] for name, v in ordered.measures.items()})
     if over.any():
         size = size.astype(np.int64)
         size[over] = truncate_length(popts) if popts.oversize == "truncate" else 0

@@ -44,8 +44,26 @@ class BalanceOptions(Protocol):
         """Return ``--same-shape``."""
 
     @property
-    def max_size2(self) -> int:
-        """Return ``--max-size2`` (0: no second cap)."""
+    def cap_list(self) -> tuple[tuple[str, int], ...]:
+        """Return the caps beside the budget, (measure, N) each."""
+
+    @property
+    def best_fit(self) -> bool:
+        """Return whether micro-batches are packed by best fit over all caps (``--cap-fit``)."""
+
+    @property
+    def encoder_patches(self) -> str | None:
+        """Return ``--encoder-patches``, the measure of the vision encoder's patches (None: no encoder)."""
+
+    @property
+    def encoder_coeff(self) -> float:
+        """Return ``--encoder-coeff``, C_e of the encoder's cost ``C_e*p + attention``."""
+
+    def encoder_window(self) -> int:
+        """Return W of ``--encoder-attention window:W`` (0: full attention)."""
+
+    def encoder_squares(self) -> str | None:
+        """Return the measure of the patches' squares (``--encoder-attention full:MEASURE``)."""
 
     @property
     def limit(self) -> int:
@@ -99,26 +117,32 @@ class Balance:
         assert packed.sizes is not None
         return segment_reduce(np.add, self.weight(packed.sizes, packed.measures), packed.batches.offsets)
 
-    def arrange(self, comm: Comm, packed: Packed, two_caps: bool) -> Packed:
+    def arrange(self, comm: Comm, packed: Packed, by_fills: bool) -> Packed:
         """Return this rank's part of the micro-batches in the mode's order (collective).
 
         A mode that weighs lays them out as a circle of their costs (``order.circle_order``):
         neighbours cost alike and the plan ends where it starts, so the short last step the
         reader fills from the start joins micro-batches of like cost. ``none`` keeps the packed
-        order, or, with ``two_caps``, orders by both fills (``order.both_fills_order``).
+        order, or, with ``by_fills`` (varlen micro-batches under caps), orders them so that
+        neighbours are alike in the fills that vary most (``order.both_fills_order`` for one cap,
+        ``order.fills_order`` for several or a best fit).
         """
-        from .order import both_fills_order, circle_order
+        from .order import both_fills_order, circle_order, fills_order
 
         if self.orders:
             return circle_order(comm, packed, self.cost(packed))
-        if two_caps:
-            return both_fills_order(comm, packed, self.opts.limit, self.opts.max_size2)
+        if by_fills and len(self.opts.cap_list) == 1 and not self.opts.best_fit:
+            name, cap = self.opts.cap_list[0]
+            return both_fills_order(comm, packed, self.opts.limit, cap, name)
+        if by_fills:
+            return fills_order(comm, packed, self.opts.limit, self.opts.cap_list)
         return packed
 
 
 class ComputeBalance(Balance):
     """``--balance compute``: a sample weighs its compute ``C*s + s^2`` (``--cost-coeff C``), its matrix products and
-    its attention; a padded micro-batch costs every slot at its padded length."""
+    its attention; a padded micro-batch costs every slot at its padded length. With ``--encoder-patches`` the
+    vision encoder's work is balanced too (``encoder_parts``): micro-batches alike in both are neighbours."""
 
     name: ClassVar[str] = "compute"
     help: ClassVar[str] = "C*s + s^2 per document (docs/step-costs.md)"
@@ -141,6 +165,60 @@ class ComputeBalance(Balance):
         padded = mb.padded_size.astype("float64")
         return mb.batch_size.astype("float64") * padded * (self.opts.cost_coeff + padded)
 
+    def arrange(self, comm: Comm, packed: Packed, by_fills: bool) -> Packed:
+        """Return the micro-batches as a circle of their LLM cost; with an encoder, along a closed curve over both
+        costs (``order.two_cost_key``), so that any run of them is alike in both."""
+        if not self.opts.encoder_patches:
+            return super().arrange(comm, packed, by_fills)
+        from .order import global_order, two_cost_key
+
+        return global_order(comm, packed, two_cost_key(comm, self.llm_parts(packed), encoder_parts(self.opts, packed)))
+
+    def llm_parts(self, packed: Packed) -> list[tuple[float, np.ndarray]]:
+        """Return each micro-batch's LLM compute as terms (coefficient, int64 per micro-batch): ``C*tokens +
+        sum of s^2``, padded ``C*slots*L + slots*L^2`` (exact integer sums: the same total at any rank count)."""
+        import numpy as np
+
+        from .packed import segment_reduce
+
+        mb = packed.batches
+        if self.opts.padded_layout:
+            slots = mb.batch_size.astype(np.int64) * np.asarray(mb.padded_size, np.int64)
+            return [(self.opts.cost_coeff, slots), (1.0, slots * np.asarray(mb.padded_size, np.int64))]
+        assert packed.sizes is not None
+        s = packed.sizes.astype(np.int64)
+        return [(self.opts.cost_coeff, mb.tokens.astype(np.int64)), (1.0, segment_reduce(np.add, s * s, mb.offsets))]
+
+
+def encoder_parts(opts: BalanceOptions, packed: Packed) -> list[tuple[float, np.ndarray]]:
+    """Return each micro-batch's vision-encoder work as terms (coefficient, int64 per micro-batch): per image
+    ``C_e*p + p^2`` for a full-attention encoder (``p`` its patches), ``(C_e + W)*p`` for one that attends within
+    windows of W patches.
+
+    The measures are per sample, summed over its images (the patches, and their squares for full
+    attention); a micro-batch's work is their sum over its samples.
+    """
+    import numpy as np
+
+    from .packed import segment_reduce
+
+    name = opts.encoder_patches
+    assert name is not None
+    squares = opts.encoder_squares()
+    missing = [m for m in (name, squares) if m and m not in packed.measures]
+    if missing:
+        raise SortpackError(f"--encoder-patches/--encoder-attention name the measure {missing[0]!r}, which this plan "
+                            f"does not measure (give --measure {missing[0]}=SPEC or --cap at analyze or run)",
+                            collective=True)
+    offsets = packed.batches.offsets
+    patches = segment_reduce(np.add, packed.measures[name].astype(np.int64), offsets)
+    window = opts.encoder_window()
+    if window:
+        return [(opts.encoder_coeff + window, patches)]
+    assert squares is not None
+    return [(opts.encoder_coeff, patches), (1.0, segment_reduce(np.add, packed.measures[squares].astype(np.int64),
+                                                                 offsets))]
+
 
 class TargetsBalance(Balance):
     """``--balance targets``: a sample weighs its loss targets (fine-tuning data); row packing composes its rows
@@ -151,11 +229,13 @@ class TargetsBalance(Balance):
     composes_rows: ClassVar[bool] = True
 
     def check(self) -> None:
-        """Refuse a second cap on rows too: the rows it composes could no longer hold it."""
+        """Refuse caps on rows too: the rows it composes could no longer hold them."""
         super().check()
-        if self.opts.rows and self.opts.max_size2:
-            raise SortpackError("--balance targets composes rows by their loss targets, which --max-size2 would "
-                                "no longer hold: drop --max-size2, or use --balance compute")
+        caps = self.opts.cap_list
+        if self.opts.rows and caps:
+            flag = "--max-size2" if caps[0][0] == "size2" and len(caps) == 1 else "--cap"
+            raise SortpackError(f"--balance targets composes rows by their loss targets, which {flag} would "
+                                f"no longer hold: drop {flag}, or use --balance compute")
 
     def weight(self, sizes: np.ndarray, measures: dict[str, np.ndarray]) -> np.ndarray:
         """Return each sample's loss targets (int64): what it adds to its step's gradient."""

@@ -1,9 +1,11 @@
-"""How to cut the sorted order into micro-batches: the greedy within fixed global pieces, best-fit rows, two caps.
+"""How to cut the sorted order into micro-batches: the greedy within fixed global pieces, best-fit rows, caps.
 
 ``pack_greedy`` cuts greedily within segments of ``segment_size`` sorted samples (also cut where
 the curriculum stage changes): ranks own whole segments, so the cut does not depend on the rank
 count. ``pack_rows`` bin-packs best-fit windows into fixed-length rows (``--rows``).
-``two_cap_order`` is the order a second budget (``--max-size2``) packs in.
+``two_cap_order`` is the order one cap beside the budget (``--max-size2``) packs in; under
+``--cap-fit best`` (by default from two caps on) ``fit_pieces`` and ``fit_rows`` pack windows of
+the sorted order by best fit over the budget and every cap at once (``kernels.fit_pack``).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from ..samples import SampleColumns, measures_in, with_measures
 from ..shapes import choose_shapes
 from .balance import balance_of
 from .batches import plain_batches, same_shape_groups, static_batches
+from .bestfit import cap_values, fit_pieces, fit_rows
 from .budgets import budget_of
 from .compose import compose_rows, exchange_heavy, targets_spread
 from .fits import apply_oversize, oversize_mask
@@ -79,8 +82,8 @@ def piece_starts(start: int, stage: np.ndarray, segment_size: int) -> np.ndarray
 
 
 def piece_bounds(sizes: np.ndarray, opts: PackOptions, sizes2: np.ndarray | None = None) -> np.ndarray:
-    """Return micro-batch (or same-shape super-batch) boundaries for one piece (``sizes2``: the
-    second size, capped by ``--max-size2``)."""
+    """Return micro-batch (or same-shape super-batch) boundaries for one piece (``sizes2``: the (K, n) measures of
+    the caps, or the ``size2`` measure of ``--max-size2``)."""
     g = opts.group_size if opts.same_shape else 1
     budget = budget_of(opts).kernel
     shapes = np.asarray(opts.shapes, np.int64) if opts.shapes else None
@@ -88,20 +91,21 @@ def piece_bounds(sizes: np.ndarray, opts: PackOptions, sizes2: np.ndarray | None
         # A same-shape group pads every sample to one length L, so each costs as if it
         # were L long: each budget says how its kernel then packs (``Budget.same_shape``).
         budget, shapes = budget_of(opts).same_shape(sizes, shapes)
-    if opts.max_size2 and sizes2 is not None:
+    if opts.cap_list and sizes2 is not None:
         return kernels.greedy_pack(sizes, opts.limit * g, budget, opts.max_samples * g, opts.batch_multiple * g,
-                                   opts.scale, opts.pad_to_multiple, shapes, sizes2, opts.max_size2)
+                                   opts.scale, opts.pad_to_multiple, shapes, sizes2, [n for _, n in opts.cap_list])
     return kernels.greedy_pack(sizes, opts.limit * g, budget, opts.max_samples * g, opts.batch_multiple * g,
                                opts.scale, opts.pad_to_multiple, shapes)
 
 
 def balanced_caps(opts: PackOptions, samples: SampleColumns) -> bool:
-    """Return whether the two caps are packed in ``two_cap_order``: ``--max-size2`` under ``--budget tokens``.
+    """Return whether micro-batches under caps are ordered by their fills: caps under ``--budget tokens`` (varlen).
 
-    Padded layouts keep the size order, which is what keeps their padding low.
+    One cap packs in ``two_cap_order`` (``--cap-fit runs``); padded layouts keep the size order,
+    which is what keeps their padding low.
     """
-    return bool(opts.max_size2) and "size2" in samples.measures and opts.budget == "tokens" \
-        and not opts.rounding and not opts.static_shapes and not opts.same_shape
+    return bool(opts.cap_list) and all(name in samples.measures for name, _ in opts.cap_list) \
+        and opts.budget == "tokens" and not opts.rounding and not opts.static_shapes and not opts.same_shape
 
 
 def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:
@@ -118,27 +122,33 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
     n = len(sizes)
     if n != n_before:
         # skipped samples shift the pieces: a piece now starts at the first kept sample
-        kept_before = np.concatenate(([0], np.cumsum(~oversize_mask(opts, cols["size"], cols.get("size2")))))
+        kept_before = np.concatenate(([0], np.cumsum(~oversize_mask(opts, cols["size"], cols))))
         starts = np.unique(kept_before[starts])
         starts = starts[starts < n]
     ends = np.concatenate((starts[1:], [n])) if len(starts) else np.zeros(0, np.int64)
-    if n and balanced_caps(opts, samples):
+    if n and balanced_caps(opts, samples) and not opts.best_fit and len(opts.cap_list) == 1:
         # varlen under two caps: an order whose every run holds both kinds of sample (two_caps)
-        perm = two_cap_order(sizes, samples.measures["size2"], (opts.limit, opts.max_size2), starts, ends)
+        name, cap = opts.cap_list[0]
+        perm = two_cap_order(sizes, samples.measures[name], (opts.limit, cap), starts, ends)
         samples = samples.select(perm, samples.start, samples.total)
         sizes = samples.size
     if opts.auto_shapes is not None:
         # after --oversize: skipped samples do not count, truncated ones count at their cut size
         chosen, info["auto_shapes"] = choose_shapes(comm, sizes, opts.auto_shapes)
         opts = opts.with_shapes(chosen)  # the options stay the caller's: the result carries the lengths
-    parts = [np.zeros(1, np.int64)]
     prog = Progress("pack", n, "rows", total, Display(ranks=comm.size))
-    size2 = samples.measures.get("size2")
-    for a, b in zip(starts, ends):
-        parts.append(piece_bounds(sizes[a:b], opts, None if size2 is None else size2[a:b])[1:] + a)
-        prog.update(b - a)
+    if opts.best_fit:
+        perm, bounds = fit_pieces(sizes, samples.measures, starts, ends, opts)
+        samples = samples.select(perm, samples.start, samples.total)
+        sizes = samples.size
+        prog.update(n)
+    else:
+        parts = [np.zeros(1, np.int64)]
+        for a, b in zip(starts, ends):
+            parts.append(piece_bounds(sizes[a:b], opts, cap_values(opts, samples.measures, a, b)[0])[1:] + a)
+            prog.update(b - a)
+        bounds = np.concatenate(parts)
     prog.close()
-    bounds = np.concatenate(parts)
     if opts.same_shape:
         batches = same_shape_groups(bounds, sizes, opts)
     elif opts.static_shapes:
@@ -204,16 +214,22 @@ def deal_to_windows(comm: Comm, samples: SampleColumns, keys: np.ndarray, opts: 
 def window_rows(room: np.ndarray, size2: np.ndarray | None, opts: PackOptions) -> tuple[np.ndarray, np.ndarray]:
     """Return (order, row_splits) of one window's samples packed into rows.
 
-    Best-fit-decreasing; under two caps (``--max-size2``: each row's sum of ``size2`` at most N
-    too) the window's samples in ``two_cap_order`` are cut into rows by the two-cap greedy, so
-    each row holds both kinds of sample in the window's proportion.
+    Best-fit-decreasing; under one cap (``--max-size2`` or ``--cap``: each row's sum of its
+    measure at most N too) the window's samples in ``two_cap_order`` are cut into rows by the
+    two-cap greedy (``--cap-fit runs``), so each row holds both kinds of sample in the window's
+    proportion.
     """
     if size2 is None:
         return kernels.pack_rows(room, opts.rows, opts.max_segments)
     n = len(room)
-    order = two_cap_order(room, size2, (opts.rows, opts.max_size2), np.zeros(1, np.int64), np.array([n]))
-    splits = kernels.greedy_pack(room[order], opts.rows, "tokens", opts.max_segments, sizes2=size2[order],
-                                 max2=opts.max_size2)
+    size2 = np.atleast_2d(size2)  # one measure (sortpack.batch's) or K rows of them
+    lims = [cap for _, cap in opts.cap_list]
+    if len(size2) > 1:  # several caps cut by runs: the window's sorted order, no order of two
+        order = np.arange(n, dtype=np.int64)
+    else:
+        order = two_cap_order(room, size2[0], (opts.rows, lims[0]), np.zeros(1, np.int64), np.array([n]))
+    splits = kernels.greedy_pack(room[order], opts.rows, "tokens", opts.max_segments, sizes2=size2[:, order],
+                                 max2=lims)
     return order, splits
 
 
@@ -238,13 +254,33 @@ def composed_rows(sizes: np.ndarray, room: np.ndarray, targets: np.ndarray, opts
 
 def window_plan(sizes: np.ndarray, room: np.ndarray, size2: np.ndarray | None, weights: np.ndarray | None,
                 opts: PackOptions) -> tuple[np.ndarray, np.ndarray]:
-    """Return (order, row_splits) of one window's samples in rows: best fit (``window_rows``, two caps with
-    ``size2``), or rows composed by the ``weights`` of a balance that composes them (``composed_rows``).
-    Pure: ``sortpack.batch`` packs with it too.
+    """Return (order, row_splits) of one window's samples in rows: best fit (``window_rows``, caps with
+    ``size2``: one measure, or K rows of them), or rows composed by the ``weights`` of a balance that composes
+    them (``composed_rows``). Pure: ``sortpack.batch`` packs with it too.
     """
     if weights is None:
         return window_rows(room, size2, opts)
     return composed_rows(sizes, room, weights, opts)
+
+
+def _window_rows(sizes: np.ndarray, room: np.ndarray, win: Windows, weights: np.ndarray | None, opts: PackOptions
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return (the samples' order, row bounds, each window's row count) of ``window_plan`` window by window."""
+    perms, splits, counts = [], [np.zeros(1, np.int64)], []
+    prog = Progress("pack", len(sizes), "rows")
+    caps = cap_values(opts, win.measures)[0]
+    for a, b in zip(win.starts, win.ends):
+        order, row_splits = window_plan(sizes[a:b], room[a:b], None if caps is None else caps[:, a:b],
+                                        None if weights is None else weights[a:b], opts)
+        prog.update(b - a)
+        perms.append(order + a)
+        splits.append(row_splits[1:] + a)
+        counts.append(len(row_splits) - 1)
+    prog.close()
+    perm = np.concatenate(perms) if perms else np.zeros(0, np.int64)
+    return perm, np.concatenate(splits), np.asarray(counts, np.int64)
+
+
 
 
 def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -> Packed:
@@ -262,29 +298,21 @@ def pack_rows(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str) -
     # --pad-to-multiple K: a document takes its length rounded up to K in its row (context
     # parallelism pads each document to 2 x CP), so the padded rows still fit ROW_LEN
     room = -(-sizes // k) * k if k > 1 else sizes
-    perms = []
-    splits, mb_rows = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
-    rows_done = 0
-    prog = Progress("pack", len(sizes), "rows")
-    size2 = win.measures.get("size2") if opts.max_size2 else None
     # --balance targets: rows composed so that each carries about the same weight (compose.py); the mode refuses
-    # a second cap (its check)
+    # caps (its check)
     balance = balance_of(opts)
     weights = balance.weight(sizes, win.measures) if balance.composes_rows else None
-    for a, b in zip(win.starts, win.ends):
-        order, row_splits = window_plan(sizes[a:b], room[a:b], None if size2 is None else size2[a:b],
-                                        None if weights is None else weights[a:b], opts)
-        prog.update(b - a)
-        perms.append(order + a)
-        splits.append(row_splits[1:] + a)
-        nrows = len(row_splits) - 1
-        cut = np.arange(opts.rows_per_microbatch, nrows, opts.rows_per_microbatch, dtype=np.int64)
-        mb_rows.append(np.concatenate((cut, [nrows])) + rows_done)
-        rows_done += nrows
-    prog.close()
-    perm = np.concatenate(perms) if perms else np.zeros(0, np.int64)
-    row_ends = np.concatenate(splits)
-    mb_row_ends = np.concatenate(mb_rows)
+    if opts.best_fit and weights is None:
+        perm, row_ends, per_window = fit_rows(room, win.measures, win.starts, win.ends, opts)
+    else:
+        perm, row_ends, per_window = _window_rows(sizes, room, win, weights, opts)
+    # every rows_per_microbatch consecutive rows of a window make a micro-batch
+    r = opts.rows_per_microbatch
+    first_row = np.concatenate(([0], np.cumsum(per_window)))[:-1]
+    per_mb = -(-per_window // r)
+    nth = np.arange(int(per_mb.sum()), dtype=np.int64) - np.repeat(np.cumsum(per_mb) - per_mb, per_mb)
+    mb_row_ends = np.concatenate(([0], np.minimum((nth + 1) * r, np.repeat(per_window, per_mb))
+                                  + np.repeat(first_row, per_mb))).astype(np.int64)
     offsets = row_ends[mb_row_ends]
     ordered = sizes[perm]
     batches = BatchArrays(offsets, np.diff(offsets), np.diff(mb_row_ends), segment_reduce(np.maximum, ordered, offsets),

@@ -37,34 +37,45 @@ def alone_cost(opts: PackOptions, sizes: np.ndarray) -> np.ndarray:
     return cost
 
 
-def oversize_mask(opts: PackOptions, sizes: np.ndarray, sizes2: np.ndarray | None = None) -> np.ndarray:
-    """Return which samples cannot fit a micro-batch (or a row) alone (``sizes2``: their second size,
-    over ``--max-size2`` alone too)."""
+def _capped(opts: PackOptions, measures: np.ndarray | dict[str, np.ndarray] | None
+            ) -> list[tuple[str, int, np.ndarray]]:
+    """Return (measure, N, values) of each cap whose measure is given (an array alone is ``size2``)."""
+    if measures is None:
+        return []
+    given = {"size2": measures} if isinstance(measures, np.ndarray) else measures
+    return [(name, n, np.asarray(given[name])) for name, n in opts.cap_list if name in given]
+
+
+def oversize_mask(opts: PackOptions, sizes: np.ndarray,
+                  measures: np.ndarray | dict[str, np.ndarray] | None = None) -> np.ndarray:
+    """Return which samples cannot fit a micro-batch (or a row) alone (``measures``: their measures by name, or
+    the ``size2`` array alone; a sample over a cap alone is oversize too)."""
     if opts.rows:
         over = np.asarray(sizes) > opts.rows
     elif budget_of(opts).cost_is_size():
         over = np.asarray(sizes) > opts.limit  # cost alone is the size: no temporaries
     else:
         over = alone_cost(opts, sizes) > opts.limit
-    if opts.max_size2 and sizes2 is not None:
-        over |= np.asarray(sizes2) > opts.max_size2
+    for _, n, values in _capped(opts, measures):
+        over |= values > n
     return over
 
 
-def _oversize(opts: PackOptions, sizes: np.ndarray, sizes2: np.ndarray | None = None) -> np.ndarray | None:
-    """Return ``oversize_mask(opts, sizes, sizes2)``, or None when no sample is oversize.
+def _oversize(opts: PackOptions, sizes: np.ndarray,
+              measures: np.ndarray | dict[str, np.ndarray] | None = None) -> np.ndarray | None:
+    """Return ``oversize_mask(opts, sizes, measures)``, or None when no sample is oversize.
 
     A sample's cost alone only grows with its size (rounding up to shapes or multiples, the
-    budgets' costs) and the second size's cap is a plain bound: when the largest of each fits,
-    every sample does, and no mask as long as the column is made.
+    budgets' costs) and a cap is a plain bound: when the largest of each fits, every sample
+    does, and no mask as long as the column is made.
     """
     sizes = np.asarray(sizes)
     if not len(sizes):
         return None
-    top2 = None if sizes2 is None or not len(sizes2) else np.asarray(sizes2).max(keepdims=True)
-    if not oversize_mask(opts, sizes.max(keepdims=True), top2)[0]:
+    tops = {name: values.max(keepdims=True) for name, _, values in _capped(opts, measures) if len(values)}
+    if not oversize_mask(opts, sizes.max(keepdims=True), tops)[0]:
         return None
-    return oversize_mask(opts, sizes, sizes2)
+    return oversize_mask(opts, sizes, measures)
 
 
 def oversize_reason(opts: PackOptions, largest: int) -> str:
@@ -175,32 +186,51 @@ def refuse_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> No
     ``run`` calls it right after analyze, before the sort, so a plan that cannot be packed
     fails in seconds rather than after the sort (pack calls it again through ``apply_oversize``).
     """
-    if opts.max_size2 and "size2" not in samples.measures:  # the same options and columns on every rank
-        raise SortpackError("--max-size2 N caps the second size: give --size2 SPEC (at analyze or run)",
-                            collective=True)
+    check_measured(opts, samples)
     if opts.oversize != "error":
         return
-    size2 = samples.measures.get("size2")
-    if opts.max_size2 and size2 is not None:
-        over2 = size2 > opts.max_size2
+    for name, n, values in _capped(opts, samples.measures):
+        over2 = values > n
         count = comm.allreduce(int(over2.sum()), "sum")
         if count:
-            largest = comm.allreduce(int(size2[over2].max()) if over2.any() else 0, "max")
-            raise OversizeError(f"{count} samples have a second size over --max-size2 {opts.max_size2} alone "
-                                f"(largest {largest}); raise --max-size2 or use --oversize skip", collective=True)
+            largest = comm.allreduce(int(values[over2].max()) if over2.any() else 0, "max")
+            what = (f"a second size over --max-size2 {n} alone (largest {largest}); raise --max-size2"
+                    if name == "size2" and opts.max_size2 else
+                    f"{name} over its cap {n} alone (largest {largest}); raise the cap (--cap {name}=N)")
+            raise OversizeError(f"{count} samples have {what} or use --oversize skip", collective=True)
     over = _oversize(opts, samples.size)
     count = comm.allreduce(0 if over is None else int(over.sum()), "sum")
     if count:
         largest = comm.allreduce(int(samples.size[over].max()) if over is not None and over.any() else 0, "max")
-        ways = ("--oversize skip (a second size cannot be cut)" if "size2" in samples.measures else
+        ways = ("--oversize skip (a capped measure cannot be cut)" if opts.cap_list else
                 "--oversize split (cut them into pieces that fit, no token lost), skip or truncate")
         raise OversizeError(f"{count} samples {oversize_reason(opts, largest)}, or use {ways}", collective=True)
+
+
+def check_measured(opts: PackOptions, samples: SampleColumns) -> None:
+    """Raise SortpackError (every rank) when a cap or the encoder's cost names a measure the samples lack."""
+    wanted = [(name, "caps") for name, _ in opts.cap_list]
+    wanted += [(m, "encoder") for m in (opts.encoder_patches, opts.encoder_squares() if opts.encoder_patches
+                                        else None) if m]
+    for name, why in wanted:  # the same options and columns on every rank
+        if name in samples.measures:
+            continue
+        if why == "encoder":
+            raise SortpackError(f"--encoder-patches/--encoder-attention name the measure {name!r}, which these "
+                                f"samples do not carry: give --measure {name}=SPEC (or --cap) at analyze or run",
+                                collective=True)
+        if name == "size2" and opts.max_size2:
+            raise SortpackError("--max-size2 N caps the second size: give --size2 SPEC (at analyze or run)",
+                                collective=True)
+        raise SortpackError(f"--cap {name}: these samples carry no measure {name!r} (the k-th --max-size2 caps the "
+                            f"k-th --size2: size2, size3, ...; --cap NAME=SPEC:N measures and caps it)",
+                            collective=True)
 
 
 def apply_oversize(comm: Comm, samples: SampleColumns, opts: PackOptions) -> tuple[SampleColumns, dict]:
     """Return the samples after the ``--oversize`` policy, and counts of what it did (over all ranks)."""
     refuse_oversize(comm, samples, opts)
-    maybe = _oversize(opts, samples.size, samples.measures.get("size2"))
+    maybe = _oversize(opts, samples.size, samples.measures)
     count = comm.allreduce(0 if maybe is None else int(maybe.sum()), "sum")
     info = {"oversize": count, "skipped": 0, "truncated": 0}
     if count == 0:

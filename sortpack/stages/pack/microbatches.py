@@ -49,6 +49,34 @@ def attention_work(packed: Packed, opts: PackOptions) -> np.ndarray:
     return segment_reduce(np.add, sizes * sizes, mb.offsets).astype(np.int64)
 
 
+def cap_fills(columns: dict[str, np.ndarray], opts: PackOptions) -> dict[str, np.ndarray]:
+    """Return each micro-batch's fill of the budget (``max_tokens``) and of every cap (its measure's name).
+
+    The budget's use is what it costs: padded tokens when padded, else tokens (plus attention / Q
+    under ``--budget quadratic``); a cap's is its measure's sum over its limit, N per row under ``--rows``.
+    """
+    if opts.padded_layout:
+        used = columns["batch_size"].astype(np.float64) * np.asarray(columns["padded_size"], np.float64)
+    else:
+        used = columns["tokens"].astype(np.float64)
+        if opts.budget == "quadratic" and not opts.rows:
+            used = used + columns["attention"] / opts.scale
+    rows = columns["batch_size"].astype(np.float64) if opts.rows else 1.0
+    fills = {"max_tokens": used / float(opts.limit)}
+    for name, n in opts.cap_list:
+        fills[name] = columns[name].astype(np.float64) / (float(n) * rows)
+    return fills
+
+
+def cap_binding(comm: Comm, columns: dict[str, np.ndarray], opts: PackOptions) -> dict[str, int]:
+    """Return how many micro-batches each cap binds (its fill the largest; ties to the first), over all ranks."""
+    fills = cap_fills(columns, opts)
+    names = list(fills)
+    top = np.argmax(np.stack(list(fills.values())), axis=0) if len(columns["tokens"]) else np.zeros(0, np.int64)
+    counts = comm.allreduce(np.bincount(top, minlength=len(names)).astype(np.int64), "sum")
+    return {name: int(c) for name, c in zip(names, counts)}
+
+
 def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str = "size",
                  split: dict | None = None) -> Microbatches:
     """Return this rank's micro-batches of globally sorted samples.
@@ -64,8 +92,8 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
     opts.validate()
     samples, empty = drop_empty(comm, samples, opts)
     packed = pack_rows(comm, samples, opts, key) if opts.rows else pack_greedy(comm, samples, opts, key)
-    # --balance: the micro-batches in the mode's order (the table's; two caps order by both fills)
-    packed = balance_of(opts).arrange(comm, packed, two_caps=balanced_caps(opts, samples))
+    # --balance: the micro-batches in the mode's order (the table's; caps under --budget tokens order by the fills)
+    packed = balance_of(opts).arrange(comm, packed, by_fills=balanced_caps(opts, samples))
     mb = packed.batches
     n = len(packed.sample_ids)
     offsets = mb.offsets
@@ -96,6 +124,8 @@ def pack_samples(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str
         info["oversize"] = info["split"]
     elif split:  # --oversize truncate of fine-tuning data: the targets it cut (run counts them)
         info.update(split)
+    if opts.caps or opts.cap_fit != "auto":  # one --max-size2 alone: the plan keeps the bytes it had
+        info["cap_binding"] = cap_binding(comm, columns, opts)
     stats = microbatch_stats(comm, columns, info)
     return Microbatches(first, total_mb, packed.sample_ids, offsets, columns, stats, packed.row_sizes,
                         packed.begin, packed.end, packed.shapes)

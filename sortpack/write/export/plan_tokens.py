@@ -371,18 +371,18 @@ def open_plan(path: str | Path) -> PlanTokens:
     options = PlanOptions.from_manifest(manifest["options"])
     popts = options.pack
     cap = truncate_length(popts) if popts is not None and popts.oversize == "truncate" else 0
-    fine_tune = options.analyze.fine_tune() or {}
+    shape = options.analyze.shape
     data = manifest.get("data") or {}
     column = _stored_tokens(data, options.analyze.column)
     if column is not None:
         labels = LABELS if LABELS in data.get("columns", []) else None
-        if fine_tune and labels is None:
+        if shape is not None and labels is None:
             raise SortpackError(f"{path}: a fine-tuning plan whose stored data has no {LABELS!r} column (store them: "
                                 "--store-tokens, or --store input_ids,labels)")
         return PlanTokens(Path(path), manifest, column, labels, cap)
     files = manifest["source"]["files"]
     if files and all(f.get("format") == MegatronFormat.name for f in files):
-        return PlanTokens(Path(path), manifest, None, fine_tune.get("labels_column"), cap)
+        return PlanTokens(Path(path), manifest, None, shape.stored_labels if shape is not None else None, cap)
     raise SortpackError(f"{path}: the plan stores no token ids and its inputs are not Megatron datasets; plan it with "
                         "--store-tokens (or --store of its token-id column) to export it")
 

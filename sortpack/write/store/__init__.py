@@ -220,6 +220,6 @@ def prepare(comm: Comm, opts: StoreOptions, plan: PlanOptions, tokenizer_path: s
     measured = plan.analyze
     kind = size_kind(measured.size)
     cut: tuple[str, ...] = (measured.column,) if kind is not None and kind.cuts_column and measured.column else ()
-    if cut and measured.labels_column:  # a labels column is cut with the token ids it labels
-        cut = (*cut, measured.labels_column)
+    if cut and measured.shape is not None:  # a labels column is cut with the token ids it labels
+        cut = (*cut, *(c for c in measured.shape.stored_columns() if c not in cut))
     return Store(comm, StoreSetup(opts, tokens, measured.special_tokens, renames, cut, measured.size))

@@ -130,14 +130,15 @@ def token_ids_options(opts: StoreOptions, plan: PlanOptions, tokenizer_path: str
     if not opts.tokens:
         return None
     measured = plan.analyze
+    shape = measured.shape
     if not (opts.tokenizer or tokenizer_path or measured.tokenizer) and measured.size == "tokens":
         # no tokenizer counted the sizes: the column holds token ids (a Megatron dataset), stored as they are
         return TokenIds(measured.column or TOKENS_COLUMN, None, "", measured.special_tokens, _truncated_to(plan),
-                        labels_column=measured.labels_column)
-    if measured.labels_column:
+                        labels_column=shape.stored_labels if shape is not None else None)
+    if shape is not None and not shape.encodes_text:
         raise SortpackError(f"--store-tokens stores ids a tokenizer made; this plan's ids and labels are columns: "
-                            f"--store {measured.column or TOKENS_COLUMN},{measured.labels_column}")
-    if measured.fine_tune() is not None:
+                            f"--store {','.join(shape.stored_columns())}")
+    if shape is not None:
         return _fine_tune_ids(opts, plan, tokenizer_path)
     if measured.size != "tokens":
         raise SortpackError(f"--store-tokens stores the ids of --size tokens; this plan's size is "
@@ -171,11 +172,10 @@ def _recorded_tokenizer(opts: StoreOptions, measured: AnalyzeOptions, tokenizer_
 
 def _fine_tune_ids(opts: StoreOptions, plan: PlanOptions, tokenizer_path: str | None) -> TokenIds:
     """Return how ``--store-tokens`` gets the ids and labels of prompt/completion texts or chats."""
-    from ...inputs.finetune import shape_of_record
-
+    assert plan.analyze.shape is not None
     path, tokenizer = _recorded_tokenizer(opts, plan.analyze, tokenizer_path)
+    plan.analyze.shape.check_tokenizer(path)
     # run takes the ids from analyze's own rendering; pack renders the chats again with the same template
     why = "--store-tokens of chats: pack" if tokenizer_path is None else None
-    shape = shape_of_record(plan.analyze.as_dict(), tokenizer, opts.chat_template, why)
-    column = shape.column or shape.prompt_column
-    return TokenIds(column, tokenizer, Path(path).name, True, _truncated_to(plan), shape)
+    shape = plan.analyze.shape.loaded(tokenizer, opts.chat_template, why)
+    return TokenIds(shape.columns()[0], tokenizer, Path(path).name, True, _truncated_to(plan), shape)

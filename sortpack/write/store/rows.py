@@ -172,10 +172,7 @@ class InputRows:
         if self.cache is not None:  # the ids analyze computed while counting
             first = self.first_row + self.row
             got = {name: self.cache.rows_of(first, first + expected, name) for name in names}
-        elif self.tokens.shape is not None:
-            if self.tokens.shape.kind == "chat" and self.tokens.shape.template is None:
-                raise SortpackError("--store-tokens of chats: pack needs --chat-template (the template the chats "
-                                    "were rendered with)")
+        elif self.tokens.shape is not None:  # loaded: a chat's template too (``token_ids_options``)
             encoded = self.tokens.shape.encode(table, where)
             got = {TOKENS_COLUMN: encoded.ids, LABELS_COLUMN: encoded.labels}
         elif self.tokens.tokenizer is None:  # the column holds the ids (a Megatron dataset): stored as they are
