@@ -65,6 +65,25 @@ def greedy_oracle(sizes, max_tokens: int, max_samples: int = 0) -> np.ndarray:
     return np.asarray(bounds, np.int64)
 
 
+def greedy_tokens_oracle(sizes, max_tokens: int) -> np.ndarray:
+    """Return boundaries of the sequential greedy under the tokens budget: a plain Python loop (its oracle).
+
+    A sample joins the current micro-batch iff afterwards the samples' sum is at most ``max_tokens``;
+    a first sample always joins.
+    """
+    bounds = [0]
+    count = total = 0
+    for i, s in enumerate(np.asarray(sizes).tolist()):
+        if count and total + s > max_tokens:
+            bounds.append(i)
+            count, total = 1, s
+        else:
+            count, total = count + 1, total + s
+    if count:
+        bounds.append(len(sizes))
+    return np.asarray(bounds, np.int64)
+
+
 def greedy_numpy(sizes, max_tokens: int, max_samples: int = 0) -> np.ndarray:
     """Return the same boundaries as ``greedy_oracle``, one numpy pass per micro-batch.
 

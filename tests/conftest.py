@@ -10,14 +10,21 @@ from hypothesis import HealthCheck, settings
 
 from support import write_text_parquet
 
-# Property tests draw as many examples as the profile says, not each its own number: the quick loop ("quick", the
-# default) 25 a test, the full run in CI ("thorough": `pytest --hypothesis-profile thorough`, .ci/run) 150. A test
-# whose every example starts processes or a server keeps a smaller pin of its own. No deadline: a loaded shared
-# machine is no reason to fail a property.
+# Property tests draw as many examples as the profile says, not each its own number: the quick loop ("quick":
+# `pytest -m "not slow"`, any -m) 25 a test, the whole suite ("thorough": plain `python -m pytest`, the README's
+# command that CI runs) 150; `--hypothesis-profile NAME` chooses either. A test whose every example starts
+# processes or a server keeps a smaller pin of its own. No deadline: a loaded shared machine is no reason to fail
+# a property.
 settings.register_profile("quick", max_examples=25, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 settings.register_profile("thorough", settings.get_profile("quick"), max_examples=150)
 settings.load_profile("quick")
+
+
+def pytest_configure(config) -> None:
+    """Load the thorough profile for the whole suite (no ``-m`` and no ``--hypothesis-profile``)."""
+    if not config.option.markexpr and config.getoption("hypothesis_profile", None) is None:
+        settings.load_profile("thorough")
 
 # Progress lines start after SORTPACK_PROGRESS_DELAY seconds of a stage: on a loaded machine a stage
 # can pass the default 2 s, and a test counting stderr lines then counts progress too. Every

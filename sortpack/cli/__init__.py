@@ -1,8 +1,9 @@
 """The ``sortpack`` command line: parse options, call the library, print results.
 
 ``startup`` (imported first: thread defaults before numpy loads BLAS), the ``group`` with
-one file per command, the shared ``options`` and the ``builders`` of the library's option
-objects, ``job`` (how a stage command runs on the communicator) and ``printing``.
+one file per command (each loaded when its command runs), the shared ``options`` and the
+``builders`` of the library's option objects, ``job`` (how a stage command runs on the
+communicator) and ``printing``.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import click
 
 from ..errors import one_line
 from ..write import termination
-from . import analyze, export, inspect, pack, run, sort, verify  # noqa: F401 - each adds its command to the group
 from .group import cli
 from .job import prints_usage_errors
 from .printing import echo_err

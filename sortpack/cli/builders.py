@@ -38,14 +38,18 @@ def _measures(kw: dict) -> tuple[tuple[str, str], ...]:
 def make_analyze(kw: dict) -> AnalyzeOptions:
     """Return the AnalyzeOptions of the analyze options in ``kw`` (its fine-tuning shape from the options that name
     one; every rank parses the same arguments, so every rank raises the same error)."""
-    from ..inputs.finetune import fine_tune_shape
     from ..stages.analyze import AnalyzeOptions
 
     train_on = tuple(r.strip() for r in kw["train_on"].split(",")) if kw.get("train_on") else None
+    shape = None
+    named = ("labels_column", "prompt_column", "completion_column", "chat_template", "eos_token", "pair_encoding")
     try:
-        shape = fine_tune_shape(kw["column"], kw.get("labels_column"), kw.get("prompt_column"),
-                                kw.get("completion_column"), kw.get("chat_template"), train_on,
-                                eos_token=kw.get("eos_token"), pair_encoding=kw.get("pair_encoding"))
+        if train_on is not None or any(kw.get(k) is not None for k in named):  # a plain run loads no shape
+            from ..inputs.finetune import fine_tune_shape
+
+            shape = fine_tune_shape(kw["column"], kw.get("labels_column"), kw.get("prompt_column"),
+                                    kw.get("completion_column"), kw.get("chat_template"), train_on,
+                                    eos_token=kw.get("eos_token"), pair_encoding=kw.get("pair_encoding"))
     except SortpackError as exc:
         raise SortpackError(str(exc), collective=True) from None
     size2 = kw.get("size2_spec") or ()
@@ -114,13 +118,18 @@ def make_pack(kw: dict) -> PackOptions:
                        encoder_attention=kw["encoder_attention"], encoder_coeff=kw["encoder_coeff"])
 
 
-def make_store(kw: dict) -> StoreOptions:
-    """Return the StoreOptions of --store, --store-tokens, --memory-limit (popped from ``kw``) and the tokenizer."""
+def make_store(kw: dict) -> StoreOptions | None:
+    """Return the StoreOptions of --store, --store-tokens, --memory-limit (popped from ``kw``) and the tokenizer; None
+    where none of them is given (what ``StoreOptions()`` would say: nothing stored, and no store code loaded)."""
+    given = {name: kw.pop(name, None) for name in ("store_columns", "store_tokens", "memory_limit", "store_tokenizer",
+                                                  "store_chat_template")}
+    if not any(given.values()):
+        return None
     from ..write.store import StoreOptions, parse_memory, parse_store
 
-    return StoreOptions(columns=parse_store(kw.pop("store_columns")), tokens=kw.pop("store_tokens"),
-                        memory_limit=parse_memory(kw.pop("memory_limit")), tokenizer=kw.pop("store_tokenizer", None),
-                        chat_template=kw.pop("store_chat_template", None))
+    return StoreOptions(columns=parse_store(given["store_columns"]), tokens=given["store_tokens"],
+                        memory_limit=parse_memory(given["memory_limit"]), tokenizer=given["store_tokenizer"],
+                        chat_template=given["store_chat_template"])
 
 
 def make_holdout(kw: dict, mixture: bool = False) -> HoldoutRequest | None:

@@ -122,22 +122,24 @@ def set_tokenizer_threads(ranks_on_node: int) -> None:
 
 
 def skip_pandas(argv: list[str] | None) -> None:
-    """Keep pyarrow from importing pandas and cloudpickle in this process, unless a python: SPEC may want them.
+    """Keep pyarrow from importing pandas, cloudpickle and dateutil in this process, unless a python: SPEC may
+    want them.
 
     pyarrow imports pandas, when it is installed, on its first ``pa.array`` (to recognise
-    pandas objects): about 0.2 s per rank, a third of a small job's fixed cost; and
-    ``cloudpickle`` at ``import pyarrow`` (to pickle Python objects it serialises, stdlib
-    ``pickle`` without it): about 8 ms of CPU. The CLI never hands pyarrow such objects, so
+    pandas objects): about 0.2 s per rank, a third of a small job's fixed cost; ``cloudpickle``
+    at ``import pyarrow`` (to pickle Python objects it serialises, stdlib ``pickle`` without
+    it): about 8 ms of CPU; and ``dateutil`` (with ``six``) on that first array (to recognise
+    ``relativedelta`` objects): about 4 ms. The CLI never hands pyarrow such objects, so
     pyarrow loads and makes its first array while they cannot be imported. pyarrow 26 still
-    converts to and from pandas once the user imports it; a ``python:MODULE:FUNC`` job is
-    left alone all the same, in case another version does not.
+    converts to and from pandas and ``relativedelta`` once the user imports them; a
+    ``python:MODULE:FUNC`` job is left alone all the same, in case another version does not.
     """
     args = sys.argv[1:] if argv is None else list(argv)
     if "pandas" in sys.modules or any("python:" in str(a) for a in args):
         return
     if not args or {"--help", "-h", "--version"} & set(map(str, args)):  # no job: do not load pyarrow for it
         return
-    blocker = _Unimportable(("pandas", "cloudpickle"))
+    blocker = _Unimportable(("pandas", "cloudpickle", "dateutil"))
     sys.meta_path.insert(0, blocker)
     try:
         import pyarrow as pa

@@ -15,18 +15,46 @@ BPE of ASCII text, whose fallback is tiktoken itself) are imported by their modu
 """
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._loader import backend
-from .budget import BUDGETS, COSTS, KernelCost, batch_capacity, round_lengths, sample_cost
-from .fit import fit_pack, fit_pack_reference
-from .gather import gather_bytes
-from .greedy import greedy_pack, greedy_pack_reference
-from .interleave import wf2q_interleave, wf2q_reference
-from .lengths import optimal_lengths
-from .merge import merge_sorted_keys, merge_sorted_runs, merge_sorted_runs2
-from .radix import merge_runs_between, merge_sorted_keys_into, merge_with_own_run, sort_id_ordered
-from .rows import DEFAULT_ROW_WINDOW, pack_rows, pack_rows_reference, pack_rows_windows
-from .tokens import pad_tokens, varlen_tokens
-from .utf8 import utf8_cuts
+
+if TYPE_CHECKING:
+    from .budget import BUDGETS, COSTS, KernelCost, batch_capacity, round_lengths, sample_cost
+    from .fit import fit_pack, fit_pack_reference
+    from .gather import gather_bytes
+    from .greedy import greedy_pack, greedy_pack_reference
+    from .interleave import wf2q_interleave, wf2q_reference
+    from .lengths import optimal_lengths
+    from .merge import merge_sorted_keys, merge_sorted_runs, merge_sorted_runs2
+    from .radix import merge_runs_between, merge_sorted_keys_into, merge_with_own_run, sort_id_ordered
+    from .rows import DEFAULT_ROW_WINDOW, pack_rows, pack_rows_reference, pack_rows_windows
+    from .tokens import pad_tokens, varlen_tokens
+    from .utf8 import utf8_cuts
+
+# each public name -> the module of its kernel family, loaded when the name is first used: a job loads the
+# families it runs (a plain run neither the mixture's interleave, the collate's tokens nor the rows' best fit)
+_HOMES = {
+    **dict.fromkeys(("BUDGETS", "COSTS", "KernelCost", "batch_capacity", "round_lengths", "sample_cost"), "budget"),
+    **dict.fromkeys(("fit_pack", "fit_pack_reference"), "fit"), "gather_bytes": "gather",
+    **dict.fromkeys(("greedy_pack", "greedy_pack_reference"), "greedy"),
+    **dict.fromkeys(("wf2q_interleave", "wf2q_reference"), "interleave"), "optimal_lengths": "lengths",
+    **dict.fromkeys(("merge_sorted_keys", "merge_sorted_runs", "merge_sorted_runs2"), "merge"),
+    **dict.fromkeys(("merge_runs_between", "merge_sorted_keys_into", "merge_with_own_run", "sort_id_ordered"),
+                    "radix"),
+    **dict.fromkeys(("DEFAULT_ROW_WINDOW", "pack_rows", "pack_rows_reference", "pack_rows_windows"), "rows"),
+    **dict.fromkeys(("pad_tokens", "varlen_tokens"), "tokens"), "utf8_cuts": "utf8",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Return the public name ``name`` from its kernel family's module (PEP 562), loading it on first use."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "BUDGETS", "COSTS", "DEFAULT_ROW_WINDOW", "KernelCost", "backend", "batch_capacity", "fit_pack",

@@ -16,12 +16,15 @@ refusal; ``read_columns`` reads the names (collective) only when the request nee
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..inputs.columns import check_columns, first_columns, input_columns, reads_text, resolve_column
+from ..inputs.size_kinds import split_kinds
 from ..parallel import Comm
 from ..stages.analyze import AnalyzeOptions
-from ..stages.split import SPLIT_KINDS
-from ..write.store import StoreOptions
+
+if TYPE_CHECKING:
+    from ..write.store import StoreOptions
 
 __all__ = ["ColumnPlan", "ColumnRequest", "FileColumns", "plan_columns", "read_columns"]
 
@@ -50,7 +53,7 @@ class ColumnRequest:
         storing = store is not None and store.enabled
         return cls(aopts.column, reads_text(aopts.size, aopts.difficulty, storing and bool(store and store.tokens)),
                    tuple(store.columns) if store is not None and storing else (),
-                   oversize == "split" and str(aopts.size or "length") in SPLIT_KINDS, sources)
+                   oversize == "split" and str(aopts.size or "length") in split_kinds(), sources)
 
     @property
     def own_columns(self) -> list[str | None]:

@@ -16,17 +16,15 @@ from typing import TYPE_CHECKING
 from ..format.kinds import rows_per_shard
 from ..format.manifest import read_manifest
 from ..inputs.locations import with_locations
+from ..inputs.size_kinds import split_kinds
 from ..parallel import Comm, fault_point
 from ..stages.analyze import AnalyzeOptions, Keepers, analyze
 from ..stages.pack import PackOptions, refuse_oversize, truncate_length
 from ..stages.plan_options import PlanOptions, measured_options
 from ..stages.samples import SampleColumns
 from ..stages.sort import SortOptions, sort_samples
-from ..stages.split import SPLIT_KINDS, byte_cuts, split_oversize
-from ..stages.split_targets import TargetPieces
 from ..write.plan_record import PlanRecord
 from ..write.provenance import JobInfo
-from ..write.store import StoreOptions
 from .columns import ColumnRequest, read_columns
 from .job import HoldoutRequest, JobOutput, PlanJob, check_options, job_scope, split_check, store_for
 from .kept import Measurements
@@ -35,9 +33,11 @@ from .tail import Tail, pack_check, training_split
 if TYPE_CHECKING:
     from ..inputs.finetune import FineTuneShape
     from ..stages.holdout import Holdout
+    from ..write.store import StoreOptions
 
 # Loaded where used, not with the module: the metrics and sorted directories (``write.sample_dirs``: the
-# analyze, sort and pack commands), a held-out plan (``stages.holdout``), fine-tuning data (``inputs.finetune``).
+# analyze, sort and pack commands), a held-out plan (``stages.holdout``), fine-tuning data (``inputs.finetune``),
+# samples cut or truncated (``stages.split``: --oversize split|truncate), the store's options (``write.store``).
 # A plain ``run`` uses none of them, and every rank pays for a module before its first stage.
 __all__ = ["HoldoutRequest", "JobInfo", "JobOutput", "run_all", "run_analyze", "run_pack", "run_sort"]
 
@@ -91,6 +91,9 @@ def _split_sorted(job: PlanJob, samples: SampleColumns, recorded: PlanOptions, s
     (fine-tuning data): each piece counts its own targets, the labels of the samples cut read
     back from the input files.
     """
+    from ..stages.split import split_oversize
+    from ..stages.split_targets import TargetPieces
+
     pieces = None
     if shape is not None:
         pieces, ids = job.comm.collectively(TargetPieces.read_back, samples, shape, truncate_length(job.popts), True)
@@ -105,6 +108,8 @@ def _split_sorted(job: PlanJob, samples: SampleColumns, recorded: PlanOptions, s
 def _recorded_shape(comm: Comm, recorded: PlanOptions, store: StoreOptions | None) -> FineTuneShape:
     """Return the fine-tuning shape a sorted directory was measured with, loaded again with ``pack``'s
     ``--tokenizer`` and ``--chat-template`` (collective: a missing or different file is one line)."""
+    from ..write.store import StoreOptions
+
     opts, measured = store or StoreOptions(), recorded.analyze
     assert measured.shape is not None
     why = f"pack --oversize {recorded.pack.oversize if recorded.pack else ''} of fine-tuning data"
@@ -114,6 +119,8 @@ def _recorded_shape(comm: Comm, recorded: PlanOptions, store: StoreOptions | Non
 def _truncated_targets(job: PlanJob, samples: SampleColumns, shape: FineTuneShape) -> tuple[SampleColumns, dict]:
     """Return the samples cut to the budget (``pack --oversize truncate`` of fine-tuning data) and the targets the
     cut lost (the pack's stats report them), their labels read back from the input files."""
+    from ..stages.split_targets import TargetPieces
+
     comm = job.comm
     pieces, _ = comm.collectively(TargetPieces.read_back, samples, shape, truncate_length(job.popts), False)
     samples, lost = pieces.truncated(samples)
@@ -126,7 +133,7 @@ def _recorded_plan(comm: Comm, sorted_dir: str, popts: PackOptions) -> PlanOptio
     sorted_manifest = comm.collectively(read_manifest, sorted_dir, "sorted")
     recorded = PlanOptions.from_manifest(sorted_manifest["options"]).with_pack(popts)
     measured = recorded.analyze
-    request = ColumnRequest(measured.column, splitting=popts.oversize == "split" and measured.size in SPLIT_KINDS)
+    request = ColumnRequest(measured.column, splitting=popts.oversize == "split" and measured.size in split_kinds())
     column = read_columns(comm, request, [[f["path"] for f in with_locations(sorted_manifest) if "path" in f]],
                           measured.input_format, measured.split).column
     return recorded.with_analyze(column=column) if column != measured.column else recorded
@@ -179,10 +186,14 @@ def _measure(job: PlanJob, keep: Measurements, inputs: list[str], aopts: Analyze
     comm, prof, popts = job.comm, job.prof, job.popts
     sink = job.store.token_cache(job.out) if job.store is not None else None  # ids kept, not re-tokenized
     with prof.stage("analyze"):
-        cuts = byte_cuts(aopts, popts)  # --size bytes --oversize split: cut while the text is read
-        pieces = None
-        if popts.oversize in ("split", "truncate") and aopts.shape is not None:
-            pieces = TargetPieces(truncate_length(popts))  # each piece's targets, counted while the labels are read
+        cuts = pieces = None
+        if popts.oversize in ("split", "truncate"):  # samples cut or truncated: a plain run loads none of it
+            from ..stages.split import byte_cuts
+            from ..stages.split_targets import TargetPieces
+
+            cuts = byte_cuts(aopts, popts)  # --size bytes --oversize split: cut while the text is read
+            if aopts.shape is not None:
+                pieces = TargetPieces(truncate_length(popts))  # each piece's targets, counted as the labels are read
         samples = analyze(comm, inputs, aopts, job.progress, Keepers(sink, cuts or pieces))
     prof.counts["analyze_rows"] = len(samples)
     plan = comm.collectively(_plain_holdout, holdout, samples.files)  # a bad count fails before the sort
@@ -195,6 +206,8 @@ def _measure(job: PlanJob, keep: Measurements, inputs: list[str], aopts: Analyze
         samples, lost = pieces.truncated(samples)
         split = {"truncated_targets": comm.allreduce(lost, "sum")}  # the pack's stats report it
     if popts.oversize == "split":
+        from ..stages.split import split_oversize
+
         # before the sort: the pieces are sorted by their own sizes
         with prof.stage("split"):
             before = samples.sample_id

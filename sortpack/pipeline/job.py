@@ -13,16 +13,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import SortpackError
 from ..parallel import Comm
 from ..stages.pack import PackOptions
 from ..stages.plan_options import PlanOptions
 from ..stages.sort import SortOptions
-from ..stages.split import check_split
 from ..write.output import NestedOutput, OutputDir
 from ..write.provenance import JobInfo, Profile
-from ..write.store import Store, StoreOptions, prepare
+
+if TYPE_CHECKING:
+    from ..write.store import Store, StoreOptions
 
 __all__ = ["HoldoutRequest", "JobOutput", "JobScope", "PlanJob", "check_options", "job_scope", "nested_plan",
            "split_check", "store_for"]
@@ -74,6 +76,8 @@ def split_check(recorded: PlanOptions, own_column: str | None = None,
         return lambda: _refuse_cut_labels(popts.oversize)
     if popts.oversize != "split":
         return None
+    from ..stages.split import check_split  # --oversize split only: a plain run loads none of it
+
     return lambda: check_split(recorded, own_column, tokenizer)
 
 
@@ -95,6 +99,8 @@ def store_for(comm: Comm, store: StoreOptions | None, options: PlanOptions, toke
     """Return the job's ``Store`` for ``--store`` (None without it), its options checked on every rank together."""
     if store is None or not store.enabled:
         return None
+    from ..write.store import prepare  # --store only
+
     return prepare(comm, store, options, tokenizer, renames)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +12,6 @@ import pyarrow as pa
 from ..errors import SortpackError
 from ..inputs import objects
 from ..inputs.discover import expand_inputs
-from ..inputs.finetune import Encoded, FineTuneShape, Rows
 from ..inputs.fingerprints import record
 from ..inputs.formats import file_columns, open_source, read_unit_rows, read_units, reader_for
 from ..inputs.measures import measure_of
@@ -26,6 +25,10 @@ from ..progress import Display, Progress
 from .analyze_options import AnalyzeOptions
 from .read_plan import Read, ReadPlan, plan_reads
 from .samples import SampleColumns
+
+if TYPE_CHECKING:
+    from ..inputs.finetune import Encoded, FineTuneShape
+    from ..inputs.row_names import Rows
 
 
 @dataclass
@@ -288,6 +291,8 @@ def _read(src: SourceFile, read: Read, columns: list[str] | None, text_columns: 
 def _rows_of(src: SourceFile, read: Read) -> Rows:
     """Return how error lines name the rows of one read: its file, its first row there, the format's words for a row
     (a JSONL file's line)."""
+    from ..inputs.row_names import Rows
+
     return Rows(src.path, _first_row(src, read), partial(reader_for(src.format).row_position, src))
 
 

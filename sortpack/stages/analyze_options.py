@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SortpackError
-from ..inputs.finetune import FineTuneShape
 from ..inputs.measures import measure_of, parse_measure, size_name
 from ..inputs.size_kinds import reads_text
 from ..inputs.specs import parse_spec
+
+if TYPE_CHECKING:
+    from ..inputs.finetune import FineTuneShape
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ..inputs.finetune.registry import shape_from_record
 from .analyze import AnalyzeOptions
 from .pack import PackOptions
 from .samples import SampleColumns
@@ -74,13 +73,18 @@ def _analyze_options(recorded: dict[str, Any]) -> AnalyzeOptions:
     size = recorded.get("size", "length")
     difficulty = recorded.get("difficulty")
     column = recorded.get("column")
+    shape = None
+    if recorded.get("fine_tune"):  # fine-tuning data only: a plain run loads none of the shapes
+        from ..inputs.finetune.registry import shape_from_record
+
+        shape = shape_from_record(recorded["fine_tune"], column)
     return AnalyzeOptions(
         column=column, size=size, difficulty=None if difficulty == size else difficulty,
         tokenizer=recorded.get("tokenizer"), input_format=recorded.get("input_format", "auto"),
         special_tokens=bool(recorded.get("special_tokens", True)), split=recorded.get("split"),
         size2=recorded.get("size2"), sizes=tuple(recorded.get("sizes") or ()),
         measures=tuple((recorded.get("measures") or {}).items()),
-        shape=shape_from_record(recorded.get("fine_tune"), column))
+        shape=shape)
 
 
 def _pack_options(recorded: dict[str, Any]) -> PackOptions:

@@ -17,7 +17,6 @@ from ..distribute import move_ragged, redistribute
 from ..format.kinds import new_manifest, rows_per_shard, samples_per_shard
 from ..format.manifest import DATA_VERSION, VERSION
 from ..format.schemas import index_schema, measure_names, sample_id_type, schema_json
-from ..inputs.fast_tokens import encoder_provenance
 from ..inputs.locations import split_locations
 from ..parallel import Comm
 from ..partition import index_shard_layout
@@ -25,7 +24,7 @@ from ..stages.pack import Microbatches
 from .output import PlanDir
 from .owned import PIECE_COLUMNS, OwnedMicrobatches, PieceRanges, owned_microbatches
 from .plan_record import PlanRecord
-from .provenance import provenance
+from .provenance import encoder_provenance, provenance
 from .shards import OwnedRows, write_owned_shards
 
 if TYPE_CHECKING:

@@ -124,3 +124,14 @@ def provenance(comm: Comm, profile: Profile, job: JobInfo) -> dict:
         "argv": job.argv,
         "profile": prof,
     }
+
+
+def encoder_provenance(options: dict) -> dict:
+    """Return ``{"tokenizers": {file name: record}}``: which encoder gave the token ids of a plan whose ``options``
+    name a tokenizer (``inputs.fast_tokens.encoder_provenance``); ``{}`` where they name none: that job loaded no
+    tokenizer, and the tokenizer path is not loaded for it here either."""
+    if not options.get("tokenizer"):
+        return {}
+    from ..inputs.fast_tokens import encoder_provenance as chosen
+
+    return chosen(options)

@@ -10,7 +10,6 @@ from ..format.kinds import new_manifest, rows_per_shard
 from ..format.manifest import VERSION, read_manifest
 from ..format.schemas import kind_schema, measure_names, schema_json
 from ..format.shards import check_shards, read_rows
-from ..inputs.fast_tokens import encoder_provenance
 from ..inputs.locations import split_locations, with_locations
 from ..parallel import Comm
 from ..partition import owner_starts, shard_starts
@@ -18,7 +17,7 @@ from ..stages.plan_options import PlanOptions
 from ..stages.samples import SampleColumns, sample_stats
 from .output import OutputDir
 from .plan_record import PlanRecord
-from .provenance import provenance
+from .provenance import encoder_provenance, provenance
 from .shards import OwnedRows, write_owned_shards
 
 

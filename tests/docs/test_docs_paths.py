@@ -51,13 +51,23 @@ def test_every_cited_path_exists():
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.parametrize("doc, line, args", list(_commands()), ids=lambda v: str(v) if isinstance(v, int) else None)
+def _distinct_commands() -> dict[tuple[str, ...], list[str]]:
+    """Return every distinct cited pytest command's arguments, with the places (``doc:line``) that cite it."""
+    cited: dict[tuple[str, ...], list[str]] = {}
+    for doc, line, args in _commands():
+        cited.setdefault(tuple(args), []).append(f"{doc}:{line}")
+    return cited
+
+
+@pytest.mark.parametrize("args, where", list(_distinct_commands().items()),
+                         ids=lambda v: " ".join(v) or "all" if isinstance(v, tuple) else "")
 @pytest.mark.slow
-def test_every_cited_pytest_command_collects(doc, line, args):
+def test_every_cited_pytest_command_collects(args, where):
     # collecting proves every path, node id and -k/-m expression of the command is real; running the
-    # cited suites is the rest of this suite's job
+    # cited suites is the rest of this suite's job (a command cited in several places is collected once)
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
                           cwd=str(ROOT), capture_output=True, text=True, timeout=300)
     tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
     # status 5: it collects no test at all
-    assert proc.returncode == 0, f"{doc}:{line}: `python -m pytest {' '.join(args)}` fails to collect:\n{tail}"
+    assert proc.returncode == 0, (f"{', '.join(where)}: `python -m pytest {' '.join(args)}` fails to collect:"
+                                  f"\n{tail}")

@@ -46,7 +46,7 @@ def test_the_first_command_budgets_characters_under_the_default_size():
     first = re.search(r"```bash\n(.*?)```", section("## Two commands on a fresh machine"), flags=re.DOTALL).group(1)
     run = first[first.index("sortpack run"):]
     assert "--max-tokens" in run and "--size" not in run.split("&&")[0]  # the default size applies
-    default = next(p.default for p in cli.commands["run"].params if p.name == "size_spec")
+    default = next(p.default for p in cli.get_command(None, "run").params if p.name == "size_spec")
     assert default == "length"
     # "length" counts characters, not bytes or tokens: the paragraph under the command says so
     assert evaluate(parse_spec(default, "text", "--size"), pa.table({"text": ["été x"]}), "t").tolist() == [5]

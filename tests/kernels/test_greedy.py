@@ -171,6 +171,19 @@ def test_padded_hot_path_is_fast():
     assert time.thread_time() - t < 0.25
 
 
+@given(st.lists(st.one_of(st.integers(0, 80), st.integers(2**61, 2**62)), max_size=60),
+       st.one_of(st.integers(0, 400), st.integers(2**62, 2**63 - 1), st.floats(0, 400, allow_nan=False)),
+       st.sampled_from([0, 0, 1, 3, 7]))
+def test_the_tokens_budget_s_own_loop_matches_the_reference(sizes, max_tokens, max_samples):
+    # the tokens cost without rounding, batch_multiple or a second size has its own compiled loop:
+    # sums that overflow int64 never fit, as the reference's exact sums say
+    sizes = np.asarray(sizes, dtype=np.int64)
+    np.testing.assert_array_equal(K.greedy_pack(sizes, max_tokens, "tokens", max_samples),
+                                  K.greedy_pack_reference(sizes, max_tokens, "tokens", max_samples))
+    with pytest.raises(ValueError, match="non-negative"):
+        K.greedy_pack(np.append(sizes, -1), max_tokens, "tokens", max_samples)
+
+
 @st.composite
 def two_cap_cases(draw):
     sizes, kw = draw(pack_cases())

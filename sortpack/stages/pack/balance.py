@@ -127,14 +127,18 @@ class Balance:
         neighbours are alike in the fills that vary most (``order.both_fills_order`` for one cap,
         ``order.fills_order`` for several or a best fit).
         """
-        from .order import both_fills_order, circle_order, fills_order
-
         if self.orders:
+            from .order import circle_order  # each order where it is used: --balance none keeps the packed one
+
             return circle_order(comm, packed, self.cost(packed))
         if by_fills and len(self.opts.cap_list) == 1 and not self.opts.best_fit:
+            from .order import both_fills_order
+
             name, cap = self.opts.cap_list[0]
             return both_fills_order(comm, packed, self.opts.limit, cap, name)
         if by_fills:
+            from .order import fills_order
+
             return fills_order(comm, packed, self.opts.limit, self.opts.cap_list)
         return packed
 

@@ -19,12 +19,10 @@ from ...parallel import Comm
 from ...partition import deal_windows, owner_starts
 from ...progress import Display, Progress
 from ..samples import SampleColumns, measures_in, with_measures
-from ..shapes import choose_shapes
 from .balance import balance_of
 from .batches import plain_batches, same_shape_groups, static_batches
 from .bestfit import cap_values, fit_pieces, fit_rows
 from .budgets import budget_of
-from .compose import compose_rows, exchange_heavy, targets_spread
 from .fits import apply_oversize, oversize_mask
 from .options import PackOptions
 from .packed import BatchArrays, Packed, key_values, segment_reduce
@@ -133,6 +131,8 @@ def pack_greedy(comm: Comm, samples: SampleColumns, opts: PackOptions, key: str)
         samples = samples.select(perm, samples.start, samples.total)
         sizes = samples.size
     if opts.auto_shapes is not None:
+        from ..shapes import choose_shapes  # --shapes auto only
+
         # after --oversize: skipped samples do not count, truncated ones count at their cut size
         chosen, info["auto_shapes"] = choose_shapes(comm, sizes, opts.auto_shapes)
         opts = opts.with_shapes(chosen)  # the options stay the caller's: the result carries the lengths
@@ -242,6 +242,8 @@ def composed_rows(sizes: np.ndarray, room: np.ndarray, targets: np.ndarray, opts
     that every row's targets come near the window's mean (``compose``); the samples of a row in
     window order.
     """
+    from .compose import compose_rows, exchange_heavy, targets_spread  # --balance targets only
+
     spread = targets_spread(sizes, targets)
     room, targets = room[spread], targets[spread]
     order, row_splits = window_rows(room, None, opts)
