@@ -25,7 +25,8 @@ setup(
     ext_modules=[
         Extension(
             "sortpack.kernels._ckernels",
-            sources=["sortpack/kernels/_ckernels.c", "sortpack/kernels/_media.c"],
+            sources=["sortpack/kernels/_ckernels.c", "sortpack/kernels/_media.c",
+                     "sortpack/kernels/_runs.c"],
             optional=True,
         ),
         # the byte-level BPE of the tokenizer path (sortpack.kernels.bpe), apart from the numeric kernels

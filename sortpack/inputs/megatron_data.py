@@ -12,7 +12,6 @@ import os
 import posixpath
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 
 import numpy as np
 
@@ -82,13 +81,12 @@ class MegatronData:
             raw = self.mapped_bin()[start:end]
         return raw.view(dtype), offsets
 
-    def gather(self, seqs: np.ndarray, begin: np.ndarray | None = None, end: np.ndarray | None = None,
-               out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def gather(self, seqs: np.ndarray, begin: np.ndarray | None = None,
+               end: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Return (values, offsets from 0) of sequences ``seqs`` in that order, each cut to ``[begin, end)`` if given.
 
-        One copy through the compiled byte gather (``kernels.gather_bytes``), into ``out`` when
-        given (an array of the dataset's dtype and exactly the tokens gathered: an export's
-        mapped output); an object's sequences are read by one ranged request each.
+        One copy through the compiled byte gather (``kernels.gather_bytes``); an object's
+        sequences are read by one ranged request each.
         """
         from ..kernels import gather_bytes
 
@@ -100,7 +98,7 @@ class MegatronData:
         counts = hi - lo
         offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
-        dst = np.empty(int(offsets[-1]) * itemsize, dtype=np.uint8) if out is None else out.view(np.uint8)
+        dst = np.empty(int(offsets[-1]) * itemsize, dtype=np.uint8)
         starts = index.pointers[seqs] + lo * itemsize
         if self.url:
             with objects.open_input(self.bin_path) as fh:
@@ -189,32 +187,18 @@ Pair = tuple[MegatronData, "MegatronData | None"]  # a dataset and its labels co
 
 
 Gathered = tuple[np.ndarray, "np.ndarray | None", np.ndarray]  # values, labels or None, offsets from 0
-Into = Callable[[int], tuple[np.ndarray, "np.ndarray | None"]]  # tokens -> the arrays the ids and labels fill
 
 
 def gather_many(pairs: dict[int, Pair], starts: np.ndarray, ids: np.ndarray,
-                ranges: tuple[np.ndarray, np.ndarray] | None = None, out: Into | None = None) -> Gathered:
+                ranges: tuple[np.ndarray, np.ndarray] | None = None) -> Gathered:
     """Return (values, labels or None, offsets) of global sample ids ``ids`` over several datasets, in order.
 
     Dataset ``k`` (``pairs[k]``: its data and labels companion or None) holds sample ids
     ``[starts[k], starts[k + 1])``; each sample is cut to ``ranges`` (``(begin, end)``) when
-    given. One gather per dataset; the values take the datasets' common dtype. ``out(n)``
-    gives the arrays to fill with the ``n`` ids and labels (an export's mapped output, of the
-    dtypes it writes): the ids of one dataset of that dtype are gathered straight into them.
+    given. One gather per dataset; the values take the datasets' common dtype.
     """
     files = np.searchsorted(starts, ids, side="right") - 1
     keys = np.unique(files).tolist()
-    if out is not None and len(keys) == 1:  # one dataset: its lengths say where each sample lands
-        data, labels = pairs[keys[0]]
-        local = ids - starts[keys[0]]
-        cut = ranges if ranges is not None else (None, None)
-        lengths = data.index.lengths[local].astype(np.int64)
-        lo = np.zeros_like(lengths) if cut[0] is None else np.minimum(cut[0], lengths)
-        hi = lengths if cut[1] is None else np.clip(cut[1], lo, lengths)
-        dst, lab_dst = out(int((hi - lo).sum()))
-        values, offsets = _gather_into(data, local, cut, dst)
-        lab = None if labels is None else _gather_into(labels, local, cut, lab_dst)[0]
-        return values, lab, offsets
     parts = []
     for k in keys:
         sel = np.flatnonzero(files == k)
@@ -224,27 +208,8 @@ def gather_many(pairs: dict[int, Pair], starts: np.ndarray, ids: np.ndarray,
         values, offsets = data.gather(local, *cut)
         parts.append((sel, values, labels.gather(local, *cut)[0] if labels is not None else None, offsets))
     if len(parts) == 1 and len(parts[0][0]) == len(ids):
-        got: Gathered = (parts[0][1], parts[0][2], parts[0][3])
-    else:
-        got = _in_order(parts, len(ids))
-    if out is None:
-        return got
-    dst, lab_dst = out(int(got[2][-1]))
-    np.copyto(dst, got[0], casting="unsafe")
-    if lab_dst is not None and got[1] is not None:
-        np.copyto(lab_dst, got[1], casting="unsafe")
-    return dst, lab_dst, got[2]
-
-
-def _gather_into(data: MegatronData, local: np.ndarray, cut: tuple, dst: np.ndarray | None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``data.gather`` of ``local`` into ``dst``: directly when the dtypes agree, else converted into it."""
-    begin, end = cut
-    if dst is None or dst.dtype == data.index.dtype:
-        return data.gather(local, begin, end, out=dst)
-    values, offsets = data.gather(local, begin, end)
-    np.copyto(dst, values, casting="unsafe")
-    return dst, offsets
+        return parts[0][1], parts[0][2], parts[0][3]
+    return _in_order(parts, len(ids))
 
 
 def _in_order(parts: list, n: int) -> Gathered:

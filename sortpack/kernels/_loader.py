@@ -57,6 +57,9 @@ _SIGNATURES = {
     "sp_deal_equal": ([_PTR, _I64, _I64, _I64, _I64, ctypes.c_double, _I64, _PTR], _I64),
     # _media.c (a second source of the library: new symbols, no change to the ones above)
     "sp_jpeg_sizes": ([_PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR], _I64),
+    # _runs.c (a third source, likewise)
+    "sp_copy_runs": ([_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR], _I64),
+    "sp_write_runs": ([_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I64, _I64, _PTR], _I64),
 }
 
 

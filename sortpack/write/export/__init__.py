@@ -100,6 +100,7 @@ def export_plan(comm: Comm, request: ExportRequest) -> dict:
             from .packed_parquet import write_packed_parquet
 
             summary = write_packed_parquet(comm, source, out.temp(out.paths[0]))
+        comm.collectively(source.inputs_unchanged)  # the inputs' digests, checked beside the writes
         out.commit()
     except BaseException:
         out.discard()

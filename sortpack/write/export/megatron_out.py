@@ -2,19 +2,26 @@
 
 One sequence per planned sample (a document, a piece, a row's member) in plan order; the
 plan's micro-batches are Megatron's documents. Each rank takes a contiguous range of
-micro-batches (``partition.even_range``), measures its samples' lengths without reading a
-token, and one exclusive scan of its sequences and tokens says where its part of each file
-starts; every rank then writes its lengths, pointers, document indices and tokens at those
-offsets in files rank 0 sized. The bytes depend on the plan alone, never on the rank count.
+micro-batches (``partition.even_range``), finds where its samples lie without reading a
+token (``PlanTokens.runs``), and one exclusive scan of its sequences and tokens says where
+its part of each file starts; every rank then writes its lengths, pointers, document
+indices and tokens at those offsets in files rank 0 sized. The bytes depend on the plan
+alone, never on the rank count.
 
 The tokens take the smallest dtype that holds them (``format.megatron.smallest_dtype``):
-that of ``vocab_size`` when given, else of the ids' range over the whole plan (one pass of
-min and max, skipped when the source's dtype bounds it). A fine-tuning plan's labels go to
-a second prefix, ``PREFIX_labels``, in the smallest signed dtype holding them (-100 included).
+that of ``vocab_size`` when given or when the source's dtype bounds them, else that of the
+ids' range over the whole plan. That range is measured while the tokens are written, in the
+dtype the first chunk of every rank asks for: a plan whose later ids need a wider one is
+written again in it (the ids rarely outgrow their first millions). A fine-tuning plan's
+labels go to a second prefix, ``PREFIX_labels``, in the smallest signed dtype holding them
+(-100 included), found the same way.
+
+The tokens go out a chunk of micro-batches at a time (``chunk_writer``): each chunk's
+samples gathered and converted by the compiled run copy into a buffer of the worker's own,
+then written with ``pwrite``, two workers at once.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -22,13 +29,15 @@ import numpy as np
 
 from ...errors import SortpackError
 from ...format.megatron import IndexLayout, header, index_arrays, smallest_dtype
+from ...kernels.runs import NO_RANGE, copy_runs, pwrite_all
 from ...parallel import Comm, fault_point
 from ...partition import even_range
 from ..file_outputs import FileOutputs
+from .chunk_writer import Share, Target, chunk_tokens, chunks, reserve, runs_of, write_chunks
 from .plan_tokens import PlanTokens
 
-CHUNK_TOKENS = 1 << 22  # tokens read, converted and written at once per rank (the buffer's size)
 LABELS_SUFFIX = "_labels"
+GUESS_TOKENS = 1 << 18  # the tokens of each rank whose range picks the dtype to write in (at most a chunk's)
 
 
 def megatron_paths(prefix: str | Path, labels: bool) -> list[Path]:
@@ -39,102 +48,77 @@ def megatron_paths(prefix: str | Path, labels: bool) -> list[Path]:
     return [Path(p + ext) for p in prefixes for ext in (".bin", ".idx")]
 
 
-class Share(NamedTuple):
-    """One rank's part of the export: micro-batches ``[lo, hi)``, their samples' lengths, where its part starts."""
-
-    lo: int
-    hi: int
-    num_samples: np.ndarray  # per micro-batch
-    lengths: np.ndarray  # per sample
-    first_row: int  # its first sample in plan order
-    first_token: int  # its first token in .bin
-    chunks: list[tuple[int, int]]  # micro-batch ranges read and written at once
-
-    def row_of(self, mb: int) -> int:
-        """Return the plan-order row of the first sample of micro-batch ``mb`` (one of this share's)."""
-        return self.first_row + int(self.num_samples[:mb - self.lo].sum())
-
-
 def _share(comm: Comm, plan: PlanTokens) -> Share:
     """Return this rank's ``Share`` (collective: two exclusive scans, the reads checked on every rank together)."""
     lo, hi = even_range(plan.num_microbatches, rank=comm.rank, size=comm.size)
-    num_samples = comm.collectively(plan.sizes, lo, hi)
-    first_row = comm.exscan(int(num_samples.sum()))
     comm.collectively(plan.check, lo, hi)  # the index shards read: their hashes, before any write
-    comm.collectively(plan.hold, lo, hi, first_row, int(num_samples.sum()))
-    lengths = comm.collectively(lambda: np.diff(plan.read(lo, hi, first_row, values=False).offsets))
-    first_token = comm.exscan(int(lengths.sum()))
-    return Share(lo, hi, num_samples, lengths, first_row, first_token, _chunks(lo, num_samples, lengths))
+    num_samples = comm.collectively(plan.hold, lo, hi)
+    first_row = comm.exscan(int(num_samples.sum()))
+    comm.collectively(plan.hold_rows, first_row, int(num_samples.sum()))
+    where = comm.collectively(plan.runs, lo, hi, first_row)
+    first_token = comm.exscan(int(where.ids.counts.sum()))
+    return Share(lo, num_samples, first_row, first_token, where, chunks(lo, num_samples, where.ids.counts))
 
 
-def _chunks(lo: int, num_samples: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
-    """Return runs of micro-batches from ``lo`` of about ``CHUNK_TOKENS`` tokens each (at least one micro-batch)."""
-    ends = np.cumsum(num_samples)
-    tokens = np.concatenate(([0], np.cumsum(lengths)))
-    mb_tokens = tokens[ends] - tokens[ends - num_samples]
-    out, start, held = [], 0, 0
-    for j, t in enumerate(mb_tokens.tolist()):
-        if held and held + t > CHUNK_TOKENS:
-            out.append((lo + start, lo + j))
-            start, held = j, 0
-        held += t
-    if start < len(mb_tokens):
-        out.append((lo + start, lo + len(mb_tokens)))
+class _Kinds(NamedTuple):
+    """The dtypes the ids and labels are written in, and whether each is certain (else guessed from the first
+    tokens)."""
+
+    dtypes: list[np.dtype]
+    certain: list[bool]
+
+
+def _first_ranges(plan: PlanTokens, share: Share, certain: list[bool]) -> np.ndarray:
+    """Return (low, high, over) of the first ``GUESS_TOKENS`` ids and labels of the share (NO_RANGE where
+    ``certain`` or none), one row each."""
+    out = np.array([NO_RANGE] * len(certain), dtype=np.int64)
+    if share.chunks and not all(certain):
+        for k, runs in enumerate(runs_of(plan, share, share.chunks[0])):
+            if runs is not None and not certain[k]:
+                enough = int(np.searchsorted(np.cumsum(runs.counts), min(GUESS_TOKENS, chunk_tokens()))) + 1
+                out[k] = copy_runs(runs.part(0, enough), None)[1]
     return out
 
 
-def _local_ranges(plan: PlanTokens, share: Share, ids: bool) -> np.ndarray:
-    """Return [ids low, labels low, ids high, labels high] over this rank's samples (``ids``: scan the ids too)."""
-    big = np.iinfo(np.int64)
-    out = np.array([big.max, big.max, big.min, big.min], dtype=np.int64)
-    if ids or plan.labels is not None:
-        for a, b in share.chunks:
-            chunk = plan.read(a, b, share.row_of(a))
-            for k, arr in enumerate((chunk.values if ids else None, chunk.labels)):
-                if arr is not None and len(arr):
-                    out[k], out[k + 2] = min(out[k], int(arr.min())), max(out[k + 2], int(arr.max()))
-    return out
-
-
-def _dtypes(comm: Comm, plan: PlanTokens, share: Share, vocab: int | None) -> list[np.dtype]:
-    """Return the dtype of the ids and, with labels, of the labels: the smallest holding them over the whole plan.
-
-    The ids are not scanned when ``vocab`` bounds them or the source's dtype does (uint8 and
-    uint16 Megatron datasets fit uint16). Collective.
-    """
+def _kinds(comm: Comm, plan: PlanTokens, share: Share, vocab: int | None) -> _Kinds:
+    """Return the dtypes to write in: certain for ids that ``vocab`` or the source's dtype bounds (uint8 and uint16
+    Megatron datasets fit uint16), else guessed from the first ``GUESS_TOKENS`` of every rank. Collective."""
     source = plan.source_dtypes()
     bounded = vocab is not None or (source is not None and all(d.kind == "u" and d.itemsize <= 2 for d in source))
-    local = comm.collectively(_local_ranges, plan, share, not bounded)
-    low = comm.allreduce(local[:2].copy(), "min")
-    high = comm.allreduce(local[2:].copy(), "max")
-    ids = (0, (vocab - 1) if vocab is not None else 0xFFFF) if bounded else (int(low[0]), int(high[0]))
-    dtypes = [smallest_dtype(*(ids if ids[0] <= ids[1] else (0, 0)))]  # (a plan of no tokens: uint16)
-    if plan.labels is not None:
-        dtypes.append(smallest_dtype(*((int(low[1]), int(high[1])) if low[1] <= high[1] else (-100, 0))))
-    return dtypes
+    certain = [bounded] + ([False] if plan.labels is not None else [])
+    ranges = _reduced(comm, comm.collectively(_first_ranges, plan, share, certain))
+    ids = smallest_dtype(0, (vocab - 1) if vocab is not None else 0xFFFF) if bounded else _smallest(ranges[0], 0)
+    return _Kinds([ids] + ([_smallest(ranges[1], -100)] if len(certain) > 1 else []), certain)
 
 
-def _write_at(fd: int, offset: int, arr: np.ndarray) -> None:
-    """Write ``arr``'s bytes at ``offset`` of file ``fd`` (a loop: ``pwrite`` may write part)."""
-    view = np.ascontiguousarray(arr).data.cast("B")
-    while len(view):
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
+def _reduced(comm: Comm, ranges: np.ndarray) -> np.ndarray:
+    """Return every rank's (low, high, over) rows combined: the lowest low, the highest high, any over."""
+    low = comm.allreduce(np.ascontiguousarray(ranges[:, 0]), "min")
+    rest = comm.allreduce(np.ascontiguousarray(ranges[:, 1:]), "max")
+    return np.column_stack([low, rest])
 
 
-class _Target(NamedTuple):
-    """One dataset being written: its temporary files, its dtype and its layout."""
+def _smallest(rng: np.ndarray, empty_low: int) -> np.dtype:
+    """Return the smallest Megatron dtype of a (low, high, over) range (none: of ``[empty_low, 0]``)."""
+    low, high, over = (int(x) for x in rng)
+    if over:
+        raise SortpackError(f"a token value above {np.iinfo(np.int64).max} fits no Megatron dtype (int64 at most)")
+    return smallest_dtype(*((low, high) if low <= high else (empty_low, 0)))
 
-    bin: Path
-    idx: Path
-    dtype: np.dtype
-    layout: IndexLayout
+
+class _Sizes(NamedTuple):
+    """The whole export's sequences, document indices and tokens."""
+
+    sequences: int
+    documents: int
+    tokens: int
 
 
-def _create(target: _Target, n: int, d: int, total_tokens: int) -> None:
-    """Create the two files at their final sizes, with the header and the first document index (rank 0)."""
+def _create(target: Target, n: int, d: int, total_tokens: int) -> None:
+    """Create the two files at their final sizes (``.bin`` allocated), with the header and the first document index
+    (rank 0)."""
     with open(target.bin, "wb") as fh:
-        fh.truncate(total_tokens * target.dtype.itemsize)
+        reserve(fh.fileno(), total_tokens * target.dtype.itemsize)
     with open(target.idx, "wb") as fh:
         fh.truncate(target.layout.total)
         fh.write(header(target.dtype, n, d))
@@ -142,71 +126,77 @@ def _create(target: _Target, n: int, d: int, total_tokens: int) -> None:
         fh.write(np.zeros(1, "<i8").tobytes())
 
 
-def _create_all(targets: list[_Target], n: int, d: int, total_tokens: int) -> None:
+def _create_all(targets: list[Target], sizes: _Sizes) -> None:
     """Create every target's files (rank 0)."""
     for t in targets:
-        _create(t, n, d, total_tokens)
+        _create(t, *sizes)
 
 
-def _check_vocab(values: np.ndarray, vocab: int | None, where: str) -> None:
-    """Raise one line when a token id lies outside ``[0, vocab)``."""
-    if vocab is None or not len(values):
+def _write_index(fd: int, share: Share, target: Target) -> None:
+    """Write this rank's lengths, pointers and document indices into ``target``'s ``.idx`` (open as ``fd``)."""
+    lengths, pointers, documents = index_arrays(share.where.ids.counts, share.num_samples, share.first_row,
+                                                share.first_token, target.dtype.itemsize)
+    pwrite_all(fd, lengths, target.layout.lengths + 4 * share.first_row)
+    pwrite_all(fd, pointers, target.layout.pointers + 8 * share.first_row)
+    pwrite_all(fd, documents, target.layout.documents + 8 * (share.lo + 1))
+
+
+def _check_vocab(share: Share, ranges: np.ndarray, vocab: int | None) -> None:
+    """Raise one line when a chunk's ids (``ranges[chunk]``: their low, high, over) leave ``[0, vocab)``."""
+    if vocab is None:
         return
-    low, high = int(values.min()), int(values.max())
-    if low < 0 or high >= vocab:
-        raise SortpackError(f"--vocab-size {vocab}: {where} hold the token id {high if high >= vocab else low}")
+    for (a, b), (low, high, over) in zip(share.chunks, ranges.tolist()):
+        if low < 0 or high >= vocab or over:
+            raise SortpackError(f"--vocab-size {vocab}: micro-batches {a}-{b - 1} hold the token id "
+                                f"{high if high >= vocab or over else low}")
 
 
-class _Buffers:
-    """The arrays a chunk's ids and labels are written into before they go to the files: reused, grown as needed."""
-
-    def __init__(self, dtypes: list[np.dtype]):
-        self.arrays = [np.empty(0, dt) for dt in dtypes]
-
-    def __call__(self, n: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Return arrays of ``n`` ids (and labels) of the targets' dtypes."""
-        if len(self.arrays[0]) < n:
-            self.arrays = [np.empty(n, a.dtype) for a in self.arrays]
-        got = [a[:n] for a in self.arrays]
-        return got[0], got[1] if len(got) > 1 else None
-
-
-def _write_share(plan: PlanTokens, share: Share, targets: list[_Target], vocab: int | None) -> None:
-    """Write this rank's lengths, pointers, document indices and tokens into every target (ids, then labels).
-
-    A run of micro-batches at a time, its tokens gathered (or converted) into one reused
-    buffer per target and written with one ``pwrite`` each: the kernel's copy into the page
-    cache is the only other copy (a mapped output would fault and zero every page first).
-    """
-    fds = [(os.open(t.bin, os.O_WRONLY), os.open(t.idx, os.O_WRONLY)) for t in targets]
+def _written(fn, where: Path):
+    """Return ``fn()``, a write: a failure of the file system (disk full, no permission) is one line naming the
+    output."""
     try:
-        for (_, fi), t in zip(fds, targets):
-            lengths, pointers, documents = index_arrays(share.lengths, share.num_samples, share.first_row,
-                                                        share.first_token, t.dtype.itemsize)
-            _write_at(fi, t.layout.lengths + 4 * share.first_row, lengths)
-            _write_at(fi, t.layout.pointers + 8 * share.first_row, pointers)
-            _write_at(fi, t.layout.documents + 8 * (share.lo + 1), documents)
-        buffers = _Buffers([t.dtype for t in targets])
-        at = share.first_token
-        for a, b in share.chunks:
-            chunk = plan.read(a, b, share.row_of(a), into=buffers)
-            _check_vocab(chunk.values, vocab, f"micro-batches {a}-{b - 1}")
-            for (fb, _), t, arr in zip(fds, targets, (chunk.values, chunk.labels)):
-                assert arr is not None
-                _write_at(fb, at * t.dtype.itemsize, arr)
-            at += len(chunk.values)
-    finally:
-        for fb, fi in fds:
-            os.close(fb)
-            os.close(fi)
-
-
-def _written(fn, where: Path) -> None:
-    """Run ``fn``, a write: a failure of the file system (disk full, no permission) is one line naming the output."""
-    try:
-        fn()
+        return fn()
     except OSError as exc:
         raise SortpackError(f"{where}: cannot write the export ({exc.strerror or exc})") from None
+
+
+class _Job(NamedTuple):
+    """What every pass of the writes shares: the plan, this rank's part, the sizes, ``--vocab-size``, the output named
+    in a failure's line."""
+
+    plan: PlanTokens
+    share: Share
+    sizes: _Sizes
+    vocab: int | None
+    where: Path
+
+
+def _write_all(comm: Comm, job: _Job, targets: list[Target]) -> np.ndarray:
+    """Create the targets (rank 0) and write this rank's part of each; return the (low, high, over) each target's
+    values took over the whole plan (NO_RANGE where not measured). Collective."""
+    if comm.is_root():
+        comm.collectively(_written, lambda: _create_all(targets, job.sizes), job.where)
+    else:
+        comm.collectively(lambda: None)
+
+    def index() -> None:
+        for t in targets:
+            with open(t.idx, "r+b") as fh:
+                _write_index(fh.fileno(), job.share, t)
+
+    def local() -> np.ndarray:
+        ranges = write_chunks(job.plan, job.share, targets, index)
+        _check_vocab(job.share, ranges[:, 0], job.vocab)
+        return _combined(ranges, len(targets))
+
+    return _reduced(comm, comm.collectively(_written, local, job.where))
+
+
+def _combined(ranges: np.ndarray, k: int) -> np.ndarray:
+    """Return the (low, high, over) of each of ``k`` targets over every chunk (``ranges[chunk, target]``)."""
+    if not len(ranges):
+        return np.array([NO_RANGE] * k, dtype=np.int64)
+    return np.column_stack([ranges[:, :, 0].min(axis=0), ranges[:, :, 1].max(axis=0), ranges[:, :, 2].max(axis=0)])
 
 
 def write_megatron(comm: Comm, plan: PlanTokens, out: FileOutputs, vocab: int | None = None) -> dict:
@@ -216,19 +206,25 @@ def write_megatron(comm: Comm, plan: PlanTokens, out: FileOutputs, vocab: int | 
     Collective; the files appear on ``out.commit()``, which the caller runs.
     """
     share = _share(comm, plan)
-    dtypes = _dtypes(comm, plan, share, vocab)
-    n = comm.allreduce(len(share.lengths), "sum")
-    total = comm.allreduce(int(share.lengths.sum()), "sum")
-    d = plan.num_microbatches + 1
+    kinds = _kinds(comm, plan, share, vocab)
+    counts = share.where.ids.counts
+    sizes = _Sizes(comm.allreduce(len(counts), "sum"), plan.num_microbatches + 1,
+                   comm.allreduce(int(counts.sum()), "sum"))
+    layout = IndexLayout.of(sizes.sequences, sizes.documents)
+    job = _Job(plan, share, sizes, vocab, out.paths[0])
     paths = out.paths
     # the ids' dataset, then the labels' (paths list the labels first: they move into place first)
     pairs = [(paths[-2], paths[-1])] + ([(paths[0], paths[1])] if plan.labels is not None else [])
-    targets = [_Target(out.temp(b), out.temp(i), dt, IndexLayout.of(n, d)) for (b, i), dt in zip(pairs, dtypes)]
-    if comm.is_root():
-        comm.collectively(_written, lambda: _create_all(targets, n, d, total), out.paths[0])
-    else:
-        comm.collectively(lambda: None)
-    comm.collectively(_written, lambda: _write_share(plan, share, targets, vocab), out.paths[0])
+    while True:
+        # measured: a guessed dtype's values, and the ids a --vocab-size bounds (each is checked)
+        targets = [Target(out.temp(b), out.temp(i), dt, layout, not certain or (k == 0 and vocab is not None))
+                   for k, ((b, i), dt, certain) in enumerate(zip(pairs, kinds.dtypes, kinds.certain))]
+        ranges = _write_all(comm, job, targets)
+        exact = [dt if certain else _smallest(rng, -100 if k else 0)
+                 for k, (dt, certain, rng) in enumerate(zip(kinds.dtypes, kinds.certain, ranges))]
+        if exact == kinds.dtypes:
+            break
+        kinds = _Kinds(exact, [True] * len(exact))  # a guess too narrow: written again, in the plan's own dtypes
     fault_point(comm, "exported")
-    return {"sequences": int(n), "documents": int(d - 1), "tokens": int(total), "dtype": str(dtypes[0]),
-            "labels_dtype": str(dtypes[1]) if len(dtypes) > 1 else None}
+    return {"sequences": sizes.sequences, "documents": sizes.documents - 1, "tokens": sizes.tokens,
+            "dtype": str(kinds.dtypes[0]), "labels_dtype": str(kinds.dtypes[1]) if len(kinds.dtypes) > 1 else None}

@@ -70,7 +70,8 @@ def _write_all(plan: PlanTokens, path: Path) -> int:
     held: list[pa.Table] = []
     rows, at = 0, 0
     plan.check(0, plan.num_microbatches)  # the index shards, hashed once before the first write
-    plan.hold(0, plan.num_microbatches, 0, int(plan.manifest["num_samples"]))
+    plan.hold(0, plan.num_microbatches)
+    plan.hold_rows(0, int(plan.manifest["num_samples"]))
     with pq.ParquetWriter(str(path), SCHEMA) as writer:
         for lo in range(0, plan.num_microbatches, CHUNK_MICROBATCHES):
             hi = min(plan.num_microbatches, lo + CHUNK_MICROBATCHES)

@@ -10,6 +10,7 @@ is refused in one line. No MPI here: ``megatron_out`` and ``packed_parquet`` dea
 from __future__ import annotations
 
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -23,7 +24,8 @@ from ...format.shards import check_shards, read_rows
 from ...inputs.fingerprints import check_unchanged
 from ...inputs.locations import with_locations
 from ...inputs.megatron import TOKENS, MegatronFormat
-from ...inputs.megatron_data import Gathered, Into, MegatronData, Pair, companion, gather_many, open_data
+from ...inputs.megatron_data import Gathered, MegatronData, Pair, companion, gather_many, open_data
+from ...kernels.runs import Runs
 from ...stages.pack import truncate_length
 from ...stages.plan_options import PlanOptions
 
@@ -46,6 +48,18 @@ class Chunk(NamedTuple):
     row_sizes: np.ndarray | None
 
 
+class Located(NamedTuple):
+    """Where a run of samples' ids and labels lie (``kernels.runs.Runs``, one run per sample in plan order).
+
+    ``mapped`` False: a dataset lies behind a URL, its buffers are empty stand-ins; the
+    counts hold (the samples' lengths), the values are ``PlanTokens.read``.
+    """
+
+    ids: Runs
+    labels: Runs | None
+    mapped: bool
+
+
 @dataclass
 class PlanTokens:
     """An index directory whose samples' token ids an export reads (``open_plan`` checks it can)."""
@@ -57,6 +71,7 @@ class PlanTokens:
     cap: int  # --oversize truncate: the length a sample is cut to (0: none)
     _pairs: dict[int, Pair] = field(default_factory=dict)
     _held: dict[str, tuple[int, int, pa.Table]] = field(default_factory=dict)  # rows read once, sliced per chunk
+    _digests: list[Future] = field(default_factory=list)  # the inputs' content checks, running beside the export
 
     @property
     def num_microbatches(self) -> int:
@@ -68,10 +83,14 @@ class PlanTokens:
         """Return whether the plan packs rows (``--rows``)."""
         return "row_splits" in (self.manifest.get("schema") or {})
 
-    def hold(self, lo: int, hi: int, first_row: int, rows: int) -> None:
-        """Open micro-batches ``[lo, hi)`` and their stored rows from ``first_row`` once (mapped, not read): a
-        chunk's read is then a slice, not an open of every shard it touches."""
+    def hold(self, lo: int, hi: int) -> np.ndarray:
+        """Open micro-batches ``[lo, hi)`` once (mapped, not read) and return their sample counts (int64): a chunk's
+        read is then a slice, not an open of every shard it touches."""
         self._held["index"] = (lo, hi, read_rows(self.path, self.manifest, lo, hi, self._index_columns()))
+        return self._index(lo, hi).column("num_samples").to_numpy().astype(np.int64)
+
+    def hold_rows(self, first_row: int, rows: int) -> None:
+        """Open the stored rows ``[first_row, first_row + rows)`` once (mapped, not read); none without stored ids."""
         if self.column is not None:
             self._held["data"] = (first_row, first_row + rows, read_rows(self.path, self._data_manifest(), first_row,
                                                                          first_row + rows, self._data_columns()))
@@ -100,10 +119,6 @@ class PlanTokens:
     def _index(self, lo: int, hi: int) -> pa.Table:
         return self._rows("index", lo, hi)
 
-    def sizes(self, lo: int, hi: int) -> np.ndarray:
-        """Return the samples of each micro-batch of ``[lo, hi)`` (int64)."""
-        return read_rows(self.path, self.manifest, lo, hi, ["num_samples"]).column(0).to_numpy().astype(np.int64)
-
     def check(self, lo: int, hi: int) -> None:
         """Raise unless the index shards holding micro-batches ``[lo, hi)`` hash as the manifest records.
 
@@ -113,71 +128,141 @@ class PlanTokens:
         """
         check_shards(self.path, self.manifest, lo, hi)
 
-    def read(self, lo: int, hi: int, first_row: int, values: bool = True, into: Into | None = None) -> Chunk:
-        """Return the ``Chunk`` of micro-batches ``[lo, hi)``, whose first sample is stored row ``first_row``.
-
-        ``values=False``: the lengths only (``offsets``; ``values`` and ``labels`` empty), read
-        from the offsets and the ``.idx`` without touching a token. ``into(n)``: the arrays
-        the ``n`` ids and labels are written into (an export's mapped output, in its dtypes),
-        with no copy between (then the chunk's ``values`` and ``labels``).
-        """
+    def read(self, lo: int, hi: int, first_row: int) -> Chunk:
+        """Return the ``Chunk`` of micro-batches ``[lo, hi)``, whose first sample is stored row ``first_row``."""
         index = self._index(lo, hi)
         num_samples = index.column("num_samples").to_numpy().astype(np.int64)
         row_sizes = _row_sizes(index) if self.has_rows else None
-        pieces = (_flat(index, "piece_begin"), _flat(index, "piece_end")) if "piece_begin" in index.schema.names \
-            else None
+        pieces = _pieces(index)
         if self.column is not None:
-            ids, labels, offsets = self._stored(first_row, int(num_samples.sum()), pieces, values)
-            if into is not None and values:
-                ids, labels = _copied(into, ids, labels)
+            ids, labels, offsets = self._stored(first_row, int(num_samples.sum()), pieces)
         else:
-            ids, labels, offsets = self._megatron(_flat(index, "sample_ids"), pieces, values, into)
+            ids, labels, offsets = self._megatron(_flat(index, "sample_ids"), pieces)
         return Chunk(ids, labels, offsets, num_samples, row_sizes)
 
-    def _stored(self, first_row: int, rows: int, pieces, values: bool) -> Gathered:
+    def runs(self, lo: int, hi: int, first_row: int) -> Located:
+        """Return where the ids and labels of micro-batches ``[lo, hi)``'s samples lie, in plan order (``Located``),
+        whose first is stored row ``first_row``; no token is read.
+
+        The same samples as ``read``, cut alike.
+        """
+        index = self._index(lo, hi)
+        pieces = _pieces(index)
+        if self.column is not None:
+            rows = int(index.column("num_samples").to_numpy().sum())
+            return self._stored_runs(self._rows("data", first_row, first_row + rows), pieces)
+        return self._megatron_runs(_flat(index, "sample_ids"), pieces)
+
+    def _stored(self, first_row: int, rows: int, pieces) -> Gathered:
         """Return (values, labels, offsets) of stored rows ``[first_row, first_row + rows)``, cut as planned."""
         assert self.column is not None
-        data = self.manifest["data"]
         table = self._rows("data", first_row, first_row + rows)
         col = table.column(self.column).combine_chunks()
         offsets = col.offsets.to_numpy().astype(np.int64)
-        flat = col.values.to_numpy() if values else np.zeros(0, np.int32)
-        lab = table.column(self.labels).combine_chunks().values.to_numpy() if self.labels and values else None
-        begin = np.zeros(rows, np.int64)
-        end = np.diff(offsets)
-        if pieces is not None and self.column not in (data.get("pieces") or []):  # stored whole: cut here
+        lab = table.column(self.labels).combine_chunks().values.to_numpy() if self.labels else None
+        return _cut(col.values.to_numpy(), lab, offsets, self._stored_cut(np.diff(offsets), pieces))
+
+    def _stored_cut(self, lengths: np.ndarray, pieces) -> tuple[np.ndarray, np.ndarray]:
+        """Return each stored row's planned ``[begin, end)`` (uncut: what the pieces and the cap leave of it)."""
+        begin, end = np.zeros(len(lengths), np.int64), lengths.astype(np.int64)
+        if pieces is not None and self.column not in (self.manifest["data"].get("pieces") or []):  # stored whole
             begin, end = pieces
         if self.cap:
             end = np.minimum(end, begin + self.cap)
-        return _cut(flat, lab, offsets, (begin, end), values)
+        return begin, end
 
-    def _megatron(self, ids: np.ndarray, pieces, values: bool, into: Into | None = None) -> Gathered:
+    def _stored_runs(self, table: pa.Table, pieces) -> Located:
+        """Return the ``Runs`` of the stored ids and labels of ``table``'s rows (one buffer per shard)."""
+        assert self.column is not None
+        parts = [_list_parts(c) for c in table.column(self.column).chunks]
+        lengths = np.concatenate([np.diff(o) for o, _ in parts]) if parts else np.zeros(0, np.int64)
+        lo, hi = _bounds(lengths, self._stored_cut(lengths, pieces))
+        piece = np.repeat(np.arange(len(parts), dtype=np.int64), [len(o) - 1 for o, _ in parts])
+        ids = _runs_of(parts, piece, lo, hi - lo)
+        if self.labels is None:
+            return Located(ids, None, True)
+        labels = [_list_parts(c) for c in table.column(self.labels).chunks]
+        if not all(np.array_equal(np.diff(a), np.diff(b)) for (a, _), (b, _) in zip(parts, labels)):
+            raise SortpackError(f"{self.path}: stored {self.labels!r} lists whose lengths differ from their "
+                                f"{self.column!r} lists (corrupt data)")
+        return Located(ids, _runs_of(labels, piece, lo, hi - lo), True)
+
+    def _megatron(self, ids: np.ndarray, pieces) -> Gathered:
         """Return (values, labels, offsets) of sample ids ``ids`` from the plan's Megatron datasets."""
-        files = with_locations(self.manifest)
-        starts = np.concatenate(([0], np.cumsum([int(f["rows"]) for f in files]))).astype(np.int64)
-        which = np.searchsorted(starts, ids, side="right") - 1
-        pairs = {k: self._pair(k, files[k]) for k in np.unique(which).tolist()}
+        files, starts, which, pairs = self._datasets(ids)
         lengths = np.zeros(len(ids), np.int64)
         for k, (data, _) in pairs.items():
             sel = which == k
             lengths[sel] = data.index.lengths[ids[sel] - starts[k]]
-        begin, end = pieces if pieces is not None else (np.zeros(len(ids), np.int64), lengths)
+        return gather_many(pairs, starts, ids, self._megatron_cut(lengths, pieces))
+
+    def _megatron_cut(self, lengths: np.ndarray, pieces) -> tuple[np.ndarray, np.ndarray]:
+        """Return each sample's planned ``[begin, end)`` (the piece, else the whole sequence; the cap applied)."""
+        begin, end = pieces if pieces is not None else (np.zeros(len(lengths), np.int64), lengths)
         if self.cap:
             end = np.minimum(end, begin + self.cap)
-        if not values:
-            offsets = np.zeros(len(ids) + 1, np.int64)
-            np.cumsum(np.maximum(end - begin, 0), out=offsets[1:])
-            return np.zeros(0, np.int32), None, offsets
-        return gather_many(pairs, starts, ids, (begin, end), into)
+        return begin, end
+
+    def _datasets(self, ids: np.ndarray) -> tuple[list[dict], np.ndarray, np.ndarray, dict[int, Pair]]:
+        """Return the plan's datasets, their first sample ids, each of ``ids``' dataset and the opened ones."""
+        files = with_locations(self.manifest)
+        starts = np.concatenate(([0], np.cumsum([int(f["rows"]) for f in files]))).astype(np.int64)
+        which = np.zeros(len(ids), np.int64) if len(files) == 1 else np.searchsorted(starts, ids, side="right") - 1
+        keys = [0] if len(files) == 1 else np.unique(which).tolist()
+        return files, starts, which, {k: self._pair(k, files[k]) for k in keys}
+
+    def _megatron_runs(self, ids: np.ndarray, pieces) -> Located:
+        """Return where sample ids ``ids`` lie in the mapped ``.bin`` of the plan's Megatron datasets (and of their
+        labels companions).
+
+        Few arrays of the samples' count: at a few hundred tokens a sample, making each costs
+        a fair part of what writing the tokens does.
+        """
+        _, starts, which, pairs = self._datasets(ids)
+        keys = sorted(pairs)
+        data = [pairs[k][0] for k in keys]
+        labels = [pairs[k][1] for k in keys] if self.labels is not None else []
+        mapped = not any(d.url for d in data + labels)  # type: ignore[union-attr]
+        piece = np.searchsorted(keys, which) if len(keys) > 1 else None
+        local = ids - starts[which] if len(keys) > 1 else ids
+        # np.take: the .idx arrays lie unaligned after its 34-byte header, where fancy indexing is slow
+        lengths = _taken([d.index.lengths for d in data], piece, local)
+        at = _taken([d.index.pointers for d in data], piece, local)
+        lab_at = _taken([d.index.pointers for d in labels], piece, local) if labels else None  # type: ignore
+        if pieces is not None or self.cap:
+            lo, hi = _bounds(lengths, self._megatron_cut(lengths, pieces))
+            at += lo * _sizes(data, piece)
+            if lab_at is not None:
+                lab_at += lo * _sizes(labels, piece)
+            lengths = hi - lo
+        ids_runs = Runs(_bins(data, mapped), tuple(d.index.dtype for d in data), piece, at, lengths)
+        if lab_at is None:
+            return Located(ids_runs, None, mapped)
+        return Located(ids_runs, ids_runs._replace(buffers=_bins(labels, mapped), starts=lab_at,
+                                                   dtypes=tuple(d.index.dtype for d in labels)), mapped)  # type: ignore
 
     def _pair(self, k: int, entry: dict) -> Pair:
-        """Return Megatron dataset ``k`` of the plan and its labels companion, checked unchanged since the plan."""
+        """Return Megatron dataset ``k`` of the plan and its labels companion, checked unchanged since the plan.
+
+        Its size, version and sequence count are checked now; its content digest (a hash of
+        the whole ``.idx``) is checked in a thread beside the writes, and ``inputs_unchanged``
+        waits for it before anything is committed.
+        """
         got = self._pairs.get(k)
         if got is None:
             data = open_data(str(entry["path"]))
-            check_unchanged(entry, _idx_bytes(data), data.num_sequences)
+            size = _idx_bytes(data)
+            check_unchanged({**entry, "sha256": None}, size, data.num_sequences)
+            pool = ThreadPoolExecutor(1, thread_name_prefix="sortpack-digest")
+            self._digests.append(pool.submit(check_unchanged, entry, size, data.num_sequences))
+            pool.shutdown(wait=False)
             got = self._pairs[k] = (data, companion(data, self.labels) if self.labels is not None else None)
         return got
+
+    def inputs_unchanged(self) -> None:
+        """Raise one line when an input read differs from the plan's record (waits for the checks of ``_pair``)."""
+        for digest in self._digests:
+            digest.result()
 
     def source_dtypes(self) -> list[np.dtype] | None:
         """Return the dtypes the ids are read in (the Megatron datasets'), or None where stored data decides."""
@@ -186,13 +271,56 @@ class PlanTokens:
         return [open_data(str(f["path"])).index.dtype for f in with_locations(self.manifest)]
 
 
-def _copied(into: Into, values: np.ndarray, labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Return ``values`` and ``labels`` converted into the arrays ``into`` gives (one pass each)."""
-    dst, lab_dst = into(len(values))
-    np.copyto(dst, values, casting="unsafe")
-    if lab_dst is not None and labels is not None:
-        np.copyto(lab_dst, labels, casting="unsafe")
-    return dst, lab_dst
+def _pieces(index: pa.Table) -> tuple[np.ndarray, np.ndarray] | None:
+    """Return the planned (begin, end) of each sample of an index's rows (``--oversize split``), or None."""
+    return (_flat(index, "piece_begin"), _flat(index, "piece_end")) if "piece_begin" in index.schema.names else None
+
+
+def _taken(arrays: list[np.ndarray], piece: np.ndarray | None, local: np.ndarray) -> np.ndarray:
+    """Return ``arrays[piece[i]][local[i]]`` for every i (int64; ``piece`` None: all from ``arrays[0]``)."""
+    if piece is None:
+        return np.take(arrays[0], local).astype(np.int64, copy=False)
+    out = np.zeros(len(local), np.int64)
+    for j, arr in enumerate(arrays):
+        sel = np.flatnonzero(piece == j)
+        out[sel] = np.take(arr, local[sel])
+    return out
+
+
+def _sizes(datasets: list, piece: np.ndarray | None) -> np.ndarray | int:
+    """Return the item size of each sample's dataset (one number where all come from the first)."""
+    sizes = np.array([d.index.dtype.itemsize for d in datasets], np.int64)
+    return int(sizes[0]) if piece is None else sizes[piece]
+
+
+def _bins(datasets: list, mapped: bool) -> tuple[np.ndarray, ...]:
+    """Return the datasets' mapped ``.bin`` (empty stand-ins where not ``mapped``)."""
+    return tuple(d.mapped_bin() if mapped else np.zeros(0, np.uint8) for d in datasets)
+
+
+def _bounds(lengths: np.ndarray, ranges: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Return where each sample of ``lengths`` starts and ends once cut to ``ranges`` (kept inside the sample)."""
+    lo = np.minimum(ranges[0], lengths)
+    return lo, np.minimum(np.maximum(ranges[1], lo), lengths)  # (np.clip, several times faster)
+
+
+def _list_parts(col: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Return (offsets int64, values) of a list array: the offsets into its values child (unsliced), no copy."""
+    values = col.values
+    try:
+        flat = values.to_numpy(zero_copy_only=True)
+    except (pa.ArrowInvalid, NotImplementedError):
+        raise SortpackError(f"stored token ids of type {col.type} with missing values: cannot export them") from None
+    return col.offsets.to_numpy().astype(np.int64), flat
+
+
+def _runs_of(parts: list[tuple[np.ndarray, np.ndarray]], piece: np.ndarray, lo: np.ndarray,
+             counts: np.ndarray) -> Runs:
+    """Return the ``Runs`` of list rows (``parts``: each shard's offsets and values), each cut to ``lo + counts``."""
+    first = np.concatenate([o[:-1] for o, _ in parts]) if parts else np.zeros(0, np.int64)
+    dtypes = tuple(v.dtype for _, v in parts)
+    size = np.array([d.itemsize for d in dtypes], np.int64)[piece] if parts else np.zeros(0, np.int64)
+    return Runs(tuple(v.view(np.uint8) for _, v in parts), dtypes, piece, (first + lo) * size, counts)
 
 
 def _idx_bytes(data: MegatronData) -> int:
@@ -204,7 +332,7 @@ def _idx_bytes(data: MegatronData) -> int:
 def _flat(index: pa.Table, name: str) -> np.ndarray:
     """Return a list column of the index flattened (int64)."""
     col = index.column(name).combine_chunks()
-    return col.flatten().to_numpy().astype(np.int64)
+    return col.flatten().to_numpy().astype(np.int64, copy=False)
 
 
 def _row_sizes(index: pa.Table) -> np.ndarray:
@@ -218,20 +346,17 @@ def _row_sizes(index: pa.Table) -> np.ndarray:
     return sizes[keep]
 
 
-def _cut(values: np.ndarray, labels: np.ndarray | None, offsets: np.ndarray, ranges: tuple[np.ndarray, np.ndarray],
-         read: bool) -> Gathered:
+def _cut(values: np.ndarray, labels: np.ndarray | None, offsets: np.ndarray,
+         ranges: tuple[np.ndarray, np.ndarray]) -> Gathered:
     """Return (values, labels, offsets) of each list ``values[offsets[i]:offsets[i + 1]]`` cut to ``ranges`` (its
     ``[begin, end)``)."""
-    begin, end = ranges
     lengths = np.diff(offsets)
-    lo = np.minimum(begin, lengths)
-    hi = np.clip(end, lo, lengths)
+    lo, hi = _bounds(lengths, ranges)
     out = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(hi - lo, out=out[1:])
-    if not read or (np.array_equal(lo, np.zeros_like(lo)) and np.array_equal(hi, lengths)):
+    if np.array_equal(lo, np.zeros_like(lo)) and np.array_equal(hi, lengths):
         base = int(offsets[0]) if len(offsets) else 0
-        return values[base:base + int(out[-1])] if read else values, \
-            None if labels is None else labels[base:base + int(out[-1])], out
+        return values[base:base + int(out[-1])], None if labels is None else labels[base:base + int(out[-1])], out
     at = np.repeat(offsets[:-1] + lo - out[:-1], hi - lo) + np.arange(int(out[-1]))
     return values[at], None if labels is None else labels[at], out
 
