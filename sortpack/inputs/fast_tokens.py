@@ -84,6 +84,7 @@ def _compiled(conv: Conversion) -> tuple[Any, str | None]:
 
 
 _CHOSEN: dict[str, dict] = {}  # tokenizer file name -> the record of the latest TokenEncoder of it in this process
+RENDERED: dict[str, dict] = {}  # chat template file name -> how this process rendered its chats (finetune.fast_chats)
 
 
 def encoder_provenance(options: dict) -> dict:
@@ -94,7 +95,12 @@ def encoder_provenance(options: dict) -> dict:
     """
     name = options.get("tokenizer")
     record = _CHOSEN.get(name) if isinstance(name, str) else None
-    return {"tokenizers": {name: record}} if record is not None else {}
+    out = {"tokenizers": {name: record}} if record is not None else {}
+    fine = options.get("fine_tune")
+    template = fine.get("chat_template") if isinstance(fine, dict) else None
+    if isinstance(template, str) and template in RENDERED:
+        out["chat_render"] = {template: RENDERED[template]}
+    return out
 
 
 def _threads() -> int:
@@ -126,6 +132,8 @@ class TokenEncoder:
         self.prefix: tuple[int, ...] = ()
         self.suffix: tuple[int, ...] = ()
         self.compiled: Any = None
+        self._conv: Conversion | None = None
+        self._lengths: np.ndarray | None = None
         if env_text(_OFF) == "0":
             self.reason = f"{_OFF}=0"
         elif _tiktoken_version() is None:
@@ -136,6 +144,7 @@ class TokenEncoder:
                 self.reason = got
             else:
                 self._fast, conv = got
+                self._conv = conv
                 self.allowed, self.prefix, self.suffix = frozenset(conv.special), conv.prefix, conv.suffix
                 self.engine = "tiktoken"
                 self.compiled, self.unicode = _compiled(conv)
@@ -166,6 +175,22 @@ class TokenEncoder:
             out["tokenizers"] = tokenizers.__version__
             out["why"] = self.reason
         return out
+
+    def token_lengths(self) -> np.ndarray | None:
+        """Return every id's length in bytes (int64; its text's for an added token), None unless tiktoken is exact:
+        a text's ids then spell its bytes, so a token's byte offsets are the running sum of these."""
+        conv = self._conv
+        if conv is None:
+            return None
+        if self._lengths is None:
+            top = max(max(conv.ranks.values(), default=-1), max(conv.special.values(), default=-1)) + 1
+            out = np.zeros(top, np.int64)
+            out[np.fromiter(conv.ranks.values(), np.int64, len(conv.ranks))] = np.fromiter(
+                map(len, conv.ranks), np.int64, len(conv.ranks))
+            for text, i in conv.special.items():
+                out[i] = len(text.encode("utf-8"))
+            self._lengths = out
+        return self._lengths
 
     def threads(self) -> int:
         """Return the threads this encoder works with (``RAYON_NUM_THREADS``, else the cores)."""

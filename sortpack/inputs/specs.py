@@ -107,6 +107,11 @@ def load_tokenizer(path: str | None, option: str = "--size"):
     """
     if not path:
         raise SortpackError(f"{option} tokens needs --tokenizer tokenizer.json")
+    key = _tokenizer_key(path)
+    from .fast_tokens import TokenEncoder
+
+    if key is not None and key in _TOKENIZERS:
+        return TokenEncoder(_TOKENIZERS[key], path)  # a job loads it for its sizes and its store: one parse
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -117,9 +122,22 @@ def load_tokenizer(path: str | None, option: str = "--size"):
         raise SortpackError(f"--tokenizer {path}: cannot load ({one_line(exc)})") from None
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    from .fast_tokens import TokenEncoder
-
+    if key is not None:
+        _TOKENIZERS.clear()  # the latest file only: a process encodes with one tokenizer
+        _TOKENIZERS[key] = tokenizer
     return TokenEncoder(tokenizer, path)
+
+
+_TOKENIZERS: dict[tuple, Any] = {}  # _tokenizer_key -> the Hugging Face Tokenizer parsed from that file
+
+
+def _tokenizer_key(path: str) -> tuple | None:
+    """Return what identifies a tokenizer file's bytes (None: it cannot be read)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return os.path.realpath(path), st.st_mtime_ns, st.st_size
 
 
 class RowError(SortpackError):

@@ -219,7 +219,7 @@ def test_a_labels_column_is_cut_with_its_ids(tmp_path):
 @pytest.mark.slow
 def test_balance_targets_evens_what_trains_in_every_step_at_64_ranks(tmp_path):
     """100k chats whose prompts and answers vary apart, in rows of 4096: measured and sorted once, packed twice."""
-    from benchmarks.bench_sft import make_chats, make_tokenizer
+    from benchmarks.sft_data import make_chats, make_tokenizer
 
     tokenizer, config = make_tokenizer(tmp_path / "tok")
     chats = make_chats(tmp_path / "chats", 100_000, seed=1, files=4)

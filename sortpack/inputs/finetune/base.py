@@ -50,11 +50,17 @@ class FineTuneShape:
 
     tokenizer_sha256: str | None = None  # the tokenizer file the plan was measured with (text shapes)
     tokenizer: Any = field(default=None, repr=False)  # loaded: the Hugging Face ``tokenizers.Tokenizer``
+    encoder: Any = field(default=None, repr=False, compare=False)  # loaded: load_tokenizer's TokenEncoder of it
 
     def __post_init__(self) -> None:
         # the Hugging Face Tokenizer itself (load_tokenizer wraps it): the chats need its character offsets and the
-        # pairs its post-processor, and it pickles (a collate's tokenize= goes to DataLoader workers)
+        # pairs its post-processor, and it pickles (a collate's tokenize= goes to DataLoader workers); the wrapper,
+        # where given, encodes whole columns through the compiled path (fast_chats, fast_pairs)
+        wrapper = self.tokenizer if hasattr(self.tokenizer, "hf") else self.encoder
         object.__setattr__(self, "tokenizer", getattr(self.tokenizer, "hf", self.tokenizer))
+        if getattr(wrapper, "hf", None) is not self.tokenizer or self.tokenizer is None:
+            wrapper = None
+        object.__setattr__(self, "encoder", wrapper)
 
     def __eq__(self, other: object) -> bool:
         """Return whether ``other`` is the same shape, with the same options and tokenizer object."""

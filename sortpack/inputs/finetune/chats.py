@@ -27,13 +27,14 @@ from .template import ChatTemplate, load_chat_template
 DEFAULT_TRAIN_ON = ("assistant",)
 BATCH = 4096  # conversations per encode_batch call
 _MARKER = "\ue000sortpack-content\ue001"  # private-use characters: never in a template's own text
+_WHAT = "a list of {role, content} messages"
 _REASONING = ("reasoning_content", "thinking", "reasoning")  # the names transformers passes reasoning under
 
 
 def conversations(col, rows: Rows, name: str) -> list:
     """Return a messages column's conversations (lists of messages); one line naming the column when its type or a
     null is wrong."""
-    return checked_column(col, rows, name, is_list, "a list of {role, content} messages").to_pylist()
+    return checked_column(col, rows, name, is_list, _WHAT).to_pylist()
 
 
 def _message(value, at: str | RowName, k: int) -> dict:
@@ -215,8 +216,15 @@ class ChatShape(FineTuneShape):
         """Return the conversations rendered and encoded (``encode_chats``), with the roles they hold."""
         if self.template is None:
             raise SortpackError(f"{self.option}: the chats' template is not loaded")
-        return encode_chats(self.tokenizer, self.template, conversations(table.column(self.column), rows, self.column),
-                            self.train_on, rows)
+        col = table.column(self.column)
+        if self.encoder is not None:
+            from .fast_chats import encode_fast
+
+            got = encode_fast(self, checked_column(col, rows, self.column, is_list, _WHAT), rows,
+                              lambda chats, at: encode_chats(self.tokenizer, self.template, chats, self.train_on, at))
+            if got is not None:
+                return got
+        return encode_chats(self.tokenizer, self.template, conversations(col, rows, self.column), self.train_on, rows)
 
     def record(self) -> dict:
         """Return the template's file name, the roles that train and the digests of the template and tokenizer."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from ...arrow_types import is_text
 from ...errors import SortpackError
+from ..token_columns import surround
 from .base import FineTuneShape
 from .encoded import Encoded, Rows, checked_column, common_prefix, encoded, flat_ids, positions
 
@@ -100,6 +101,42 @@ def _first_of(seq: list, value: int) -> int:
         return -1
 
 
+def _column_ids(encoder, col, special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Return (flat ids, counts) of a string array: the compiled path over its buffers, else its texts."""
+    got = encoder.encode_column(col, special_tokens=special_tokens)
+    return got if got is not None else encoder.encode_texts(col.to_pylist(), special_tokens=special_tokens)
+
+
+def _overlaps_itself(text: str) -> bool:
+    return any(text[:k] == text[-k:] for k in range(1, len(text)))
+
+
+def trl_columns(encoder, prompts, completions, eos: str) -> Encoded | None:
+    """Return ``prompt_completion``'s TRL encoding of two string arrays in whole-column calls; None where this
+    encoder cannot give it exactly (not tiktoken-exact, or ``eos`` is no added token or can overlap itself).
+
+    ``eos`` is an added token, split out before the pre-tokenizer: the whole text's ids are the
+    prefix, the ids of prompt + completion (its own trailing ``eos`` cut off), ``eos``, the suffix.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if getattr(encoder, "token_lengths", lambda: None)() is None or eos not in encoder.allowed or \
+            _overlaps_itself(eos):
+        return None
+    prompts, completions = (c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+                            for c in (prompts, completions))
+    prompts, completions = (c.cast(pa.string()) if pa.types.is_large_string(c.type) else c
+                            for c in (prompts, completions))
+    ends = pc.ends_with(completions, eos)
+    body = pc.if_else(ends, pc.utf8_slice_codeunits(completions, 0, -len(eos)), completions)
+    core, core_counts = _column_ids(encoder, pc.binary_join_element_wise(prompts, body, ""), False)
+    ids, counts = surround(core, core_counts, encoder.prefix, (encoder.token_to_id(eos), *encoder.suffix))
+    prompt_ids, prompt_counts = _column_ids(encoder, prompts, True)
+    start = common_prefix(prompt_ids.astype(np.int64), prompt_counts, ids.astype(np.int64), counts)
+    return encoded([ids.astype(np.int64)], [positions(counts) >= np.repeat(start, counts)], [counts])
+
+
 def prompt_completion(tokenizer, prompts: Sequence[str], completions: Sequence[str], eos: str | None = None
                       ) -> Encoded:
     """Return the ``Encoded`` of prompt/completion pairs: with ``eos`` as TRL's ``SFTTrainer`` encodes them (one
@@ -137,9 +174,14 @@ class PairsShape(FineTuneShape):
 
     def encode_rows(self, table, rows: Rows) -> Encoded:
         """Return the pairs encoded (``prompt_completion``)."""
-        prompts = texts(table.column(self.prompt_column), rows, self.prompt_column)
-        completions = texts(table.column(self.completion_column), rows, self.completion_column)
-        return prompt_completion(self.tokenizer, prompts, completions, self._end())
+        prompts, completions = (checked_column(table.column(c), rows, c, is_text, "text")
+                                for c in (self.prompt_column, self.completion_column))
+        eos = self._end()
+        if eos is not None and self.encoder is not None:
+            got = trl_columns(self.encoder, prompts, completions, eos)
+            if got is not None:
+                return got
+        return prompt_completion(self.tokenizer, prompts.to_pylist(), completions.to_pylist(), eos)
 
     def _end(self) -> str | None:
         """Return the end token appended to each completion (None: the pair template's encoding)."""
