@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,9 @@ def pytest_configure(config) -> None:
 # set their own delay (0).
 PROGRESS_DELAY = "3600"
 os.environ["SORTPACK_PROGRESS_DELAY"] = PROGRESS_DELAY
+# The proven tokenizer conversions the tests' jobs keep (inputs/conversion_cache.py) go to a folder of this run's
+# own, never to the user's ~/.cache; every process a test starts inherits it.
+os.environ["SORTPACK_CACHE_DIR"] = tempfile.mkdtemp(prefix="sortpack-test-cache-")
 
 
 @pytest.fixture

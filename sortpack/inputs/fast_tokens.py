@@ -44,13 +44,26 @@ def _converted(path: str, hf) -> tuple[Any, Conversion] | str:
 
 
 def _convert(path: str, hf) -> tuple[Any, Conversion] | str:
-    spec = load_spec(path)
-    if spec is None:
-        return "the tokenizer file is not JSON"
+    """Return tiktoken's Encoding and the conversion (kept on disk once proven: ``conversion_cache``), or why none."""
+    from . import conversion_cache
+
     try:
-        conv = exact_conversion(spec, hf)
-    except Refused as exc:
-        return str(exc)
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError:
+        raw = None
+    key = conversion_cache.entry_key(raw) if raw is not None else None
+    conv = conversion_cache.load(key) if key is not None else None
+    if conv is None:
+        spec = load_spec(path)
+        if spec is None:
+            return "the tokenizer file is not JSON"
+        try:
+            conv = exact_conversion(spec, hf)
+        except Refused as exc:
+            return str(exc)
+        if key is not None:
+            conversion_cache.store(key, conv)
     import tiktoken
 
     return tiktoken.Encoding(os.path.basename(path), pat_str=conv.pattern, mergeable_ranks=conv.ranks,

@@ -1,0 +1,105 @@
+"""A proven tiktoken conversion kept on disk by the tokenizer file's content: later jobs and ranks skip the proof.
+
+``bpe_conversion.exact_conversion`` proves from a ``tokenizer.json`` that tiktoken gives its ids
+(about 0.5 s per rank for a 50k vocabulary, more for 128k). Its result depends only on the file's
+bytes, this module's format and the ``tokenizers`` release the proof ran against, so it is kept
+under that key (a sha256) in ``SORTPACK_CACHE_DIR`` (default ``$XDG_CACHE_HOME/sortpack``, else
+``~/.cache/sortpack``; ``0`` turns it off). A refused file is not kept: it is proven again.
+
+Never wrong ids: an entry is read only when its header names the same key and the sha256 of its
+body matches; anything else (missing, truncated, another format) is proven again and written
+anew. Entries are written to a temporary name and renamed, so ranks writing the same entry at
+once leave one whole file; an unwritable directory only means no cache. sortpack removes nothing
+here but its own temporary file after a failed write.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..env import env_text
+from .bpe_conversion import Conversion
+
+FORMAT = 1  # bump when the conversion's proof or this layout changes: old entries are then never read
+_MAGIC = b"sortpack-bpe-conversion\n"
+
+
+def cache_dir() -> Path | None:
+    """Return the directory entries live in (None: ``SORTPACK_CACHE_DIR=0``, the cache is off)."""
+    given = env_text("SORTPACK_CACHE_DIR")
+    if given == "0":
+        return None
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "sortpack"
+
+
+def entry_key(raw: bytes) -> str:
+    """Return the key of a tokenizer file's entry: its bytes, this format and the ``tokenizers`` release."""
+    import tokenizers
+
+    h = hashlib.sha256(raw)
+    h.update(f"\0{FORMAT}\0{tokenizers.__version__}".encode())
+    return h.hexdigest()
+
+
+def load(key: str) -> Conversion | None:
+    """Return the conversion kept under ``key`` (None: no whole, matching entry)."""
+    folder = cache_dir()
+    if folder is None:
+        return None
+    try:
+        data = (folder / f"bpe-{key}").read_bytes()
+    except OSError:
+        return None
+    if not data.startswith(_MAGIC):
+        return None
+    head_end = data.find(b"\n", len(_MAGIC))
+    try:
+        head = json.loads(data[len(_MAGIC):head_end])
+    except ValueError:
+        return None
+    body = data[head_end + 1:]
+    if head.get("key") != key or hashlib.sha256(body).hexdigest() != head.get("body_sha256"):
+        return None
+    n, blob_len = int(head["tokens"]), int(head["blob"])
+    lengths = np.frombuffer(body, np.int64, n, 0)
+    ids = np.frombuffer(body, np.int64, n, 8 * n)
+    blob = body[16 * n:16 * n + blob_len]
+    ends = np.cumsum(lengths).tolist()
+    starts = [0, *ends[:-1]]
+    ranks = dict(zip((blob[a:b] for a, b in zip(starts, ends)), ids.tolist()))
+    return Conversion(head["pattern"], ranks, dict(head["special"]), tuple(head["prefix"]), tuple(head["suffix"]))
+
+
+def store(key: str, conv: Conversion) -> None:
+    """Keep ``conv`` under ``key`` (nothing when the cache is off or its directory cannot be written)."""
+    folder = cache_dir()
+    if folder is None:
+        return
+    tokens = list(conv.ranks)
+    lengths = np.fromiter(map(len, tokens), np.int64, len(tokens))
+    ids = np.fromiter(conv.ranks.values(), np.int64, len(tokens))
+    body = lengths.tobytes() + ids.tobytes() + b"".join(tokens)
+    head = {"key": key, "format": FORMAT, "tokens": len(tokens), "blob": int(lengths.sum()),
+            "pattern": conv.pattern, "special": conv.special, "prefix": list(conv.prefix),
+            "suffix": list(conv.suffix), "body_sha256": hashlib.sha256(body).hexdigest()}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".bpe-{key}.", dir=folder)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_MAGIC + json.dumps(head).encode() + b"\n" + body)
+        os.replace(tmp, folder / f"bpe-{key}")
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # ours: a disk full leaves no half entry behind
