@@ -7,7 +7,7 @@ under that key (a sha256) in ``SORTPACK_CACHE_DIR`` (default ``$XDG_CACHE_HOME/s
 ``~/.cache/sortpack``; ``0`` turns it off). A refused file is not kept: it is proven again.
 
 Never wrong ids: an entry is read only when its header names the same key and the sha256 of its
-body matches; anything else (missing, truncated, another format) is proven again and written
+header fields and body matches; anything else (missing, truncated, another format) is proven again and written
 anew. Entries are written to a temporary name and renamed, so ranks writing the same entry at
 once leave one whole file; an unwritable directory only means no cache. sortpack removes nothing
 here but its own temporary file after a failed write.
@@ -59,24 +59,36 @@ def load(key: str) -> Conversion | None:
         data = (folder / f"bpe-{key}").read_bytes()
     except OSError:
         return None
+    try:
+        return _parsed(data, key)
+    except (ValueError, KeyError, TypeError):  # a damaged entry is proven again, never read
+        return None
+
+
+def _parsed(data: bytes, key: str) -> Conversion | None:
+    """Return the conversion an entry's bytes hold (None: another key, or its digest does not match)."""
     if not data.startswith(_MAGIC):
         return None
     head_end = data.find(b"\n", len(_MAGIC))
-    try:
-        head = json.loads(data[len(_MAGIC):head_end])
-    except ValueError:
-        return None
+    head = json.loads(data[len(_MAGIC):head_end])
     body = data[head_end + 1:]
-    if head.get("key") != key or hashlib.sha256(body).hexdigest() != head.get("body_sha256"):
+    digest = head.pop("sha256", None)
+    if head.get("key") != key or digest != _digest(head, body):
         return None
-    n, blob_len = int(head["tokens"]), int(head["blob"])
+    n = int(head["tokens"])
     lengths = np.frombuffer(body, np.int64, n, 0)
     ids = np.frombuffer(body, np.int64, n, 8 * n)
-    blob = body[16 * n:16 * n + blob_len]
     ends = np.cumsum(lengths).tolist()
-    starts = [0, *ends[:-1]]
-    ranks = dict(zip((blob[a:b] for a, b in zip(starts, ends)), ids.tolist()))
+    blob = body[16 * n:]
+    if (ends[-1] if ends else 0) != len(blob):
+        return None
+    ranks = dict(zip((blob[a:b] for a, b in zip([0, *ends[:-1]], ends)), ids.tolist()))
     return Conversion(head["pattern"], ranks, dict(head["special"]), tuple(head["prefix"]), tuple(head["suffix"]))
+
+
+def _digest(head: dict, body: bytes) -> str:
+    """Return the sha256 of an entry's header fields and body: any change to either is seen."""
+    return hashlib.sha256(json.dumps(head, sort_keys=True).encode() + b"\0" + body).hexdigest()
 
 
 def store(key: str, conv: Conversion) -> None:
@@ -88,9 +100,9 @@ def store(key: str, conv: Conversion) -> None:
     lengths = np.fromiter(map(len, tokens), np.int64, len(tokens))
     ids = np.fromiter(conv.ranks.values(), np.int64, len(tokens))
     body = lengths.tobytes() + ids.tobytes() + b"".join(tokens)
-    head = {"key": key, "format": FORMAT, "tokens": len(tokens), "blob": int(lengths.sum()),
-            "pattern": conv.pattern, "special": conv.special, "prefix": list(conv.prefix),
-            "suffix": list(conv.suffix), "body_sha256": hashlib.sha256(body).hexdigest()}
+    head = {"key": key, "format": FORMAT, "tokens": len(tokens), "pattern": conv.pattern, "special": conv.special,
+            "prefix": list(conv.prefix), "suffix": list(conv.suffix)}
+    head["sha256"] = _digest(head, body)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".bpe-{key}.", dir=folder)

@@ -49,7 +49,7 @@ def test_a_proven_conversion_is_read_back_and_gives_the_same_ids(trained, tmp_pa
     assert _ids(again, texts) == _ids(first, texts)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "other key", "not an entry"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "other key", "other pattern", "token count", "not an entry"])
 def test_a_damaged_entry_is_proven_again_never_read(trained, tmp_path, monkeypatch, damage):
     path, texts = trained
     folder = tmp_path / "cache"
@@ -63,6 +63,10 @@ def test_a_damaged_entry_is_proven_again_never_read(trained, tmp_path, monkeypat
         data[-10] ^= 0x01  # one bit of one token's bytes
     elif damage == "other key":
         data = data.replace(entry.name[4:].encode(), b"0" * 64, 1)
+    elif damage == "other pattern":  # a header that parses, its body whole
+        data = data.replace(b'"pattern": "', b'"pattern": "x|', 1)
+    elif damage == "token count":
+        data = data.replace(b'"tokens": ', b'"tokens": 9', 1)
     else:
         data = bytearray(b"{}\n")
     entry.write_bytes(bytes(data))
