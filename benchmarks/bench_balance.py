@@ -177,8 +177,8 @@ def bench_targets(ctx) -> list[Row]:
     each ``--balance``, and ``sortpack inspect --world-size W`` gives the steps' max/mean targets
     over ranks (A = 1, the short tail repeating the start as the reader deals it).
     """
-    from .bench_sft import make_chats, make_tokenizer
     from .runner import missing_modules, sortpack_cli
+    from .sft_data import make_chats, make_tokenizer
 
     missing = missing_modules("tokenizers", "jinja2")
     if missing:

@@ -59,8 +59,8 @@ def bench(ctx) -> list[Row]:
     from sortpack.stages.pack import compose
     from sortpack.write.sample_dirs import read_samples
 
-    from .bench_sft import make_chats, make_tokenizer
     from .runner import missing_modules, sortpack_cli
+    from .sft_data import make_chats, make_tokenizer
 
     missing = missing_modules("tokenizers", "jinja2")
     if missing:
