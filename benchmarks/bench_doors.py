@@ -27,7 +27,6 @@ calls each. Goal: the numpy metadata at least 100x cheaper.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -219,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")  # Lightning's advice on a Trainer that never fits: not a figure
     res = run(args.scale)
     print(render(res), flush=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res))
+    from benchmarks.report import save_json
+
+    save_json(args.json, res)
     return 0
 
 

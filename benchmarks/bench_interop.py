@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .report import Row, Section, plain, script_log
+from .report import Row, Section, plain, save_json, script_log
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALES = {"small": {"sequences": 100_000, "rounds": 3, "export_rounds": 9, "read_tokens": 4_000_000},
@@ -262,9 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(args.workdir, ignore_errors=True)
     print(plain(["figure", "Megatron input / export", "baseline", "ratio"], rows(res)))
     print(f"load average at end {res['load']}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res))
+    save_json(args.json, res)
     return 0
 
 

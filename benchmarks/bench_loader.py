@@ -25,7 +25,6 @@ so all see the same background load; each figure is the median over rounds.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -232,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*fast tokenizer.*")
     res = run(args.scale)
     print(render(res), flush=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res))
+    from benchmarks.report import save_json
+
+    save_json(args.json, res)
     return 0
 
 

@@ -41,6 +41,16 @@ class Section:
     rows: list[list[str]] = field(default_factory=list)
 
 
+def save_json(path: Path | None, results) -> None:
+    """Write a script's ``results`` as JSON to ``path`` (its folder made; nothing when None): what
+    ``runner.script_results`` reads back."""
+    if path is not None:
+        import json
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results))
+
+
 def secs(s: float) -> str:
     """Return seconds in a readable unit."""
     if s < 1e-3:
