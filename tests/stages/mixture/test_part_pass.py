@@ -67,6 +67,7 @@ def plan_two_sources(sizes: list[np.ndarray], weights, total: int, seed: int, bu
 @given(n=st.integers(300, 4000), budget=st.sampled_from([4096, 8192, 16384]), r=st.floats(0.1, 2.9),
        seed=st.integers(0, 2**32), longest=st.sampled_from([512, 2048, 4096]))
 @example(n=300, budget=4096, r=0.59375, seed=300, longest=2048)
+@example(n=300, budget=4096, r=0.359375, seed=271097, longest=2048)
 def test_every_length_quartile_is_used_r_times(n, budget, r, seed, longest):
     rng = np.random.default_rng(seed % 2**16)
     a = np.exp(rng.uniform(np.log(8), np.log(longest), n)).astype(np.int64)  # log-uniform lengths
@@ -78,15 +79,18 @@ def test_every_length_quartile_is_used_r_times(n, budget, r, seed, longest):
     got = float((ua * a).sum() / a.sum())
     # every sample floor(r) or ceil(r) times
     assert set(np.unique(ua).tolist()) <= {math.floor(got), math.ceil(got)}, (np.unique(ua), got)
-    # every length quartile used r times on average, to 0.1: quartiles of whole strata (16 consecutive samples of the
-    # sorted order, STRATUM_BITS), as the subset promises its share per stratum; a stratum cut by a quartile's edge may
-    # give either side all of its chosen samples (n=300, seed=300: 0.106 off with quartiles cut at n/4)
+    # every length quartile used as often as the source's samples are on average, to 0.1: quartiles of whole strata (16
+    # consecutive samples of the sorted order, STRATUM_BITS), as the subset promises the same share of every stratum's
+    # samples; a stratum cut by a quartile's edge may give either side all of its chosen samples (n=300, seed=300: 0.106
+    # off with quartiles cut at n/4). The share is of samples, so it is held against the samples' mean use: the
+    # token-weighted `got` differs from it by which lengths inside a stratum were chosen (n=300, seed=271097: means
+    # 0.35-0.44 around a sample mean of 0.40, `got` 0.33)
     rank = np.lexsort((np.arange(n), a))
     strata = -(-n // 16)
     quartile = np.empty(n, np.int64)
     quartile[rank] = (np.arange(n) // 16) * 4 // strata
     means = [float(ua[quartile == q].mean()) for q in range(4)]
-    assert max(abs(m - got) for m in means) <= 0.1, (means, got, blend.bound)
+    assert max(abs(m - float(ua.mean())) for m in means) <= 0.1, (means, float(ua.mean()), got, blend.bound)
     # the prefix bound holds with the part passes' units
     assert deviations(unit_tokens, blend.source, schedule, blend.total).max() <= blend.bound + 1e-9 * blend.total
 
