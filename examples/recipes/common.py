@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -176,6 +177,15 @@ def train_steps(model, sampler, loader, opt, sched, steps: int, forward, describ
                   flush=True)  # under DDP this rank's share: the ranks' mean is the step's loss
             step_loss_sum = 0.0
 # --- end recipe ---
+
+
+def init_process_group(backend: str) -> None:
+    """Join the process group (``RANK``/``WORLD_SIZE`` from torchrun; one process of one without a launcher)."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    dist.init_process_group(backend)
 
 
 def close_process_group() -> None:

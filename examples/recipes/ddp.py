@@ -9,11 +9,19 @@ LR of every step from the step's global batch, the same number on every rank.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
-from common import TinyLM, close_process_group, max_len, padded_forward, parser, ref_batch, train_steps, utf8_bytes
+from common import (
+    TinyLM,
+    close_process_group,
+    init_process_group,
+    max_len,
+    padded_forward,
+    parser,
+    ref_batch,
+    train_steps,
+    utf8_bytes,
+)
 from torch.utils.data import DataLoader
 
 from sortpack.torch import PackedBatchSampler, SourceDataset, VariableBatchSizeLR, pad_collate
@@ -24,11 +32,7 @@ def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--backend", default="gloo")
     args = ap.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    os.environ.setdefault("RANK", "0")  # run as one process without a launcher
-    os.environ.setdefault("WORLD_SIZE", "1")
-    dist.init_process_group(args.backend)  # RANK / WORLD_SIZE from torchrun
+    init_process_group(args.backend)
     rank = dist.get_rank()
     torch.manual_seed(0)  # the same initial weights on every rank
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from common import TinyLM, close_process_group, token_losses
+from common import TinyLM, close_process_group, init_process_group, token_losses
 from varlen_rows import varlen_attention
 
 from sortpack import plan_batch
@@ -69,11 +68,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--backend", default="gloo")
     args = ap.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    os.environ.setdefault("RANK", "0")  # run as one process without a launcher
-    os.environ.setdefault("WORLD_SIZE", "1")
-    dist.init_process_group(args.backend)
+    init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(TinyLM(max_len=args.max_tokens))
