@@ -313,8 +313,16 @@ def exact_conversion(spec: dict, hf) -> Conversion:
 def load_spec(path: str) -> dict | None:
     """Return the parsed tokenizer.json at ``path`` (None when it is not JSON)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            spec = json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            return parse_spec(f.read())
+    except OSError:
+        return None
+
+
+def parse_spec(raw: bytes) -> dict | None:
+    """Return a tokenizer.json's bytes parsed (None when they are not a JSON object)."""
+    try:
+        spec = json.loads(raw)
+    except ValueError:  # not UTF-8 or not JSON
         return None
     return spec if isinstance(spec, dict) else None

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..env import env_text
-from .bpe_conversion import Conversion, Refused, exact_conversion, load_spec
+from .bpe_conversion import Conversion, Refused, exact_conversion, parse_spec
 from .token_columns import encode_column, hf_ids, surround, token_ids
 
 __all__ = ["TokenEncoder", "encoder_provenance", "hf_ids", "token_ids"]
@@ -49,21 +49,20 @@ def _convert(path: str, hf) -> tuple[Any, Conversion] | str:
 
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read()  # read once: its digest keys the cache, its JSON is the spec to prove
     except OSError:
-        raw = None
-    key = conversion_cache.entry_key(raw) if raw is not None else None
-    conv = conversion_cache.load(key) if key is not None else None
+        return "the tokenizer file is not JSON"
+    key = conversion_cache.entry_key(raw)
+    conv = conversion_cache.load(key)
     if conv is None:
-        spec = load_spec(path)
+        spec = parse_spec(raw)
         if spec is None:
             return "the tokenizer file is not JSON"
         try:
             conv = exact_conversion(spec, hf)
         except Refused as exc:
             return str(exc)
-        if key is not None:
-            conversion_cache.store(key, conv)
+        conversion_cache.store(key, conv)
     import tiktoken
 
     return tiktoken.Encoding(os.path.basename(path), pat_str=conv.pattern, mergeable_ranks=conv.ranks,
