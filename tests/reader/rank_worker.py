@@ -7,6 +7,7 @@ micro-batch numbers it yields (MODE "plain"), after ``torch.distributed`` is ini
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
@@ -15,8 +16,6 @@ def main() -> None:
     index, mode = sys.argv[1], sys.argv[2]
     out: dict = {}
     if mode in ("dist", "mismatch"):
-        import os
-
         import torch.distributed as dist
 
         dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
@@ -34,7 +33,9 @@ def main() -> None:
             out["error"] = str(exc)
     s = Sampler(index)
     out.update(rank=s.rank, world_size=s.world_size, microbatches=[mb.microbatch for mb in s])
-    print(json.dumps(out), flush=True)
+    # one write of the whole line: under mpiexec both ranks share the launcher's stdout, and print's two
+    # writes (text, then newline) let the other rank's line land between them when output is unbuffered
+    os.write(1, (json.dumps(out) + "\n").encode())
 
 
 if __name__ == "__main__":

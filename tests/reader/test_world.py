@@ -100,6 +100,16 @@ def test_torchrun_variables_come_before_the_mpi_launchers(no_job, plan):
     assert job_rank() == (3, 4, "the environment's RANK/WORLD_SIZE (torchrun)")
 
 
+def _json_objects(text: str) -> list[dict]:
+    """Return every JSON object in ``text``, also where two ranks' lines met without a newline between them."""
+    decoder, found, at = json.JSONDecoder(), [], text.find("{")
+    while at >= 0:
+        obj, end = decoder.raw_decode(text, at)
+        found.append(obj)
+        at = text.find("{", end)
+    return found
+
+
 def _outputs(outs: list[str]) -> list[dict]:
     return [json.loads([line for line in o.splitlines() if line.startswith("{")][-1]) for o in outs]
 
@@ -129,8 +139,7 @@ def test_under_mpiexec_each_rank_takes_its_share(plan):
     proc = subprocess.run([mpiexec, "-n", "2", sys.executable, str(WORKER), str(plan), "reader"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    got = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
-                 key=lambda g: g["rank"])
+    got = sorted(_json_objects(proc.stdout), key=lambda g: g["rank"])
     assert [(g["rank"], g["world_size"]) for g in got] == [(0, 2), (1, 2)]
     _complementary([g["microbatches"] for g in got], 12)
 
