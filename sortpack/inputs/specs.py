@@ -12,6 +12,7 @@ import math
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -107,28 +108,25 @@ def load_tokenizer(path: str | None, option: str = "--size"):
     """
     if not path:
         raise SortpackError(f"{option} tokens needs --tokenizer tokenizer.json")
-    key = _tokenizer_key(path)
-    from .fast_tokens import TokenEncoder
-
-    if key is not None and key in _TOKENIZERS:
-        return TokenEncoder(_TOKENIZERS[key], path)  # a job loads it for its sizes and its store: one parse
     try:
-        from tokenizers import Tokenizer
+        import tokenizers  # noqa: F401 - needed whichever encoder runs: checked before any work
     except ImportError:
         raise SortpackError("--tokenizer needs the tokenizers package (pip install 'sortpack[tokenizers]')") from None
-    try:
-        tokenizer = Tokenizer.from_file(path)
-    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception type
-        raise SortpackError(f"--tokenizer {path}: cannot load ({one_line(exc)})") from None
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    if key is not None:
-        _TOKENIZERS.clear()  # the latest file only: a process encodes with one tokenizer
-        _TOKENIZERS[key] = tokenizer
-    return TokenEncoder(tokenizer, path)
+    from .fast_tokens import LazyTokenizer, TokenEncoder
+
+    key = _tokenizer_key(path)
+    if key is None:
+        return TokenEncoder(None, path)
+    with _TOKENIZERS_LOCK:
+        if key not in _TOKENIZERS:
+            _TOKENIZERS.clear()  # the latest file only: a process encodes with one tokenizer
+            _TOKENIZERS[key] = LazyTokenizer(path)
+        # a job loads it for its sizes and its store: one parse, where first needed
+        return TokenEncoder(_TOKENIZERS[key], path)
 
 
-_TOKENIZERS: dict[tuple, Any] = {}  # _tokenizer_key -> the Hugging Face Tokenizer parsed from that file
+_TOKENIZERS: dict[tuple, Any] = {}  # _tokenizer_key -> the LazyTokenizer of that file
+_TOKENIZERS_LOCK = threading.Lock()
 
 
 def _tokenizer_key(path: str) -> tuple | None:

@@ -19,10 +19,12 @@ def trained(tmp_path, sources):
 
 
 def _convert(path: str):
-    """Return ``fast_tokens._convert`` of ``path`` as a fresh process would (no in-process memo)."""
+    """Return ``fast_tokens._convert`` of ``path`` as a fresh process would (no in-process memo): tiktoken's Encoding
+    and the conversion, or why none."""
     from tokenizers import Tokenizer
 
-    return fast_tokens._convert(path, Tokenizer.from_file(path))
+    got = fast_tokens._convert(path, lambda: Tokenizer.from_file(path))
+    return got if isinstance(got, str) else (got.encoding, got.conv)
 
 
 def _ids(got, texts: list[str]) -> list[list[int]]:
@@ -111,3 +113,102 @@ def test_the_default_directory_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("SORTPACK_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert conversion_cache.cache_dir() == tmp_path / "sortpack"
+
+
+@pytest.fixture
+def parses(monkeypatch):
+    """Return the list of tokenizer files parsed by Hugging Face ``tokenizers`` from now on, in a process that has
+    loaded none (no in-process memo of conversions or tokenizers)."""
+    from sortpack.inputs import specs
+
+    monkeypatch.setattr(fast_tokens, "_MEMO", {})
+    monkeypatch.setattr(specs, "_TOKENIZERS", {})
+    seen: list[str] = []
+    real = fast_tokens.parse_tokenizer_file
+    monkeypatch.setattr(fast_tokens, "parse_tokenizer_file", lambda path: seen.append(path) or real(path))
+    return seen
+
+
+def test_a_cached_conversion_encodes_without_parsing_the_tokenizer_file(trained, tmp_path, monkeypatch, parses):
+    """Where the cache holds the file's conversion proven, a job's encoder never parses the file with ``tokenizers``
+    (0.15-0.2 s a rank for a 128k vocabulary) unless something the conversion lacks is asked of it."""
+    import pyarrow as pa
+    from tokenizer_fixtures import column_lists, hf_reference
+
+    from sortpack.inputs.specs import load_tokenizer
+
+    path, texts = trained
+    monkeypatch.setenv("SORTPACK_CACHE_DIR", str(tmp_path / "cache"))
+    load_tokenizer(path)  # the first job: the proof parses the file
+    assert parses == [path]
+    monkeypatch.setattr(fast_tokens, "_MEMO", {})  # a later job, in a process of its own
+    monkeypatch.setattr("sortpack.inputs.specs._TOKENIZERS", {})
+    parses.clear()
+    enc = load_tokenizer(path)
+    assert enc.engine == "tiktoken" and parses == []
+    for special in (True, False):
+        assert column_lists(enc, texts, special)[0] == hf_reference(path, texts, special)
+        assert [list(map(int, ids)) for ids in _split(*enc.encode_texts(texts, special))] == \
+            hf_reference(path, texts, special)
+    added = next(iter(enc.allowed))
+    assert enc.token_to_id(added) is not None and parses == []
+    assert enc.encode_column(pa.array(texts)) is not None and parses == []
+    vocab = enc.get_vocab_size(with_added_tokens=True)  # the Tokenizer's own: parsed now, once for the file
+    assert parses == [path] and vocab == load_tokenizer(path).hf.get_vocab_size(with_added_tokens=True)
+    assert enc.token_to_id(added) == enc.hf.token_to_id(added) and parses == [path]
+
+
+def _split(ids, counts):
+    """Return the flat ``ids`` cut into one array per text (``counts``)."""
+    import numpy as np
+
+    return np.split(ids, np.cumsum(counts)[:-1])
+
+
+def test_a_file_that_cannot_be_loaded_still_fails_at_load_as_one_line(tmp_path, monkeypatch, parses):
+    from sortpack.errors import SortpackError
+    from sortpack.inputs.specs import load_tokenizer
+
+    monkeypatch.setenv("SORTPACK_CACHE_DIR", str(tmp_path / "cache"))
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": {"type": "BPE", "vocab": 3}}')
+    with pytest.raises(SortpackError, match=r"^--tokenizer .*tokenizer.json: cannot load \("):
+        load_tokenizer(str(bad))
+
+
+def test_a_pairs_job_on_a_cached_conversion_never_parses_and_pickles_what_it_holds(trained, tmp_path, monkeypatch,
+                                                                                    parses):
+    """A prompt/completion shape loaded with a cached conversion's encoder encodes whole columns unparsed, and a
+    pickled copy (a collate's ``tokenize=`` in a DataLoader worker) holds the parsed Tokenizer, its encoder kept."""
+    import pickle
+
+    import pyarrow as pa
+
+    from sortpack.inputs.finetune.pairs import PairsShape, prompt_completion
+    from sortpack.inputs.row_names import Rows
+    from sortpack.inputs.specs import load_tokenizer
+
+    path, texts = trained
+    monkeypatch.setenv("SORTPACK_CACHE_DIR", str(tmp_path / "cache"))
+    load_tokenizer(path)
+    monkeypatch.setattr(fast_tokens, "_MEMO", {})
+    monkeypatch.setattr("sortpack.inputs.specs._TOKENIZERS", {})
+    parses.clear()
+    enc = load_tokenizer(path)
+    eos = next(iter(enc.allowed))
+    shape = PairsShape(prompt_column="p", completion_column="c", encoding="trl", eos_token=eos).loaded(enc)
+    assert shape.encoder is enc and parses == []
+    table = pa.table({"p": texts, "c": texts[::-1]})
+    got = shape.encode_rows(table, Rows("x.jsonl"))
+    assert parses == []
+    want = prompt_completion(enc.hf, texts, texts[::-1], eos)
+    assert _same(got, want)
+    copy = pickle.loads(pickle.dumps(shape))
+    assert copy.encoder is not None and copy.encoder.handle is copy.tokenizer and copy.tokenizer.parsed
+    assert copy == copy and _same(copy.encode_rows(table, Rows("x.jsonl")), want)
+
+
+def _same(a, b) -> bool:
+    """Return whether two ``Encoded`` hold the same ids, labels, sizes and targets."""
+    return (a.ids.equals(b.ids) and a.labels.equals(b.labels) and a.sizes.tolist() == b.sizes.tolist()
+            and a.targets.tolist() == b.targets.tolist())

@@ -31,6 +31,11 @@ def check_recorded_file(option: str, given: str, recorded: str | None, what: str
         raise SortpackError(f"{option} {given}: {what} {Path(recorded).name!r}")
 
 
+def _handle(encoder: Any) -> Any:
+    """Return a ``fast_tokens.TokenEncoder``'s LazyTokenizer (None: ``encoder`` is none)."""
+    return getattr(encoder, "__dict__", {}).get("handle")
+
+
 @dataclass(frozen=True, eq=False, kw_only=True)
 class FineTuneShape:
     """The shape of a fine-tuning dataset: its options (the fields, what a manifest records) and, once ``loaded``,
@@ -56,9 +61,12 @@ class FineTuneShape:
         # the Hugging Face Tokenizer itself (load_tokenizer wraps it): the chats need its character offsets and the
         # pairs its post-processor, and it pickles (a collate's tokenize= goes to DataLoader workers); the wrapper,
         # where given, encodes whole columns through the compiled path (fast_chats, fast_pairs)
-        wrapper = self.tokenizer if hasattr(self.tokenizer, "hf") else self.encoder
-        object.__setattr__(self, "tokenizer", getattr(self.tokenizer, "hf", self.tokenizer))
-        if getattr(wrapper, "hf", None) is not self.tokenizer or self.tokenizer is None:
+        # (held as the wrapper's LazyTokenizer, which stands in for it: parsed only where used)
+        given = _handle(self.tokenizer)
+        wrapper = self.tokenizer if given is not None else self.encoder
+        if given is not None:
+            object.__setattr__(self, "tokenizer", given)
+        if _handle(wrapper) is not self.tokenizer or self.tokenizer is None:
             wrapper = None
         object.__setattr__(self, "encoder", wrapper)
 

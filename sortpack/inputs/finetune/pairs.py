@@ -234,5 +234,6 @@ class PairsShape(FineTuneShape):
         out = super().loaded(tokenizer)
         assert isinstance(out, PairsShape)
         if self.encoding == "trl" and self.eos_token is not None and out.tokenizer is not None:
-            check_end_token(out.tokenizer, self.eos_token)
+            # the encoder knows its added tokens without the Tokenizer parsed
+            check_end_token(out.encoder if out.encoder is not None else out.tokenizer, self.eos_token)
         return out
