@@ -26,6 +26,13 @@ _PAIRS = (
 )
 
 
+# Prefixes of the variables a job launcher or MPI runtime sets in the processes it starts (Hydra, Intel MPI and
+# Cray's PMI, PMIx, Open MPI, MVAPICH2, Slurm's steps, Cray PALS and ALPS, Flux, IBM's jsrun): a process
+# with none of them set is no launcher's, a job of one rank that needs no MPI library to know it.
+LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MV2_", "HYDRA_", "I_MPI_", "MPI_LOCALNRANKS", "MPI_LOCALRANKID",
+                     "SLURM_STEP", "SLURM_PROCID", "PALS_", "ALPS_APP", "FLUX_TASK", "JSM_NAMESPACE")
+
+
 class LauncherError(SortpackError, ValueError):
     """A launcher variable that is set but wrong: exit status 2 in the CLI, a ValueError in the reader."""
 
@@ -71,6 +78,15 @@ def launcher() -> Launch | None:
         if rank >= size:
             raise LauncherError(f"the launcher variable {rank_var}={rank} is not below {size_var}={size}")
         return Launch(rank, size, rank_var, size_var)
+    return None
+
+
+def launched() -> str | None:
+    """Return a variable of a job launcher (``LAUNCHER_PREFIXES``) set in this process's environment (the first in
+    order), or None: a process that no launcher started."""
+    for name in sorted(os.environ):
+        if name.startswith(LAUNCHER_PREFIXES):
+            return name
     return None
 
 

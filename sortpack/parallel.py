@@ -296,25 +296,30 @@ _WORLD: Comm | None = None
 
 
 def get_comm() -> Comm:
-    """Return the job's communicator: MPI when an MPI library loads, else one rank.
+    """Return the job's communicator: MPI when a launcher started this process and an MPI library loads, else one
+    rank.
 
-    ``SORTPACK_NO_MPI=1`` forces the one-rank communicator. When MPI cannot load but the
-    launcher's environment says the job has several ranks, raises ``SortpackError``: each
-    rank would otherwise run the whole job alone and replace the others' output. So does a
-    launcher variable that is set but wrong (``launcher.LauncherError``).
+    A process with no launcher's variable set (``launcher.launched``: a plain shell's, a
+    notebook's) is a job of one rank: MPI is not loaded (its import and singleton start cost
+    0.06-0.1 s of CPU, half a small run's start-up); ``SORTPACK_MPI=1`` loads it anyway (a
+    launcher that sets none of those variables). ``SORTPACK_NO_MPI=1`` forces the one-rank
+    communicator. When MPI cannot load but the launcher's environment says the job has several
+    ranks, raises ``SortpackError``: each rank would otherwise run the whole job alone and
+    replace the others' output. So does a launcher variable that is set but wrong
+    (``launcher.LauncherError``).
     """
     global _WORLD
     if _WORLD is not None:
         return _WORLD
     from .env import check_integers
-    from .launcher import launcher
+    from .launcher import launched, launcher
 
     launcher()  # a launcher variable that is set but wrong is an error even when MPI knows better
     try:  # so is a SORTPACK_* integer that is not one: before any work, on every rank alike
         check_integers()
     except ValueError as exc:
         raise SortpackError(str(exc)) from None
-    if env_flag("SORTPACK_NO_MPI"):
+    if env_flag("SORTPACK_NO_MPI") or (launched() is None and not env_flag("SORTPACK_MPI")):
         _WORLD = SerialComm()
         return _WORLD
     try:

@@ -109,7 +109,7 @@ def load_tokenizer(path: str | None, option: str = "--size"):
     if not path:
         raise SortpackError(f"{option} tokens needs --tokenizer tokenizer.json")
     try:
-        import tokenizers  # noqa: F401 - needed whichever encoder runs: checked before any work
+        from tokenizers import Tokenizer  # noqa: F401 - needed whichever encoder runs: checked before any work
     except ImportError:
         raise SortpackError("--tokenizer needs the tokenizers package (pip install 'sortpack[tokenizers]')") from None
     from .fast_tokens import LazyTokenizer, TokenEncoder

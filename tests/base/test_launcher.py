@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sortpack.errors import SortpackError
-from sortpack.launcher import launcher_rank, launcher_size, on_one_node
+from sortpack.launcher import LAUNCHER_PREFIXES, launcher_rank, launcher_size, on_one_node
 from sortpack.parallel import SerialComm
 from sortpack.write.output import OutputDir
 
@@ -120,6 +120,58 @@ def test_one_home_for_the_launcher_variables():
         if path.name != "launcher.py" and any(v in path.read_text() for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")):
             found.append(str(path.relative_to(ROOT)))
     assert found == []
+
+
+@pytest.mark.parametrize("var", ["PMI_FD", "PMI_RANK", "PMIX_NAMESPACE", "OMPI_COMM_WORLD_SIZE", "HYDRA_CONTROL_FD",
+                                 "MPI_LOCALNRANKS", "SLURM_STEP_ID", "SLURM_PROCID", "PALS_RANKID", "FLUX_TASK_RANK",
+                                 "ALPS_APP_PE", "JSM_NAMESPACE_RANK", "I_MPI_HYDRA_TOPOLIB", "MV2_COMM_WORLD_RANK"])
+def test_any_launcher_s_variable_says_a_launcher_started_the_process(var, monkeypatch):
+    from sortpack.launcher import launched
+
+    for name in list(os.environ):
+        if name.startswith(LAUNCHER_PREFIXES):
+            monkeypatch.delenv(name)
+    assert launched() is None
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # a batch script's own process: no step, no launcher
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    assert launched() is None
+    monkeypatch.setenv(var, "0")
+    assert launched() == var
+
+
+_COMM_KIND = ("import sys; from sortpack.parallel import get_comm; c = get_comm(); "
+              "print(type(c).__name__, c.rank, c.size, 'mpi4py' in sys.modules)")
+
+
+@pytest.mark.parametrize("extra, want", [({}, "SerialComm 0 1 False"), ({"SORTPACK_MPI": "1"}, "MPIComm 0 1 True"),
+                                         ({"SORTPACK_MPI": "1", "SORTPACK_NO_MPI": "1"}, "SerialComm 0 1 False")])
+def test_a_process_no_launcher_started_runs_one_rank_without_loading_mpi(extra, want):
+    """MPI's import and singleton start cost 0.06-0.1 s of CPU, half a small run's start-up: a plain process needs
+    neither to know it is a job of one rank."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES) and k != "SORTPACK_NO_MPI"}
+    env = {**env, **extra, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", _COMM_KIND], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == want
+
+
+@pytest.mark.mpi
+def test_mpiexec_of_one_rank_loads_mpi():
+    import shutil
+    import subprocess
+    import sys
+
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("no mpiexec")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES) and k != "SORTPACK_NO_MPI"}
+    out = subprocess.run([mpiexec, "-n", "1", sys.executable, "-c", _COMM_KIND], capture_output=True, text=True,
+                         env={**env, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "MPIComm 0 1 True"
 
 
 def fake_broken_mpi(tmp_path: Path) -> str:

@@ -120,7 +120,9 @@ def test_unknown_version_is_refused(tmp_path, text_dataset):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_runs_as_one_rank_with_a_warning_when_mpi_cannot_load(tmp_path, text_dataset):
+@pytest.mark.parametrize("force", [True, False])
+def test_runs_as_one_rank_with_a_warning_when_mpi_cannot_load(tmp_path, text_dataset, force):
+    # SORTPACK_MPI=1 loads MPI in a process no launcher started; without it such a process never tries (no warning)
     files, lengths = text_dataset
     fake = tmp_path / "fake"
     (fake / "mpi4py").mkdir(parents=True)
@@ -130,9 +132,12 @@ def test_runs_as_one_rank_with_a_warning_when_mpi_cannot_load(tmp_path, text_dat
 
     from support import ROOT
     proc = run_sortpack(["run", *files, "-o", tmp_path / "plan", "--column", "text", "--max-tokens", "1500"],
-                        env={"PYTHONPATH": f"{fake}{os.pathsep}{ROOT}"})
+                        env={"PYTHONPATH": f"{fake}{os.pathsep}{ROOT}", "SORTPACK_MPI": "1" if force else ""})
     warnings = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(warnings) == 1 and "running as one rank" in warnings[0]
+    if force:
+        assert len(warnings) == 1 and "running as one rank" in warnings[0]
+    else:
+        assert warnings == []
     assert read_manifest(tmp_path / "plan")["num_samples"] == len(lengths)
 
 
