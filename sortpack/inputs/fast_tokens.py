@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 
 from ..env import env_text
+from ..errors import SortpackError, one_line
 from .bpe_conversion import Conversion, Refused, exact_conversion, parse_spec
 from .token_columns import encode_column, hf_ids, surround, token_ids
 
 __all__ = ["LazyTokenizer", "TokenEncoder", "encoder_provenance", "hf_ids", "parse_tokenizer_file", "token_ids"]
 
 _OFF = "SORTPACK_FAST_TOKENIZER"  # "0": always Hugging Face tokenizers; "tiktoken": tiktoken for every text
-_MEMO: dict[tuple, Any] = {}  # (path, mtime, size) -> (Encoding, Conversion) or the reason: one decision per process
+_MEMO: dict[tuple, Any] = {}  # (path, mtime, size) -> its _Exact or the reason: one decision per process
 _MEMO_LOCK = threading.Lock()
 
 
@@ -94,8 +95,6 @@ def _convert(path: str, hf: Callable[[], Any]) -> _Exact | str:
 
 def parse_tokenizer_file(path: str) -> Any:
     """Return the Hugging Face ``Tokenizer`` of a tokenizer.json, truncation and padding off (a bad file: one line)."""
-    from ..errors import SortpackError
-
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -103,8 +102,6 @@ def parse_tokenizer_file(path: str) -> Any:
     try:
         tokenizer = Tokenizer.from_file(path)
     except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception type
-        from ..errors import one_line
-
         raise SortpackError(f"--tokenizer {path}: cannot load ({one_line(exc)})") from None
     # a model's tokenizer.json often truncates and pads to a fixed length, which would make every sample measure
     # the same

@@ -96,6 +96,8 @@ class FileOutputs:
                 except OSError as exc:
                     err = SortpackError(f"{self.paths[0]}: cannot create the output ({one_line(exc)})")
             self.comm.check(err)
+            # every rank removes them on a signal: the launcher may SIGKILL rank 0 before it can
+            self._made = [Path(p) for p in self.comm.bcast_obj([str(p) for p in self._made])]
             self._key = termination.register(self._remove, self.tmp.name)
         return self.tmp
 

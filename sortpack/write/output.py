@@ -76,9 +76,11 @@ class OutputDir:
                 except OSError as exc:
                     err = SortpackError(f"{self.path}: cannot create the output ({' '.join(str(exc).split())})")
             self.comm.check(err)
+            made = self.comm.bcast_obj(sorted(str(p) for p in _MADE_PARENTS if p in self.path.parents))
             if not self.comm.is_root():
-                # every rank removes the temporary when it alone is signalled: the launcher may then
-                # SIGKILL the others, rank 0 included, before they can
+                # every rank removes the temporary (and the parents made for it) when it alone is signalled: the
+                # launcher may then SIGKILL the others, rank 0 included, before they can
+                _MADE_PARENTS.update(Path(p) for p in made)
                 self._cleanup_key = termination.register(self._remove_on_signal, self._claim_name())
             self._created = True
         return self.tmp

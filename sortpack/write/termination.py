@@ -14,7 +14,9 @@ registers the job's temporary (``OutputDir.ensure``) and removes it (whichever r
 launcher leaves the time finishes it). Which rank says so is claimed before the removal, by
 binding an abstract Unix socket named after the temporary: one process per host gets it
 (the kernel frees it when the process ends, so nothing is left behind, and the claim touches
-no file the removal walks). Where no rank had a temporary (a signal during start-up, or
+no file the removal walks). The rank that claims it prints the line before it removes: once
+another rank has ended, the launcher may SIGKILL it at any moment, and the other ranks remove
+the temporary as well. Where no rank had a temporary (a signal during start-up, or
 after the commit), rank 0 says it was interrupted.
 """
 from __future__ import annotations
@@ -126,6 +128,10 @@ def _terminate(signum: int = signal.SIGTERM) -> None:
         claims = list(_CLAIMS.values())
         # claimed before anything is removed: a rank that finds the temporary gone has lost the claim
         prints = _claim(next(iter(_ADDRESSES.values()))) if claims else _prints_alone()
+        if prints and claims:
+            # the line before the removal: once another rank of the job has ended, the launcher may SIGKILL this
+            # one at any moment (under load, while it still removes), and every rank removes the shared temporary
+            _say(signum, claims)
         removed = []
         for fn in list(_CLEANUPS.values()):
             try:
@@ -134,16 +140,19 @@ def _terminate(signum: int = signal.SIGTERM) -> None:
                 what = None
             if what:
                 removed.append(what)
-        if claims and not removed:
-            removed = claims[:1]  # removed by another rank while this one claimed the line
-    note = f"; removed {', '.join(removed)}" if removed else ""
-    if prints:
-        try:
-            sys.stderr.write(f"sortpack: {_SIGNALS.get(signum, 'terminated')}{note}\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
+    if prints and not claims:
+        _say(signum, removed)
     os._exit(128 + int(signum))
+
+
+def _say(signum: int, removed: list[str]) -> None:
+    """Print the one line of a signal, naming what is removed."""
+    note = f"; removed {', '.join(removed)}" if removed else ""
+    try:
+        sys.stderr.write(f"sortpack: {_SIGNALS.get(signum, 'terminated')}{note}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _handler(signum, frame) -> None:

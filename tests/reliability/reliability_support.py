@@ -75,3 +75,31 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 PYTHON = sys.executable
+
+
+def rank_pid(launcher: int, rank: int) -> int:
+    """Return the pid of ``rank`` started by mpiexec ``launcher`` (hydra puts each rank in its own session)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            if pid == launcher:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    for pid in parents:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"sortpack" in cmd and f"PMI_RANK={rank}".encode() in env and descends(pid):
+            return pid
+    raise AssertionError(f"no rank {rank} under mpiexec {launcher}")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from megatron_files import random_sequences, write_dataset
-from reliability_support import debris, kill_group, run, start
+from reliability_support import debris, kill_group, rank_pid, run, start
 
 
 @pytest.fixture
@@ -41,6 +41,32 @@ def test_sigterm_removes_the_export_s_temporary(plan, tmp_path, ranks):
     assert proc.returncode != 0
     assert re.search(r"terminated by SIGTERM; removed \.x\.bin\.tmp-", err), err
     assert not (tmp_path / "out").exists()  # the directory this job made for it too
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_sigterm_to_rank_1_alone_removes_the_directory_rank_0_made(plan, tmp_path):
+    # rank 1 stalls with the files written; the launcher may SIGKILL rank 0 once rank 1 has ended, so rank 1
+    # removes the temporary and the output's parent directory that rank 0 created, and says so
+    proc = start(["export", "plan", "--to", "megatron", "-o", "out/deeper/x", "--quiet"], tmp_path, 2,
+                 {"SORTPACK_FAULT": "exported:1:stall"})
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "out" / "deeper").exists() or not any(
+                n.startswith(".x.bin.tmp-") for n in os.listdir(tmp_path / "out" / "deeper")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        time.sleep(1.0)
+        os.kill(rank_pid(proc.pid, 1), signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        kill_group(proc)
+    assert proc.returncode != 0
+    assert re.search(r"terminated by SIGTERM; removed \.x\.bin\.tmp-", err), err
+    deadline = time.monotonic() + 10  # rank 0 may still be on its way out
+    while (tmp_path / "out").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reliability_support import RUN, as_at_a_terminal, debris, error_line, kill_group, make_inputs, run, start
+from reliability_support import RUN, as_at_a_terminal, debris, error_line, kill_group, make_inputs, rank_pid, run, start
 
 pytestmark = pytest.mark.mpi
 
@@ -211,34 +211,6 @@ def _wait_for_temporary(proc, tmp_path: Path, name: str = "plan") -> None:
     time.sleep(1.0)  # the shards are written; the job waits
 
 
-def _rank_pid(launcher: int, rank: int) -> int:
-    """Return the pid of ``rank`` started by mpiexec ``launcher`` (hydra puts each rank in its own session)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-
-    def descends(pid: int) -> bool:
-        while pid > 1:
-            if pid == launcher:
-                return True
-            pid = parents.get(pid, 0)
-        return False
-
-    for pid in parents:
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"sortpack" in cmd and f"PMI_RANK={rank}".encode() in env and descends(pid):
-            return pid
-    raise AssertionError(f"no rank {rank} under mpiexec {launcher}")
-
-
 @pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.slow
 def test_ctrl_c_prints_a_sortpack_line_and_removes_the_temporary(tmp_path, ranks):
@@ -337,7 +309,7 @@ def test_sigterm_to_one_rank_other_than_0_during_a_mixture_store_leaves_nothing(
                  {"SORTPACK_FAULT": "wrote_index:1:stall"})
     try:
         _wait_for_temporary(proc, tmp_path)
-        os.kill(_rank_pid(proc.pid, 1), signal.SIGTERM)
+        os.kill(rank_pid(proc.pid, 1), signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
         kill_group(proc)
