@@ -301,7 +301,7 @@ def get_comm() -> Comm:
 
     A process with no launcher's variable set (``launcher.launched``: a plain shell's, a
     notebook's) is a job of one rank: MPI is not loaded (its import and singleton start cost
-    0.06-0.1 s of CPU, half a small run's start-up); ``SORTPACK_MPI=1`` loads it anyway (a
+    about 0.02 s of a small run's start-up CPU); ``SORTPACK_MPI=1`` loads it anyway (a
     launcher that sets none of those variables). ``SORTPACK_NO_MPI=1`` forces the one-rank
     communicator. When MPI cannot load but the launcher's environment says the job has several
     ranks, raises ``SortpackError``: each rank would otherwise run the whole job alone and

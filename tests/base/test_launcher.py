@@ -146,7 +146,7 @@ _COMM_KIND = ("import sys; from sortpack.parallel import get_comm; c = get_comm(
 @pytest.mark.parametrize("extra, want", [({}, "SerialComm 0 1 False"), ({"SORTPACK_MPI": "1"}, "MPIComm 0 1 True"),
                                          ({"SORTPACK_MPI": "1", "SORTPACK_NO_MPI": "1"}, "SerialComm 0 1 False")])
 def test_a_process_no_launcher_started_runs_one_rank_without_loading_mpi(extra, want):
-    """MPI's import and singleton start cost 0.06-0.1 s of CPU, half a small run's start-up: a plain process needs
+    """MPI's import and singleton start cost about 0.02 s of a small run's start-up CPU: a plain process needs
     neither to know it is a job of one rank."""
     import subprocess
     import sys
