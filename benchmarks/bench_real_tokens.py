@@ -85,10 +85,10 @@ def _tiktoken_encoding(tokenizer: str):
 
     from sortpack.inputs.fast_tokens import _converted
 
-    got = _converted(tokenizer, Tokenizer.from_file(tokenizer))
+    got = _converted(tokenizer, lambda: Tokenizer.from_file(tokenizer))
     if isinstance(got, str):
         raise BenchError(f"{tokenizer}: no exact conversion ({got})")
-    return got
+    return got.encoding, got.conv
 
 
 def work_tiktoken(a: dict) -> dict:
