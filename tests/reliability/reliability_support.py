@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -64,6 +65,16 @@ def start(args, cwd: Path, ranks: int, env: dict) -> subprocess.Popen:
     return subprocess.Popen(sortpack_cmd(list(args), ranks if ranks > 1 else None), cwd=str(cwd), env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=as_at_a_terminal)
+
+
+def wait_for_temporary(proc: subprocess.Popen, folder: Path, name: str) -> None:
+    """Wait until a job's temporary ``.NAME.tmp-*`` is in ``folder`` (made by then or not), then a second more (the
+    job has written there and waits at its fault point); fail at once if the job ends first, or after 90 s."""
+    deadline = time.monotonic() + 90
+    while not any(folder.glob(f".{name}.tmp-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(1.0)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

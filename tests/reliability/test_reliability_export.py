@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from megatron_files import random_sequences, write_dataset
-from reliability_support import debris, kill_group, rank_pid, run, start
+from reliability_support import debris, kill_group, rank_pid, run, start, wait_for_temporary
 
 
 @pytest.fixture
@@ -28,12 +28,7 @@ def test_sigterm_removes_the_export_s_temporary(plan, tmp_path, ranks):
     proc = start(["export", "plan", "--to", "megatron", "-o", "out/x", "--quiet"], tmp_path, ranks,
                  {"SORTPACK_FAULT": f"exported:{ranks - 1}:stall"})
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "out").exists() or not any(n.startswith(".x.bin.tmp-") for n in
-                                                        os.listdir(tmp_path / "out")):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
-        time.sleep(1.0)
+        wait_for_temporary(proc, tmp_path / "out", "x.bin")
         os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -51,12 +46,7 @@ def test_sigterm_to_rank_1_alone_removes_the_directory_rank_0_made(plan, tmp_pat
     proc = start(["export", "plan", "--to", "megatron", "-o", "out/deeper/x", "--quiet"], tmp_path, 2,
                  {"SORTPACK_FAULT": "exported:1:stall"})
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "out" / "deeper").exists() or not any(
-                n.startswith(".x.bin.tmp-") for n in os.listdir(tmp_path / "out" / "deeper")):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
-        time.sleep(1.0)
+        wait_for_temporary(proc, tmp_path / "out" / "deeper", "x.bin")
         os.kill(rank_pid(proc.pid, 1), signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:

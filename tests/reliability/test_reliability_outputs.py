@@ -8,11 +8,21 @@ import os
 import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
-from reliability_support import RUN, as_at_a_terminal, debris, error_line, kill_group, make_inputs, rank_pid, run, start
+from reliability_support import (
+    RUN,
+    as_at_a_terminal,
+    debris,
+    error_line,
+    kill_group,
+    make_inputs,
+    rank_pid,
+    run,
+    start,
+    wait_for_temporary,
+)
 
 pytestmark = pytest.mark.mpi
 
@@ -203,14 +213,6 @@ def test_overwrite_with_the_exchange_leaves_one_output_and_no_debris(tmp_path, r
     assert debris(tmp_path, "plan") == []
 
 
-def _wait_for_temporary(proc, tmp_path: Path, name: str = "plan") -> None:
-    deadline = time.monotonic() + 90
-    while not any(n.startswith(f".{name}.tmp-") for n in os.listdir(tmp_path)):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.1)
-    time.sleep(1.0)  # the shards are written; the job waits
-
-
 @pytest.mark.parametrize("ranks", [1, 2])
 @pytest.mark.slow
 def test_ctrl_c_prints_a_sortpack_line_and_removes_the_temporary(tmp_path, ranks):
@@ -219,7 +221,7 @@ def test_ctrl_c_prints_a_sortpack_line_and_removes_the_temporary(tmp_path, ranks
     proc = start(["run", "data", "-o", "plan", *RUN, "--quiet"], tmp_path, ranks,
                  {"SORTPACK_FAULT": f"wrote_index:{ranks - 1}:stall"})
     try:
-        _wait_for_temporary(proc, tmp_path)
+        wait_for_temporary(proc, tmp_path, "plan")
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
         _, err = proc.communicate(timeout=30)
     finally:
@@ -246,7 +248,7 @@ def test_ctrl_c_under_mpiexec_during_store_tokens_is_one_sortpack_line(tmp_path)
     # rank 1 stalls after analyze (the temporary holds the token cache), rank 0 waits for it inside MPI
     proc = start(args, tmp_path, 2, {"SORTPACK_FAULT": "after_analyze:1:stall"})
     try:
-        _wait_for_temporary(proc, tmp_path)
+        wait_for_temporary(proc, tmp_path, "plan")
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: mpiexec forwards it to every rank
         _, err = proc.communicate(timeout=30)
     finally:
@@ -308,7 +310,7 @@ def test_sigterm_to_one_rank_other_than_0_during_a_mixture_store_leaves_nothing(
     proc = start(["run", "--blend", "1 data", "-o", "plan", *RUN, "--store", "text", "--quiet"], tmp_path, 2,
                  {"SORTPACK_FAULT": "wrote_index:1:stall"})
     try:
-        _wait_for_temporary(proc, tmp_path)
+        wait_for_temporary(proc, tmp_path, "plan")
         os.kill(rank_pid(proc.pid, 1), signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
