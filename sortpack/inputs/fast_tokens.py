@@ -30,6 +30,7 @@ __all__ = ["LazyTokenizer", "TokenEncoder", "encoder_provenance", "hf_ids", "par
 _OFF = "SORTPACK_FAST_TOKENIZER"  # "0": always Hugging Face tokenizers; "tiktoken": tiktoken for every text
 _MEMO: dict[tuple, Any] = {}  # (path, mtime, size) -> its _Exact or the reason: one decision per process
 _MEMO_LOCK = threading.Lock()
+NEEDS_TOKENIZERS = "--tokenizer needs the tokenizers package (pip install 'sortpack[tokenizers]')"
 
 
 class _Exact:
@@ -45,14 +46,15 @@ class _Exact:
     @property
     def encoding(self) -> Any:
         """Return tiktoken's Encoding of the conversion (built once)."""
-        with self._lock:
-            if self._encoding is None:
-                import tiktoken
+        if self._encoding is None:
+            with self._lock:
+                if self._encoding is None:
+                    import tiktoken
 
-                conv = self.conv
-                self._encoding = tiktoken.Encoding(self.name, pat_str=conv.pattern, mergeable_ranks=conv.ranks,
-                                                   special_tokens=conv.special)
-            return self._encoding
+                    conv = self.conv
+                    self._encoding = tiktoken.Encoding(self.name, pat_str=conv.pattern, mergeable_ranks=conv.ranks,
+                                                       special_tokens=conv.special)
+        return self._encoding
 
 
 def _converted(path: str, hf: Callable[[], Any]) -> _Exact | str:
@@ -98,7 +100,7 @@ def parse_tokenizer_file(path: str) -> Any:
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise SortpackError("--tokenizer needs the tokenizers package (pip install 'sortpack[tokenizers]')") from None
+        raise SortpackError(NEEDS_TOKENIZERS) from None
     try:
         tokenizer = Tokenizer.from_file(path)
     except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception type
@@ -228,7 +230,6 @@ class TokenEncoder:
         self.prefix: tuple[int, ...] = ()
         self.suffix: tuple[int, ...] = ()
         self.compiled: Any = None
-        self._conv: Conversion | None = None
         self._lengths: np.ndarray | None = None
         if env_text(_OFF) == "0":
             self.reason = f"{_OFF}=0"
@@ -240,7 +241,6 @@ class TokenEncoder:
                 self.reason = got
             else:
                 self._exact, conv = got, got.conv
-                self._conv = conv
                 self.allowed, self.prefix, self.suffix = frozenset(conv.special), conv.prefix, conv.suffix
                 self.engine = "tiktoken"
                 self.compiled, self.unicode = _compiled(conv)
@@ -260,6 +260,11 @@ class TokenEncoder:
         if conv is not None and token in conv.special:
             return conv.special[token]
         return self.hf.token_to_id(token)
+
+    @property
+    def _conv(self) -> Conversion | None:
+        """Return the file's proven conversion (None: tiktoken is not exact for it)."""
+        return None if self._exact is None else self._exact.conv
 
     @property
     def _fast(self) -> Any:

@@ -111,7 +111,9 @@ def load_tokenizer(path: str | None, option: str = "--size"):
     try:
         from tokenizers import Tokenizer  # noqa: F401 - needed whichever encoder runs: checked before any work
     except ImportError:
-        raise SortpackError("--tokenizer needs the tokenizers package (pip install 'sortpack[tokenizers]')") from None
+        from .fast_tokens import NEEDS_TOKENIZERS
+
+        raise SortpackError(NEEDS_TOKENIZERS) from None
     from .fast_tokens import LazyTokenizer, TokenEncoder
 
     key = _tokenizer_key(path)
