@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from sortpack import plan_batch
@@ -68,6 +68,12 @@ def _plan(lengths, kw):
 @pytest.mark.slow
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches())
+# composing rows by targets swapped a group of 12 (two padded to 8: room 16) with a lone sample of the same size 2
+# (room 8), putting 24 in a row of 16
+@example(([0] * 10 + [1, 1, 1, 2], {"world_size": 1, "max_tokens": 16, "count_multiple": 1, "pad_to_multiple": 8,
+                                    "max_samples": 0, "oversize": "alone", "equal_counts": False,
+                                    "min_microbatches": 0, "groups": [0] * 12 + [1, 2], "targets": [0] * 12 + [1, 1],
+                                    "balance": "targets"}))
 def test_every_index_once_no_cap_crossed_equal_counts_none_empty(case):
     lengths, kw = case
     plan = _plan(lengths, kw)

@@ -247,11 +247,27 @@ def composed_rows(sizes: np.ndarray, room: np.ndarray, targets: np.ndarray, opts
     spread = targets_spread(sizes, targets)
     room, targets = room[spread], targets[spread]
     order, row_splits = window_rows(room, None, opts)
-    order = compose_rows(sizes[spread], targets, order, row_splits)
+    order = compose_rows(_size_classes(sizes[spread], room), targets, order, row_splits)
     order, row_splits = exchange_heavy(room, targets, order, row_splits, (opts.rows, opts.max_segments))
     order = spread[order]
     row = np.repeat(np.arange(len(row_splits) - 1, dtype=np.int64), np.diff(row_splits))
     return order[np.lexsort((order, row))], row_splits
+
+
+def _size_classes(sizes: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """Return each item's class of equal size and room, numbered by size, then room (int64, from 0).
+
+    Composing exchanges items of one class only, so every row keeps its tokens and what its cap
+    counts. A sample's room is its size rounded up, one class per size; a ``plan_batch`` group pads
+    each member, so two groups of one size can differ in room.
+    """
+    order = np.lexsort((room, sizes))
+    s, r = sizes[order], room[order]
+    new = np.ones(len(s), bool)
+    new[1:] = (s[1:] != s[:-1]) | (r[1:] != r[:-1])
+    out = np.empty(len(s), np.int64)
+    out[order] = np.cumsum(new) - 1
+    return out
 
 
 def window_plan(sizes: np.ndarray, room: np.ndarray, size2: np.ndarray | None, weights: np.ndarray | None,
