@@ -20,8 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 _DEFAULTS = {"enabled": False, "ranks": 1}
 _current: dict[str, Progress] = {}  # the latest open reporter: ``phase`` reports to it
@@ -70,8 +69,7 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-@dataclass(frozen=True)
-class Display:
+class Display(NamedTuple):
     """Whether a ``Progress`` reports, for how many ranks, where its lines go and how often.
 
     Parameters

@@ -5,8 +5,7 @@ import functools
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 
@@ -16,8 +15,7 @@ from .printing import echo_err, fail, holdout_note, oversize_note, profile_table
 from .startup import resume_gc, set_threads, set_tokenizer_threads
 
 
-@dataclass(frozen=True)
-class CommandOutput:
+class CommandOutput(NamedTuple):
     """Where a stage command writes (``-o``, ``--overwrite``) and what it prints (``--quiet``, ``--profile``)."""
 
     path: str

@@ -4,13 +4,12 @@ Every other module asks this table instead of keeping its own copy (docs/format.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..env import env_int
 
 
-@dataclass(frozen=True)
-class Kind:
+class Kind(NamedTuple):
     """One directory kind.
 
     Args:

@@ -15,15 +15,14 @@ Importing this module loads neither numpy nor pyarrow (``--help`` reads it).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import SortpackError
 
 __all__ = ["MEASURES", "Measure", "measure_of", "parse_measure", "size_name"]
 
 
-@dataclass(frozen=True)
-class Measure:
+class Measure(NamedTuple):
     """One per-sample measure: its name, what measures it, how split pieces count it, whether it makes content."""
 
     name: str  # its column in every directory; the index sums it per micro-batch under the same name

@@ -17,16 +17,14 @@ measures import them when they run.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
 
-@dataclass(frozen=True)
-class SizeKind:
+class SizeKind(NamedTuple):
     """One size kind: its measure, the column types it takes, what a split piece's range counts."""
 
     # (column, tokenizer, special_tokens) -> int64 count per row; None when the column's type does not fit.

@@ -16,7 +16,7 @@ refusal; ``read_columns`` reads the names (collective) only when the request nee
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..inputs.columns import check_columns, first_columns, input_columns, reads_text, resolve_column
 from ..inputs.size_kinds import split_kinds
@@ -66,8 +66,7 @@ class ColumnRequest:
         return bool(any(self.own_columns) or self.store or (self.column and self.text) or self.splitting)
 
 
-@dataclass(frozen=True)
-class ColumnPlan:
+class ColumnPlan(NamedTuple):
     """The plan's column (recorded in its options) and each source's file count (None: the files were not read)."""
 
     column: str | None

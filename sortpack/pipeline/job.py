@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import SortpackError
 from ..parallel import Comm
@@ -30,8 +30,7 @@ __all__ = ["HoldoutRequest", "JobOutput", "JobScope", "PlanJob", "check_options"
            "split_check", "store_for"]
 
 
-@dataclass(frozen=True)
-class HoldoutRequest:
+class HoldoutRequest(NamedTuple):
     """``--holdout N|FRACTION`` and ``--holdout-seed`` as parsed (``stages.holdout.parse_holdout``).
 
     ``value`` None: a mixture's seed alone (MIX.json says what each source holds out);
@@ -42,8 +41,7 @@ class HoldoutRequest:
     seed: int | None = None
 
 
-@dataclass(frozen=True)
-class JobOutput:
+class JobOutput(NamedTuple):
     """What a job writes and where: the directory (an existing one replaced only with ``overwrite``), the
     provenance it records, whether rank 0 shows progress, and what a plan writes beside its index.
 

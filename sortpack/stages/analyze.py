@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -77,8 +77,7 @@ class PieceKeeper(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Keepers:
+class Keepers(NamedTuple):
     """What a job keeps of each read besides its measures: the token ids (``tokens``) and the cuts of the
     oversize texts (``pieces``); see ``analyze``."""
 

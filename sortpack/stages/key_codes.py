@@ -1,15 +1,14 @@
 """Sort keys as uint64 codes: any int64 or float64 key, either direction, in one unsigned order."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from ..parallel import Comm
 
 
-@dataclass
-class KeyCodec:
+class KeyCodec(NamedTuple):
     """Maps key values to uint64 codes in the same order (starting at 0) and back, exactly."""
 
     offset: int
@@ -81,8 +80,7 @@ _ID_BLOCK = 1 << 19  # codes made and ids packed per block (4 MiB, in cache)
 _U64_MAX = (1 << 64) - 1
 
 
-@dataclass(frozen=True)
-class KeyLayout:
+class KeyLayout(NamedTuple):
     """The one 64-bit sort key ``[group | stage | key | id]``, top bits first; a field of width 0 is absent.
 
     One ``np.sort`` of these codes orders samples by (group, stage, key, id): a mixture's

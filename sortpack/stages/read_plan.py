@@ -7,7 +7,7 @@ where rows are unknown), so each rank's samples are a contiguous range of global
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,8 +20,7 @@ READ_ROWS = 1 << 20  # rows read at once: bounds memory on ranks with many row g
 READ_BYTES = 64 << 20
 
 
-@dataclass
-class Read:
+class Read(NamedTuple):
     """One read of a rank's run: units ``[first, end)`` of file ``file``, or rows ``[row_lo, row_hi)`` of one unit."""
 
     file: int
@@ -31,8 +30,7 @@ class Read:
     row_hi: int | None = None
 
 
-@dataclass(frozen=True)
-class Units:
+class Units(NamedTuple):
     """Every input unit in global order: its file, its index in that file, its rows (-1: unknown), its bytes."""
 
     file: np.ndarray
@@ -46,8 +44,7 @@ class Units:
         return self.rows < 0
 
 
-@dataclass(frozen=True)
-class ReadPlan:
+class ReadPlan(NamedTuple):
     """One rank's part of the inputs: its run of units and rows, its reads, and which rank hashes each file.
 
     The run starts at row ``head`` of unit ``lo`` and ends before row ``tail`` of unit ``hi``.

@@ -8,7 +8,7 @@ exactly its final range and no second redistribution is needed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,8 +21,7 @@ SAMPLES_PER_RANK = 1024  # regular samples each rank contributes to choose split
 PROBES = 255  # key values probed per splitter and round of exact selection (8 rounds span 64 bits)
 
 
-@dataclass
-class SortedRecords:
+class SortedRecords(NamedTuple):
     """One rank's range of records globally sorted by (hi, lo), with the payload in the same order."""
 
     hi: np.ndarray
@@ -113,8 +112,7 @@ def exact_cuts(comm: Comm, hi: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return np.concatenate(([0], cuts, [len(hi)]))
 
 
-@dataclass(frozen=True)
-class SortHints:
+class SortHints(NamedTuple):
     """What the caller knows of the records that makes the sort cheaper or exact.
 
     ``ids_from = (first, layout)`` (packed codes): the codes' ``id`` field holds the ids

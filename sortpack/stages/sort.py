@@ -8,6 +8,7 @@ beats a lexsort many times); otherwise the pair is sorted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,8 +43,7 @@ class SortOptions:
         return {"key": self.key, "descending": self.descending, "stages": self.stages}
 
 
-@dataclass
-class SortedKeys:
+class SortedKeys(NamedTuple):
     """One rank's range of samples globally sorted by (key code, sample_id)."""
 
     ids: np.ndarray  # int64 sample ids
@@ -51,8 +51,7 @@ class SortedKeys:
     payload: dict[str, np.ndarray]  # the columns that travelled along, in the same order
 
 
-@dataclass(frozen=True)
-class _Keys:
+class _Keys(NamedTuple):
     """The key codes one sort packs (``layout`` says their fields, without ids): consumed, the stage and group
     (either may be None) packed into them in place."""
 
@@ -63,8 +62,7 @@ class _Keys:
     room: np.ndarray | None = None  # the buffer the codes are the start of (``SortHints.room``)
 
 
-@dataclass(frozen=True)
-class _Rows:
+class _Rows(NamedTuple):
     """The rows going into one sort: this rank's global positions from ``start`` of ``total``, their ids
     (None: ``start + arange(n)``) and the columns that travel with them."""
 
@@ -74,8 +72,7 @@ class _Rows:
     payload: dict[str, np.ndarray]
 
 
-@dataclass(frozen=True)
-class _Facts:
+class _Facts(NamedTuple):
     """What every rank knows of a sort before anything moves: the options, whether the ids are contiguous and
     the difficulty is the size (``_is_contiguous``, ``_is_same``), the group bits, each rank's target range."""
 
@@ -138,8 +135,7 @@ def _is_same(comm: Comm, samples: SampleColumns) -> bool:
     return bool(comm.allreduce(int(same), "min"))
 
 
-@dataclass
-class _Sorted:
+class _Sorted(NamedTuple):
     """One rank's sorted columns before the redistribution (``stage`` None: no stages and no groups)."""
 
     ids: np.ndarray

@@ -8,6 +8,7 @@ import this module, neither imports the other for them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -16,8 +17,7 @@ __all__ = ["PIECE_COLUMNS", "OwnedMicrobatches", "PieceRanges", "owned_microbatc
 PIECE_COLUMNS = ("piece_begin", "piece_end")  # --oversize split: each sample's range in its source sample
 
 
-@dataclass(frozen=True)
-class PieceRanges:
+class PieceRanges(NamedTuple):
     """``--oversize split``: each sample's range ``[begin, end)`` in its source sample, one value per sample id."""
 
     begin: np.ndarray

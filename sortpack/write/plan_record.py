@@ -1,14 +1,13 @@
 """What a plan's manifest records besides its rows: the options, the source files, how the job ran, more keys."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..stages.plan_options import PlanOptions
 from .provenance import JobInfo, Profile
 
 
-@dataclass(frozen=True)
-class PlanRecord:
+class PlanRecord(NamedTuple):
     """What a plan's manifest records besides its rows and shards.
 
     ``options``: the plan's options (``PlanOptions.to_manifest`` is the manifest's ``options``);

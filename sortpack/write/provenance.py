@@ -8,8 +8,7 @@ import socket
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -103,8 +102,7 @@ class Profile:
         return out
 
 
-@dataclass
-class JobInfo:
+class JobInfo(NamedTuple):
     """What every output records about the job that made it."""
 
     argv: list[str]
