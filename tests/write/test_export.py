@@ -100,6 +100,38 @@ def test_the_smallest_dtype_holds_the_vocabulary(tmp_path):
     assert not any(n.startswith(("c.", ".c.")) for n in os.listdir(tmp_path))
 
 
+def test_chunks_shared_by_the_workers_write_the_same_bytes(plans, tmp_path, monkeypatch):
+    _, p = plans
+    export_plan(SerialComm(), ExportRequest(str(p["rows"]), "megatron", str(tmp_path / "one")))
+    monkeypatch.setenv("SORTPACK_TEST_EXPORT_TOKENS", "97")  # dozens of chunks, taken by whichever worker is free
+    export_plan(SerialComm(), ExportRequest(str(p["rows"]), "megatron", str(tmp_path / "many")))
+    for name in ("one.bin", "one.idx", "one_labels.bin", "one_labels.idx"):
+        assert (tmp_path / name).read_bytes() == (tmp_path / name.replace("one", "many")).read_bytes()
+
+
+def test_a_write_failing_in_any_worker_is_one_line_and_writes_nothing(plans, tmp_path, monkeypatch):
+    import threading
+
+    from sortpack.write.export import chunk_writer
+
+    _, p = plans
+    monkeypatch.setenv("SORTPACK_TEST_EXPORT_TOKENS", "97")
+    real, calls = chunk_writer.write_runs, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 9:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chunk_writer, "write_runs", failing)
+    with pytest.raises(SortpackError, match=r"out.bin: cannot write the export \(No space left on device\)"):
+        export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(tmp_path / "out")))
+    assert os.listdir(tmp_path) == []
+    assert len(calls) < 40  # the other worker stopped at its next chunk
+    assert not [t for t in threading.enumerate() if t.name.startswith("sortpack-export")]
+
+
 def test_refusals_write_nothing(plans, tmp_path):
     root, p = plans
     with pytest.raises(SortpackError, match="stores no token ids and its inputs are not Megatron datasets"):

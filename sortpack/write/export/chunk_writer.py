@@ -167,20 +167,38 @@ def write_chunks(plan: PlanTokens, share: Share, targets: list[Target], beside: 
     fds = [os.open(t.bin, os.O_WRONLY) for t in targets]
     try:
         job = _Chunks(plan, share, targets, fds)
-        if _workers() == 1 or len(share.chunks) < 2:
+        results: list[Any] = [None] * len(share.chunks)
+        todo = iter(range(len(share.chunks)))  # shared: next() on it is one step under the GIL
+        failed = threading.Event()
+
+        def work() -> None:
+            try:
+                for k in todo:
+                    if failed.is_set():
+                        return
+                    results[k] = job(share.chunks[k])
+            except BaseException:
+                failed.set()
+                raise
+
+        # the calling thread is a worker too: each thread started costs a millisecond or two, the
+        # whole write of 100k samples a dozen; each worker takes the next chunk when it is done
+        helpers = min(_workers(), len(share.chunks)) - 1
+        pool = ThreadPoolExecutor(helpers, thread_name_prefix="sortpack-export") if helpers > 0 else None
+        futures = [pool.submit(work) for _ in range(helpers)] if pool is not None else []
+        try:
             beside()
-            results = [job(c) for c in share.chunks]
-        else:
-            with ThreadPoolExecutor(_workers(), thread_name_prefix="sortpack-export") as pool:
-                futures = [pool.submit(job, c) for c in share.chunks]
-                beside()
-                try:
-                    results = [f.result() for f in futures]
-                except BaseException:
-                    for f in futures:
-                        f.cancel()
-                    raise
+            work()
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+        for f in futures:
+            f.result()
     finally:
         for fd in fds:
             os.close(fd)
     return np.array(results, dtype=np.int64).reshape(len(share.chunks), len(targets), 3)
+
