@@ -98,6 +98,11 @@ def merge_with_own_run(received: np.ndarray, first_run: int, own: np.ndarray, ow
         raise ValueError("merge_with_own_run: the own run's length does not match its place")
     lib = _c()
     if lib is None:
+        # the own run's place may be unwritten (an exchange that skips its own block): fill it first
+        if own_first:
+            received[:na] = own
+        else:
+            received[na:] = own
         received.sort(kind="stable")
         return received
     rc = lib.sp_merge_two_in_place(_ptr(received), na, nb, _ptr(own), int(bool(own_first)))

@@ -30,6 +30,20 @@ def test_run_is_byte_identical_for_1_to_4_ranks(tmp_path, text_dataset):
 
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_the_numpy_fallback_plans_what_the_compiled_kernels_plan(tmp_path, text_dataset, ranks):
+    # a machine without a compiler: at 2 ranks the sort receives without its own block and merges it from
+    # what it sent, which the fallback must fill in first
+    files, _ = text_dataset
+    args = ["run", *files, "--column", "text", "--max-tokens", "1500", "--segment-size", "700", "--quiet"]
+    run_sortpack([*args, "-o", tmp_path / "compiled"], ranks=ranks, env=SMALL)
+    got = run_sortpack([*args, "-o", tmp_path / "numpy"], ranks=ranks, env={**SMALL, "SORTPACK_NO_CKERNELS": "1"})
+    assert "numpy fallback" in got.stderr
+    assert_same_outputs(tmp_path / "compiled", tmp_path / "numpy")
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_three_stage_jobs_write_what_run_writes_in_one(tmp_path, text_dataset):
     # each stage at 1-4 ranks: tests/mpi/test_invariance_mpi.py, in process
     files, _ = text_dataset
