@@ -128,8 +128,35 @@ def test_a_write_failing_in_any_worker_is_one_line_and_writes_nothing(plans, tmp
     with pytest.raises(SortpackError, match=r"out.bin: cannot write the export \(No space left on device\)"):
         export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(tmp_path / "out")))
     assert os.listdir(tmp_path) == []
-    assert len(calls) < 40  # the other worker stopped at its next chunk
-    assert not [t for t in threading.enumerate() if t.name.startswith("sortpack-export")]
+    assert not [t for t in threading.enumerate() if t.name == "sortpack-export"]  # both stopped
+
+
+def test_an_interrupt_while_the_other_worker_writes_waits_for_it(plans, tmp_path, monkeypatch):
+    import _thread
+    import threading
+    import time
+
+    from sortpack.write.export import chunk_writer
+
+    _, p = plans
+    real, writing, helper_in = chunk_writer.write_runs, [], threading.Event()
+
+    def slow_in_the_helper(*args, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            helper_in.wait(10)  # the helper takes a chunk first, and the Ctrl-C comes while it writes
+        elif not writing:
+            writing.append(1)
+            _thread.interrupt_main()
+            helper_in.set()
+            time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chunk_writer, "write_runs", slow_in_the_helper)
+    monkeypatch.setenv("SORTPACK_TEST_EXPORT_TOKENS", "97")
+    with pytest.raises(KeyboardInterrupt):
+        export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(tmp_path / "out")))
+    assert writing and not [t for t in threading.enumerate() if t.name == "sortpack-export"]
+    assert os.listdir(tmp_path) == []
 
 
 def test_refusals_write_nothing(plans, tmp_path):

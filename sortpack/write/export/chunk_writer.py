@@ -19,7 +19,6 @@ import errno
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -129,23 +128,20 @@ def reserve(fd: int, size: int) -> None:
 
 
 class _Chunks:
-    """Writes chunks of a share into the targets' ``.bin`` (open as ``fds``); each thread's buffers its own."""
+    """Writes chunks of a share into the targets' ``.bin``, each worker through files and a buffer of its own."""
 
-    def __init__(self, plan: PlanTokens, share: Share, targets: list[Target], fds: list[int]):
-        self.plan, self.share, self.targets, self.fds = plan, share, targets, fds
+    def __init__(self, plan: PlanTokens, share: Share, targets: list[Target]):
+        self.plan, self.share, self.targets = plan, share, targets
         counts = share.where.ids.counts
         self.token_at = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        self.local = threading.local()
 
-    def __call__(self, chunk: tuple[int, int]) -> list[np.ndarray]:
-        """Write one chunk into every target; return the (low, high, over) of each target's values."""
-        scratch = self.local.__dict__.get("scratch")
-        if scratch is None:  # one per thread, reused: a fresh one would fault its pages in at every chunk
-            scratch = self.local.scratch = np.empty(SCRATCH_BYTES, np.uint8)
+    def __call__(self, chunk: tuple[int, int], fds: list[int], scratch: np.ndarray) -> list[np.ndarray]:
+        """Write one chunk into every target (open as ``fds``); return the (low, high, over) of each target's
+        values."""
         s, _ = self.share.samples(*chunk)
         first = self.share.first_token + int(self.token_at[s])
         out = []
-        for fd, t, runs in zip(self.fds, self.targets, runs_of(self.plan, self.share, chunk)):
+        for fd, t, runs in zip(fds, self.targets, runs_of(self.plan, self.share, chunk)):
             assert runs is not None
             out.append(write_runs(runs, Sink(fd, first * t.dtype.itemsize, t.dtype), scratch, t.measure)[1])
         return out
@@ -163,42 +159,73 @@ def _workers() -> int:
 def write_chunks(plan: PlanTokens, share: Share, targets: list[Target], beside: Callable[[], None]) -> np.ndarray:
     """Write the share's tokens into every target's ``.bin``, and run ``beside`` (the ``.idx`` writes) alongside;
     return the (low, high, over) of each chunk's values per target (int64, chunks x targets x 3;
-    ``kernels.runs.NO_RANGE`` where not measured)."""
-    fds = [os.open(t.bin, os.O_WRONLY) for t in targets]
-    try:
-        job = _Chunks(plan, share, targets, fds)
-        results: list[Any] = [None] * len(share.chunks)
-        todo = iter(range(len(share.chunks)))  # shared: next() on it is one step under the GIL
-        failed = threading.Event()
+    ``kernels.runs.NO_RANGE`` where not measured).
 
-        def work() -> None:
-            try:
-                for k in todo:
-                    if failed.is_set():
-                        return
-                    results[k] = job(share.chunks[k])
-            except BaseException:
-                failed.set()
-                raise
+    The calling thread is a worker too (a thread started costs a millisecond or two, the whole
+    write of 100k samples a dozen); each worker takes the next chunk when it is done and writes
+    through files it opens and closes itself, so a worker still finishing its chunk after the
+    other failed or was interrupted never writes through a descriptor closed, and perhaps
+    reused, under it.
+    """
+    job = _Chunks(plan, share, targets)
+    results: list[Any] = [None] * len(share.chunks)
+    todo = iter(range(len(share.chunks)))  # shared: next() on it is one step under the GIL
+    failed = threading.Event()
+    errors: list[BaseException] = []
 
-        # the calling thread is a worker too: each thread started costs a millisecond or two, the
-        # whole write of 100k samples a dozen; each worker takes the next chunk when it is done
-        helpers = min(_workers(), len(share.chunks)) - 1
-        pool = ThreadPoolExecutor(helpers, thread_name_prefix="sortpack-export") if helpers > 0 else None
-        futures = [pool.submit(work) for _ in range(helpers)] if pool is not None else []
+    def work() -> None:
+        fds: list[int] = []
         try:
-            beside()
-            work()
+            for t in targets:
+                fds.append(os.open(t.bin, os.O_WRONLY))
+            scratch = np.empty(SCRATCH_BYTES, np.uint8)  # reused: a fresh one would fault its pages in each time
+            for k in todo:
+                if failed.is_set():
+                    return
+                results[k] = job(share.chunks[k], fds, scratch)
         except BaseException:
             failed.set()
             raise
         finally:
-            if pool is not None:
-                pool.shutdown(wait=True)
-        for f in futures:
-            f.result()
+            for fd in fds:
+                os.close(fd)
+
+    def helper(done: threading.Event) -> None:
+        try:
+            if not failed.is_set():  # started late, after a failure: nothing to do
+                work()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.set()
+
+    helpers = [(threading.Thread(target=helper, args=(done,), name="sortpack-export", daemon=True), done)
+               for done in (threading.Event() for _ in range(min(_workers(), len(share.chunks)) - 1))]
+    try:
+        for thread, _ in helpers:
+            thread.start()
+        beside()
+        work()
+    except BaseException:
+        failed.set()
+        raise
     finally:
-        for fd in fds:
-            os.close(fd)
+        _wait([done for thread, done in helpers if thread.ident is not None], failed)
+    if errors:
+        raise errors[0]
     return np.array(results, dtype=np.int64).reshape(len(share.chunks), len(targets), 3)
 
+
+def _wait(events: list[threading.Event], failed: threading.Event) -> None:
+    """Wait until every event is set, also through an interrupt (then re-raised, the workers told to stop)."""
+    interrupted: BaseException | None = None
+    for event in events:
+        while True:
+            try:
+                event.wait()
+                break
+            except BaseException as exc:  # KeyboardInterrupt while waiting: the helper stops at its next chunk
+                failed.set()
+                interrupted = interrupted or exc
+    if interrupted is not None:
+        raise interrupted
