@@ -307,6 +307,26 @@ def test_the_export_is_the_same_at_1_to_4_ranks(plans, tmp_path, name):
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_plan_over_several_datasets_exports_the_same_at_1_to_3_ranks(tmp_path):
+    # a one-sequence dataset first: at 2-3 ranks a rank's samples all come from the second, whose ids do not
+    # start at 0
+    if MPIEXEC is None:
+        pytest.skip("mpiexec not found")
+    first, second = [np.array([7], np.int32)], random_sequences(300, seed=5, vocab=3000)
+    inputs = [write_dataset(tmp_path / "one", first, np.int32), write_dataset(tmp_path / "two", second, np.int32)]
+    plan = plan_in_process(tmp_path / "plan", inputs, max_tokens=400, oversize="split")
+    seqs = first + second
+    for k in (1, 2, 3):
+        run_sortpack(["export", plan, "--to", "megatron", "-o", tmp_path / f"r{k}", "--quiet"], ranks=k)
+    got, _, _ = _read(tmp_path / "r1")
+    assert got == [seqs[s][b:e].tolist() for s, b, e in _planned(plan)]
+    for k in (2, 3):
+        for ext in (".bin", ".idx"):
+            assert (tmp_path / f"r{k}{ext}").read_bytes() == (tmp_path / f"r1{ext}").read_bytes(), (k, ext)
+
+
 def test_the_cli_lists_every_export_format():
     from sortpack.cli.export import _TARGETS
     from sortpack.write.export import TARGETS

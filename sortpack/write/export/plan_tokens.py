@@ -224,7 +224,8 @@ class PlanTokens:
         labels = [pairs[k][1] for k in keys] if self.labels is not None else []
         mapped = not any(d.url for d in data + labels)  # type: ignore[union-attr]
         piece = np.searchsorted(keys, which) if len(keys) > 1 else None
-        local = ids - starts[which] if len(keys) > 1 else ids
+        # each id's place in its dataset: also where this rank's samples all come from one dataset after the first
+        local = ids - starts[which]
         # np.take: the .idx arrays lie unaligned after its 34-byte header, where fancy indexing is slow
         lengths = _taken([d.index.lengths for d in data], piece, local)
         at = _taken([d.index.pointers for d in data], piece, local)
