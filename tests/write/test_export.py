@@ -95,7 +95,8 @@ def test_the_smallest_dtype_holds_the_vocabulary(tmp_path):
     assert _read(tmp_path / "a")[2] == np.uint16  # int64 source, ids below 1000: Megatron's uint16
     export_plan(SerialComm(), ExportRequest(str(plan), "megatron", str(tmp_path / "b"), False, 100_000))
     assert _read(tmp_path / "b")[2] == np.int32 and _read(tmp_path / "b")[0] == _read(tmp_path / "a")[0]
-    with pytest.raises(SortpackError, match="--vocab-size 500: micro-batches .* hold the token id 9"):
+    top = max(int(x.max()) for x in small)  # the plan's highest id, whichever micro-batch holds it
+    with pytest.raises(SortpackError, match=rf"--vocab-size 500: the plan holds the token id {top} \(ids must lie"):
         export_plan(SerialComm(), ExportRequest(str(plan), "megatron", str(tmp_path / "c"), False, 500))
     assert not any(n.startswith(("c.", ".c.")) for n in os.listdir(tmp_path))
 
@@ -167,6 +168,9 @@ def test_refusals_write_nothing(plans, tmp_path):
         export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "packed-parquet", str(tmp_path / "t.parquet")))
     with pytest.raises(SortpackError, match="inside the plan"):
         export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(p["megatron"] / "x")))
+    for output in ("", str(tmp_path / "sub") + "/", str(tmp_path / ".."), "."):
+        with pytest.raises(SortpackError, match="names no file to write"):
+            export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", output))
     (tmp_path / "mine.bin").write_bytes(b"a user's file")
     with pytest.raises(SortpackError, match=r"mine.bin: output exists \(use --overwrite"):
         export_plan(SerialComm(), ExportRequest(str(p["megatron"]), "megatron", str(tmp_path / "mine")))
@@ -325,6 +329,11 @@ def test_a_plan_over_several_datasets_exports_the_same_at_1_to_3_ranks(tmp_path)
     for k in (2, 3):
         for ext in (".bin", ".idx"):
             assert (tmp_path / f"r{k}{ext}").read_bytes() == (tmp_path / f"r1{ext}").read_bytes(), (k, ext)
+    # a --vocab-size too small: the same line at any rank count
+    lines = {run_sortpack(["export", plan, "--to", "megatron", "-o", tmp_path / "v", "--vocab-size", "2000"],
+                          ranks=k, check=False).stderr for k in (1, 3)}
+    assert lines == {f"Error: --vocab-size 2000: the plan holds the token id "
+                     f"{max(int(x.max()) for x in seqs)} (ids must lie in [0, 2000))\n"}
 
 
 def test_the_cli_lists_every_export_format():

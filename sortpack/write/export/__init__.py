@@ -9,6 +9,7 @@ samples' ids in plan order, is ``plan_tokens``; the files appear whole or not at
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -84,6 +85,8 @@ def export_plan(comm: Comm, request: ExportRequest) -> dict:
         raise SortpackError(f"--to {to}: unknown export format (formats: {', '.join(TARGETS)})", collective=True)
     if vocab_size is not None and (to != "megatron" or vocab_size <= 0):
         raise SortpackError("--vocab-size: a positive count, for --to megatron", collective=True)
+    if not output or output.endswith(("/", os.sep)) or Path(output).name in ("", ".", ".."):
+        raise SortpackError(f"-o {output!r}: names no file to write (give a path such as out/corpus)", collective=True)
     source = comm.collectively(open_plan, plan)
     if to == "packed-parquet":
         from .packed_parquet import check_rows

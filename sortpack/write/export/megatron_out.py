@@ -141,14 +141,16 @@ def _write_index(fd: int, share: Share, target: Target) -> None:
     pwrite_all(fd, documents, target.layout.documents + 8 * (share.lo + 1))
 
 
-def _check_vocab(share: Share, ranges: np.ndarray, vocab: int | None) -> None:
-    """Raise one line when a chunk's ids (``ranges[chunk]``: their low, high, over) leave ``[0, vocab)``."""
+def _check_vocab(ids: np.ndarray, vocab: int | None) -> None:
+    """Raise one line when the plan's ids (``ids``: their low, high, over over the whole plan) leave ``[0, vocab)``:
+    the same line at any rank count."""
     if vocab is None:
         return
-    for (a, b), (low, high, over) in zip(share.chunks, ranges.tolist()):
-        if low < 0 or high >= vocab or over:
-            raise SortpackError(f"--vocab-size {vocab}: micro-batches {a}-{b - 1} hold the token id "
-                                f"{high if high >= vocab or over else low}")
+    low, high, over = (int(x) for x in ids)
+    if low <= high and (low < 0 or high >= vocab or over):
+        raise SortpackError(f"--vocab-size {vocab}: the plan holds the token id "
+                            f"{high if high >= vocab or over else low} (ids must lie in [0, {vocab}))",
+                            collective=True)
 
 
 def _written(fn, where: Path):
@@ -185,11 +187,11 @@ def _write_all(comm: Comm, job: _Job, targets: list[Target]) -> np.ndarray:
                 _write_index(fh.fileno(), job.share, t)
 
     def local() -> np.ndarray:
-        ranges = write_chunks(job.plan, job.share, targets, index)
-        _check_vocab(job.share, ranges[:, 0], job.vocab)
-        return _combined(ranges, len(targets))
+        return _combined(write_chunks(job.plan, job.share, targets, index), len(targets))
 
-    return _reduced(comm, comm.collectively(_written, local, job.where))
+    ranges = _reduced(comm, comm.collectively(_written, local, job.where))
+    _check_vocab(ranges[0], job.vocab)
+    return ranges
 
 
 def _combined(ranges: np.ndarray, k: int) -> np.ndarray:
