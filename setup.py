@@ -29,10 +29,11 @@ setup(
                      "sortpack/kernels/_runs.c"],
             optional=True,
         ),
-        # the byte-level BPE of the tokenizer path (sortpack.kernels.bpe), apart from the numeric kernels
+        # the BPEs of the tokenizer path (sortpack.kernels.bpe, byte-level; sortpack.kernels.sp_bpe,
+        # SentencePiece-style), apart from the numeric kernels
         Extension(
             "sortpack.kernels._cbpe",
-            sources=["sortpack/kernels/_bpe.c"],
+            sources=["sortpack/kernels/_bpe.c", "sortpack/kernels/_spbpe.c"],
             optional=True,
         ),
         # the SIGBUS handler of sortpack.format.mapped (a shard that shrinks under a reader)

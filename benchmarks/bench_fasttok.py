@@ -64,6 +64,8 @@ def _encoder(name: str):
 def encoder_used(record: dict) -> str:
     """Return what a plan's ``provenance.tokenizers`` record says encoded its texts, in a few words."""
     compiled = {"utf-8": " + compiled BPE (every text)", "ascii": " + compiled BPE (ASCII texts)"}
+    if record.get("bpe") == "sentencepiece":
+        return "compiled SentencePiece BPE (every text)"
     return record.get("encoder", "?") + compiled.get(record.get("compiled", ""), "")
 
 

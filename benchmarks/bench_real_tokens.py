@@ -4,7 +4,9 @@
     PYTHONPATH=$PWD python -m benchmarks --only tokens --scale small       # in the suite (CI): 300 documents
 
 The vocabularies are openai-whisper's rank files written as tokenizer.json files (``real_vocab.py``:
-GPT-2's own, and the multilingual one as Llama 3- and Qwen 2-style files with ``ignore_merges``);
+GPT-2's own, and the multilingual one as Llama 3- and Qwen 2-style files with ``ignore_merges``) and
+Mistral 7B's SentencePiece models from mistral-common written as the Hugging Face converter writes
+them (byte fallback, no pre-tokenizer: tiktoken cannot run them, so their rows have no tiktoken run);
 the text is what this machine holds in many languages (gettext catalogs' translations, the standard
 library's files; ``real_vocab.mixed_texts``), a quarter or more of it beyond ASCII, in Parquet.
 Per vocabulary, launched alternately in each round, each keeping its fastest:
@@ -25,7 +27,8 @@ path), tiktoken's and ``encode_batch_fast``'s are equal on every text, and every
 is the baseline's. A second table times single pre-tokenizer pieces of 50k and 1M bytes (runs of one
 character, digits, base64, minified code) through the compiled BPE and through tiktoken, in one
 process. Goal: P=2 at least 4x the baseline. Skipped, with a row saying why, where ``tokenizers``,
-``tiktoken`` or openai-whisper (``pip install --no-deps openai-whisper``) is missing.
+``tiktoken`` or openai-whisper (``pip install --no-deps openai-whisper``) is missing; a Mistral row
+likewise where mistral-common (``pip install --no-deps mistral-common``) is.
 """
 from __future__ import annotations
 
@@ -39,13 +42,14 @@ from pathlib import Path
 
 from . import data
 from .bench_fasttok import _encoder, encoder_used
-from .real_vocab import mixed_texts, whisper_assets, write_variant
+from .real_vocab import SP_VARIANTS, mixed_texts, whisper_assets, write_sentencepiece, write_variant
 from .report import Row, Section, print_script_results, script_log, secs
 from .runner import BenchError, launch, missing_modules, timed_worker
 from .workers import PREFIX
 
 DOCS = {"small": 300, "full": 0}  # documents of the corpus (0: every one this machine has)
-VOCABS = {"small": ("multilingual-llama3",), "full": ("gpt2", "multilingual-llama3", "multilingual-qwen2")}
+VOCABS = {"small": ("multilingual-llama3", "mistral-v3"),
+          "full": ("gpt2", "multilingual-llama3", "multilingual-qwen2", "mistral-v1", "mistral-v3")}
 ROUNDS = {"small": 1, "full": 3}
 RUN_BYTES = {"small": (50_000,), "full": (50_000, 1_000_000)}
 GOAL = 4.0  # P=2 over one encode_batch_fast, by throughput
@@ -117,7 +121,8 @@ def work_ids(a: dict) -> dict:
     hf = [e.ids for e in Tokenizer.from_file(a["tokenizer"]).encode_batch_fast(texts, add_special_tokens=False)]
     enc = load_tokenizer(a["tokenizer"])
     ours = token_ids(enc, col, special_tokens=False)[0].to_pylist()
-    tiktokens = _tiktoken_encoding(a["tokenizer"])[0].encode_batch(texts, allowed_special="all")
+    tiktokens = _tiktoken_encoding(a["tokenizer"])[0].encode_batch(texts, allowed_special="all") \
+        if a.get("tiktoken", True) else hf
     return {"equal": ours == hf and tiktokens == hf, "tokens": sum(map(len, hf)), "record": enc.record()}
 
 
@@ -204,22 +209,29 @@ def _litdata(texts: Path, tok: Path, out: Path) -> dict | None:
     return {"wall": wall, "tokens": res["tokens"]}
 
 
+def _runs_of(name: str) -> tuple[tuple[str, int], ...]:
+    """Return the analyze runs of a vocabulary: no tiktoken run for a SentencePiece one (tiktoken cannot run it)."""
+    return RUNS[:2] if name in SP_VARIANTS else RUNS
+
+
 def measure_vocab(name: str, texts: Path, scale: str, log) -> dict:
     """Alternate the baseline, tiktoken alone, the analyze runs and LitData for one vocabulary; the best of each."""
     out = data.work_dir("real-tokens")
-    tok = write_variant(name, data.work_dir("real-vocabularies"))
+    sp = name in SP_VARIANTS
+    tok = (write_sentencepiece if sp else write_variant)(name, data.work_dir("real-vocabularies"))
     if tok is None:
-        raise BenchError("openai-whisper is not installed")
-    best: dict = {"ids": _work("ids", {"path": str(texts), "tokenizer": str(tok)})}
+        raise BenchError("mistral-common is not installed" if sp else "openai-whisper is not installed")
+    best: dict = {"ids": _work("ids", {"path": str(texts), "tokenizer": str(tok), "tiktoken": not sp})}
     log(f"{name}: ids equal {best['ids']['equal']} ({best['ids']['tokens']} tokens, {best['ids']['record']})")
     for r in range(ROUNDS[scale]):
         load = os.getloadavg()[0]
         _, base = timed_worker("encode", {"path": str(texts), "column": "text", "tokenizer": str(tok), "repeats": 1,
                                           "fast": True}, TIMEOUT, None, False)
         _keep(best, "base", {**base, "load": load}, "seconds")
-        _keep(best, "tiktoken alone", {**_work("tiktoken", {"path": str(texts), "tokenizer": str(tok), "repeats": 1}),
-                                       "load": load}, "seconds")
-        for enc, p in RUNS:
+        if not sp:
+            _keep(best, "tiktoken alone", {**_work("tiktoken", {"path": str(texts), "tokenizer": str(tok),
+                                                                "repeats": 1}), "load": load}, "seconds")
+        for enc, p in _runs_of(name):
             got = {**_analyze(texts, tok, enc, p, out), "load": os.getloadavg()[0]}
             log(f"round {r + 1}: {name} analyze P={p} ({got['used']}): stage {got['stage']:.2f} s, command "
                 f"{got['wall']:.2f} s (load {got['load']:.1f})")
@@ -227,17 +239,18 @@ def measure_vocab(name: str, texts: Path, scale: str, log) -> dict:
         lit = _litdata(texts, tok, out)
         if lit is not None:
             _keep(best, "litdata", {**lit, "load": os.getloadavg()[0]}, "wall")
-        log(f"round {r + 1}: {name} encode_batch_fast {base['seconds']:.2f} s, tiktoken alone "
-            f"{best['tiktoken alone']['seconds']:.2f} s (load {load:.1f})")
+        alone = f", tiktoken alone {best['tiktoken alone']['seconds']:.2f} s" if not sp else ""
+        log(f"round {r + 1}: {name} encode_batch_fast {base['seconds']:.2f} s{alone} (load {load:.1f})")
     shutil.rmtree(out, ignore_errors=True)
     return best
 
 
 def _vocab_rows(name: str, best: dict, sec: Section) -> list[Row]:
     base, ids = best["base"], best["ids"]
-    same_hash = len({best[k]["hash"] for k in RUNS if k[1] == 2}) == 1
+    runs = _runs_of(name)
+    same_hash = len({best[k]["hash"] for k in runs if k[1] == 2}) == 1
     rows = []
-    for key in RUNS:
+    for key in runs:
         b = best[key]
         ratio, same = base["seconds"] / b["stage"], b["size_sum"] == base["size_sum"]
         sec.rows.append([name, f"analyze P={key[1]}: {b['used']}", secs(b["stage"]), secs(b["wall"]),
@@ -249,10 +262,11 @@ def _vocab_rows(name: str, best: dict, sec: Section) -> list[Row]:
                         key[1], secs(b["stage"]), f"encode_batch_fast: {secs(base['seconds'])}",
                         f"{ratio:.2f}× throughput", f"≥ {GOAL:g}×" if goal else "",
                         (ratio >= GOAL and same and ids["equal"] and same_hash) if goal else None, note))
-    tk = best["tiktoken alone"]
-    sec.rows.append([name, "tiktoken alone (encode_ordinary_batch, a thread per core)", secs(tk["seconds"]), "",
-                     f"{base['seconds'] / tk['seconds']:.2f}×", "yes" if tk["size_sum"] == base["size_sum"] else "NO",
-                     f"{tk['load']:.1f}"])
+    tk = best.get("tiktoken alone")
+    if tk is not None:
+        sec.rows.append([name, "tiktoken alone (encode_ordinary_batch, a thread per core)", secs(tk["seconds"]), "",
+                         f"{base['seconds'] / tk['seconds']:.2f}×",
+                         "yes" if tk["size_sum"] == base["size_sum"] else "NO", f"{tk['load']:.1f}"])
     sec.rows.append([name, "encode_batch_fast (default pool), the baseline", secs(base["seconds"]), "", "1.00×", "",
                      f"{base['load']:.1f}"])
     if "litdata" in best:
@@ -293,7 +307,12 @@ def measure(scale: str, log, docs: int | None = None) -> tuple[list[Section], li
                    "ids / tokens equal", "load"])
     rows = []
     for name in VOCABS[scale]:
-        rows += _vocab_rows(name, measure_vocab(name, texts, scale, log), sec)
+        try:
+            rows += _vocab_rows(name, measure_vocab(name, texts, scale, log), sec)
+        except BenchError as exc:  # a vocabulary whose package is missing: a row saying so, the others measured
+            if "is not installed" not in str(exc):
+                raise
+            rows.append(Row("tokens", f"{name}: analyze --size tokens", None, "skipped", note=str(exc)))
     runs, run_rows = _runs_section(write_variant("gpt2", data.work_dir("real-vocabularies")), scale)
     return [sec, runs], rows + run_rows
 

@@ -7,6 +7,14 @@ dependencies would pull torch), located without importing the package, and writt
 tokens is a merge, grouped by the token's rank): GPT-2's ByteLevel file, and Split-regex files with
 Llama 3's, Qwen 2's or GPT-2's pattern and ``ignore_merges``, as Meta's Llama 3 file has.
 
+SentencePiece BPE vocabularies: Mistral's own ``.model`` files that ship in ``mistral-common``
+(``pip install --no-deps mistral-common``: Mistral 7B v0.1's 32,000 pieces and v0.3's 32,768), read
+without sentencepiece (their pieces are a protobuf's first repeated field) and written as the
+``tokenizer.json`` the Hugging Face converter writes for them: byte fallback, the merges of every
+two-piece split of each piece ordered by the piece it makes, the control pieces as added tokens, a
+BOS template, and either shape of the space replacement (a Prepend + Replace normalizer, as Mistral's
+published files have, or a Metaspace pre-tokenizer, as newer conversions write).
+
 Text: what this machine holds in many languages, read in a fixed order: the translations of the
 gettext catalogs (``/usr/share/locale`` and beside installed packages), the Python standard
 library's test data and sources (its non-ASCII files among them, CJK encodings' samples too).
@@ -31,6 +39,13 @@ VARIANTS = {
     "multilingual-gpt2": ("multilingual", "gpt2", True),
 }
 SPECIALS = ("<|endoftext|>", "<|begin_of_text|>", "<|im_start|>")
+# name -> (mistral-common's model file, the shape of its space replacement)
+SP_VARIANTS = {
+    "mistral-v1": ("tokenizer.model.v1", "normalizer"),
+    "mistral-v3": ("mistral_instruct_tokenizer_240323.model.v3", "normalizer"),
+    "mistral-v3-metaspace": ("mistral_instruct_tokenizer_240323.model.v3", "metaspace"),
+}
+_NORMAL, _UNKNOWN, _CONTROL, _USER, _BYTE = 1, 2, 3, 4, 6  # SentencePiece's piece types
 
 
 def whisper_assets() -> dict[str, Path] | None:
@@ -102,6 +117,108 @@ def write_variant(name: str, folder: Path) -> Path | None:
     if not path.is_file():
         asset, style, ignore = VARIANTS[name]
         path.write_text(json.dumps(tokenizer_json(load_ranks(assets[asset]), style, ignore)), encoding="utf-8")
+    return path
+
+
+def mistral_models() -> Path | None:
+    """Return the folder of mistral-common's tokenizer files (None: the package is not installed; not imported)."""
+    spec = importlib.util.find_spec("mistral_common")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "data"
+    return folder if all((folder / m).is_file() for m, _ in SP_VARIANTS.values()) else None
+
+
+def _varint(raw: bytes, at: int) -> tuple[int, int]:
+    """Return (the protobuf varint at ``at``, the position after it)."""
+    value = shift = 0
+    while True:
+        b = raw[at]
+        at += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, at
+
+
+def _fields(raw: bytes):
+    """Yield (field number, wire type, value) of a protobuf message: bytes for wire type 2, ints else."""
+    at = 0
+    while at < len(raw):
+        key, at = _varint(raw, at)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, at = _varint(raw, at)
+        elif wire == 1:
+            value, at = int.from_bytes(raw[at:at + 8], "little"), at + 8
+        elif wire == 2:
+            length, at = _varint(raw, at)
+            value, at = raw[at:at + length], at + length
+        elif wire == 5:
+            value, at = int.from_bytes(raw[at:at + 4], "little"), at + 4
+        else:
+            raise ValueError(f"protobuf wire type {wire} is not read here")
+        yield number, wire, value
+
+
+def sentencepiece_pieces(path: Path) -> list[tuple[str, int]]:
+    """Return a SentencePiece ``.model``'s pieces in id order, each (text, type): ModelProto field 1, each a
+    SentencePiece message of piece (1), score (2) and type (3, NORMAL by default)."""
+    out = []
+    for number, wire, value in _fields(path.read_bytes()):
+        if number == 1 and wire == 2:
+            piece, kind = "", _NORMAL
+            for n, _, v in _fields(value):
+                if n == 1:
+                    piece = v.decode("utf-8")
+                elif n == 3:
+                    kind = v
+            out.append((piece, kind))
+    return out
+
+
+def sentencepiece_json(pieces: list[tuple[str, int]], shape: str) -> dict:
+    """Return the tokenizer.json of a SentencePiece BPE's pieces as the Hugging Face converter writes it, with the
+    space replacement in ``shape`` ("normalizer" or "metaspace")."""
+    vocab = {piece: i for i, (piece, _) in enumerate(pieces)}
+    normal = {piece for piece, kind in pieces if kind in (_NORMAL, _USER)}
+    merges = sorted((vocab[t], vocab[t[:k]], vocab[t[k:]]) for t in normal for k in range(1, len(t))
+                    if t[:k] in normal and t[k:] in normal)
+    added = [{"id": i, "content": piece, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": kind != _USER}
+             for i, (piece, kind) in enumerate(pieces) if kind in (_UNKNOWN, _CONTROL, _USER)]
+    bos = "<s>"
+    where = [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]
+    post = {"type": "TemplateProcessing", "single": where,
+            "pair": where + [{"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos: {"id": bos, "ids": [vocab[bos]], "tokens": [bos]}}}
+    space = "\u2581"
+    if shape == "normalizer":
+        normalizer: dict | None = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": space}, {"type": "Replace", "pattern": {"String": " "}, "content": space}]}
+        pre = None
+    else:
+        normalizer, pre = None, {"type": "Metaspace", "replacement": space, "prepend_scheme": "first", "split": False}
+    decoder = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": space}, "content": " "}, {"type": "ByteFallback"},
+        {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": normalizer,
+            "pre_tokenizer": pre, "post_processor": post, "decoder": decoder,
+            "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                      "vocab": vocab, "merges": [[pieces[a][0], pieces[b][0]] for _, a, b in merges]}}
+
+
+def write_sentencepiece(name: str, folder: Path) -> Path | None:
+    """Return the tokenizer.json of ``SP_VARIANTS[name]`` written in ``folder`` (None: mistral-common not installed)."""
+    models = mistral_models()
+    if models is None:
+        return None
+    path = folder / f"{name}.json"
+    if not path.is_file():
+        model, shape = SP_VARIANTS[name]
+        path.write_text(json.dumps(sentencepiece_json(sentencepiece_pieces(models / model), shape)),
+                        encoding="utf-8")
     return path
 
 

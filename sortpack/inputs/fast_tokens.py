@@ -95,6 +95,33 @@ def _convert(path: str, hf: Callable[[], Any]) -> _Exact | str:
     return _Exact(os.path.basename(path), conv, cached)
 
 
+def _sp_converted(path: str, hf: Callable[[], Any]) -> Any:
+    """Return the SentencePiece-style conversion of the tokenizer.json at ``path`` (``sp_conversion``), or why there
+    is none; one decision per file and process, as ``_converted``."""
+    from .sp_conversion import sp_conversion
+
+    try:
+        st = os.stat(path)
+        key: tuple = ("sentencepiece", os.path.realpath(path), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = ("sentencepiece", path)
+    with _MEMO_LOCK:
+        if key not in _MEMO:
+            try:
+                with open(path, "rb") as f:
+                    spec = parse_spec(f.read())
+            except OSError:
+                spec = None
+            if spec is None:
+                _MEMO[key] = "the tokenizer file is not JSON"
+            else:
+                try:
+                    _MEMO[key] = sp_conversion(spec, hf())
+                except Refused as exc:
+                    _MEMO[key] = str(exc)
+        return _MEMO[key]
+
+
 def parse_tokenizer_file(path: str) -> Any:
     """Return the Hugging Face ``Tokenizer`` of a tokenizer.json, truncation and padding off (a bad file: one line)."""
     try:
@@ -231,14 +258,16 @@ class TokenEncoder:
         self.suffix: tuple[int, ...] = ()
         self.compiled: Any = None
         self._lengths: np.ndarray | None = None
+        self._sp: Any = None  # the SentencePiece-style conversion where kernels.sp_bpe encodes (engine "compiled")
+        self.sp_reason: str | None = None  # why it does not, where tiktoken does not either
         if env_text(_OFF) == "0":
             self.reason = f"{_OFF}=0"
-        elif _tiktoken_version() is None:
-            self.reason = "tiktoken is not installed (pip install 'sortpack[fasttok]')"
         else:
-            got = _converted(path, self.handle.get)
+            got = _converted(path, self.handle.get) if _tiktoken_version() is not None else \
+                "tiktoken is not installed (pip install 'sortpack[fasttok]')"
             if isinstance(got, str):
                 self.reason = got
+                self._take_sentencepiece(path)  # needs no tiktoken
             else:
                 self._exact, conv = got, got.conv
                 self.allowed, self.prefix, self.suffix = frozenset(conv.special), conv.prefix, conv.suffix
@@ -247,6 +276,25 @@ class TokenEncoder:
         if self._exact is None or not self._exact.cached:
             self.handle.get()
         _CHOSEN[os.path.basename(path)] = self.record()
+
+    def _take_sentencepiece(self, path: str) -> None:
+        """Encode through ``kernels.sp_bpe`` where it gives the file's ids (``sp_conversion``): a SentencePiece-style
+        file, which tiktoken cannot run."""
+        got = _sp_converted(path, self.handle.get)
+        if isinstance(got, str):
+            self.sp_reason = got
+            return
+        tab = got.compiled()
+        if tab is None:
+            from ..kernels import sp_bpe
+
+            self.sp_reason = f"the compiled kernel is unavailable ({sp_bpe.unavailable})"
+            return
+        from ..kernels.sp_bpe import STYLE
+
+        self._sp = got
+        self.engine, self.compiled = "compiled", (tab, STYLE)
+        self.allowed, self.prefix, self.suffix = frozenset(got.special), got.prefix, got.suffix
 
     @property
     def hf(self) -> Any:
@@ -291,11 +339,16 @@ class TokenEncoder:
                 out["compiled"] = "ascii" if self.unicode else "utf-8"
                 if self.unicode:
                     out["why_ascii"] = self.unicode
+        elif self.engine == "compiled":  # a SentencePiece-style file through kernels.sp_bpe, the same ids
+            out["bpe"] = "sentencepiece"
+            out["why_not_tiktoken"] = self.reason
         else:
             import tokenizers
 
             out["tokenizers"] = tokenizers.__version__
             out["why"] = self.reason
+            if self.sp_reason is not None:
+                out["why_not_compiled"] = self.sp_reason
         return out
 
     def token_lengths(self) -> np.ndarray | None:
@@ -331,6 +384,12 @@ class TokenEncoder:
 
     def encode_texts(self, texts: list[str], special_tokens: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Return (every text's ids in order as one int32 array, each text's count as int64): ``encode``'s ids."""
+        if self._sp is not None:
+            import pyarrow as pa
+
+            got = encode_column(self, pa.array(texts, pa.large_string()), special_tokens, True)
+            assert got is not None and got[0] is not None
+            return got[0], got[1]
         if self._exact is None:
             return hf_ids(self.hf, texts, special_tokens)
         threads = self.threads()
@@ -347,6 +406,13 @@ class TokenEncoder:
         if special_tokens and (self.prefix or self.suffix):
             ids, counts = surround(ids, counts, self.prefix, self.suffix)
         return ids, counts
+
+    def encode_others(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Return (ids, counts) without the post-processor's tokens of texts the compiled path leaves out (holding an
+        added token's text): tiktoken's where it is exact, else ``tokenizers``'."""
+        if self._exact is None:
+            return hf_ids(self.hf, texts, False)
+        return self.encode_texts(texts, special_tokens=False)
 
     def encode_column(self, col: Any, special_tokens: bool = True, keep: bool = True
                       ) -> tuple[np.ndarray | None, np.ndarray] | None:

@@ -3,7 +3,7 @@
 ``plan_runs`` (pure) cuts a column's texts into contiguous runs of about equal bytes, one per
 thread at least; ``encode_column`` runs ``kernels.bpe`` over them in the encoder's threads (the
 kernel lets go of the GIL), sends the texts it leaves out (holding an added token's text, or not
-split by it) to the encoder's own ``encode_texts``, and splices their ids back in place.
+split by it) to the encoder's own ``encode_others``, and splices their ids back in place.
 ``token_ids`` is the entry every caller uses: a column's ids and counts, through an encoder's
 compiled path where it has one, else 4096 texts at a time as Python strings.
 """
@@ -94,8 +94,9 @@ def splice(ids: np.ndarray, counts: np.ndarray, left: np.ndarray, theirs: tuple[
 def encode_column(encoder: Any, col: Any, special_tokens: bool = True, keep: bool = True
                   ) -> tuple[np.ndarray | None, np.ndarray] | None:
     """Return (a string array's ids as one int32 array, None when not ``keep``; their counts) through the encoder's
-    compiled path (``encoder.compiled``: a ``kernels.bpe`` table and its style), its other texts through
-    ``encoder.encode_texts``; None where that path does not apply (no compiled table, nulls, not a string array)."""
+    compiled path (``encoder.compiled``: a ``kernels.bpe`` table and its style, or a ``kernels.sp_bpe`` table),
+    its other texts through ``encoder.encode_others``; None where that path does not apply (no compiled table,
+    nulls, not a string array)."""
     got = string_buffers(col) if encoder.compiled is not None else None
     if got is None:
         return None
@@ -103,7 +104,7 @@ def encode_column(encoder: Any, col: Any, special_tokens: bool = True, keep: boo
         return (np.zeros(0, np.int32) if keep else None), np.zeros(0, np.int64)
     import pyarrow as pa
 
-    from ..kernels import bpe
+    from ..kernels import bpe, sp_bpe
 
     data, offsets = got
     tab, style = encoder.compiled
@@ -112,14 +113,17 @@ def encode_column(encoder: Any, col: Any, special_tokens: bool = True, keep: boo
 
     def run(ab: tuple[int, int]) -> Any:
         a, b = ab
-        return bpe.encode(tab, style, (data, offsets[a:b + 1]), None if skip is None else skip[a:b], keep)
+        part = (data, offsets[a:b + 1]), None if skip is None else skip[a:b]
+        if style == sp_bpe.STYLE:
+            return sp_bpe.encode(tab, *part, keep)
+        return bpe.encode(tab, style, *part, keep)
 
     done = encoder.map_threads(run, plan_runs(offsets, encoder.threads(), RUN_BYTES))
     counts = np.concatenate([d[1] for d in done])
     ids = np.concatenate([d[0] for d in done]) if keep else None
     left = np.flatnonzero(counts < 0)
     if len(left):
-        got_left = [encoder.encode_texts(col.take(pa.array(left[a:a + 4096])).to_pylist(), special_tokens=False)
+        got_left = [encoder.encode_others(col.take(pa.array(left[a:a + 4096])).to_pylist())
                     for a in range(0, len(left), 4096)]
         theirs = np.concatenate([g[0] for g in got_left]), np.concatenate([g[1] for g in got_left])
         if ids is None:

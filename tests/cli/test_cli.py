@@ -312,11 +312,11 @@ PLAIN_RUN = frozenset(["sortpack", *(f"sortpack.{m}" for m in (
 # libraries and option-specific modules no plain job loads (pyarrow's pandas, cloudpickle and dateutil: cli.startup)
 NEVER = ("tokenizers", "tiktoken", "torch", "tqdm", "pandas", "cloudpickle", "dateutil", "matplotlib", "transformers",
          "datasets", "pyarrow.dataset", "pyarrow.compute", *(f"sortpack.{m}" for m in (
-             "inputs.fast_tokens", "inputs.bpe_conversion", "inputs.token_columns", "inputs.finetune", "inputs.pieces",
-             "stages.split", "stages.holdout", "stages.mixture", "pipeline.mixture", "write.store", "write.export",
-             "stages.pack.compose", "stages.pack.order", "stages.shapes", "kernels.compose", "kernels.fit",
-             "kernels.interleave", "kernels.tokens", "kernels.bpe", "reader", "report", "train", "torch", "batch",
-             "lightning")))
+             "inputs.fast_tokens", "inputs.bpe_conversion", "inputs.sp_conversion", "inputs.token_columns",
+             "inputs.finetune", "inputs.pieces", "stages.split", "stages.holdout", "stages.mixture", "pipeline.mixture",
+             "write.store", "write.export", "stages.pack.compose", "stages.pack.order", "stages.shapes",
+             "kernels.compose", "kernels.fit", "kernels.interleave", "kernels.tokens", "kernels.bpe", "kernels.sp_bpe",
+             "reader", "report", "train", "torch", "batch", "lightning")))
 
 
 def _loaded_by(argv: list[str]) -> list[str]:

@@ -33,3 +33,22 @@ def real_vocabularies(tmp_path_factory):
         return path
 
     return get
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_vocabularies(tmp_path_factory):
+    """A function: the tokenizer.json of a Mistral SentencePiece model by its name in
+    ``benchmarks.real_vocab.SP_VARIANTS``, written once per session; skips the test where mistral-common (which
+    ships the model files) is not installed."""
+    pytest.importorskip("tokenizers")
+    from benchmarks.real_vocab import write_sentencepiece
+
+    folder = tmp_path_factory.mktemp("sentencepiece-vocabularies")
+
+    def get(name: str) -> str:
+        path = write_sentencepiece(name, folder)
+        if path is None:
+            pytest.skip("mistral-common is not installed (pip install --no-deps mistral-common)")
+        return str(path)
+
+    return get

@@ -1,0 +1,182 @@
+"""Whether the compiled SentencePiece-style BPE (``kernels.sp_bpe``) gives a tokenizer.json's ids, and its table.
+
+Mistral 7B's and Llama 2's files (and others converted from SentencePiece BPE models) have no
+pre-tokenizer: tiktoken cannot run them (``bpe_conversion`` refuses them for their byte fallback),
+and ``tokenizers`` merges a whole document as one word. ``sp_conversion(spec, hf)`` returns a
+``SpConversion`` or raises ``Refused`` with the first condition that fails:
+
+- the model is BPE with byte fallback and the 256 ``<0xHH>`` tokens, no dropout, no subword prefix or
+  word suffix, no ``ignore_merges``; every merge's two parts and what they make are tokens;
+- the text reaches the model in one of the two shapes the converters write: a normalizer that is
+  ``Replace(" ", R)``, alone or after ``Prepend(R)``, and no pre-tokenizer; or no normalizer and a
+  ``Metaspace(R, split=False)`` pre-tokenizer (R one character). The kernel replaces spaces by R and
+  prepends R as each shape does (Prepend: before every non-empty text; Metaspace: unless the text
+  starts with R, and not with ``prepend_scheme="never"``);
+- the added tokens are matched in the raw text (``normalized`` false): a text holding one's text is
+  left to ``tokenizers``, every other text has no added token and is one word;
+- the post-processor adds fixed tokens around the text (as for the tiktoken conversion).
+
+The merge itself is ``tokenizers``' own algorithm (``_spbpe.c``); the probe texts are encoded both
+ways as a last check.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .bpe_conversion import Refused, _around, _post_processor
+
+_PROBES = ("", " ", "a", "hello world", "  two  spaces \n\t x1 ", "\u2581lead", "héllo wörld 日本語 🤗 \x00")
+
+
+def _replacement(normalizer: Any, pre: Any) -> tuple[str, int]:
+    """Return (what a space becomes, where a text gets it in front: ``kernels.sp_bpe``'s NEVER/ALWAYS/UNLESS_THERE)."""
+    from ..kernels.sp_bpe import ALWAYS, NEVER, UNLESS_THERE
+
+    if normalizer is not None:
+        if pre is not None:
+            raise Refused("the tokenizer has both a normalizer and a pre-tokenizer")
+        steps = normalizer.get("normalizers") if normalizer.get("type") == "Sequence" else [normalizer]
+        if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
+            raise Refused("the normalizer is not a space replacement")
+        replace = steps[-1]
+        r = replace.get("content")
+        if replace.get("type") != "Replace" or replace.get("pattern") != {"String": " "} or \
+                not isinstance(r, str) or len(r) != 1:
+            raise Refused("the normalizer is not Replace(' ', one character), alone or after Prepend")
+        if len(steps) == 1:
+            return r, NEVER
+        if len(steps) == 2 and steps[0].get("type") == "Prepend" and steps[0].get("prepend") == r:
+            return r, ALWAYS
+        raise Refused("the normalizer is not Replace(' ', one character), alone or after Prepend")
+    if not isinstance(pre, dict) or pre.get("type") != "Metaspace":
+        raise Refused("the tokenizer has no space replacement (a Metaspace pre-tokenizer or a Replace normalizer)")
+    r = pre.get("replacement")
+    if not isinstance(r, str) or len(r) != 1:
+        raise Refused("the Metaspace replacement is not one character")
+    if pre.get("split", True):
+        raise Refused("the Metaspace pre-tokenizer splits words")
+    scheme = pre.get("prepend_scheme")
+    if scheme is None:  # files written before prepend_scheme
+        scheme = "always" if pre.get("add_prefix_space", True) else "never"
+    if scheme not in ("always", "first", "never"):
+        raise Refused(f"the Metaspace prepend_scheme {scheme!r} is not known")
+    return r, NEVER if scheme == "never" else UNLESS_THERE
+
+
+def _model(model: Any) -> tuple[dict[str, int], list[int], np.ndarray, np.ndarray | None]:
+    """Return (one-character tokens -> ids, the 256 byte-fallback ids, the merges as (left, right, made) rows, the
+    code point pairs inside the tokens they make: None where a merge takes or makes a byte-fallback token)."""
+    if not isinstance(model, dict) or model.get("type") != "BPE":
+        raise Refused("the model is not BPE")
+    if model.get("dropout") not in (None, 0, 0.0):
+        raise Refused("the BPE model has dropout")
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise Refused("the BPE model has a subword prefix or word suffix")
+    if not model.get("byte_fallback"):
+        raise Refused("the BPE model has no byte fallback")
+    if model.get("ignore_merges"):
+        raise Refused("the BPE model has ignore_merges")
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or not all(isinstance(v, int) and 0 <= v < 2 ** 31 for v in vocab.values()):
+        raise Refused("the BPE vocabulary is not tokens -> ids")
+    byte_ids = [vocab.get(f"<0x{b:02X}>", -1) for b in range(256)]
+    if min(byte_ids) < 0:
+        raise Refused("the vocabulary lacks some of the 256 <0xHH> byte tokens")
+    chars = {t: i for t, i in vocab.items() if len(t) == 1}
+    rows, made_tokens = [], []
+    for m in model.get("merges") or []:
+        pair = m.split(" ") if isinstance(m, str) else m
+        if not isinstance(pair, list) or len(pair) != 2 or not all(isinstance(x, str) for x in pair):
+            raise Refused("a merge is not two tokens")
+        a, b = pair
+        ia, ib, made = vocab.get(a), vocab.get(b), vocab.get(a + b)
+        if ia is None or ib is None or made is None:
+            raise Refused(f"the merge {a!r} {b!r} names or makes no token")
+        rows.append((ia, ib, made))
+        made_tokens.append(a + b)
+    merges = np.array(rows, np.int32).reshape(-1, 3)
+    from ..kernels.sp_bpe import bigrams_of
+
+    # a merge that takes a byte-fallback token could join a character to bytes: then no cut is known
+    fallback = np.isin(merges, np.array(byte_ids, np.int32)).any()
+    return chars, byte_ids, merges, None if fallback else bigrams_of(made_tokens)
+
+
+@dataclass(frozen=True)
+class SpConversion:
+    """What ``kernels.sp_bpe`` needs to give a SentencePiece-style tokenizer.json's ids, and the ids around them.
+
+    ``compiled()`` is the table, made once on first use and kept here (None without the compiled kernel).
+    """
+
+    chars: dict[str, int]
+    byte_ids: list[int]
+    merges: np.ndarray
+    bigrams: np.ndarray | None  # the code point pairs inside the tokens merges make (kernels.sp_bpe.table)
+    replacement: str
+    prepend: int
+    special: dict[str, int]  # the added tokens' texts -> ids: a text holding one goes to tokenizers
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+    _table: list = field(default_factory=list, init=False, repr=False, compare=False)
+    _lock: Any = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+
+    def compiled(self) -> Any:
+        """Return the compiled table (``kernels.sp_bpe.table``; None without the compiled kernel)."""
+        with self._lock:
+            if not self._table:
+                from ..kernels import sp_bpe
+
+                self._table.append(sp_bpe.table(self.chars, self.byte_ids, self.merges, self.replacement,
+                                                self.prepend, self.bigrams))
+            return self._table[0]
+
+
+def _added(added: Any) -> dict[str, int]:
+    """Return the added tokens' texts -> ids, or refuse one matched after the normalizer."""
+    out: dict[str, int] = {}
+    for a in added or []:
+        content = a.get("content") or ""
+        if not content:
+            raise Refused("an added token is empty")
+        if a.get("normalized"):
+            raise Refused(f"the added token {content!r} is matched in the normalized text")
+        out[content] = int(a["id"])
+    return out
+
+
+def _probe(conv: SpConversion, hf) -> None:
+    """Refuse when the kernel and ``tokenizers`` differ on a probe text (a last check of the shapes above)."""
+    from ..kernels import sp_bpe
+
+    tab = conv.compiled()
+    if tab is None:
+        return
+    texts = [t for t in _PROBES if not any(s in t for s in conv.special)]
+    raw = [t.encode("utf-8") for t in texts]
+    offsets = np.concatenate(([0], np.cumsum([len(r) for r in raw]))).astype(np.int64)
+    ids, counts = sp_bpe.encode(tab, (np.frombuffer(b"".join(raw) or b"\0", np.uint8), offsets))
+    assert ids is not None
+    mine = np.split(ids, np.cumsum(counts)[:-1])
+    for text, got in zip(texts, mine):
+        if got.tolist() != hf.encode(text, add_special_tokens=False).ids:
+            raise Refused(f"the compiled BPE does not give the file's ids for {text!r}")
+
+
+def sp_conversion(spec: dict, hf) -> SpConversion:
+    """Return the compiled SentencePiece-style BPE's conversion of ``spec`` (``hf`` is it loaded), or raise
+    ``Refused``."""
+    replacement, prepend = _replacement(spec.get("normalizer"), spec.get("pre_tokenizer"))
+    chars, byte_ids, merges, bigrams = _model(spec.get("model"))
+    _post_processor(spec.get("post_processor"))
+    if getattr(hf, "encode_special_tokens", False):
+        raise Refused("the tokenizer encodes its special tokens as text")
+    special = _added(spec.get("added_tokens"))
+    prefix, suffix = _around(hf)
+    conv = SpConversion(chars, byte_ids, merges, bigrams, replacement, prepend, special, prefix, suffix)
+    _probe(conv, hf)
+    return conv
