@@ -19,7 +19,8 @@ import numpy as np
 
 from ._loader import _c, _i64, _ptr, _scratch
 from .budget import KernelCost, kernel_cost
-from .greedy import _Options, _options, _reference_cost, _reference_round, _round_np, _shape_records, cap_arrays
+from .greedy import (_Options, _options, _reference_cost, _reference_round, _round_np, _shape_records, _square_f64,
+                     cap_arrays)
 
 
 def _windows(windows: Any, n: int) -> np.ndarray:
@@ -137,16 +138,22 @@ class _Bin:
         if a.max_samples > 0 and c1 > a.max_samples:
             return np.zeros(len(s), bool)
         lims = a.lims if a.lims is not None else np.zeros(0, np.int64)
-        ok = (self.sums[:, None] + vals <= lims[:, None]).all(axis=0) if len(lims) else np.ones(len(s), bool)
+        # sums of non-negative int64s past 2**63 - 1 wrap below 0 and never fit (gp_fits' checked additions)
+        if len(lims):
+            t = self.sums[:, None] + vals
+            ok = ((t >= 0) & (t <= lims[:, None])).all(axis=0)
+        else:
+            ok = np.ones(len(s), bool)
         if a.cost.per_slot or a.rounding:
             L = _round_np(np.maximum(s, self.top), a)
             if a.cost.quadratic:
                 Lf = L.astype(np.float64)
-                return ok & (np.float64(c1) * (Lf + (L * L).astype(np.float64) / a.q) <= a.lim_d)
-            return ok & (c1 * L <= a.lim_i)
+                return ok & (np.float64(c1) * (Lf + _square_f64(L) / a.q) <= a.lim_d)
+            return ok & (L <= a.lim_i // c1)  # c1 * L <= lim_i without the product, which may pass int64
         if not a.cost.quadratic:
-            return ok & (self.total + s <= a.lim_i)
-        return ok & (self.fs + (s.astype(np.float64) + (s * s).astype(np.float64) / a.q) <= a.lim_d)
+            t = self.total + s
+            return ok & (t >= 0) & (t <= a.lim_i)
+        return ok & (self.fs + (s.astype(np.float64) + _square_f64(s) / a.q) <= a.lim_d)
 
     def add(self, s: int, vals: np.ndarray) -> None:
         """Take a sample of size ``s`` and measures ``vals``."""

@@ -247,6 +247,33 @@ def _round_np(x: np.ndarray, a: _Options) -> np.ndarray:
     return x
 
 
+_SQ_EXACT = 3037000499  # the largest int64 whose square is an int64 (sq_to_double in _ckernels.c)
+
+
+def _square_f64(x: np.ndarray) -> np.ndarray:
+    """Return float64(x*x) of int64 ``x``, squared exactly and rounded once, as Python (and ``sq_to_double``) does.
+
+    ``x * x`` in int64 wraps above 3037000499: those few are squared as Python ints.
+    """
+    x = np.asarray(x, dtype=np.int64)
+    a = np.abs(x)
+    out = (np.minimum(a, _SQ_EXACT) ** 2).astype(np.float64)
+    big = np.flatnonzero(a > _SQ_EXACT)
+    if big.size:
+        out[big] = [float(int(v) * int(v)) for v in x[big].tolist()]
+    return out
+
+
+def _running_sums_fit(w: np.ndarray, lim: int, axis: int = -1) -> np.ndarray:
+    """Return cumsum(w) <= lim along ``axis`` for non-negative int64 ``w``, a sum past int64 never fitting.
+
+    A running sum of non-negative int64s that passes 2**63 - 1 wraps below 0: from there on
+    nothing fits (the compiled kernels' checked additions say the same).
+    """
+    cs = np.cumsum(w, axis=axis)
+    return (cs <= lim) & ~np.logical_or.accumulate(cs < 0, axis=axis)
+
+
 def _prefix_fits(w: np.ndarray, a: _Options) -> np.ndarray:
     """Return ok[t]: do the samples w[:t+1], as one micro-batch, fit the budget?"""
     count = np.arange(1, len(w) + 1, dtype=np.int64)
@@ -254,14 +281,15 @@ def _prefix_fits(w: np.ndarray, a: _Options) -> np.ndarray:
         L = _round_np(np.maximum.accumulate(w), a)
         if a.cost.quadratic:
             Lf = L.astype(np.float64)
-            ok = count.astype(np.float64) * (Lf + (L * L).astype(np.float64) / a.q) <= a.lim_d
+            ok = count.astype(np.float64) * (Lf + _square_f64(L) / a.q) <= a.lim_d
         else:
-            ok = count * L <= a.lim_i
+            # count * L <= lim_i without the product (it may pass int64): L <= floor(lim_i / count)
+            ok = L <= a.lim_i // count
     elif not a.cost.quadratic:
-        ok = np.cumsum(w) <= a.lim_i
+        ok = _running_sums_fit(w, a.lim_i)
     else:
         # cumsum adds left to right, as the reference does
-        x = w.astype(np.float64) + (w * w).astype(np.float64) / a.q
+        x = w.astype(np.float64) + _square_f64(w) / a.q
         ok = np.cumsum(x) <= a.lim_d
     if a.max_samples > 0:
         ok &= count <= a.max_samples
@@ -272,8 +300,8 @@ def _prefix_fits(w: np.ndarray, a: _Options) -> np.ndarray:
 def _prefix_fits2(w: np.ndarray, j: int, a: _Options) -> np.ndarray:
     """Return ``_prefix_fits`` of the samples from ``j`` (``w = sizes[j:j+K]``), every cap's too."""
     ok = _prefix_fits(w, a)
-    if a.caps is not None and a.lims is not None:
-        ok &= (np.cumsum(a.caps[:, j:j + len(w)], axis=1) <= a.lims[:, None]).all(axis=0)
+    if a.caps is not None and a.lims is not None and len(a.lims):
+        ok &= np.stack([_running_sums_fit(row, int(lim)) for row, lim in zip(a.caps[:, j:j + len(w)], a.lims)]).all(axis=0)
         ok[0] = True
     return ok
 

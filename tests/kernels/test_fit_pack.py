@@ -99,3 +99,13 @@ def test_several_caps_in_the_greedy_match_its_reference():
 def test_bad_arguments_are_refused(bad):
     with pytest.raises(ValueError):
         K.fit_pack([1, 2, 3], 10, "tokens", **bad)
+
+
+@pytest.mark.parametrize("budget", K.BUDGETS)
+@pytest.mark.parametrize("max_tokens", [2**62, 2**63 - 1, 1e18])
+def test_the_fallback_never_fits_a_sum_past_int64(budget, max_tokens, fallback):
+    # sums, products and squares past int64 never fit (the compiled kernel's checked arithmetic); the fallback's
+    # wrapped below 0 and took samples the reference leaves out
+    sizes = np.asarray([2**61, 2**61, 2**62, 5, 3037000500, 2**40, 2**62, 0, 1, 2**62 + 7], np.int64)
+    for kw in ({}, {"pad_multiple": 8}, {"sizes2": sizes[::-1].copy(), "max2": 2**63 - 1}):
+        _same(fallback.fit_pack(sizes, max_tokens, budget, **kw), K.fit_pack_reference(sizes, max_tokens, budget, **kw))

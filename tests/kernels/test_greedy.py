@@ -205,3 +205,18 @@ def test_the_compiled_second_cap_matches_the_reference(case):
     np.testing.assert_array_equal(got, K.greedy_pack_reference(sizes, sizes2=second, max2=cap, **kw))
     for a, b in zip(got[:-1], got[1:]):  # every micro-batch of two samples or more under the second cap
         assert b - a == 1 or second[a:b].sum() <= cap
+
+
+# sums, products and squares that pass int64: the compiled kernels check them (never fits), the reference
+# computes them exactly; the fallback's int64 cumsum and products wrapped below 0 and packed them together
+_HUGE = [2**61, 2**61, 2**62, 5, 3037000500, 2**40, 2**62, 0, 1, 2**62 + 7]
+
+
+@pytest.mark.parametrize("budget", COSTS)
+@pytest.mark.parametrize("max_tokens", [2**62, 2**63 - 1, 10**18, 1e18, 2.0**62])
+def test_the_fallback_never_fits_a_sum_past_int64(budget, max_tokens, fallback):
+    sizes = np.asarray(_HUGE, np.int64)
+    for kw in ({}, {"max_samples": 3}, {"batch_multiple": 2}, {"pad_multiple": 8},
+               {"sizes2": sizes[::-1].copy(), "max2": 2**63 - 1}):
+        want = K.greedy_pack_reference(sizes, max_tokens, budget, **kw)
+        np.testing.assert_array_equal(fallback.greedy_pack(sizes, max_tokens, budget, **kw), want)
