@@ -22,6 +22,9 @@ def gather_bytes(bases: np.ndarray, buffers: list, piece: np.ndarray, src_start:
     if int(length.sum()) > len(dst):
         raise ValueError("gather_bytes: the rows need more bytes than dst holds")
     lib = _c()
+    if lib is None and len(piece) and (int(piece.min()) < 0 or int(piece.max()) >= len(buffers)):
+        # as the kernel refuses it (a negative number would index the buffers from the end: wrong bytes)
+        raise ValueError("gather_bytes: a piece number is out of range")
     if lib is not None:
         bases = np.ascontiguousarray(bases, dtype=np.uint64)
         got = lib.sp_gather_bytes(_ptr(bases), len(bases), _ptr(piece), _ptr(src_start), _ptr(length),
@@ -31,7 +34,7 @@ def gather_bytes(bases: np.ndarray, buffers: list, piece: np.ndarray, src_start:
         return dst
     # numpy: one vectorised copy per piece, through a byte index (8 bytes of index per byte)
     for k in np.unique(piece).tolist():
-        rows = np.flatnonzero(piece == k)
+        rows = np.flatnonzero((piece == k) & (length > 0))  # the kernel skips rows of no bytes
         n = length[rows]
         if n.sum() == 0:
             continue

@@ -46,3 +46,12 @@ def test_gather_refuses_a_short_destination_and_a_bad_piece():
     if K.backend() == "c":
         with pytest.raises(ValueError, match="out of range"):
             K.gather_bytes(_bases(buffers), buffers, [1], [0], [1], np.empty(1, np.uint8))
+
+
+@pytest.mark.parametrize("bad", [-1, 2])
+def test_the_fallback_refuses_a_bad_piece_as_the_kernel_does(bad, fallback):
+    # the fallback indexed the buffers with it: -1 copied the last buffer's bytes (wrong data, no error)
+    buffers = [np.arange(10, dtype=np.uint8), np.arange(10, 20, dtype=np.uint8)]
+    dst = np.zeros(3, np.uint8)
+    with pytest.raises(ValueError, match="out of range"):
+        fallback.gather_bytes(_bases(buffers), buffers, [0, bad], [0, 1], [1, 2], dst)
