@@ -28,17 +28,15 @@ def sort_id_ordered(codes: np.ndarray, low_bits: int, high_bits: int, scratch: n
     caller may reuse (``codes`` is consumed either way).
     """
     codes = np.ascontiguousarray(codes, dtype=np.uint64).ravel()
+    given = scratch is not None
+    if given and (len(scratch) < len(codes) or scratch.dtype != np.uint64 or not scratch.flags.c_contiguous):
+        # refused whichever sort runs: a caller the fallback lets through fails only where the kernel is built
+        raise ValueError("sort_id_ordered: scratch must be C-contiguous uint64 of at least len(codes)")
     lib = _c()
     if lib is None or not 0 <= low_bits <= 64 or not 0 <= high_bits <= 64 - low_bits:
         codes.sort()
         return codes
-    given = scratch is not None
-    if scratch is None:
-        out = np.empty_like(codes)
-    elif len(scratch) < len(codes) or scratch.dtype != np.uint64 or not scratch.flags.c_contiguous:
-        raise ValueError("sort_id_ordered: scratch must be C-contiguous uint64 of at least len(codes)")
-    else:
-        out = scratch[:len(codes)]
+    out = np.empty_like(codes) if scratch is None else scratch[:len(codes)]
     counts = np.empty(max(int(lib.sp_radix_words(high_bits)), 1), np.int64)
     rc = lib.sp_radix_sort_high(_ptr(codes), len(codes), low_bits, high_bits, _ptr(out), _ptr(counts))
     if rc == 0:

@@ -157,3 +157,9 @@ def test_merge_with_own_run_checks_the_own_run_and_falls_back(fallback):
     with pytest.raises(ValueError):
         K.merge_with_own_run(received.copy(), 2, np.array([1], np.uint64), True)
     assert np.array_equal(fallback.merge_with_own_run(received.copy(), 2, received[:2].copy(), True), [1, 2, 5, 9])
+
+
+def test_the_fallback_refuses_a_too_small_scratch_too(fallback):
+    # the fallback sorted without looking at the scratch: a caller's bad scratch failed only with the kernel built
+    with pytest.raises(ValueError, match="scratch"):
+        fallback.sort_id_ordered(packed(np.array([2, 1], np.uint64), 1), 1, 2, scratch=np.zeros(1, np.uint64))
