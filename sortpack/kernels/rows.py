@@ -18,6 +18,9 @@ from ._loader import _c, _i64, _ptr, _scratch
 # *size-sorted* order hold samples of nearly one size, which no window size fixes short of
 # the whole set (95.8% at 65536 on the same data): pack windows of an order that mixes sizes.
 DEFAULT_ROW_WINDOW = 65536
+# The compiled kernel keeps two words and a bit per token of the row (its open rows bucketed by room left): past
+# this row length, and past 4 words per sample, the reference packs instead (the same rows, memory by samples)
+COMPILED_ROW_LEN = 1 << 22
 
 
 def pack_rows_reference(sizes: Any, row_len: int, max_segments: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -126,8 +129,9 @@ def pack_rows_windows(sizes: Any, row_len: int, max_segments: int = 0,
                                      operator.index(window))
     sizes = _i64(sizes).ravel()
     n = len(sizes)
+    row_len = _packing_row_len(sizes, row_len)
     lib = _c()
-    if lib is None:
+    if lib is None or row_len > max(COMPILED_ROW_LEN, 4 * n):
         return _pack_rows_fallback(sizes, row_len, max_segments, window)
     if row_len < 0 or max_segments < 0:
         _check_rows(sizes, row_len, max_segments)
@@ -140,6 +144,22 @@ def pack_rows_windows(sizes: Any, row_len: int, max_segments: int = 0,
         _check_rows(sizes, row_len, max_segments)
         raise ValueError("pack_rows: invalid sizes")  # pragma: no cover - caught above
     return order, splits[:nrows + 1].copy()
+
+
+def _packing_row_len(sizes: np.ndarray, row_len: int) -> int:
+    """Return the row length that packs ``sizes`` as ``row_len`` does: at most their total.
+
+    Rows of at least the total fit every sample into every open row, so best fit takes the
+    fullest open row whatever their length: every such length gives the same rows. Sizes
+    outside [0, row_len] keep ``row_len`` (the packers refuse them).
+    """
+    n = len(sizes)
+    if not n or row_len <= 0:
+        return row_len
+    lo, hi = int(sizes.min()), int(sizes.max())
+    if lo < 0 or hi > row_len or (hi and n > (2**63 - 1) // hi):  # refused, or a total that could overflow
+        return row_len
+    return min(row_len, int(sizes.sum()))
 
 
 def _pack_rows_fallback(sizes: np.ndarray, row_len: int, max_segments: int,

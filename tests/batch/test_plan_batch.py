@@ -144,3 +144,20 @@ def test_micro_batches_collate_and_give_the_steps_exact_loss():
     assert total == pytest.approx(2.0)  # summed over ranks' micro-batches, W times the step's mean (1)
     assert plan.stats["targets"] == int(lengths.sum()) - len(lengths)
     del torch
+
+
+@pytest.mark.parametrize("max_tokens", [2**31 - 1, 2**62, 2**63 - 1])
+def test_a_cap_far_over_the_batch_packs_as_any_cap_over_it_does(max_tokens):
+    # best fit's compiled kernel sized its scratch by the cap: 2^31 asked numpy for 32 GiB, 2^62 overflowed the
+    # size and the kernel wrote past its buffer (a segfault); any cap from the batch's total up packs alike
+    lengths = [300, 100, 200, 50]
+    for kw in ({}, {"max_samples": 2}, {"balance": "targets", "targets": [3, 1, 2, 1]}):
+        want = plan_batch(lengths, world_size=1, max_tokens=650, **kw)
+        got = plan_batch(lengths, world_size=1, max_tokens=max_tokens, **kw)
+        assert [mb.tolist() for mb in got.rank(0)] == [mb.tolist() for mb in want.rank(0)]
+
+
+def test_sequences_near_the_int32_limit_pack_without_a_scratch_the_size_of_the_cap():
+    # three sequences of 2^30 tokens under a cap of 2^31: two micro-batches (the kernel asked for 32 GiB)
+    plan = plan_batch([2**30, 2**30, 2**30], world_size=1, max_tokens=2**31)
+    assert sorted(mb.tolist() for mb in plan.rank(0)) == [[0, 1], [2]]
