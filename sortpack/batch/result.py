@@ -85,7 +85,8 @@ class BatchPlan:
         for j, ids in zip(span, self.rank(r)):
             lengths = self.lengths[ids]
             tokens = int(lengths.sum())
-            targets = int(self.targets[ids].sum()) if self.targets is not None else tokens - len(ids)
+            targets = int(self.targets[ids].sum()) if self.targets is not None else \
+                tokens - int(np.count_nonzero(lengths))  # every token but each sequence's first, none of an empty one
             out.append(MicroBatch(ids.tolist(), j, facts=facts, last=j == span[-1], tokens=tokens,
                                   attention=int((lengths * lengths).sum()), targets=targets,
                                   size2=None if self.size2 is None else int(self.size2[ids].sum())))

@@ -37,7 +37,7 @@ def plan_stats(m: Measures, opts: BatchOptions, layout: tuple[np.ndarray, np.nda
     s = room.astype(np.float64)
     cum = np.concatenate(([0], np.cumsum(room[indices])))
     per_mb = cum[offsets[1:]] - cum[offsets[:-1]]
-    targets = int(m.targets.sum()) if m.targets is not None else tokens - len(lengths)
+    targets = int(m.targets.sum()) if m.targets is not None else tokens - int(np.count_nonzero(lengths))
     balance = {"tokens": imbalance(_rank_sums(room, layout)),
                "cost": imbalance(_rank_sums(opts.coeff * s + s * s, layout))}
     if m.targets is not None:

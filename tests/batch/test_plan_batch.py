@@ -161,3 +161,12 @@ def test_sequences_near_the_int32_limit_pack_without_a_scratch_the_size_of_the_c
     # three sequences of 2^30 tokens under a cap of 2^31: two micro-batches (the kernel asked for 32 GiB)
     plan = plan_batch([2**30, 2**30, 2**30], world_size=1, max_tokens=2**31)
     assert sorted(mb.tolist() for mb in plan.rank(0)) == [[0, 1], [2]]
+
+
+def test_an_empty_sequence_has_no_loss_target():
+    # "every token but each sequence's first": a sequence of 0 tokens has none, not -1 (the step's count was 1, not 4,
+    # so step_loss divided by 1: the loss four times the mean; all-empty batches counted -3)
+    plan = plan_batch([0, 0, 5, 0], world_size=1, max_tokens=10)
+    (mb,) = plan.microbatches(0)
+    assert plan.stats["targets"] == 4 and mb.targets == 4 and mb.step_targets == 4
+    assert plan_batch([0, 0, 0], world_size=1, max_tokens=10).stats["targets"] == 0
