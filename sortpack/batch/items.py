@@ -50,11 +50,23 @@ class Items:
 
 
 def _integers(arr: np.ndarray, name: str) -> None:
-    """Raise SortpackError unless ``arr`` holds integers (an integer or boolean dtype, or whole finite floats)."""
-    if not len(arr) or np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.bool_):
+    """Raise SortpackError unless ``arr`` holds integers that fit int64 (an integer or boolean dtype, or whole finite
+    floats), naming the first bad index and its value."""
+    if not len(arr) or np.issubdtype(arr.dtype, np.bool_):
         return
-    if not np.issubdtype(arr.dtype, np.floating) or not np.all(np.isfinite(arr)) or np.any(arr != np.rint(arr)):
+    if np.issubdtype(arr.dtype, np.unsignedinteger):
+        past = np.flatnonzero(arr > np.iinfo(np.int64).max)
+    elif np.issubdtype(arr.dtype, np.integer):
+        return
+    elif np.issubdtype(arr.dtype, np.floating):
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.rint(arr)))
+        if len(bad):
+            raise SortpackError(f"plan_batch: {name}[{int(bad[0])}] = {arr[bad[0]].item()!r}: must be an integer")
+        past = np.flatnonzero(arr >= 2.0**63)
+    else:
         raise SortpackError(f"plan_batch: {name} must hold integers, got dtype {arr.dtype}")
+    if len(past):
+        raise SortpackError(f"plan_batch: {name}[{int(past[0])}] = {arr[past[0]].item()!r}: past the largest int64")
 
 
 def _column(values, name: str, n: int | None) -> np.ndarray:
@@ -98,7 +110,11 @@ def measures_of(lengths, targets, caps: dict | None, groups) -> Measures:
         ids = np.asarray(groups)
         if ids.ndim != 1 or len(ids) != n:
             raise SortpackError(f"plan_batch: groups must be 1-d of {n} ids (one per length), got shape {ids.shape}")
-        group_of = np.unique(ids, return_inverse=True)[1].astype(np.int64).reshape(-1)
+        try:
+            group_of = np.unique(ids, return_inverse=True)[1].astype(np.int64).reshape(-1)
+        except TypeError as err:  # ids that do not compare (None beside ints): numpy's unique sorts them
+            raise SortpackError(f"plan_batch: groups must hold ids of one kind that compare (ints or strings), "
+                                f"got dtype {ids.dtype}: {err}") from None
     return Measures(lengths, t, size2, cap2, name2, group_of)
 
 

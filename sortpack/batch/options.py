@@ -55,11 +55,12 @@ class BatchOptions:
     def check(self) -> None:
         """Raise SortpackError (one line, naming the keyword) for the first option out of range."""
         self._check_counts()
-        if self.cost_coeff is not None and not (math.isfinite(self.cost_coeff) and self.cost_coeff >= 0):
-            raise SortpackError(f"plan_batch: cost_coeff={self.cost_coeff!r}: expected a finite number >= 0")
-        if self.balance_by is not None and self.balance_by not in BALANCE:
+        c = self.cost_coeff
+        if c is not None and (isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(c) or c < 0):
+            raise SortpackError(f"plan_batch: cost_coeff={c!r}: expected a finite number >= 0")
+        if self.balance_by is not None and not (isinstance(self.balance_by, str) and self.balance_by in BALANCE):
             raise SortpackError(f"plan_batch: balance={self.balance_by!r}: expected one of {', '.join(BALANCE)}")
-        if self.oversize not in OVERSIZE:
+        if not (isinstance(self.oversize, str) and self.oversize in OVERSIZE):
             raise SortpackError(f"plan_batch: oversize={self.oversize!r}: expected 'error' (refuse a sequence over "
                                 f"the cap) or 'alone' (a micro-batch of its own)")
         self._check_together()

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..errors import SortpackError
 from ..kernels.gather import run_indices
 from .deal import check_enough, deal_rows, per_rank_count, split_rows
 from .items import Items, items_of, measures_of, oversize_of
@@ -54,6 +55,8 @@ def plan_batch(lengths, *, world_size: int, max_tokens: int, cost_coeff: float |
     opts = BatchOptions(world_size, max_tokens, cost_coeff, balance, pad_to_multiple, bool(equal_counts),
                         count_multiple, min_microbatches, max_samples, oversize)
     opts.check()
+    if caps is not None and not isinstance(caps, Mapping):
+        raise SortpackError(f"plan_batch: caps={caps!r}: expected a mapping {{name: (values, limit)}}")
     measures = measures_of(lengths, targets, dict(caps) if caps else None, groups)
     items = items_of(measures, opts)
     over = oversize_of(items, opts)

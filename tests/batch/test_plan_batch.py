@@ -6,6 +6,7 @@ import doctest
 import json
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -60,7 +61,7 @@ def test_a_bad_option_is_one_line_naming_its_keyword(kw, message):
 def test_bad_lengths_name_the_first_bad_index():
     with pytest.raises(SortpackError, match=r"lengths\[2\] = -1: must be >= 0"):
         plan_batch([1, 2, -1], world_size=1, max_tokens=8)
-    with pytest.raises(SortpackError, match="lengths must hold integers"):
+    with pytest.raises(SortpackError, match=r"lengths\[0\] = 1.5: must be an integer"):
         plan_batch([1.5, 2.0], world_size=1, max_tokens=8)
     assert plan_batch(np.array([3.0, 4.0]), world_size=1, max_tokens=8).num_microbatches == 1
 
@@ -170,3 +171,32 @@ def test_an_empty_sequence_has_no_loss_target():
     (mb,) = plan.microbatches(0)
     assert plan.stats["targets"] == 4 and mb.targets == 4 and mb.step_targets == 4
     assert plan_batch([0, 0, 0], world_size=1, max_tokens=10).stats["targets"] == 0
+
+
+@pytest.mark.parametrize("lengths,message", [
+    ([1, 2, 2.5], r"lengths\[2\] = 2.5: must be an integer"),
+    ([1.0, float("nan")], r"lengths\[1\] = nan: must be an integer"),
+    ([3.0, 1e30], r"lengths\[1\] = 1e\+30: past the largest int64"),
+    (np.array([3, 4, 2**63 + 5], np.uint64), r"lengths\[2\] = 9223372036854775813: past the largest int64"),
+])
+def test_bad_lengths_name_the_first_bad_index_and_its_value(lengths, message):
+    # a non-integer named no index; a value past int64 was named by its wrapped value (lengths[2] = -92233...: must
+    # be >= 0) after a RuntimeWarning of numpy's cast
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(SortpackError, match=message) as err:
+            plan_batch(lengths, world_size=1, max_tokens=8)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"cost_coeff": "6144"}, "cost_coeff='6144': expected a finite number >= 0"),
+    ({"balance": ["tokens"]}, r"balance=\['tokens'\]: expected one of"),
+    ({"caps": [([1, 1, 1, 1], 5)]}, r"caps=\[.*\]: expected a mapping"),
+    ({"groups": [None, None, 1, 1]}, "groups must hold ids of one kind"),
+])
+def test_a_bad_option_of_another_type_is_one_line_naming_its_keyword(kw, message):
+    # each was a TypeError from inside math, a dict, dict() or numpy's unique
+    with pytest.raises(SortpackError, match=message) as err:
+        plan_batch([5, 6, 7, 8], **{"world_size": 2, "max_tokens": 20, **kw})
+    assert "\n" not in str(err.value)
