@@ -9,6 +9,7 @@ the micro-batches, and the deal balances them.
 """
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,8 +27,10 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: b
     """Return ``k_partitions`` lists of indices into ``seqlen_list`` (each ascending, none empty), their sums balanced.
 
     ``equal_size``: every part holds ``len(seqlen_list) / k_partitions`` items (which must divide);
-    otherwise the counts differ by one at most. The parts are Karmarkar-Karp's with equal counts,
-    then improved by swaps (``sortpack.batch.deal``), compiled.
+    otherwise only the sums are balanced, as verl's (any counts, none empty). The parts are
+    Karmarkar-Karp's with equal counts, then improved by swaps (``sortpack.batch.deal``),
+    compiled; without ``equal_size``, those of Karmarkar-Karp with free counts (verl's) where
+    their heaviest part is lighter.
     """
     values = np.asarray(seqlen_list, dtype=np.float64)
     n = len(values)
@@ -36,8 +39,51 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: b
     if equal_size and n % k_partitions:
         raise SortpackError(f"get_seqlen_balanced_partitions: equal_size needs {n} items to divide by {k_partitions}")
     part = deal_rows(values, k_partitions)
+    if not equal_size:
+        free = _free_counts(values, k_partitions)
+        heaviest = [np.bincount(p, values, minlength=k_partitions).max() for p in (part, free)]
+        part = free if heaviest[1] < heaviest[0] else part
     order = np.lexsort((np.arange(n), part))
     return [chunk.tolist() for chunk in np.split(order, np.cumsum(np.bincount(part, minlength=k_partitions))[:-1])]
+
+
+def _free_counts(values: np.ndarray, k: int) -> np.ndarray:
+    """Return each item's part (0..k-1, none empty) by Karmarkar-Karp with free counts, as verl's ``equal_size=False``.
+
+    Each item is a state of k parts, itself in one; the state of largest spread (heaviest part
+    less lightest; ties: the earlier) takes the next, its i-th heaviest part the other's i-th
+    lightest, until one is left. A part left empty (items of 0) takes the lightest item of the
+    part of most items, which raises no part over the heaviest.
+    """
+    n = len(values)
+    order = np.lexsort((np.arange(n), values))
+    sums = np.zeros((n, k))
+    sums[:, 0] = values[order]
+    slots = np.arange(n * k, dtype=np.int64).reshape(n, k)  # each state's parts, heaviest first: slot s*k + j
+    parent = np.arange(n * k, dtype=np.int64)
+    heap = [(-float(sums[s, 0]), s) for s in range(n)]
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap)[1], heapq.heappop(heap)[1]
+        parent[slots[b, ::-1]] = slots[a]
+        merged = sums[a] + sums[b, ::-1]
+        by = np.argsort(-merged, kind="stable")
+        slots[a], sums[a] = slots[a, by], merged[by]
+        heapq.heappush(heap, (-float(sums[a, 0] - sums[a, -1]), a))
+    rank = np.empty(n * k, np.int64)
+    rank[slots[heap[0][1]]] = np.arange(k)
+    while True:  # every slot's root: pointer jumping
+        up = parent[parent]
+        if np.array_equal(up, parent):
+            break
+        parent = up
+    part = np.empty(n, np.int64)
+    part[order] = rank[parent[np.arange(n) * k]]
+    for empty in np.flatnonzero(np.bincount(part, minlength=k) == 0):
+        donor = int(np.argmax(np.bincount(part, minlength=k)))
+        held = np.flatnonzero(part == donor)
+        part[held[np.lexsort((held, values[held]))[0]]] = empty
+    return part
 
 
 def _seq_lengths(batch) -> np.ndarray:

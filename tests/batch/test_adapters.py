@@ -221,3 +221,15 @@ def test_verl_data_parallel_ranks_agree_on_the_count(tmp_path):
     lines = [[line for line in out.splitlines() if line.startswith(("count", "refused"))] for out in outs]
     assert lines[0][0] == "count 10 largest 4000 samples 40" and lines[1][0] == "count 10 largest 2000 samples 12"
     assert lines[0][1] == lines[1][1] == "refused SortpackError a data-parallel rank has 4 sam"
+
+
+@pytest.mark.parametrize("values,k", [([100, 1, 1, 1, 1, 1, 1, 1], 2), ([1000, 900] + [10] * 10, 3),
+                                      ([0, 0, 0, 5], 3)])
+def test_verl_partitions_of_free_size_balance_only_the_sums(values, k):
+    # equal_size=False: "only consider balancing the sum, each partition can have variable number of items" (verl);
+    # the counts were kept within one of each other: {100, 1, 1, 1} and {1, 1, 1, 1}, 103 against verl's 100
+    ours = get_seqlen_balanced_partitions(values, k, False)
+    theirs = tb.verl_karmarkar_karp(values, k, False)
+    assert len(ours) == k and all(p == sorted(p) and p for p in ours)
+    assert sorted(i for p in ours for i in p) == list(range(len(values)))
+    assert max(sum(values[i] for i in p) for p in ours) <= max(sum(values[i] for i in p) for p in theirs)
