@@ -10,6 +10,7 @@ the micro-batches, and the deal balances them.
 from __future__ import annotations
 
 import heapq
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -110,13 +111,14 @@ def _forced_groups(n: int, size: int) -> np.ndarray | None:
     return np.arange(n) // size if size > 1 else None
 
 
-def _agreed_count(count: int, units: int, dp_group) -> int:
-    """Return the most micro-batches any data-parallel rank needs (one all-reduce; ``count`` without a group).
+def _agreed_count(count: int, units: int, dp_group, same: bool) -> int:
+    """Return the most micro-batches any data-parallel rank needs (one all-reduce over ``dp_group``, the default
+    group when None, as verl's; ``count`` without torch.distributed initialised or without ``same``).
 
     Every rank raises together when one has fewer samples (groups) than that count: a rank that
     raised alone would leave the others waiting in their next collective.
     """
-    if dp_group is None:
+    if not same or "torch.distributed" not in sys.modules:
         return count  # one rank's plan: torch is not even imported
     import torch
     import torch.distributed as dist
@@ -140,11 +142,12 @@ def rearrange_micro_batches(batch, max_token_len: int, dp_group=None, num_batche
     """Return (micro-batches, their index lists) of a rank's ``batch``, as verl's ``rearrange_micro_batches``.
 
     Each micro-batch holds at most ``max_token_len`` tokens (``attention_mask`` summed per
-    sample); with ``dp_group`` and ``same_micro_num_in_dp`` every rank of the group gets the same
-    count (the most any needs, one all-reduce), a multiple of ``num_batches_divided_by`` and at
-    least ``min_num_micro_batch``; ``force_group_size`` consecutive samples stay together. With
-    ``use_dynamic_bsz_balance`` the micro-batches are ordered by workload (``24576*s + s^2``), the
-    lightest at both ends, as verl orders them for pipeline warm-up and cool-down.
+    sample); with ``same_micro_num_in_dp`` under torch.distributed every rank of ``dp_group`` (the
+    default group when None, as in verl) gets the same count (the most any needs, one
+    all-reduce), a multiple of ``num_batches_divided_by`` and at least ``min_num_micro_batch``;
+    ``force_group_size`` consecutive samples stay together. With ``use_dynamic_bsz_balance`` the
+    micro-batches are ordered by workload (``24576*s + s^2``), the lightest at both ends, as verl
+    orders them for pipeline warm-up and cool-down.
     """
     lengths = _seq_lengths(batch)
     kw: dict[str, Any] = {"world_size": 1, "max_tokens": int(max_token_len), "cost_coeff": VERL_COST_COEFF,
@@ -153,7 +156,7 @@ def rearrange_micro_batches(batch, max_token_len: int, dp_group=None, num_batche
                           "min_microbatches": int(min_num_micro_batch or 0)}
     plan = plan_batch(lengths, **kw)
     units = len(lengths) // force_group_size
-    most = _agreed_count(plan.num_microbatches, units, dp_group if same_micro_num_in_dp else None)
+    most = _agreed_count(plan.num_microbatches, units, dp_group, same_micro_num_in_dp)
     if most > plan.num_microbatches:
         plan = plan_batch(lengths, **{**kw, "min_microbatches": most})
     parts = [mb.tolist() for mb in plan.rank(0)]  # costliest first

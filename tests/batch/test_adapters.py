@@ -233,3 +233,29 @@ def test_verl_partitions_of_free_size_balance_only_the_sums(values, k):
     assert len(ours) == k and all(p == sorted(p) and p for p in ours)
     assert sorted(i for p in ours for i in p) == list(range(len(values)))
     assert max(sum(values[i] for i in p) for p in ours) <= max(sum(values[i] for i in p) for p in theirs)
+
+
+VERL_RANK_NO_GROUP = """
+import numpy as np
+import torch.distributed as dist
+from sortpack.batch.verl import rearrange_micro_batches
+dist.init_process_group("gloo")
+lengths = np.full(40 if dist.get_rank() == 0 else 12, 1000)
+_, parts = rearrange_micro_batches({"input_ids": lengths, "attention_mask": lengths[:, None]}, 4000)
+print("count", len(parts))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_verl_ranks_agree_on_the_count_without_a_group_as_verl_does(tmp_path):
+    # verl all-reduces over the default group when dp_group is None (its FSDP actor and critic pass none): the
+    # adapter planned each rank alone there, 10 micro-batches on one rank and 3 on the other (FSDP then hangs)
+    pytest.importorskip("torch")
+    from support import run_gloo_ranks
+
+    script = tmp_path / "verl_rank.py"
+    script.write_text(VERL_RANK_NO_GROUP)
+    outs = run_gloo_ranks([script], timeout=120)
+    assert [[line for line in out.splitlines() if line.startswith("count")] for out in outs] == [["count 10"]] * 2
