@@ -3,6 +3,8 @@
 ``plan_batch``, and lays the rows out with ``varlen_collate``: a padding-free batch, every document once."""
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from ..errors import SortpackError
@@ -31,6 +33,8 @@ class PackingCollator:
     """
 
     def __init__(self, seq_length: int, pad_token_id: int = 0, on_overflow: str = "error", key: str = "input_ids"):
+        if isinstance(seq_length, bool) or not isinstance(seq_length, numbers.Integral) or seq_length < 1:
+            raise SortpackError(f"PackingCollator: seq_length={seq_length!r}: expected an integer >= 1")
         if on_overflow not in ("error", "truncate"):
             raise SortpackError(f"PackingCollator: on_overflow={on_overflow!r}: expected 'error' or 'truncate'")
         self.seq_length, self.pad_token_id, self.on_overflow, self.key = int(seq_length), pad_token_id, on_overflow, key
@@ -40,6 +44,10 @@ class PackingCollator:
         lengths = np.asarray(lengths, dtype=np.int64)
         if self.on_overflow == "truncate":
             lengths = np.minimum(lengths, self.seq_length)
+        over = np.flatnonzero(lengths > self.seq_length)
+        if len(over):
+            raise SortpackError(f"PackingCollator: example {int(over[0])} holds {int(lengths[over[0]])} tokens, over "
+                                f"seq_length={self.seq_length}; pass on_overflow='truncate' (cut to seq_length)")
         return plan_batch(lengths, world_size=1, max_tokens=self.seq_length).rank(0)
 
     def _cut(self, example: dict) -> dict:

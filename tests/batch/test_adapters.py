@@ -182,7 +182,7 @@ def test_the_packing_collator_lays_out_rows_with_labels():
     assert batch["row_shape"] == (2, 12) and sorted(i for r in batch["rows"] for i in r) == [0, 1, 2, 3]
     assert int((batch["input_ids"] == 5).sum()) == 22
     assert int((batch["labels"] == 7).sum()) == 3 + 2 + 5 + 2  # the given labels' targets, laid out with the ids
-    with pytest.raises(SortpackError, match="sequence 0 holds 20 tokens, over max_tokens=12"):
+    with pytest.raises(SortpackError, match="example 0 holds 20 tokens, over seq_length=12"):
         PackingCollator(12)([{"input_ids": [1] * 20}])
     cut = PackingCollator(12, on_overflow="truncate")([{"input_ids": [1] * 20}])
     assert cut["row_shape"] == (1, 12)
@@ -259,3 +259,15 @@ def test_verl_ranks_agree_on_the_count_without_a_group_as_verl_does(tmp_path):
     script.write_text(VERL_RANK_NO_GROUP)
     outs = run_gloo_ranks([script], timeout=120)
     assert [[line for line in out.splitlines() if line.startswith("count")] for out in outs] == [["count 10"]] * 2
+
+
+def test_the_packing_collator_names_its_own_arguments_when_refusing():
+    # an example over seq_length was plan_batch's "over max_tokens=10 ... pass oversize='alone'", keywords the
+    # collator has not; seq_length=0 was "max_tokens=0", seq_length="a" int()'s ValueError
+    with pytest.raises(SortpackError, match=r"PackingCollator: example 1 holds 11 tokens, over seq_length=10; "
+                                            r"pass on_overflow='truncate'") as err:
+        PackingCollator(10)([{"input_ids": [1] * 3}, {"input_ids": [1] * 11}])
+    assert "\n" not in str(err.value) and "max_tokens" not in str(err.value)
+    for bad in (0, "a", 2.5):
+        with pytest.raises(SortpackError, match=f"PackingCollator: seq_length={bad!r}: expected an integer >= 1"):
+            PackingCollator(bad)
