@@ -10,6 +10,7 @@ the micro-batches, and the deal balances them.
 from __future__ import annotations
 
 import heapq
+import numbers
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -33,7 +34,9 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: b
     compiled; without ``equal_size``, those of Karmarkar-Karp with free counts (verl's) where
     their heaviest part is lighter.
     """
-    values = np.asarray(seqlen_list, dtype=np.float64)
+    values = _values(seqlen_list)
+    if isinstance(k_partitions, bool) or not isinstance(k_partitions, numbers.Integral) or k_partitions < 1:
+        raise SortpackError(f"get_seqlen_balanced_partitions: k_partitions={k_partitions!r}: expected an integer >= 1")
     n = len(values)
     if k_partitions < 1 or n < k_partitions:
         raise SortpackError(f"get_seqlen_balanced_partitions: {n} items cannot fill {k_partitions} partitions")
@@ -46,6 +49,21 @@ def get_seqlen_balanced_partitions(seqlen_list, k_partitions: int, equal_size: b
         part = free if heaviest[1] < heaviest[0] else part
     order = np.lexsort((np.arange(n), part))
     return [chunk.tolist() for chunk in np.split(order, np.cumsum(np.bincount(part, minlength=k_partitions))[:-1])]
+
+
+def _values(seqlen_list) -> np.ndarray:
+    """Return ``seqlen_list`` as 1-d float64 (SortpackError naming the first value that is not a finite number)."""
+    try:
+        values = np.asarray(seqlen_list, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise SortpackError("get_seqlen_balanced_partitions: seqlen_list must hold numbers") from None
+    if values.ndim != 1:
+        raise SortpackError(f"get_seqlen_balanced_partitions: seqlen_list must be 1-d, got shape {values.shape}")
+    bad = np.flatnonzero(~np.isfinite(values))
+    if len(bad):
+        raise SortpackError(f"get_seqlen_balanced_partitions: seqlen_list[{int(bad[0])}] = {values[bad[0]].item()!r}: "
+                            "expected a finite number")
+    return values
 
 
 def _free_counts(values: np.ndarray, k: int) -> np.ndarray:

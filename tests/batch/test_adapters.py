@@ -271,3 +271,17 @@ def test_the_packing_collator_names_its_own_arguments_when_refusing():
     for bad in (0, "a", 2.5):
         with pytest.raises(SortpackError, match=f"PackingCollator: seq_length={bad!r}: expected an integer >= 1"):
             PackingCollator(bad)
+
+
+@pytest.mark.parametrize("values,k,message", [
+    ([[1, 2], [3, 4]], 2, r"seqlen_list must be 1-d, got shape \(2, 2\)"),
+    ([5, float("nan"), 2, 1], 2, r"seqlen_list\[1\] = nan: expected a finite number"),
+    (["a", "b"], 1, "seqlen_list must hold numbers"),
+    ([1, 2], "2", "k_partitions='2': expected an integer >= 1"),
+    ([1, 2, 3], 2.0, "k_partitions=2.0: expected an integer >= 1"),
+])
+def test_verl_partitions_refuse_bad_input_in_one_line(values, k, message):
+    # a 2-d list was dealt by rows and a NaN anywhere, silently; strings and a float k were numpy's and heapq's errors
+    with pytest.raises(SortpackError, match=message) as err:
+        get_seqlen_balanced_partitions(values, k, False)
+    assert "\n" not in str(err.value)
