@@ -291,7 +291,8 @@ def _runs_section(tok: Path, scale: str) -> tuple[Section, list[Row]]:
     return sec, [row]
 
 
-def measure(scale: str, log, docs: int | None = None) -> tuple[list[Section], list[Row]]:
+def measure(scale: str, log, docs: int | None = None, vocabs: tuple[str, ...] | None = None
+            ) -> tuple[list[Section], list[Row]]:
     """Run every vocabulary's alternated rounds and the long pieces; return the tables and the goal rows."""
     missing = missing_modules("tokenizers", "tiktoken")
     if missing or whisper_assets() is None:
@@ -306,7 +307,7 @@ def measure(scale: str, log, docs: int | None = None) -> tuple[list[Section], li
                   ["vocabulary", "path", "analyze stage", "whole command", "throughput vs baseline",
                    "ids / tokens equal", "load"])
     rows = []
-    for name in VOCABS[scale]:
+    for name in vocabs or VOCABS[scale]:
         try:
             rows += _vocab_rows(name, measure_vocab(name, texts, scale, log), sec)
         except BenchError as exc:  # a vocabulary whose package is missing: a row saying so, the others measured
@@ -329,13 +330,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_real_tokens", description=__doc__.splitlines()[0])
     ap.add_argument("--scale", choices=sorted(DOCS), default="small")
     ap.add_argument("--docs", type=int, help="documents of the corpus (0: all; default: the scale's)")
+    ap.add_argument("--vocabs", help="the vocabularies, comma-separated (default: the scale's; names from "
+                    "real_vocab.VARIANTS and SP_VARIANTS)")
     ap.add_argument("--worker", nargs=2, metavar=("KIND", "ARGS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         print(PREFIX + json.dumps(WORKERS[args.worker[0]](json.loads(args.worker[1]))), flush=True)
         return 0
     log = script_log("bench_real_tokens", args.scale)
-    sections, rows = measure(args.scale, log, args.docs)
+    sections, rows = measure(args.scale, log, args.docs, tuple(args.vocabs.split(",")) if args.vocabs else None)
     print_script_results(sections, rows)
     return 0
 

@@ -37,7 +37,10 @@ class PackingCollator:
             raise SortpackError(f"PackingCollator: seq_length={seq_length!r}: expected an integer >= 1")
         if on_overflow not in ("error", "truncate"):
             raise SortpackError(f"PackingCollator: on_overflow={on_overflow!r}: expected 'error' or 'truncate'")
-        self.seq_length, self.pad_token_id, self.on_overflow, self.key = int(seq_length), pad_token_id, on_overflow, key
+        self.seq_length: int = int(seq_length)
+        self.pad_token_id: int = pad_token_id
+        self.on_overflow: str = on_overflow
+        self.key: str = key
 
     def rows(self, lengths) -> list[np.ndarray]:
         """Return the rows of examples of these ``lengths``: each an array of example indices."""

@@ -30,6 +30,7 @@ __all__ = ["LazyTokenizer", "TokenEncoder", "encoder_provenance", "hf_ids", "par
 _OFF = "SORTPACK_FAST_TOKENIZER"  # "0": always Hugging Face tokenizers; "tiktoken": tiktoken for every text
 _MEMO: dict[tuple, Any] = {}  # (path, mtime, size) -> its _Exact or the reason: one decision per process
 _MEMO_LOCK = threading.Lock()
+_REFUSED_SPEC: list = []  # [path, its parsed JSON] of the file the tiktoken decision refused last (under _MEMO_LOCK)
 NEEDS_TOKENIZERS = "--tokenizer needs the tokenizers package (pip install 'sortpack[tokenizers]')"
 
 
@@ -90,6 +91,7 @@ def _convert(path: str, hf: Callable[[], Any]) -> _Exact | str:
         try:
             conv = exact_conversion(spec, hf())
         except Refused as exc:
+            _REFUSED_SPEC[:] = [path, spec]  # the SentencePiece-style decision next reads it (no second parse)
             return str(exc)
         conversion_cache.store(key, conv)
     return _Exact(os.path.basename(path), conv, cached)
@@ -107,9 +109,12 @@ def _sp_converted(path: str, hf: Callable[[], Any]) -> Any:
         key = ("sentencepiece", path)
     with _MEMO_LOCK:
         if key not in _MEMO:
+            spec = _REFUSED_SPEC[1] if _REFUSED_SPEC and _REFUSED_SPEC[0] == path else None
+            _REFUSED_SPEC.clear()
             try:
-                with open(path, "rb") as f:
-                    spec = parse_spec(f.read())
+                if spec is None:
+                    with open(path, "rb") as f:
+                        spec = parse_spec(f.read())
             except OSError:
                 spec = None
             if spec is None:

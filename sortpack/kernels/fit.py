@@ -19,8 +19,16 @@ import numpy as np
 
 from ._loader import _c, _i64, _ptr, _scratch
 from .budget import KernelCost, kernel_cost
-from .greedy import (_Options, _options, _reference_cost, _reference_round, _round_np, _shape_records, _square_f64,
-                     cap_arrays)
+from .greedy import (
+    _Options,
+    _options,
+    _reference_cost,
+    _reference_round,
+    _round_np,
+    _shape_records,
+    _square_f64,
+    cap_arrays,
+)
 
 
 def _windows(windows: Any, n: int) -> np.ndarray:

@@ -301,7 +301,8 @@ def _prefix_fits2(w: np.ndarray, j: int, a: _Options) -> np.ndarray:
     """Return ``_prefix_fits`` of the samples from ``j`` (``w = sizes[j:j+K]``), every cap's too."""
     ok = _prefix_fits(w, a)
     if a.caps is not None and a.lims is not None and len(a.lims):
-        ok &= np.stack([_running_sums_fit(row, int(lim)) for row, lim in zip(a.caps[:, j:j + len(w)], a.lims)]).all(axis=0)
+        ok &= np.stack([_running_sums_fit(row, int(lim))
+                        for row, lim in zip(a.caps[:, j:j + len(w)], a.lims)]).all(axis=0)
         ok[0] = True
     return ok
 

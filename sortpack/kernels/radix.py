@@ -29,7 +29,8 @@ def sort_id_ordered(codes: np.ndarray, low_bits: int, high_bits: int, scratch: n
     """
     codes = np.ascontiguousarray(codes, dtype=np.uint64).ravel()
     given = scratch is not None
-    if given and (len(scratch) < len(codes) or scratch.dtype != np.uint64 or not scratch.flags.c_contiguous):
+    if scratch is not None and (len(scratch) < len(codes) or scratch.dtype != np.uint64
+                                or not scratch.flags.c_contiguous):
         # refused whichever sort runs: a caller the fallback lets through fails only where the kernel is built
         raise ValueError("sort_id_ordered: scratch must be C-contiguous uint64 of at least len(codes)")
     lib = _c()
