@@ -138,12 +138,7 @@ class SpConversion:
     ``compiled()`` is the table, made once on first use and kept here (None without the compiled kernel).
     """
 
-    chars: dict[str, int]
-    byte_ids: list[int]
-    merges: np.ndarray
-    bigrams: np.ndarray | None  # the code point pairs inside the tokens merges make (kernels.sp_bpe.table)
-    replacement: str
-    prepend: int
+    vocab: Any  # kernels.sp_bpe.SpVocab: the characters, byte-fallback ids, merges, space replacement and cuts
     special: dict[str, int]  # the added tokens' texts -> ids: a text holding one goes to tokenizers
     prefix: tuple[int, ...]
     suffix: tuple[int, ...]
@@ -156,8 +151,7 @@ class SpConversion:
             if not self._table:
                 from ..kernels import sp_bpe
 
-                self._table.append(sp_bpe.table(self.chars, self.byte_ids, self.merges, self.replacement,
-                                                self.prepend, self.bigrams))
+                self._table.append(sp_bpe.table(self.vocab))
             return self._table[0]
 
 
@@ -202,6 +196,8 @@ def sp_conversion(spec: dict, hf) -> SpConversion:
         raise Refused("the tokenizer encodes its special tokens as text")
     special = _added(spec.get("added_tokens"))
     prefix, suffix = _around(hf)
-    conv = SpConversion(chars, byte_ids, merges, bigrams, replacement, prepend, special, prefix, suffix)
+    from ..kernels.sp_bpe import SpVocab
+
+    conv = SpConversion(SpVocab(chars, byte_ids, merges, replacement, prepend, bigrams), special, prefix, suffix)
     _probe(conv, hf)
     return conv

@@ -12,7 +12,7 @@ it applies to). A text the caller marks or one that is not UTF-8 is left to the 
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -55,39 +55,48 @@ class SpTable:
             self.handle = 0
 
 
-def table(chars: dict[str, int], byte_ids: list[int], merges: np.ndarray, replacement: str = "\u2581",
-          prepend: int = ALWAYS, bigrams: np.ndarray | None = None) -> SpTable | None:
-    """Return the compiled table (None without the compiled kernel).
+class SpVocab(NamedTuple):
+    """What the kernel merges with: ``chars``, each one-character token -> its id; ``byte_ids``, the ids of
+    ``<0x00>``..``<0xFF>``; ``merges``, (m, 3) int32 rows (left id, right id, made id), their rank their row;
+    ``replacement``, what a space becomes; ``prepend``: ``NEVER``, ``ALWAYS`` (before every non-empty text: a
+    Prepend normalizer) or ``UNLESS_THERE`` (unless the text starts with it already: a Metaspace pre-tokenizer);
+    ``bigrams``: ``bigrams_of`` the tokens the merges make, where no merge takes a byte-fallback token (None:
+    unknown, and a text is merged whole; given, a text is merged word by word between the code points no merge
+    can join, with the same ids and in far less time)."""
 
-    ``chars``: each one-character token -> its id; ``byte_ids``: the ids of ``<0x00>``..``<0xFF>`` (-1: none);
-    ``merges``: (m, 3) int32 rows (left id, right id, made id), their rank their row; ``replacement``: what a
-    space becomes; ``prepend``: ``NEVER``, ``ALWAYS`` (before every non-empty
-    text: a Prepend normalizer) or ``UNLESS_THERE`` (unless the text starts with it already: a Metaspace
-    pre-tokenizer); ``bigrams``: ``bigrams_of`` the tokens the merges make, where no merge takes a byte-fallback
-    token (None: unknown, and a text is merged whole; given, a text is merged word by word between the code
-    points no merge can join, with the same ids and in far less time).
+    chars: dict[str, int]
+    byte_ids: list[int]
+    merges: np.ndarray
+    replacement: str = "\u2581"
+    prepend: int = 1  # ALWAYS
+    bigrams: np.ndarray | None = None
+
+
+def table(vocab: SpVocab) -> SpTable | None:
+    """Return the compiled table of ``vocab`` (None without the compiled kernel).
 
     Examples
     --------
-    >>> t = table({"a": 3, "b": 4, "\u2581": 5}, list(range(256)), np.array([[3, 4, 6], [5, 6, 7]], np.int32))
+    >>> t = table(SpVocab({"a": 3, "b": 4, "\u2581": 5}, list(range(256)), np.array([[3, 4, 6], [5, 6, 7]], np.int32)))
     >>> t is None or encode(t, (np.frombuffer(b"ab ab", np.uint8), np.array([0, 5])))[0].tolist() == [7, 7]
     True
     """
     lib = _library()
     if lib is None:
         return None
+    chars, replacement = vocab.chars, vocab.replacement
     cps = np.fromiter((ord(c) for c in chars), np.int32, len(chars))
     ids = np.fromiter(chars.values(), np.int32, len(chars))
-    byte_arr = np.ascontiguousarray(byte_ids, np.int32)
+    byte_arr = np.ascontiguousarray(vocab.byte_ids, np.int32)
     if byte_arr.shape != (256,):
         raise ValueError("sortpack.kernels.sp_bpe: byte_ids must hold 256 ids")
-    merges = np.ascontiguousarray(merges, np.int32).reshape(-1, 3)
+    merges = np.ascontiguousarray(vocab.merges, np.int32).reshape(-1, 3)
     cols = [np.ascontiguousarray(merges[:, k]) for k in range(3)]
     keep = cps if len(cps) else np.zeros(1, np.int32), ids if len(ids) else np.zeros(1, np.int32)
     cols = [c if len(c) else np.zeros(1, np.int32) for c in cols]
-    pairs = None if bigrams is None else np.ascontiguousarray(bigrams, np.uint64)
+    pairs = None if vocab.bigrams is None else np.ascontiguousarray(vocab.bigrams, np.uint64)
     handle = lib.sp_spbpe_new(_ptr(keep[0]), _ptr(keep[1]), len(chars), _ptr(byte_arr), _ptr(cols[0]),
-                              _ptr(cols[1]), _ptr(cols[2]), len(merges), ord(replacement), int(prepend),
+                              _ptr(cols[1]), _ptr(cols[2]), len(merges), ord(replacement), int(vocab.prepend),
                               None if pairs is None else _ptr(pairs if len(pairs) else np.zeros(1, np.uint64)),
                               0 if pairs is None else len(pairs))
     return SpTable(handle, lib, 1 if replacement in chars else 3) if handle else None
