@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import SortpackError
+
 
 @dataclass(frozen=True)
 class BatchPlan:
@@ -51,19 +53,24 @@ class BatchPlan:
         ``cu_seqlens`` (int32: the real tokens' bounds), ``max_seqlen``, ``lengths``, ``tokens``,
         ``num_samples``, ``padded_size`` (the micro-batch's length laid out: its documents each
         padded to ``pad_to_multiple``) and, with ``pad_to_multiple``, ``cu_seqlens_padded`` (the
-        padded documents' bounds, Transformer Engine's THD layout).
+        padded documents' bounds, Transformer Engine's THD layout). A micro-batch past 2^31 - 1 tokens
+        (``oversize="alone"``, or a ``max_tokens`` of 2^31 or more) is refused: int32 cannot bound it.
         """
         out = []
         k = self.pad_to_multiple
-        for ids in self.rank(r):
+        for i, ids in enumerate(self.rank(r)):
             lengths = self.lengths[ids]
-            cu = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
-            one = {"cu_seqlens": cu, "max_seqlen": int(lengths.max(initial=0)), "lengths": lengths,
-                   "tokens": int(cu[-1]), "num_samples": len(ids), "padded_size": int(cu[-1])}
+            cu = np.concatenate(([0], np.cumsum(lengths)))  # int64 until checked: a cast first would wrap
+            bounds = np.concatenate(([0], np.cumsum(-(-lengths // k) * k))) if k > 1 else cu
+            if bounds[-1] > np.iinfo(np.int32).max:
+                # flash-attention and Transformer Engine take int32 cu_seqlens: no layout of this micro-batch works
+                raise SortpackError(f"BatchPlan.layout: rank {r}'s micro-batch {i} holds "
+                                    f"{int(bounds[-1])} tokens{' padded' if k > 1 else ''}, past int32 cu_seqlens' "
+                                    f"2147483647: keep max_tokens (and every sequence) under 2^31")
+            one = {"cu_seqlens": cu.astype(np.int32), "max_seqlen": int(lengths.max(initial=0)), "lengths": lengths,
+                   "tokens": int(cu[-1]), "num_samples": len(ids), "padded_size": int(bounds[-1])}
             if k > 1:
-                padded = -(-lengths // k) * k
-                one["cu_seqlens_padded"] = np.concatenate(([0], np.cumsum(padded))).astype(np.int32)
-                one["padded_size"] = int(one["cu_seqlens_padded"][-1])
+                one["cu_seqlens_padded"] = bounds.astype(np.int32)
             out.append(one)
         return out
 

@@ -124,6 +124,19 @@ def test_the_layout_is_what_varlen_collate_lays_out():
         plan.rank(1)
 
 
+@pytest.mark.parametrize("lengths, kw, holds", [
+    ([2**31, 5], {"max_tokens": 100, "oversize": "alone"}, "2147483648 tokens,"),  # one sequence alone over int32
+    ([2**30, 2**30], {"max_tokens": 2**32}, "2147483648 tokens,"),  # a cap of 2^31 or more sums past it
+    ([2**31 - 1], {"max_tokens": 2**32, "pad_to_multiple": 2}, "2147483648 tokens padded,"),  # only padded past it
+])
+def test_a_layout_past_int32_is_one_line_not_wrapped_bounds(lengths, kw, holds):
+    plan = plan_batch(lengths, world_size=1, **kw)
+    with pytest.raises(SortpackError, match=f"BatchPlan.layout: rank 0's micro-batch 0 holds {holds} past int32") as e:
+        plan.layout(0)
+    assert "\n" not in str(e.value)
+    fits = plan_batch([2**31 - 1], world_size=1, max_tokens=2**32).layout(0)[0]
+    assert fits["cu_seqlens"].tolist() == [0, 2**31 - 1] and fits["padded_size"] == 2**31 - 1
+
 @pytest.mark.torch
 def test_micro_batches_collate_and_give_the_steps_exact_loss():
     torch = pytest.importorskip("torch")
