@@ -11,6 +11,8 @@ Karmarkar-Karp over their compute with equal counts whether or not ``balance_dat
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from ..errors import SortpackError
@@ -55,6 +57,13 @@ def build_dp_schedule(args, train_parallel_config: dict, total_lengths: list[int
     if not getattr(args, "use_dynamic_batch_size", False):
         raise SortpackError("build_dp_schedule: this adapter plans the dynamic batch (use_dynamic_batch_size); "
                             "a fixed micro_batch_size needs no planning")
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, numbers.Integral) \
+            or global_batch_size < 1:
+        raise SortpackError(f"build_dp_schedule: global_batch_size={global_batch_size!r}: expected an integer >= 1")
+    if np.shape(rollout_indices) != np.shape(total_lengths):
+        # a shorter list silently dropped the samples past its end, a longer one was numpy's IndexError
+        raise SortpackError(f"build_dp_schedule: rollout_indices has shape {np.shape(rollout_indices)}, "
+                            f"total_lengths {np.shape(total_lengths)}: expected one rollout index per sample")
     dp = int(train_parallel_config["dp_size"])
     cap = int(args.max_tokens_per_gpu) * int(train_parallel_config.get("cp_size", 1))
     vpp = train_parallel_config.get("vpp_size") or 1

@@ -161,6 +161,22 @@ def test_slime_oversize_samples_go_alone_as_in_slime():
                           rollout_indices=[0])
 
 
+@pytest.mark.parametrize("kw,message", [
+    ({"global_batch_size": 0}, "global_batch_size=0: expected an integer >= 1"),
+    ({"global_batch_size": -1}, "global_batch_size=-1: expected an integer >= 1"),
+    ({"global_batch_size": 1.5}, "global_batch_size=1.5: expected an integer >= 1"),
+    ({"rollout_indices": [0]}, r"rollout_indices has shape \(1,\), total_lengths \(2,\): expected one rollout"),
+    ({"rollout_indices": [0, 1, 2]}, r"rollout_indices has shape \(3,\), total_lengths \(2,\): expected one"),
+])
+def test_slime_schedule_refuses_a_bad_batch_size_or_rollout_list_in_one_line(kw, message):
+    # global_batch_size=0 was a ZeroDivisionError and 1.5 ran as 1; a short rollout_indices dropped samples silently,
+    # a long one was numpy's IndexError
+    config = {"dp_size": 1, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    with pytest.raises(SortpackError, match="build_dp_schedule: " + message) as err:
+        build_dp_schedule(_slime_args(100), config, [10, 20], **{"global_batch_size": 1, "rollout_indices": [0, 1],
+                                                                 **kw})
+    assert "\n" not in str(err.value)
+
 def test_the_packing_collator_packs_no_more_rows_than_trl_and_keeps_every_token():
     datasets = pytest.importorskip("datasets")
     trl = pytest.importorskip("trl")
