@@ -129,6 +129,21 @@ def _forced_groups(n: int, size: int) -> np.ndarray | None:
     return np.arange(n) // size if size > 1 else None
 
 
+def _check_cap(lengths: np.ndarray, max_token_len, size: int) -> None:
+    """Raise SortpackError, in this adapter's terms, for a ``max_token_len`` that is not an integer >= 1 or a sample
+    (forced group) over it: plan_batch's message names ``max_tokens`` and ``oversize``, keywords verl has not."""
+    if isinstance(max_token_len, bool) or not isinstance(max_token_len, numbers.Integral) or max_token_len < 1:
+        raise SortpackError(f"rearrange_micro_batches: max_token_len={max_token_len!r}: expected an integer >= 1")
+    sums = lengths.reshape(-1, size).sum(axis=1) if size > 1 else lengths
+    over = np.flatnonzero(sums > max_token_len)
+    if len(over):
+        what = f"sample {int(over[0])}" if size == 1 else \
+            f"the forced group of samples {int(over[0]) * size}..{int(over[0]) * size + size - 1}"
+        raise SortpackError(f"rearrange_micro_batches: {what} holds {int(sums[over[0]])} tokens, over "
+                            f"max_token_len={int(max_token_len)} ({len(over)} over it in all); raise max_token_len"
+                            f"{'' if size == 1 else ' or lower force_group_size'}")
+
+
 def _agreed_count(count: int, units: int, dp_group, same: bool) -> int:
     """Return the most micro-batches any data-parallel rank needs (one all-reduce over ``dp_group``, the default
     group when None, as verl's; ``count`` without torch.distributed initialised or without ``same``).
@@ -168,8 +183,10 @@ def rearrange_micro_batches(batch, max_token_len: int, dp_group=None, num_batche
     orders them for pipeline warm-up and cool-down.
     """
     lengths = _seq_lengths(batch)
+    groups = _forced_groups(len(lengths), force_group_size)
+    _check_cap(lengths, max_token_len, force_group_size)
     kw: dict[str, Any] = {"world_size": 1, "max_tokens": int(max_token_len), "cost_coeff": VERL_COST_COEFF,
-                          "groups": _forced_groups(len(lengths), force_group_size),
+                          "groups": groups,
                           "count_multiple": int(num_batches_divided_by or 1),
                           "min_microbatches": int(min_num_micro_batch or 0)}
     plan = plan_batch(lengths, **kw)

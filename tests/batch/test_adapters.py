@@ -118,6 +118,23 @@ def test_verl_forced_groups_stay_together():
         rearrange_micro_batches(batch, 8192, force_group_size=5)
 
 
+@pytest.mark.parametrize("cap,kw,message", [
+    (10, {}, r"sample 1 holds 12 tokens, over max_token_len=10 \(1 over it in all\); raise max_token_len$"),
+    (10, {"force_group_size": 2}, r"the forced group of samples 0\.\.1 holds 15 tokens, over max_token_len=10 "
+                                  r"\(1 over it in all\); raise max_token_len or lower force_group_size$"),
+    (0, {}, "max_token_len=0: expected an integer >= 1"),
+    ("a", {}, "max_token_len='a': expected an integer >= 1"),
+    (2.5, {}, "max_token_len=2.5: expected an integer >= 1"),
+])
+def test_verl_micro_batches_refuse_in_their_own_terms(cap, kw, message):
+    # a sample over the cap was plan_batch's "over max_tokens=10 ... pass oversize='alone'", keywords verl's signature
+    # has not; max_token_len=0 was "max_tokens=0", "a" int()'s ValueError and 2.5 ran as 2
+    lengths = np.array([3, 12, 4, 5])
+    batch = {"input_ids": np.zeros((4, 1)), "attention_mask": np.arange(20)[None, :] < lengths[:, None]}
+    with pytest.raises(SortpackError, match="rearrange_micro_batches: " + message) as err:
+        rearrange_micro_batches(batch, cap, **kw)
+    assert "\n" not in str(err.value) and "max_tokens" not in str(err.value) and "oversize" not in str(err.value)
+
 def _slime_args(cap: int, hidden: int = 1024) -> SimpleNamespace:
     return SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=cap, hidden_size=hidden)
 
