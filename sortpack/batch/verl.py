@@ -129,44 +129,57 @@ def _forced_groups(n: int, size: int) -> np.ndarray | None:
     return np.arange(n) // size if size > 1 else None
 
 
-def _check_cap(lengths: np.ndarray, max_token_len, size: int) -> None:
-    """Raise SortpackError, in this adapter's terms, for a ``max_token_len`` that is not an integer >= 1 or a sample
-    (forced group) over it: plan_batch's message names ``max_tokens`` and ``oversize``, keywords verl has not."""
+def _over_cap(lengths: np.ndarray, max_token_len, size: int) -> str | None:
+    """Return why a sample (forced group) is over ``max_token_len``, in this adapter's terms (None: none is); raise
+    SortpackError for a ``max_token_len`` that is not an integer >= 1. plan_batch's message names ``max_tokens`` and
+    ``oversize``, keywords verl has not; the caller raises it once every rank knows (``_agreed_count``)."""
     if isinstance(max_token_len, bool) or not isinstance(max_token_len, numbers.Integral) or max_token_len < 1:
         raise SortpackError(f"rearrange_micro_batches: max_token_len={max_token_len!r}: expected an integer >= 1")
     sums = lengths.reshape(-1, size).sum(axis=1) if size > 1 else lengths
     over = np.flatnonzero(sums > max_token_len)
-    if len(over):
-        what = f"sample {int(over[0])}" if size == 1 else \
-            f"the forced group of samples {int(over[0]) * size}..{int(over[0]) * size + size - 1}"
-        raise SortpackError(f"rearrange_micro_batches: {what} holds {int(sums[over[0]])} tokens, over "
-                            f"max_token_len={int(max_token_len)} ({len(over)} over it in all); raise max_token_len"
-                            f"{'' if size == 1 else ' or lower force_group_size'}")
+    if not len(over):
+        return None
+    what = f"sample {int(over[0])}" if size == 1 else \
+        f"the forced group of samples {int(over[0]) * size}..{int(over[0]) * size + size - 1}"
+    return (f"rearrange_micro_batches: {what} holds {int(sums[over[0]])} tokens, over "
+            f"max_token_len={int(max_token_len)} ({len(over)} over it in all); raise max_token_len"
+            f"{'' if size == 1 else ' or lower force_group_size'}")
 
 
-def _agreed_count(count: int, units: int, dp_group, same: bool) -> int:
+def _agreed_count(count: int, units: int, dp_group, same: bool, over: str | None) -> int:
     """Return the most micro-batches any data-parallel rank needs (one all-reduce over ``dp_group``, the default
     group when None, as verl's; ``count`` without torch.distributed initialised or without ``same``).
 
-    Every rank raises together when one has fewer samples (groups) than that count: a rank that
-    raised alone would leave the others waiting in their next collective.
+    Every rank raises together when one has fewer samples (groups) than that count, or a sample over
+    the cap (``over``: why, on that rank): a rank that raised alone would leave the others waiting in
+    this all-reduce or their next collective.
     """
     if not same or "torch.distributed" not in sys.modules:
-        return count  # one rank's plan: torch is not even imported
+        return _alone(count, over)  # one rank's plan: torch is not even imported
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        return count
+        return _alone(count, over)
 
     device = "cuda" if dist.get_backend(dp_group) == "nccl" else "cpu"
-    agreed = torch.tensor([count, -units], dtype=torch.int64, device=device)
+    agreed = torch.tensor([count, -units, over is not None], dtype=torch.int64, device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=dp_group)
+    if int(agreed[2].item()):
+        raise SortpackError(over or "rearrange_micro_batches: another data-parallel rank holds a sample over "
+                                    "max_token_len (its own error names it)")
     most, fewest = int(agreed[0].item()), -int(agreed[1].item())
     if most > fewest:
         raise SortpackError(f"rearrange_micro_batches: a data-parallel rank has {fewest} samples (or forced groups), "
                             f"fewer than the {most} micro-batches another rank needs: none may be empty")
     return most
+
+
+def _alone(count: int, over: str | None) -> int:
+    """Return ``count`` where this rank plans alone, raising its over-cap error first."""
+    if over is not None:
+        raise SortpackError(over)
+    return count
 
 
 def rearrange_micro_batches(batch, max_token_len: int, dp_group=None, num_batches_divided_by: int | None = None,
@@ -184,14 +197,15 @@ def rearrange_micro_batches(batch, max_token_len: int, dp_group=None, num_batche
     """
     lengths = _seq_lengths(batch)
     groups = _forced_groups(len(lengths), force_group_size)
-    _check_cap(lengths, max_token_len, force_group_size)
+    over = _over_cap(lengths, max_token_len, force_group_size)
     kw: dict[str, Any] = {"world_size": 1, "max_tokens": int(max_token_len), "cost_coeff": VERL_COST_COEFF,
                           "groups": groups,
                           "count_multiple": int(num_batches_divided_by or 1),
                           "min_microbatches": int(min_num_micro_batch or 0)}
-    plan = plan_batch(lengths, **kw)
+    plan = plan_batch(lengths, **kw) if over is None else None
     units = len(lengths) // force_group_size
-    most = _agreed_count(plan.num_microbatches, units, dp_group, same_micro_num_in_dp)
+    most = _agreed_count(0 if plan is None else plan.num_microbatches, units, dp_group, same_micro_num_in_dp, over)
+    assert plan is not None  # an over-cap sample raised on every rank above
     if most > plan.num_microbatches:
         plan = plan_batch(lengths, **{**kw, "min_microbatches": most})
     parts = [mb.tolist() for mb in plan.rank(0)]  # costliest first

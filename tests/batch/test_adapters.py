@@ -237,6 +237,12 @@ try:
     rearrange_micro_batches({"input_ids": short, "attention_mask": short[:, None]}, 4000, dp_group=dist.group.WORLD)
 except Exception as exc:
     print("refused", type(exc).__name__, str(exc).split(":")[1].strip()[:30])
+# a sample over the cap on rank 0 alone: it raised before the all-reduce and rank 1 waited there for ever
+big = np.array([5000, 1000] if rank == 0 else [1000, 1000])
+try:
+    rearrange_micro_batches({"input_ids": big, "attention_mask": big[:, None]}, 4000, dp_group=dist.group.WORLD)
+except Exception as exc:
+    print("over", type(exc).__name__, str(exc).split(":")[1].strip()[:30])
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -251,9 +257,11 @@ def test_verl_data_parallel_ranks_agree_on_the_count(tmp_path):
     script = tmp_path / "verl_rank.py"
     script.write_text(VERL_RANK)
     outs = run_gloo_ranks([script], timeout=120)
-    lines = [[line for line in out.splitlines() if line.startswith(("count", "refused"))] for out in outs]
+    lines = [[line for line in out.splitlines() if line.startswith(("count", "refused", "over"))] for out in outs]
     assert lines[0][0] == "count 10 largest 4000 samples 40" and lines[1][0] == "count 10 largest 2000 samples 12"
     assert lines[0][1] == lines[1][1] == "refused SortpackError a data-parallel rank has 4 sam"
+    assert lines[0][2] == "over SortpackError " + "sample 0 holds 5000 tokens, over"[:30]
+    assert lines[1][2] == "over SortpackError " + "another data-parallel rank holds"[:30]
 
 
 @pytest.mark.parametrize("values,k", [([100, 1, 1, 1, 1, 1, 1, 1], 2), ([1000, 900] + [10] * 10, 3),
