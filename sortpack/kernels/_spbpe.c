@@ -23,7 +23,7 @@
 #endif
 
 /* Bumped whenever a signature or a semantic changes: sp_bpe.py ignores a stale in-place build. */
-#define SPB_ABI_VERSION 1
+#define SPB_ABI_VERSION 2
 #define SPB_CODE_POINTS 0x110000
 
 SPB_API int64_t sp_spbpe_abi_version(void) { return SPB_ABI_VERSION; }
@@ -33,6 +33,8 @@ typedef struct {
     int32_t byte_id[256];
     uint32_t replacement;
     int prepend;
+    int64_t widest;     /* the symbols one text byte can become at most: a space's replacement's UTF-8 bytes (1-4)
+                         * where it is no token, else 1 */
     int64_t slots;      /* the pair table: a power of two */
     uint64_t *key;      /* (left << 32 | right) + 1; 0: empty */
     int32_t *rank;
@@ -65,6 +67,10 @@ static inline int spb_pair(const spb_table *t, int32_t a, int32_t b, int32_t *ra
     *made = t->made[i];
     return 1;
 }
+
+/* the ids one text byte can become at most (the caller sizes out by it): 1, or the replacement's UTF-8 bytes where it
+ * is no token */
+SPB_API int64_t sp_spbpe_widest(void *handle) { return ((const spb_table *)handle)->widest; }
 
 SPB_API void sp_spbpe_free(void *handle) {
     spb_table *t = (spb_table *)handle;
@@ -121,6 +127,13 @@ SPB_API void *sp_spbpe_new(const int32_t *cps, const int32_t *cp_ids, int64_t n_
         }
         t->char_id[cps[k]] = cp_ids[k];
     }
+    if (replacement < 0 || replacement >= SPB_CODE_POINTS) {
+        sp_spbpe_free(t);
+        return NULL;
+    }
+    /* a space becomes the replacement: one symbol where it is a token, else its UTF-8 bytes' fallback ids */
+    t->widest = t->char_id[replacement] >= 0 ? 1 : replacement < 0x80 ? 1 : replacement < 0x800 ? 2
+                : replacement < 0x10000 ? 3 : 4;
     for (int64_t k = 0; k < n_merges; k++) {
         uint64_t key = (((uint64_t)(uint32_t)left[k] << 32) | (uint32_t)right[k]) + 1;
         int64_t i = spb_slot(t, key);
@@ -273,8 +286,9 @@ static inline int spb_append(const spb_table *t, spb_scratch *s, int64_t *m, int
 /* the first symbols of one text (its characters' ids or their bytes') and the cuts between them; their count, -1
  * not UTF-8 or a byte with no id, -2 out of memory */
 static int64_t spb_symbols(const spb_table *t, const uint8_t *p, int64_t n, spb_scratch *s) {
-    /* at most one symbol per byte, a space's replacement three, and the prepended one three */
-    if (spb_reserve(s, 3 * n + 4) < 0) return -2;
+    /* at most one symbol per byte, a space's replacement (and the prepended one) t->widest: up to four where it is a
+     * four-byte character with no token */
+    if (spb_reserve(s, t->widest * (n + 1)) < 0) return -2;
     int64_t m = 0, last = -1, len;
     int pre = t->prepend == 1 && n > 0;
     if (t->prepend == 2 && n > 0) { /* Metaspace: unless the text starts with the replacement already */
@@ -375,7 +389,9 @@ static int64_t spb_merge(const spb_table *t, spb_scratch *s, int64_t m, int32_t 
 
 /* Encode the n texts data[offsets[i]:offsets[i + 1]]: each text's ids to out (when out is not NULL) one text after
  * another, its count to counts[i] (-1: left to the caller, as skip[i] says, or not UTF-8). Every text needs at
- * most its bytes + 3 ids (3 x its bytes + 3 where the replacement is no token: a space is then three bytes); one of 512 MiB or more is left to the caller. Returns the ids written, -1 out of memory. */
+ * most (its bytes + 1) x sp_spbpe_widest ids (a space, and the prepended replacement, become the replacement's
+ * UTF-8 bytes where it is no token: up to four); one of 512 MiB or more is left to the caller (its symbols' places
+ * stay under 2^31). Returns the ids written, -1 out of memory. */
 SPB_API int64_t sp_spbpe_encode(void *handle, const uint8_t *data, const int64_t *offsets, int64_t n,
                                 const uint8_t *skip, int32_t *out, int64_t *counts) {
     const spb_table *t = (const spb_table *)handle;
@@ -389,7 +405,7 @@ SPB_API int64_t sp_spbpe_encode(void *handle, const uint8_t *data, const int64_t
             counts[k] = -1;
             continue;
         }
-        if (b - a >= ((int64_t)1 << 29)) { /* its symbols' places would pass 2^31: left to the caller */
+        if (b - a >= ((int64_t)1 << 29) - 1) { /* its symbols' places would pass 2^31: left to the caller */
             counts[k] = -1;
             continue;
         }

@@ -18,11 +18,12 @@ import numpy as np
 
 from ._loader import _ptr, load_extension
 
-_ABI = ("sp_spbpe_abi_version", 1)  # must equal SPB_ABI_VERSION in _spbpe.c
+_ABI = ("sp_spbpe_abi_version", 2)  # must equal SPB_ABI_VERSION in _spbpe.c
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _SIGNATURES = {
     "sp_spbpe_abi_version": ([], _I64),
     "sp_spbpe_new": ([_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _PTR, _I64], _PTR),
+    "sp_spbpe_widest": ([_PTR], _I64),
     "sp_spbpe_free": ([_PTR], None),
     "sp_spbpe_encode": ([_PTR, _PTR, _PTR, _I64, _PTR, _PTR, _PTR], _I64),
 }
@@ -46,7 +47,9 @@ class SpTable:
 
     def __init__(self, handle: int, lib, per_byte: int):
         self.handle, self._lib = handle, lib
-        self.per_byte = per_byte  # ids a text byte can become at most: 3 where a space's replacement is no token
+        # ids a text byte (and a text's prepended replacement) can become at most: where a space's replacement is no
+        # token, its UTF-8 bytes (up to four)
+        self.per_byte = per_byte
         self._free = lib.sp_spbpe_free  # held here: module globals may be gone when the last one is freed at exit
 
     def __del__(self):
@@ -99,7 +102,7 @@ def table(vocab: SpVocab) -> SpTable | None:
                               _ptr(cols[1]), _ptr(cols[2]), len(merges), ord(replacement), int(vocab.prepend),
                               None if pairs is None else _ptr(pairs if len(pairs) else np.zeros(1, np.uint64)),
                               0 if pairs is None else len(pairs))
-    return SpTable(handle, lib, 1 if replacement in chars else 3) if handle else None
+    return SpTable(handle, lib, int(lib.sp_spbpe_widest(handle))) if handle else None
 
 
 def bigrams_of(tokens: list[str]) -> np.ndarray:
@@ -131,8 +134,8 @@ def encode(tab: SpTable, texts: tuple[np.ndarray, np.ndarray], skip: np.ndarray 
     data = np.ascontiguousarray(data, dtype=np.uint8)
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
     counts = np.empty(n, np.int64)
-    # one id per byte at most (a space three where its replacement is no token), and the prepended replacement
-    out = np.empty(max(tab.per_byte * int(offsets[-1] - offsets[0]) + 3 * n, 1), np.int32) if keep else None
+    # one id per byte at most and one prepended, each up to four where a space's replacement is no token (its bytes)
+    out = np.empty(max(tab.per_byte * (int(offsets[-1] - offsets[0]) + n), 1), np.int32) if keep else None
     mask = None if skip is None else np.ascontiguousarray(skip, dtype=np.uint8)
     got = tab._lib.sp_spbpe_encode(tab.handle, _ptr(data) if len(data) else None, _ptr(offsets), n,
                                    None if mask is None else _ptr(mask), None if out is None else _ptr(out),

@@ -114,3 +114,25 @@ def test_cuts_between_words_are_only_where_no_token_joins_the_two_characters():
     keys = sp_bpe.bigrams_of(["\u2581the", "he", "x"])
     pairs = {(chr(int(k) >> 21), chr(int(k) & 0x1FFFFF)) for k in keys}
     assert pairs == {("\u2581", "t"), ("t", "h"), ("h", "e")}
+
+
+@pytest.mark.parametrize("shape", ["prepend", "metaspace-always"])
+@pytest.mark.parametrize("replacement", ["\U0001F600", "\u00e9", "\u2581"])
+def test_a_space_replacement_with_no_token_fits_the_buffers_however_wide(replacement, shape):
+    """A replacement that is no token becomes its UTF-8 bytes' fallback ids, up to four per space (and four more in
+    front): the kernel's scratch and the id buffer hold them (a four-byte one overran both, sized three per byte)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    from sortpack.inputs.sp_conversion import sp_conversion
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": b + 1 for b in range(256)}, "a": 257}
+    tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+    if shape == "prepend":
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend(replacement), normalizers.Replace(" ", replacement)])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=replacement, prepend_scheme="always", split=False)
+    tab = sp_conversion(json.loads(tok.to_str()), tok).compiled()
+    if tab is None:
+        pytest.skip("the compiled kernel is unavailable")
+    batch = [" ", " " * 10, " " * 5000, "a" + " " * 300, "", "a"]
+    assert _ours(tab, batch) == [e.ids for e in tok.encode_batch(batch, add_special_tokens=False)]
