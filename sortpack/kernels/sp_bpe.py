@@ -112,11 +112,15 @@ def bigrams_of(tokens: list[str]) -> np.ndarray:
     --------
     >>> [(int(k) >> 21, int(k) & 0x1FFFFF) for k in bigrams_of(["ab", "b", "abb"])] == [(97, 98), (98, 98)]
     True
+    >>> [(int(k) >> 21, int(k) & 0x1FFFFF) for k in bigrams_of(["a\\0", "", "\\0b"])] == [(0, 98), (97, 0)]
+    True
     """
-    text = "\0".join(tokens)  # NUL is in no token of a vocabulary, so no pair spans two
-    cps = np.frombuffer(text.encode("utf-32-le"), np.uint32).astype(np.uint64)
+    # the tokens end to end, and where each ends: no separator character, since a token may hold any one (U+0000 too)
+    cps = np.frombuffer("".join(tokens).encode("utf-32-le"), np.uint32).astype(np.uint64)
     keys = (cps[:-1] << np.uint64(21)) | cps[1:]
-    inside = (cps[:-1] != 0) & (cps[1:] != 0)
+    inside = np.ones(len(keys), bool)
+    ends = np.cumsum(np.fromiter(map(len, tokens), np.int64, len(tokens)))
+    inside[ends[(ends > 0) & (ends < len(cps))] - 1] = False  # the pair of a token's last and the next one's first
     return np.unique(keys[inside])
 
 

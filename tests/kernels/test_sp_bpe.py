@@ -136,3 +136,25 @@ def test_a_space_replacement_with_no_token_fits_the_buffers_however_wide(replace
         pytest.skip("the compiled kernel is unavailable")
     batch = [" ", " " * 10, " " * 5000, "a" + " " * 300, "", "a"]
     assert _ours(tab, batch) == [e.ids for e in tok.encode_batch(batch, add_special_tokens=False)]
+
+
+def test_a_merge_that_makes_a_token_holding_nul_keeps_its_pairs_uncut():
+    """U+0000 is a character like any other: a made token may hold it, so the pairs beside it are no cut (the tokens
+    were joined with NUL and every pair touching one dropped, which cut 'a' from '\\x00' and split their merge)."""
+    from tokenizers import Tokenizer, models, normalizers
+
+    from sortpack.inputs.sp_conversion import sp_conversion
+
+    pairs = {(chr(int(k) >> 21), chr(int(k) & 0x1FFFFF)) for k in sp_bpe.bigrams_of(["a\x00", "\x00b"])}
+    assert pairs == {("a", "\x00"), ("\x00", "b")}
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": b + 1 for b in range(256)}, "a": 257, "\x00": 258, "b": 259, "\u2581": 260}
+    merges = [("a", "\x00"), ("\x00", "b"), ("\u2581", "a\x00")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tab = sp_conversion(json.loads(tok.to_str()), tok).compiled()
+    if tab is None:
+        pytest.skip("the compiled kernel is unavailable")
+    batch = ["a\x00", "\x00b", "a\x00b a\x00 \x00b", "\x00"]
+    assert _ours(tab, batch) == [e.ids for e in tok.encode_batch(batch, add_special_tokens=False)]
