@@ -257,6 +257,7 @@ class TokenEncoder:
         self.engine, self.reason, self.unicode = "tokenizers", None, None
         self._exact: _Exact | None = None
         self._pool: Any = None  # threads for encode_texts and encode_column (made on first use)
+        self._pool_pid = 0  # the process that made them (a fork child makes its own)
         self._pool_lock = threading.Lock()
         self.allowed: frozenset[str] = frozenset()  # the added tokens' texts, which tiktoken splits first
         self.prefix: tuple[int, ...] = ()
@@ -381,10 +382,12 @@ class TokenEncoder:
         if len(items) < 2:
             return [fn(x) for x in items]
         with self._pool_lock:
-            if self._pool is None:
+            # a fork child (a DataLoader's worker) inherits the pool without its threads: its runs would wait for ever
+            if self._pool is None or self._pool_pid != os.getpid():
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._pool = ThreadPoolExecutor(self.threads(), thread_name_prefix="sortpack-tokens")
+                self._pool_pid = os.getpid()
         return list(self._pool.map(fn, items))
 
     def encode_texts(self, texts: list[str], special_tokens: bool = True) -> tuple[np.ndarray, np.ndarray]:

@@ -124,3 +124,33 @@ def test_a_plan_is_byte_identical_with_and_without_the_compiled_path(sentencepie
     assert output_files(plans["1"]) == output_files(plans["0"])
     assert one["provenance"]["tokenizers"]["mistral-v3.json"]["encoder"] == "compiled"
     assert off["provenance"]["tokenizers"]["mistral-v3.json"]["encoder"] == "tokenizers"
+
+
+_INHERITED: list = []  # the encoder a fork child finds as its parent left it (not pickled: a DataLoader's fork workers)
+
+
+def _encode_in_child(texts: list[str]) -> list[int]:
+    return _INHERITED[0].encode_texts(texts)[0].tolist()
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled kernel is not built")
+def test_a_forked_worker_encodes_after_the_parent_used_its_threads(sentencepiece_vocabularies, monkeypatch):
+    """A DataLoader's fork workers inherit the encoder with its thread pool, whose threads do not survive the fork:
+    a child gets a pool of its own (it queued its runs on the parent's idle threads and waited for ever)."""
+    import multiprocessing
+
+    monkeypatch.setenv("RAYON_NUM_THREADS", "2")
+    enc = load_tokenizer(sentencepiece_vocabularies("mistral-v1"))
+    batch = [f"hello world {i}" for i in range(64)]
+    want = enc.encode_texts(batch)[0].tolist()  # through two runs on the encoder's threads
+    assert enc._pool is not None
+    _INHERITED[:] = [enc]
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            got = pool.apply_async(_encode_in_child, (batch,))
+            try:
+                assert got.get(timeout=20) == want
+            finally:
+                pool.terminate()
+    finally:
+        _INHERITED.clear()
