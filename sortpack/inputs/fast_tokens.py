@@ -393,12 +393,10 @@ class TokenEncoder:
     def encode_texts(self, texts: list[str], special_tokens: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Return (every text's ids in order as one int32 array, each text's count as int64): ``encode``'s ids."""
         if self._sp is not None:
-            import pyarrow as pa
-
-            got = encode_column(self, pa.array(texts, pa.large_string()), special_tokens, True)
-            assert got is not None and got[0] is not None
-            return got[0], got[1]
-        if self._exact is None:
+            got = self._sp_texts(texts, special_tokens)
+            if got is not None:
+                return got
+        if self._exact is None:  # tokenizers: and what the compiled path cannot take, for its own error
             return hf_ids(self.hf, texts, special_tokens)
         threads = self.threads()
         if threads > 1 and len(texts) >= 2 * threads:
@@ -414,6 +412,20 @@ class TokenEncoder:
         if special_tokens and (self.prefix or self.suffix):
             ids, counts = surround(ids, counts, self.prefix, self.suffix)
         return ids, counts
+
+    def _sp_texts(self, texts: list[str], special_tokens: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """Return ``encode_texts``' ids through ``kernels.sp_bpe``; None where ``texts`` are not all strings Arrow can
+        hold (None, bytes, a lone surrogate): tokenizers' own error then, as without the compiled path."""
+        import pyarrow as pa
+
+        if not all(isinstance(t, str) for t in texts):
+            return None
+        try:
+            col = pa.array(texts, pa.large_string())
+        except (UnicodeError, pa.ArrowException):
+            return None
+        got = encode_column(self, col, special_tokens, True)
+        return None if got is None or got[0] is None else (got[0], got[1])
 
     def encode_others(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Return (ids, counts) without the post-processor's tokens of texts the compiled path leaves out (holding an

@@ -154,3 +154,16 @@ def test_a_forked_worker_encodes_after_the_parent_used_its_threads(sentencepiece
                 pool.terminate()
     finally:
         _INHERITED.clear()
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled kernel is not built")
+@pytest.mark.parametrize("odd", [None, b"bytes", "a\ud800b", 3])
+def test_what_the_compiled_path_cannot_take_fails_as_tokenizers_does(sentencepiece_vocabularies, odd):
+    """encode_texts of a None, bytes, a lone surrogate or a number: tokenizers' own TypeError, as with the compiled path
+    off (it was an AssertionError, Arrow's or the codec's error, and bytes were encoded as if text)."""
+    enc = load_tokenizer(sentencepiece_vocabularies("mistral-v1"))
+    assert enc.engine == "compiled"
+    with pytest.raises(TypeError):
+        enc.hf.encode_batch(["a", odd])
+    with pytest.raises(TypeError):
+        enc.encode_texts(["a", odd])
