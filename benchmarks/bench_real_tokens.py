@@ -28,7 +28,7 @@ is the baseline's. A second table times single pre-tokenizer pieces of 50k and 1
 character, digits, base64, minified code) through the compiled BPE and through tiktoken, in one
 process. Goal: P=2 at least 4x the baseline. Skipped, with a row saying why, where ``tokenizers``,
 ``tiktoken`` or openai-whisper (``pip install --no-deps openai-whisper``) is missing; a Mistral row
-likewise where mistral-common (``pip install --no-deps mistral-common``) is.
+likewise where mistral-common's model files are (``real_vocab.mistral_models``).
 """
 from __future__ import annotations
 
@@ -220,7 +220,8 @@ def measure_vocab(name: str, texts: Path, scale: str, log) -> dict:
     sp = name in SP_VARIANTS
     tok = (write_sentencepiece if sp else write_variant)(name, data.work_dir("real-vocabularies"))
     if tok is None:
-        raise BenchError("mistral-common is not installed" if sp else "openai-whisper is not installed")
+        raise BenchError("mistral-common is not installed (its model files are not found)" if sp else
+                         "openai-whisper is not installed")
     best: dict = {"ids": _work("ids", {"path": str(texts), "tokenizer": str(tok), "tiktoken": not sp})}
     log(f"{name}: ids equal {best['ids']['equal']} ({best['ids']['tokens']} tokens, {best['ids']['record']})")
     for r in range(ROUNDS[scale]):

@@ -7,8 +7,11 @@ dependencies would pull torch), located without importing the package, and writt
 tokens is a merge, grouped by the token's rank): GPT-2's ByteLevel file, and Split-regex files with
 Llama 3's, Qwen 2's or GPT-2's pattern and ``ignore_merges``, as Meta's Llama 3 file has.
 
-SentencePiece BPE vocabularies: Mistral's own ``.model`` files that ship in ``mistral-common``
-(``pip install --no-deps mistral-common``: Mistral 7B v0.1's 32,000 pieces and v0.3's 32,768), read
+SentencePiece BPE vocabularies: Mistral's own ``.model`` files that ship in ``mistral-common``'s
+wheel (Mistral 7B v0.1's 32,000 pieces and v0.3's 32,768), taken from the folder ``MISTRAL_COMMON_DATA``
+names (CI unpacks them there from the wheel ``pip download`` fetches: installing the package without its
+dependencies breaks transformers, which imports it when it finds it), else from an installed
+``mistral-common``, read
 without sentencepiece (their pieces are a protobuf's first repeated field) and written as the
 ``tokenizer.json`` the Hugging Face converter writes for them: byte fallback, the merges of every
 two-piece split of each piece ordered by the piece it makes, the control pieces as added tokens, a
@@ -24,6 +27,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import os
 import struct
 import sysconfig
 from pathlib import Path
@@ -121,12 +125,29 @@ def write_variant(name: str, folder: Path) -> Path | None:
 
 
 def mistral_models() -> Path | None:
-    """Return the folder of mistral-common's tokenizer files (None: the package is not installed; not imported)."""
-    spec = importlib.util.find_spec("mistral_common")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(next(iter(spec.submodule_search_locations))) / "data"
+    """Return the folder of mistral-common's tokenizer files: ``MISTRAL_COMMON_DATA``, else the installed package's
+    (not imported); None where neither holds them."""
+    given = os.environ.get("MISTRAL_COMMON_DATA")
+    if given:
+        folder = Path(given)
+    else:
+        spec = importlib.util.find_spec("mistral_common")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        folder = Path(next(iter(spec.submodule_search_locations))) / "data"
     return folder if all((folder / m).is_file() for m, _ in SP_VARIANTS.values()) else None
+
+
+def unpack_mistral_models(wheel: Path, folder: Path) -> None:
+    """Write the SentencePiece model files of a mistral-common wheel into ``folder`` (nothing else of it)."""
+    import zipfile
+
+    names = {m for m, _ in SP_VARIANTS.values()}
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            if info.filename.startswith("mistral_common/data/") and Path(info.filename).name in names:
+                (folder / Path(info.filename).name).write_bytes(z.read(info))
 
 
 def _varint(raw: bytes, at: int) -> tuple[int, int]:
@@ -275,3 +296,9 @@ def mixed_texts(documents: int = 0, longest: int = 20_000) -> list[str]:
             break
         out.extend(t for t in got if t)
     return out[:documents] if documents else out
+
+
+if __name__ == "__main__":  # python -m benchmarks.real_vocab WHEEL FOLDER (as .ci/run unpacks the models)
+    import sys
+
+    unpack_mistral_models(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -38,8 +38,8 @@ def real_vocabularies(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sentencepiece_vocabularies(tmp_path_factory):
     """A function: the tokenizer.json of a Mistral SentencePiece model by its name in
-    ``benchmarks.real_vocab.SP_VARIANTS``, written once per session; skips the test where mistral-common (which
-    ships the model files) is not installed."""
+    ``benchmarks.real_vocab.SP_VARIANTS``, written once per session; skips the test where mistral-common's model
+    files are not found (``MISTRAL_COMMON_DATA``, or the package installed)."""
     pytest.importorskip("tokenizers")
     from benchmarks.real_vocab import write_sentencepiece
 
@@ -48,7 +48,7 @@ def sentencepiece_vocabularies(tmp_path_factory):
     def get(name: str) -> str:
         path = write_sentencepiece(name, folder)
         if path is None:
-            pytest.skip("mistral-common is not installed (pip install --no-deps mistral-common)")
+            pytest.skip("mistral-common's model files not found (.ci/run unpacks them into MISTRAL_COMMON_DATA)")
         return str(path)
 
     return get
