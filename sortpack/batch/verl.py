@@ -9,7 +9,6 @@ the micro-batches, and the deal balances them.
 """
 from __future__ import annotations
 
-import heapq
 import numbers
 import sys
 from collections.abc import Mapping
@@ -74,30 +73,14 @@ def _free_counts(values: np.ndarray, k: int) -> np.ndarray:
     lightest, until one is left. A part left empty (items of 0) takes the lightest item of the
     part of most items, which raises no part over the heaviest.
     """
+    from ..kernels.deal import differencing
+
     n = len(values)
     order = np.lexsort((np.arange(n), values))
     sums = np.zeros((n, k))
-    sums[:, 0] = values[order]
-    slots = np.arange(n * k, dtype=np.int64).reshape(n, k)  # each state's parts, heaviest first: slot s*k + j
-    parent = np.arange(n * k, dtype=np.int64)
-    heap = [(-float(sums[s, 0]), s) for s in range(n)]
-    heapq.heapify(heap)
-    while len(heap) > 1:
-        a, b = heapq.heappop(heap)[1], heapq.heappop(heap)[1]
-        parent[slots[b, ::-1]] = slots[a]
-        merged = sums[a] + sums[b, ::-1]
-        by = np.argsort(-merged, kind="stable")
-        slots[a], sums[a] = slots[a, by], merged[by]
-        heapq.heappush(heap, (-float(sums[a, 0] - sums[a, -1]), a))
-    rank = np.empty(n * k, np.int64)
-    rank[slots[heap[0][1]]] = np.arange(k)
-    while True:  # every slot's root: pointer jumping
-        up = parent[parent]
-        if np.array_equal(up, parent):
-            break
-        parent = up
+    sums[:, 0] = values[order]  # each item a state of k parts, itself in the first
     part = np.empty(n, np.int64)
-    part[order] = rank[parent[np.arange(n) * k]]
+    part[order] = differencing(sums)[np.arange(n) * k]
     for empty in np.flatnonzero(np.bincount(part, minlength=k) == 0):
         donor = int(np.argmax(np.bincount(part, minlength=k)))
         held = np.flatnonzero(part == donor)

@@ -146,13 +146,19 @@ def _pattern(pre: Any) -> str:
     return pattern
 
 
-def _model_checks(model: Any) -> None:
+def plain_bpe_checks(model: Any) -> None:
+    """Refuse a model that is not BPE, or has dropout, a subword prefix or a word suffix (no compiled path runs
+    those; ``sp_conversion`` shares these checks)."""
     if not isinstance(model, dict) or model.get("type") != "BPE":
         raise Refused("the model is not BPE")
     if model.get("dropout") not in (None, 0, 0.0):
         raise Refused("the BPE model has dropout")
     if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         raise Refused("the BPE model has a subword prefix or word suffix")
+
+
+def _model_checks(model: Any) -> None:
+    plain_bpe_checks(model)
     if model.get("byte_fallback"):
         raise Refused("the BPE model has byte_fallback")
 

@@ -97,36 +97,6 @@ def _convert(path: str, hf: Callable[[], Any]) -> _Exact | str:
     return _Exact(os.path.basename(path), conv, cached)
 
 
-def _sp_converted(path: str, hf: Callable[[], Any]) -> Any:
-    """Return the SentencePiece-style conversion of the tokenizer.json at ``path`` (``sp_conversion``), or why there
-    is none; one decision per file and process, as ``_converted``."""
-    from .sp_conversion import sp_conversion
-
-    try:
-        st = os.stat(path)
-        key: tuple = ("sentencepiece", os.path.realpath(path), st.st_mtime_ns, st.st_size)
-    except OSError:
-        key = ("sentencepiece", path)
-    with _MEMO_LOCK:
-        if key not in _MEMO:
-            spec = _REFUSED_SPEC[1] if _REFUSED_SPEC and _REFUSED_SPEC[0] == path else None
-            _REFUSED_SPEC.clear()
-            try:
-                if spec is None:
-                    with open(path, "rb") as f:
-                        spec = parse_spec(f.read())
-            except OSError:
-                spec = None
-            if spec is None:
-                _MEMO[key] = "the tokenizer file is not JSON"
-            else:
-                try:
-                    _MEMO[key] = sp_conversion(spec, hf())
-                except Refused as exc:
-                    _MEMO[key] = str(exc)
-        return _MEMO[key]
-
-
 def parse_tokenizer_file(path: str) -> Any:
     """Return the Hugging Face ``Tokenizer`` of a tokenizer.json, truncation and padding off (a bad file: one line)."""
     try:
@@ -286,7 +256,12 @@ class TokenEncoder:
     def _take_sentencepiece(self, path: str) -> None:
         """Encode through ``kernels.sp_bpe`` where it gives the file's ids (``sp_conversion``): a SentencePiece-style
         file, which tiktoken cannot run."""
-        got = _sp_converted(path, self.handle.get)
+        from .sp_conversion import converted
+
+        with _MEMO_LOCK:  # the JSON the tiktoken decision parsed, if it refused this file just now
+            spec = _REFUSED_SPEC[1] if _REFUSED_SPEC and _REFUSED_SPEC[0] == path else None
+            _REFUSED_SPEC.clear()
+        got = converted(path, self.handle.get, spec)
         if isinstance(got, str):
             self.sp_reason = got
             return

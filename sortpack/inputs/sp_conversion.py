@@ -21,14 +21,18 @@ ways as a last check.
 """
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .bpe_conversion import Refused, _around, _post_processor
+from .bpe_conversion import Refused, _around, _post_processor, parse_spec, plain_bpe_checks
 
+_MEMO: dict[tuple, Any] = {}  # (path, mtime, size) -> its SpConversion or the reason: one decision per process
+_MEMO_LOCK = threading.Lock()
 _PROBES = ("", " ", "a", "hello world", "  two  spaces \n\t x1 ", "\u2581lead", "héllo wörld 日本語 🤗 \x00")
 
 
@@ -102,12 +106,7 @@ def _model(model: Any) -> tuple[dict[str, int], list[int], np.ndarray, np.ndarra
     code point pairs inside the tokens they make: None where a merge takes or makes a byte-fallback token)."""
     import pyarrow as pa
 
-    if not isinstance(model, dict) or model.get("type") != "BPE":
-        raise Refused("the model is not BPE")
-    if model.get("dropout") not in (None, 0, 0.0):
-        raise Refused("the BPE model has dropout")
-    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
-        raise Refused("the BPE model has a subword prefix or word suffix")
+    plain_bpe_checks(model)
     if not model.get("byte_fallback"):
         raise Refused("the BPE model has no byte fallback")
     if model.get("ignore_merges"):
@@ -201,3 +200,26 @@ def sp_conversion(spec: dict, hf) -> SpConversion:
     conv = SpConversion(SpVocab(chars, byte_ids, merges, replacement, prepend, bigrams), special, prefix, suffix)
     _probe(conv, hf)
     return conv
+
+
+def converted(path: str, hf: Callable[[], Any], spec: dict | None = None) -> SpConversion | str:
+    """Return the conversion of the tokenizer.json at ``path`` (``spec``: its JSON, already parsed), or why there is
+    none; one decision per file and process."""
+    try:
+        st = os.stat(path)
+        key: tuple = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = (path,)
+    with _MEMO_LOCK:
+        if key not in _MEMO:
+            if spec is None:
+                try:
+                    with open(path, "rb") as f:
+                        spec = parse_spec(f.read())
+                except OSError:
+                    spec = None
+            try:
+                _MEMO[key] = "the tokenizer file is not JSON" if spec is None else sp_conversion(spec, hf())
+            except Refused as exc:
+                _MEMO[key] = str(exc)
+        return _MEMO[key]

@@ -54,29 +54,36 @@ def _deal_numpy(cost: np.ndarray, k: int) -> np.ndarray:
     if m == 0:
         return np.zeros(0, np.int64)
     order = np.lexsort((np.arange(m), -cost))
-    groups = m // k
-    sets = np.arange(m, dtype=np.int64).reshape(groups, k)  # each state's parts, heaviest first (sorted places)
-    sums = cost[order].reshape(groups, k).copy()
-    parent = np.arange(m, dtype=np.int64)
-    heap = [(-(sums[s, 0] - sums[s, -1]), s) for s in range(groups)]
+    part = np.empty(m, np.int64)
+    part[order] = differencing(cost[order].reshape(m // k, k).copy())
+    return part
+
+
+def differencing(sums: np.ndarray) -> np.ndarray:
+    """Return the part (0..k-1, 0 the heaviest) of each slot ``s * k + j`` of the states ``sums`` (each row a state
+    of k parts' cost sums, heaviest first) after the largest differencing method merges them: the state whose
+    heaviest and lightest parts differ most (ties: the earlier) takes the next, its i-th heaviest part the other's
+    i-th lightest, until one is left (``sums`` is consumed)."""
+    n, k = sums.shape
+    slots = np.arange(n * k, dtype=np.int64).reshape(n, k)  # each state's parts, heaviest first
+    parent = np.arange(n * k, dtype=np.int64)
+    heap = [(-float(sums[s, 0] - sums[s, -1]), s) for s in range(n)]
     heapq.heapify(heap)
     while len(heap) > 1:
         a, b = heapq.heappop(heap)[1], heapq.heappop(heap)[1]
-        parent[sets[b, ::-1]] = sets[a]
+        parent[slots[b, ::-1]] = slots[a]
         merged = sums[a] + sums[b, ::-1]
         by = np.argsort(-merged, kind="stable")
-        sets[a], sums[a] = sets[a, by], merged[by]
-        heapq.heappush(heap, (-(sums[a, 0] - sums[a, -1]), a))
-    rank = np.empty(m, np.int64)
-    rank[sets[heap[0][1]]] = np.arange(k)
-    while True:  # every part's root: pointer jumping
+        slots[a], sums[a] = slots[a, by], merged[by]
+        heapq.heappush(heap, (-float(sums[a, 0] - sums[a, -1]), a))
+    rank = np.empty(n * k, np.int64)
+    rank[slots[heap[0][1]]] = np.arange(k)
+    while True:  # every slot's root: pointer jumping
         up = parent[parent]
         if np.array_equal(up, parent):
             break
         parent = up
-    part = np.empty(m, np.int64)
-    part[order] = rank[parent]
-    return part
+    return rank[parent]
 
 
 def _best_swap(cost: np.ndarray, mine: np.ndarray, theirs: np.ndarray, gap: float, real: int
