@@ -44,6 +44,7 @@ merge, so no BPE(t) is two parts) pass.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -314,6 +315,15 @@ def exact_conversion(spec: dict, hf) -> Conversion:
     ranks = _ranks(spec["model"], {c.encode("utf-8") for c in special})
     prefix, suffix = _around(hf)
     return Conversion(pattern, ranks, special, prefix, suffix)
+
+
+def file_key(path: str) -> tuple:
+    """Return what names a tokenizer file's version in a process's memo of decisions: its real path, mtime and size."""
+    try:
+        st = os.stat(path)
+        return os.path.realpath(path), st.st_mtime_ns, st.st_size
+    except OSError:
+        return (path,)
 
 
 def load_spec(path: str) -> dict | None:

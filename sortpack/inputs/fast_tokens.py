@@ -22,7 +22,7 @@ import numpy as np
 
 from ..env import env_text
 from ..errors import SortpackError, one_line
-from .bpe_conversion import Conversion, Refused, exact_conversion, parse_spec
+from .bpe_conversion import Conversion, Refused, exact_conversion, file_key, parse_spec
 from .token_columns import encode_column, hf_ids, surround, token_ids
 
 __all__ = ["LazyTokenizer", "TokenEncoder", "encoder_provenance", "hf_ids", "parse_tokenizer_file", "token_ids"]
@@ -61,11 +61,7 @@ class _Exact:
 def _converted(path: str, hf: Callable[[], Any]) -> _Exact | str:
     """Return the proven conversion of the tokenizer.json at ``path``, or why there is none; ``hf()`` gives the
     file's Hugging Face Tokenizer where the proof needs it."""
-    try:
-        st = os.stat(path)
-        key: tuple = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
-    except OSError:
-        key = (path,)
+    key = file_key(path)
     with _MEMO_LOCK:
         if key not in _MEMO:
             _MEMO[key] = _convert(path, hf)

@@ -21,7 +21,6 @@ ways as a last check.
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .bpe_conversion import Refused, _around, _post_processor, parse_spec, plain_bpe_checks
+from .bpe_conversion import Refused, _around, _post_processor, file_key, parse_spec, plain_bpe_checks
 
 _MEMO: dict[tuple, Any] = {}  # (path, mtime, size) -> its SpConversion or the reason: one decision per process
 _MEMO_LOCK = threading.Lock()
@@ -205,11 +204,7 @@ def sp_conversion(spec: dict, hf) -> SpConversion:
 def converted(path: str, hf: Callable[[], Any], spec: dict | None = None) -> SpConversion | str:
     """Return the conversion of the tokenizer.json at ``path`` (``spec``: its JSON, already parsed), or why there is
     none; one decision per file and process."""
-    try:
-        st = os.stat(path)
-        key: tuple = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
-    except OSError:
-        key = (path,)
+    key = file_key(path)
     with _MEMO_LOCK:
         if key not in _MEMO:
             if spec is None:
