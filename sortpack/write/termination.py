@@ -36,7 +36,7 @@ _CLAIMS: dict[int, str] = {}  # cleanup key -> the name of its temporary (what t
 _ADDRESSES: dict[int, str] = {}  # cleanup key -> the socket address that claims its line
 _LOCK = threading.RLock()  # held while a commit renames: a cleanup never runs half-way through one
 _ONCE = threading.Lock()
-_state = {"installed": False, "deferred": 0, "in_critical": 0, "owner": 0, "rank": -1}
+_state = {"installed": False, "deferred": 0, "in_critical": 0, "owner": 0, "rank": -1, "fork_hook": False}
 
 
 def set_rank(rank: int) -> None:
@@ -177,6 +177,27 @@ def _watch(fd: int) -> None:
                 _terminate(signum)
 
 
+def _forget_in_child() -> None:
+    """Undo ``install`` in a forked child (a worker pool's process is not the job): Python's own handlers, no wakeup
+    fd, no cleanups. The child shares the wakeup pipe with its parent, whose watcher would read the child's SIGTERM
+    (a pool's terminate) as its own and end the parent; and the child's handler would remove the parent's
+    temporaries."""
+    if not _state["installed"]:
+        return
+    _state["installed"] = False
+    _CLEANUPS.clear()
+    _CLAIMS.clear()
+    _ADDRESSES.clear()
+    try:
+        signal.set_wakeup_fd(-1)
+        if signal.getsignal(signal.SIGTERM) is _handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if signal.getsignal(signal.SIGINT) is _handler:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:  # not the main thread: nothing Python handles here, and no watcher thread survived the fork
+        pass
+
+
 def install() -> None:
     """Install the SIGTERM and SIGINT cleanup for this process (main thread; once; a no-op elsewhere)."""
     if _state["installed"] or threading.current_thread() is not threading.main_thread():
@@ -191,4 +212,7 @@ def install() -> None:
         signal.signal(signal.SIGINT, _handler)
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     threading.Thread(target=_watch, args=(read_fd,), name="sortpack-sigterm", daemon=True).start()
+    if not _state.get("fork_hook"):
+        os.register_at_fork(after_in_child=_forget_in_child)
+        _state["fork_hook"] = True
     _state["installed"] = True
