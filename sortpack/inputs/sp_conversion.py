@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .bpe_conversion import Refused, _around, _post_processor, file_key, parse_spec, plain_bpe_checks
+from .bpe_conversion import Refused, _around, _post_processor, file_key, load_spec, plain_bpe_checks
 
 _MEMO: dict[tuple, Any] = {}  # (path, mtime, size) -> its SpConversion or the reason: one decision per process
 _MEMO_LOCK = threading.Lock()
@@ -207,12 +207,7 @@ def converted(path: str, hf: Callable[[], Any], spec: dict | None = None) -> SpC
     key = file_key(path)
     with _MEMO_LOCK:
         if key not in _MEMO:
-            if spec is None:
-                try:
-                    with open(path, "rb") as f:
-                        spec = parse_spec(f.read())
-                except OSError:
-                    spec = None
+            spec = load_spec(path) if spec is None else spec
             try:
                 _MEMO[key] = "the tokenizer file is not JSON" if spec is None else sp_conversion(spec, hf())
             except Refused as exc:
