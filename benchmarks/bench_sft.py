@@ -59,14 +59,17 @@ print("BENCH_JSON " + json.dumps({"prepare_s": t2 - t1, "setup_s": t1 - t0, "row
 """
 
 
-def trl_pack(jsonl: list[Path], tokenizer_dir: Path, work: Path, timeout: float, chats: bool = True) -> dict:
-    """Return TRL's tokenize-and-pack of ``jsonl`` (seconds from the load to the packed dataset), in a subprocess."""
+def trl_pack(jsonl: list[Path], tokenizer_dir: Path, work: Path, timeout: float, chats: bool = True,
+             assistant_only: bool = True) -> dict:
+    """Return TRL's tokenize-and-pack of ``jsonl`` (seconds from the load to the packed dataset), in a subprocess;
+    chats with ``assistant_only_loss`` where ``assistant_only`` (TRL refuses it for a template it has no training
+    variant of, such as Mistral's)."""
     from .runner import launch
 
     cache = work / "trl-cache"
     shutil.rmtree(cache, ignore_errors=True)
     args = {"jsonl": [str(p) for p in jsonl], "tokenizer_dir": str(tokenizer_dir), "cache": str(cache),
-            "out": str(work / "trl"), "row_len": ROW_LEN, "procs": RANKS, "chats": chats}
+            "out": str(work / "trl"), "row_len": ROW_LEN, "procs": RANKS, "chats": chats and assistant_only}
     _, out = launch([sys.executable, "-c", TRL_SCRIPT, json.dumps(args)], timeout)
     shutil.rmtree(cache, ignore_errors=True)
     for line in reversed(out.splitlines()):
@@ -109,11 +112,17 @@ def _case(ctx, family: str, chats: bool, n: int, rounds: int) -> list[Row]:
     work = data.work_dir("sft")
     got = sft_data.real_tokenizer(family, work / "tokenizers")
     kind = "chats" if chats else "pairs"
+    mistral = family in sft_data.MISTRAL
     if got is None:
-        return [Row("sft", f"{family} {kind}", RANKS, "skipped", note="needs openai-whisper and trl")]
+        need = "MISTRAL_COMMON_DATA and CHAT_TEMPLATES_DATA (.ci/run)" if mistral else "openai-whisper and trl"
+        return [Row("sft", f"{family} {kind}", RANKS, "skipped", note=f"needs {need}")]
     tok_file, config = got
-    files = (sft_data.make_chats if chats else sft_data.make_pairs)(work / f"{kind}-{n}", n,
-                                                                     words=sft_data.WORDS + sft_data.MORE_WORDS)
+    words = sft_data.WORDS + sft_data.MORE_WORDS
+    if chats:
+        share = sft_data.MISTRAL[family][1] if mistral else 0.5
+        files = sft_data.make_chats(work / f"{kind}-{n}-{share}", n, words=words, system_share=share)
+    else:
+        files = sft_data.make_pairs(work / f"{kind}-{n}", n, words=words)
     out, best, trl_best, trl_rows = work / "plan", float("inf"), float("inf"), 0
     cache = work / "conversion-cache"  # empty: the first round proves the conversion, as a first job does
     shutil.rmtree(cache, ignore_errors=True)
@@ -123,12 +132,13 @@ def _case(ctx, family: str, chats: bool, n: int, rounds: int) -> list[Row]:
         ctx.log(f"{family} {kind} round {r + 1}/{rounds}: sortpack run at P={RANKS}, then TRL")
         took = _sortpack(files, out, tok_file, config, chats, ctx.scale.timeout)
         first, best = took if first is None else first, min(best, took)
-        info = trl_pack(files, config.parent, work, ctx.scale.timeout, chats)
+        info = trl_pack(files, config.parent, work, ctx.scale.timeout, chats, assistant_only=not mistral)
         trl_best, trl_rows = min(trl_best, info["prepare_s"]), info["rows"]
     man = json.loads((out / "manifest.json").read_text())
     prov = man.get("provenance", {})
     path = prov.get("chat_render") or prov.get("tokenizers")
-    note = (f"first job (conversion proven) {secs(first)}, {first / trl_best:.3f}x TRL; "
+    trl_loss = "; TRL without assistant_only_loss (it has no training template of Mistral's)" if mistral else ""
+    note = (f"first job (conversion proven) {secs(first)}, {first / trl_best:.3f}x TRL{trl_loss}; "
             f"{man['num_microbatches']} rows, {man['stats']['targets']} targets; path {json.dumps(path)}")
     shutil.rmtree(out, ignore_errors=True)
     ratio = best / trl_best
@@ -156,7 +166,8 @@ def _case(ctx, family: str, chats: bool, n: int, rounds: int) -> list[Row]:
 
 
 def bench(ctx) -> list[Row]:
-    """Return the rows: stored packed plans of chats (Llama 3, Qwen 2.5) and pairs at 2 ranks vs TRL's."""
+    """Return the rows: stored packed plans of chats (Llama 3, Qwen 2.5, Mistral 7B v0.2 and v0.3) and pairs at 2
+    ranks vs TRL's."""
     from .runner import missing_modules
 
     missing = missing_modules("tokenizers", "jinja2", "trl", "datasets", "transformers", "whisper")
@@ -165,6 +176,7 @@ def bench(ctx) -> list[Row]:
     full = ctx.scale_name == "full"
     n, rounds = (20_000, 3) if full else (1_000, 2)
     rows = []
-    for family, chats in (("llama3", True), ("qwen2_5", True), ("llama3", False)):
+    for family, chats in (("llama3", True), ("qwen2_5", True), ("mistral_v0_2", True), ("mistral_v0_3", True),
+                          ("llama3", False)):
         rows += _case(ctx, family, chats, n, rounds)
     return rows

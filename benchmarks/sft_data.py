@@ -1,6 +1,7 @@
-"""What ``bench_sft`` measures on: real chat templates (the models' own, as TRL ships them) with a real vocabulary
-(``real_vocab``: openai-whisper's multilingual ranks, with the family's pattern and its special tokens added),
-generated conversations and prompt/completion pairs as JSONL files."""
+"""What ``bench_sft`` measures on: real chat templates (the models' own, as TRL ships them, and Mistral's from
+``real_templates``) with a real vocabulary (``real_vocab``: openai-whisper's multilingual ranks, with the family's
+pattern and its special tokens added; Mistral's own SentencePiece models), generated conversations and
+prompt/completion pairs as JSONL files."""
 from __future__ import annotations
 
 import json
@@ -37,6 +38,10 @@ FAMILIES = {
                ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
     "qwen2_5": ("multilingual-qwen2", "qwen2_5.jinja", None, "<|im_end|>", ("<|im_end|>",)),
 }
+# family -> (real_vocab.SP_VARIANTS name, the share of conversations with a system turn): Mistral 7B v0.2's template
+# on v0.1's vocabulary (as Mistral-7B-Instruct-v0.2 ships), v0.3's on its own (which keeps a system message only in a
+# conversation that ends with the user: a trained one has none)
+MISTRAL = {"mistral_v0_2": ("mistral-v1", 0.5), "mistral_v0_3": ("mistral-v3", 0.0)}
 
 
 def trl_template(name: str) -> str | None:
@@ -53,12 +58,14 @@ def trl_template(name: str) -> str | None:
 def real_tokenizer(family: str, directory: Path) -> tuple[Path, Path] | None:
     """Return (tokenizer.json, tokenizer_config.json) of ``family``: the real vocabulary with the family's pattern and
     special tokens, and the family's own chat template (None: openai-whisper or trl not installed)."""
-    variant, template_file, bos, eos, specials = FAMILIES[family]
-    template = trl_template(template_file)
     folder = directory / family
     tok_file, config = folder / "tokenizer.json", folder / "tokenizer_config.json"
     if tok_file.is_file() and config.is_file():
         return tok_file, config
+    if family in MISTRAL:
+        return _mistral(family, tok_file, config)
+    variant, template_file, bos, eos, specials = FAMILIES[family]
+    template = trl_template(template_file)
     assets = real_vocab.whisper_assets()
     if assets is None or template is None:
         return None
@@ -77,6 +84,25 @@ def real_tokenizer(family: str, directory: Path) -> tuple[Path, Path] | None:
            "chat_template": template, "model_max_length": 1 << 20}
     if bos:
         cfg["bos_token"] = bos
+    config.write_text(json.dumps(cfg), encoding="utf-8")
+    return tok_file, config
+
+
+def _mistral(family: str, tok_file: Path, config: Path) -> tuple[Path, Path] | None:
+    """Return (tokenizer.json, tokenizer_config.json) of a Mistral family: its SentencePiece model converted, its own
+    template (None: mistral-common's model files or the templates not found)."""
+    from . import real_templates
+
+    templates = real_templates.mistral_templates()
+    if templates is None:
+        return None
+    tok_file.parent.mkdir(parents=True, exist_ok=True)
+    written = real_vocab.write_sentencepiece(MISTRAL[family][0], tok_file.parent)
+    if written is None:
+        return None
+    os.replace(written, tok_file)
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<unk>",
+           "chat_template": templates[family], "model_max_length": 1 << 20, "legacy": False}
     config.write_text(json.dumps(cfg), encoding="utf-8")
     return tok_file, config
 
@@ -122,15 +148,16 @@ def _write(paths: list[Path], rows: list[dict]) -> list[Path]:
     return paths
 
 
-def make_chats(directory: Path, n: int, seed: int = 0, files: int = 4, words: list[str] = WORDS) -> list[Path]:
-    """Return ``files`` JSONL files of ``n`` conversations of ``words``: an optional system turn, then 1-4
-    user/assistant exchanges (``tests/pipeline/test_finetune_plans.py`` measures ASCII ones)."""
+def make_chats(directory: Path, n: int, seed: int = 0, files: int = 4, words: list[str] = WORDS,
+               system_share: float = 0.5) -> list[Path]:
+    """Return ``files`` JSONL files of ``n`` conversations of ``words``: a system turn (in ``system_share`` of them),
+    then 1-4 user/assistant exchanges (``tests/pipeline/test_finetune_plans.py`` measures ASCII ones)."""
     paths = [directory / f"part-{k}.jsonl" for k in range(files)]
     if all(p.is_file() for p in paths):
         return paths
     rng = np.random.default_rng(seed)
     exchanges = rng.integers(1, 5, n)
-    system = rng.random(n) < 0.5
+    system = rng.random(n) < system_share
     contents = iter(_contents(rng, int(2 * exchanges.sum() + system.sum()), words))
     rows = []
     for i in range(n):

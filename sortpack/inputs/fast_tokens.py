@@ -274,6 +274,12 @@ class TokenEncoder:
         self.allowed, self.prefix, self.suffix = frozenset(got.special), got.prefix, got.suffix
 
     @property
+    def sentencepiece(self) -> Any:
+        """Return the SentencePiece-style conversion ``kernels.sp_bpe`` encodes with (``sp_conversion.SpConversion``;
+        None: this encoder does not use it)."""
+        return self._sp
+
+    @property
     def hf(self) -> Any:
         """Return the file's Hugging Face ``Tokenizer`` (parsed on first use)."""
         return self.handle.get()

@@ -35,8 +35,9 @@ _MEMO_LOCK = threading.Lock()
 _PROBES = ("", " ", "a", "hello world", "  two  spaces \n\t x1 ", "\u2581lead", "héllo wörld 日本語 🤗 \x00")
 
 
-def _replacement(normalizer: Any, pre: Any) -> tuple[str, int]:
-    """Return (what a space becomes, where a text gets it in front: ``kernels.sp_bpe``'s NEVER/ALWAYS/UNLESS_THERE)."""
+def _replacement(normalizer: Any, pre: Any) -> tuple[str, int, int]:
+    """Return (what a space becomes, where a text gets it in front, where a text after an added token does:
+    ``kernels.sp_bpe``'s NEVER/ALWAYS/UNLESS_THERE)."""
     from ..kernels.sp_bpe import ALWAYS, NEVER, UNLESS_THERE
 
     if normalizer is not None:
@@ -51,9 +52,9 @@ def _replacement(normalizer: Any, pre: Any) -> tuple[str, int]:
                 not isinstance(r, str) or len(r) != 1:
             raise Refused("the normalizer is not Replace(' ', one character), alone or after Prepend")
         if len(steps) == 1:
-            return r, NEVER
+            return r, NEVER, NEVER
         if len(steps) == 2 and steps[0].get("type") == "Prepend" and steps[0].get("prepend") == r:
-            return r, ALWAYS
+            return r, ALWAYS, ALWAYS  # the normalizer runs on each text between added tokens
         raise Refused("the normalizer is not Replace(' ', one character), alone or after Prepend")
     if not isinstance(pre, dict) or pre.get("type") != "Metaspace":
         raise Refused("the tokenizer has no space replacement (a Metaspace pre-tokenizer or a Replace normalizer)")
@@ -67,7 +68,8 @@ def _replacement(normalizer: Any, pre: Any) -> tuple[str, int]:
         scheme = "always" if pre.get("add_prefix_space", True) else "never"
     if scheme not in ("always", "first", "never"):
         raise Refused(f"the Metaspace prepend_scheme {scheme!r} is not known")
-    return r, NEVER if scheme == "never" else UNLESS_THERE
+    # "first": only where the text starts at the input's first character, so never after an added token
+    return r, NEVER if scheme == "never" else UNLESS_THERE, UNLESS_THERE if scheme == "always" else NEVER
 
 
 def _merge_ids(merges: Any, keys: Any, ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -140,6 +142,8 @@ class SpConversion:
     special: dict[str, int]  # the added tokens' texts -> ids: a text holding one goes to tokenizers
     prefix: tuple[int, ...]
     suffix: tuple[int, ...]
+    after_added: int = 1  # where a text after an added token gets the replacement in front (sp_bpe's ALWAYS...)
+    plain: frozenset[str] = frozenset()  # the added tokens that take no space beside them (no lstrip/rstrip)
     _table: list = field(default_factory=list, init=False, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
@@ -152,10 +156,49 @@ class SpConversion:
                 self._table.append(sp_bpe.table(self.vocab))
             return self._table[0]
 
+    def segment_table(self) -> Any:
+        """Return the compiled table of texts between added tokens (a chat's texts between its special tokens): the
+        table itself, or one that prepends as ``after_added`` says (None without the compiled kernel)."""
+        first = self.compiled()  # the list's first entry
+        if self.after_added == self.vocab.prepend or first is None:
+            return first
+        with self._lock:
+            if len(self._table) < 2:
+                from ..kernels import sp_bpe
 
-def _added(added: Any) -> dict[str, int]:
-    """Return the added tokens' texts -> ids, or refuse one matched after the normalizer."""
+                self._table.append(sp_bpe.table(self.vocab._replace(prepend=self.after_added)))
+            return self._table[1]
+
+    def text_bytes(self) -> np.ndarray | None:
+        """Return each id's length in bytes of the text it stands for (int64: the replacement one byte, a space's,
+        a byte-fallback token one), for the ids the kernel gives; None where the replacement is no token (its
+        bytes would be three ids for one byte of text)."""
+        vocab = self.vocab
+        if vocab.replacement not in vocab.chars:
+            return None
+        top = max(max(vocab.chars.values(), default=0), max(vocab.byte_ids), int(vocab.merges.max(initial=0)),
+                  max(self.special.values(), default=0)) + 1
+        out = np.zeros(top, np.int64)
+        out[np.fromiter(vocab.chars.values(), np.int64, len(vocab.chars))] = [
+            1 if c == vocab.replacement else len(c.encode("utf-8")) for c in vocab.chars]
+        out[np.asarray(vocab.byte_ids, np.int64)] = 1
+        for text, i in self.special.items():
+            out[i] = len(text.encode("utf-8"))
+        left, right, made = (vocab.merges[:, k].astype(np.int64) for k in range(3))
+        # a merge's parts may be made by later merges: as many passes as a token has parts at most
+        for _ in range(64):
+            new = out[left] + out[right]
+            if np.array_equal(out[made], new):
+                return out
+            out[made] = new
+        return None
+
+
+def _added(added: Any) -> tuple[dict[str, int], frozenset[str]]:
+    """Return (the added tokens' texts -> ids, those that take no whitespace beside them), or refuse one matched
+    after the normalizer."""
     out: dict[str, int] = {}
+    plain = set()
     for a in added or []:
         content = a.get("content") or ""
         if not content:
@@ -163,7 +206,9 @@ def _added(added: Any) -> dict[str, int]:
         if a.get("normalized"):
             raise Refused(f"the added token {content!r} is matched in the normalized text")
         out[content] = int(a["id"])
-    return out
+        if not (a.get("lstrip") or a.get("rstrip") or a.get("single_word")):
+            plain.add(content)
+    return out, frozenset(plain)
 
 
 def _probe(conv: SpConversion, hf) -> None:
@@ -187,16 +232,17 @@ def _probe(conv: SpConversion, hf) -> None:
 def sp_conversion(spec: dict, hf) -> SpConversion:
     """Return the compiled SentencePiece-style BPE's conversion of ``spec`` (``hf`` is it loaded), or raise
     ``Refused``."""
-    replacement, prepend = _replacement(spec.get("normalizer"), spec.get("pre_tokenizer"))
+    replacement, prepend, after_added = _replacement(spec.get("normalizer"), spec.get("pre_tokenizer"))
     chars, byte_ids, merges, bigrams = _model(spec.get("model"))
     _post_processor(spec.get("post_processor"))
     if getattr(hf, "encode_special_tokens", False):
         raise Refused("the tokenizer encodes its special tokens as text")
-    special = _added(spec.get("added_tokens"))
+    special, plain = _added(spec.get("added_tokens"))
     prefix, suffix = _around(hf)
     from ..kernels.sp_bpe import SpVocab
 
-    conv = SpConversion(SpVocab(chars, byte_ids, merges, replacement, prepend, bigrams), special, prefix, suffix)
+    conv = SpConversion(SpVocab(chars, byte_ids, merges, replacement, prepend, bigrams), special, prefix, suffix,
+                        after_added, plain)
     _probe(conv, hf)
     return conv
 

@@ -154,6 +154,109 @@ def test_a_real_vocabulary_gives_the_same_ids_and_the_plan_records_the_path(tmp_
         "render": "pattern", "family": family}}
 
 
+# --- Mistral's own templates through a SentencePiece-style file's compiled BPE ----------------------------------------
+# each family with the vocabulary it ships with, and with the others' shapes: [INST] plain text (v0.1's) or a control
+# token (v0.3's); the Prepend normalizer (a phantom replacement before every text after an added token) or Metaspace
+# "first" (none)
+MISTRAL_CASES = [("mistral_v0_1", "mistral-v1"), ("mixtral", "mistral-v1"), ("mistral_v0_2", "mistral-v1"),
+                 ("mistral_v0_3", "mistral-v3"), ("mistral_v0_3", "mistral-v3-metaspace"),
+                 ("mistral_v0_2", "mistral-v3-metaspace"), ("mixtral", "mistral-v3")]
+MISTRAL_PIECES = ["hello", " world", "naïve", "東京", "😀", " ", "  ", "\n", "\t", "\x85", "\u3000", "</s>", "<s>",
+                  "[INST]", "[/INST]", "[control_8]", "\u2581", "\ue000", "'s", "123", "[", "]", "<", "/s>"]
+
+
+@pytest.fixture(scope="module")
+def mistral_files(tmp_path_factory, sentencepiece_vocabularies):
+    """A function: (tokenizer.json, tokenizer_config.json) of a Mistral family's own template on a vocabulary."""
+    from benchmarks.real_templates import mistral_templates
+
+    templates = mistral_templates()
+    if templates is None:
+        pytest.skip("Mistral's templates not found (.ci/run unpacks them into CHAT_TEMPLATES_DATA)")
+    folder = tmp_path_factory.mktemp("mistral")
+
+    def get(family: str, vocab: str) -> tuple[str, str]:
+        config = folder / f"{family}-{vocab}" / "tokenizer_config.json"
+        if not config.is_file():
+            config.parent.mkdir()
+            config.write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "chat_template": templates[family]}))
+        return sentencepiece_vocabularies(vocab), str(config)
+
+    return get
+
+
+@st.composite
+def mistral_chat(draw) -> list:
+    """A conversation as Mistral's templates take it (now and then a system turn or a role they refuse)."""
+    content = st.lists(st.sampled_from(MISTRAL_PIECES), max_size=6).map("".join)
+    chat = [{"role": "user" if k % 2 == 0 else "assistant", "content": draw(content)}
+            for k in range(draw(st.integers(1, 6)))]
+    if draw(st.integers(0, 3)) == 0:
+        chat.insert(0, {"role": "system", "content": draw(content)})
+    if draw(st.integers(0, 11)) == 0:
+        k = draw(st.integers(0, len(chat) - 1))
+        chat[k] = {**chat[k], "role": draw(st.sampled_from(ROLES))}
+    return chat
+
+
+@pytest.mark.parametrize("family,vocab", MISTRAL_CASES)
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow], deadline=None)
+@given(chats=st.lists(mistral_chat(), min_size=1, max_size=6), train_on=st.sampled_from(
+    [("assistant",), ("user", "assistant"), ("system",), ("user",)]))
+def test_mistral_s_templates_give_the_jinja_path_s_ids_and_labels(mistral_files, family, vocab, chats, train_on):
+    shape = _shape(mistral_files(family, vocab), train_on)
+    assert shape.encoder.engine == "compiled" and fast_family(shape.template).name == family
+    _assert_same(*_both(shape, chats))
+
+
+@pytest.mark.parametrize("family,vocab", MISTRAL_CASES[:5])
+def test_mistral_s_chats_take_the_pattern_and_the_kernel(mistral_files, family, vocab):
+    from sortpack.inputs.fast_tokens import RENDERED
+
+    shape = _shape(mistral_files(family, vocab), ("assistant",))
+    system = [{"role": "system", "content": "Be brief."}] if family == "mistral_v0_2" else []
+    good = [*system, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": " 😀Hello! "},
+            {"role": "user", "content": "東京?"}, {"role": "assistant", "content": "Yes."}]
+    held = [{"role": "user", "content": "say </s>"}, {"role": "assistant", "content": "\u2581no"}]
+    chats = [good, held, good[:3], [{"role": "user", "content": " "}, {"role": "assistant", "content": ""}]]
+    RENDERED.clear()
+    _assert_same(*_both(shape, chats))
+    assert RENDERED == {"tokenizer_config.json": {"render": "pattern", "family": family}}
+    ok, texts = render_column(shape.template, pa.array(chats))
+    assert ok.tolist() == [True, True, True, True]
+    assert texts.to_pylist() == render_chats(shape.template, chats)[0]
+    # the pattern's conversations whose texts hold an added token's text or the replacement go to Jinja, the others
+    # stay on the kernel: the layout laid out again without them
+    laid = render_layout(shape.template, pa.array(chats))
+    got = encode_layout(shape.encoder, laid[1], frozenset(["assistant"]))
+    assert got.tolist() == [False, True, False, False]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["mistral_v0_2", "mistral_v0_3"])
+def test_a_mistral_plan_equals_the_jinja_path_s_at_two_ranks(tmp_path, family):
+    from benchmarks import sft_data
+
+    got = sft_data.real_tokenizer(family, tmp_path / "tok")
+    if got is None:
+        pytest.skip("needs Mistral's model files and templates (MISTRAL_COMMON_DATA, CHAT_TEMPLATES_DATA)")
+    tok, config = map(str, got)
+    chats = sft_data.make_chats(tmp_path / "chats", 120, files=2, system_share=sft_data.MISTRAL[family][1])
+    rows = [json.loads(line) for path in chats for line in open(path, encoding="utf-8")]
+    _assert_same(*_both(_shape((tok, config), ("assistant",)), [r["messages"] for r in rows]))
+    plans = {}
+    for fast in ("1", "0"):  # the second: every text through tokenizers, the conversations through Jinja
+        out = tmp_path / f"plan-{fast}"
+        run_sortpack(["run", *map(str, chats), "-o", str(out), "--chat-template", config, "--tokenizer", tok,
+                      "--rows", "4096", "--store-tokens"], ranks=2, env={"SORTPACK_FAST_TOKENIZER": fast})
+        plans[fast] = out
+    assert read_manifest(plans["1"])["provenance"]["chat_render"] == {"tokenizer_config.json": {
+        "render": "pattern", "family": family}}
+    assert "chat_render" not in read_manifest(plans["0"])["provenance"]
+    for name in sorted(p.name for p in plans["1"].glob("*.arrow")):
+        assert (plans["1"] / name).read_bytes() == (plans["0"] / name).read_bytes(), name
+
+
 # --- prompt/completion pairs: whole columns through the compiled path ------------------------------------------------
 @pytest.fixture(scope="module")
 def pair_tokenizers(tmp_path_factory, families) -> dict:

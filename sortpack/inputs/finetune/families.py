@@ -56,6 +56,12 @@ FAMILIES: dict[str, tuple[str, TurnRule]] = {
     "ba03a121d097859c7b5b9cd03af99aafe95275210d2876f642ad9929a150f122": ("llama3", CONTENT),
     "90c33aee14aa2a226127516d48ee9184c9b90745d4a04c484621ec2e82fb712c": ("cohere", CONTENT),
     "2147c474f41b522b7296f74692b9f31e45f49a31465960576a9d321339c5915a": ("cohere2", CONTENT),
+    # Mistral's own templates (TRL has no training variant of them: the rule any template gets), known so that
+    # fast_render lays them out: 7B v0.1 and Mixtral at release, v0.1/v0.2 today, v0.3 (benchmarks/real_templates.py)
+    "7e995b379ec01747807246483647cd99030abf331653f1119e16d7ac041a3495": ("mistral_v0_1", CONTENT),
+    "26a59556925c987317ce5291811ba3b7f32ec4c647c400c6cc7e3a9993007ba7": ("mixtral", CONTENT),
+    "796853172235ab3aaa4810013ddfe2eab481bda3306dad4f700c00d436eed596": ("mistral_v0_2", CONTENT),
+    "e16746b40344d6c5b5265988e0328a0bf7277be86f1c335156eae07e29c82826": ("mistral_v0_3", CONTENT),
 }
 
 

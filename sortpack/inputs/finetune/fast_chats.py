@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from ..fast_tokens import RENDERED
 from .encoded import Encoded, Rows, encoded, positions
-from .fast_render import Layout, render_layout
+from .fast_render import Layout, fast_family, render_layout
 
 
 def _special_ids(encoder, layout: Layout) -> list[int | None] | None:
@@ -93,12 +93,17 @@ def _target_flags(ids: np.ndarray, lengths: np.ndarray, spans: tuple[np.ndarray,
     return np.cumsum(marks[:-1]) > 0
 
 
-def encode_layout(encoder, layout: Layout, roles: frozenset[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Return (flat ids, target flags, per-conversation counts) of the laid out conversations; None where this
-    encoder cannot (not tiktoken-exact, or a special text of the pattern is no added token)."""
+def encode_layout(encoder, layout: Layout, roles: frozenset[str]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | np.ndarray | None:
+    """Return (flat ids, target flags, per-conversation counts) of the laid out conversations; a bool per rendered
+    conversation where a SentencePiece-style encoder leaves some to Jinja (``sp_chats``: lay out the others again);
+    None where this encoder cannot (neither tiktoken-exact nor SentencePiece-style compiled, or a special text of the
+    pattern is no added token)."""
     lengths = encoder.token_lengths() if hasattr(encoder, "token_lengths") else None
     if lengths is None:
-        return None
+        from .sp_chats import encode_sp
+
+        return encode_sp(encoder, layout, _spans(layout, roles))
     ids_of = _special_ids(encoder, layout)
     if ids_of is None:
         return None
@@ -132,10 +137,19 @@ def _batch(shape, col, first: int, rows: Rows, slow) -> tuple | None:
     """Return (ids, flags, counts, roles, family) of the conversations ``col`` (the column's from ``first`` on);
     None where no family pattern applies."""
     got = render_layout(shape.template, col)
-    fast = encode_layout(shape.encoder, got[1], frozenset(shape.train_on)) if got is not None else None
-    if got is None or fast is None:
+    if got is None:
         return None
-    layout = got[1]
+    layout, roles_on = got[1], frozenset(shape.train_on)
+    fast = encode_layout(shape.encoder, layout, roles_on)
+    if isinstance(fast, np.ndarray):  # some conversations are Jinja's after all: the others laid out again
+        again = fast_family(shape.template)
+        assert again is not None
+        kept = again.lay_out(layout.messages.keep(~fast), shape.template.special_tokens)
+        if kept is None:
+            return None
+        layout, fast = kept, encode_layout(shape.encoder, kept, roles_on)
+    if fast is None or isinstance(fast, np.ndarray):
+        return None
     ok = layout.messages.ok
     others = np.flatnonzero(~ok)
     slow_part = None

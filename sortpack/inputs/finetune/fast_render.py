@@ -42,6 +42,14 @@ class Messages:
     contents: pa.Array
     first: np.ndarray  # per message: the first of its conversation
 
+    def keep(self, which: np.ndarray) -> Messages:
+        """Return these messages with the rendered conversations where ``which`` (one per rendered conversation) is
+        set; the others are left to Jinja."""
+        ok = self.ok.copy()
+        ok[np.flatnonzero(ok)[~which]] = False
+        mine = np.repeat(which, self.counts)
+        return Messages(ok, self.counts[which], self.roles.filter(mine), self.contents.filter(mine), self.first[mine])
+
 
 @dataclass
 class Layout:
@@ -56,7 +64,7 @@ class Layout:
     content_offset: np.ndarray  # per message: bytes in its content slot before the content
     rule: TurnRule
     lead: int  # whitespace bytes just before the content (all a before-rule takes back)
-    tail: int  # whitespace bytes ending every turn (what a rule without after leaves out)
+    tail: int | np.ndarray  # whitespace bytes ending every turn, or per message (what a rule without after leaves out)
 
     def byte_lengths(self) -> np.ndarray:
         """Return each message's slots' lengths in bytes (messages x slots, int64)."""
@@ -125,10 +133,69 @@ def _qwen2_5(msgs: Messages, special: dict) -> Layout | None:
                   content_slot=5, content_offset=content_offset, rule=turn_rule_of("qwen2_5"), lead=1, tail=1)
 
 
+@dataclass(frozen=True)
+class MistralTurns:
+    """How a Mistral template renders a turn: a user's ``OPEN[INST] [SYSTEM\n\n]CONTENT GAP[/INST]``, an
+    assistant's ``ANSWER CONTENT</s>AFTER``, ``<s>`` first (``[INST]`` and ``[/INST]`` are special slots: added
+    tokens in v0.3's vocabulary, plain text in v0.1's, which the encoder decides)."""
+
+    user_open: str = ""
+    close_gap: str = " "
+    answer_open: str = ""
+    after_eos: str = ""
+    system: bool = False  # a first system message goes before the first user content (else: Jinja's to render)
+    trim: bool = False  # an assistant's content is trimmed
+
+
+def _mistral(turns: MistralTurns, family: str) -> Callable[[Messages, dict], Layout | None]:
+    def lay_out(msgs: Messages, special: dict) -> Layout | None:
+        bos, eos = special.get("bos_token"), special.get("eos_token")
+        if not (isinstance(bos, str) and bos and isinstance(eos, str) and eos):
+            return None
+        n = len(msgs.roles)
+        user = pc.equal(msgs.roles, "user").to_numpy(zero_copy_only=False)
+        answer = pc.equal(msgs.roles, "assistant").to_numpy(zero_copy_only=False)
+        system = msgs.first & ~user & ~answer  # the family's roles are these three
+        starts = np.cumsum(msgs.counts) - msgs.counts
+        conv = np.repeat(np.arange(len(msgs.counts)), msgs.counts)
+        # the position among the turns after an opening system message: the templates raise unless they alternate
+        at = np.arange(n) - starts[conv] - system[starts][conv]
+        good = (user & (at % 2 == 0)) | (answer & (at % 2 == 1)) | (system & turns.system)
+        whole = (segment_sums(~good, msgs.counts) == 0) & (msgs.counts > system[starts])
+        if not whole.all():
+            return lay_out(msgs.keep(whole), special)
+        after_system = np.zeros(n, bool)
+        after_system[1:] = system[:-1] & ~msgs.first[1:]
+        before = msgs.contents.take(pa.array(np.where(after_system, np.arange(n) - 1, np.arange(n)), pa.int64()))
+        prefix = pc.if_else(after_system, pc.binary_join_element_wise(before, _constant("\n\n", n), ""), "")
+        content = pc.if_else(answer, pc.utf8_trim(msgs.contents, characters=_WHITESPACE), msgs.contents) \
+            if turns.trim else msgs.contents
+        opener = pc.if_else(user, " ", turns.answer_open)
+        head = pc.binary_join_element_wise(opener, prefix, content, "")
+        prefix_bytes = pc.binary_length(prefix).to_numpy(zero_copy_only=False).astype(np.int64)
+        offset = np.where(user, 1 + prefix_bytes, np.where(answer, len(turns.answer_open.encode("utf-8")), 0))
+        return Layout(msgs, [bos, None, "[INST]", None, None, "[/INST]", eos, None],
+                      [None, _constant(turns.user_open, n), None, head, _constant(turns.close_gap, n), None, None,
+                       _constant(turns.after_eos, n)],
+                      [msgs.first, user, user, user | answer, user, user, answer, answer],
+                      content_slot=3, content_offset=offset, rule=turn_rule_of(family), lead=0,
+                      tail=np.where(answer, len(turns.after_eos.encode("utf-8")), 0))
+
+    return lay_out
+
+
 FAST_FAMILIES = {
     "llama3": FastFamily("llama3", None, _llama3),
     "qwen2_5": FastFamily("qwen2_5", frozenset({"system", "user", "assistant"}), _qwen2_5),
 }
+_MISTRAL = {
+    "mistral_v0_1": MistralTurns(after_eos=" "),
+    "mixtral": MistralTurns(),
+    "mistral_v0_2": MistralTurns(user_open=" ", answer_open=" ", system=True),
+    "mistral_v0_3": MistralTurns(close_gap="", answer_open=" ", trim=True),
+}
+FAST_FAMILIES.update({name: FastFamily(name, frozenset({"system", "user", "assistant"}), _mistral(turns, name))
+                      for name, turns in _MISTRAL.items()})
 
 
 def turn_rule_of(family: str) -> TurnRule:

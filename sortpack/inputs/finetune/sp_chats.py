@@ -1,0 +1,155 @@
+"""A known family's laid out chats through a SentencePiece-style file's compiled BPE (Mistral's): ids and targets
+without Jinja, from byte offsets.
+
+Such a file splits its added tokens out of the rendered text first and merges each text between
+them as one word, so the slots between two special slots are one text (a segment) and their
+ids are the segment's: the segments of every conversation go through ``kernels.sp_bpe`` at once,
+with the replacement in front as the file puts it on a text after an added token
+(``SpConversion.after_added``: a Prepend normalizer on every one, Metaspace "first" on none).
+A token stands for its text's bytes with the replacement one byte (a space); the one put in
+front stands for none, and a token that is that replacement alone stands, as ``tokenizers``'
+offsets say, for the segment's first character. A token is a target where one of those bytes
+lies in a target span (``fast_chats._spans``), as ``chats._target_flags`` decides from
+``tokenizers``' character offsets.
+
+A conversation whose segments hold an added token's text or the replacement character (which
+the byte count cannot tell from a space), or that the kernel leaves out, is left to Jinja.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .fast_render import Layout, _constant
+
+
+def _entries(conv, layout: Layout) -> tuple[np.ndarray, np.ndarray, pa.Array, np.ndarray] | None:
+    """Return every present slot message after message as (its special id, -1 for a text; its bytes; the texts of
+    the text slots in that order; each slot's message), empty texts left out; None where a special slot is an added
+    token that takes whitespace beside it."""
+    m, width = len(layout.messages.roles), len(layout.specials)
+    ids = np.full((m, width), -1, np.int64)
+    texts: list[pa.Array] = []
+    for w, special in enumerate(layout.specials):
+        if special is not None and special in conv.special:
+            if special not in conv.plain:
+                return None
+            ids[:, w] = conv.special[special]
+            texts.append(pa.nulls(m, pa.string()))
+        else:
+            texts.append(layout.slot_text(w) if special is None else _constant(special, m))
+    lengths = layout.byte_lengths()
+    present = np.ones((m, width), bool)
+    for w, where in enumerate(layout.present):
+        if where is not None:
+            present[:, w] = where
+    keep = (present & ((ids >= 0) | (lengths > 0))).ravel()
+    flat_ids = ids.ravel()[keep]
+    column = pa.concat_arrays(texts) if texts else pa.array([], pa.string())
+    order = (np.arange(width)[None, :] * m + np.arange(m)[:, None]).ravel()[keep]
+    column = column.take(pa.array(order[flat_ids < 0], pa.int64()))
+    message = np.repeat(np.arange(m), width)[keep]
+    return flat_ids, lengths.ravel()[keep], column, message
+
+
+def _segments(conv, tab, column: pa.Array, threads) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Return (the ids of every segment in order, each segment's count, -1 where left to Jinja; each segment's first
+    byte) through the kernel in the encoder's threads."""
+    from ...kernels import sp_bpe
+    from ..token_columns import holding, plan_runs, string_buffers
+
+    got = string_buffers(column)
+    if got is None:
+        return None
+    data, offsets = got
+    skip = holding(column, frozenset(conv.special) | {conv.vocab.replacement})
+    map_threads, count = threads
+
+    def run(ab: tuple[int, int]):
+        a, b = ab
+        return sp_bpe.encode(tab, (data, offsets[a:b + 1]), skip[a:b])
+
+    done = map_threads(run, plan_runs(offsets, count))
+    ids = np.concatenate([d[0] for d in done]) if done else np.zeros(0, np.int32)
+    counts = np.concatenate([d[1] for d in done]) if done else np.zeros(0, np.int64)
+    first = data[np.minimum(offsets[:-1], max(len(data) - 1, 0))] if len(offsets) > 1 else np.zeros(0, np.uint8)
+    return ids, counts, first
+
+
+def _utf8_width(lead: np.ndarray) -> np.ndarray:
+    """Return the bytes of the UTF-8 characters whose first bytes are ``lead``."""
+    return np.select([lead < 0x80, lead < 0xE0, lead < 0xF0], [1, 2, 3], 4).astype(np.int64)
+
+
+def encode_sp(encoder, layout: Layout, spans: tuple[np.ndarray, np.ndarray]
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | np.ndarray | None:
+    """Return (flat ids, target flags, per-conversation counts) of the laid out conversations (``spans``: their target
+    spans in bytes, ``fast_chats._spans``); a bool per rendered conversation where some must be left to Jinja (lay
+    out the others again); None where this encoder is no SentencePiece-style one the kernel runs."""
+    conv = getattr(encoder, "sentencepiece", None)
+    if conv is None:
+        return None
+    tab, sizes_of = conv.segment_table(), conv.text_bytes()
+    got = _entries(conv, layout) if tab is not None and sizes_of is not None else None
+    if got is None:
+        return None
+    from ...kernels.sp_bpe import ALWAYS, UNLESS_THERE
+
+    special, nbytes, column, message = got
+    n = len(layout.messages.counts)
+    if not len(special):
+        return np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(n, np.int64)
+    conv_of = np.repeat(np.arange(n), layout.messages.counts)[message]
+    is_text = special < 0
+    # a segment starts at a text slot after a special one or another conversation's
+    starts = is_text.copy()
+    starts[1:] &= ~is_text[:-1] | (conv_of[1:] != conv_of[:-1])
+    if conv.after_added != conv.vocab.prepend and is_text[np.r_[True, conv_of[1:] != conv_of[:-1]]].any():
+        return None  # a conversation that starts with text would take the file's first-text rule there
+    bounds = np.flatnonzero(starts[is_text])
+    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(np.r_[bounds, is_text.sum()].astype(np.int32)),
+                                                     column), "")
+    encoded = _segments(conv, tab, joined, (encoder.map_threads, encoder.threads()))
+    if encoded is None:
+        return None
+    ids, seg_counts, lead = encoded
+    unit = ~is_text | starts  # the slots that are tokens' sources: specials and each segment's first slot
+    unit_conv = conv_of[unit]
+    if (seg_counts < 0).any():
+        drop = np.zeros(n, bool)
+        drop[unit_conv[is_text[unit]][seg_counts < 0]] = True
+        return drop
+    unit_special = special[unit] >= 0
+    unit_counts = np.ones(int(unit.sum()), np.int64)
+    unit_counts[~unit_special] = seg_counts
+    from_text = np.repeat(~unit_special, unit_counts)
+    flat = np.empty(len(from_text), np.int64)
+    flat[from_text] = ids
+    flat[~from_text] = special[unit][unit_special]
+    size = sizes_of[flat]
+    # the replacement put in front of a segment is no byte of the text: the segment's first token holds it
+    if conv.after_added == ALWAYS:
+        phantom = np.ones(len(seg_counts), bool)
+    elif conv.after_added == UNLESS_THERE:
+        phantom = lead != ord(" ")
+    else:
+        phantom = np.zeros(len(seg_counts), bool)
+    token_at = np.cumsum(unit_counts) - unit_counts
+    holder = token_at[~unit_special][phantom & (seg_counts > 0)]
+    size[holder] -= 1
+    end = np.cumsum(size)
+    start = end - size
+    alone = holder[size[holder] == 0]  # the replacement alone: tokenizers gives it the segment's first character
+    end[alone] = start[alone] + _utf8_width(lead[phantom & (seg_counts > 0)][size[holder] == 0])
+    # every conversation's tokens must stand for its bytes, no more, no less: else Jinja renders it
+    per_conv = np.bincount(np.repeat(unit_conv, unit_counts), weights=size, minlength=n)
+    want = np.bincount(conv_of, weights=nbytes, minlength=n)
+    if not np.array_equal(per_conv, want):
+        return per_conv != want
+    starts_, ends_ = spans
+    k = np.searchsorted(ends_, start, side="right")
+    flags = k < len(ends_)
+    flags[flags] = starts_[k[flags]] < end[flags]
+    counts = np.bincount(unit_conv, weights=unit_counts, minlength=n).astype(np.int64)
+    return flat, flags, counts
