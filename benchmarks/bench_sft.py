@@ -1,7 +1,10 @@
 """Fine-tuning chats and pairs: raw JSONL to a stored, packed plan at 2 ranks vs TRL's tokenize-and-pack.
 
 Real chat templates (Llama 3's and Qwen 2.5's own, as TRL ships them) with a real vocabulary
-(openai-whisper's multilingual ranks with the family's pattern and special tokens: ``sft_data``);
+(openai-whisper's multilingual ranks with the family's pattern and special tokens: ``sft_data``),
+and Mistral 7B v0.2's and v0.3's own templates on Mistral's own SentencePiece vocabularies
+(``real_templates``, ``real_vocab``; TRL then runs without ``assistant_only_loss``, which it
+refuses for a template it has no training variant of);
 20k generated conversations at ``--scale full`` (1k at small): an optional system turn, then 1-4
 user/assistant exchanges, each turn's words log-normal (a few non-ASCII); and as many
 prompt/completion pairs. sortpack: ``sortpack run part-*.jsonl --chat-template

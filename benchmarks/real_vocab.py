@@ -48,6 +48,7 @@ SP_VARIANTS = {
     "mistral-v1": ("tokenizer.model.v1", "normalizer"),
     "mistral-v3": ("mistral_instruct_tokenizer_240323.model.v3", "normalizer"),
     "mistral-v3-metaspace": ("mistral_instruct_tokenizer_240323.model.v3", "metaspace"),
+    "mistral-v3-metaspace-always": ("mistral_instruct_tokenizer_240323.model.v3", "metaspace-always"),
 }
 _NORMAL, _UNKNOWN, _CONTROL, _USER, _BYTE = 1, 2, 3, 4, 6  # SentencePiece's piece types
 
@@ -200,7 +201,7 @@ def sentencepiece_pieces(path: Path) -> list[tuple[str, int]]:
 
 def sentencepiece_json(pieces: list[tuple[str, int]], shape: str) -> dict:
     """Return the tokenizer.json of a SentencePiece BPE's pieces as the Hugging Face converter writes it, with the
-    space replacement in ``shape`` ("normalizer" or "metaspace")."""
+    space replacement in ``shape`` ("normalizer", "metaspace": prepend_scheme "first", or "metaspace-always")."""
     vocab = {piece: i for i, (piece, _) in enumerate(pieces)}
     normal = {piece for piece, kind in pieces if kind in (_NORMAL, _USER)}
     merges = sorted((vocab[t], vocab[t[:k]], vocab[t[k:]]) for t in normal for k in range(1, len(t))
@@ -219,7 +220,8 @@ def sentencepiece_json(pieces: list[tuple[str, int]], shape: str) -> dict:
             {"type": "Prepend", "prepend": space}, {"type": "Replace", "pattern": {"String": " "}, "content": space}]}
         pre = None
     else:
-        normalizer, pre = None, {"type": "Metaspace", "replacement": space, "prepend_scheme": "first", "split": False}
+        scheme = "always" if shape == "metaspace-always" else "first"
+        normalizer, pre = None, {"type": "Metaspace", "replacement": space, "prepend_scheme": scheme, "split": False}
     decoder = {"type": "Sequence", "decoders": [
         {"type": "Replace", "pattern": {"String": space}, "content": " "}, {"type": "ByteFallback"},
         {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}

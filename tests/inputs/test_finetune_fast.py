@@ -156,11 +156,12 @@ def test_a_real_vocabulary_gives_the_same_ids_and_the_plan_records_the_path(tmp_
 
 # --- Mistral's own templates through a SentencePiece-style file's compiled BPE ----------------------------------------
 # each family with the vocabulary it ships with, and with the others' shapes: [INST] plain text (v0.1's) or a control
-# token (v0.3's); the Prepend normalizer (a phantom replacement before every text after an added token) or Metaspace
-# "first" (none)
+# token (v0.3's); the Prepend normalizer (a phantom replacement before every text after an added token), Metaspace
+# "first" (none) or Metaspace "always" (where the text does not start with a space)
 MISTRAL_CASES = [("mistral_v0_1", "mistral-v1"), ("mixtral", "mistral-v1"), ("mistral_v0_2", "mistral-v1"),
                  ("mistral_v0_3", "mistral-v3"), ("mistral_v0_3", "mistral-v3-metaspace"),
-                 ("mistral_v0_2", "mistral-v3-metaspace"), ("mixtral", "mistral-v3")]
+                 ("mistral_v0_2", "mistral-v3-metaspace"), ("mixtral", "mistral-v3"),
+                 ("mistral_v0_2", "mistral-v3-metaspace-always")]
 MISTRAL_PIECES = ["hello", " world", "naïve", "東京", "😀", " ", "  ", "\n", "\t", "\x85", "\u3000", "</s>", "<s>",
                   "[INST]", "[/INST]", "[control_8]", "\u2581", "\ue000", "'s", "123", "[", "]", "<", "/s>"]
 

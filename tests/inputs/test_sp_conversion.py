@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pickle
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -51,6 +52,29 @@ def test_mistral_vocabularies_take_the_compiled_path_with_the_files_ids(sentence
         assert ids == want and counts == [len(w) for w in want]
     back = pickle.loads(pickle.dumps(enc))  # to DataLoader workers
     assert back.engine == "compiled" and fast_lists(back, texts[:30], True) == fast_lists(enc, texts[:30], True)
+
+
+@pytest.mark.skipif(not COMPILED, reason="the compiled kernel is not built")
+@pytest.mark.parametrize("name,after", [("mistral-v1", sp_bpe.ALWAYS), ("mistral-v3-metaspace", sp_bpe.NEVER),
+                                        ("mistral-v3-metaspace-always", sp_bpe.UNLESS_THERE)])
+def test_a_conversion_knows_what_text_a_token_stands_for_and_what_follows_an_added_token(
+        sentencepiece_vocabularies, name, after):
+    # the chat path's byte offsets (finetune/sp_chats.py): a token's text, its replacement a space's one byte
+    path = sentencepiece_vocabularies(name)
+    conv = load_tokenizer(path).sentencepiece
+    assert conv.after_added == after and conv.plain == frozenset(conv.special)
+    sizes = conv.text_bytes()
+    vocab = _spec(path)["model"]["vocab"]
+    made = set(conv.vocab.merges[:, 2].tolist()) | set(conv.vocab.chars.values())
+    for token, i in vocab.items():
+        if token.startswith("<0x") and len(token) == 6:
+            assert sizes[i] == 1
+        elif i in made:
+            assert sizes[i] == len(token.replace("\u2581", " ").encode("utf-8")), token
+    assert conv.segment_table() is not None
+    if after != conv.vocab.prepend:  # its own table, the replacement put in front of no text
+        ids, _ = sp_bpe.encode(conv.segment_table(), (np.frombuffer(b"a b", np.uint8), np.array([0, 3])))
+        assert ids.tolist() == load_tokenizer(path).hf.encode("<s>a b", add_special_tokens=False).ids[1:]
 
 
 def _spec(path: str) -> dict:

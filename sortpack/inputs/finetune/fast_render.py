@@ -108,7 +108,7 @@ class FastFamily:
 
 
 def _constant(value: str, n: int) -> pa.Array:
-    return pa.array(np.full(n, value, dtype=object), pa.string())
+    return pa.repeat(pa.scalar(value, pa.string()), n)
 
 
 def _llama3(msgs: Messages, special: dict) -> Layout | None:

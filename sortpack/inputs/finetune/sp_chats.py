@@ -82,6 +82,29 @@ def _utf8_width(lead: np.ndarray) -> np.ndarray:
     return np.select([lead < 0x80, lead < 0xE0, lead < 0xF0], [1, 2, 3], 4).astype(np.int64)
 
 
+def _byte_ranges(conv, size: np.ndarray, first: np.ndarray, counts: np.ndarray, lead: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return (each token's bytes of text, where they start and end on the conversations' axis) of tokens whose
+    texts' bytes are ``size``; ``first``, ``counts`` and ``lead``: each segment's first token, tokens and first
+    byte."""
+    from ...kernels.sp_bpe import ALWAYS, UNLESS_THERE
+
+    # the replacement put in front of a segment is no byte of the text: the segment's first token holds it
+    if conv.after_added == ALWAYS:
+        phantom = counts > 0
+    elif conv.after_added == UNLESS_THERE:
+        phantom = (lead != ord(" ")) & (counts > 0)
+    else:
+        phantom = np.zeros(len(counts), bool)
+    holder = first[phantom]
+    size[holder] -= 1
+    end = np.cumsum(size)
+    start = end - size
+    alone = size[holder] == 0  # the replacement alone: tokenizers gives it the segment's first character
+    end[holder[alone]] = start[holder[alone]] + _utf8_width(lead[phantom][alone])
+    return size, start, end
+
+
 def encode_sp(encoder, layout: Layout, spans: tuple[np.ndarray, np.ndarray]
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | np.ndarray | None:
     """Return (flat ids, target flags, per-conversation counts) of the laid out conversations (``spans``: their target
@@ -94,8 +117,6 @@ def encode_sp(encoder, layout: Layout, spans: tuple[np.ndarray, np.ndarray]
     got = _entries(conv, layout) if tab is not None and sizes_of is not None else None
     if got is None:
         return None
-    from ...kernels.sp_bpe import ALWAYS, UNLESS_THERE
-
     special, nbytes, column, message = got
     n = len(layout.messages.counts)
     if not len(special):
@@ -127,29 +148,18 @@ def encode_sp(encoder, layout: Layout, spans: tuple[np.ndarray, np.ndarray]
     flat = np.empty(len(from_text), np.int64)
     flat[from_text] = ids
     flat[~from_text] = special[unit][unit_special]
-    size = sizes_of[flat]
-    # the replacement put in front of a segment is no byte of the text: the segment's first token holds it
-    if conv.after_added == ALWAYS:
-        phantom = np.ones(len(seg_counts), bool)
-    elif conv.after_added == UNLESS_THERE:
-        phantom = lead != ord(" ")
-    else:
-        phantom = np.zeros(len(seg_counts), bool)
-    token_at = np.cumsum(unit_counts) - unit_counts
-    holder = token_at[~unit_special][phantom & (seg_counts > 0)]
-    size[holder] -= 1
-    end = np.cumsum(size)
-    start = end - size
-    alone = holder[size[holder] == 0]  # the replacement alone: tokenizers gives it the segment's first character
-    end[alone] = start[alone] + _utf8_width(lead[phantom & (seg_counts > 0)][size[holder] == 0])
+    size, start, end = _byte_ranges(conv, sizes_of[flat], np.cumsum(unit_counts)[~unit_special] - seg_counts,
+                                    seg_counts, lead)
+    counts = np.bincount(unit_conv, weights=unit_counts, minlength=n).astype(np.int64)
     # every conversation's tokens must stand for its bytes, no more, no less: else Jinja renders it
-    per_conv = np.bincount(np.repeat(unit_conv, unit_counts), weights=size, minlength=n)
-    want = np.bincount(conv_of, weights=nbytes, minlength=n)
+    per_conv = np.diff(np.r_[0, np.cumsum(size)[np.cumsum(counts)[counts > 0] - 1]])
+    want = np.bincount(conv_of, weights=nbytes, minlength=n).astype(np.int64)[counts > 0]
     if not np.array_equal(per_conv, want):
-        return per_conv != want
+        drop = np.zeros(n, bool)
+        drop[np.flatnonzero(counts > 0)[per_conv != want]] = True
+        return drop
     starts_, ends_ = spans
     k = np.searchsorted(ends_, start, side="right")
     flags = k < len(ends_)
     flags[flags] = starts_[k[flags]] < end[flags]
-    counts = np.bincount(unit_conv, weights=unit_counts, minlength=n).astype(np.int64)
     return flat, flags, counts
