@@ -160,8 +160,18 @@ SPB_API void *sp_spbpe_new(const int32_t *cps, const int32_t *cp_ids, int64_t n_
     return t;
 }
 
+#define SPB_SHORT 32 /* words of fewer symbols rescan their pairs after each merge; longer ones use the heap */
+#define SPB_CACHE_BITS 14
+
+/* one short word's symbols and the ids they merge to: a word's ids depend on its symbols alone */
+typedef struct {
+    int32_t n_in, n_out;
+    int32_t in[SPB_SHORT - 1], out[SPB_SHORT - 1];
+} spb_word;
+
 typedef struct {
     int32_t *id, *prev, *next;
+    spb_word *cache; /* direct-mapped by the symbols' hash (NULL: none, as where it could not be had) */
     uint8_t *alive;
     uint8_t *cut; /* cut[i]: no merge ever crosses the boundary before symbol i (a new word starts there) */
     uint64_t *heap; /* (rank << 32 | position): position < 2^31 */
@@ -304,8 +314,6 @@ static int64_t spb_symbols(const spb_table *t, const uint8_t *p, int64_t n, spb_
     return m;
 }
 
-#define SPB_SHORT 32 /* words of fewer symbols rescan their pairs after each merge; longer ones use the heap */
-
 /* merge the n symbols from a as tokenizers does (the lowest rank first, the leftmost of equals), by rescanning */
 static int64_t spb_merge_short(const spb_table *t, const int32_t *sym, int64_t n, int32_t *out) {
     int32_t rank[SPB_SHORT], made[SPB_SHORT];
@@ -370,6 +378,26 @@ static int64_t spb_merge_heap(const spb_table *t, spb_scratch *s, int64_t a, int
     return o;
 }
 
+/* merge a short word (the n symbols from a) through the cache: real text repeats its words, and a word's merges
+ * are the same wherever it stands */
+static int64_t spb_merge_cached(const spb_table *t, spb_scratch *s, int64_t a, int64_t n, int32_t *out) {
+    const int32_t *sym = s->id + a;
+    if (!s->cache) return spb_merge_short(t, sym, n, out);
+    uint64_t h = 0xcbf29ce484222325ULL ^ (uint64_t)n;
+    for (int64_t i = 0; i < n; i++) h = (h ^ (uint32_t)sym[i]) * 0x100000001b3ULL;
+    spb_word *w = &s->cache[spb_mix(h) & ((1u << SPB_CACHE_BITS) - 1)];
+    if (w->n_in == n && memcmp(w->in, sym, sizeof(int32_t) * (size_t)n) == 0) {
+        memcpy(out, w->out, sizeof(int32_t) * (size_t)w->n_out);
+        return w->n_out;
+    }
+    int64_t got = spb_merge_short(t, sym, n, out);
+    w->n_in = (int32_t)n;
+    w->n_out = (int32_t)got;
+    memcpy(w->in, sym, sizeof(int32_t) * (size_t)n);
+    memcpy(w->out, out, sizeof(int32_t) * (size_t)got);
+    return got;
+}
+
 /* merge the m symbols of s word by word (between the cuts: merges on either side of a cut never meet, so each
  * side's merges come in the same order alone); write the ids to out; return their count, -2 out of memory */
 static int64_t spb_merge(const spb_table *t, spb_scratch *s, int64_t m, int32_t *out) {
@@ -378,7 +406,7 @@ static int64_t spb_merge(const spb_table *t, spb_scratch *s, int64_t m, int32_t 
         int64_t b = a + 1;
         while (b < m && !s->cut[b]) b++;
         int64_t got = b - a == 1 ? (out[o] = s->id[a], 1)
-                      : b - a < SPB_SHORT ? spb_merge_short(t, s->id + a, b - a, out + o)
+                      : b - a < SPB_SHORT ? spb_merge_cached(t, s, a, b - a, out + o)
                       : spb_merge_heap(t, s, a, b, out + o);
         if (got < 0) return got;
         o += got;
@@ -397,6 +425,8 @@ SPB_API int64_t sp_spbpe_encode(void *handle, const uint8_t *data, const int64_t
     const spb_table *t = (const spb_table *)handle;
     spb_scratch s;
     memset(&s, 0, sizeof(s));
+    /* zeroed pages cost nothing until a word lands in them; without the cache every word is merged */
+    s.cache = t->bigram ? (spb_word *)calloc((size_t)1 << SPB_CACHE_BITS, sizeof(spb_word)) : NULL;
     int32_t *tmp = NULL;
     int64_t tmp_cap = 0, total = 0, rc = 0;
     for (int64_t k = 0; k < n; k++) {
@@ -445,6 +475,7 @@ SPB_API int64_t sp_spbpe_encode(void *handle, const uint8_t *data, const int64_t
     free(s.cut);
     free(s.heap);
     free(s.heap_made);
+    free(s.cache);
     free(tmp);
     return rc < 0 ? rc : total;
 }

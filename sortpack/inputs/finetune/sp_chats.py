@@ -159,7 +159,7 @@ def encode_sp(encoder, layout: Layout, spans: tuple[np.ndarray, np.ndarray]
         drop[np.flatnonzero(counts > 0)[per_conv != want]] = True
         return drop
     starts_, ends_ = spans
-    k = np.searchsorted(ends_, start, side="right")
-    flags = k < len(ends_)
-    flags[flags] = starts_[k[flags]] < end[flags]
+    # the first span that ends after a token's start holds one of its bytes when it starts before the token's end
+    after = np.searchsorted(ends_, start, side="right")
+    flags = np.r_[starts_, np.iinfo(np.int64).max][after] < end
     return flat, flags, counts
