@@ -91,6 +91,30 @@ def splice(ids: np.ndarray, counts: np.ndarray, left: np.ndarray, theirs: tuple[
     return out
 
 
+def compiled_runs(encoder: Any, compiled: tuple[Any, str], texts: tuple[np.ndarray, np.ndarray],
+                  skip: np.ndarray | None, keep: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+    """Return (the ids as one int32 array, None when not ``keep``; each text's count, -1 where the kernel left it)
+    of ``texts`` (``string_buffers``) through ``compiled`` (a ``kernels.bpe`` table and its style, or a
+    ``kernels.sp_bpe`` table and its ``STYLE``), contiguous runs in the encoder's threads; ``skip`` marks texts to
+    leave."""
+    from ..kernels import bpe, sp_bpe
+
+    data, offsets = texts
+    tab, style = compiled
+
+    def run(ab: tuple[int, int]) -> Any:
+        a, b = ab
+        part = (data, offsets[a:b + 1]), None if skip is None else skip[a:b]
+        if style == sp_bpe.STYLE:
+            return sp_bpe.encode(tab, *part, keep)
+        return bpe.encode(tab, style, *part, keep)
+
+    done = encoder.map_threads(run, plan_runs(offsets, encoder.threads(), RUN_BYTES))
+    counts = np.concatenate([d[1] for d in done]) if done else np.zeros(0, np.int64)
+    ids = (np.concatenate([d[0] for d in done]) if done else np.zeros(0, np.int32)) if keep else None
+    return ids, counts
+
+
 def encode_column(encoder: Any, col: Any, special_tokens: bool = True, keep: bool = True
                   ) -> tuple[np.ndarray | None, np.ndarray] | None:
     """Return (a string array's ids as one int32 array, None when not ``keep``; their counts) through the encoder's
@@ -104,23 +128,9 @@ def encode_column(encoder: Any, col: Any, special_tokens: bool = True, keep: boo
         return (np.zeros(0, np.int32) if keep else None), np.zeros(0, np.int64)
     import pyarrow as pa
 
-    from ..kernels import bpe, sp_bpe
-
-    data, offsets = got
-    tab, style = encoder.compiled
     # a text holding an added token's text goes to the encoder, which finds it; any other is plain text
-    skip = holding(col, encoder.allowed) if encoder.allowed else None
-
-    def run(ab: tuple[int, int]) -> Any:
-        a, b = ab
-        part = (data, offsets[a:b + 1]), None if skip is None else skip[a:b]
-        if style == sp_bpe.STYLE:
-            return sp_bpe.encode(tab, *part, keep)
-        return bpe.encode(tab, style, *part, keep)
-
-    done = encoder.map_threads(run, plan_runs(offsets, encoder.threads(), RUN_BYTES))
-    counts = np.concatenate([d[1] for d in done])
-    ids = np.concatenate([d[0] for d in done]) if keep else None
+    ids, counts = compiled_runs(encoder, encoder.compiled, got, holding(col, encoder.allowed) if encoder.allowed
+                                else None, keep)
     left = np.flatnonzero(counts < 0)
     if len(left):
         got_left = [encoder.encode_others(col.take(pa.array(left[a:a + 4096])).to_pylist())

@@ -53,26 +53,19 @@ def _entries(conv, layout: Layout) -> tuple[np.ndarray, np.ndarray, pa.Array, np
     return flat_ids, lengths.ravel()[keep], column, message
 
 
-def _segments(conv, tab, column: pa.Array, threads) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _segments(encoder, conv, tab, column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Return (the ids of every segment in order, each segment's count, -1 where left to Jinja; each segment's first
     byte) through the kernel in the encoder's threads."""
-    from ...kernels import sp_bpe
-    from ..token_columns import holding, plan_runs, string_buffers
+    from ...kernels.sp_bpe import STYLE
+    from ..token_columns import compiled_runs, holding, string_buffers
 
     got = string_buffers(column)
     if got is None:
         return None
-    data, offsets = got
     skip = holding(column, frozenset(conv.special) | {conv.vocab.replacement})
-    map_threads, count = threads
-
-    def run(ab: tuple[int, int]):
-        a, b = ab
-        return sp_bpe.encode(tab, (data, offsets[a:b + 1]), skip[a:b])
-
-    done = map_threads(run, plan_runs(offsets, count))
-    ids = np.concatenate([d[0] for d in done]) if done else np.zeros(0, np.int32)
-    counts = np.concatenate([d[1] for d in done]) if done else np.zeros(0, np.int64)
+    ids, counts = compiled_runs(encoder, (tab, STYLE), got, skip)
+    assert ids is not None
+    data, offsets = got
     first = data[np.minimum(offsets[:-1], max(len(data) - 1, 0))] if len(offsets) > 1 else np.zeros(0, np.uint8)
     return ids, counts, first
 
@@ -131,7 +124,7 @@ def encode_sp(encoder, layout: Layout, spans: tuple[np.ndarray, np.ndarray]
     bounds = np.flatnonzero(starts[is_text])
     joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(np.r_[bounds, is_text.sum()].astype(np.int32)),
                                                      column), "")
-    encoded = _segments(conv, tab, joined, (encoder.map_threads, encoder.threads()))
+    encoded = _segments(encoder, conv, tab, joined)
     if encoded is None:
         return None
     ids, seg_counts, lead = encoded
