@@ -30,7 +30,7 @@ __all__ = ["LazyTokenizer", "TokenEncoder", "encoder_provenance", "hf_ids", "par
 _OFF = "SORTPACK_FAST_TOKENIZER"  # "0": always Hugging Face tokenizers; "tiktoken": tiktoken for every text
 _MEMO: dict[tuple, Any] = {}  # (path, mtime, size) -> its _Exact or the reason: one decision per process
 _MEMO_LOCK = threading.Lock()
-_REFUSED_SPEC: list = []  # [path, its parsed JSON] of the file the tiktoken decision refused last (under _MEMO_LOCK)
+_REFUSED_SPEC: list = []  # [path, its JSON, its cache key] of the file tiktoken's decision refused last (_MEMO_LOCK)
 NEEDS_TOKENIZERS = "--tokenizer needs the tokenizers package (pip install 'sortpack[tokenizers]')"
 
 
@@ -81,13 +81,20 @@ def _convert(path: str, hf: Callable[[], Any]) -> _Exact | str:
     conv = conversion_cache.load(key)
     cached = conv is not None
     if conv is None:
+        sp = conversion_cache.load_sp(key)
+        if sp is not None:  # a SentencePiece-style file converted before: tiktoken's refusal with it
+            from .sp_conversion import remember
+
+            remember(path, sp[0])
+            return sp[1]
         spec = parse_spec(raw)
         if spec is None:
             return "the tokenizer file is not JSON"
         try:
             conv = exact_conversion(spec, hf())
         except Refused as exc:
-            _REFUSED_SPEC[:] = [path, spec]  # the SentencePiece-style decision next reads it (no second parse)
+            # the SentencePiece-style decision next reads the JSON (no second parse) and keeps its own under the key
+            _REFUSED_SPEC[:] = [path, spec, key]
             return str(exc)
         conversion_cache.store(key, conv)
     return _Exact(os.path.basename(path), conv, cached)
@@ -245,7 +252,7 @@ class TokenEncoder:
                 self.allowed, self.prefix, self.suffix = frozenset(conv.special), conv.prefix, conv.suffix
                 self.engine = "tiktoken"
                 self.compiled, self.unicode = _compiled(conv)
-        if self._exact is None or not self._exact.cached:
+        if not (self._exact.cached if self._exact is not None else self._sp is not None and self._sp.cached):
             self.handle.get()
         _CHOSEN[os.path.basename(path)] = self.record()
 
@@ -255,12 +262,16 @@ class TokenEncoder:
         from .sp_conversion import converted
 
         with _MEMO_LOCK:  # the JSON the tiktoken decision parsed, if it refused this file just now
-            spec = _REFUSED_SPEC[1] if _REFUSED_SPEC and _REFUSED_SPEC[0] == path else None
+            spec, key = _REFUSED_SPEC[1:] if _REFUSED_SPEC and _REFUSED_SPEC[0] == path else (None, None)
             _REFUSED_SPEC.clear()
         got = converted(path, self.handle.get, spec)
         if isinstance(got, str):
             self.sp_reason = got
             return
+        if key is not None and not got.cached:
+            from . import conversion_cache
+
+            conversion_cache.store_sp(key, got, self.reason or "")
         tab = got.compiled()
         if tab is None:
             from ..kernels import sp_bpe
@@ -287,9 +298,9 @@ class TokenEncoder:
     def token_to_id(self, token: str) -> int | None:
         """Return the id of ``token`` (an added token's from the conversion, without parsing the file), as the
         Tokenizer's ``token_to_id``."""
-        conv = self._conv
-        if conv is not None and token in conv.special:
-            return conv.special[token]
+        special = self._conv.special if self._conv is not None else self._sp.special if self._sp is not None else {}
+        if token in special:
+            return special[token]
         return self.hf.token_to_id(token)
 
     @property

@@ -144,6 +144,7 @@ class SpConversion:
     suffix: tuple[int, ...]
     after_added: int = 1  # where a text after an added token gets the replacement in front (sp_bpe's ALWAYS...)
     plain: frozenset[str] = frozenset()  # the added tokens that take no space beside them (no lstrip/rstrip)
+    cached: bool = field(default=False, compare=False)  # read back from conversion_cache: the file was not parsed
     _table: list = field(default_factory=list, init=False, repr=False, compare=False)
     _lock: Any = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
@@ -245,6 +246,12 @@ def sp_conversion(spec: dict, hf) -> SpConversion:
                         after_added, plain)
     _probe(conv, hf)
     return conv
+
+
+def remember(path: str, conv: SpConversion) -> None:
+    """Take ``conv`` (read back from ``conversion_cache``) as the decision on the file at ``path`` in this process."""
+    with _MEMO_LOCK:
+        _MEMO[file_key(path)] = conv
 
 
 def converted(path: str, hf: Callable[[], Any], spec: dict | None = None) -> SpConversion | str:

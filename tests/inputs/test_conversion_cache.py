@@ -212,3 +212,84 @@ def _same(a, b) -> bool:
     """Return whether two ``Encoded`` hold the same ids, labels, sizes and targets."""
     return (a.ids.equals(b.ids) and a.labels.equals(b.labels) and a.sizes.tolist() == b.sizes.tolist()
             and a.targets.tolist() == b.targets.tolist())
+
+
+# --- a SentencePiece-style file's conversion (the compiled SentencePiece BPE: Mistral's vocabularies) -----------
+def _fresh(monkeypatch) -> None:
+    """Forget every in-process decision, as a later job's process has none."""
+    from sortpack.inputs import sp_conversion, specs
+
+    monkeypatch.setattr(fast_tokens, "_MEMO", {})
+    monkeypatch.setattr(sp_conversion, "_MEMO", {})
+    monkeypatch.setattr(specs, "_TOKENIZERS", {})
+
+
+def _same_sp(a, b) -> bool:
+    """Return whether two SentencePiece-style conversions hold the same vocabulary, merges, cuts and tokens around."""
+    import numpy as np
+
+    va, vb = a.vocab, b.vocab
+    return (va.chars == vb.chars and list(va.byte_ids) == list(vb.byte_ids) and np.array_equal(va.merges, vb.merges)
+            and (va.bigrams is None) == (vb.bigrams is None) and (va.bigrams is None or np.array_equal(va.bigrams,
+                                                                                                     vb.bigrams))
+            and (va.replacement, va.prepend) == (vb.replacement, vb.prepend)
+            and (a.special, a.prefix, a.suffix, a.after_added, a.plain) == (b.special, b.prefix, b.suffix,
+                                                                            b.after_added, b.plain))
+
+
+def test_a_sentencepiece_conversion_is_read_back_without_parsing_the_file(sentencepiece_vocabularies, tmp_path,
+                                                                           monkeypatch, parses):
+    import json
+
+    import pyarrow as pa
+    from tokenizer_fixtures import column_lists, hf_reference
+
+    from sortpack.inputs import sp_conversion
+    from sortpack.inputs.specs import load_tokenizer
+
+    path = sentencepiece_vocabularies("mistral-v3")
+    texts = EDGE + ["[INST] hi there [/INST] 😀 naïve</s>", "  two  spaces", "東京 " * 40]
+    monkeypatch.setenv("SORTPACK_CACHE_DIR", str(tmp_path / "cache"))
+    _fresh(monkeypatch)
+    first = load_tokenizer(path)  # the first job: converted from the parsed file, kept
+    assert first.engine == "compiled" and _entries(tmp_path / "cache") == [
+        f"sp-{conversion_cache.entry_key(open(path, 'rb').read())}"]
+    _fresh(monkeypatch)
+    parses.clear()
+
+    def no_conversion(*_):
+        raise AssertionError("converted again although the entry is whole")
+
+    monkeypatch.setattr(sp_conversion, "sp_conversion", no_conversion)
+    enc = load_tokenizer(path)
+    assert enc.engine == "compiled" and enc.sentencepiece.cached and parses == []
+    assert enc.record() == first.record() and _same_sp(enc.sentencepiece, first.sentencepiece)
+    plain = [t for t in texts if not any(s in t for s in enc.allowed)]
+    for special in (True, False):
+        assert column_lists(enc, plain, special)[0] == hf_reference(path, plain, special)
+    assert enc.token_to_id("[INST]") == json.load(open(path))["model"]["vocab"]["[INST]"] and parses == []
+    assert enc.encode_column(pa.array(texts)) is not None  # the texts holding an added token: tokenizers, parsed now
+    assert parses == [path]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "other key", "not an entry"])
+def test_a_damaged_sentencepiece_entry_is_converted_again_never_read(sentencepiece_vocabularies, tmp_path,
+                                                                      monkeypatch, damage):
+    from sortpack.inputs.specs import load_tokenizer
+
+    path = sentencepiece_vocabularies("mistral-v1")
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("SORTPACK_CACHE_DIR", str(folder))
+    _fresh(monkeypatch)
+    want = load_tokenizer(path)
+    entry = folder / _entries(folder)[0]
+    data = entry.read_bytes()
+    key = entry.name[len("sp-"):]
+    entry.write_bytes({"truncate": data[:-7], "flip": data[:-3] + bytes([data[-3] ^ 1]) + data[-2:],
+                       "other key": data.replace(key.encode(), b"0" * len(key), 1),
+                       "not an entry": b"hello\n" + data}[damage])
+    assert conversion_cache.load_sp(key) is None
+    _fresh(monkeypatch)
+    got = load_tokenizer(path)
+    assert got.engine == "compiled" and not got.sentencepiece.cached and _same_sp(got.sentencepiece, want.sentencepiece)
+    assert conversion_cache.load_sp(key) is not None  # written anew, whole
