@@ -24,7 +24,9 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,31 +58,48 @@ def entry_key(raw: bytes) -> str:
     return h.hexdigest()
 
 
-def load(key: str) -> Conversion | None:
-    """Return the conversion kept under ``key`` (None: no whole, matching entry)."""
+def _read(name: str, magic: bytes, key: str) -> tuple[dict, bytes] | None:
+    """Return (the header, the body) of the entry ``name`` (None: the cache is off, no such entry, or not whole and
+    matching: another magic or key, a digest that does not match, a header that is no JSON)."""
     folder = cache_dir()
     if folder is None:
         return None
     try:
-        data = (folder / f"bpe-{key}").read_bytes()
+        data = (folder / name).read_bytes()
     except OSError:
         return None
+    if not data.startswith(magic):
+        return None
+    head_end = data.find(b"\n", len(magic))
     try:
-        return _parsed(data, key)
-    except (ValueError, KeyError, TypeError):  # a damaged entry is proven again, never read
+        head = json.loads(data[len(magic):head_end])
+    except ValueError:
         return None
-
-
-def _parsed(data: bytes, key: str) -> Conversion | None:
-    """Return the conversion an entry's bytes hold (None: another key, or its digest does not match)."""
-    if not data.startswith(_MAGIC):
-        return None
-    head_end = data.find(b"\n", len(_MAGIC))
-    head = json.loads(data[len(_MAGIC):head_end])
     body = data[head_end + 1:]
-    digest = head.pop("sha256", None)
-    if head.get("key") != key or digest != _digest(head, body):
+    if not isinstance(head, dict) or head.get("key") != key or head.pop("sha256", None) != _digest(head, body):
         return None
+    return head, body
+
+
+def _load(name: str, magic: bytes, key: str, parse: Callable[[dict, bytes], Any]) -> Any:
+    """Return ``parse(head, body)`` of the entry ``name`` (None: no whole, matching entry, or ``parse`` finds its
+    body damaged)."""
+    got = _read(name, magic, key)
+    if got is None:
+        return None
+    try:
+        return parse(*got)
+    except (ValueError, KeyError, TypeError):  # a damaged entry is converted again, never read
+        return None
+
+
+def load(key: str) -> Conversion | None:
+    """Return the conversion kept under ``key`` (None: no whole, matching entry)."""
+    return _load(f"bpe-{key}", _MAGIC, key, _parsed)
+
+
+def _parsed(head: dict, body: bytes) -> Conversion | None:
+    """Return the conversion a whole entry's header and body hold (None: its body is not what the header says)."""
     n = int(head["tokens"])
     lengths = np.frombuffer(body, np.int64, n, 0)
     ids = np.frombuffer(body, np.int64, n, 8 * n)
@@ -103,14 +122,15 @@ def store(key: str, conv: Conversion) -> None:
     lengths = np.fromiter(map(len, tokens), np.int64, len(tokens))
     ids = np.fromiter(conv.ranks.values(), np.int64, len(tokens))
     body = lengths.tobytes() + ids.tobytes() + b"".join(tokens)
-    head = {"key": key, "format": FORMAT, "tokens": len(tokens), "pattern": conv.pattern, "special": conv.special,
-            "prefix": list(conv.prefix), "suffix": list(conv.suffix)}
-    head["sha256"] = _digest(head, body)
-    _write(f"bpe-{key}", _MAGIC + json.dumps(head).encode() + b"\n" + body)
+    _write(f"bpe-{key}", _MAGIC, {"key": key, "format": FORMAT, "tokens": len(tokens), "pattern": conv.pattern,
+                                  "special": conv.special, "prefix": list(conv.prefix), "suffix": list(conv.suffix)},
+           body)
 
 
-def _write(name: str, data: bytes) -> None:
-    """Write an entry whole under ``name`` in the cache directory (nothing when it is off or cannot be written)."""
+def _write(name: str, magic: bytes, head: dict, body: bytes) -> None:
+    """Write the entry ``name`` whole in the cache directory: ``magic``, ``head`` with the digest of it and ``body``,
+    the body (nothing when the cache is off or its directory cannot be written)."""
+    data = magic + json.dumps({**head, "sha256": _digest(head, body)}).encode() + b"\n" + body
     folder = cache_dir()
     if folder is None:
         return
@@ -144,39 +164,20 @@ def store_sp(key: str, conv, reason: str) -> None:
             "bigrams": vocab.bigrams is not None, "replacement": vocab.replacement, "prepend": vocab.prepend,
             "after_added": conv.after_added, "special": conv.special, "plain": sorted(conv.plain),
             "prefix": list(conv.prefix), "suffix": list(conv.suffix), "reason": reason}
-    head["sha256"] = _digest(head, body)
-    _write(f"sp-{key}", _SP_MAGIC + json.dumps(head).encode() + b"\n" + body)
+    _write(f"sp-{key}", _SP_MAGIC, head, body)
 
 
 def load_sp(key: str):
     """Return (the SentencePiece-style conversion kept under ``key``, why tiktoken refused its file); None: no whole,
     matching entry."""
-    folder = cache_dir()
-    if folder is None:
-        return None
-    try:
-        data = (folder / f"sp-{key}").read_bytes()
-    except OSError:
-        return None
-    try:
-        return _parsed_sp(data, key)
-    except (ValueError, KeyError, TypeError):  # a damaged entry is converted again, never read
-        return None
+    return _load(f"sp-{key}", _SP_MAGIC, key, _parsed_sp)
 
 
-def _parsed_sp(data: bytes, key: str):
-    """Return what an ``sp-`` entry's bytes hold (None: another key, or its digest does not match)."""
+def _parsed_sp(head: dict, body: bytes):
+    """Return what a whole ``sp-`` entry's header and body hold (None: its body is not what the header says)."""
     from ..kernels.sp_bpe import SpVocab
     from .sp_conversion import SpConversion
 
-    if not data.startswith(_SP_MAGIC):
-        return None
-    head_end = data.find(b"\n", len(_SP_MAGIC))
-    head = json.loads(data[len(_SP_MAGIC):head_end])
-    body = data[head_end + 1:]
-    digest = head.pop("sha256", None)
-    if head.get("key") != key or digest != _digest(head, body):
-        return None
     arrays, at = {}, 0
     for (name, dtype), n in zip(_SP_ARRAYS, head["sizes"]):
         arrays[name] = np.frombuffer(body, dtype, n, at)
