@@ -79,18 +79,24 @@ def _spans(layout: Layout, roles: frozenset[str]) -> tuple[np.ndarray, np.ndarra
     return start[chosen], end[chosen]
 
 
+def overlapping(start: np.ndarray, end: np.ndarray, spans: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Return, per token ``[start, end)`` (both non-decreasing), whether it overlaps a span (sorted, disjoint) of
+    the same axis."""
+    starts, ends = spans
+    # the tokens of a span: from the first ending after its start to the last beginning before its end
+    first = np.searchsorted(end, starts, side="right")
+    stop = np.searchsorted(start, ends, side="left")
+    marks = np.zeros(len(end) + 1, np.int32)
+    np.add.at(marks, first, 1)
+    np.add.at(marks, stop, -1)
+    return np.cumsum(marks[:-1], dtype=np.int32) > 0
+
+
 def _target_flags(ids: np.ndarray, lengths: np.ndarray, spans: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """Return, per token, whether one of its bytes lies in a span (sorted, disjoint) of the same axis."""
     size = lengths[ids]
     end = np.cumsum(size)
-    starts, ends = spans
-    # the tokens of a span: from the first ending after its start to the last beginning before its end
-    first = np.searchsorted(end, starts, side="right")
-    stop = np.searchsorted(end - size, ends, side="left")
-    marks = np.zeros(len(ids) + 1, np.int64)
-    np.add.at(marks, first, 1)
-    np.add.at(marks, stop, -1)
-    return np.cumsum(marks[:-1]) > 0
+    return overlapping(end - size, end, spans)
 
 
 def encode_layout(encoder, layout: Layout, roles: frozenset[str]

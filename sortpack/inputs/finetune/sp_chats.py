@@ -10,7 +10,7 @@ A token stands for its text's bytes with the replacement one byte (a space); the
 front stands for none, and a token that is that replacement alone stands, as ``tokenizers``'
 offsets say, for the segment's first character. A token is a target where one of those bytes
 lies in a target span (``fast_chats._spans``), as ``chats._target_flags`` decides from
-``tokenizers``' character offsets.
+``tokenizers``' character offsets (``fast_chats.overlapping``).
 
 A conversation whose segments hold an added token's text or the replacement character (which
 the byte count cannot tell from a space), or that the kernel leaves out, is left to Jinja.
@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .fast_chats import overlapping
 from .fast_render import Layout, _constant
 
 
@@ -70,32 +71,21 @@ def _segments(encoder, conv, tab, column: pa.Array) -> tuple[np.ndarray, np.ndar
     return ids, counts, first
 
 
-def _utf8_width(lead: np.ndarray) -> np.ndarray:
-    """Return the bytes of the UTF-8 characters whose first bytes are ``lead``."""
-    return np.select([lead < 0x80, lead < 0xE0, lead < 0xF0], [1, 2, 3], 4).astype(np.int64)
-
-
-def _byte_ranges(conv, size: np.ndarray, first: np.ndarray, counts: np.ndarray, lead: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return (each token's bytes of text, where they start and end on the conversations' axis) of tokens whose
-    texts' bytes are ``size``; ``first``, ``counts`` and ``lead``: each segment's first token, tokens and first
-    byte."""
+def _phantoms(conv, size: np.ndarray, first: np.ndarray, counts: np.ndarray, lead: np.ndarray) -> np.ndarray:
+    """Take the replacement the file puts in front of a segment out of the bytes of the segment's first token
+    (``size``, in place: it is no byte of the text); return the tokens that are that replacement alone.
+    ``first``, ``counts`` and ``lead``: each segment's first token, tokens and first byte."""
     from ...kernels.sp_bpe import ALWAYS, UNLESS_THERE
 
-    # the replacement put in front of a segment is no byte of the text: the segment's first token holds it
     if conv.after_added == ALWAYS:
         phantom = counts > 0
     elif conv.after_added == UNLESS_THERE:
         phantom = (lead != ord(" ")) & (counts > 0)
     else:
-        phantom = np.zeros(len(counts), bool)
+        return np.zeros(0, np.int64)
     holder = first[phantom]
     size[holder] -= 1
-    end = np.cumsum(size)
-    start = end - size
-    alone = size[holder] == 0  # the replacement alone: tokenizers gives it the segment's first character
-    end[holder[alone]] = start[holder[alone]] + _utf8_width(lead[phantom][alone])
-    return size, start, end
+    return holder[size[holder] == 0]
 
 
 def encode_sp(encoder, layout: Layout, spans: tuple[np.ndarray, np.ndarray]
@@ -138,21 +128,22 @@ def encode_sp(encoder, layout: Layout, spans: tuple[np.ndarray, np.ndarray]
     unit_counts = np.ones(int(unit.sum()), np.int64)
     unit_counts[~unit_special] = seg_counts
     from_text = np.repeat(~unit_special, unit_counts)
-    flat = np.empty(len(from_text), np.int64)
+    flat = np.empty(len(from_text), np.int32)
     flat[from_text] = ids
     flat[~from_text] = special[unit][unit_special]
-    size, start, end = _byte_ranges(conv, sizes_of[flat], np.cumsum(unit_counts)[~unit_special] - seg_counts,
-                                    seg_counts, lead)
+    size = sizes_of[flat]
+    alone = _phantoms(conv, size, np.cumsum(unit_counts)[~unit_special] - seg_counts, seg_counts, lead)
+    end = np.cumsum(size)
     counts = np.bincount(unit_conv, weights=unit_counts, minlength=n).astype(np.int64)
     # every conversation's tokens must stand for its bytes, no more, no less: else Jinja renders it
-    per_conv = np.diff(np.r_[0, np.cumsum(size)[np.cumsum(counts)[counts > 0] - 1]])
+    per_conv = np.diff(end[np.cumsum(counts)[counts > 0] - 1], prepend=0)
     want = np.bincount(conv_of, weights=nbytes, minlength=n).astype(np.int64)[counts > 0]
     if not np.array_equal(per_conv, want):
         drop = np.zeros(n, bool)
         drop[np.flatnonzero(counts > 0)[per_conv != want]] = True
         return drop
-    starts_, ends_ = spans
-    # the first span that ends after a token's start holds one of its bytes when it starts before the token's end
-    after = np.searchsorted(ends_, start, side="right")
-    flags = np.r_[starts_, np.iinfo(np.int64).max][after] < end
-    return flat, flags, counts
+    start = np.subtract(end, size, out=size)
+    # the replacement alone stands, as tokenizers' offsets say, for the segment's first character: a span (from one
+    # character to another) holds that character exactly when it holds its first byte
+    end[alone] += 1
+    return flat, overlapping(start, end, spans), counts
