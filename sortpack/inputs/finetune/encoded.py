@@ -118,3 +118,16 @@ def encoded(parts_ids: list, parts_target: list, parts_counts: list, roles: froz
     target = np.concatenate(parts_target) if parts_target else np.zeros(0, bool)
     counts = np.concatenate(parts_counts) if parts_counts else np.zeros(0, np.int64)
     return Encoded(lists(ids, counts), lists(labels_of(ids, target), counts), counts, targets_of(target, counts), roles)
+
+
+def overlapping(start: np.ndarray, end: np.ndarray, spans: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Return, per token ``[start, end)`` (both non-decreasing), whether it overlaps a span (sorted, disjoint) of
+    the same axis."""
+    starts, ends = spans
+    # the tokens of a span: from the first ending after its start to the last beginning before its end
+    first = np.searchsorted(end, starts, side="right")
+    stop = np.searchsorted(start, ends, side="left")
+    marks = np.zeros(len(end) + 1, np.int32)
+    np.add.at(marks, first, 1)
+    np.add.at(marks, stop, -1)
+    return np.cumsum(marks[:-1], dtype=np.int32) > 0

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..fast_tokens import RENDERED
-from .encoded import Encoded, Rows, encoded, positions
+from .encoded import Encoded, Rows, encoded, overlapping, positions
 from .fast_render import Layout, fast_family, render_layout
 
 
@@ -77,19 +77,6 @@ def _spans(layout: Layout, roles: frozenset[str]) -> tuple[np.ndarray, np.ndarra
     chosen = np.asarray(pa.compute.is_in(layout.messages.roles, pa.array(sorted(roles), pa.string())))
     chosen &= end > start
     return start[chosen], end[chosen]
-
-
-def overlapping(start: np.ndarray, end: np.ndarray, spans: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """Return, per token ``[start, end)`` (both non-decreasing), whether it overlaps a span (sorted, disjoint) of
-    the same axis."""
-    starts, ends = spans
-    # the tokens of a span: from the first ending after its start to the last beginning before its end
-    first = np.searchsorted(end, starts, side="right")
-    stop = np.searchsorted(start, ends, side="left")
-    marks = np.zeros(len(end) + 1, np.int32)
-    np.add.at(marks, first, 1)
-    np.add.at(marks, stop, -1)
-    return np.cumsum(marks[:-1], dtype=np.int32) > 0
 
 
 def _target_flags(ids: np.ndarray, lengths: np.ndarray, spans: tuple[np.ndarray, np.ndarray]) -> np.ndarray:

@@ -10,7 +10,7 @@ A token stands for its text's bytes with the replacement one byte (a space); the
 front stands for none, and a token that is that replacement alone stands, as ``tokenizers``'
 offsets say, for the segment's first character. A token is a target where one of those bytes
 lies in a target span (``fast_chats._spans``), as ``chats._target_flags`` decides from
-``tokenizers``' character offsets (``fast_chats.overlapping``).
+``tokenizers``' character offsets (``encoded.overlapping``).
 
 A conversation whose segments hold an added token's text or the replacement character (which
 the byte count cannot tell from a space), or that the kernel leaves out, is left to Jinja.
@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .fast_chats import overlapping
+from .encoded import overlapping
 from .fast_render import Layout, _constant
 
 
