@@ -128,8 +128,8 @@ def store(key: str, conv: Conversion) -> None:
 
 
 def _write(name: str, magic: bytes, head: dict, body: bytes) -> None:
-    """Write the entry ``name`` whole in the cache directory: ``magic``, ``head`` with the digest of it and ``body``,
-    the body (nothing when the cache is off or its directory cannot be written)."""
+    """Write the entry ``name`` whole in the cache directory: ``magic``, then ``head`` with the digest of it and of
+    ``body``, then ``body`` (nothing when the cache is off or its directory cannot be written)."""
     data = magic + json.dumps({**head, "sha256": _digest(head, body)}).encode() + b"\n" + body
     folder = cache_dir()
     if folder is None:
@@ -155,11 +155,12 @@ _SP_ARRAYS = (("cps", np.int32), ("ids", np.int32), ("byte_ids", np.int32), ("me
 def store_sp(key: str, conv, reason: str) -> None:
     """Keep a SentencePiece-style conversion (``sp_conversion.SpConversion``) and why tiktoken refused its file."""
     vocab = conv.vocab
-    arrays: dict[str, np.ndarray] = {"cps": np.fromiter(map(ord, vocab.chars), np.int32, len(vocab.chars)),
+    arrays = {"cps": np.fromiter(map(ord, vocab.chars), np.int32, len(vocab.chars)),
               "ids": np.fromiter(vocab.chars.values(), np.int32, len(vocab.chars)),
-              "byte_ids": np.asarray(vocab.byte_ids, np.int32), "merges": np.asarray(vocab.merges, np.int32).ravel(),
-              "bigrams": np.zeros(0, np.uint64) if vocab.bigrams is None else np.asarray(vocab.bigrams, np.uint64)}
-    body = b"".join(arrays[name].astype(dtype).tobytes() for name, dtype in _SP_ARRAYS)
+              "byte_ids": vocab.byte_ids, "merges": vocab.merges,
+              "bigrams": np.zeros(0) if vocab.bigrams is None else vocab.bigrams}
+    arrays = {name: np.ascontiguousarray(arrays[name], dtype).ravel() for name, dtype in _SP_ARRAYS}
+    body = b"".join(arrays[name].tobytes() for name, _ in _SP_ARRAYS)
     head = {"key": key, "format": FORMAT, "sizes": [len(arrays[name]) for name, _ in _SP_ARRAYS],
             "bigrams": vocab.bigrams is not None, "replacement": vocab.replacement, "prepend": vocab.prepend,
             "after_added": conv.after_added, "special": conv.special, "plain": sorted(conv.plain),

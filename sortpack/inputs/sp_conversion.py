@@ -146,6 +146,7 @@ class SpConversion:
     plain: frozenset[str] = frozenset()  # the added tokens that take no space beside them (no lstrip/rstrip)
     cached: bool = field(default=False, compare=False)  # read back from conversion_cache: the file was not parsed
     _table: list = field(default_factory=list, init=False, repr=False, compare=False)
+    _bytes: list = field(default_factory=list, init=False, repr=False, compare=False)  # text_bytes(), once made
     _lock: Any = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def compiled(self) -> Any:
@@ -173,7 +174,14 @@ class SpConversion:
     def text_bytes(self) -> np.ndarray | None:
         """Return each id's length in bytes of the text it stands for (int64: the replacement one byte, a space's,
         a byte-fallback token one), for the ids the kernel gives; None where the replacement is no token (its
-        bytes would be three ids for one byte of text)."""
+        bytes would be three ids for one byte of text); made once, read by every batch of chats."""
+        with self._lock:
+            if not self._bytes:
+                self._bytes.append(self._text_bytes())
+            return self._bytes[0]
+
+    def _text_bytes(self) -> np.ndarray | None:
+        """Return ``text_bytes()``, made from the vocabulary and the merges."""
         vocab = self.vocab
         if vocab.replacement not in vocab.chars:
             return None
