@@ -1,6 +1,6 @@
 """The loader doors and the attention metadata: per-step cost against ``PlanLoader``, block masks against torch's.
 
-    PYTHONPATH=$PWD python benchmarks/bench_doors.py --scale small   # 10k samples, 5 rounds (the suite's `doors`)
+    PYTHONPATH=$PWD python benchmarks/bench_doors.py --scale small   # 10k samples, 2 rounds (the suite's `doors`)
     PYTHONPATH=$PWD python benchmarks/bench_doors.py --scale full    # 100k samples, 7 rounds
 
 (1) The doors. The plan of ``bench_loader`` (pre-tokenized ``input_ids``, log-normal lengths,
@@ -39,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "benchmarks" / "_work" / "doors"
 # samples, rounds, create_block_mask calls (one takes half a minute on a busy 2-core machine)
-SCALES = {"small": (10_000, 5, 1), "full": (100_000, 7, 2)}
+SCALES = {"small": (10_000, 2, 1), "full": (100_000, 7, 2)}
 ROW, BLOCK = 32_768, 128
 OVERHEAD_GOAL, BLOCKS_GOAL = 1.05, 100.0
 LABELS = {

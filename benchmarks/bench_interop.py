@@ -22,7 +22,7 @@ Parquet (``input_ids`` list<int32>, row groups of 10k). Measured in the same run
   the stored Parquet plan (int32 ids read from its data shards, written as uint16), tokens
   per second, against ``ndarray.tofile`` of the same ids (the export's dtype and count, in
   plan order, already in memory) into the same directory, the floor of writing them; best of
-  alternated rounds (9 at small scale, 5 at full), the load average printed beside. Goal: at
+  alternated rounds (3 at small scale, 5 at full), the load average printed beside. Goal: at
   least 0.8x, marked PASS or MISSED (a figure, not a test). Beside it the rate of gathering
   the same ids alone (the compiled run copy into memory, nothing written): where it is near
   ``tofile``'s, one core does both at half the rate at best and only the second writing
@@ -49,7 +49,7 @@ import numpy as np
 from .report import Row, Section, plain, save_json, script_log
 
 ROOT = Path(__file__).resolve().parents[1]
-SCALES = {"small": {"sequences": 100_000, "rounds": 3, "export_rounds": 9, "read_tokens": 4_000_000},
+SCALES = {"small": {"sequences": 100_000, "rounds": 1, "export_rounds": 3, "read_tokens": 4_000_000},
           "full": {"sequences": 2_000_000, "rounds": 3, "export_rounds": 5, "read_tokens": 40_000_000}}
 MAX_TOKENS = 65536
 VOCAB = 50_000

@@ -37,7 +37,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "benchmarks" / "_work" / "loader"
-SCALES = {"small": (10_000, 2), "full": (100_000, 3)}  # samples, rounds
+SCALES = {"small": (10_000, 1), "full": (100_000, 3)}  # samples, rounds
 MAX_TOKENS = 16384
 
 

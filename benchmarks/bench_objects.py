@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SCALES = {"small": {"rows": 200_000, "files": 4, "rounds": 2, "read_mbs": 150, "tiny": 1000},
+SCALES = {"small": {"rows": 200_000, "files": 4, "rounds": 1, "read_mbs": 150, "tiny": 1000},
           "full": {"rows": 2_000_000, "files": 8, "rounds": 3, "read_mbs": 1500, "tiny": 10_000}}
 TINY_GOAL_S = 30.0  # 10,000 tiny objects at 2 ranks
 ROW_GROUP = 25_000

@@ -14,7 +14,7 @@ tokenize, labels, sort, pack, store ids and labels), the whole command timed. TR
 ``SFTTrainer(..., SFTConfig(packing=True, max_length=ROW_LEN, assistant_only_loss=True,
 dataset_num_proc=2))`` on ``load_dataset("json", ...)``, timed from the load to the trainer's
 packed dataset (TRL's own tokenize and BFD pack, a fresh datasets cache), in one subprocess.
-Rounds alternate (sortpack, TRL, sortpack, TRL, ...: 3 at full, 2 at small), the best of each
+Rounds alternate (sortpack, TRL, sortpack, TRL, ...: 3 at full, 1 at small), the best of each
 kept; each case starts with an empty conversion cache (``SORTPACK_CACHE_DIR`` in the work
 folder), so its first sortpack round proves the tokenizer's conversion as a first job does and
 the later ones read it back as later jobs do: the first round is printed beside the best. The same
@@ -177,7 +177,7 @@ def bench(ctx) -> list[Row]:
     if missing:
         return [Row("sft", "chats to a stored packed plan", RANKS, "skipped", note=f"needs {', '.join(missing)}")]
     full = ctx.scale_name == "full"
-    n, rounds = (20_000, 3) if full else (1_000, 2)
+    n, rounds = (20_000, 3) if full else (1_000, 1)
     rows = []
     for family, chats in (("llama3", True), ("qwen2_5", True), ("mistral_v0_2", True), ("mistral_v0_3", True),
                           ("llama3", False)):

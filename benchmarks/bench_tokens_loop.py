@@ -60,7 +60,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "benchmarks" / "_work" / "tokens_loop"
-SCALES = {"small": (400, 3), "full": (2000, 5)}  # source files, rounds
+SCALES = {"small": (400, 1), "full": (2000, 5)}  # source files, rounds
 PLANS = {"long": 4096, "short": 16384}  # plan -> --max-tokens
 LOOPS = ("numpy", "inline pad", "inline varlen", "PlanLoader pad", "PlanLoader varlen", "datasets", "megatron")
 

@@ -420,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the suite; print the table; write the results file. Exit 1 if a benchmark failed."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     ap.add_argument("--scale", choices=sorted(SCALES), default="small",
-                    help="small: CI smoke test (< ~60 s); full: the target sizes (minutes)")
+                    help="small: CI's smoke run, one round of each figure (minutes); "
+                         "full: the target sizes (an hour and more)")
     ap.add_argument("--ranks", type=_parse_ranks, default=[1, 2],
                     help="comma-separated rank counts to sweep (default 1,2)")
     ap.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")

@@ -34,8 +34,15 @@ def pytest_configure(config) -> None:
 PROGRESS_DELAY = "3600"
 os.environ["SORTPACK_PROGRESS_DELAY"] = PROGRESS_DELAY
 # The proven tokenizer conversions the tests' jobs keep (inputs/conversion_cache.py) go to a folder of this run's
-# own, never to the user's ~/.cache; every process a test starts inherits it.
-os.environ["SORTPACK_CACHE_DIR"] = tempfile.mkdtemp(prefix="sortpack-test-cache-")
+# own, never to the user's ~/.cache; every process a test starts inherits it. The workers of one `-n` run share
+# one (xdist gives them the run's id): an entry is written atomically, and each file is converted once, not per
+# worker.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+if _RUN and _RUN.isalnum():
+    os.environ["SORTPACK_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"sortpack-test-cache-{_RUN}")
+    os.makedirs(os.environ["SORTPACK_CACHE_DIR"], exist_ok=True)
+else:
+    os.environ["SORTPACK_CACHE_DIR"] = tempfile.mkdtemp(prefix="sortpack-test-cache-")
 
 
 @pytest.fixture

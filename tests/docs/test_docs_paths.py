@@ -65,7 +65,9 @@ def _distinct_commands() -> dict[tuple[str, ...], list[str]]:
 def test_every_cited_pytest_command_collects(args, where):
     # collecting proves every path, node id and -k/-m expression of the command is real; running the
     # cited suites is the rest of this suite's job (a command cited in several places is collected once)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+    # in one process whatever -n the command names: workers would each collect it again
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args,
+                           "-n", "0"],
                           cwd=str(ROOT), capture_output=True, text=True, timeout=300)
     tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
     # status 5: it collects no test at all
