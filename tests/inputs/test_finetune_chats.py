@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +20,7 @@ from sortpack.inputs.finetune import IGNORE_INDEX, Rows, fine_tune_shape, load_c
 from sortpack.inputs.finetune.families import FAMILIES, template_digest, turn_rule
 from sortpack.inputs.specs import load_tokenizer
 
-from support import CHATML_TEMPLATE, conversations, make_chat_tokenizer, read_manifest, run_sortpack
+from support import CHATML_TEMPLATE, ROOT, conversations, make_chat_tokenizer, read_manifest, run_sortpack
 
 TOOL = {"type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
 TOOL_CHATS = [
@@ -144,6 +145,44 @@ def test_a_template_file_that_is_not_utf8_is_refused(tmp_path):
     path.write_bytes(b"{% for m in messages %}\xff{{ m.content }}{% endfor %}")
     with pytest.raises(SortpackError, match=r"not UTF-8 text \(byte 0xff at offset 23\)"):
         load_chat_template(path)
+
+
+def test_a_template_is_checked_and_compiled_once_a_process(tmp_path):
+    # a job loads its template in several places: the text is parsed and compiled once, and the error of a bad one
+    # comes every time
+    path = tmp_path / "once.jinja"
+    path.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}")
+    first, again = load_chat_template(path), load_chat_template(path)
+    assert first._template() is again._template()
+    assert render_chats(again, [[{"role": "user", "content": "hi"}]])[0] == ["[user] hi"]
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content | no_such_filter }}{% endfor %}")
+    for _ in range(2):
+        with pytest.raises(SortpackError, match=r"^--chat-template bad.jinja: not a Jinja template \(No filter named "
+                                                r"'no_such_filter'"):
+            load_chat_template(bad)
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2_5"])
+def test_a_known_family_s_template_loads_without_jinja(tmp_path, family):
+    # its conversations are laid out without Jinja: loading it neither imports nor compiles Jinja (0.1 s a rank of
+    # a small job), and a conversation left to Jinja still renders it
+    import subprocess
+    import sys
+
+    trl = pytest.importorskip("trl")
+    source = (Path(trl.__file__).parent / "chat_templates" / f"{family}.jinja").read_text(encoding="utf-8")
+    path = tmp_path / "tokenizer_config.json"
+    path.write_text(json.dumps({"chat_template": source, "bos_token": "<s>", "eos_token": "</s>"}))
+    assert turn_rule(source)[0] == family
+    probe = ("import sys; from sortpack.inputs.finetune import load_chat_template as load; "
+             f"t = load({str(path)!r}); assert 'jinja2' not in sys.modules, 'jinja2 imported'; print(t.name)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and proc.stdout.strip() == "tokenizer_config.json", proc.stderr
+    texts, _ = render_chats(load_chat_template(path), [[{"role": "user", "content": "hi"},
+                                                        {"role": "assistant", "content": "yo"}]])
+    assert "hi" in texts[0] and "yo" in texts[0]
 
 
 def test_roles_no_message_has_are_refused_naming_the_roles_seen(tmp_path):

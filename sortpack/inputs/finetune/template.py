@@ -11,11 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import SortpackError, one_line
+from .families import turn_rule
 
 # what transformers passes a chat template from the tokenizer's special tokens (its SPECIAL_TOKENS_ATTRIBUTES)
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 TEMPLATE_SUFFIXES = (".jinja", ".j2", ".jinja2")
 _YAML_KEY = re.compile(r"^[A-Za-z_][\w.-]*\s*:(\s*[|>][-+]?)?\s*$")  # a YAML mapping's first line: `chat_template: |`
+# a job loads its template in several places (the plan's digests, the analysis, the store): a text is checked and
+# compiled once per process (the tracker is per thread, so instances can share it)
+_CHECKED: set[str] = set()
+_COMPILED: dict[str, tuple[Any, Any]] = {}
 
 
 class _Tracker(threading.local):
@@ -126,13 +131,18 @@ class ChatTemplate:
 
     def _template(self):
         if self._compiled is None:
-            import jinja2
+            known = _COMPILED.get(self.source)
+            if known is None:
+                import jinja2
 
-            self._tracker = _Tracker()
-            try:
-                self._compiled = _environment(self._tracker).from_string(self.source)
-            except jinja2.TemplateError as exc:
-                raise SortpackError(f"--chat-template {self.name}: not a Jinja template ({one_line(exc)})") from None
+                tracker = _Tracker()
+                try:
+                    known = _environment(tracker).from_string(self.source), tracker
+                except jinja2.TemplateError as exc:
+                    raise SortpackError(f"--chat-template {self.name}: not a Jinja template "
+                                        f"({one_line(exc)})") from None
+                _COMPILED[self.source] = known
+            self._compiled, self._tracker = known
         return self._compiled
 
     def render(self, messages: list) -> tuple[str, list[tuple[int, int]]]:
@@ -209,6 +219,8 @@ def check_source(source: str, name: str) -> None:
     """Raise SortpackError (one line) unless ``source`` is a Jinja template a chat can be rendered with: it parses,
     reads ``messages``, and loads no other template (``{% include %}``, ``{% import %}``, ``{% extends %}``:
     ``transformers`` renders a chat template alone, without a loader)."""
+    if source in _CHECKED:
+        return
     import jinja2
     import jinja2.meta
     import jinja2.nodes
@@ -225,9 +237,14 @@ def check_source(source: str, name: str) -> None:
         if node is not None:
             raise SortpackError(f"--chat-template {name}: line {node.lineno} uses {{% {tag} %}}, which loads another "
                                 "template; a chat template is rendered alone (as transformers renders it)")
-    if "messages" not in jinja2.meta.find_undeclared_variables(tree):
+    try:  # it compiles the tree, which finds what parsing does not (a filter or test the environment lacks)
+        names = jinja2.meta.find_undeclared_variables(tree)
+    except jinja2.TemplateError as exc:
+        raise SortpackError(f"--chat-template {name}: not a Jinja template ({one_line(exc)})") from None
+    if "messages" not in names:
         raise SortpackError(f"--chat-template {name}: never reads messages, so it is no chat template (a Jinja file "
                             "that renders the conversation `messages`, or a tokenizer_config.json)")
+    _CHECKED.add(source)
 
 
 def load_chat_template(path: str | Path) -> ChatTemplate:
@@ -254,8 +271,11 @@ def load_chat_template(path: str | Path) -> ChatTemplate:
             except ValueError:
                 config = {}
             config = config if isinstance(config, dict) else {}
-    check_source(source, path.name)
     special = {k: v for k in SPECIAL_KEYS if (v := _token_text(config.get(k))) is not None}
     template = ChatTemplate(source, special, path.name)
-    template._template()  # compiled once here: an error is reported now
+    if turn_rule(source)[0] is None:
+        # checked and compiled here, so an error is reported now; a known family's own text (its digest) is one the
+        # tests render, and its conversations are laid out without Jinja: compiled only if some are left to it
+        check_source(source, path.name)
+        template._template()
     return template
