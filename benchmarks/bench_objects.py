@@ -1,6 +1,6 @@
 """Object-store inputs: what reading from a local S3 server costs against local files.
 
-    PYTHONPATH=$PWD python -m benchmarks.bench_objects --scale small   # 200k rows, about a minute
+    PYTHONPATH=$PWD python -m benchmarks.bench_objects --scale small   # 100k rows, under a minute
     PYTHONPATH=$PWD python -m benchmarks.bench_objects --scale full    # 2M rows
     PYTHONPATH=$PWD python -m benchmarks --only objects                 # in the suite's table
 
@@ -12,7 +12,7 @@ uploads). Interleaved over rounds, best of each kept, measured in the same run:
 - ``read``: ``SourceDataset`` samples per second over an unstored plan (micro-batches in the
   sampler's ``shuffle`` order, rank 0 of 2, rows as Python objects, ``cache_units=4``), reading
   the local files, the objects, and the objects with ``Prefetched(sampler, dataset=ds)``;
-- ``tiny`` (``--only tiny``): a prefix of tiny JSONL objects (1,000 at small scale, 10,000 at
+- ``tiny`` (``--only tiny``): a prefix of tiny JSONL objects (300 at small scale, 10,000 at
   full) analyzed at 2 ranks: the whole command's wall and CPU time, the server's CPU during it
   and the requests per object counted in the server's log, against the server's floors in the
   same run (one process reading every object from 16 threads: a HEAD and a GET each, what a
@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SCALES = {"small": {"rows": 200_000, "files": 4, "rounds": 1, "read_mbs": 150, "tiny": 1000},
+SCALES = {"small": {"rows": 100_000, "files": 4, "rounds": 1, "read_mbs": 60, "tiny": 300},
           "full": {"rows": 2_000_000, "files": 8, "rounds": 3, "read_mbs": 1500, "tiny": 10_000}}
 TINY_GOAL_S = 30.0  # 10,000 tiny objects at 2 ranks
 ROW_GROUP = 25_000
