@@ -51,11 +51,25 @@ def test_every_cited_path_exists():
     assert not wrong, "\n".join(wrong)
 
 
+def _without_workers(args: list[str]) -> tuple[str, ...]:
+    """Return a command's arguments without its ``-n N`` (pytest-xdist's workers collect what one process does)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("-n", "--numprocesses"):
+            skip = True
+        elif not (a.startswith("--numprocesses=") or a.startswith("-n") and not a.startswith("--")):
+            out.append(a)
+    return tuple(out)
+
+
 def _distinct_commands() -> dict[tuple[str, ...], list[str]]:
-    """Return every distinct cited pytest command's arguments, with the places (``doc:line``) that cite it."""
+    """Return every distinct cited pytest command's arguments (``-n`` left out: it collects the same tests), with the
+    places (``doc:line``) that cite it."""
     cited: dict[tuple[str, ...], list[str]] = {}
     for doc, line, args in _commands():
-        cited.setdefault(tuple(args), []).append(f"{doc}:{line}")
+        cited.setdefault(_without_workers(args), []).append(f"{doc}:{line}")
     return cited
 
 
@@ -65,7 +79,7 @@ def _distinct_commands() -> dict[tuple[str, ...], list[str]]:
 def test_every_cited_pytest_command_collects(args, where):
     # collecting proves every path, node id and -k/-m expression of the command is real; running the
     # cited suites is the rest of this suite's job (a command cited in several places is collected once)
-    # in one process whatever -n the command names: workers would each collect it again
+    # in one process: workers would each collect it again
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args,
                            "-n", "0"],
                           cwd=str(ROOT), capture_output=True, text=True, timeout=300)
