@@ -65,11 +65,12 @@ def _without_workers(args: list[str]) -> tuple[str, ...]:
 
 
 def _distinct_commands() -> dict[tuple[str, ...], list[str]]:
-    """Return every distinct cited pytest command's arguments (``-n`` left out: it collects the same tests), with the
-    places (``doc:line``) that cite it."""
+    """Return every distinct cited pytest command's arguments, with the places (``doc:line``) that cite it; commands
+    that differ in their ``-n`` alone are one (they collect the same tests), as first cited."""
     cited: dict[tuple[str, ...], list[str]] = {}
+    first: dict[tuple[str, ...], tuple[str, ...]] = {}
     for doc, line, args in _commands():
-        cited.setdefault(_without_workers(args), []).append(f"{doc}:{line}")
+        cited.setdefault(first.setdefault(_without_workers(args), tuple(args)), []).append(f"{doc}:{line}")
     return cited
 
 
@@ -79,7 +80,7 @@ def _distinct_commands() -> dict[tuple[str, ...], list[str]]:
 def test_every_cited_pytest_command_collects(args, where):
     # collecting proves every path, node id and -k/-m expression of the command is real; running the
     # cited suites is the rest of this suite's job (a command cited in several places is collected once)
-    # in one process: workers would each collect it again
+    # in one process whatever -n the command names (its value still checked): workers would each collect it again
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args,
                            "-n", "0"],
                           cwd=str(ROOT), capture_output=True, text=True, timeout=300)
