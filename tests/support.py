@@ -51,6 +51,17 @@ def run_sortpack(args: list[str], ranks: int | None = None, timeout: float = 120
     return proc
 
 
+def modules_loaded_by(argv: list, env: dict | None = None) -> list[str]:
+    """Return the modules a fresh interpreter holds after ``sortpack ARGV`` (one rank, no MPI) succeeded."""
+    code = ("import sys; from sortpack.cli import main\n"
+            f"try: main({[str(a) for a in argv]!r})\nexcept SystemExit as e: assert not e.code, e.code\n"
+            "print(' '.join(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "SORTPACK_NO_MPI": "1", **(env or {})})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1].split()
+
+
 def help_with(module: str, registry: str, cls, command: str = "pack") -> str:
     """Return ``sortpack COMMAND --help`` (whitespace folded) of a fresh interpreter in which a class named and
     helped like ``cls`` joins ``module``'s ``registry`` before the command line loads."""

@@ -62,33 +62,31 @@ def _numpy(arr: Any) -> np.ndarray:
 
 def _length(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = True) -> np.ndarray | None:
     """Return the characters of a text, the bytes of a binary value or the elements of a list, per row."""
-    import pyarrow.compute as pc  # here, not at the top: 40 ms of start-up that column: specs skip
-
+    from .. import arrow_compute as ac
     from ..arrow_types import is_binary, is_list, is_text
 
     if is_text(col.type):
-        return _numpy(pc.utf8_length(col))
+        return _numpy(ac.utf8_length(col))
     if is_binary(col.type):
-        return _numpy(pc.binary_length(col))
+        return _numpy(ac.binary_length(col))
     if is_list(col.type):
-        return _numpy(pc.list_value_length(col))
+        return _numpy(ac.list_value_length(col))
     return None
 
 
 def _bytes(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = True) -> np.ndarray | None:
     """Return the bytes of each text (UTF-8) or binary value."""
-    import pyarrow.compute as pc
-
+    from .. import arrow_compute as ac
     from ..arrow_types import is_binary, is_text
 
-    return _numpy(pc.binary_length(col)) if is_text(col.type) or is_binary(col.type) else None
+    return _numpy(ac.binary_length(col)) if is_text(col.type) or is_binary(col.type) else None
 
 
 def _words(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = True) -> np.ndarray | None:
     """Return the words of each text, as ``len(text.split())``."""
     import numpy as np
-    import pyarrow.compute as pc
 
+    from .. import arrow_compute as ac
     from ..arrow_types import is_text
 
     if not is_text(col.type):
@@ -98,9 +96,9 @@ def _words(col: pa.ChunkedArray, tokenizer: Any = None, special_tokens: bool = T
     # leaves empty pieces around leading and trailing whitespace, which are not words.
     parts = [np.empty(0, np.int64)]
     for chunk in col.chunks:
-        lists = pc.utf8_split_whitespace(chunk)
+        lists = ac.utf8_split_whitespace(chunk)
         starts = lists.offsets.to_numpy().astype(np.int64)
-        words = pc.not_equal(pc.binary_length(lists.values), 0).to_numpy(zero_copy_only=False)
+        words = ac.not_equal(ac.binary_length(lists.values), 0).to_numpy(zero_copy_only=False)
         before = np.concatenate(([0], np.cumsum(words, dtype=np.int64)))
         parts.append(before[starts[1:]] - before[starts[:-1]])
     return np.concatenate(parts)

@@ -76,25 +76,26 @@ def _merge_ids(merges: Any, keys: Any, ids: np.ndarray) -> tuple[np.ndarray, lis
     """Return the merges as (left, right, made) id rows and the tokens they make, in whole-column calls (a Python loop
     over 60k-280k merges took most of a file's load); refuse a merge that is not two tokens or makes none."""
     import pyarrow as pa
-    import pyarrow.compute as pc
+
+    from .. import arrow_compute as ac
 
     if not merges:
         return np.zeros((0, 3), np.int32), []
     try:
         if all(isinstance(m, str) for m in merges):
-            parts = pc.split_pattern(pa.array(merges, pa.string()), " ")
+            parts = ac.split_pattern(pa.array(merges, pa.string()), " ")
         else:
             parts = pa.array(merges, pa.list_(pa.string()))
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         raise Refused("a merge is not two tokens") from None
-    if parts.null_count or pc.any(pc.not_equal(pc.list_value_length(parts), 2)).as_py():
+    if parts.null_count or ac.any_true(ac.not_equal(ac.list_value_length(parts), 2)):
         raise Refused("a merge is not two tokens")
-    flat = parts.flatten()
-    left, right = flat.take(pa.array(np.arange(0, len(flat), 2))), flat.take(pa.array(np.arange(1, len(flat), 2)))
-    made = pc.binary_join_element_wise(left, right, "")
+    flat = ac.list_flatten(parts)
+    left, right = (ac.take(flat, pa.array(np.arange(first, len(flat), 2))) for first in (0, 1))
+    made = ac.binary_join_element_wise(left, right, "")
     rows = np.empty((len(merges), 3), np.int32)
     for k, col in enumerate((left, right, made)):
-        at = pc.index_in(col, value_set=keys)
+        at = ac.index_in(col, value_set=keys)
         if at.null_count:
             bad = int(np.flatnonzero(at.is_null().to_numpy(zero_copy_only=False))[0])
             raise Refused(f"the merge {left[bad].as_py()!r} {right[bad].as_py()!r} names or makes no token")

@@ -55,10 +55,10 @@ def string_buffers(col: Any) -> tuple[np.ndarray, np.ndarray] | None:
 def holding(col: Any, texts: frozenset[str]) -> np.ndarray:
     """Return, per string of ``col``, whether it holds any of ``texts`` (uint8): one pass of an alternation of
     them (a tokenizer may have hundreds of added tokens)."""
-    import pyarrow.compute as pc
+    from .. import arrow_compute as ac
 
     pattern = "|".join("".join("\\" + c if c in _RE2_SPECIAL else c for c in t) for t in sorted(texts))
-    return pc.match_substring_regex(col, pattern).to_numpy(zero_copy_only=False).astype(np.uint8)
+    return ac.match_substring_regex(col, pattern).to_numpy(zero_copy_only=False).astype(np.uint8)
 
 
 def surround(ids: np.ndarray, counts: np.ndarray, prefix: tuple[int, ...], suffix: tuple[int, ...]

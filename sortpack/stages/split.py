@@ -247,9 +247,9 @@ def byte_piece_table(samples: SampleColumns, cap: int, over: np.ndarray, column:
 
 def _check_bytes(values, size: np.ndarray, sample_id: np.ndarray, path: str) -> None:
     """Raise one line where a value read back is not as long as analyze measured it (the input changed)."""
-    import pyarrow.compute as pc
+    from .. import arrow_compute as ac
 
-    now = np.asarray(pc.binary_length(values).fill_null(0), dtype=np.int64)
+    now = np.asarray(ac.fill_null(ac.binary_length(values), 0), dtype=np.int64)
     bad = np.flatnonzero(now != size)
     if bad.size:
         i = int(bad[0])

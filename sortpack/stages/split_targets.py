@@ -35,11 +35,10 @@ class TargetPieces:
 
     def _keep(self, labels, lengths: np.ndarray, positions: np.ndarray) -> None:
         """Count the targets of the pieces of samples over ``cap`` (their ``labels``, at ``positions``)."""
-        import pyarrow.compute as pc
-
+        from .. import arrow_compute as ac
         from ..inputs.finetune import IGNORE_INDEX
 
-        flags = pc.list_flatten(labels).to_numpy(zero_copy_only=False) != IGNORE_INDEX
+        flags = ac.list_flatten(labels).to_numpy(zero_copy_only=False) != IGNORE_INDEX
         cum = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
         count = -(-lengths // self.cap)
         first = np.repeat(np.cumsum(lengths) - lengths, count)  # each piece's sample's first label

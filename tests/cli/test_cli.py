@@ -3,7 +3,6 @@ a failing rank ends the job, inspect and verify."""
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import numpy as np
@@ -11,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from support import assert_same_at_ranks, assert_same_outputs, read_manifest, run_sortpack
+from support import assert_same_at_ranks, assert_same_outputs, modules_loaded_by, read_manifest, run_sortpack
 
 # small shards and segments so that 2-4 ranks really split the work
 SMALL = {"SORTPACK_TEST_SHARD_ROWS": "100"}
@@ -319,20 +318,6 @@ NEVER = ("tokenizers", "tiktoken", "torch", "tqdm", "pandas", "cloudpickle", "da
              "reader", "report", "train", "torch", "batch", "lightning")))
 
 
-def _loaded_by(argv: list[str]) -> list[str]:
-    """Return the modules a fresh interpreter holds after ``sortpack ARGV`` (one rank) succeeded."""
-    import subprocess
-    import sys
-
-    code = ("import sys; from sortpack.cli import main\n"
-            f"try: main({[str(a) for a in argv]!r})\nexcept SystemExit as e: assert not e.code, e.code\n"
-            "print(' '.join(sorted(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "SORTPACK_NO_MPI": "1"})
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip().splitlines()[-1].split()
-
-
 def _never_loaded(loaded: list[str]) -> list[str]:
     """Return the modules of ``NEVER`` (and their submodules) among ``loaded``."""
     return [m for m in loaded if m in NEVER or m.startswith(tuple(n + "." for n in NEVER))]
@@ -340,11 +325,22 @@ def _never_loaded(loaded: list[str]) -> list[str]:
 
 def test_a_run_of_local_parquet_imports_only_what_it_uses(tmp_path):
     pq.write_table(pa.table({"n": np.arange(1, 1001, dtype=np.int32)}), tmp_path / "x.parquet")
-    loaded = _loaded_by(["run", tmp_path / "x.parquet", "-o", tmp_path / "plan", "--size", "column:n",
-                         "--max-tokens", "5000", "--quiet"])
+    loaded = modules_loaded_by(["run", tmp_path / "x.parquet", "-o", tmp_path / "plan", "--size", "column:n",
+                                "--max-tokens", "5000", "--quiet"])
     assert (tmp_path / "plan" / "manifest.json").is_file()
     assert _never_loaded(loaded) == []
     assert sorted(m for m in loaded if m.startswith("sortpack") and m not in PLAIN_RUN) == []
+
+
+def test_a_run_sized_by_length_bytes_or_words_loads_no_pyarrow_compute(tmp_path):
+    # importing pyarrow.compute makes a Python wrapper for each of ~290 functions (about 30 ms of CPU a rank): the
+    # size kinds call Arrow's functions through sortpack.arrow_compute
+    pq.write_table(pa.table({"text": ["a b", "ccc  d", "\u00e9\u00e9 \u6771", ""] * 50}), tmp_path / "x.parquet")
+    for size in ("length", "bytes", "words"):
+        loaded = modules_loaded_by(["run", tmp_path / "x.parquet", "-o", tmp_path / size, "--column", "text",
+                                    "--size", size, "--max-tokens", "64", "--quiet"])
+        assert read_manifest(tmp_path / size)["num_samples"] == 150  # the empty texts are no samples
+        assert "pyarrow.compute" not in loaded and "sortpack.arrow_compute" in loaded, size
 
 
 def test_the_stage_commands_import_none_of_what_their_options_do_not_ask_for(tmp_path):
@@ -353,4 +349,4 @@ def test_the_stage_commands_import_none_of_what_their_options_do_not_ask_for(tmp
     for argv in (["analyze", tmp_path / "x.parquet", "-o", tmp_path / "m", "--size", "column:n", "--quiet"],
                  ["sort", tmp_path / "m", "-o", tmp_path / "s", "--quiet"],
                  ["pack", tmp_path / "s", "-o", tmp_path / "p", "--max-tokens", "5000", "--quiet"]):
-        assert _never_loaded(_loaded_by(argv)) == [], argv[0]
+        assert _never_loaded(modules_loaded_by(argv)) == [], argv[0]

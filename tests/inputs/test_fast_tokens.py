@@ -8,6 +8,8 @@ the added tokens, whitespace runs, empty and long texts, and hypothesis' strings
 """
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -37,7 +39,7 @@ from sortpack.inputs.fast_tokens import TokenEncoder, token_ids
 from sortpack.inputs.specs import evaluate, load_tokenizer, parse_spec
 from sortpack.kernels import bpe
 
-from support import output_files, read_manifest, run_sortpack
+from support import ROOT, output_files, read_manifest, run_sortpack
 
 COMPILED = bpe.table({b"a": 0}) is not None  # the compiled BPE is built here
 
@@ -254,6 +256,24 @@ def test_the_switch_and_a_missing_tiktoken_fall_back(tokenizers_by_style, monkey
     monkeypatch.setattr("sortpack.inputs.fast_tokens._tiktoken_version", lambda: None)
     enc = load_tokenizer(path)
     assert enc.engine == "tokenizers" and "tiktoken is not installed" in enc.reason
+
+
+def test_tiktoken_s_version_is_its_metadata_s_read_without_importlib_metadata():
+    # the provenance names tiktoken's version: importlib.metadata gives it after loading the email parser and scanning
+    # every distribution on sys.path (about 15 ms of CPU a rank each job); the wheel's .dist-info folder names it
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    from sortpack.inputs.fast_tokens import _tiktoken_version
+
+    pytest.importorskip("tiktoken")
+    assert _tiktoken_version() == version("tiktoken")
+    probe = ("import sys; from sortpack.inputs.fast_tokens import _tiktoken_version as v; print(v()); "
+             "assert 'importlib.metadata' not in sys.modules, 'importlib.metadata imported'")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and proc.stdout.strip() == version("tiktoken"), proc.stderr
 
 
 def test_a_loaded_encoder_pickles_for_worker_processes(tokenizers_by_style, sources):

@@ -22,7 +22,7 @@ from sortpack.inputs.finetune.fast_chats import encode_layout  # noqa: E402
 from sortpack.inputs.finetune.fast_render import fast_family, render_column, render_layout  # noqa: E402
 from sortpack.inputs.specs import load_tokenizer  # noqa: E402
 
-from support import make_chat_tokenizer, read_manifest, run_sortpack  # noqa: E402
+from support import make_chat_tokenizer, modules_loaded_by, read_manifest, run_sortpack  # noqa: E402
 
 FAMILIES = ["llama3", "qwen2_5"]
 # what a content may hold: words, Unicode (Python's whitespace that Arrow's is not among it), the family's special
@@ -132,6 +132,27 @@ def test_an_unknown_template_or_a_tokenizer_without_its_tokens_takes_jinja(tmp_p
     assert fast_family(shape.template) is None
     chats = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]]
     _assert_same(*_both(shape, chats))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_s_chats_and_pairs_job_loads_no_pyarrow_compute(tmp_path, families, family):
+    # importing pyarrow.compute makes a Python wrapper for each of ~290 functions (about 30 ms of CPU a rank of every
+    # job): the pattern's layout, its encoding and the pairs call Arrow's functions through sortpack.arrow_compute
+    tok, config = families[family]
+    chats, pairs = tmp_path / "chats.jsonl", tmp_path / "pairs.jsonl"
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi \u6771\u4eac"},
+             {"role": "assistant", "content": " hello there "}]
+    chats.write_text("".join(json.dumps({"messages": turns[k % 2:]}) + "\n" for k in range(40)), encoding="utf-8")
+    pairs.write_text("".join(json.dumps({"prompt": f"q{k} ", "completion": "a b"}) + "\n" for k in range(40)))
+    for name, shape in (("chats", ["--chat-template", config]),
+                        ("pairs", ["--prompt-column", "prompt", "--completion-column", "completion"])):
+        out = tmp_path / f"{name}-plan"
+        loaded = modules_loaded_by(["run", tmp_path / f"{name}.jsonl", "-o", out, *shape, "--tokenizer", tok,
+                                    "--rows", "256", "--store-tokens", "--quiet"])
+        assert read_manifest(out)["num_samples"] == 40
+        assert "pyarrow.compute" not in loaded, name
+    assert read_manifest(tmp_path / "chats-plan")["provenance"]["chat_render"] == {
+        "tokenizer_config.json": {"render": "pattern", "family": family}}
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from ... import arrow_compute as ac
 from ..fast_tokens import RENDERED
 from .encoded import Encoded, Rows, encoded, overlapping, positions
 from .fast_render import Layout, fast_family, render_layout
@@ -43,7 +44,7 @@ def _slot_tokens(encoder, layout: Layout, ids_of: list[int | None]) -> tuple[np.
     # the text slots in order (message-major): one column, one call to the compiled path
     column = pa.concat_arrays([layout.slot_text(w) for w in text_slots]) if text_slots else pa.array([], pa.string())
     order = (np.arange(len(text_slots))[None, :] * m + np.arange(m)[:, None]).ravel()
-    column = column.take(pa.array(order, pa.int64()))
+    column = ac.take(column, pa.array(order, pa.int64()))
     got = encoder.encode_column(column, special_tokens=False)
     ids, text_counts = got if got is not None else encoder.encode_texts(column.to_pylist(), special_tokens=False)
     counts = np.zeros((m, width), np.int64)
@@ -74,7 +75,7 @@ def _spans(layout: Layout, roles: frozenset[str]) -> tuple[np.ndarray, np.ndarra
     if rule.header:
         start = unit_start
     end = unit_end if rule.after else unit_end - layout.tail
-    chosen = np.asarray(pa.compute.is_in(layout.messages.roles, pa.array(sorted(roles), pa.string())))
+    chosen = np.asarray(ac.is_in(layout.messages.roles, pa.array(sorted(roles), pa.string())))
     chosen &= end > start
     return start[chosen], end[chosen]
 
@@ -147,9 +148,9 @@ def _batch(shape, col, first: int, rows: Rows, slow) -> tuple | None:
     others = np.flatnonzero(~ok)
     slow_part = None
     if len(others):
-        subset = col.take(pa.array(others)).to_pylist()
+        subset = ac.take(col, pa.array(others)).to_pylist()
         slow_part = slow(subset, Rows(rows.path, 0, lambda j: rows.row(first + int(others[j]))))
-    roles = frozenset(pa.compute.unique(layout.messages.roles).to_pylist())
+    roles = frozenset(ac.unique(layout.messages.roles).to_pylist())
     if slow_part is not None and slow_part.roles:
         roles |= slow_part.roles
     return (*_put_back(ok, fast, slow_part), roles, got[0])

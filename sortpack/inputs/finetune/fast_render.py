@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from ... import arrow_compute as ac
 from .encoded import segment_sums
 from .families import TurnRule, turn_rule
 
@@ -48,7 +48,8 @@ class Messages:
         ok = self.ok.copy()
         ok[np.flatnonzero(ok)[~which]] = False
         mine = np.repeat(which, self.counts)
-        return Messages(ok, self.counts[which], self.roles.filter(mine), self.contents.filter(mine), self.first[mine])
+        return Messages(ok, self.counts[which], ac.filter_where(self.roles, mine), ac.filter_where(self.contents, mine),
+                        self.first[mine])
 
 
 @dataclass
@@ -75,7 +76,7 @@ class Layout:
                 out[:, w] = len(special.encode("utf-8"))
             else:
                 assert text is not None
-                out[:, w] = pc.binary_length(text).to_numpy(zero_copy_only=False)
+                out[:, w] = ac.binary_length(text).to_numpy(zero_copy_only=False)
             if present is not None:
                 out[~present, w] = 0
         return out
@@ -84,7 +85,7 @@ class Layout:
         """Return text slot ``w``'s text per message ("" where it is not present)."""
         text, present = self.texts[w], self.present[w]
         assert text is not None
-        return text if present is None else pc.if_else(present, text, "")
+        return text if present is None else ac.if_else(present, text, "")
 
     def text_column(self) -> pa.Array:
         """Return every conversation's rendered text (a string array): what Jinja renders."""
@@ -92,10 +93,10 @@ class Layout:
         parts = []
         for special, text, present in zip(self.specials, self.texts, self.present):
             part = pa.array(np.full(m, special), pa.string()) if special is not None else text
-            parts.append(part if present is None else pc.if_else(present, part, ""))
-        per_message = pc.binary_join_element_wise(*parts, "") if parts else pa.array([""] * m)
+            parts.append(part if present is None else ac.if_else(present, part, ""))
+        per_message = ac.binary_join_element_wise(*parts, "") if parts else pa.array([""] * m)
         offsets = np.concatenate(([0], np.cumsum(self.messages.counts))).astype(np.int32)
-        return pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), per_message), "")
+        return ac.binary_join(pa.ListArray.from_arrays(pa.array(offsets), per_message), "")
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def _llama3(msgs: Messages, special: dict) -> Layout | None:
     bos = special.get("bos_token")
     if not isinstance(bos, str):
         return None
-    body = pc.binary_join_element_wise("\n\n", pc.utf8_trim(msgs.contents, characters=_WHITESPACE), "")
+    body = ac.binary_join_element_wise("\n\n", ac.utf8_trim(msgs.contents, characters=_WHITESPACE), "")
     n = len(msgs.roles)
     return Layout(msgs, [bos, "<|start_header_id|>", None, "<|end_header_id|>", None, "<|eot_id|>"],
                   [None, None, msgs.roles, None, body, None], [msgs.first, None, None, None, None, None],
@@ -124,9 +125,9 @@ def _llama3(msgs: Messages, special: dict) -> Layout | None:
 
 def _qwen2_5(msgs: Messages, special: dict) -> Layout | None:
     n = len(msgs.roles)
-    default = msgs.first & (pc.not_equal(msgs.roles, "system").to_numpy(zero_copy_only=False))
-    head = pc.binary_join_element_wise(msgs.roles, msgs.contents, "\n")
-    content_offset = pc.binary_length(msgs.roles).to_numpy(zero_copy_only=False).astype(np.int64) + 1
+    default = msgs.first & (ac.not_equal(msgs.roles, "system").to_numpy(zero_copy_only=False))
+    head = ac.binary_join_element_wise(msgs.roles, msgs.contents, "\n")
+    content_offset = ac.binary_length(msgs.roles).to_numpy(zero_copy_only=False).astype(np.int64) + 1
     return Layout(msgs, ["<|im_start|>", None, "<|im_end|>", None, "<|im_start|>", None, "<|im_end|>", None],
                   [None, _constant("system\n" + QWEN_SYSTEM, n), None, _constant("\n", n), None, head, None,
                    _constant("\n", n)], [default, default, default, default, None, None, None, None],
@@ -153,8 +154,8 @@ def _mistral(turns: MistralTurns, family: str) -> Callable[[Messages, dict], Lay
         if not (isinstance(bos, str) and bos and isinstance(eos, str) and eos):
             return None
         n = len(msgs.roles)
-        user = pc.equal(msgs.roles, "user").to_numpy(zero_copy_only=False)
-        answer = pc.equal(msgs.roles, "assistant").to_numpy(zero_copy_only=False)
+        user = ac.equal(msgs.roles, "user").to_numpy(zero_copy_only=False)
+        answer = ac.equal(msgs.roles, "assistant").to_numpy(zero_copy_only=False)
         system = msgs.first & ~user & ~answer  # the family's roles are these three
         starts = np.cumsum(msgs.counts) - msgs.counts
         conv = np.repeat(np.arange(len(msgs.counts)), msgs.counts)
@@ -166,13 +167,13 @@ def _mistral(turns: MistralTurns, family: str) -> Callable[[Messages, dict], Lay
             return lay_out(msgs.keep(whole), special)
         after_system = np.zeros(n, bool)
         after_system[1:] = system[:-1] & ~msgs.first[1:]
-        before = msgs.contents.take(pa.array(np.where(after_system, np.arange(n) - 1, np.arange(n)), pa.int64()))
-        prefix = pc.if_else(after_system, pc.binary_join_element_wise(before, _constant("\n\n", n), ""), "")
-        content = pc.if_else(answer, pc.utf8_trim(msgs.contents, characters=_WHITESPACE), msgs.contents) \
+        before = ac.take(msgs.contents, pa.array(np.where(after_system, np.arange(n) - 1, np.arange(n)), pa.int64()))
+        prefix = ac.if_else(after_system, ac.binary_join_element_wise(before, _constant("\n\n", n), ""), "")
+        content = ac.if_else(answer, ac.utf8_trim(msgs.contents, characters=_WHITESPACE), msgs.contents) \
             if turns.trim else msgs.contents
-        opener = pc.if_else(user, " ", turns.answer_open)
-        head = pc.binary_join_element_wise(opener, prefix, content, "")
-        prefix_bytes = pc.binary_length(prefix).to_numpy(zero_copy_only=False).astype(np.int64)
+        opener = ac.if_else(user, " ", turns.answer_open)
+        head = ac.binary_join_element_wise(opener, prefix, content, "")
+        prefix_bytes = ac.binary_length(prefix).to_numpy(zero_copy_only=False).astype(np.int64)
         offset = np.where(user, 1 + prefix_bytes, np.where(answer, len(turns.answer_open.encode("utf-8")), 0))
         return Layout(msgs, [bos, None, "[INST]", None, None, "[/INST]", eos, None],
                       [None, _constant(turns.user_open, n), None, head, _constant(turns.close_gap, n), None, None,
@@ -213,7 +214,7 @@ def fast_family(template) -> FastFamily | None:
 
 def _strings(arr: pa.Array) -> pa.Array | None:
     if pa.types.is_large_string(arr.type):
-        return arr.cast(pa.string())
+        return ac.cast(arr, pa.string())
     return arr if pa.types.is_string(arr.type) else None
 
 
@@ -225,7 +226,7 @@ def messages_of(col, roles: frozenset[str] | None) -> Messages | None:
     if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) or \
             not pa.types.is_struct(col.type.value_type):
         return None
-    struct = pc.list_flatten(col)
+    struct = ac.list_flatten(col)
     names = [f.name for f in struct.type]
     if "role" not in names or "content" not in names:
         return None
@@ -233,20 +234,20 @@ def messages_of(col, roles: frozenset[str] | None) -> Messages | None:
     role, content = _strings(fields.pop("role")), _strings(fields.pop("content"))
     if role is None or content is None:
         return None
-    good = np.asarray(struct.is_valid()) & np.asarray(role.is_valid()) & np.asarray(content.is_valid())
+    good = np.asarray(ac.is_valid(struct)) & np.asarray(ac.is_valid(role)) & np.asarray(ac.is_valid(content))
     for other in fields.values():  # a tool call, a reasoning text, a name: Jinja's to render
         good &= np.asarray(other.is_null())
-    good &= pc.fill_null(pc.binary_length(role), 0).to_numpy(zero_copy_only=False) > 0
+    good &= ac.fill_null(ac.binary_length(role), 0).to_numpy(zero_copy_only=False) > 0
     if roles is not None:
-        good &= np.asarray(pc.fill_null(pc.is_in(role, pa.array(sorted(roles))), False))
-    good &= ~np.asarray(pc.fill_null(pc.match_substring(content, _MARK_START), True))
-    lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    ok = np.asarray(col.is_valid()) & (lengths > 0) & (segment_sums(~good, lengths) == 0)
+        good &= np.asarray(ac.fill_null(ac.is_in(role, pa.array(sorted(roles))), False))
+    good &= ~np.asarray(ac.fill_null(ac.match_substring(content, _MARK_START), True))
+    lengths = ac.fill_null(ac.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    ok = np.asarray(ac.is_valid(col)) & (lengths > 0) & (segment_sums(~good, lengths) == 0)
     keep = np.repeat(ok, lengths)
     counts = lengths[ok]
     first = np.zeros(int(counts.sum()), bool)
     first[np.cumsum(counts) - counts] = True
-    return Messages(ok, counts, role.filter(keep), content.filter(keep), first)
+    return Messages(ok, counts, ac.filter_where(role, keep), ac.filter_where(content, keep), first)
 
 
 def render_layout(template, col) -> tuple[str, Layout] | None:

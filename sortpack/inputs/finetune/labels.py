@@ -45,20 +45,20 @@ def pretokenized(ids_col, labels_col, where: str | Rows, names: tuple[str, str] 
     differ in length from its ids, or a label is neither -100 nor a token id (below
     ``vocab_size`` when a tokenizer is known).
     """
-    import pyarrow.compute as pc
+    from ... import arrow_compute as ac
 
     rows = rows_of(where)
     ids_name, labels_name = names
     ids = _list_column(ids_col, rows, ids_name)
     labels = _list_column(labels_col, rows, labels_name)
-    sizes = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
-    lengths = pc.list_value_length(labels).to_numpy(zero_copy_only=False).astype(np.int64)
+    sizes = ac.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = ac.list_value_length(labels).to_numpy(zero_copy_only=False).astype(np.int64)
     bad = np.flatnonzero(sizes != lengths)
     if len(bad):
         i = int(bad[0])
         raise SortpackError(f"{rows.path}: column {labels_name!r} has {lengths[i]} labels in {rows.row(i)}, "
                             f"column {ids_name!r} {sizes[i]} token ids ({len(bad)} rows differ)")
-    flat = pc.list_flatten(labels)
+    flat = ac.list_flatten(labels)
     if flat.null_count:
         raise SortpackError(f"{rows.path}: column {labels_name!r} holds null labels")
     values = flat.to_numpy(zero_copy_only=False)

@@ -119,7 +119,8 @@ def trl_columns(encoder, prompts, completions, eos: str) -> Encoded | None:
     prefix, the ids of prompt + completion (its own trailing ``eos`` cut off), ``eos``, the suffix.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
+
+    from ... import arrow_compute as ac
 
     if getattr(encoder, "token_lengths", lambda: None)() is None or eos not in encoder.allowed or \
             _overlaps_itself(eos):
@@ -128,9 +129,9 @@ def trl_columns(encoder, prompts, completions, eos: str) -> Encoded | None:
                             for c in (prompts, completions))
     prompts, completions = (c.cast(pa.string()) if pa.types.is_large_string(c.type) else c
                             for c in (prompts, completions))
-    ends = pc.ends_with(completions, eos)
-    body = pc.if_else(ends, pc.utf8_slice_codeunits(completions, 0, -len(eos)), completions)
-    core, core_counts = _column_ids(encoder, pc.binary_join_element_wise(prompts, body, ""), False)
+    ends = ac.ends_with(completions, eos)
+    body = ac.if_else(ends, ac.utf8_slice_codeunits(completions, 0, -len(eos)), completions)
+    core, core_counts = _column_ids(encoder, ac.binary_join_element_wise(prompts, body, ""), False)
     ids, counts = surround(core, core_counts, encoder.prefix, (encoder.token_to_id(eos), *encoder.suffix))
     prompt_ids, prompt_counts = _column_ids(encoder, prompts, True)
     start = common_prefix(prompt_ids.astype(np.int64), prompt_counts, ids.astype(np.int64), counts)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from ... import arrow_compute as ac
 from .encoded import overlapping
 from .fast_render import Layout, _constant
 
@@ -49,7 +49,7 @@ def _entries(conv, layout: Layout) -> tuple[np.ndarray, np.ndarray, pa.Array, np
     flat_ids = ids.ravel()[keep]
     column = pa.concat_arrays(texts) if texts else pa.array([], pa.string())
     order = (np.arange(width)[None, :] * m + np.arange(m)[:, None]).ravel()[keep]
-    column = column.take(pa.array(order[flat_ids < 0], pa.int64()))
+    column = ac.take(column, pa.array(order[flat_ids < 0], pa.int64()))
     message = np.repeat(np.arange(m), width)[keep]
     return flat_ids, lengths.ravel()[keep], column, message
 
@@ -112,7 +112,7 @@ def encode_sp(encoder, layout: Layout, spans: tuple[np.ndarray, np.ndarray]
     if conv.after_added != conv.vocab.prepend and is_text[np.r_[True, conv_of[1:] != conv_of[:-1]]].any():
         return None  # a conversation that starts with text would take the file's first-text rule there
     bounds = np.flatnonzero(starts[is_text])
-    joined = pc.binary_join(pa.ListArray.from_arrays(pa.array(np.r_[bounds, is_text.sum()].astype(np.int32)),
+    joined = ac.binary_join(pa.ListArray.from_arrays(pa.array(np.r_[bounds, is_text.sum()].astype(np.int32)),
                                                      column), "")
     encoded = _segments(encoder, conv, tab, joined)
     if encoded is None:

@@ -28,16 +28,16 @@ def row_bytes(table: pa.Table) -> np.ndarray:
 
 def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
     """Return an estimate of each row's bytes in one column."""
-    import pyarrow.compute as pc  # on use: it costs every rank ~30 ms of start-up
+    from ... import arrow_compute as ac
 
     n, t = len(col), col.type
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     if is_offset_bytes(t):
-        return pc.binary_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64) + 8
+        return ac.fill_null(ac.binary_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64) + 8
     if is_offset_list(t) and pa.types.is_primitive(t.value_type):
         width = max(1, t.value_type.bit_width // 8)
-        lengths = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        lengths = ac.fill_null(ac.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int64)
         return lengths * width + 8
     if pa.types.is_primitive(t):
         return np.full(n, max(1, t.bit_width // 8), dtype=np.int64)
@@ -184,7 +184,7 @@ class InputRows:
             got = {TOKENS_COLUMN: token_ids(self.tokens.tokenizer, _column(table, self.tokens.column, where),
                                             self.tokens.special_tokens)[0]}
         if self.tokens.truncate:
-            import pyarrow.compute as pc
+            from ... import arrow_compute as ac
 
-            got = {name: pc.list_slice(ids, 0, self.tokens.truncate) for name, ids in got.items()}
+            got = {name: ac.list_slice(ids, 0, self.tokens.truncate) for name, ids in got.items()}
         return got
