@@ -64,6 +64,11 @@ def is_valid(values: Any) -> Any:
     return _call("is_valid", values)
 
 
+def is_null(values: Any) -> Any:
+    """Return where each value is null."""
+    return _call("is_null", values)
+
+
 def if_else(cond: Any, left: Any, right: Any) -> Any:
     """Return ``left`` where ``cond``, else ``right``."""
     return _call("if_else", cond, left, right)

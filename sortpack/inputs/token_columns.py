@@ -128,12 +128,14 @@ def encode_column(encoder: Any, col: Any, special_tokens: bool = True, keep: boo
         return (np.zeros(0, np.int32) if keep else None), np.zeros(0, np.int64)
     import pyarrow as pa
 
+    from .. import arrow_compute as ac
+
     # a text holding an added token's text goes to the encoder, which finds it; any other is plain text
     ids, counts = compiled_runs(encoder, encoder.compiled, got, holding(col, encoder.allowed) if encoder.allowed
                                 else None, keep)
     left = np.flatnonzero(counts < 0)
     if len(left):
-        got_left = [encoder.encode_others(col.take(pa.array(left[a:a + 4096])).to_pylist())
+        got_left = [encoder.encode_others(ac.take(col, pa.array(left[a:a + 4096])).to_pylist())
                     for a in range(0, len(left), 4096)]
         theirs = np.concatenate([g[0] for g in got_left]), np.concatenate([g[1] for g in got_left])
         if ids is None:

@@ -37,7 +37,7 @@ def _same(got, want) -> None:
 @given(values=texts)
 def test_the_string_functions_give_pyarrow_compute_s_results(values):
     for arr in _shapes(values):
-        for name in ("binary_length", "utf8_length", "is_valid", "utf8_split_whitespace"):
+        for name in ("binary_length", "utf8_length", "is_valid", "is_null", "utf8_split_whitespace"):
             _same(getattr(ac, name)(arr), getattr(pc, name)(arr))
         _same(ac.fill_null(ac.binary_length(arr), 0), pc.fill_null(pc.binary_length(arr), 0))
         _same(ac.fill_null(arr, "-"), pc.fill_null(arr, "-"))

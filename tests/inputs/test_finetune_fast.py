@@ -141,7 +141,7 @@ def test_a_family_s_chats_and_pairs_job_loads_no_pyarrow_compute(tmp_path, famil
     tok, config = families[family]
     chats, pairs = tmp_path / "chats.jsonl", tmp_path / "pairs.jsonl"
     turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi \u6771\u4eac"},
-             {"role": "assistant", "content": " hello there "}]
+             {"role": "assistant", "content": " hello there ", "tool_calls": None}]  # a field the pattern checks
     chats.write_text("".join(json.dumps({"messages": turns[k % 2:]}) + "\n" for k in range(40)), encoding="utf-8")
     pairs.write_text("".join(json.dumps({"prompt": f"q{k} ", "completion": "a b"}) + "\n" for k in range(40)))
     for name, shape in (("chats", ["--chat-template", config]),

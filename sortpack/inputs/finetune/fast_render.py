@@ -236,7 +236,7 @@ def messages_of(col, roles: frozenset[str] | None) -> Messages | None:
         return None
     good = np.asarray(ac.is_valid(struct)) & np.asarray(ac.is_valid(role)) & np.asarray(ac.is_valid(content))
     for other in fields.values():  # a tool call, a reasoning text, a name: Jinja's to render
-        good &= np.asarray(other.is_null())
+        good &= np.asarray(ac.is_null(other))
     good &= ac.fill_null(ac.binary_length(role), 0).to_numpy(zero_copy_only=False) > 0
     if roles is not None:
         good &= np.asarray(ac.fill_null(ac.is_in(role, pa.array(sorted(roles))), False))

@@ -127,7 +127,7 @@ def trl_columns(encoder, prompts, completions, eos: str) -> Encoded | None:
         return None
     prompts, completions = (c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
                             for c in (prompts, completions))
-    prompts, completions = (c.cast(pa.string()) if pa.types.is_large_string(c.type) else c
+    prompts, completions = (ac.cast(c, pa.string()) if pa.types.is_large_string(c.type) else c
                             for c in (prompts, completions))
     ends = ac.ends_with(completions, eos)
     body = ac.if_else(ends, ac.utf8_slice_codeunits(completions, 0, -len(eos)), completions)
