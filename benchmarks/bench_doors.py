@@ -1,6 +1,6 @@
 """The loader doors and the attention metadata: per-step cost against ``PlanLoader``, block masks against torch's.
 
-    PYTHONPATH=$PWD python benchmarks/bench_doors.py --scale small   # 10k samples, 2 rounds (the suite's `doors`)
+    PYTHONPATH=$PWD python benchmarks/bench_doors.py --scale small   # 10k samples, 2 rounds, an 8k-token row (`doors`)
     PYTHONPATH=$PWD python benchmarks/bench_doors.py --scale full    # 100k samples, 7 rounds
 
 (1) The doors. The plan of ``bench_loader`` (pre-tokenized ``input_ids``, log-normal lengths,
@@ -18,7 +18,7 @@ Each figure is the wall time per step of a whole epoch, median over rounds that 
 methods, each round starting with the next one (all see the same background load, none is
 always first). Goal: each door within 5% of ``PlanLoader``.
 
-(2) The attention metadata. One packed row of 32,768 tokens (documents of log-normal
+(2) The attention metadata. One packed row of 32,768 tokens (8,192 at small scale; documents of log-normal
 lengths, median 600), tiles of 128: ``flex_blocks.document_blocks`` (numpy, from the
 boundaries) against ``create_block_mask(mask_mod, 1, None, L, L, device="cpu")`` of the same
 causal document mask, both in this run (checked equal, element for element), best of several
@@ -38,9 +38,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "benchmarks" / "_work" / "doors"
-# samples, rounds, create_block_mask calls (one takes half a minute on a busy 2-core machine)
-SCALES = {"small": (10_000, 2, 1), "full": (100_000, 7, 2)}
-ROW, BLOCK = 32_768, 128
+# samples, rounds, create_block_mask calls (one of a 32k-token row takes 10-30 s on a 2-core machine), the row's tokens
+SCALES = {"small": (10_000, 2, 1, 8_192), "full": (100_000, 7, 2, 32_768)}
+BLOCK = 128
 OVERHEAD_GOAL, BLOCKS_GOAL = 1.05, 100.0
 LABELS = {
     "loader": "PlanLoader(SourceDataset, sampler, pad_collate) (baseline)",
@@ -68,7 +68,7 @@ def doors(scale: str) -> dict:
     from sortpack.torch import PackedBatchSampler, PlanLoader, PlanNode, SourceDataset, pad_collate
 
     torch.set_num_threads(1)
-    n, rounds, _ = SCALES[scale]
+    n, rounds, _, _ = SCALES[scale]
     _, plan = build(n)
     weights = [torch.randn(256, 256, generator=torch.Generator().manual_seed(i)) for i in range(4)]
     collate = pad_collate(key="input_ids")
@@ -109,18 +109,19 @@ def doors(scale: str) -> dict:
 
 
 def blocks(scale: str) -> dict:
-    """Return the best seconds of the numpy block metadata and of ``create_block_mask`` for one 32k-token row."""
+    """Return the best seconds of the numpy block metadata and of ``create_block_mask`` for one row (32k tokens at
+    full scale, 8k in the smoke run)."""
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
     from sortpack.reader.flex_blocks import BLOCK_KEYS, document_blocks
 
-    calls = SCALES[scale][2]
+    calls, row = SCALES[scale][2:]
     rng = np.random.default_rng(0)
-    lengths = np.clip(np.rint(rng.lognormal(np.log(600), 1.0, 400)), 1, ROW).astype(np.int64)
+    lengths = np.clip(np.rint(rng.lognormal(np.log(600), 1.0, 400)), 1, row).astype(np.int64)
     cu = np.concatenate(([0], np.cumsum(lengths)))
-    cu = np.concatenate((cu[cu < ROW], [ROW]))  # documents until the row is full, the last one cut
-    doc = torch.from_numpy(np.searchsorted(cu, np.arange(ROW), side="right").reshape(1, ROW))
+    cu = np.concatenate((cu[cu < row], [row]))  # documents until the row is full, the last one cut
+    doc = torch.from_numpy(np.searchsorted(cu, np.arange(row), side="right").reshape(1, row))
 
     def mask_mod(b, h, q, kv):
         return (doc[b, q] == doc[b, kv]) & (q >= kv)
@@ -128,15 +129,15 @@ def blocks(scale: str) -> dict:
     numpy_s, torch_s = [], []
     for _ in range(200):
         t0 = time.perf_counter()
-        got = document_blocks(cu, 1, ROW, BLOCK)
+        got = document_blocks(cu, 1, row, BLOCK)
         numpy_s.append(time.perf_counter() - t0)
     for _ in range(calls):
         t0 = time.perf_counter()
-        ref = create_block_mask(mask_mod, 1, None, ROW, ROW, device="cpu", BLOCK_SIZE=BLOCK)
+        ref = create_block_mask(mask_mod, 1, None, row, row, device="cpu", BLOCK_SIZE=BLOCK)
         torch_s.append(time.perf_counter() - t0)
     same = all(np.array_equal(getattr(got, k), getattr(ref, k).numpy()) for k in BLOCK_KEYS)
     return {"numpy_s": min(numpy_s), "torch_s": min(torch_s), "documents": len(cu) - 1, "same": same,
-            "calls": calls}
+            "calls": calls, "row": row}
 
 
 def run(scale: str) -> dict:
@@ -159,7 +160,7 @@ def tables(res: dict) -> tuple[list[str], list[list[str]], list[list[str]]]:
              ("met" if med[k] / base <= OVERHEAD_GOAL else "MISSED")] for k in LABELS]
     b = res["blocks"]
     ratio = b["torch_s"] / b["numpy_s"]
-    block_rows = [[f"create_block_mask, one {ROW}-token row, B={BLOCK} (CPU, best of {b['calls']})",
+    block_rows = [[f"create_block_mask, one {b['row']}-token row, B={BLOCK} (CPU, best of {b['calls']})",
                    f"{b['torch_s'] * 1e3:.1f} ms", "1x", "baseline"],
                   [f"document_blocks (numpy, from {b['documents']} document boundaries)",
                    f"{b['numpy_s'] * 1e3:.3f} ms", f"{ratio:,.0f}x cheaper",
@@ -201,7 +202,7 @@ def bench(ctx) -> list:
                        f"PlanLoader: {med['loader'] * 1e3:.3f} ms", f"{ratio:.3f}×", target="≤ 1.05× PlanLoader",
                        met=ratio <= OVERHEAD_GOAL))
     ratio = b["torch_s"] / b["numpy_s"]
-    out.append(Row("doors", f"flex block metadata of a {ROW}-token row (B={BLOCK}), numpy", None,
+    out.append(Row("doors", f"flex block metadata of a {b['row']}-token row (B={BLOCK}), numpy", None,
                    f"{b['numpy_s'] * 1e3:.3f} ms", f"create_block_mask: {b['torch_s'] * 1e3:.1f} ms",
                    f"{ratio:,.0f}× cheaper", target=f"≥ {BLOCKS_GOAL:g}× cheaper, equal",
                    met=ratio >= BLOCKS_GOAL and b["same"]))
