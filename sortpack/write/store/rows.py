@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ... import arrow_compute as ac
 from ...arrow_types import is_offset_bytes, is_offset_list
 from ...errors import SortpackError, one_line
 from ...inputs.fast_tokens import token_ids
@@ -28,8 +29,6 @@ def row_bytes(table: pa.Table) -> np.ndarray:
 
 def column_row_bytes(col: pa.ChunkedArray) -> np.ndarray:
     """Return an estimate of each row's bytes in one column."""
-    from ... import arrow_compute as ac
-
     n, t = len(col), col.type
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -184,7 +183,5 @@ class InputRows:
             got = {TOKENS_COLUMN: token_ids(self.tokens.tokenizer, _column(table, self.tokens.column, where),
                                             self.tokens.special_tokens)[0]}
         if self.tokens.truncate:
-            from ... import arrow_compute as ac
-
             got = {name: ac.list_slice(ids, 0, self.tokens.truncate) for name, ids in got.items()}
         return got
